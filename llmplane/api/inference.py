@@ -1,0 +1,205 @@
+"""``inference.llmaz.io/v1alpha1``: Playground, Service and BackendRuntime."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from llmplane.api.base import (
+    ApiModel,
+    Condition,
+    ConditionedStatus,
+    Resource,
+    Violation,
+    join_path,
+)
+from llmplane.api.core import (
+    EnvVar,
+    HorizontalPodAutoscalerBehavior,
+    LeaderWorkerTemplate,
+    Lifecycle,
+    MetricSpec,
+    Probe,
+    ResourceRequirements,
+    RolloutStrategy,
+)
+from llmplane.api.llmaz import ModelClaim, ModelClaims
+from llmplane.api.units import Quantity
+
+INFERENCE_GROUP = "inference.llmaz.io"
+_API_VERSION = "inference.llmaz.io/v1alpha1"
+
+
+class HPATrigger(ApiModel):
+    metrics: list[MetricSpec] | None = None
+    behavior: HorizontalPodAutoscalerBehavior | None = None
+
+
+class ScaleTrigger(ApiModel):
+    hpa: HPATrigger
+
+
+class ElasticConfig(ApiModel):
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int | None = Field(default=None, ge=0)
+    scale_trigger: ScaleTrigger | None = None
+
+    def check(self, path: str) -> Iterator[Violation]:
+        if self.min_replicas < 1:
+            yield Violation(
+                join_path(path, "minReplicas"),
+                "must be at least 1 (scale to zero is not supported yet)",
+            )
+        if self.max_replicas is not None and self.min_replicas >= self.max_replicas:
+            yield Violation(
+                join_path(path, "minReplicas"),
+                f"must be less than maxReplicas ({self.max_replicas})",
+            )
+
+
+class BackendRuntimeConfig(ApiModel):
+    backend_name: str = Field(default="vllm", min_length=1)
+    version: str | None = None
+    envs: list[EnvVar] | None = None
+    config_name: str | None = None
+    args: list[str] | None = None
+    resources: ResourceRequirements | None = None
+    shared_memory_size: Quantity | None = None
+
+
+class PlaygroundSpec(ApiModel):
+    replicas: int = Field(default=1, ge=0)
+    model_claim: ModelClaim | None = None
+    model_claims: ModelClaims | None = None
+    backend_runtime_config: BackendRuntimeConfig = Field(default_factory=BackendRuntimeConfig)
+    elastic_config: ElasticConfig | None = None
+
+    def check(self, path: str) -> Iterator[Violation]:
+        if (self.model_claim is None) == (self.model_claims is None):
+            yield Violation(path, "exactly one of modelClaim or modelClaims must be set")
+
+
+class ScaleStatus(ApiModel):
+    conditions: list[Condition] | None = None
+    replicas: int = 0
+    selector: str | None = None
+
+
+class Playground(Resource):
+    group: ClassVar[str] = INFERENCE_GROUP
+    version: ClassVar[str] = "v1alpha1"
+    plural: ClassVar[str] = "playgrounds"
+    short_names: ClassVar[tuple[str, ...]] = ("pl",)
+    scale: ClassVar[tuple[str, str, str] | None] = (
+        ".spec.replicas",
+        ".status.replicas",
+        ".status.selector",
+    )
+    printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("REPLICAS", "integer", ".status.replicas"),
+        ("MODEL", "string", ".spec.modelClaim.modelName"),
+        ("BACKEND", "string", ".spec.backendRuntimeConfig.backendName"),
+        ("READY", "string", '.status.conditions[?(@.type=="Available")].status'),
+    )
+
+    api_version: Literal["inference.llmaz.io/v1alpha1"] = _API_VERSION
+    kind: Literal["Playground"] = "Playground"
+    spec: PlaygroundSpec
+    status: ScaleStatus | None = None
+
+
+class ServiceSpec(ApiModel):
+    model_claims: ModelClaims
+    replicas: int = Field(default=1, ge=0)
+    workload_template: LeaderWorkerTemplate
+    rollout_strategy: RolloutStrategy | None = None
+
+
+class Service(Resource):
+    group: ClassVar[str] = INFERENCE_GROUP
+    version: ClassVar[str] = "v1alpha1"
+    plural: ClassVar[str] = "services"
+    short_names: ClassVar[tuple[str, ...]] = ("isvc",)
+    scale: ClassVar[tuple[str, str, str] | None] = (
+        ".spec.replicas",
+        ".status.replicas",
+        ".status.selector",
+    )
+    printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("REPLICAS", "integer", ".status.replicas"),
+        ("READY", "string", '.status.conditions[?(@.type=="Available")].status'),
+    )
+
+    api_version: Literal["inference.llmaz.io/v1alpha1"] = _API_VERSION
+    kind: Literal["Service"] = "Service"
+    spec: ServiceSpec
+    status: ScaleStatus | None = None
+
+
+class RecommendedConfig(ApiModel):
+    name: str = Field(min_length=1)
+    args: list[str] | None = None
+    resources: ResourceRequirements | None = None
+    shared_memory_size: Quantity | None = None
+    scale_trigger: ScaleTrigger | None = None
+
+
+class MultiHostCommands(ApiModel):
+    """Leader and worker commands for multi-host (LeaderWorkerSet) workloads."""
+
+    leader: list[str] | None = None
+    worker: list[str] | None = None
+
+
+class LocalCommand(ApiModel):
+    """llmplane extension: how the embedded runtime starts this engine on the local machine.
+
+    ``command`` replaces the container command locally; ``installHint`` is shown when the
+    engine is missing.
+    """
+
+    command: list[str] = Field(min_length=1)
+    install_hint: str | None = None
+
+
+class BackendRuntimeSpec(ApiModel):
+    command: list[str] | None = None
+    multi_host_commands: MultiHostCommands | None = None
+    image: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    envs: list[EnvVar] | None = None
+    lifecycle: Lifecycle | None = None
+    liveness_probe: Probe | None = None
+    readiness_probe: Probe | None = None
+    startup_probe: Probe | None = None
+    recommended_configs: list[RecommendedConfig] | None = None
+    local: LocalCommand | None = None
+
+    def check(self, path: str) -> Iterator[Violation]:
+        seen: set[str] = set()
+        for i, config in enumerate(self.recommended_configs or []):
+            if config.name in seen:
+                yield Violation(
+                    join_path(join_path(join_path(path, "recommendedConfigs"), i), "name"),
+                    f"duplicate recommended config name {config.name!r}",
+                )
+            seen.add(config.name)
+
+
+class BackendRuntime(Resource):
+    group: ClassVar[str] = INFERENCE_GROUP
+    version: ClassVar[str] = "v1alpha1"
+    plural: ClassVar[str] = "backendruntimes"
+    short_names: ClassVar[tuple[str, ...]] = ("br",)
+    namespaced: ClassVar[bool] = False
+    printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("IMAGE", "string", ".spec.image"),
+        ("VERSION", "string", ".spec.version"),
+    )
+
+    api_version: Literal["inference.llmaz.io/v1alpha1"] = _API_VERSION
+    kind: Literal["BackendRuntime"] = "BackendRuntime"
+    spec: BackendRuntimeSpec
+    status: ConditionedStatus | None = None
