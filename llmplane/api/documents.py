@@ -100,12 +100,14 @@ def _pydantic_messages(cls: type[Resource], err: ValidationError) -> list[str]:
         if kind == "missing":
             msg = "required field is missing"
         elif kind == "string_type" and isinstance(e.get("input"), bool | int | float):
-            msg = f"must be a string (write it in quotes: \"{_yaml_scalar(e['input'])}\")"
+            msg = f'must be a string (write it in quotes: "{_yaml_scalar(e["input"])}")'
         out.append(f"{_format_loc(loc)}: {msg}")
     return out
 
 
-def _rule_messages_despite(cls: type[Resource], doc: dict[str, Any], err: ValidationError) -> list[str]:
+def _rule_messages_despite(
+    cls: type[Resource], doc: dict[str, Any], err: ValidationError
+) -> list[str]:
     """Cross-field rule violations of a document that also has structural errors.
 
     The structurally bad fields are pruned and the rest validated again, so one run lists
@@ -173,7 +175,9 @@ def parse_document(doc: Any, where: str = "") -> tuple[Resource, list[str]]:
     expected = cls.api_version_string()
     if doc.get("apiVersion") != expected:
         raise InvalidResources(
-            [f"{prefix}{label}: apiVersion: must be {expected!r} for {kind}, got {doc.get('apiVersion')!r}"]
+            [
+                f"{prefix}{label}: apiVersion: must be {expected!r} for {kind}, got {doc.get('apiVersion')!r}"
+            ]
         )
     doc, warnings = upgrade_legacy_fields(doc)
     warnings = [f"{prefix}{label}: {w}" for w in warnings]
@@ -222,7 +226,11 @@ def _flatten_lists(docs: list[Any]) -> list[Any]:
     """``kind: List`` (what ``kubectl get -o yaml`` prints) expands to its items."""
     out: list[Any] = []
     for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+        if (
+            isinstance(doc, dict)
+            and doc.get("kind") == "List"
+            and isinstance(doc.get("items"), list)
+        ):
             out.extend(doc["items"])
         else:
             out.append(doc)
@@ -234,7 +242,9 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.suffix in YAML_SUFFIXES and f.is_file()))
+            files.extend(
+                sorted(f for f in p.rglob("*") if f.suffix in YAML_SUFFIXES and f.is_file())
+            )
         else:
             files.append(p)
     return files
@@ -268,6 +278,8 @@ def parse_paths(paths: Iterable[str | Path]) -> Parsed:
 def dump_resource(resource: Resource) -> dict[str, Any]:
     """The wire form: user's fields plus defaults, in Kubernetes' top-level key order."""
     data = resource.to_dict()
-    ordered = {k: data[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in data}
+    ordered = {
+        k: data[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in data
+    }
     ordered.update({k: v for k, v in data.items() if k not in ordered})
     return ordered

@@ -1,0 +1,371 @@
+"""The ``llmplane`` command: kubectl-like resource commands plus the embedded platform.
+
+User mistakes (invalid YAML, unknown kinds, missing objects) print a message and exit 1;
+tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmplane.api.base import Resource
+from llmplane.api.documents import InvalidResources, Parsed, dump_resource, parse_paths, parse_text
+from llmplane.api.registry import KINDS, resolve_kind
+from llmplane.printing import age, cell, jsonpath, to_yaml
+
+app = typer.Typer(
+    name="llmplane",
+    help="Declare LLMs in YAML, run their model servers, route OpenAI traffic to the best replica.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="State directory (default: $LLMPLANE_HOME or ~/.llmplane)."),
+]
+Files = Annotated[
+    list[str],
+    typer.Option("-f", "--filename", help="File or directory of YAML/JSON; '-' reads stdin."),
+]
+Namespace = Annotated[str | None, typer.Option("-n", "--namespace", help="Namespace.")]
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed without a traceback."""
+
+
+def fail(message: str) -> None:
+    raise UserError(message)
+
+
+def _store(state_dir: Path | None) -> Any:
+    from llmplane.store.paths import open_store
+
+    return open_store(state_dir)
+
+
+def _read(files: list[str]) -> Parsed:
+    if not files:
+        fail("no input: pass -f FILE, -f DIR or -f - (stdin)")
+    parsed = Parsed()
+    paths = [f for f in files if f != "-"]
+    if len(paths) != len(files):
+        one = parse_text(sys.stdin.read(), "<stdin>")
+        parsed.resources += one.resources
+        parsed.warnings += one.warnings
+    if paths:
+        missing = [p for p in paths if not Path(p).exists()]
+        if missing:
+            fail("; ".join(f"{p}: no such file or directory" for p in missing))
+        many = parse_paths(paths)
+        parsed.resources += many.resources
+        parsed.warnings += many.warnings
+    if not parsed.resources:
+        fail("no resources found in " + ", ".join(files))
+    return parsed
+
+
+def _warn(warnings: list[str]) -> None:
+    for w in warnings:
+        err.print(f"[yellow]Warning:[/] {w}")
+
+
+def _type_name(cls: type[Resource]) -> str:
+    return f"{cls.plural[:-1] if cls.plural.endswith('s') else cls.plural}.{cls.group}"
+
+
+@app.command()
+def validate(files: Files) -> None:
+    """Check files without storing anything: every mistake, with its field path and rule."""
+    parsed = _read(files)
+    _warn(parsed.warnings)
+    for r in parsed.resources:
+        out.print(f"{r.ref} valid")
+
+
+@app.command()
+def apply(files: Files, state_dir: StateDir = None) -> None:
+    """Create or update resources. If any document is invalid, nothing is stored."""
+    parsed = _read(files)
+    _warn(parsed.warnings)
+    store = _store(state_dir)
+    docs = [dump_resource(r) for r in parsed.resources]
+    before = [
+        store.get(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs
+    ]
+    after = store.apply_many(docs)
+    for old, new, r in zip(before, after, parsed.resources, strict=True):
+        if old is None:
+            verb = "created"
+        elif old["metadata"]["resourceVersion"] == new["metadata"]["resourceVersion"]:
+            verb = "unchanged"
+        else:
+            verb = "configured"
+        out.print(f"{_type_name(type(r))}/{r.name} {verb}")
+
+
+def _kind(kind: str) -> type[Resource]:
+    try:
+        return resolve_kind(kind)
+    except KeyError as e:
+        fail(str(e.args[0]))
+        raise  # unreachable
+
+
+def _ns(cls: type[Resource], namespace: str | None, all_namespaces: bool = False) -> str | None:
+    if not cls.namespaced or all_namespaces:
+        return None
+    return namespace or "default"
+
+
+@app.command()
+def get(
+    kind: Annotated[str, typer.Argument(help="Kind, plural or short name (pl, om, br, ...).")],
+    name: Annotated[str | None, typer.Argument()] = None,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="yaml, json, wide or name.")
+    ] = None,
+    selector: Annotated[
+        str | None, typer.Option("-l", "--selector", help="Label selector.")
+    ] = None,
+    namespace: Namespace = None,
+    all_namespaces: Annotated[bool, typer.Option("-A", "--all-namespaces")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """List resources, or show one."""
+    cls = _kind(kind)
+    if output not in (None, "yaml", "json", "wide", "name"):
+        fail(f"unknown output format {output!r}: use yaml, json, wide or name")
+    store = _store(state_dir)
+    kind_name = cls.model_fields["kind"].default
+    ns = _ns(cls, namespace, all_namespaces)
+    if name:
+        obj = store.get(kind_name, name, ns)
+        if obj is None:
+            fail(f"{kind_name}/{name} not found" + (f" in namespace {ns}" if ns else ""))
+        items = [obj]
+    else:
+        try:
+            items = store.list(kind_name, ns, selector)
+        except ValueError as e:
+            fail(f"invalid label selector: {e}")
+    if output == "yaml":
+        if name:
+            out.print(to_yaml(items[0]), end="")
+        else:
+            out.print(to_yaml({"apiVersion": "v1", "kind": "List", "items": items}), end="")
+        return
+    if output == "json":
+        data = items[0] if name else {"apiVersion": "v1", "kind": "List", "items": items}
+        out.print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+        return
+    if output == "name":
+        for o in items:
+            out.print(f"{_type_name(cls)}/{o['metadata']['name']}")
+        return
+    if not items:
+        where = f" in {ns} namespace" if ns else ""
+        err.print(f"No resources found{where}.")
+        return
+    _table(cls, items, wide=output == "wide", show_ns=all_namespaces and cls.namespaced)
+
+
+def _table(cls: type[Resource], items: list[dict[str, Any]], wide: bool, show_ns: bool) -> None:
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    columns: list[tuple[str, Callable[[dict[str, Any]], Any]]] = []
+    if show_ns:
+        columns.append(("NAMESPACE", lambda o: o["metadata"].get("namespace")))
+    columns.append(("NAME", lambda o: o["metadata"]["name"]))
+    for title, _type, path in cls.printer_columns:
+        columns.append((title, lambda o, p=path: jsonpath(o, p)))
+    columns.append(("AGE", lambda o: age(o["metadata"].get("creationTimestamp"))))
+    if wide:
+        columns.append(
+            (
+                "LABELS",
+                lambda o: ",".join(
+                    f"{k}={v}" for k, v in (o["metadata"].get("labels") or {}).items()
+                ),
+            )
+        )
+    for title, _ in columns:
+        table.add_column(title, no_wrap=True)
+    for o in items:
+        table.add_row(*(cell(fn(o)) for _, fn in columns))
+    out.print(table)
+
+
+@app.command()
+def describe(
+    kind: Annotated[str, typer.Argument()],
+    name: Annotated[str, typer.Argument()],
+    namespace: Namespace = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Show a resource with its conditions."""
+    cls = _kind(kind)
+    kind_name = cls.model_fields["kind"].default
+    ns = _ns(cls, namespace)
+    obj = _store(state_dir).get(kind_name, name, ns)
+    if obj is None:
+        fail(f"{kind_name}/{name} not found" + (f" in namespace {ns}" if ns else ""))
+    meta = obj["metadata"]
+    out.print(f"[bold]Name:[/]         {meta['name']}")
+    if ns:
+        out.print(f"[bold]Namespace:[/]    {ns}")
+    labels = meta.get("labels") or {}
+    out.print(
+        "[bold]Labels:[/]       "
+        + ("\n              ".join(f"{k}={v}" for k, v in labels.items()) or "<none>")
+    )
+    annotations = meta.get("annotations") or {}
+    out.print(
+        "[bold]Annotations:[/]  "
+        + ("\n              ".join(f"{k}: {v}" for k, v in annotations.items()) or "<none>")
+    )
+    out.print(f"[bold]API Version:[/]  {obj['apiVersion']}")
+    out.print(f"[bold]Kind:[/]         {obj['kind']}")
+    out.print(
+        f"[bold]Created:[/]      {meta.get('creationTimestamp')} ({age(meta.get('creationTimestamp'))} ago)"
+    )
+    out.print(f"[bold]Generation:[/]   {meta.get('generation')}")
+    out.print("[bold]Spec:[/]")
+    out.print(_indent(to_yaml(obj.get("spec", {})), 2), end="")
+    status = dict(obj.get("status") or {})
+    conditions = status.pop("conditions", None) or []
+    if status:
+        out.print("[bold]Status:[/]")
+        out.print(_indent(to_yaml(status), 2), end="")
+    out.print("[bold]Conditions:[/]")
+    if not conditions:
+        out.print("  <none>")
+    else:
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        for col in ("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"):
+            table.add_column(col)
+        for c in conditions:
+            table.add_row(
+                c.get("type", ""),
+                c.get("status", ""),
+                c.get("reason", ""),
+                age(c.get("lastTransitionTime")),
+                c.get("message", ""),
+            )
+        out.print(table)
+
+
+def _indent(text: str, n: int) -> str:
+    pad = " " * n
+    return "".join(pad + line if line.strip() else line for line in text.splitlines(True))
+
+
+@app.command()
+def delete(
+    kind: Annotated[str | None, typer.Argument()] = None,
+    names: Annotated[list[str] | None, typer.Argument()] = None,
+    files: Annotated[list[str] | None, typer.Option("-f", "--filename")] = None,
+    namespace: Namespace = None,
+    ignore_not_found: Annotated[bool, typer.Option("--ignore-not-found")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Delete resources by kind and name, or every resource in files."""
+    targets: list[tuple[type[Resource], str, str | None]] = []
+    if files:
+        for r in _read(files).resources:
+            targets.append((type(r), r.name, r.namespace))
+    elif kind and names:
+        cls = _kind(kind)
+        targets = [(cls, n, _ns(cls, namespace)) for n in names]
+    else:
+        fail("name the resources: llmplane delete KIND NAME [NAME...] or -f FILE")
+    store = _store(state_dir)
+    missing = []
+    for cls, name, ns in targets:
+        kind_name = cls.model_fields["kind"].default
+        if store.delete(kind_name, name, ns) is None:
+            missing.append(f"{kind_name}/{name} not found")
+        else:
+            out.print(f"{_type_name(cls)}/{name} deleted")
+    if missing and not ignore_not_found:
+        fail("; ".join(missing))
+
+
+@app.command()
+def crds(
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Write one file per CRD into this directory.")
+    ] = None,
+) -> None:
+    """Print apiextensions.k8s.io/v1 CRDs for every kind."""
+    from llmplane.api.crds import crd_documents, write_crds
+
+    if out_dir:
+        for path in write_crds(out_dir):
+            out.print(str(path))
+        return
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump_all(crd_documents(), sort_keys=False))
+
+
+@app.command("api-resources")
+def api_resources() -> None:
+    """List every kind with its short names, API version and scope."""
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for col in ("NAME", "SHORTNAMES", "APIVERSION", "NAMESPACED", "KIND"):
+        table.add_column(col)
+    for kind, cls in sorted(KINDS.items(), key=lambda kv: kv[1].plural):
+        table.add_row(
+            cls.plural,
+            ",".join(cls.short_names),
+            cls.api_version_string(),
+            str(cls.namespaced).lower(),
+            kind,
+        )
+    out.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the typer app and turns user mistakes into exit status 1."""
+    from llmplane.store.base import StoreError
+
+    try:
+        app(args=argv, standalone_mode=False)
+    except InvalidResources as e:
+        for message in e.messages:
+            err.print(f"[red]error:[/] {message}")
+        return 1
+    except (UserError, StoreError) as e:
+        err.print(f"[red]error:[/] {e}")
+        return 1
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        err.print("Aborted.")
+        return 1
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            return e.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
