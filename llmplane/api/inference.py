@@ -157,11 +157,13 @@ class LocalCommand(ApiModel):
     """llmplane extension: how the embedded runtime starts this engine on the local machine.
 
     ``command`` replaces the container command locally; ``installHint`` is shown when the
-    engine is missing.
+    engine is missing; ``healthPath`` replaces the probes' path when the local server differs
+    from the container image (``python -m llama_cpp.server`` has no ``/health``).
     """
 
     command: list[str] = Field(min_length=1)
     install_hint: str | None = None
+    health_path: str | None = None
 
 
 class BackendRuntimeSpec(ApiModel):
