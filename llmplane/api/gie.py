@@ -22,7 +22,6 @@ from llmplane.api.base import (
     check_labels,
     join_path,
 )
-from llmplane.api.registry import register
 
 GIE_GROUP = "inference.networking.x-k8s.io"
 GIE_VERSION = "v1alpha2"
@@ -210,7 +209,3 @@ class InferencePool(Resource):
     kind: Literal["InferencePool"] = "InferencePool"
     spec: InferencePoolSpec
     status: InferencePoolStatus | None = None
-
-
-for _cls in (InferencePool, InferenceModel):
-    register(_cls)

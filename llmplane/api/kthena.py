@@ -23,7 +23,6 @@ from llmplane.api.base import (
     join_path,
 )
 from llmplane.api.gie import Group, Kind, ObjectName, PortNumber
-from llmplane.api.registry import register
 from llmplane.api.units import Duration, parse_duration
 
 KTHENA_GROUP = "networking.serving.volcano.sh"
@@ -342,7 +341,3 @@ class ModelServer(Resource):
     kind: Literal["ModelServer"] = "ModelServer"
     spec: ModelServerSpec
     status: ConditionedStatus | None = None
-
-
-for _cls in (ModelRoute, ModelServer):
-    register(_cls)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from llmplane.api.base import Resource
+from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.inference import BackendRuntime, Playground, Service
+from llmplane.api.kthena import ModelRoute, ModelServer
 from llmplane.api.llmaz import OpenModel
 
 KINDS: dict[str, type[Resource]] = {}
@@ -14,7 +16,16 @@ def register(cls: type[Resource]) -> type[Resource]:
     return cls
 
 
-for _cls in (OpenModel, Playground, Service, BackendRuntime):
+for _cls in (
+    OpenModel,
+    Playground,
+    Service,
+    BackendRuntime,
+    InferencePool,
+    InferenceModel,
+    ModelRoute,
+    ModelServer,
+):
     register(_cls)
 
 
@@ -32,18 +43,3 @@ def resolve_kind(name: str) -> type[Resource]:
             return cls
     known = ", ".join(sorted(f"{k} ({cls.plural})" for k, cls in KINDS.items()))
     raise KeyError(f"unknown resource type {name!r}; known: {known}")
-
-
-def _load_networking() -> None:
-    # The data-plane API groups register themselves on import.
-    import importlib
-
-    for module in ("llmplane.api.gie", "llmplane.api.kthena"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-
-
-_load_networking()
