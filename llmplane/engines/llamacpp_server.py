@@ -1,0 +1,117 @@
+"""Run llama.cpp with llama-server's command line, whichever llama.cpp is installed.
+
+The llamacpp BackendRuntime speaks ``llama-server`` flags (as llmaz does). When the native
+``llama-server`` binary is on PATH it is executed as is. Otherwise llama-cpp-python's server
+runs with the same settings, plus what the native server offers and the Python one lacks:
+``GET /health`` (503 until the model is loaded) and ``/metrics`` with llama.cpp's metric names
+(``llamacpp:requests_processing``: requests in the server, queued or running; the Python
+server runs one at a time) so the gateway can route on load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from typing import Any
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="llamacpp_server", description=__doc__)
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("-a", "--alias")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("-c", "--ctx-size", type=int, default=2048)
+    p.add_argument("-t", "--threads", type=int)
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=0)
+    p.add_argument("-b", "--batch-size", type=int, default=512)
+    p.add_argument("-md", "--model-draft")
+    p.add_argument("--draft-max", "--draft", type=int, default=16)
+    p.add_argument("--draft-min", type=int, default=5)
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--seed", type=int)
+    return p.parse_known_args(argv)[0]
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    """llama-cpp-python's FastAPI app with /health and llama.cpp-style /metrics added."""
+    from llama_cpp.server.app import create_app
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    model: dict[str, Any] = {
+        "model": args.model,
+        "model_alias": args.alias or args.model,
+        "n_ctx": args.ctx_size,
+        "n_gpu_layers": args.n_gpu_layers,
+        "n_batch": args.batch_size,
+        "verbose": False,
+    }
+    if args.threads:
+        model["n_threads"] = args.threads
+    if args.seed is not None:
+        model["seed"] = args.seed
+    if args.model_draft:
+        # llama-cpp-python drafts with prompt lookup; a separate draft model is not supported.
+        print("llamacpp_server: -md is ignored by llama-cpp-python; using prompt-lookup drafting",
+              file=sys.stderr)
+        model["draft_model"] = "prompt-lookup-decoding"
+        model["draft_model_num_pred_tokens"] = args.draft_max
+    app = create_app(
+        server_settings=ServerSettings(host=args.host, port=args.port),
+        model_settings=[ModelSettings(**model)],
+    )
+    state = {"processing": 0, "requests": 0}
+
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Any:
+        if not request.url.path.startswith("/v1/"):
+            return await call_next(request)
+        state["processing"] += 1
+        state["requests"] += 1
+        try:
+            return await call_next(request)
+        finally:
+            state["processing"] -= 1
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        lines = [
+            "# HELP llamacpp:requests_processing Number of requests processing.",
+            "# TYPE llamacpp:requests_processing gauge",
+            f"llamacpp:requests_processing {state['processing']}",
+            "# HELP llamacpp:requests_total Requests received.",
+            "# TYPE llamacpp:requests_total counter",
+            f"llamacpp:requests_total {state['requests']}",
+        ]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    native = shutil.which("llama-server")
+    if native and not os.environ.get("LLMPLANE_LLAMACPP_PYTHON"):
+        os.execv(native, [native, *argv])
+    try:
+        import uvicorn
+    except ModuleNotFoundError:
+        print("llama.cpp is not installed: pip install 'llama-cpp-python[server]'", file=sys.stderr)
+        return 127
+    args = parse_args(argv)
+    app = build_app(args)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
