@@ -28,7 +28,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console(highlight=False, soft_wrap=True)
+# Piped output is not cut to 80 columns (tables stay parseable by scripts).
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -266,6 +267,25 @@ def describe(
                 c.get("message", ""),
             )
         out.print(table)
+    from llmplane.controlplane.events import events_for
+
+    events = events_for(_store(state_dir), obj)[-10:]
+    out.print("[bold]Events:[/]")
+    if not events:
+        out.print("  <none>")
+        return
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for col in ("TYPE", "REASON", "AGE", "COUNT", "MESSAGE"):
+        table.add_column(col)
+    for e in events:
+        table.add_row(
+            e.get("type", ""),
+            e.get("reason", ""),
+            age(e.get("lastTimestamp")),
+            str(e.get("count", 1)),
+            e.get("message", ""),
+        )
+    out.print(table)
 
 
 def _indent(text: str, n: int) -> str:
@@ -337,6 +357,138 @@ def api_resources() -> None:
             kind,
         )
     out.print(table)
+
+
+@app.command()
+def up(
+    files: Annotated[
+        list[str] | None,
+        typer.Option("-f", "--filename", help="Files or directories to apply first."),
+    ] = None,
+    port: Annotated[
+        int, typer.Option("--port", help="Gateway port on 127.0.0.1 (0: any free port).")
+    ] = 8000,
+    host: Annotated[str, typer.Option("--host", help="Address the gateway binds.")] = "127.0.0.1",
+    state_dir: StateDir = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
+    """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
+    import asyncio
+    import logging
+    import socket
+
+    from rich.logging import RichHandler
+
+    from llmplane.store.paths import state_dir as resolve_state_dir
+    from llmplane.up import run_up
+
+    docs: list[dict[str, Any]] = []
+    if files:
+        parsed = _read(files)
+        _warn(parsed.warnings)
+        docs = [dump_resource(r) for r in parsed.resources]
+    if port:
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                fail(
+                    f"port {port} on {host} is in use: pass --port N (or --port 0 for any free port)"
+                )
+    directory = resolve_state_dir(state_dir)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if not verbose:
+        logging.getLogger("llmplane.gateway.access").setLevel(logging.WARNING)
+
+    def ready(platform: Any) -> None:
+        err.print(
+            f"[bold green]llmplane is up[/]: OpenAI API at http://{host}:{platform.port}/v1 "
+            f"(state in {directory}). Ctrl-C stops it.\n"
+            f"  watch it:  llmplane get playgrounds --state-dir {directory}"
+        )
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(run_up(directory, docs, host, port, ready))
+
+
+def _workload(target: str, namespace: str | None) -> tuple[str, str]:
+    kind, _, name = target.partition("/")
+    if not name:
+        fail("name the workload as pl/NAME or isvc/NAME")
+    cls = _kind(kind)
+    if cls.model_fields["kind"].default not in ("Playground", "Service"):
+        fail("logs are kept for Playgrounds and Services: pl/NAME or isvc/NAME")
+    return namespace or "default", name
+
+
+@app.command()
+def logs(
+    target: Annotated[str, typer.Argument(help="pl/NAME or isvc/NAME")],
+    replica: Annotated[int, typer.Option("--replica", "-r", help="Replica index.")] = 0,
+    follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
+    tail: Annotated[int, typer.Option("--tail", help="Lines to show (-1: all).")] = -1,
+    namespace: Namespace = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Show (and follow) an engine replica's log."""
+    import time
+
+    from llmplane.store.paths import state_dir as resolve_state_dir
+
+    ns, name = _workload(target, namespace)
+    path = resolve_state_dir(state_dir) / "logs" / ns / name / f"replica-{replica}.log"
+    if not path.exists():
+        fail(f"no log for {target} replica {replica} (looked at {path})")
+    with path.open("rb") as f:
+        lines = f.readlines()
+        if tail >= 0:
+            lines = lines[-tail:] if tail else []
+        sys.stdout.buffer.write(b"".join(lines))
+        sys.stdout.flush()
+        while follow:
+            chunk = f.read()
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            else:
+                time.sleep(0.25)
+
+
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def sim(ctx: typer.Context) -> None:
+    """Run the simulated vLLM-compatible engine (see: llmplane sim --help)."""
+    from llmplane.sim.cli import main as sim_main
+
+    raise typer.Exit(sim_main(list(ctx.args)))
+
+
+@app.command("load-model", context_settings=_PASSTHROUGH, add_help_option=False)
+def load_model(ctx: typer.Context) -> None:
+    """Download a model into a cache directory (the Kubernetes init container's job)."""
+    from llmplane.loader.command import main as load_main
+
+    raise typer.Exit(load_main(list(ctx.args)))
+
+
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def gateway(ctx: typer.Context) -> None:
+    """Run the gateway on its own, routing to registered endpoints (see: llmplane gateway --help)."""
+    from llmplane.gateway.server import main as gateway_main
+
+    raise typer.Exit(gateway_main(list(ctx.args)))
 
 
 def main(argv: list[str] | None = None) -> int:

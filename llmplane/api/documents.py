@@ -97,6 +97,8 @@ def _pydantic_messages(cls: type[Resource], err: ValidationError) -> list[str]:
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
+        elif msg.startswith("Input should be "):
+            msg = "must be " + msg[len("Input should be ") :]
         if kind == "missing":
             msg = "required field is missing"
         elif kind == "string_type" and isinstance(e.get("input"), bool | int | float):

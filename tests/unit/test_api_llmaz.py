@@ -329,7 +329,7 @@ def test_scale_trigger_needs_hpa() -> None:
 
 
 def test_replicas_not_negative() -> None:
-    assert_error(playground(replicas=-1), "spec.replicas", "greater than or equal to 0")
+    assert_error(playground(replicas=-1), "spec.replicas", "must be greater than or equal to 0")
 
 
 def test_shared_memory_size_is_a_quantity() -> None:

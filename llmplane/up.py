@@ -1,0 +1,130 @@
+"""``llmplane up``: the embedded platform in one foreground process.
+
+Store, controller, local runtime and gateway share one event loop. Ctrl-C or SIGTERM drains and
+stops every engine process it started; a SIGKILLed ``up`` leaves nothing behind either (engines
+die with it, and the next ``up`` reaps anything recorded but still alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from llmplane.api.documents import dump_resource, parse_text
+
+log = logging.getLogger("llmplane.up")
+BUILTIN_LABEL = "llmplane.io/builtin"
+
+
+def builtin_backends() -> list[dict[str, Any]]:
+    """The BackendRuntimes shipped with llmplane, in wire form."""
+    folder = resources.files("llmplane.engines") / "builtin"
+    docs = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            docs += [dump_resource(r) for r in parse_text(entry.read_text(), entry.name).resources]
+    return docs
+
+
+def install_builtins(store: Any) -> None:
+    """Add or refresh the built-in BackendRuntimes; a user's own one of the same name wins."""
+    for doc in builtin_backends():
+        existing = store.get("BackendRuntime", doc["metadata"]["name"])
+        if (
+            existing is None
+            or (existing["metadata"].get("labels") or {}).get(BUILTIN_LABEL) == "true"
+        ):
+            store.apply(doc)
+
+
+class Platform:
+    """Everything ``up`` runs; also used by tests to run the platform in-process."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        backoff_base: float | None = None,
+    ):
+        from llmplane.controlplane.controller import Controller
+        from llmplane.runtime.local import LocalRuntime
+        from llmplane.store.paths import open_store
+
+        self.state_dir = state_dir
+        self.host, self.port = host, port
+        self.store = open_store(state_dir)
+        self._listeners: list[Callable[[], None]] = []
+        kwargs: dict[str, Any] = {}
+        if backoff_base is not None:
+            kwargs["backoff_base"] = backoff_base
+        self.runtime = LocalRuntime(
+            state_dir, on_change=self._changed, inflight=self._inflight, **kwargs
+        )
+        self.controller = Controller(self.store, self.runtime, state_dir / "models")
+        self.gateway: Any = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def _changed(self) -> None:
+        self.controller.kick()
+        for listener in self._listeners:
+            listener()
+
+    def _inflight(self, address: str) -> int:
+        if self.gateway is not None and hasattr(self.gateway, "inflight"):
+            return int(self.gateway.inflight(address))
+        return 0
+
+    async def start(self) -> None:
+        install_builtins(self.store)
+        await self.runtime.start()
+        self._tasks.append(asyncio.create_task(self.controller.run(), name="controller"))
+        try:
+            from llmplane.gateway.discovery import RuntimeDiscovery
+            from llmplane.gateway.server import start_gateway
+        except ImportError:  # pragma: no cover - the gateway ships with llmplane
+            raise
+        discovery = RuntimeDiscovery(self.runtime)
+        self._listeners.append(discovery.notify) if hasattr(discovery, "notify") else None
+        self.gateway = await start_gateway(self.store, discovery, host=self.host, port=self.port)
+        self.port = self.gateway.port
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.gateway is not None:
+            await self.gateway.close()
+        await self.runtime.shutdown()
+        self.store.close()
+
+
+async def run_up(
+    state_dir: Path,
+    files: list[dict[str, Any]],
+    host: str,
+    port: int,
+    ready: Callable[[Platform], None],
+) -> None:
+    platform = Platform(state_dir, host, port)
+    if files:
+        platform.store.apply_many(files)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await platform.start()
+    ready(platform)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping: draining engines")
+        await platform.stop()
