@@ -487,9 +487,9 @@ class SQLiteStore:
                 ) from None
         where, params = self._filters(kind, namespace)
         waiter = _Waiter(asyncio.get_running_loop())
+        conn = self._connect()  # the watch's own reader: never waits on this store's lock
         with _waiters_lock:
             _waiters.setdefault(self._key, set()).add(waiter)
-        conn = self._connect()  # the watch's own reader: never waits on this store's lock
         batch = 500
         try:
             if since is None:
