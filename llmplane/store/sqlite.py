@@ -13,7 +13,8 @@ Layout:
 Writes take the database write lock up front (``BEGIN IMMEDIATE``), so writers from different
 processes serialise instead of deadlocking, and resourceVersions commit in order. WAL mode lets
 readers and watchers run while a write is in progress. Each call is a sub-millisecond local
-transaction, so the sync methods may be called from the event loop; ``watch`` is async, sleeps
+transaction, so the sync methods may be called from the event loop (while another process
+holds the write lock, a write waits for it, up to ``busy_timeout``); ``watch`` is async, sleeps
 on an ``asyncio.Event`` that same-process writes set at once, and polls every ``poll_interval``
 for writes from other processes.
 """
