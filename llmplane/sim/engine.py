@@ -1,0 +1,135 @@
+"""The engine loop: one asyncio task steps the whole batch.
+
+Each turn asks the scheduler for a step, sleeps for the step's modelled duration times
+``time_scale`` (measured from the step's start, so the loop's own cost is not added on
+top), then applies the step and wakes the HTTP handlers whose sequences got tokens. With
+``time_scale`` 0 a step only yields to the event loop once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from llmplane.sim.config import SimConfig
+from llmplane.sim.metrics import SimMetrics
+from llmplane.sim.scheduler import Scheduler, Sequence
+
+
+class Group:
+    """The sequences of one HTTP request and the future its handler waits on."""
+
+    __slots__ = ("remaining", "seqs", "stream", "waiter")
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.seqs: list[Sequence] = []
+        self.remaining = 0
+        self.waiter: asyncio.Future | None = None
+
+    def wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.sched = Scheduler(cfg)
+        self.metrics = SimMetrics(self)
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.steps = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def submit(self, group: Group) -> None:
+        now = time.perf_counter()
+        group.remaining = len(group.seqs)
+        add = self.sched.add
+        for seq in group.seqs:
+            seq.group = group
+            seq.arrival = now
+            add(seq)
+        self._kick.set()
+
+    def abort(self, group: Group) -> None:
+        """Drop a request's unfinished sequences (client went away)."""
+        for seq in group.seqs:
+            if not seq.finished:
+                self.sched.abort(seq)
+                self.metrics.success["abort"] += 1
+
+    async def _run(self) -> None:
+        # Timestamps come from perf_counter: the loop clock of uvloop has 1 ms resolution.
+        clock = time.perf_counter
+        sched = self.sched
+        metrics = self.metrics
+        scale = self.cfg.time_scale
+        kick = self._kick
+        success = metrics.success
+        e2e = metrics.e2e
+        deadline = 0.0  # planned end of the previous step
+        while True:
+            if not sched.has_work():
+                kick.clear()
+                await kick.wait()
+                deadline = 0.0
+                continue
+            t0 = clock()
+            # Steps follow each other on a planned timeline so that timer granularity and
+            # wake-up jitter do not add up; a step that is late by more than 5 ms restarts
+            # the timeline (the event loop was busy, as a GPU host's CPU can be).
+            start = deadline if t0 - 0.005 < deadline else t0
+            step = sched.schedule(t0)
+            if not step.scheduled:
+                # Only sequences waiting for a KV transfer (or for room held by them).
+                kick.clear()
+                t = sched.next_transfer_at()
+                timeout = 0.001 if t is None else max(0.0, t - clock())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(kick.wait(), timeout)
+                deadline = 0.0
+                continue
+            delay = step.duration * scale
+            if delay > 0:
+                deadline = start + delay
+                await asyncio.sleep(max(0.0, deadline - clock()))
+            else:
+                await asyncio.sleep(0)
+            now = clock()
+            emitted, finished = sched.complete(step, now)
+            self.steps += 1
+            if step.ttfts:
+                metrics.ttft.observe_all(step.ttfts)
+            if step.itls:
+                metrics.itl.observe_all(step.itls)
+            for seq in finished:
+                success[seq.finish_reason] += 1
+                e2e.observe(now - seq.arrival)
+                g = seq.group
+                g.remaining -= 1
+                if not g.stream and g.remaining == 0:
+                    g.wake()
+            for seq in emitted:
+                g = seq.group
+                if g.stream:
+                    g.wake()

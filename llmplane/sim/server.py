@@ -1,0 +1,518 @@
+"""HTTP surface of the simulated server (aiohttp): vLLM's OpenAI routes plus /admin/faults."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import sys
+import time
+import uuid
+from typing import Any
+
+import orjson
+from aiohttp import web
+from xxhash import xxh64_intdigest
+
+from llmplane.sim.config import SimConfig
+from llmplane.sim.engine import Engine, Group
+from llmplane.sim.protocol import (
+    DONE,
+    ApiError,
+    ChunkWriter,
+    chat_choice,
+    chat_response,
+    completion_choice,
+    completion_response,
+    error_body,
+    parse_sampling,
+    plan_output,
+    seq_text,
+    token_text,
+)
+from llmplane.sim.scheduler import Sequence
+from llmplane.sim.tokenizer import render_chat, sequence_seed, tokenize
+
+log = logging.getLogger("llmplane.sim")
+
+JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+VERSION = "0.10.1+llmplane.sim"
+
+
+def json_response(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=JSON)
+
+
+def error_response(err: ApiError) -> web.Response:
+    return web.Response(body=err.body(), status=err.code, content_type=JSON)
+
+
+class SimServer:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.engine = Engine(cfg)
+        self.model = cfg.model_name
+        self.base_names = set(cfg.served_model_names or [cfg.model])
+        self.loras: dict[str, str] = dict(cfg.lora_modules)
+        self.lora_seeds: dict[str, int] = {}
+        self.faults = cfg.faults
+        self.fault_rng = random.Random(cfg.seed)
+        self.started = time.monotonic()
+        self.unhealthy_until = self.started + self.faults.slow_start
+        self.num_requests = 0
+        self.created = int(time.time())
+        self.engine_id = cfg.engine_id or str(
+            uuid.UUID(int=random.Random(cfg.seed).getrandbits(128))
+        )
+        self._rid = 0
+        self._rid_prefix = os.urandom(4).hex()
+        self.port = cfg.port
+        self._hang: list[asyncio.Future] = []
+
+    # -- app -----------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/version", self.version)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/v1/load_lora_adapter", self.load_lora)
+        r.add_post("/v1/unload_lora_adapter", self.unload_lora)
+        r.add_get("/admin/faults", self.get_faults)
+        r.add_post("/admin/faults", self.set_faults)
+        app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        self.engine.start()
+
+    async def _on_shutdown(self, _app: web.Application) -> None:
+        for f in self._hang:
+            if not f.done():
+                f.cancel()
+
+    async def close(self) -> None:
+        await self.engine.stop()
+
+    # -- helpers -------------------------------------------------------------------------
+    def _next_id(self, prefix: str) -> str:
+        self._rid += 1
+        return f"{prefix}{self._rid_prefix}{self._rid:012x}"
+
+    def _resolve_model(self, name: Any) -> str | None:
+        """Returns the LoRA adapter name, None for the base model; raises 404 if unknown."""
+        if name is None or name in self.base_names:
+            return None
+        if isinstance(name, str) and name in self.loras:
+            return name
+        raise ApiError(f"The model `{name}` does not exist.", 404, "NotFoundError")
+
+    async def _json(self, request: web.Request) -> dict:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ApiError(f"Invalid JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise ApiError("The request body must be a JSON object.")
+        return body
+
+    async def _faults_before(self) -> web.Response | None:
+        f = self.faults
+        if time.monotonic() < self.unhealthy_until:
+            return web.Response(
+                body=error_body("The model is still loading.", 503), status=503, content_type=JSON
+            )
+        self.num_requests += 1
+        if f.crash_after is not None and self.num_requests > f.crash_after:
+            sys.stderr.write(f"llmplane sim: injected crash after {f.crash_after} requests\n")
+            sys.stderr.flush()
+            os._exit(1)
+        if f.hang_rate > 0 and self.fault_rng.random() < f.hang_rate:
+            fut = asyncio.get_running_loop().create_future()
+            self._hang.append(fut)
+            try:
+                await fut
+            finally:
+                self._hang.remove(fut)
+        if f.error_rate > 0 and self.fault_rng.random() < f.error_rate:
+            code = f.error_codes[self.fault_rng.randrange(len(f.error_codes))]
+            return web.Response(
+                body=error_body(f"Injected error {code}.", code), status=code, content_type=JSON
+            )
+        return None
+
+    # -- inference -----------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    def _prompts(self, body: dict, chat: bool) -> list[list[int]]:
+        prompts = self._raw_prompts(body, chat)
+        vocab = self.cfg.vocab_size
+        for ids in prompts:
+            for t in ids:
+                if not 0 <= t < vocab:
+                    raise ApiError(f"Token id {t} is out of vocabulary")
+        return prompts
+
+    def _raw_prompts(self, body: dict, chat: bool) -> list[list[int]]:
+        vocab = self.cfg.vocab_size
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise ApiError("messages must be a non-empty list.")
+            if not all(isinstance(m, dict) for m in messages):
+                raise ApiError("each message must be an object.")
+            text = render_chat(messages, bool(body.get("add_generation_prompt", True)))
+            return [tokenize(text, vocab)]
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return [tokenize(prompt, vocab)]
+        if isinstance(prompt, list) and prompt:
+            if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+                return [list(prompt)]
+            out = []
+            for p in prompt:
+                if isinstance(p, str):
+                    out.append(tokenize(p, vocab))
+                elif isinstance(p, list) and all(isinstance(t, int) for t in p):
+                    out.append(list(p))
+                else:
+                    raise ApiError("prompt must be a string, a list of strings or token ids.")
+            return out
+        raise ApiError("prompt must be a string, a list of strings or token ids.")
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        faulted = await self._faults_before()
+        if faulted is not None:
+            return faulted
+        try:
+            body = await self._json(request)
+            lora = self._resolve_model(body.get("model"))
+            sp = parse_sampling(body, chat)
+            prompts = self._prompts(body, chat)
+            remote_decode, remote_prefill = self._pd_flags(body)
+        except ApiError as e:
+            return error_response(e)
+
+        cfg = self.cfg
+        max_len = cfg.max_model_len
+        group = Group(sp.stream)
+        hash_seed = self._lora_seed(lora) if lora else 0
+        key = f"{lora}|{sp.params_key}"
+        seqs = group.seqs
+        prompt_tokens = 0
+        for pi, ids in enumerate(prompts):
+            plen = len(ids)
+            if plen == 0:
+                return error_response(ApiError("The prompt cannot be empty."))
+            max_tokens = sp.max_tokens if sp.max_tokens is not None else max_len - plen
+            if plen + max_tokens > max_len:
+                return error_response(
+                    ApiError(
+                        f"This model's maximum context length is {max_len} tokens. However, you "
+                        f"requested {plen + max_tokens} tokens ({plen} in the messages, "
+                        f"{max_tokens} in the completion). Please reduce the length of the "
+                        "messages or completion."
+                    )
+                )
+            if (plen + max_tokens + cfg.block_size - 1) // cfg.block_size > cfg.num_blocks:
+                # Could never fit in the KV cache, even alone.
+                return error_response(
+                    ApiError(
+                        f"The request needs {plen + max_tokens} tokens of KV cache but the cache "
+                        f"holds only {cfg.num_blocks * cfg.block_size}."
+                    )
+                )
+            prompt_tokens += plen * sp.n
+            for j in range(sp.n):
+                seed = sequence_seed(cfg.seed, ids, key, j)
+                plan = plan_output(seed, max_tokens, sp, cfg.mean_output_len)
+                seqs.append(
+                    Sequence(
+                        ids,
+                        plan.length,
+                        seed,
+                        lora=lora,
+                        hash_seed=hash_seed,
+                        finish_reason=plan.finish_reason,
+                        stop_reason=plan.stop_reason,
+                        text_cut=plan.text_cut,
+                        remote_prefill=remote_prefill,
+                        index=pi * sp.n + j,
+                    )
+                )
+        # vLLM counts the prompt once per prompt, not once per choice.
+        prompt_tokens = sum(len(p) for p in prompts)
+        model = lora or self.model
+        rid = self._next_id("chatcmpl-" if chat else "cmpl-")
+        created = int(time.time())
+        engine = self.engine
+        engine.submit(group)
+        try:
+            if sp.stream:
+                return await self._stream(request, group, chat, rid, created, model, sp,
+                                          prompt_tokens)  # fmt: skip
+            while group.remaining > 0:
+                await group.wait()
+        finally:
+            if group.remaining > 0:
+                engine.abort(group)
+        completion_tokens = 0
+        choices = []
+        make = chat_choice if chat else completion_choice
+        for seq in seqs:
+            completion_tokens += seq.num_output
+            choices.append(
+                make(
+                    seq.index,
+                    seq_text(seq.out_words, seq.text_cut),
+                    seq.finish_reason,
+                    seq.stop_reason,
+                )
+            )
+        kv_params = None
+        if remote_decode:
+            kv_params = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": seqs[0].final_blocks,
+                "remote_engine_id": self.engine_id,
+                "remote_host": cfg.host,
+                "remote_port": self.port,
+                "tp_size": 1,
+            }
+        render = chat_response if chat else completion_response
+        return json_response(
+            render(rid, created, model, choices, prompt_tokens, completion_tokens, kv_params)
+        )
+
+    async def _stream(
+        self, request: web.Request, group: Group, chat: bool, rid: str, created: int,
+        model: str, sp: Any, prompt_tokens: int,
+    ) -> web.StreamResponse:  # fmt: skip
+        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        await resp.prepare(request)
+        w = ChunkWriter(chat, rid, created, model)
+        seqs = group.seqs
+        sent = [0] * len(seqs)
+        f = self.faults
+        limit = None
+        if f.disconnect_after is not None and (
+            f.disconnect_rate >= 1.0 or self.fault_rng.random() < f.disconnect_rate
+        ):
+            limit = f.disconnect_after
+        events = 0
+        out: list[bytes] = [w.role(s.index) for s in seqs] if chat else []
+        while True:
+            done = True
+            for i, seq in enumerate(seqs):
+                k = sent[i]
+                n = seq.num_output
+                if k < n:
+                    words_ = seq.out_words
+                    cut = seq.text_cut
+                    last = seq.target_len - 1
+                    idx = seq.index
+                    while k < n:
+                        text = token_text(words_[k], k, cut)
+                        if k == last:
+                            out.append(w.last(idx, text, seq.finish_reason, seq.stop_reason))
+                        else:
+                            out.append(w.token(idx, text))
+                        k += 1
+                    sent[i] = k
+                if k < seq.target_len:
+                    done = False
+            if done:
+                if sp.include_usage:
+                    out.append(w.usage(prompt_tokens, sum(s.num_output for s in seqs)))
+                out.append(DONE)
+            if out:
+                if limit is not None and events + len(out) >= limit:
+                    await resp.write(b"".join(out[: max(0, limit - events)]))
+                    if request.transport is not None:
+                        request.transport.close()
+                    self.engine.abort(group)
+                    group.remaining = 0
+                    return resp
+                events += len(out)
+                await resp.write(b"".join(out) if len(out) > 1 else out[0])
+                out = []
+            if done:
+                break
+            await group.wait()
+        await resp.write_eof()
+        return resp
+
+    def _pd_flags(self, body: dict) -> tuple[bool, bool]:
+        """(do_remote_decode, do_remote_prefill) as this instance's role honours them."""
+        role = self.cfg.role
+        kv = body.get("kv_transfer_params")
+        remote_decode = remote_prefill = False
+        if isinstance(kv, dict):
+            if kv.get("do_remote_decode") and role in ("prefill", "both"):
+                remote_decode = True
+            if kv.get("do_remote_prefill") and role in ("decode", "both"):
+                remote_prefill = True
+        if (
+            role == "decode"
+            and body.get("bootstrap_room") is not None
+            and body.get("bootstrap_host") is not None
+        ):
+            remote_prefill = True
+        return remote_decode, remote_prefill
+
+    def _lora_seed(self, lora: str) -> int:
+        s = self.lora_seeds.get(lora)
+        if s is None:
+            s = self.lora_seeds[lora] = xxh64_intdigest(lora.encode())
+        return s
+
+    # -- other routes --------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        if time.monotonic() < self.unhealthy_until:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return json_response(orjson.dumps({"version": VERSION}))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.engine.metrics.render(),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    def _card(self, name: str, root: str, parent: str | None, max_len: int | None) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": root,
+            "parent": parent,
+            "max_model_len": max_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{xxh64_intdigest(name.encode()):016x}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+
+    async def models(self, request: web.Request) -> web.Response:
+        cfg = self.cfg
+        names = cfg.served_model_names or [cfg.model]
+        data = [self._card(n, cfg.model, None, cfg.max_model_len) for n in names]
+        data += [self._card(n, p, self.model, None) for n, p in self.loras.items()]
+        return json_response(orjson.dumps({"object": "list", "data": data}))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json(request)
+            if body.get("model") is not None:
+                self._resolve_model(body.get("model"))
+            if "messages" in body:
+                ids = self._prompts(body, chat=True)[0]
+            elif isinstance(body.get("prompt"), str):
+                ids = tokenize(body["prompt"], self.cfg.vocab_size)
+            else:
+                raise ApiError("Either prompt (a string) or messages must be given.")
+        except ApiError as e:
+            return error_response(e)
+        return json_response(
+            orjson.dumps(
+                {
+                    "count": len(ids),
+                    "max_model_len": self.cfg.max_model_len,
+                    "tokens": ids,
+                    "token_strs": None,
+                }
+            )
+        )
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json(request)
+        except ApiError as e:
+            return error_response(e)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return error_response(
+                ApiError(
+                    "Both 'lora_name' and 'lora_path' must be provided.", 400, "InvalidUserInput"
+                )
+            )
+        if name in self.loras:
+            return error_response(
+                ApiError(
+                    f"The lora adapter '{name}' has already been loaded.", 400, "InvalidUserInput"
+                )
+            )
+        self.loras[str(name)] = str(path)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json(request)
+        except ApiError as e:
+            return error_response(e)
+        name = body.get("lora_name")
+        if not name:
+            return error_response(
+                ApiError(
+                    "'lora_name' needs to be provided to unload a LoRA adapter.",
+                    400,
+                    "InvalidUserInput",
+                )
+            )
+        if name not in self.loras:
+            return error_response(
+                ApiError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
+            )
+        del self.loras[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    def _faults_view(self) -> dict:
+        d = self.faults.to_dict()
+        d["slow_start_remaining"] = max(0.0, self.unhealthy_until - time.monotonic())
+        d["requests_seen"] = self.num_requests
+        return d
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return json_response(orjson.dumps(self._faults_view()))
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json(request)
+            self.faults.update(body)
+        except ApiError as e:
+            return error_response(e)
+        except ValueError as e:
+            return error_response(ApiError(str(e)))
+        if "slow_start" in body:
+            self.unhealthy_until = time.monotonic() + self.faults.slow_start
+        if "crash_after" in body:
+            self.num_requests = 0
+        return json_response(orjson.dumps(self._faults_view()))
