@@ -158,12 +158,14 @@ class SimServer:
 
     def _prompts(self, body: dict, chat: bool) -> list[list[int]]:
         prompts = self._raw_prompts(body, chat)
-        vocab = self.cfg.vocab_size
-        for ids in prompts:
-            for t in ids:
-                if not 0 <= t < vocab:
-                    raise ApiError(f"Token id {t} is out of vocabulary")
         return prompts
+
+    def _check_ids(self, ids: list) -> list[int]:
+        vocab = self.cfg.vocab_size
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise ApiError(f"Token id {t!r} is out of vocabulary")
+        return list(ids)
 
     def _raw_prompts(self, body: dict, chat: bool) -> list[list[int]]:
         vocab = self.cfg.vocab_size
@@ -179,14 +181,14 @@ class SimServer:
         if isinstance(prompt, str):
             return [tokenize(prompt, vocab)]
         if isinstance(prompt, list) and prompt:
-            if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-                return [list(prompt)]
+            if isinstance(prompt[0], int):
+                return [self._check_ids(prompt)]
             out = []
             for p in prompt:
                 if isinstance(p, str):
                     out.append(tokenize(p, vocab))
-                elif isinstance(p, list) and all(isinstance(t, int) for t in p):
-                    out.append(list(p))
+                elif isinstance(p, list) and p:
+                    out.append(self._check_ids(p))
                 else:
                     raise ApiError("prompt must be a string, a list of strings or token ids.")
             return out
@@ -313,8 +315,13 @@ class SimServer:
         ):
             limit = f.disconnect_after
         events = 0
-        out: list[bytes] = [w.role(s.index) for s in seqs] if chat else []
+        out: list[bytes] = []
+        # Like vLLM, the role chunk goes out with the first token, not before it.
+        role_pending = chat
         while True:
+            if role_pending and any(s.num_output for s in seqs):
+                out.extend(w.role(s.index) for s in seqs)
+                role_pending = False
             done = True
             for i, seq in enumerate(seqs):
                 k = sent[i]
