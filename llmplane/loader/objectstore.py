@@ -122,13 +122,15 @@ def _fetch_file(
     part, etag_file = part_files(dest)
     try:
         if dest.is_file() and dest.stat().st_size == obj.size:
-            progress.advance(obj.size)  # finished by an earlier, interrupted load of this prefix
+            progress.advance(
+                obj.size, now=True
+            )  # finished by an earlier, interrupted load of this prefix
             return
         dest.parent.mkdir(parents=True, exist_ok=True)
         offset = _resumable_offset(part, etag_file, obj)
         if offset == 0:
             etag_file.write_text(obj.etag or "")
-        progress.advance(offset)
+        progress.advance(offset, now=True)  # kept from an interrupted load
         with open(part, "ab") as out:
             retries = RETRIES
             while offset < obj.size:

@@ -35,12 +35,13 @@ class Progress:
             self.total = total
         self._report(force=True)
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, *, now: bool = False) -> None:
+        """``n`` more bytes are present; ``now`` reports without waiting for the interval."""
         if not n:
             return
         with self._lock:
             self.done += n
-        self._report()
+        self._report(force=now)
 
     def finish(self) -> None:
         """Report the final state once more (a model whose size was never known ends at done/done)."""

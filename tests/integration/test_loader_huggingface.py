@@ -45,7 +45,9 @@ def test_single_file_with_progress(fake_hub: FakeHub, tmp_path: Path) -> None:
 
     path = load_model(source, tmp_path, progress)
 
-    assert path == tmp_path / "models--org--tiny" / "model.safetensors" == model_path(source, tmp_path)
+    assert (
+        path == tmp_path / "models--org--tiny" / "model.safetensors" == model_path(source, tmp_path)
+    )
     assert path.read_bytes() == WEIGHTS
     assert not (path.parent / "config.json").exists()
     assert progress.calls[-1] == (len(WEIGHTS), len(WEIGHTS))
@@ -55,13 +57,17 @@ def test_single_file_with_progress(fake_hub: FakeHub, tmp_path: Path) -> None:
 
 def test_snapshot_with_patterns(fake_hub: FakeHub, tmp_path: Path) -> None:
     fake_hub.add_repo("org/tiny", FILES)
-    source = hub_source(allow_patterns=["*.json", "*.safetensors", "onnx/*"], ignore_patterns=["onnx/*"])
+    source = hub_source(
+        allow_patterns=["*.json", "*.safetensors", "onnx/*"], ignore_patterns=["onnx/*"]
+    )
     progress = Recorder()
 
     path = load_model(source, tmp_path, progress)
 
     assert path == tmp_path / "models--org--tiny"
-    files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    files = sorted(
+        str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts
+    )
     assert files == [".llmplane-complete", "config.json", "model.safetensors"]
     assert (path / "model.safetensors").read_bytes() == WEIGHTS
     size = len(WEIGHTS) + len(FILES["config.json"])
@@ -115,7 +121,9 @@ def test_bad_token_is_unauthorized(
     assert "HF_TOKEN" in caught.value.message
 
 
-def test_private_repo_without_token_is_not_found_with_hint(fake_hub: FakeHub, tmp_path: Path) -> None:
+def test_private_repo_without_token_is_not_found_with_hint(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
     fake_hub.add_repo("org/private", FILES)
     fake_hub.token = "hf_secret"
 
@@ -136,7 +144,9 @@ def test_private_repo_without_token_is_not_found_with_hint(fake_hub: FakeHub, tm
         (hub_source("org/tiny", revision="v9", filename="config.json"), "revision 'v9'"),
     ],
 )
-def test_missing_is_not_found(fake_hub: FakeHub, tmp_path: Path, source: ModelSource, words: str) -> None:
+def test_missing_is_not_found(
+    fake_hub: FakeHub, tmp_path: Path, source: ModelSource, words: str
+) -> None:
     fake_hub.add_repo("org/tiny", FILES)
 
     with pytest.raises(LoadError) as caught:

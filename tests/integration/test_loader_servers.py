@@ -138,7 +138,10 @@ class FakeHub:
         self.server = ThreadedApp(app)
 
     def add_repo(
-        self, repo_id: str, files: dict[str, bytes], revisions: dict[str, dict[str, bytes]] | None = None
+        self,
+        repo_id: str,
+        files: dict[str, bytes],
+        revisions: dict[str, dict[str, bytes]] | None = None,
     ) -> HubRepo:
         commit = hashlib.sha1(repo_id.encode()).hexdigest()
         repo = HubRepo(dict(files), commit, {"main": commit})
@@ -265,13 +268,17 @@ class FakeOSS:
         )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(Seen(request.method, request.path, dict(request.headers), dict(request.query)))
+        self.requests.append(
+            Seen(request.method, request.path, dict(request.headers), dict(request.query))
+        )
         if self.access_key_id is not None:
             auth = request.headers.get("Authorization", "")
             if not auth.startswith(f"OSS {self.access_key_id}:") and (
                 f"Credential={self.access_key_id}/" not in auth
             ):
-                return self._error(403, "InvalidAccessKeyId", "The OSS Access Key Id you provided does not exist.")
+                return self._error(
+                    403, "InvalidAccessKeyId", "The OSS Access Key Id you provided does not exist."
+                )
         bucket, _, key = request.path.lstrip("/").partition("/")
         key = unquote(key)
         if bucket not in self.buckets:
@@ -337,7 +344,9 @@ class FakeGCS:
         return [
             r
             for r in self.requests
-            if r.method == "GET" and r.query.get("alt") == "media" and r.path.endswith("/o/" + quote(name, safe=""))
+            if r.method == "GET"
+            and r.query.get("alt") == "media"
+            and r.path.endswith("/o/" + quote(name, safe=""))
         ]
 
     def _resource(self, bucket: str, name: str, data: bytes) -> dict[str, Any]:
@@ -354,7 +363,10 @@ class FakeGCS:
 
     @staticmethod
     def _error(status: int, message: str) -> web.Response:
-        return web.json_response({"error": {"code": status, "message": message, "errors": [{"message": message}]}}, status=status)
+        return web.json_response(
+            {"error": {"code": status, "message": message, "errors": [{"message": message}]}},
+            status=status,
+        )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = request.raw_path.split("?", 1)[0]
@@ -373,7 +385,11 @@ class FakeGCS:
         objects = self.buckets[bucket]
         if len(parts) == 5:
             prefix = request.query.get("prefix", "")
-            items = [self._resource(bucket, k, v) for k, v in sorted(objects.items()) if k.startswith(prefix)]
+            items = [
+                self._resource(bucket, k, v)
+                for k, v in sorted(objects.items())
+                if k.startswith(prefix)
+            ]
             return web.json_response({"kind": "storage#objects", "items": items})
         name = unquote("/".join(parts[5:]))
         if name not in objects:
@@ -408,13 +424,19 @@ class MotoS3:
 
     def __init__(self) -> None:
         from moto.server import DomainDispatcherApplication, create_backend_app
-        from werkzeug.serving import make_server
+        from werkzeug.serving import WSGIRequestHandler, make_server
+
+        class Quiet(WSGIRequestHandler):
+            def log_request(self, *args: Any, **kwargs: Any) -> None:
+                pass
 
         self.requests: list[Seen] = []
         app = DomainDispatcherApplication(create_backend_app)
-        self.server = make_server("127.0.0.1", 0, self._recording(app), threaded=True)
+        self.server = make_server(
+            "127.0.0.1", 0, self._recording(app), threaded=True, request_handler=Quiet
+        )
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def url(self) -> str:
@@ -422,8 +444,14 @@ class MotoS3:
 
     def _recording(self, app: Callable[..., Any]) -> Callable[..., Any]:
         def middleware(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-            headers = {k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")}
-            self.requests.append(Seen(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), headers))
+            headers = {
+                k[5:].replace("_", "-").title(): v
+                for k, v in environ.items()
+                if k.startswith("HTTP_")
+            }
+            self.requests.append(
+                Seen(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), headers)
+            )
             return app(environ, start_response)
 
         return middleware
