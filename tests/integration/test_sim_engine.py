@@ -1,0 +1,171 @@
+"""Engine behaviour a router can observe, against real sim processes: prefix caching,
+queueing, LoRA slots and prefill/decode disaggregation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmplane.sim.process import SimProcess
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 360  # ~4,000 tokens
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list]:
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(metrics: dict, name: str) -> float:
+    return metrics[name][0].value
+
+
+async def timed_post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    async with session.post(url, json=body) as r:
+        data = orjson.loads(await r.read())
+        assert r.status == 200, data
+    return time.perf_counter() - t0, data
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimProcess("--time-scale", "0.2", "--max-num-seqs", "4", model="m") as p:
+        yield p
+
+
+async def test_repeated_long_prompt_is_faster_and_hits_the_prefix_cache(sim):
+    url = f"{sim.url}/v1/completions"
+    async with aiohttp.ClientSession() as s:
+        before = await scrape(s, sim.url)
+        body = {"model": "m", "prompt": LONG, "max_tokens": 1}
+        cold, first = await timed_post(s, url, body)
+        warm, _ = await timed_post(s, url, body)
+        after = await scrape(s, sim.url)
+    assert first["usage"]["prompt_tokens"] > 3500
+    # prefill of ~4,000 tokens: ~150 ms modelled x 0.2; cached: one block's worth
+    assert warm < cold / 2, (cold, warm)
+    hits = value(after, "vllm:prefix_cache_hits") - value(before, "vllm:prefix_cache_hits")
+    queries = value(after, "vllm:prefix_cache_queries") - value(before, "vllm:prefix_cache_queries")
+    assert hits >= 3500 and queries >= 2 * 3500
+
+
+async def test_requests_queue_beyond_max_num_seqs(sim):
+    url = f"{sim.url}/v1/completions"
+    body = {"model": "m", "prompt": "burst", "max_tokens": 60, "ignore_eos": True}
+    seen_waiting, seen_running = 0.0, 0.0
+    async with aiohttp.ClientSession() as s:
+        tasks = [asyncio.create_task(timed_post(s, url, body)) for _ in range(16)]
+        while not all(t.done() for t in tasks):
+            m = await scrape(s, sim.url)
+            seen_waiting = max(seen_waiting, value(m, "vllm:num_requests_waiting"))
+            seen_running = max(seen_running, value(m, "vllm:num_requests_running"))
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*tasks)
+        idle = await scrape(s, sim.url)
+    assert seen_waiting > 0
+    assert seen_running == 4  # never more than --max-num-seqs
+    assert value(idle, "vllm:num_requests_running") == 0
+    assert value(idle, "vllm:num_requests_waiting") == 0
+    assert value(idle, "vllm:kv_cache_usage_perc") == 0
+
+
+async def test_lora_metrics_show_running_and_waiting_adapters():
+    with SimProcess(
+        "--time-scale", "0.2", "--max-loras", "1", "--lora-modules", "a=/loras/a", model="m"
+    ) as sim:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(
+                f"{sim.url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": "/loras/b"}
+            ) as r:
+                assert r.status == 200 and "added successfully" in await r.text()
+            async with s.post(
+                f"{sim.url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": "/x"}
+            ) as r:
+                assert r.status == 400 and (await r.json())["type"] == "InvalidUserInput"
+            async with s.get(f"{sim.url}/v1/models") as r:
+                cards = (await r.json())["data"]
+            assert [(c["id"], c["parent"]) for c in cards] == [
+                ("m", None),
+                ("a", "m"),
+                ("b", "m"),
+            ]
+
+            url = f"{sim.url}/v1/completions"
+            tasks = [
+                asyncio.create_task(
+                    timed_post(
+                        s, url, {"model": name, "prompt": "x", "max_tokens": 40, "ignore_eos": True}
+                    )
+                )
+                for name in ("a", "b", "a", "b")
+            ]
+            seen = set()
+            while not all(t.done() for t in tasks):
+                m = await scrape(s, sim.url)
+                lab = m["vllm:lora_requests_info"][0].labels
+                assert lab["max_lora"] == "1"
+                seen.add((lab["running_lora_adapters"], lab["waiting_lora_adapters"]))
+                await asyncio.sleep(0.005)
+            results = await asyncio.gather(*tasks)
+            assert [r[1]["model"] for r in results] == ["a", "b", "a", "b"]
+            assert ("a", "b") in seen or ("b", "a") in seen
+            assert all("," not in run for run, _ in seen)  # never two active adapters
+
+            async with s.post(f"{sim.url}/v1/unload_lora_adapter", json={"lora_name": "b"}) as r:
+                assert r.status == 200
+            async with s.post(url, json={"model": "b", "prompt": "x"}) as r:
+                assert r.status == 404
+            async with s.post(f"{sim.url}/v1/unload_lora_adapter", json={"lora_name": "b"}) as r:
+                assert r.status == 404
+
+
+async def test_prefill_decode_disaggregation():
+    prompt = "Disaggregated serving moves the KV cache between instances. " * 160  # ~2.4k tok
+    other = "A cold request of the same length that nobody prefilled before. " * 150
+    args = ("--time-scale", "0.2")
+    with (
+        SimProcess(*args, "--role", "prefill", model="m") as pre,
+        SimProcess(*args, "--role", "decode", model="m") as dec,
+    ):
+        async with aiohttp.ClientSession() as s:
+            _, pre_resp = await timed_post(
+                s,
+                f"{pre.url}/v1/completions",
+                {
+                    "model": "m",
+                    "prompt": prompt,
+                    "max_tokens": 1,
+                    "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+                },
+            )
+            kv = pre_resp["kv_transfer_params"]
+            assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
+            assert kv["remote_port"] == pre.port and kv["remote_host"] == "127.0.0.1"
+            assert kv["remote_engine_id"] and len(kv["remote_block_ids"]) >= 100
+
+            body = {"model": "m", "max_tokens": 5, "ignore_eos": True}
+            pd_time, pd_resp = await timed_post(
+                s, f"{dec.url}/v1/completions", {**body, "prompt": prompt, "kv_transfer_params": kv}
+            )
+            cold_time, cold_resp = await timed_post(
+                s, f"{dec.url}/v1/completions", {**body, "prompt": other}
+            )
+            assert pd_resp["usage"]["completion_tokens"] == 5
+            assert pd_resp["usage"]["prompt_tokens"] >= cold_resp["usage"]["prompt_tokens"] - 50
+            assert pd_time < cold_time, (pd_time, cold_time)
+
+            # SGLang style: the decode instance skips prefill given bootstrap parameters.
+            third = "SGLang bootstrap rooms pair a prefill with a decode. " * 170
+            sg_time, _ = await timed_post(
+                s,
+                f"{dec.url}/v1/completions",
+                {**body, "prompt": third, "bootstrap_room": 1234, "bootstrap_host": "127.0.0.1"},
+            )
+            assert sg_time < cold_time, (sg_time, cold_time)
