@@ -1,0 +1,181 @@
+"""How a plan's local command becomes a command line for one replica on this machine.
+
+Three small facts the local runtime needs before it starts an engine process:
+
+* a free TCP port on 127.0.0.1 (:func:`free_port`),
+* the plan's argv with ``--port``/``--host`` pointed at that port (:func:`rewrite_argv`),
+* whether the engine is installed at all (:func:`missing_engine`), so a missing engine is reported
+  once with its install hint instead of crash-looping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.machinery
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+
+LOCAL_HOST = "127.0.0.1"
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+# Environment variables that change where a Python interpreter finds modules; when a plan sets
+# any of them the module check runs in a child interpreter with the plan's environment.
+_PYTHON_PATH_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH")
+
+
+def free_port(preferred: int | None = None) -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now (``preferred`` if it still is free).
+
+    The socket is closed again before the engine binds the port, so another process could take
+    it in between; the engine then fails to start and the supervisor restarts it on a new port.
+    """
+    if preferred:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((LOCAL_HOST, preferred))
+            return preferred
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOCAL_HOST, 0))
+        return s.getsockname()[1]
+
+
+def rewrite_argv(argv: Sequence[str], port: int) -> list[str]:
+    """Point the engine's ``--port`` at ``port`` and its ``--host`` at 127.0.0.1.
+
+    ``--port X`` / ``--port=X`` become the replica's port and ``--host X`` / ``--host=X`` become
+    127.0.0.1. When the command has no ``--port`` flag at all, ``--port N --host 127.0.0.1`` is
+    appended (only ``--port N`` if it already names a ``--host``). A command that names a port but
+    no host is left binding wherever the engine binds by default: not every engine spells the
+    flag ``--host`` (text-generation-inference uses ``--hostname``).
+    """
+    out: list[str] = []
+    has_port = has_host = False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--port", "--host"):
+            out += [arg, str(port) if arg == "--port" else LOCAL_HOST]
+            has_port |= arg == "--port"
+            has_host |= arg == "--host"
+            i += 2  # skip the old value (if the flag is the last word, there is none)
+            continue
+        if arg.startswith("--port="):
+            out.append(f"--port={port}")
+            has_port = True
+        elif arg.startswith("--host="):
+            out.append(f"--host={LOCAL_HOST}")
+            has_host = True
+        else:
+            out.append(arg)
+        i += 1
+    if not has_port:
+        out += ["--port", str(port)]
+        if not has_host:
+            out += ["--host", LOCAL_HOST]
+    return out
+
+
+def python_module(argv: Sequence[str]) -> str | None:
+    """The module of ``python [options] -m module ...``; None for any other command."""
+    if not argv:
+        return None
+    if not _PYTHON_NAME.match(os.path.basename(argv[0])) and not _same_file(
+        argv[0], sys.executable
+    ):
+        return None
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg == "-m":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("-m") and not arg.startswith("--"):
+            return arg[2:]
+        if arg == "-c" or not arg.startswith("-"):
+            return None  # a script or -c code: nothing to check beyond the interpreter
+    return None
+
+
+def module_exists(name: str) -> bool:
+    """Whether ``import name`` would find the module, without importing (running) any package.
+
+    ``importlib.util.find_spec("a.b")`` imports ``a`` first; for engines like vLLM that means
+    seconds of imports in the control plane. This walks the package paths instead.
+    """
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level lookup imports nothing
+    except (ImportError, ValueError):
+        return False
+    for depth in range(1, len(parts)):
+        locations = spec.submodule_search_locations if spec else None
+        if not locations:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(
+            ".".join(parts[: depth + 1]), list(locations)
+        )
+    return spec is not None
+
+
+# The same check, run by another interpreter (the plan names a different python).
+_MODULE_CHECK = (
+    "import importlib.machinery as m, importlib.util as u, sys\n"
+    "p = sys.argv[1].split('.')\n"
+    "s = u.find_spec(p[0])\n"
+    "for d in range(1, len(p)):\n"
+    "    l = s.submodule_search_locations if s else None\n"
+    "    s = m.PathFinder.find_spec('.'.join(p[: d + 1]), list(l)) if l else None\n"
+    "sys.exit(0 if s else 3)\n"
+)
+
+
+async def missing_engine(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why the engine cannot start here (command or Python module missing); None if it can."""
+    if not argv:
+        return "the local command is empty"
+    executable = shutil.which(argv[0], path=env.get("PATH"))
+    if executable is None:
+        return f"engine command {argv[0]!r} not found on PATH"
+    module = python_module(argv)
+    if module is None:
+        return None
+    if _same_file(executable, sys.executable) and not any(
+        env.get(v) != os.environ.get(v) for v in _PYTHON_PATH_VARS
+    ):
+        found = module_exists(module)
+    else:
+        found = await _module_exists_in(executable, module, env)
+    return None if found else f"Python module {module!r} is not installed for {executable}"
+
+
+async def _module_exists_in(python: str, module: str, env: Mapping[str, str]) -> bool:
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            python,
+            "-c",
+            _MODULE_CHECK,
+            module,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+    except OSError:
+        return True  # cannot ask: let the start itself report what is wrong
+    try:
+        code = await asyncio.wait_for(proc.wait(), 30)
+    except TimeoutError:
+        code = None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    return code != 3
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(shutil.which(a) or a, b)
+    except OSError:
+        return False

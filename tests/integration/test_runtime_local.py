@@ -1,0 +1,376 @@
+"""The local runtime with real processes: a stand-in engine (fake_engine.py) under supervision."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from llmplane.controlplane.plan import (
+    MODEL_NAME_LABEL,
+    REPLICA_LABEL,
+    HttpProbe,
+    LocalLaunch,
+    WorkloadPlan,
+)
+from llmplane.runtime.local import LocalRuntime
+from llmplane.runtime.processes import is_alive
+
+FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))
+KEY = "default/chat"
+
+
+def engine_plan(
+    *engine_args: str,
+    replicas: int = 1,
+    name: str = "chat",
+    env: dict[str, str] | None = None,
+    argv: list[str] | None = None,
+    readiness: HttpProbe | None = None,
+    startup: HttpProbe | None = None,
+    liveness: HttpProbe | None = None,
+    health_path: str | None = None,
+    grace: int = 30,
+) -> WorkloadPlan:
+    """A plan running the stand-in engine, probed like a real one on container port 8080."""
+    if readiness is None:
+        readiness = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=1)
+    return WorkloadPlan(
+        namespace="default",
+        name=name,
+        replicas=replicas,
+        model_name="fake-model",
+        backend="fake",
+        image="example/fake:1",
+        command=[],
+        args=[],
+        env=env or {},
+        labels={MODEL_NAME_LABEL: "fake-model"},
+        readiness_probe=readiness,
+        startup_probe=startup,
+        liveness_probe=liveness,
+        local=LocalLaunch(
+            argv=argv
+            or [sys.executable, FAKE_ENGINE, "--port", "8080", "--host", "0.0.0.0", *engine_args],
+            install_hint="pip install fake-engine",
+            health_path=health_path,
+        ),
+        termination_grace_seconds=grace,
+    )
+
+
+async def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
+        await asyncio.sleep(0.02)
+
+
+async def get(address: str, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{address}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as r,
+    ):
+        return r.status, await r.text()
+
+
+def recorded_pids(state_dir: Path) -> list[int]:
+    path = state_dir / "runtime" / "processes.json"
+    if not path.exists():
+        return []
+    return [p["pid"] for p in orjson.loads(path.read_bytes())["processes"]]
+
+
+def ready(runtime: LocalRuntime, key: str = KEY) -> int:
+    status = runtime.status(key)
+    return status.ready if status else 0
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[LocalRuntime]:
+    """A runtime with fast back-off; every process it started is gone afterwards, pass or fail."""
+    changes = Counter()
+    inflight: dict[str, int] = {}
+    rt = LocalRuntime(
+        tmp_path,
+        on_change=lambda: changes.update(["change"]),
+        inflight=lambda address: inflight.get(address, 0),
+        backoff_base=0.2,
+        backoff_cap=5,
+        stop_timeout=2,
+    )
+    rt.test_changes = changes  # type: ignore[attr-defined]
+    rt.test_inflight = inflight  # type: ignore[attr-defined]
+    await rt.start()
+    seen: set[int] = set()
+
+    def remember() -> None:
+        seen.update(recorded_pids(tmp_path))
+        changes.update(["change"])
+
+    rt.on_change = remember
+    try:
+        yield rt
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(rt.shutdown(), 30)
+        for pid in seen:  # belt and braces: nothing may outlive a test
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        assert not [p for p in seen if is_alive(p)], "engine processes outlived the test"
+
+
+async def test_two_replicas_ready_with_own_ports_and_labels(runtime: LocalRuntime) -> None:
+    await runtime.realise(engine_plan("--unhealthy-for", "1.2", replicas=2))
+    status = runtime.status(KEY)
+    assert status is not None and status.replicas == 2 and status.ready == 0
+    await wait_for(lambda: all(i.pid for i in runtime.status(KEY).items), what="processes")
+    assert {i.phase for i in runtime.status(KEY).items} == {"Starting"}
+    assert runtime.endpoints() == []  # started but not ready: not routable
+    assert runtime.status(KEY).reason == "Starting"
+
+    await wait_for(lambda: ready(runtime) == 2, what="2 ready replicas")
+    endpoints = runtime.endpoints()
+    assert [e.replica for e in endpoints] == [0, 1]
+    assert len({e.address for e in endpoints}) == 2
+    for e in endpoints:
+        assert e.address.startswith("127.0.0.1:")
+        assert e.labels == {MODEL_NAME_LABEL: "fake-model", REPLICA_LABEL: str(e.replica)}
+        assert (e.workload, e.model_name, e.backend) == (KEY, "fake-model", "fake")
+        code, body = await get(e.address, "/info")
+        info = orjson.loads(body)
+        assert code == 200 and info["host"] == "127.0.0.1"
+        assert e.address == f"127.0.0.1:{info['port']}"
+        assert info["argv"][1:5] == ["--port", str(info["port"]), "--host", "127.0.0.1"]
+    assert [e.replica for e in runtime.endpoints({REPLICA_LABEL: "1"})] == [1]
+    assert len(runtime.endpoints({MODEL_NAME_LABEL: "fake-model"})) == 2
+    assert runtime.endpoints({MODEL_NAME_LABEL: "other"}) == []
+    status = runtime.status(KEY)
+    assert status.reason is None and status.updated == 2
+    assert runtime.test_changes["change"] > 0  # type: ignore[attr-defined]
+    log = runtime.log_path(KEY, 1)
+    assert log == status.items[1].log_path
+    assert "fake engine: listening on 127.0.0.1" in log.read_text()
+    assert sorted(recorded_pids(runtime.state_dir)) == sorted(i.pid for i in status.items)
+
+
+async def test_killed_replica_comes_back(runtime: LocalRuntime) -> None:
+    await runtime.realise(engine_plan(replicas=2))
+    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    victim = runtime.status(KEY).items[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    await wait_for(lambda: [e.replica for e in runtime.endpoints()] == [0], what="replica 1 out")
+    await wait_for(lambda: ready(runtime) == 2, what="replica 1 back")
+    back = runtime.status(KEY).items[1]
+    assert back.restarts == 1 and back.pid != victim.pid and back.last_exit_code == -9
+    assert runtime.status(KEY).items[0].restarts == 0
+    assert victim.pid not in recorded_pids(runtime.state_dir)
+
+
+async def test_crash_loop_backs_off_exponentially(runtime: LocalRuntime) -> None:
+    backoffs: list[float] = []
+
+    def watch() -> None:
+        status = runtime.status(KEY)
+        if status and status.items and status.items[0].reason == "CrashLoopBackOff":
+            b = status.items[0].backoff_seconds
+            if not backoffs or backoffs[-1] != b:
+                backoffs.append(b)
+
+    runtime.on_change = watch
+    await runtime.realise(engine_plan("--exit-after", "0", "--exit-code", "3"))
+    await wait_for(lambda: len(backoffs) >= 4, timeout=15, what="4 back-offs")
+    assert backoffs[:4] == [0.2, 0.4, 0.8, 1.6]
+    item = runtime.status(KEY).items[0]
+    assert item.phase == "Pending" and item.reason == "CrashLoopBackOff"
+    assert item.last_exit_code == 3 and item.restarts >= 3
+    assert "exited with code 3" in item.message and "last exit code 3" in item.message
+    assert "fake engine: exiting with code 3 (boom)" in item.message  # the log's last lines
+    status = runtime.status(KEY)
+    assert status.reason == "CrashLoopBackOff" and status.ready == 0
+    assert runtime.endpoints() == []
+
+
+async def test_scale_down_drains_in_flight_requests(runtime: LocalRuntime) -> None:
+    await runtime.realise(engine_plan(replicas=2))
+    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    leaving = runtime.status(KEY).items[1]
+    inflight = runtime.test_inflight  # type: ignore[attr-defined]
+
+    async def held_request() -> tuple[int, str]:
+        inflight[leaving.address] = 1  # what the gateway would count
+        try:
+            return await get(leaving.address, "/hold?seconds=1.5")
+        finally:
+            inflight[leaving.address] = 0
+
+    request = asyncio.ensure_future(held_request())
+    await asyncio.sleep(0.2)
+    started = time.monotonic()
+    await runtime.realise(replace(engine_plan(replicas=1)))
+    # Out of the endpoints at once, but draining, not stopped.
+    assert [e.replica for e in runtime.endpoints()] == [0]
+    assert [(i.index, i.phase) for i in runtime.status(KEY).items] == [
+        (0, "Ready"),
+        (1, "Terminating"),
+    ]
+    await asyncio.sleep(0.5)
+    assert is_alive(leaving.pid), "stopped while a request was in flight"
+    assert await request == (200, "done")
+    await wait_for(lambda: len(runtime.status(KEY).items) == 1, what="replica 1 gone")
+    assert time.monotonic() - started >= 1.0
+    assert not is_alive(leaving.pid)
+    assert is_alive(runtime.status(KEY).items[0].pid)
+
+
+async def test_drain_uses_engine_metrics_without_inflight_callback(tmp_path: Path) -> None:
+    rt = LocalRuntime(tmp_path, backoff_base=0.2, stop_timeout=2)
+    try:
+        await rt.realise(engine_plan("--metrics"))
+        await wait_for(lambda: ready(rt) == 1, what="ready")
+        item = rt.status(KEY).items[0]
+        request = asyncio.ensure_future(get(item.address, "/hold?seconds=1.5"))
+        await asyncio.sleep(0.3)
+        await rt.remove(KEY)
+        assert request.done() and request.result() == (200, "done")
+        assert not is_alive(item.pid)
+        assert rt.status(KEY) is None and rt.endpoints() == []
+        assert recorded_pids(tmp_path) == []
+    finally:
+        await rt.shutdown()
+
+
+async def test_drain_is_bounded_by_the_grace_period(runtime: LocalRuntime) -> None:
+    await runtime.realise(engine_plan(grace=1))
+    await wait_for(lambda: ready(runtime) == 1, what="ready")
+    item = runtime.status(KEY).items[0]
+    runtime.test_inflight[item.address] = 5  # type: ignore[attr-defined]  # never drains
+    started = time.monotonic()
+    await runtime.remove(KEY)
+    assert 0.9 <= time.monotonic() - started < 4
+    assert not is_alive(item.pid)
+
+
+async def test_remove_leaves_no_process(runtime: LocalRuntime) -> None:
+    await runtime.realise(engine_plan(replicas=2))
+    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    pids = [i.pid for i in runtime.status(KEY).items]
+    assert all(is_alive(p) for p in pids)
+    await runtime.remove(KEY)
+    assert not any(is_alive(p) for p in pids)
+    assert runtime.status(KEY) is None and runtime.endpoints() == []
+    assert recorded_pids(runtime.state_dir) == []
+    await runtime.remove(KEY)  # idempotent
+
+
+async def test_missing_engine_is_reported_once_with_the_hint(runtime: LocalRuntime) -> None:
+    plan = engine_plan(argv=[sys.executable, "-m", "not_installed_module", "--port", "8080"])
+    await runtime.realise(plan)
+    await wait_for(lambda: runtime.status(KEY).items[0].phase == "Failed", what="Failed")
+    await asyncio.sleep(0.6)  # more than the back-off: still no attempt to start
+    item = runtime.status(KEY).items[0]
+    assert item.reason == "EngineNotInstalled" and item.restarts == 0 and item.pid is None
+    assert "not_installed_module" in item.message and "pip install fake-engine" in item.message
+    assert not item.log_path.exists()  # never started a process
+    assert runtime.status(KEY).reason == "EngineNotInstalled"
+
+    await runtime.realise(replace(plan, local=replace(plan.local, argv=["no-such-engine-x1"])))
+    await wait_for(lambda: "no-such-engine-x1" in runtime.status(KEY).items[0].message)
+    assert runtime.status(KEY).items[0].reason == "EngineNotInstalled"
+
+    await runtime.realise(engine_plan())  # installed now: starts
+    await wait_for(lambda: ready(runtime) == 1, what="ready after the fix")
+
+
+async def test_template_change_rolls_one_replica_at_a_time(runtime: LocalRuntime) -> None:
+    await runtime.realise(engine_plan(replicas=2, env={"FAKE_VERSION": "1"}))
+    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    old = {i.index: i.pid for i in runtime.status(KEY).items}
+    least_ready, most_starting = 2, 0
+
+    def watch() -> None:
+        nonlocal least_ready, most_starting
+        least_ready = min(least_ready, len(runtime.endpoints()))
+        starting = [i for i in runtime.status(KEY).items if i.phase in ("Pending", "Starting")]
+        most_starting = max(most_starting, len(starting))
+
+    runtime.on_change = watch
+    await runtime.realise(engine_plan(replicas=2, env={"FAKE_VERSION": "2"}))
+    status = runtime.status(KEY)
+    assert status.updated == 1 and status.ready == 2  # a surge replica for index 0 first
+
+    def rolled() -> bool:
+        s = runtime.status(KEY)
+        return s.updated == 2 and s.ready == 2 and len(s.items) == 2
+
+    await wait_for(rolled, timeout=15, what="rollout")
+    assert least_ready >= 2, "a rolling update must keep every replica serving"
+    assert most_starting == 1, "one replica at a time"
+    for item in runtime.status(KEY).items:
+        assert item.pid != old[item.index] and not is_alive(old[item.index])
+        _, body = await get(item.address, "/info")
+        assert orjson.loads(body)["env"] == {"FAKE_VERSION": "2"}
+    await runtime.realise(engine_plan(replicas=2, env={"FAKE_VERSION": "2"}))  # idempotent
+    assert [i.pid for i in runtime.status(KEY).items] == [
+        i.pid for i in runtime.status(KEY).items if i.phase == "Ready"
+    ]
+
+
+async def test_startup_probe_failure_restarts(runtime: LocalRuntime) -> None:
+    startup = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=2)
+    await runtime.realise(engine_plan("--unhealthy-for", "60", startup=startup))
+    await wait_for(
+        lambda: runtime.status(KEY).items[0].reason == "StartupProbeFailed",
+        timeout=5,
+        what="StartupProbeFailed",
+    )
+    item = runtime.status(KEY).items[0]
+    assert "startup probe failed 2 times" in item.message and "HTTP 503" in item.message
+    await wait_for(lambda: runtime.status(KEY).items[0].restarts >= 1, what="restart")
+
+
+async def test_readiness_and_liveness_failures(runtime: LocalRuntime) -> None:
+    liveness = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=3)
+    await runtime.realise(engine_plan(liveness=liveness))
+    await wait_for(lambda: ready(runtime) == 1, what="ready")
+    first = runtime.status(KEY).items[0]
+    await get(first.address, "/admin/health?ok=0")
+    await wait_for(lambda: runtime.status(KEY).items[0].phase == "NotReady", what="NotReady")
+    assert runtime.endpoints() == [] and runtime.status(KEY).items[0].pid == first.pid
+    await wait_for(
+        lambda: runtime.status(KEY).items[0].restarts == 1, timeout=6, what="liveness restart"
+    )
+    await wait_for(lambda: ready(runtime) == 1, what="ready again")
+    item = runtime.status(KEY).items[0]
+    assert item.pid != first.pid and not is_alive(first.pid)
+
+
+async def test_health_path_overrides_probe_paths(runtime: LocalRuntime) -> None:
+    probe = HttpProbe(path="/v1/not-served", port="http", period_seconds=1)
+    await runtime.realise(engine_plan(readiness=probe, health_path="/health"))
+    await wait_for(lambda: ready(runtime) == 1, what="ready via health_path")
+
+
+async def test_plan_without_local_command(runtime: LocalRuntime) -> None:
+    await runtime.realise(replace(engine_plan(replicas=2), local=None))
+    status = runtime.status(KEY)
+    assert status.reason == "NoLocalCommand" and status.ready == 0
+    assert [(i.phase, i.reason) for i in status.items] == [("Failed", "NoLocalCommand")] * 2
+    assert runtime.endpoints() == []
+
+
+async def test_second_runtime_on_the_same_state_dir_is_refused(runtime: LocalRuntime) -> None:
+    with pytest.raises(RuntimeError, match="another llmplane runtime"):
+        await LocalRuntime(runtime.state_dir).start()
