@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -51,8 +51,8 @@ class ObjectStore(Protocol):
         """Every object whose key starts with ``prefix``."""
         ...
 
-    def read(self, obj: RemoteObject, offset: int) -> Iterator[bytes]:
-        """The object's bytes from ``offset`` to the end."""
+    def download(self, obj: RemoteObject, offset: int, sink: Callable[[bytes], None]) -> None:
+        """Pass the object's bytes from ``offset`` to the end to ``sink``, in order, in chunks."""
         ...
 
     def translate(self, err: Exception, what: str) -> LoadError:
@@ -132,15 +132,19 @@ def _fetch_file(
             etag_file.write_text(obj.etag or "")
         progress.advance(offset, now=True)  # kept from an interrupted load
         with open(part, "ab") as out:
+
+            def sink(chunk: bytes) -> None:
+                nonlocal offset
+                out.write(chunk)
+                offset += len(chunk)
+                progress.advance(len(chunk))
+
             retries = RETRIES
             while offset < obj.size:
                 before = offset
                 try:
                     with _guard(store, what):
-                        for chunk in store.read(obj, offset):
-                            out.write(chunk)
-                            offset += len(chunk)
-                            progress.advance(len(chunk))
+                        store.download(obj, offset, sink)
                         if offset < obj.size:
                             raise LoadError(
                                 NETWORK_ERROR,

@@ -8,7 +8,7 @@ requests are unsigned, which is how public buckets are read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +72,14 @@ class S3Store:
                 found.append(RemoteObject(item["Key"], int(item["Size"]), item.get("ETag")))
         return found
 
-    def read(self, obj: RemoteObject, offset: int) -> Iterator[bytes]:
+    def download(self, obj: RemoteObject, offset: int, sink: Callable[[bytes], None]) -> None:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": obj.key}
         if offset:
             kwargs["Range"] = f"bytes={offset}-"
         body = self.client.get_object(**kwargs)["Body"]
         try:
-            yield from body.iter_chunks(objectstore.CHUNK)
+            for chunk in body.iter_chunks(objectstore.CHUNK):
+                sink(chunk)
         finally:
             body.close()
 
