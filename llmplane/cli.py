@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from llmplane.api.base import Resource
@@ -206,7 +207,7 @@ def _table(cls: type[Resource], items: list[dict[str, Any]], wide: bool, show_ns
     for title, _ in columns:
         table.add_column(title, no_wrap=True)
     for o in items:
-        table.add_row(*(cell(fn(o)) for _, fn in columns))
+        table.add_row(*(escape(cell(fn(o))) for _, fn in columns))
     out.print(table)
 
 

@@ -186,7 +186,11 @@ def parse_document(doc: Any, where: str = "") -> tuple[Resource, list[str]]:
     try:
         resource = cls.model_validate(doc)
     except ValidationError as err:
-        messages = _pydantic_messages(cls, err) + _rule_messages_despite(cls, doc, err)
+        messages = _pydantic_messages(cls, err)
+        bad_paths = {m.split(": ", 1)[0] for m in messages}
+        messages += [
+            m for m in _rule_messages_despite(cls, doc, err) if m.split(": ", 1)[0] not in bad_paths
+        ]
         raise InvalidResources([f"{prefix}{label}: {m}" for m in messages]) from None
     if cls.namespaced:
         if resource.metadata.namespace is None:
