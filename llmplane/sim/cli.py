@@ -150,18 +150,14 @@ async def serve(cfg: SimConfig, ready: asyncio.Event | None = None,
     from llmplane.sim.server import SimServer
 
     sim = SimServer(cfg)
-    runner = web.AppRunner(
-        sim.app(),
-        handle_signals=False,
-        access_log=None,
-        handler_cancellation=True,
-        shutdown_timeout=cfg.shutdown_timeout,
-    )
+    server = web.Server(sim.handle, handler_cancellation=True, access_log=None)
+    runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048, reuse_address=True)
     await site.start()
-    server = site._server
-    port = server.sockets[0].getsockname()[1] if server and server.sockets else cfg.port
+    sim.start()
+    listening = site._server
+    port = listening.sockets[0].getsockname()[1] if listening and listening.sockets else cfg.port
     sim.port = port
     sys.stdout.write(f"LISTENING {cfg.host}:{port}\n")
     sys.stdout.flush()
@@ -176,6 +172,7 @@ async def serve(cfg: SimConfig, ready: asyncio.Event | None = None,
         await stop.wait()
     finally:
         # Stop accepting, let in-flight requests finish (bounded), then close.
+        sim.cancel_hanging()
         await runner.cleanup()
         await sim.close()
 

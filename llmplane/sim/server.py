@@ -70,30 +70,39 @@ class SimServer:
         self._rid_prefix = os.urandom(4).hex()
         self.port = cfg.port
         self._hang: list[asyncio.Future] = []
+        self.routes = self._route_table()
 
     # -- app -----------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        r = app.router
-        r.add_post("/v1/chat/completions", self.chat)
-        r.add_post("/v1/completions", self.completions)
-        r.add_get("/v1/models", self.models)
-        r.add_get("/health", self.health)
-        r.add_get("/metrics", self.metrics)
-        r.add_get("/version", self.version)
-        r.add_post("/tokenize", self.tokenize)
-        r.add_post("/v1/load_lora_adapter", self.load_lora)
-        r.add_post("/v1/unload_lora_adapter", self.unload_lora)
-        r.add_get("/admin/faults", self.get_faults)
-        r.add_post("/admin/faults", self.set_faults)
-        app.on_startup.append(self._on_startup)
-        app.on_shutdown.append(self._on_shutdown)
-        return app
+    def _route_table(self) -> dict[str, dict[str, Any]]:
+        return {
+            "/v1/chat/completions": {"POST": self.chat},
+            "/v1/completions": {"POST": self.completions},
+            "/v1/models": {"GET": self.models},
+            "/health": {"GET": self.health},
+            "/metrics": {"GET": self.metrics},
+            "/version": {"GET": self.version},
+            "/tokenize": {"POST": self.tokenize},
+            "/v1/load_lora_adapter": {"POST": self.load_lora},
+            "/v1/unload_lora_adapter": {"POST": self.unload_lora},
+            "/admin/faults": {"GET": self.get_faults, "POST": self.set_faults},
+        }
 
-    async def _on_startup(self, _app: web.Application) -> None:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The one request handler (aiohttp's low-level server: a dict lookup routes)."""
+        methods = self.routes.get(request.path)
+        if methods is None:
+            return web.Response(body=b'{"detail":"Not Found"}', status=404, content_type=JSON)
+        handler = methods.get(request.method)
+        if handler is None:
+            return web.Response(
+                body=b'{"detail":"Method Not Allowed"}', status=405, content_type=JSON
+            )
+        return await handler(request)
+
+    def start(self) -> None:
         self.engine.start()
 
-    async def _on_shutdown(self, _app: web.Application) -> None:
+    def cancel_hanging(self) -> None:
         for f in self._hang:
             if not f.done():
                 f.cancel()
@@ -114,7 +123,7 @@ class SimServer:
             return name
         raise ApiError(f"The model `{name}` does not exist.", 404, "NotFoundError")
 
-    async def _json(self, request: web.Request) -> dict:
+    async def _json(self, request: web.BaseRequest) -> dict:
         raw = await request.read()
         try:
             body = orjson.loads(raw)
@@ -150,10 +159,10 @@ class SimServer:
         return None
 
     # -- inference -----------------------------------------------------------------------
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
     def _prompts(self, body: dict, chat: bool) -> list[list[int]]:
@@ -194,7 +203,7 @@ class SimServer:
             return out
         raise ApiError("prompt must be a string, a list of strings or token ids.")
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.BaseRequest, chat: bool) -> web.StreamResponse:
         faulted = await self._faults_before()
         if faulted is not None:
             return faulted
@@ -300,7 +309,7 @@ class SimServer:
         )
 
     async def _stream(
-        self, request: web.Request, group: Group, chat: bool, rid: str, created: int,
+        self, request: web.BaseRequest, group: Group, chat: bool, rid: str, created: int,
         model: str, sp: Any, prompt_tokens: int,
     ) -> web.StreamResponse:  # fmt: skip
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
@@ -387,15 +396,15 @@ class SimServer:
         return s
 
     # -- other routes --------------------------------------------------------------------
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: web.BaseRequest) -> web.Response:
         if time.monotonic() < self.unhealthy_until:
             return web.Response(status=503)
         return web.Response(status=200)
 
-    async def version(self, request: web.Request) -> web.Response:
+    async def version(self, request: web.BaseRequest) -> web.Response:
         return json_response(orjson.dumps({"version": VERSION}))
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics(self, request: web.BaseRequest) -> web.Response:
         return web.Response(
             body=self.engine.metrics.render(),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
@@ -428,14 +437,14 @@ class SimServer:
             ],
         }
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.BaseRequest) -> web.Response:
         cfg = self.cfg
         names = cfg.served_model_names or [cfg.model]
         data = [self._card(n, cfg.model, None, cfg.max_model_len) for n in names]
         data += [self._card(n, p, self.model, None) for n, p in self.loras.items()]
         return json_response(orjson.dumps({"object": "list", "data": data}))
 
-    async def tokenize(self, request: web.Request) -> web.Response:
+    async def tokenize(self, request: web.BaseRequest) -> web.Response:
         try:
             body = await self._json(request)
             if body.get("model") is not None:
@@ -459,7 +468,7 @@ class SimServer:
             )
         )
 
-    async def load_lora(self, request: web.Request) -> web.Response:
+    async def load_lora(self, request: web.BaseRequest) -> web.Response:
         try:
             body = await self._json(request)
         except ApiError as e:
@@ -480,7 +489,7 @@ class SimServer:
         self.loras[str(name)] = str(path)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
-    async def unload_lora(self, request: web.Request) -> web.Response:
+    async def unload_lora(self, request: web.BaseRequest) -> web.Response:
         try:
             body = await self._json(request)
         except ApiError as e:
@@ -507,10 +516,10 @@ class SimServer:
         d["requests_seen"] = self.num_requests
         return d
 
-    async def get_faults(self, request: web.Request) -> web.Response:
+    async def get_faults(self, request: web.BaseRequest) -> web.Response:
         return json_response(orjson.dumps(self._faults_view()))
 
-    async def set_faults(self, request: web.Request) -> web.Response:
+    async def set_faults(self, request: web.BaseRequest) -> web.Response:
         try:
             body = await self._json(request)
             self.faults.update(body)

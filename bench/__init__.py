@@ -1,0 +1,1 @@
+"""Benchmark scripts (results in docs/benchmarks.md)."""
