@@ -431,6 +431,7 @@ class _Replica:
         self.token: str | None = None
         self.started_at = 0.0  # event-loop time of the current process' start
         self.ready_since: float | None = None
+        self.longest_ready = 0.0  # longest ready stretch of the current process, in seconds
         self.was_ready = False  # this process was an endpoint at some point (drain it)
         self.supervisor: asyncio.Task[None] | None = None
         self.spawning: asyncio.Task[None] | None = None
@@ -473,10 +474,12 @@ class _Replica:
     def _set(self, phase: str, reason: str | None = None, message: str = "") -> None:
         if (phase, reason, message) == (self.phase, self.reason, self.message):
             return
+        now = asyncio.get_running_loop().time()
         if phase == READY and self.phase != READY:
-            self.ready_since = asyncio.get_running_loop().time()
+            self.ready_since = now
             self.was_ready = True
-        elif phase != READY:
+        elif phase != READY and self.ready_since is not None:
+            self.longest_ready = max(self.longest_ready, now - self.ready_since)
             self.ready_since = None
         self.phase, self.reason, self.message = phase, reason, message
         self.workload.changed()
@@ -511,12 +514,8 @@ class _Replica:
                     reason, cause = CRASH_LOOP, f"the engine could not be started: {err}"
                 else:
                     reason, cause = await self._watch()
-                if (
-                    self.ready_since is not None
-                    and asyncio.get_running_loop().time() - self.ready_since
-                    >= self.runtime.backoff_reset
-                ):
-                    crashes = 0
+                if self.longest_ready >= self.runtime.backoff_reset:
+                    crashes = 0  # it ran well for a while: start the back-off over
                 delay = min(self.runtime.backoff_base * 2**crashes, self.runtime.backoff_cap)
                 crashes += 1
                 self.backoff_seconds = delay
@@ -549,6 +548,7 @@ class _Replica:
             log_file.flush()
             proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
         self.port, self.proc, self.token = port, proc, token
+        self.longest_ready = 0.0
         self.started_at = asyncio.get_running_loop().time()
         self.runtime.table.add(
             ProcessRecord(

@@ -374,3 +374,46 @@ async def test_plan_without_local_command(runtime: LocalRuntime) -> None:
 async def test_second_runtime_on_the_same_state_dir_is_refused(runtime: LocalRuntime) -> None:
     with pytest.raises(RuntimeError, match="another llmplane runtime"):
         await LocalRuntime(runtime.state_dir).start()
+
+
+async def test_backoff_resets_after_being_ready_long_enough(tmp_path: Path) -> None:
+    rt = LocalRuntime(tmp_path, backoff_base=0.2, backoff_reset=0.1, stop_timeout=2)
+    backoffs: list[float] = []
+
+    def watch() -> None:
+        status = rt.status(KEY)
+        item = status.items[0] if status and status.items else None
+        if item and item.reason == "CrashLoopBackOff" and item.restarts == len(backoffs):
+            backoffs.append(item.backoff_seconds)
+
+    rt.on_change = watch
+    try:
+        # Ready after ~1 s (first probe at 0 s comes too early), exits at 1.3 s: each run was
+        # ready longer than backoff_reset, so the delay never grows.
+        await rt.realise(engine_plan("--exit-after", "1.3"))
+        await wait_for(lambda: len(backoffs) >= 2, timeout=10, what="2 crashes")
+        assert backoffs[:2] == [0.2, 0.2]
+    finally:
+        await rt.shutdown()
+
+
+async def test_shutdown_stops_everything_and_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    rt = LocalRuntime(tmp_path, backoff_base=0.2, stop_timeout=0.5)
+    pids: list[int] = []
+    try:
+        await rt.realise(engine_plan("--ignore-sigterm", replicas=2))
+        await rt.realise(engine_plan(name="other", replicas=1))
+        await wait_for(lambda: ready(rt) == 2 and ready(rt, "default/other") == 1, what="ready")
+        pids = [i.pid for k in (KEY, "default/other") for i in rt.status(k).items]
+        started = time.monotonic()
+        await rt.shutdown()
+        assert time.monotonic() - started < 2.5  # concurrently: one 0.5 s SIGKILL wait, not two
+        assert not any(is_alive(p) for p in pids)
+        assert recorded_pids(tmp_path) == []
+        with pytest.raises(RuntimeError, match="shut down"):
+            await rt.realise(engine_plan())
+    finally:
+        await rt.shutdown()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
