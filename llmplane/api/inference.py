@@ -85,6 +85,8 @@ class ScaleStatus(ApiModel):
     conditions: list[Condition] | None = None
     replicas: int = 0
     selector: str | None = None
+    # llmplane addition: replicas passing their readiness probe (shown by `get`).
+    ready_replicas: int | None = None
 
 
 class Playground(Resource):
