@@ -149,6 +149,8 @@ class LocalRuntime:
         self._removing: dict[str, _Workload] = {}
         self._session: aiohttp.ClientSession | None = None
         self._lock_file: IO[bytes] | None = None
+        self._ports: set[int] = set()  # allocated to replicas of this runtime
+        self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
 
@@ -156,8 +158,11 @@ class LocalRuntime:
 
     async def start(self) -> None:
         """Take the state directory and stop engine processes left over from a previous run."""
-        if self._started:
-            return
+        async with self._start_lock:
+            if not self._started:
+                await self._take_state_dir()
+
+    async def _take_state_dir(self) -> None:
         runtime_dir = self.state_dir / "runtime"
         runtime_dir.mkdir(parents=True, exist_ok=True)
         lock = open(runtime_dir / "lock", "ab")  # noqa: SIM115 (held for the runtime's lifetime)
@@ -260,6 +265,20 @@ class LocalRuntime:
         except Exception:
             log.exception("on_change callback failed")
 
+    def allocate_port(self, preferred: int | None) -> int:
+        """A free port no other replica of this runtime holds (the kernel may hand one out twice
+        between a probe-bind and the engine's bind)."""
+        for _ in range(50):
+            port = free_port(preferred)
+            if port not in self._ports:
+                self._ports.add(port)
+                return port
+            preferred = None
+        raise RuntimeError("no free TCP port on 127.0.0.1")
+
+    def release_port(self, port: int | None) -> None:
+        self._ports.discard(port)  # type: ignore[arg-type]
+
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -295,8 +314,13 @@ class _Workload:
         self.reconcile()
 
     def retry_missing_engines(self) -> None:
+        current = self.plan.template_hash()
         for replica in self.live:
-            if replica.phase == FAILED and replica.reason == ENGINE_NOT_INSTALLED:
+            if (
+                replica.phase == FAILED
+                and replica.reason == ENGINE_NOT_INSTALLED
+                and replica.template_hash == current  # others are replaced by reconcile()
+            ):
                 replica.run()
 
     def reconcile(self) -> None:
@@ -535,7 +559,16 @@ class _Replica:
     async def _spawn(self, env: dict[str, str]) -> None:
         local = self.plan.local
         assert local is not None
-        port = free_port(self.port)
+        port = self.runtime.allocate_port(self.port)
+        try:
+            await self._start_process(env, port)
+        except BaseException:
+            self.runtime.release_port(port)
+            raise
+
+    async def _start_process(self, env: dict[str, str], port: int) -> None:
+        local = self.plan.local
+        assert local is not None
         argv = rewrite_argv(local.argv, port)
         token = uuid.uuid4().hex
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -594,6 +627,7 @@ class _Replica:
     def _forget_process(self) -> None:
         if self.token is not None:
             self.runtime.table.discard(self.token)
+        self.runtime.release_port(self.port)
         self.proc = None
         self.token = None
 

@@ -401,8 +401,10 @@ async def test_shutdown_stops_everything_and_kills_what_ignores_sigterm(tmp_path
     rt = LocalRuntime(tmp_path, backoff_base=0.2, stop_timeout=0.5)
     pids: list[int] = []
     try:
-        await rt.realise(engine_plan("--ignore-sigterm", replicas=2))
-        await rt.realise(engine_plan(name="other", replicas=1))
+        await asyncio.gather(  # both start the runtime (once)
+            rt.realise(engine_plan("--ignore-sigterm", replicas=2)),
+            rt.realise(engine_plan(name="other", replicas=1)),
+        )
         await wait_for(lambda: ready(rt) == 2 and ready(rt, "default/other") == 1, what="ready")
         pids = [i.pid for k in (KEY, "default/other") for i in rt.status(k).items]
         started = time.monotonic()
