@@ -39,7 +39,7 @@ async def run_short(url: str, concurrency: int, duration: float, limit: int) -> 
     import aiohttp
 
     body = json.dumps(
-        {"model": "sim", "prompt": "Say hello to the benchmark!!", "max_tokens": 8,
+        {"model": "sim", "prompt": "Say hello to the benchmark now!!", "max_tokens": 8,
          "ignore_eos": True}
     ).encode()  # fmt: skip
     headers = {"Content-Type": "application/json"}
@@ -195,7 +195,8 @@ def write_report(short: dict, streams: dict, args: argparse.Namespace) -> str:
         "`python -m bench.sim_throughput` : one `llmplane sim` process with `--time-scale 0`",
         "(no modelled latency; the engine loop still steps the batch, keeps the KV cache and",
         "the metrics), loaded by an aiohttp client in a separate process, both on 127.0.0.1.",
-        f"Machine: {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}.",
+        f"Machine: {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}; "
+        f"load average {args.loadavg:.2f} before the run (other work shares the machine).",
         "",
         "| scenario | figure |",
         "| --- | --- |",
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         client_main(args)
         return 0
 
+    args.loadavg = os.getloadavg()[0]
     sys.path.insert(0, str(ROOT))
     from llmplane.sim.process import SimProcess
 

@@ -222,7 +222,6 @@ class SimServer:
         hash_seed = self._lora_seed(lora) if lora else 0
         key = f"{lora}|{sp.params_key}"
         seqs = group.seqs
-        prompt_tokens = 0
         for pi, ids in enumerate(prompts):
             plen = len(ids)
             if plen == 0:
@@ -245,7 +244,6 @@ class SimServer:
                         f"holds only {cfg.num_blocks * cfg.block_size}."
                     )
                 )
-            prompt_tokens += plen * sp.n
             for j in range(sp.n):
                 seed = sequence_seed(cfg.seed, ids, key, j)
                 plan = plan_output(seed, max_tokens, sp, cfg.mean_output_len)
