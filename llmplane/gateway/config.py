@@ -1,0 +1,81 @@
+"""Gateway settings: limits, admission thresholds, scraping, retries, ejection, scheduling.
+
+``load_config(path)`` reads one YAML file: an EndpointPickerConfig (``plugins`` and
+``schedulingProfiles``, see ``llmplane.gateway.scheduler.config``) plus an optional
+``gateway:`` section whose camelCase keys set the fields below (``maxBodyBytes: 1048576``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class GatewayConfig:
+    # Requests with a larger body get 413.
+    max_body_bytes: int = 16 * 1024 * 1024
+    # Admission: an endpoint is saturated when its queue or KV use is above these, or its
+    # metrics are older than ``metrics_staleness`` seconds. Engines without load metrics are
+    # saturated when the gateway has more than ``saturation_inflight`` requests on them.
+    saturation_queue: float = 5
+    saturation_kv: float = 0.8
+    metrics_staleness: float = 0.2
+    saturation_inflight: int = 64
+    shed_retry_after: float = 1.0
+    # Engine metrics scraping.
+    scrape_interval: float = 0.05
+    scrape_timeout: float = 1.0
+    models_refresh_interval: float = 5.0
+    # Retries and timeouts for routes without a trafficPolicy (Playgrounds, InferencePools,
+    # ModelServers without trafficPolicy.retry).
+    default_retry_attempts: int = 2
+    default_retry_interval: float = 0.0
+    default_timeout: float | None = None
+    connect_timeout: float = 5.0
+    # Outlier ejection: a replica failing this many times in a row is skipped for
+    # ``ejection_base`` seconds, doubling on each repeat up to ``ejection_max``.
+    ejection_failures: int = 3
+    ejection_base: float = 10.0
+    ejection_max: float = 300.0
+    # How many endpoints a pick returns (the first plus the fallbacks tried on retry).
+    fallbacks: int = 4
+    # Upstream connection pool.
+    connection_limit: int = 1024
+    keepalive_timeout: float = 60.0
+    # EndpointPickerConfig as a dict; None = the built-in default profile.
+    scheduler: dict[str, Any] | None = None
+    # Request hooks (token rate limits): see llmplane.gateway.hooks.
+    hooks: list[Any] = field(default_factory=list)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def config_from_dict(doc: dict[str, Any] | None) -> GatewayConfig:
+    doc = dict(doc or {})
+    settings = doc.pop("gateway", None) or {}
+    names = {f.name for f in fields(GatewayConfig)} - {"scheduler", "hooks"}
+    kwargs: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = _snake(key)
+        if name not in names:
+            raise ValueError(f"gateway.{key}: unknown setting (known: {sorted(names)})")
+        kwargs[name] = value
+    scheduler = doc if (doc.get("plugins") or doc.get("schedulingProfiles")) else None
+    return GatewayConfig(scheduler=scheduler, **kwargs)
+
+
+def load_config(path: str | Path | None) -> GatewayConfig:
+    if path is None:
+        return GatewayConfig()
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    if doc is not None and not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a mapping (an EndpointPickerConfig)")
+    return config_from_dict(doc)

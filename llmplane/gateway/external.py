@@ -1,0 +1,94 @@
+"""External endpoints: model servers running elsewhere, registered as store objects.
+
+A vLLM (or any OpenAI-compatible server) started by hand is registered with::
+
+    apiVersion: llmplane.io/v1alpha1
+    kind: Endpoint
+    metadata: {name: my-vllm, namespace: default}
+    spec:
+      address: 127.0.0.1:8000        # host:port
+      modelName: meta-llama/Llama-3.1-8B-Instruct   # its --served-model-name
+      engine: vllm                   # vllm | sim | sglang | llamacpp | tgi | ... (metrics)
+      labels: {app: llama}           # what ModelServer / InferencePool selectors match
+
+``StoreEndpoints`` reads them from the store and follows changes with a watch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from llmplane.gateway.discovery import Endpoint, _Subscribers
+from llmplane.gateway.watching import StoreFollower
+
+ENDPOINT_KIND = "Endpoint"
+ENDPOINT_API_VERSION = "llmplane.io/v1alpha1"
+
+log = logging.getLogger("llmplane.gateway")
+
+
+def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
+    """The Endpoint an ``Endpoint`` store object describes, or None if it is unusable."""
+    spec = obj.get("spec") or {}
+    meta = obj.get("metadata") or {}
+    address = spec.get("address")
+    if isinstance(address, str):
+        address = address.removeprefix("http://").rstrip("/")
+    if not isinstance(address, str) or ":" not in address:
+        log.warning("Endpoint %s has no usable spec.address (host:port)", meta.get("name"))
+        return None
+    labels = dict(meta.get("labels") or {})
+    labels.update(spec.get("labels") or {})
+    return Endpoint(
+        address=address,
+        labels={str(k): str(v) for k, v in labels.items()},
+        model_name=str(spec.get("modelName") or ""),
+        backend=str(spec.get("backend") or ""),
+        namespace=meta.get("namespace") or "default",
+        engine=str(spec.get("engine") or "vllm").lower(),
+    )
+
+
+def endpoint_object(
+    name: str,
+    address: str,
+    model_name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    engine: str = "vllm",
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """The store object that registers an external endpoint."""
+    spec: dict[str, Any] = {"address": address, "modelName": model_name, "engine": engine}
+    if labels:
+        spec["labels"] = labels
+    return {
+        "apiVersion": ENDPOINT_API_VERSION,
+        "kind": ENDPOINT_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+class StoreEndpoints(_Subscribers):
+    """``Discovery`` over the store's ``Endpoint`` objects; ``await start()`` to follow changes."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self._endpoints: list[Endpoint] = []
+        self._follower = StoreFollower(store, [ENDPOINT_KIND], self._rebuild, debounce=0.0)
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints)
+
+    def _rebuild(self, objects: dict[Any, dict[str, Any]]) -> None:
+        endpoints = [endpoint_from_object(o) for o in objects.values()]
+        self._endpoints = [e for e in endpoints if e is not None]
+        self._changed()
+
+    async def start(self) -> None:
+        await self._follower.start()
+
+    async def close(self) -> None:
+        await self._follower.close()

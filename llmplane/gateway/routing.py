@@ -1,0 +1,419 @@
+"""The routing table: which endpoints may serve a request, and under which model name.
+
+Built from store objects and the endpoint list by a pure function (``build_table``); the
+gateway swaps the reference atomically on every change, so a request resolves against one
+consistent table from start to end and in-flight requests never see a half-applied change.
+
+Resolution order for the request's ``model``:
+
+1. Kthena ``ModelRoute`` whose ``modelName`` equals it (routes with the same name oldest
+   first), else one listing it in ``loraAdapters``; the first rule whose ``modelMatch`` holds
+   (headers AND uri AND body.model; exact / prefix / regex, regex unanchored as Go's
+   ``MatchString``; an empty match matches all) picks a ``targetModels`` entry at random by
+   weight; ``model`` is rewritten to ``ModelServer.spec.model`` unless it names a LoRA
+   adapter. No rule matches: 404.
+2. Inference Extension ``InferenceModel`` with that ``modelName``: a ``targetModels`` entry at
+   random by share (weight / sum) is sent as ``model``; endpoints from its ``InferencePool``.
+3. Without extra YAML: endpoints serving it (label ``llmaz.io/model-name`` from a Playground,
+   or the endpoint's own served model name); a Playground's claimed model with no ready
+   endpoint yet gives 503, not 404.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmplane.api.gie import InferenceModel, InferencePool
+from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.state import EndpointState
+
+log = logging.getLogger("llmplane.gateway")
+
+PROFILE_ANNOTATION = "llmplane.io/scheduling-profile"
+ROUTE_KINDS = ("ModelRoute", "ModelServer", "InferencePool", "InferenceModel", "Playground")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A set of candidate endpoints and how to talk to them."""
+
+    ref: str  # e.g. ModelServer/default/llama
+    candidates: tuple[EndpointState, ...]
+    port: int | None = None
+    model: str | None = None  # rewrite target; None keeps the request's model
+    timeout: float | None = None
+    retry_attempts: int = 2
+    retry_interval: float = 0.0
+    profile: str | None = None
+    pd: bool = False
+
+    def address(self, state: EndpointState) -> str:
+        return state.endpoint.with_port(self.port)
+
+
+@dataclass(frozen=True)
+class Decision:
+    route: str  # what matched, for metrics and logs
+    backend: Backend
+    model: str  # the model name sent upstream
+    criticality: str = "Default"
+    lora: bool = False
+
+
+# --- matching -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Match:
+    exact: str | None = None
+    prefix: str | None = None
+    regex: re.Pattern[str] | None = None
+
+    @classmethod
+    def of(cls, m: StringMatch) -> _Match:
+        return cls(m.exact, m.prefix, re.compile(m.regex) if m.regex is not None else None)
+
+    def __call__(self, value: str | None) -> bool:
+        if value is None:
+            return False
+        if self.exact is not None:
+            return value == self.exact
+        if self.prefix is not None:
+            return value.startswith(self.prefix)
+        if self.regex is not None:
+            return self.regex.search(value) is not None
+        return True
+
+
+@dataclass(frozen=True)
+class _Target:
+    server: str  # ModelServer name (same namespace as the route)
+    weight: int
+
+
+@dataclass(frozen=True)
+class _Rule:
+    name: str
+    headers: tuple[tuple[str, _Match], ...]
+    uri: _Match | None
+    body_model: str | None
+    targets: tuple[_Target, ...]
+
+    def matches(self, model: str, path: str, headers: Mapping[str, str]) -> bool:
+        if self.body_model is not None and model != self.body_model:
+            return False
+        if self.uri is not None and not self.uri(path):
+            return False
+        return all(match(headers.get(name)) for name, match in self.headers)
+
+
+@dataclass(frozen=True)
+class _Route:
+    ref: str
+    namespace: str
+    model_name: str | None
+    lora_adapters: frozenset[str]
+    rules: tuple[_Rule, ...]
+    order: tuple[str, str, str]
+
+
+def _pick_weighted(items: list[Any], weights: list[float]) -> Any:
+    total = sum(weights)
+    if total <= 0:
+        return None
+    return random.choices(items, weights)[0]
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+@dataclass
+class RoutingTable:
+    routes_by_model: dict[str, list[_Route]] = field(default_factory=dict)
+    routes_by_lora: dict[str, list[_Route]] = field(default_factory=dict)
+    servers: dict[tuple[str, str], Backend] = field(default_factory=dict)  # (ns, name)
+    inference_models: dict[
+        str, list[tuple[str, str, list[tuple[str, float]], Backend | None, str]]
+    ] = field(default_factory=dict)
+    defaults: dict[str, Backend] = field(default_factory=dict)
+    placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
+    problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
+
+    def model_names(self) -> list[str]:
+        names = set(self.routes_by_model) | set(self.routes_by_lora)
+        names |= set(self.inference_models) | set(self.defaults) | self.placeholders
+        return sorted(names)
+
+    def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> Decision:
+        routes = self.routes_by_model.get(model)
+        lora = False
+        if routes is None:
+            routes = self.routes_by_lora.get(model)
+            lora = routes is not None
+        if routes is not None:
+            return self._resolve_route(routes, model, lora, path, headers)
+        candidates = self.inference_models.get(model)
+        if candidates:
+            ref, criticality, shares, backend, problem = candidates[0]
+            if backend is None:
+                raise GatewayError(503, f"model {model!r}: {problem}", "no_backend")
+            names = [n for n, _ in shares]
+            target = _pick_weighted(names, [s for _, s in shares])
+            if target is None:
+                raise GatewayError(
+                    503, f"model {model!r}: every target model of {ref} has weight 0", "no_backend"
+                )
+            return Decision(ref, backend, target, criticality)
+        backend = self.defaults.get(model)
+        if backend is not None:
+            return Decision(backend.ref, backend, backend.model or model)
+        if model in self.placeholders:
+            raise GatewayError(
+                503,
+                f"model {model!r} has no ready endpoint yet (its Playground is starting or scaled to zero)",
+                "no_ready_endpoint",
+            )
+        known = self.model_names()
+        hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
+        raise GatewayError(404, f"the model {model!r} does not exist{hint}", "model_not_found")
+
+    def _resolve_route(
+        self, routes: list[_Route], model: str, lora: bool, path: str, headers: Mapping[str, str]
+    ) -> Decision:
+        for route in routes:
+            for rule in route.rules:
+                if not rule.matches(model, path, headers):
+                    continue
+                target = _pick_weighted(list(rule.targets), [t.weight for t in rule.targets])
+                ref = f"{route.ref}#{rule.name}"
+                if target is None:
+                    raise GatewayError(
+                        503, f"model {model!r}: every target of {ref} has weight 0", "no_backend"
+                    )
+                backend = self.servers.get((route.namespace, target.server))
+                if backend is None:
+                    raise GatewayError(
+                        503,
+                        f"model {model!r}: {ref} targets ModelServer {target.server!r}, "
+                        f"which does not exist in namespace {route.namespace!r}",
+                        "no_backend",
+                    )
+                sent = model if lora or backend.model is None else backend.model
+                return Decision(ref, backend, sent, lora=lora)
+        raise GatewayError(
+            404,
+            f"no ModelRoute rule for model {model!r} matches this request "
+            f"({', '.join(r.ref for r in routes)})",
+            "no_matching_route",
+        )
+
+
+# --- building ----------------------------------------------------------------------------------
+
+
+def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+def _ref(kind: str, meta: Mapping[str, Any]) -> str:
+    return f"{kind}/{meta.get('namespace') or 'default'}/{meta['name']}"
+
+
+def _profile(meta: Mapping[str, Any]) -> str | None:
+    return (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
+
+
+def _playground_models(spec: Mapping[str, Any]) -> list[str]:
+    claim = spec.get("modelClaim")
+    if isinstance(claim, Mapping) and claim.get("modelName"):
+        return [claim["modelName"]]
+    claims = spec.get("modelClaims")
+    if isinstance(claims, Mapping):
+        return [
+            m["name"]
+            for m in claims.get("models") or []
+            if isinstance(m, Mapping) and m.get("name") and m.get("role", "main") == "main"
+        ]
+    return []
+
+
+def build_table(
+    objects: Iterable[dict[str, Any]],
+    states: Iterable[EndpointState],
+    config: GatewayConfig | None = None,
+) -> RoutingTable:
+    """A new routing table from store objects (any kinds; others are ignored) and endpoints."""
+    config = config or GatewayConfig()
+    states = list(states)
+    by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in ROUTE_KINDS}
+    for obj in objects:
+        if obj.get("kind") in by_kind:
+            by_kind[obj["kind"]].append(obj)
+    table = RoutingTable()
+    default_retry = (config.default_retry_attempts, config.default_retry_interval)
+
+    def in_namespace(namespace: str) -> list[EndpointState]:
+        return [s for s in states if s.endpoint.namespace == namespace]
+
+    # ModelServers
+    for obj in by_kind["ModelServer"]:
+        meta = obj["metadata"]
+        ref = _ref("ModelServer", meta)
+        try:
+            server = ModelServer.model_validate(obj)
+        except Exception as err:
+            table.problems[ref] = f"invalid: {err}"
+            continue
+        spec = server.spec
+        namespace = meta.get("namespace") or "default"
+        selector = dict(spec.workload_selector.match_labels or {})
+        pd = spec.workload_selector.pd_group is not None
+        if pd:
+            # Prefill/decode disaggregation is not implemented yet: serve whole requests on
+            # the decode instances (which can prefill locally).
+            selector.update(spec.workload_selector.pd_group.decode_labels)
+        candidates = tuple(
+            s for s in in_namespace(namespace) if _selects(selector, s.endpoint.labels)
+        )
+        policy = spec.traffic_policy
+        retry = default_retry
+        if policy is not None and policy.retry is not None:
+            retry = (policy.retry.attempts, policy.retry.retry_interval_seconds)
+        timeout = policy.timeout_seconds if policy is not None else None
+        table.servers[(namespace, meta["name"])] = Backend(
+            ref=ref,
+            candidates=candidates,
+            port=spec.workload_port.port if spec.workload_port else None,
+            model=spec.model or None,
+            timeout=timeout if timeout is not None else config.default_timeout,
+            retry_attempts=retry[0],
+            retry_interval=retry[1],
+            profile=_profile(meta),
+            pd=pd,
+        )
+
+    # ModelRoutes, oldest first within a name
+    routes: list[_Route] = []
+    for obj in by_kind["ModelRoute"]:
+        meta = obj["metadata"]
+        ref = _ref("ModelRoute", meta)
+        try:
+            route = ModelRoute.model_validate(obj)
+        except Exception as err:
+            table.problems[ref] = f"invalid: {err}"
+            continue
+        rules = []
+        for i, rule in enumerate(route.spec.rules):
+            match = rule.model_match
+            rules.append(
+                _Rule(
+                    name=rule.name or str(i),
+                    headers=tuple(
+                        (name.lower(), _Match.of(m))
+                        for name, m in ((match and match.headers) or {}).items()
+                    ),
+                    uri=_Match.of(match.uri) if match and match.uri else None,
+                    body_model=match.body.model if match and match.body else None,
+                    targets=tuple(
+                        _Target(t.model_server_name, t.weight) for t in rule.target_models
+                    ),
+                )
+            )
+        namespace = meta.get("namespace") or "default"
+        routes.append(
+            _Route(
+                ref=ref,
+                namespace=namespace,
+                model_name=route.spec.model_name,
+                lora_adapters=frozenset(route.spec.lora_adapters or ()),
+                rules=tuple(rules),
+                order=(meta.get("creationTimestamp") or "", namespace, meta["name"]),
+            )
+        )
+    routes.sort(key=lambda r: r.order)
+    for route in routes:
+        if route.model_name:
+            table.routes_by_model.setdefault(route.model_name, []).append(route)
+        for adapter in route.lora_adapters:
+            table.routes_by_lora.setdefault(adapter, []).append(route)
+
+    # InferencePools and InferenceModels
+    pools: dict[tuple[str, str], Backend] = {}
+    for obj in by_kind["InferencePool"]:
+        meta = obj["metadata"]
+        ref = _ref("InferencePool", meta)
+        try:
+            pool = InferencePool.model_validate(obj)
+        except Exception as err:
+            table.problems[ref] = f"invalid: {err}"
+            continue
+        namespace = meta.get("namespace") or "default"
+        pools[(namespace, meta["name"])] = Backend(
+            ref=ref,
+            candidates=tuple(
+                s
+                for s in in_namespace(namespace)
+                if _selects(pool.spec.selector, s.endpoint.labels)
+            ),
+            port=pool.spec.target_port_number,
+            timeout=config.default_timeout,
+            retry_attempts=default_retry[0],
+            retry_interval=default_retry[1],
+            profile=_profile(meta),
+        )
+    models = []
+    for obj in by_kind["InferenceModel"]:
+        meta = obj["metadata"]
+        ref = _ref("InferenceModel", meta)
+        try:
+            im = InferenceModel.model_validate(obj)
+        except Exception as err:
+            table.problems[ref] = f"invalid: {err}"
+            continue
+        namespace = meta.get("namespace") or "default"
+        backend = pools.get((namespace, im.spec.pool_ref.name))
+        problem = f"{ref} names InferencePool {im.spec.pool_ref.name!r}, which does not exist"
+        models.append(
+            (
+                (meta.get("creationTimestamp") or "", namespace, meta["name"]),
+                im.spec.model_name,
+                (ref, im.spec.criticality, im.spec.target_shares(), backend, problem),
+            )
+        )
+    models.sort(key=lambda m: m[0])
+    for _, name, entry in models:
+        table.inference_models.setdefault(name, []).append(entry)
+
+    # Playgrounds and plain endpoints: routable by the served model name.
+    by_name: dict[str, list[EndpointState]] = {}
+    for state in states:
+        for name in state.endpoint.served_names():
+            by_name.setdefault(name, []).append(state)
+    profiles: dict[str, str | None] = {}
+    for obj in by_kind["Playground"]:
+        for name in _playground_models(obj.get("spec") or {}):
+            table.placeholders.add(name)
+            profiles.setdefault(name, _profile(obj["metadata"]))
+    for name, members in by_name.items():
+        served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
+        rewrite = served.pop() if len(served) == 1 else None
+        table.defaults[name] = Backend(
+            ref=f"Model/{name}",
+            candidates=tuple(members),
+            model=rewrite if rewrite != name else None,
+            timeout=config.default_timeout,
+            retry_attempts=default_retry[0],
+            retry_interval=default_retry[1],
+            profile=profiles.get(name),
+        )
+    table.placeholders -= set(table.defaults)
+    for ref, problem in table.problems.items():
+        log.warning("routing ignores %s: %s", ref, problem)
+    return table

@@ -1,0 +1,162 @@
+"""Scheduling framework: filters, weighted scorers and a picker, run per request.
+
+A profile runs its filters in order (a filter that would remove every endpoint is skipped:
+scheduling fails open rather than refusing a request the endpoints could still serve), sums
+``weight * score`` over its scorers (each score in [0, 1]), and lets its picker order the
+endpoints; the first is used and the next ``n - 1`` are the retry fallbacks. Plugins that need
+to learn from the outcome implement ``on_pick`` (called for the endpoint a request is actually
+sent to) and ``on_remove`` (an endpoint went away).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from llmplane.gateway.state import EndpointState
+
+
+class SchedulingContext:
+    """What plugins may read about a request. ``prompt`` (UTF-8 bytes, chat messages flattened)
+    is computed on first use, so profiles without a prefix scorer never pay for it."""
+
+    __slots__ = (
+        "_prompt",
+        "_prompt_source",
+        "cache",
+        "headers",
+        "lora",
+        "model",
+        "now",
+        "staleness",
+    )
+
+    def __init__(
+        self,
+        model: str,
+        prompt: bytes | Callable[[], bytes] = b"",
+        headers: Mapping[str, str] | None = None,
+        lora: bool = False,
+        staleness: float = 0.2,
+        now: float | None = None,
+    ) -> None:
+        self.model = model
+        if callable(prompt):
+            self._prompt: bytes | None = None
+            self._prompt_source: Callable[[], bytes] | None = prompt
+        else:
+            self._prompt = prompt
+            self._prompt_source = None
+        self.headers: Mapping[str, str] = headers if headers is not None else {}
+        self.lora = lora
+        self.staleness = staleness
+        self.now = time.monotonic() if now is None else now
+        self.cache: dict[Any, Any] = {}  # per-request scratch for plugins
+
+    @property
+    def prompt(self) -> bytes:
+        if self._prompt is None:
+            assert self._prompt_source is not None
+            self._prompt = self._prompt_source()
+        return self._prompt
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    name: str
+
+
+@runtime_checkable
+class Filter(Plugin, Protocol):
+    def filter(
+        self, ctx: SchedulingContext, endpoints: list[EndpointState]
+    ) -> list[EndpointState]: ...
+
+
+@runtime_checkable
+class Scorer(Plugin, Protocol):
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]: ...
+
+
+@runtime_checkable
+class Picker(Plugin, Protocol):
+    def pick(
+        self,
+        ctx: SchedulingContext,
+        endpoints: Sequence[EndpointState],
+        scores: Sequence[float],
+        n: int,
+    ) -> list[EndpointState]: ...
+
+
+@dataclass
+class Pick:
+    """The ordered endpoints (first = chosen) and a summary of how they were scored."""
+
+    endpoints: list[EndpointState]
+    scores: dict[str, float]  # address -> total score, for the chosen ones
+    profile: str
+
+
+@dataclass
+class Profile:
+    name: str
+    filters: list[Any] = field(default_factory=list)
+    scorers: list[tuple[Any, float]] = field(default_factory=list)
+    picker: Any = None
+    observers: list[Any] = field(default_factory=list)  # plugins with on_pick
+
+    def run(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], n: int) -> Pick:
+        kept = list(endpoints)
+        for f in self.filters:
+            narrowed = f.filter(ctx, kept)
+            if narrowed:
+                kept = narrowed
+        if len(kept) == 1 or not self.scorers:
+            totals = [0.0] * len(kept)
+        else:
+            totals = [0.0] * len(kept)
+            for scorer, weight in self.scorers:
+                scores = scorer.score(ctx, kept)
+                for i, s in enumerate(scores):
+                    totals[i] += weight * s
+        chosen = self.picker.pick(ctx, kept, totals, n)
+        index = {id(s): i for i, s in enumerate(kept)}
+        return Pick(chosen, {s.address: round(totals[index[id(s)]], 4) for s in chosen}, self.name)
+
+    def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
+        for plugin in self.observers:
+            plugin.on_pick(ctx, endpoint)
+
+
+class Scheduler:
+    """Named profiles over shared plugin instances."""
+
+    def __init__(self, profiles: dict[str, Profile], plugins: dict[str, Any], default: str) -> None:
+        self.profiles = profiles
+        self.plugins = plugins
+        self.default = default
+
+    def profile(self, name: str | None) -> Profile:
+        if name is not None:
+            profile = self.profiles.get(name)
+            if profile is not None:
+                return profile
+        return self.profiles[self.default]
+
+    def pick(
+        self,
+        ctx: SchedulingContext,
+        endpoints: Sequence[EndpointState],
+        n: int = 4,
+        profile: str | None = None,
+    ) -> Pick:
+        return self.profile(profile).run(ctx, endpoints, n)
+
+    def on_remove(self, endpoint: EndpointState) -> None:
+        for plugin in self.plugins.values():
+            hook = getattr(plugin, "on_remove", None)
+            if hook is not None:
+                hook(endpoint)

@@ -1,0 +1,227 @@
+"""Built-in filters, scorers and pickers. Every scorer returns one score in [0, 1] per endpoint."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from itertools import count
+
+from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.state import EndpointState
+
+_random = random.random
+
+
+def _min_max_inverse(values: list[float]) -> list[float]:
+    """1 for the smallest value, 0 for the largest, linear between; all 1 when equal."""
+    lo = min(values)
+    hi = max(values)
+    if hi <= lo:
+        return [1.0] * len(values)
+    span = hi - lo
+    return [(hi - v) / span for v in values]
+
+
+# --- filters ------------------------------------------------------------------------------------
+
+
+class ModelServedFilter:
+    """Keeps endpoints known to serve the requested model or LoRA adapter (from their
+    ``/v1/models``); endpoints whose list is unknown are kept."""
+
+    def __init__(self, name: str = "model-served") -> None:
+        self.name = name
+
+    def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
+        model = ctx.model
+        return [e for e in endpoints if e.served_models is None or model in e.served_models]
+
+
+class LowQueueFilter:
+    """Keeps endpoints whose queue estimate is below ``threshold`` (Kthena's least-request
+    filter keeps waiting < 10)."""
+
+    def __init__(self, name: str = "low-queue", threshold: float = 10) -> None:
+        self.name = name
+        self.threshold = threshold
+
+    def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
+        return [e for e in endpoints if e.queue_estimate(ctx.staleness, ctx.now) < self.threshold]
+
+
+# --- scorers ------------------------------------------------------------------------------------
+
+
+class QueueScorer:
+    """(max - q) / (max - min) over the candidates' queue estimates (waiting requests plus those
+    sent since the last scrape; in-flight counts when metrics are missing or stale)."""
+
+    def __init__(self, name: str = "queue") -> None:
+        self.name = name
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        staleness, now = ctx.staleness, ctx.now
+        return _min_max_inverse([e.queue_estimate(staleness, now) for e in endpoints])
+
+
+class KVCacheScorer:
+    """1 - KV-cache utilisation; 0.5 (neutral) for endpoints without fresh KV metrics."""
+
+    def __init__(self, name: str = "kv-cache-utilization") -> None:
+        self.name = name
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        staleness, now = ctx.staleness, ctx.now
+        return [
+            max(0.0, min(1.0, 1.0 - e.kv_usage))
+            if e.has_kv and e.metrics_fresh(staleness, now)
+            else 0.5
+            for e in endpoints
+        ]
+
+
+class LeastRequestScorer:
+    """Fewest requests in flight from this gateway (counted when a request is sent, so a burst
+    between two scrapes spreads out instead of herding onto one replica)."""
+
+    def __init__(self, name: str = "least-request") -> None:
+        self.name = name
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        return _min_max_inverse([float(e.inflight) for e in endpoints])
+
+
+class LoraAffinityScorer:
+    """1.0 if the adapter is active on the endpoint, 0.8 if it has a free adapter slot, 0.6 if
+    the adapter is waiting there, else 0 (from ``vllm:lora_requests_info``)."""
+
+    def __init__(self, name: str = "lora-affinity") -> None:
+        self.name = name
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        model = ctx.model
+        out = []
+        for e in endpoints:
+            if model in e.lora_running:
+                out.append(1.0)
+            elif e.max_lora and len(e.lora_running) < e.max_lora:
+                out.append(0.8)
+            elif model in e.lora_waiting:
+                out.append(0.6)
+            else:
+                out.append(0.0)
+        return out
+
+
+class SessionAffinityScorer:
+    """1 for the endpoint that served the request's session (header ``x-session-id`` by
+    default) before, 0 for the others."""
+
+    def __init__(
+        self, name: str = "session-affinity", header: str = "x-session-id", capacity: int = 100_000
+    ) -> None:
+        self.name = name
+        self.header = header
+        self.capacity = capacity
+        self.sessions: OrderedDict[str, str] = OrderedDict()
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        session = ctx.headers.get(self.header)
+        target = self.sessions.get(session) if session else None
+        if target is None:
+            return [0.0] * len(endpoints)
+        return [1.0 if e.key == target else 0.0 for e in endpoints]
+
+    def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
+        session = ctx.headers.get(self.header)
+        if session:
+            self.sessions[session] = endpoint.key
+            self.sessions.move_to_end(session)
+            if len(self.sessions) > self.capacity:
+                self.sessions.popitem(last=False)
+
+    def on_remove(self, endpoint: EndpointState) -> None:
+        for session in [s for s, a in self.sessions.items() if a == endpoint.key]:
+            del self.sessions[session]
+
+
+class RoundRobinScorer:
+    """1 for the next endpoint in turn, 0 for the others."""
+
+    def __init__(self, name: str = "round-robin") -> None:
+        self.name = name
+        self._turn = count()
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        n = len(endpoints)
+        out = [0.0] * n
+        if n:
+            out[next(self._turn) % n] = 1.0
+        return out
+
+
+class RandomScorer:
+    def __init__(self, name: str = "random") -> None:
+        self.name = name
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        return [_random() for _ in endpoints]
+
+
+# --- pickers ------------------------------------------------------------------------------------
+
+
+class MaxScorePicker:
+    """Highest total score first; ties broken at random."""
+
+    def __init__(self, name: str = "max-score") -> None:
+        self.name = name
+
+    def pick(
+        self,
+        ctx: SchedulingContext,
+        endpoints: Sequence[EndpointState],
+        scores: Sequence[float],
+        n: int,
+    ) -> list[EndpointState]:
+        keyed = [(s, _random(), i) for i, s in enumerate(scores)]
+        best = heapq.nlargest(n, keyed) if n < len(keyed) else sorted(keyed, reverse=True)
+        return [endpoints[i] for _, _, i in best]
+
+
+class WeightedRandomPicker:
+    """At random, in proportion to the total score (without replacement for the fallbacks)."""
+
+    def __init__(self, name: str = "weighted-random") -> None:
+        self.name = name
+
+    def pick(
+        self,
+        ctx: SchedulingContext,
+        endpoints: Sequence[EndpointState],
+        scores: Sequence[float],
+        n: int,
+    ) -> list[EndpointState]:
+        # Efraimidis-Spirakis: key = u ** (1 / w); zero weights go last, in random order.
+        keyed = []
+        for i, s in enumerate(scores):
+            u = _random()
+            keyed.append((u ** (1.0 / s) if s > 0 else u - 1.0, i))
+        keyed.sort(reverse=True)
+        return [endpoints[i] for _, i in keyed[:n]]
+
+
+class RandomPicker:
+    def __init__(self, name: str = "random-picker") -> None:
+        self.name = name
+
+    def pick(
+        self,
+        ctx: SchedulingContext,
+        endpoints: Sequence[EndpointState],
+        scores: Sequence[float],
+        n: int,
+    ) -> list[EndpointState]:
+        return random.sample(list(endpoints), min(n, len(endpoints)))

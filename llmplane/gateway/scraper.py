@@ -1,0 +1,278 @@
+"""Engine load metrics, scraped every ``scrape_interval`` (50 ms) per endpoint.
+
+Only the few lines routing needs are read, by byte scanning (``bytes.find`` for each name,
+then one float parse): a vLLM ``/metrics`` page is tens of kilobytes of histograms that
+``prometheus_client``'s parser would turn into thousands of objects 20 times a second per
+replica. Metric names per engine are in ``ENGINE_METRICS``; an engine with none of them (or no
+``/metrics``) is marked ``has_load_metrics = False`` and scheduled on the gateway's own
+in-flight counts. Each endpoint also has its ``/v1/models`` read every few seconds, which tells
+which base model and LoRA adapters it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.state import EndpointState
+
+log = logging.getLogger("llmplane.gateway")
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    waiting: tuple[bytes, ...] = ()
+    running: tuple[bytes, ...] = ()
+    kv: tuple[bytes, ...] = ()  # first one present wins (newer name first)
+    lora: bytes | None = None
+
+
+VLLM = MetricNames(
+    waiting=(b"vllm:num_requests_waiting",),
+    running=(b"vllm:num_requests_running",),
+    kv=(b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
+    lora=b"vllm:lora_requests_info",
+)
+SGLANG = MetricNames(
+    waiting=(b"sglang:num_queue_reqs",),
+    running=(b"sglang:num_running_reqs",),
+    kv=(b"sglang:token_usage",),
+)
+LLAMACPP = MetricNames(
+    waiting=(b"llamacpp:requests_deferred",),
+    running=(b"llamacpp:requests_processing",),
+    kv=(b"llamacpp:kv_cache_usage_ratio",),
+)
+TGI = MetricNames(waiting=(b"tgi_queue_size",), running=(b"tgi_batch_current_size",))
+NONE = MetricNames()
+
+ENGINE_METRICS: dict[str, MetricNames] = {
+    "vllm": VLLM,
+    "sim": VLLM,
+    "sglang": SGLANG,
+    "llamacpp": LLAMACPP,
+    "llama.cpp": LLAMACPP,
+    "llama-cpp": LLAMACPP,
+    "tgi": TGI,
+    "ollama": NONE,
+}
+
+
+def metric_names(engine: str) -> MetricNames | None:
+    """The engine's names; None for an unknown engine (every table is tried)."""
+    return ENGINE_METRICS.get(engine.lower())
+
+
+def _float(text: bytes) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _samples(body: bytes, name: bytes) -> Iterator[tuple[bytes, float]]:
+    """(labels text, value) of every sample of ``name``; skips names that only share a prefix."""
+    n = len(name)
+    pos = 0 if body.startswith(name) else body.find(b"\n" + name)
+    if pos > 0:
+        pos += 1
+    while pos != -1:
+        after = pos + n
+        nxt = body[after : after + 1]
+        if nxt in (b"{", b" "):
+            end = body.find(b"\n", after)
+            line = body[after:] if end == -1 else body[after:end]
+            labels = b""
+            if nxt == b"{":
+                close = line.rfind(b"}")
+                labels = line[1:close]
+                line = line[close + 1 :]
+            parts = line.split()
+            value = _float(parts[0]) if parts else None
+            if value is not None:
+                yield labels, value
+        pos = body.find(b"\n" + name, after)
+        if pos != -1:
+            pos += 1
+
+
+def _sum(body: bytes, names: tuple[bytes, ...]) -> float | None:
+    for name in names:
+        total = None
+        for _, value in _samples(body, name):
+            total = value if total is None else total + value
+        if total is not None:
+            return total
+    return None
+
+
+def _first(body: bytes, names: tuple[bytes, ...]) -> float | None:
+    for name in names:
+        values = [v for _, v in _samples(body, name)]
+        if values:
+            return max(values)
+    return None
+
+
+_LABEL = re.compile(rb'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class LoadMetrics:
+    waiting: float | None = None
+    running: float | None = None
+    kv: float | None = None
+    lora_running: frozenset[str] = frozenset()
+    lora_waiting: frozenset[str] = frozenset()
+    max_lora: int = 0
+
+    @property
+    def any(self) -> bool:
+        return self.waiting is not None or self.running is not None or self.kv is not None
+
+
+def _adapters(value: bytes) -> frozenset[str]:
+    return frozenset(a for a in value.decode("utf-8", "replace").split(",") if a)
+
+
+def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
+    names = metric_names(engine)
+    tables = [names] if names is not None else [VLLM, SGLANG, LLAMACPP, TGI]
+    for table in tables:
+        m = LoadMetrics(
+            _sum(body, table.waiting), _sum(body, table.running), _first(body, table.kv)
+        )
+        if table.lora is not None:
+            newest: tuple[float, bytes] | None = None
+            for labels, value in _samples(body, table.lora):
+                if newest is None or value >= newest[0]:
+                    newest = (value, labels)
+            if newest is not None:
+                fields = dict(_LABEL.findall(newest[1]))
+                m.lora_running = _adapters(fields.get(b"running_lora_adapters", b""))
+                m.lora_waiting = _adapters(fields.get(b"waiting_lora_adapters", b""))
+                with contextlib.suppress(ValueError):
+                    m.max_lora = int(float(fields.get(b"max_lora", b"0") or 0))
+        if m.any:
+            return m
+    return LoadMetrics()
+
+
+def apply_metrics(state: EndpointState, m: LoadMetrics, now: float) -> None:
+    state.waiting = m.waiting or 0.0
+    state.running = m.running or 0.0
+    state.has_kv = m.kv is not None
+    state.kv_usage = m.kv or 0.0
+    state.lora_running = m.lora_running
+    state.lora_waiting = m.lora_waiting
+    state.max_lora = m.max_lora
+    state.has_load_metrics = m.any
+    state.scraped_at = now if m.any else 0.0
+    state.dispatched_since_scrape = 0
+    state.scrape_ok = True
+
+
+class Scraper:
+    """One background task per endpoint, started and stopped as endpoints come and go."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.session: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=30, ttl_dns_cache=300)
+            self.session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout),
+                skip_auto_headers=("User-Agent",),
+            )
+        return self.session
+
+    def add(self, state: EndpointState) -> None:
+        if state.key not in self.tasks:
+            self.tasks[state.key] = asyncio.create_task(
+                self._run(state), name=f"scrape {state.key}"
+            )
+
+    def remove(self, state: EndpointState) -> None:
+        task = self.tasks.pop(state.key, None)
+        if task is not None:
+            task.cancel()
+
+    async def close(self) -> None:
+        tasks = list(self.tasks.values())
+        self.tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def scrape_once(self, state: EndpointState) -> bool:
+        """One scrape of /metrics; False if the endpoint did not answer."""
+        session = self._session()
+        names = metric_names(state.endpoint.engine)
+        if names is NONE:
+            state.has_load_metrics = False
+            return True
+        try:
+            async with session.get(f"http://{state.address}/metrics") as resp:
+                if resp.status == 404:
+                    state.has_load_metrics = False
+                    state.scrape_ok = True
+                    return True
+                if resp.status != 200:
+                    state.scrape_ok = False
+                    return False
+                body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            state.scrape_ok = False
+            return False
+        apply_metrics(state, parse_metrics(body, state.endpoint.engine), time.monotonic())
+        return True
+
+    async def refresh_models(self, state: EndpointState) -> None:
+        try:
+            async with self._session().get(f"http://{state.address}/v1/models") as resp:
+                if resp.status != 200:
+                    return
+                doc = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+            return
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if isinstance(data, list):
+            state.served_models = frozenset(
+                str(m["id"]) for m in data if isinstance(m, dict) and m.get("id") is not None
+            )
+
+    async def _run(self, state: EndpointState) -> None:
+        interval = self.config.scrape_interval
+        await asyncio.sleep(random.random() * interval)  # spread the endpoints over the period
+        next_models = 0.0
+        while True:
+            started = time.monotonic()
+            if started >= next_models:
+                await self.refresh_models(state)
+                next_models = started + self.config.models_refresh_interval
+            try:
+                await self.scrape_once(state)
+            except Exception:
+                log.exception("scraping %s failed", state.address)
+            # Engines without load metrics (or unreachable ones) are asked again more slowly.
+            pause = interval if state.has_load_metrics and state.scrape_ok else max(interval, 1.0)
+            await asyncio.sleep(max(0.0, pause - (time.monotonic() - started)))

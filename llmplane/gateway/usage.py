@@ -1,0 +1,63 @@
+"""Read ``usage`` out of response bytes without decoding the whole response."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_USAGE = b'"usage"'
+
+
+def extract_usage(data: bytes) -> dict[str, Any] | None:
+    """The last ``"usage": {...}`` object in ``data`` (None if absent or null)."""
+    idx = data.rfind(_USAGE)
+    while idx != -1:
+        j = idx + len(_USAGE)
+        n = len(data)
+        while j < n and data[j] in b" \t\r\n:":
+            j += 1
+        if j < n and data[j : j + 1] == b"{":
+            depth = 0
+            k = j
+            while k < n:
+                c = data[k]
+                if c == 0x7B:  # {
+                    depth += 1
+                elif c == 0x7D:  # }
+                    depth -= 1
+                    if depth == 0:
+                        try:
+                            doc = orjson.loads(data[j : k + 1])
+                        except orjson.JSONDecodeError:
+                            return None
+                        return doc if isinstance(doc, dict) else None
+                k += 1
+            return None
+        idx = data.rfind(_USAGE, 0, idx)
+    return None
+
+
+class StreamScanner:
+    """Follows an SSE stream chunk by chunk: counts events and keeps the last usage seen."""
+
+    __slots__ = ("events", "tail", "usage")
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.usage: dict[str, Any] | None = None
+        self.events = 0
+
+    def feed(self, chunk: bytes) -> None:
+        buf = self.tail + chunk if self.tail else chunk
+        end = buf.rfind(b"\n\n")
+        if end == -1:
+            self.tail = buf
+            return
+        complete = buf[:end]
+        self.tail = buf[end + 2 :]
+        self.events += complete.count(b"data:")
+        if _USAGE in complete:
+            usage = extract_usage(complete)
+            if usage is not None:
+                self.usage = usage

@@ -1,0 +1,217 @@
+"""The gateway as a proxy: Playground routing, OpenAI errors, streaming, usage, the openai client.
+
+Upstreams are real processes: ``bench/gateway_upstream.py`` (a small vLLM-shaped server that
+stands in for ``llmplane.sim`` where a test needs exact control of delays and failures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from llmplane.controlplane.plan import MODEL_NAME_LABEL
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery import Endpoint, StaticDiscovery
+from llmplane.gateway.server import start_gateway
+from llmplane.gateway.testing import upstream
+from llmplane.store.sqlite import SQLiteStore
+
+MODEL = "llama3-8b"
+
+
+def playground(name: str, model: str) -> dict:
+    return {
+        "apiVersion": "inference.llmaz.io/v1alpha1",
+        "kind": "Playground",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": 2, "modelClaim": {"modelName": model}},
+    }
+
+
+@pytest.fixture(scope="module")
+def upstreams():
+    servers = [upstream(MODEL, "--tokens", "5") for _ in range(2)]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SQLiteStore(tmp_path / "db.sqlite")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+async def gateway(store, upstreams):
+    store.apply(playground("llama", MODEL))
+    store.apply(playground("pending", "qwen-pending"))
+    discovery = StaticDiscovery(
+        Endpoint(s.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True) for s in upstreams
+    )
+    gw = await start_gateway(store, discovery, config=GatewayConfig(max_body_bytes=64 * 1024))
+    yield gw
+    await gw.close()
+
+
+@pytest.fixture
+async def client():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def url(gw, path: str) -> str:
+    return f"http://127.0.0.1:{gw.port}{path}"
+
+
+async def post(client, gw, path, body, **kw):
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    async with client.post(
+        url(gw, path), data=data, headers={"Content-Type": "application/json"}, **kw
+    ) as r:
+        return r.status, r.headers, await r.read()
+
+
+def assert_openai_error(status, body, expected_status, code=None):
+    assert status == expected_status, body
+    doc = orjson.loads(body)
+    assert set(doc) == {"error"}
+    assert set(doc["error"]) == {"message", "type", "code"}
+    assert isinstance(doc["error"]["message"], str) and doc["error"]["message"]
+    if code is not None:
+        assert doc["error"]["code"] == code
+
+
+async def test_playground_model_is_routable_and_relayed(gateway, client, upstreams):
+    addresses = {s.address for s in upstreams}
+    seen = set()
+    for _ in range(20):
+        status, headers, body = await post(
+            client,
+            gateway,
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert status == 200, body
+        doc = orjson.loads(body)
+        assert doc["model"] == MODEL
+        assert doc["usage"]["completion_tokens"] == 5
+        assert headers["x-llmplane-endpoint"] in addresses
+        seen.add(headers["x-llmplane-endpoint"])
+    assert seen == addresses  # load is spread
+
+
+async def test_completions_and_embeddings(gateway, client):
+    status, _, body = await post(
+        client, gateway, "/v1/completions", {"model": MODEL, "prompt": "x"}
+    )
+    assert status == 200 and orjson.loads(body)["object"] == "text_completion"
+    status, _, body = await post(client, gateway, "/v1/embeddings", {"model": MODEL, "input": "x"})
+    assert status == 200 and orjson.loads(body)["data"][0]["embedding"]
+
+
+async def test_models_lists_every_routable_name(gateway, client):
+    async with client.get(url(gateway, "/v1/models")) as r:
+        doc = await r.json()
+    assert {m["id"] for m in doc["data"]} >= {MODEL, "qwen-pending"}
+
+
+async def test_health_and_metrics(gateway, client):
+    await post(client, gateway, "/v1/completions", {"model": MODEL, "prompt": "x"})
+    async with client.get(url(gateway, "/health")) as r:
+        assert r.status == 200
+    async with client.get(url(gateway, "/metrics")) as r:
+        text = await r.text()
+    assert "llmplane_gateway_requests_total" in text
+    assert f'model="{MODEL}"' in text
+    assert "llmplane_gateway_scheduling_duration_seconds_bucket" in text
+
+
+async def test_errors_have_the_openai_shape(gateway, client):
+    status, _, body = await post(client, gateway, "/v1/chat/completions", b"{not json")
+    assert_openai_error(status, body, 400, "invalid_json")
+    status, _, body = await post(client, gateway, "/v1/chat/completions", {"messages": []})
+    assert_openai_error(status, body, 400, "missing_model")
+    status, _, body = await post(client, gateway, "/v1/chat/completions", {"model": "nope"})
+    assert_openai_error(status, body, 404, "model_not_found")
+    assert MODEL in orjson.loads(body)["error"]["message"]  # names what exists
+    status, _, body = await post(
+        client, gateway, "/v1/chat/completions", {"model": MODEL, "prompt": "x" * 70_000}
+    )
+    assert_openai_error(status, body, 413, "request_too_large")
+    status, _, body = await post(client, gateway, "/v1/chat/completions", {"model": "qwen-pending"})
+    assert_openai_error(status, body, 503, "no_ready_endpoint")
+    assert "qwen-pending" in orjson.loads(body)["error"]["message"]
+    status, _, body = await post(client, gateway, "/v2/nothing", {"model": MODEL})
+    assert_openai_error(status, body, 404)
+
+
+async def test_upstream_4xx_is_relayed_not_retried(gateway, client, upstreams):
+    # The upstream does not serve this LoRA name: its own 404 comes back as it is.
+    gateway.table.defaults["ghost"] = gateway.table.defaults[MODEL]
+    status, headers, body = await post(
+        client, gateway, "/v1/completions", {"model": "ghost", "prompt": "x"}
+    )
+    assert status == 404
+    assert "does not exist" in orjson.loads(body)["error"]["message"]
+    assert headers["x-llmplane-endpoint"]
+
+
+async def test_streaming_is_relayed_with_usage(gateway, client):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with client.post(url(gateway, "/v1/chat/completions"), json=body) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        assert r.headers["x-llmplane-endpoint"]
+        raw = await r.read()
+    events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    assert orjson.loads(events[-2])["usage"]["completion_tokens"] == 5
+    await asyncio.sleep(0)
+    async with client.get(url(gateway, "/metrics")) as r:
+        text = await r.text()
+    assert "llmplane_gateway_time_to_first_token_seconds_count" in text
+    assert f'llmplane_gateway_output_tokens_total{{model="{MODEL}"}}' in text
+
+
+async def test_official_openai_client(gateway):
+    client = openai.AsyncOpenAI(base_url=url(gateway, "/v1"), api_key="unused", max_retries=0)
+    try:
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.model == MODEL
+        assert reply.usage.completion_tokens == 5
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            if chunk.usage:
+                usage = chunk.usage
+        assert text == "ok " * 5
+        assert usage is not None and usage.completion_tokens == 5
+        models = await client.models.list()
+        assert MODEL in {m.id for m in models.data}
+        with pytest.raises(openai.NotFoundError) as err:
+            await client.chat.completions.create(
+                model="nope", messages=[{"role": "user", "content": "x"}]
+            )
+        assert "does not exist" in str(err.value)
+    finally:
+        await client.close()
