@@ -30,6 +30,10 @@ class LoadError(Exception):
     """A model source could not be made present. ``reason`` is one of the constants above."""
 
     def __init__(self, reason: str, message: str) -> None:
+        # One line: it becomes a condition message and the CLI's single error line.
+        message = " ".join(str(message).split())
+        if len(message) > 1000:
+            message = message[:997] + "..."
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message

@@ -1,12 +1,13 @@
 """ModelScope models with the modelscope library's ``snapshot_download`` / ``model_file_download``.
 
-The library reads ``MODELSCOPE_ENDPOINT`` (or the older ``MODELSCOPE_DOMAIN``) and
-``MODELSCOPE_API_TOKEN`` itself. llmaz's default revision ``main`` means "the library's default"
+``MODELSCOPE_ENDPOINT`` and ``MODELSCOPE_API_TOKEN`` are read at every load (the library
+itself also honours the older ``MODELSCOPE_DOMAIN``). llmaz's default revision ``main`` means "the library's default"
 here: ModelScope repos use ``master``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,18 @@ def fetch(model: HubModel, local_dir: Path, progress: Progress) -> None:
     snapshot = require("modelscope.hub.snapshot_download", _PURPOSE)
     files = require("modelscope.hub.file_download", _PURPOSE)
     revision = None if model.revision in ("", "main") else model.revision
+    # Read at every load: the library keeps the settings of its first call for the process.
+    endpoint = os.environ.get("MODELSCOPE_ENDPOINT") or None
+    token = os.environ.get("MODELSCOPE_API_TOKEN") or None
     try:
         if model.filename is not None:
             files.model_file_download(
-                model.model_id, model.filename, revision=revision, local_dir=str(local_dir)
+                model.model_id,
+                model.filename,
+                revision=revision,
+                local_dir=str(local_dir),
+                endpoint=endpoint,
+                token=token,
             )
         else:
             snapshot.snapshot_download(
@@ -46,6 +55,8 @@ def fetch(model: HubModel, local_dir: Path, progress: Progress) -> None:
                 allow_patterns=list(model.allow_patterns) if model.allow_patterns else None,
                 ignore_patterns=list(model.ignore_patterns) if model.ignore_patterns else None,
                 progress_callbacks=[progress_callback_class(progress)],
+                endpoint=endpoint,
+                token=token,
             )
     except Exception as err:
         raise translate(err, model) from err

@@ -8,6 +8,8 @@ Used by the other ``test_loader_*`` modules (no tests of its own besides smoke c
 - ``FakeOSS``: Aliyun OSS path-style HEAD/GET object (with Range) and ListObjects, as oss2 calls it.
 - ``FakeGCS``: the GCS JSON API objects get/list and media download (with Range), as
   google-cloud-storage calls it under ``STORAGE_EMULATOR_HOST``.
+- ``FakeModelScope``: ModelScope's file listing and file download API, as modelscope calls it
+  under ``MODELSCOPE_ENDPOINT``.
 - ``MotoS3``: moto's S3 server with a WSGI middleware that records every request.
 
 All bind 127.0.0.1 on a free port and run in a background thread (the loader is synchronous).
@@ -414,6 +416,78 @@ def fake_gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGCS]:
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     yield gcs
     gcs.server.stop()
+
+
+# ModelScope ---------------------------------------------------------------------------------
+
+
+class FakeModelScope:
+    """``/api/v1/models/{id}/repo/files`` listings and ``/api/v1/models/{id}/repo?FilePath=`` files."""
+
+    def __init__(self) -> None:
+        self.repos: dict[str, dict[str, bytes]] = {}
+        self.requests: list[Seen] = []
+        self.token: str | None = None
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.server = ThreadedApp(app)
+
+    def file_gets(self, name: str) -> list[Seen]:
+        return [r for r in self.requests if r.query.get("FilePath") == name]
+
+    @staticmethod
+    def _error(status: int, message: str) -> web.Response:
+        return web.json_response(
+            {"Code": status, "Message": message, "Success": False}, status=status
+        )
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(
+            Seen(request.method, request.path, dict(request.headers), dict(request.query))
+        )
+        parts = request.path.strip("/").split("/")
+        if parts[:3] != ["api", "v1", "models"] or len(parts) < 6:
+            return self._error(404, "not found")
+        if (
+            self.token is not None
+            and request.headers.get("Authorization") != f"Bearer {self.token}"
+        ):
+            return self._error(401, "authentication failed")
+        repo_id = "/".join(parts[3:5])
+        files = self.repos.get(repo_id)
+        if files is None:
+            return self._error(404, f"model {repo_id} not found")
+        if parts[5:] == ["repo", "files"]:
+            listing = [
+                {
+                    "Name": name.rsplit("/", 1)[-1],
+                    "Path": name,
+                    "Size": len(data),
+                    "Sha256": hashlib.sha256(data).hexdigest(),
+                    "Type": "blob",
+                }
+                for name, data in sorted(files.items())
+            ]
+            return web.json_response({"Code": 200, "Success": True, "Data": {"Files": listing}})
+        if parts[5:] == ["repo"]:
+            name = request.query.get("FilePath", "")
+            if name not in files:
+                return self._error(404, f"file {name} not found")
+            return await send_bytes(
+                request, files[name], {"Content-Type": "application/octet-stream"}
+            )
+        return self._error(404, "not found")
+
+
+@pytest.fixture
+def fake_modelscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelScope]:
+    ms = FakeModelScope()
+    ms.server.start()
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT", ms.server.url)
+    monkeypatch.delenv("MODELSCOPE_DOMAIN", raising=False)
+    monkeypatch.delenv("MODELSCOPE_API_TOKEN", raising=False)
+    yield ms
+    ms.server.stop()
 
 
 # S3 (moto) ----------------------------------------------------------------------------------
