@@ -85,13 +85,11 @@ class Platform:
         install_builtins(self.store)
         await self.runtime.start()
         self._tasks.append(asyncio.create_task(self.controller.run(), name="controller"))
-        try:
-            from llmplane.gateway.discovery import RuntimeDiscovery
-            from llmplane.gateway.server import start_gateway
-        except ImportError:  # pragma: no cover - the gateway ships with llmplane
-            raise
+        from llmplane.gateway.discovery import RuntimeDiscovery
+        from llmplane.gateway.server import start_gateway
+
         discovery = RuntimeDiscovery(self.runtime)
-        self._listeners.append(discovery.notify) if hasattr(discovery, "notify") else None
+        self._listeners.append(discovery.notify)
         self.gateway = await start_gateway(self.store, discovery, host=self.host, port=self.port)
         self.port = self.gateway.port
 

@@ -1,0 +1,190 @@
+"""``llmplane up`` end to end: real up processes, real engine processes (the sim backend), real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.upprocess import Up, alive, cli, condition, status, wait_for
+
+SIM_FLEET = """
+apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {name: tiny}
+spec:
+  familyName: tiny
+  source: {uri: "host:///dev/null"}
+---
+apiVersion: inference.llmaz.io/v1alpha1
+kind: Playground
+metadata: {name: tiny}
+spec:
+  replicas: REPLICAS
+  modelClaim: {modelName: tiny}
+  backendRuntimeConfig:
+    backendName: sim
+    args: ["--time-scale", "0.01"]
+"""
+
+
+def fleet(tmp_path: Path, replicas: int) -> str:
+    path = tmp_path / f"fleet-{replicas}.yaml"
+    path.write_text(SIM_FLEET.replace("REPLICAS", str(replicas)))
+    return str(path)
+
+
+@pytest.fixture
+def up_factory(tmp_path: Path) -> Iterator[type]:
+    started: list[Up] = []
+
+    def make(*files: str, state_dir: Path | None = None) -> Up:
+        up = Up(state_dir or tmp_path / "state", *files)
+        started.append(up)
+        return up.start()
+
+    yield make  # type: ignore[misc]
+    for up in started:
+        up.kill_everything()
+
+
+def ready(state_dir: Path, name: str = "tiny") -> bool:
+    return condition(state_dir, "Playground", name, "Available").get("status") == "True"
+
+
+def test_playground_becomes_ready_and_scales_live(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    up = up_factory(fleet(tmp_path, 2))
+    wait_for(lambda: ready(state), 60, what="Playground ready")
+    st = status(state, "Playground", "tiny")
+    assert st["replicas"] == 2
+    assert "llmaz.io/model-name=tiny" in st["selector"]
+    pids = wait_for(lambda: len(up.engine_pids()) == 2 and up.engine_pids(), 10)
+    assert len(pids) == 2
+
+    # `get pl` shows the columns users look for
+    table = cli("get", "pl", state_dir=state).stdout
+    assert table.split("\n")[0].split() == ["NAME", "REPLICAS", "MODEL", "BACKEND", "READY", "AGE"]
+    assert table.split("\n")[1].split()[:5] == ["tiny", "2", "tiny", "sim", "True"]
+
+    # scaling 2 -> 1 from another terminal takes effect live: replica 1 stops, replica 0 stays
+    cli("apply", "-f", fleet(tmp_path, 1), state_dir=state)
+    wait_for(lambda: len(up.engine_pids()) == 1, 60, what="scale down to one engine")
+    remaining = up.engine_pids()
+    assert remaining < pids
+    gone = pids - remaining
+    wait_for(lambda: not any(alive(p) for p in gone), 30, what="stopped replica to exit")
+    wait_for(lambda: status(state, "Playground", "tiny").get("replicas") == 1, 30)
+    assert ready(state)
+
+    described = cli("describe", "pl", "tiny", state_dir=state).stdout
+    assert "Conditions:" in described and "PlaygroundReady" in described
+    assert "Events:" in described and "ServiceCreated" in described
+
+
+def test_killed_engine_comes_back_ready(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    up = up_factory(fleet(tmp_path, 1))
+    wait_for(lambda: ready(state), 60)
+    (pid,) = wait_for(lambda: up.engine_pids(), 10)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: up.engine_pids() and up.engine_pids() != {pid}, 60, what="engine restarted")
+    wait_for(lambda: ready(state), 60, what="ready again after restart")
+    logs = cli("logs", "pl/tiny", state_dir=state).stdout
+    assert "LISTENING" in logs  # the sim's start line, twice: before and after the restart
+
+
+def test_delete_playground_leaves_no_process(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    up = up_factory(fleet(tmp_path, 2))
+    wait_for(lambda: ready(state), 60)
+    pids = wait_for(lambda: len(up.engine_pids()) == 2 and up.engine_pids(), 10)
+    cli("delete", "pl", "tiny", state_dir=state)
+    wait_for(lambda: not up.engine_pids(), 60, what="engines stopped after delete")
+    wait_for(lambda: not any(alive(p) for p in pids), 30)
+    wait_for(
+        lambda: cli("get", "isvc", "tiny", state_dir=state, check=False).returncode == 1,
+        30,
+        what="owned Service deleted",
+    )
+
+
+def test_restart_keeps_resources_and_sigterm_stops_engines(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    up = up_factory(fleet(tmp_path, 1))
+    wait_for(lambda: ready(state), 60)
+    pids = wait_for(lambda: up.engine_pids(), 10)
+    assert up.stop(signal.SIGTERM) == 0
+    assert not any(alive(p) for p in pids)  # drained and stopped before up exited
+
+    again = up_factory(state_dir=state)  # no files: everything comes from the store
+    wait_for(lambda: len(again.engine_pids()) == 1, 60, what="engine started after restart")
+    wait_for(lambda: ready(state), 60, what="ready after restart")
+    assert cli("get", "om", "tiny", state_dir=state).returncode == 0
+
+
+def test_sigkilled_up_leaves_no_orphans(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    up = up_factory(fleet(tmp_path, 2))
+    wait_for(lambda: ready(state), 60)
+    pids = wait_for(lambda: len(up.engine_pids()) == 2 and up.engine_pids(), 10)
+    up.stop(signal.SIGKILL)
+    # engines die with their parent (PDEATHSIG), and a restarted up would reap any that did not
+    wait_for(lambda: not any(alive(p) for p in pids), 30, what="engines to die with up")
+    again = up_factory(state_dir=state)
+    wait_for(lambda: len(again.engine_pids()) == 2, 60, what="engines started after restart")
+    wait_for(lambda: ready(state), 60)
+
+
+def test_missing_engine_reports_engine_not_installed(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    doc = SIM_FLEET.replace("REPLICAS", "1").replace("backendName: sim", "backendName: tgi")
+    path = tmp_path / "tgi.yaml"
+    path.write_text(doc.replace('    args: ["--time-scale", "0.01"]\n', ""))
+    up = up_factory(str(path))
+    cond = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", "tiny", "Available")).get("reason")
+            == "EngineNotInstalled"
+            and c
+        ),
+        60,
+        what="EngineNotInstalled",
+    )
+    assert cond["status"] == "False"
+    assert "text-generation-inference" in cond["message"]  # the install hint
+    assert not up.engine_pids()
+
+
+def test_invalid_file_fails_before_starting(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(textwrap.dedent(SIM_FLEET.replace("REPLICAS", "-1")))
+    proc = cli("up", "-f", str(bad), "--port", "0", state_dir=tmp_path / "s", check=False)
+    assert proc.returncode == 1
+    assert "Playground/tiny: spec.replicas" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_waits_for_model_creation_then_proceeds(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    docs = SIM_FLEET.replace("REPLICAS", "1").split("---")
+    pg_only = tmp_path / "pg.yaml"
+    pg_only.write_text(docs[1])
+    up_factory(str(pg_only))
+    cond = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", "tiny", "Progressing")).get("reason")
+            == "AbortProcessing"
+            and c
+        ),
+        30,
+    )
+    assert "Waiting for model creation" in cond["message"]
+    model = tmp_path / "model.yaml"
+    model.write_text(docs[0])
+    cli("apply", "-f", str(model), state_dir=state)
+    wait_for(lambda: ready(state), 60, what="ready once the model exists")
