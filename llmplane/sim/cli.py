@@ -189,11 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvloop
 
-        uvloop.install()
+        run = uvloop.run
     except ImportError:  # pragma: no cover
-        pass
+        run = asyncio.run
     try:
-        asyncio.run(serve(cfg))
+        run(serve(cfg))
     except OSError as e:
         sys.stderr.write(f"llmplane sim: {e}\n")
         return 1
