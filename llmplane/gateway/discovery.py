@@ -25,7 +25,7 @@ Callback = Callable[[], None]
 class Endpoint:
     """One ready model-server replica.
 
-    ``address`` is ``host:port``. ``labels`` are pod-like labels (``llmaz.io/model-name`` ...)
+    ``address`` is ``host:port`` (or a bare host that takes its port from the route). ``labels`` are pod-like labels (``llmaz.io/model-name`` ...)
     that ModelServer and InferencePool selectors match. ``model_name`` is the name the server
     serves (its ``--served-model-name``). ``fixed_port`` marks endpoints whose port is their own
     (the embedded runtime gives every process its own port), so ``workloadPort`` and
@@ -45,11 +45,15 @@ class Endpoint:
         return self.address.rpartition(":")[0] or self.address
 
     def with_port(self, port: int | None) -> str:
-        """The address to send inference to when a route names a port."""
+        """The address to send inference to when a route names a port (a ModelServer's
+        ``workloadPort``, an InferencePool's ``targetPortNumber``): it replaces the port unless
+        the endpoint's port is its own; an address without a port takes it (8080 if none)."""
+        host, sep, own = self.address.rpartition(":")
+        if not sep or not own.isdigit():
+            return f"{self.address}:{port or 8080}"
         if port is None or self.fixed_port:
             return self.address
-        host, sep, _ = self.address.rpartition(":")
-        return f"{host if sep else self.address}:{port}"
+        return f"{host}:{port}"
 
     def served_names(self) -> set[str]:
         """Names a client may send that this endpoint serves without any route."""

@@ -6,10 +6,14 @@ A vLLM (or any OpenAI-compatible server) started by hand is registered with::
     kind: Endpoint
     metadata: {name: my-vllm, namespace: default}
     spec:
-      address: 127.0.0.1:8000        # host:port
+      address: 127.0.0.1:8000        # host:port, or a bare host (see below)
       modelName: meta-llama/Llama-3.1-8B-Instruct   # its --served-model-name
       engine: vllm                   # vllm | sim | sglang | llamacpp | tgi | ... (metrics)
       labels: {app: llama}           # what ModelServer / InferencePool selectors match
+
+A port in ``address`` is the server's own: routes' ``workloadPort`` / ``targetPortNumber`` do
+not change it. Set ``fixedPort: false`` to have them replace it (as for a Kubernetes pod), or
+register a bare host (``address: 10.0.0.5``) to take the port from the route (8080 without one).
 
 ``StoreEndpoints`` reads them from the store and follows changes with a watch.
 """
@@ -35,8 +39,8 @@ def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
     address = spec.get("address")
     if isinstance(address, str):
         address = address.removeprefix("http://").rstrip("/")
-    if not isinstance(address, str) or ":" not in address:
-        log.warning("Endpoint %s has no usable spec.address (host:port)", meta.get("name"))
+    if not isinstance(address, str) or not address:
+        log.warning("Endpoint %s has no spec.address (host:port)", meta.get("name"))
         return None
     labels = dict(meta.get("labels") or {})
     labels.update(spec.get("labels") or {})
@@ -47,6 +51,7 @@ def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
         backend=str(spec.get("backend") or ""),
         namespace=meta.get("namespace") or "default",
         engine=str(spec.get("engine") or "vllm").lower(),
+        fixed_port=spec.get("fixedPort", True) is not False,
     )
 
 
@@ -58,9 +63,12 @@ def endpoint_object(
     labels: dict[str, str] | None = None,
     engine: str = "vllm",
     namespace: str = "default",
+    fixed_port: bool = True,
 ) -> dict[str, Any]:
     """The store object that registers an external endpoint."""
     spec: dict[str, Any] = {"address": address, "modelName": model_name, "engine": engine}
+    if not fixed_port:
+        spec["fixedPort"] = False
     if labels:
         spec["labels"] = labels
     return {

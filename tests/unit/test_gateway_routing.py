@@ -1,0 +1,221 @@
+"""The routing table as a pure function of store objects and endpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplane.controlplane.plan import MODEL_NAME_LABEL
+from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.routing import build_table
+from llmplane.gateway.state import EndpointState
+
+KTHENA = "networking.serving.volcano.sh/v1alpha1"
+
+
+def ep(port, labels, model="m", namespace="default", fixed=False):
+    return EndpointState(
+        Endpoint(f"10.0.0.{port}:{port}", labels, model, namespace=namespace, fixed_port=fixed)
+    )
+
+
+def server(name, model, labels, ns="default", **spec):
+    return {
+        "apiVersion": KTHENA,
+        "kind": "ModelServer",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"model": model, "inferenceEngine": "vLLM", "workloadSelector": labels, **spec},
+    }
+
+
+def route(name, spec, created="2024-01-01T00:00:00Z", ns="default"):
+    return {
+        "apiVersion": KTHENA,
+        "kind": "ModelRoute",
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
+        "spec": spec,
+    }
+
+
+def targets(*names):
+    return [{"modelServerName": n} for n in names]
+
+
+STATES = [ep(1, {"app": "a"}), ep(2, {"app": "b"}), ep(3, {"app": "a"}, namespace="other")]
+
+
+def test_routes_with_the_same_name_oldest_first():
+    objects = [
+        server("a", "model-a", {"matchLabels": {"app": "a"}}),
+        server("b", "model-b", {"matchLabels": {"app": "b"}}),
+        route(
+            "newer",
+            {"modelName": "x", "rules": [{"targetModels": targets("b")}]},
+            "2024-02-01T00:00:00Z",
+        ),
+        route(
+            "older",
+            {"modelName": "x", "rules": [{"targetModels": targets("a")}]},
+            "2024-01-01T00:00:00Z",
+        ),
+    ]
+    table = build_table(objects, STATES)
+    decision = table.resolve("x", "/v1/completions", {})
+    assert decision.route == "ModelRoute/default/older#0"
+    assert decision.model == "model-a"
+    assert [s.address for s in decision.backend.candidates] == ["10.0.0.1:1"]  # not other namespace
+
+
+def test_exact_model_name_wins_over_lora_and_lora_is_not_rewritten():
+    objects = [
+        server("a", "model-a", {"matchLabels": {"app": "a"}}),
+        server("b", "model-b", {"matchLabels": {"app": "b"}}),
+        route("lora", {"loraAdapters": ["x", "sql"], "rules": [{"targetModels": targets("a")}]}),
+        route(
+            "exact",
+            {"modelName": "x", "rules": [{"targetModels": targets("b")}]},
+            "2025-01-01T00:00:00Z",
+        ),
+    ]
+    table = build_table(objects, STATES)
+    assert table.resolve("x", "/", {}).model == "model-b"
+    sql = table.resolve("sql", "/", {})
+    assert (sql.model, sql.lora) == ("sql", True)
+
+
+def test_no_matching_rule_is_404_and_missing_server_503():
+    objects = [
+        route(
+            "r",
+            {
+                "modelName": "x",
+                "rules": [
+                    {
+                        "modelMatch": {"headers": {"x-tier": {"exact": "gold"}}},
+                        "targetModels": targets("gone"),
+                    }
+                ],
+            },
+        )
+    ]
+    table = build_table(objects, STATES)
+    with pytest.raises(GatewayError) as err:
+        table.resolve("x", "/", {})
+    assert err.value.status == 404 and err.value.code == "no_matching_route"
+    with pytest.raises(GatewayError) as err:
+        table.resolve("x", "/", {"x-tier": "gold"})
+    assert err.value.status == 503 and "gone" in err.value.message
+
+
+def test_weights_zero_never_chosen():
+    objects = [
+        server("a", "model-a", {"matchLabels": {"app": "a"}}),
+        server("b", "model-b", {"matchLabels": {"app": "b"}}),
+        route(
+            "r",
+            {
+                "modelName": "x",
+                "rules": [
+                    {
+                        "targetModels": [
+                            {"modelServerName": "a", "weight": 0},
+                            {"modelServerName": "b", "weight": 5},
+                        ]
+                    }
+                ],
+            },
+        ),
+    ]
+    table = build_table(objects, STATES)
+    assert {table.resolve("x", "/", {}).model for _ in range(50)} == {"model-b"}
+
+
+def test_pd_group_serves_on_decode_instances_and_ports():
+    states = [
+        ep(1, {"app": "pd", "role": "prefill"}),
+        ep(2, {"app": "pd", "role": "decode"}),
+        ep(3, {"app": "pd", "role": "decode"}, fixed=True),
+    ]
+    objects = [
+        server(
+            "pd",
+            "model-pd",
+            {
+                "matchLabels": {"app": "pd"},
+                "pdGroup": {
+                    "groupKey": "g",
+                    "prefillLabels": {"role": "prefill"},
+                    "decodeLabels": {"role": "decode"},
+                },
+            },
+            workloadPort={"port": 8000},
+            trafficPolicy={"timeout": "30s", "retry": {"attempts": 5, "retryInterval": "200ms"}},
+        ),
+        route("r", {"modelName": "x", "rules": [{"targetModels": targets("pd")}]}),
+    ]
+    backend = build_table(objects, states).resolve("x", "/", {}).backend
+    assert backend.pd
+    assert [backend.address(s) for s in backend.candidates] == ["10.0.0.2:8000", "10.0.0.3:3"]
+    assert (backend.timeout, backend.retry_attempts, backend.retry_interval) == (30.0, 5, 0.2)
+
+
+def test_inference_model_shares_and_criticality():
+    objects = [
+        {
+            "kind": "InferencePool",
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+            "metadata": {"name": "pool", "namespace": "default"},
+            "spec": {
+                "selector": {"app": "a"},
+                "targetPortNumber": 9000,
+                "extensionRef": {"name": "epp"},
+            },
+        },
+        {
+            "kind": "InferenceModel",
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+            "metadata": {"name": "im", "namespace": "default"},
+            "spec": {
+                "modelName": "chat",
+                "criticality": "Sheddable",
+                "poolRef": {"name": "pool"},
+                "targetModels": [{"name": "t1", "weight": 1}, {"name": "t2", "weight": 0}],
+            },
+        },
+    ]
+    decision = build_table(objects, STATES).resolve("chat", "/", {})
+    assert (decision.model, decision.criticality) == ("t1", "Sheddable")
+    assert [decision.backend.address(s) for s in decision.backend.candidates] == ["10.0.0.1:9000"]
+
+
+def test_playground_default_route_and_placeholder():
+    states = [ep(1, {MODEL_NAME_LABEL: "llama"}, model="llama", fixed=True)]
+    objects = [
+        {
+            "kind": "Playground",
+            "metadata": {"name": "p"},
+            "spec": {"modelClaim": {"modelName": "llama"}},
+        },
+        {
+            "kind": "Playground",
+            "metadata": {"name": "q"},
+            "spec": {
+                "modelClaims": {"models": [{"name": "qwen"}, {"name": "draft", "role": "draft"}]}
+            },
+        },
+    ]
+    table = build_table(objects, states)
+    assert table.resolve("llama", "/", {}).backend.candidates == tuple(states)
+    assert table.model_names() == ["llama", "qwen"]
+    with pytest.raises(GatewayError) as err:
+        table.resolve("qwen", "/", {})
+    assert err.value.status == 503
+    with pytest.raises(GatewayError) as err:
+        table.resolve("draft", "/", {})
+    assert err.value.status == 404
+
+
+def test_invalid_objects_are_ignored_not_fatal():
+    objects = [route("bad", {"rules": []}), server("s", "m", {"matchLabels": {"app": "a"}})]
+    table = build_table(objects, STATES)
+    assert "ModelRoute/default/bad" in table.problems
