@@ -54,6 +54,37 @@ def fetch(model: HubModel, local_dir: Path, progress: Progress) -> None:
             )
     except Exception as err:
         raise translate(err, model) from err
+    if model.filename is None:
+        present = snapshot_files(local_dir)
+        matching = hub.utils.filter_repo_objects(
+            present, allow_patterns=model.allow_patterns, ignore_patterns=model.ignore_patterns
+        )
+        if not list(matching):
+            raise LoadError(
+                NOT_FOUND, f"no file of {model.model_id}@{model.revision} {_patterns(model)}"
+            )
+
+
+def snapshot_files(local_dir: Path) -> list[str]:
+    """Files of the repo in ``local_dir`` (not the hub's ``.cache`` nor our marker)."""
+    if not local_dir.is_dir():
+        return []
+    return [
+        p.relative_to(local_dir).as_posix()
+        for p in local_dir.rglob("*")
+        if p.is_file()
+        and p.relative_to(local_dir).parts[0] != ".cache"
+        and not p.name.startswith(".llmplane")
+    ]
+
+
+def _patterns(model: HubModel) -> str:
+    if not model.allow_patterns and not model.ignore_patterns:
+        return "exists (empty repository)"
+    return (
+        f"matches allowPatterns {list(model.allow_patterns or [])} "
+        f"and ignorePatterns {list(model.ignore_patterns or [])}"
+    )
 
 
 def translate(err: Exception, model: HubModel) -> LoadError:

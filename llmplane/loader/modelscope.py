@@ -8,6 +8,7 @@ here: ModelScope repos use ``master``.
 from __future__ import annotations
 
 import os
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,26 @@ def fetch(model: HubModel, local_dir: Path, progress: Progress) -> None:
             )
     except Exception as err:
         raise translate(err, model) from err
+    if model.filename is None and not _any_match(local_dir, model):
+        raise LoadError(
+            NOT_FOUND,
+            f"no file of {model.model_id} matches allowPatterns {list(model.allow_patterns or [])} "
+            f"and ignorePatterns {list(model.ignore_patterns or [])}",
+        )
+
+
+def _any_match(local_dir: Path, model: HubModel) -> bool:
+    from llmplane.loader.huggingface import snapshot_files
+
+    for name in snapshot_files(local_dir):
+        if name.startswith("._"):  # modelscope's temporary files
+            continue
+        if model.allow_patterns and not any(fnmatch(name, p) for p in model.allow_patterns):
+            continue
+        if model.ignore_patterns and any(fnmatch(name, p) for p in model.ignore_patterns):
+            continue
+        return True
+    return False
 
 
 def progress_callback_class(progress: Progress) -> type:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -111,6 +111,16 @@ def fetch(
             _fetch_file(store, stored, obj, dest, progress)
 
 
+def skip_prefix(chunks: Iterable[bytes], n: int) -> Iterator[bytes]:
+    """Drop the first ``n`` bytes: for servers that answer a Range request with the whole object."""
+    for chunk in chunks:
+        if n >= len(chunk):
+            n -= len(chunk)
+            continue
+        yield chunk[n:] if n else chunk
+        n = 0
+
+
 def part_files(dest: Path) -> tuple[Path, Path]:
     return dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.etag")
 
@@ -158,6 +168,7 @@ def _fetch_file(
                     log.warning("%s; resuming at byte %d", err.message, offset)
                     time.sleep(0.2 * (RETRIES - retries))
         if offset != obj.size:
+            part.unlink(missing_ok=True)  # start afresh next time
             raise LoadError(DOWNLOAD_FAILED, f"{what}: got {offset} bytes, expected {obj.size}")
         os.replace(part, dest)
         etag_file.unlink(missing_ok=True)

@@ -72,7 +72,10 @@ class OssStore:
     def download(self, obj: RemoteObject, offset: int, sink: Callable[[bytes], None]) -> None:
         result = self.bucket.get_object(obj.key, byte_range=(offset, None) if offset else None)
         try:
-            while chunk := result.read(objectstore.CHUNK):
+            chunks = iter(lambda: result.read(objectstore.CHUNK), b"")
+            if offset and result.status != 206:
+                chunks = objectstore.skip_prefix(chunks, offset)  # Range ignored: 200, whole object
+            for chunk in chunks:
                 sink(chunk)
         finally:
             result.close()

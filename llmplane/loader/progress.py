@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int | None], None]
 """``progress(done, total)``: bytes present so far and bytes in the model (None while unknown)."""
@@ -63,4 +66,8 @@ class Progress:
                 return
             self._reported = state
             self._last_report = now
-        self._callback(*state)
+        try:
+            self._callback(*state)
+        except Exception:  # a broken progress display must not break the download
+            log.exception("progress callback failed; no more progress reports")
+            self._callback = None

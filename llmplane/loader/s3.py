@@ -76,9 +76,13 @@ class S3Store:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": obj.key}
         if offset:
             kwargs["Range"] = f"bytes={offset}-"
-        body = self.client.get_object(**kwargs)["Body"]
+        response = self.client.get_object(**kwargs)
+        body = response["Body"]
         try:
-            for chunk in body.iter_chunks(objectstore.CHUNK):
+            chunks = body.iter_chunks(objectstore.CHUNK)
+            if offset and not response.get("ContentRange"):
+                chunks = objectstore.skip_prefix(chunks, offset)  # Range ignored: 200, whole object
+            for chunk in chunks:
                 sink(chunk)
         finally:
             body.close()

@@ -246,3 +246,12 @@ async def test_async_loads_share_one_download(fake_hub: FakeHub, tmp_path: Path)
     assert len(set(paths)) == 1 and paths[0].read_bytes() == WEIGHTS
     assert len(fake_hub.gets("model.safetensors")) == 1
     assert reports[0].calls[-1] == (len(WEIGHTS), len(WEIGHTS))
+
+
+def test_patterns_matching_nothing_are_not_found(fake_hub: FakeHub, tmp_path: Path) -> None:
+    fake_hub.add_repo("org/tiny", FILES)
+    with pytest.raises(LoadError) as caught:
+        load_model(hub_source(allow_patterns=["*.gguf"]), tmp_path)
+    assert caught.value.reason == "NotFound"
+    assert "allowPatterns ['*.gguf']" in caught.value.message
+    assert not (tmp_path / "models--org--tiny" / ".llmplane-complete").exists()

@@ -79,3 +79,12 @@ def test_token_is_sent(
     fake_modelscope.token = "ms-good"
     monkeypatch.setenv("MODELSCOPE_API_TOKEN", "ms-good")
     assert (load_model(source(), tmp_path) / "config.json").read_bytes() == FILES["config.json"]
+
+
+def test_patterns_matching_nothing_are_not_found(
+    fake_modelscope: FakeModelScope, tmp_path: Path
+) -> None:
+    fake_modelscope.repos["qwen/tiny"] = FILES
+    with pytest.raises(LoadError) as caught:
+        load_model(source(allow_patterns=["*.gguf"]), tmp_path)
+    assert caught.value.reason == "NotFound"

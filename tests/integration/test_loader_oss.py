@@ -110,3 +110,15 @@ def test_server_down_is_network_error(tmp_path: Path) -> None:
     with pytest.raises(LoadError) as caught:
         load_model(f"oss://models.127.0.0.1:{port}/tiny/model.gguf", tmp_path)
     assert caught.value.reason == "NetworkError"
+
+
+def test_server_ignoring_range_still_gives_the_right_bytes(oss: FakeOSS, tmp_path: Path) -> None:
+    import hashlib
+
+    oss.ignore_range = True
+    target = model_path(uri(oss, "tiny/model.gguf"), tmp_path)
+    target.parent.mkdir(parents=True)
+    Path(f"{target}.part").write_bytes(WEIGHTS[:100_000])
+    Path(f"{target}.part.etag").write_text(hashlib.md5(WEIGHTS).hexdigest().upper())
+
+    assert load_model(uri(oss, "tiny/model.gguf"), tmp_path).read_bytes() == WEIGHTS

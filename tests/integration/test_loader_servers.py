@@ -88,10 +88,11 @@ async def send_bytes(
     data: bytes,
     headers: dict[str, str],
     drop_after: int | None = None,
+    honour_range: bool = True,
 ) -> web.StreamResponse:
     """Serve ``data`` honouring Range; with ``drop_after`` close the connection mid-body."""
     size = len(data)
-    span = parse_range(request.headers.get("Range"), size)
+    span = parse_range(request.headers.get("Range"), size) if honour_range else None
     status = 200
     start, end = 0, size - 1
     if span is not None:
@@ -250,6 +251,7 @@ class FakeOSS:
         self.requests: list[Seen] = []
         self.access_key_id: str | None = None  # when set, requests must be signed with it
         self.drop_once: dict[str, int] = {}
+        self.ignore_range = False  # answer Range requests with 200 and the whole object
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self.server = ThreadedApp(app)
@@ -314,7 +316,7 @@ class FakeOSS:
             "Accept-Ranges": "bytes",
         }
         drop = self.drop_once.pop(key, None) if request.method == "GET" else None
-        return await send_bytes(request, data, headers, drop)
+        return await send_bytes(request, data, headers, drop, honour_range=not self.ignore_range)
 
 
 @pytest.fixture

@@ -123,3 +123,13 @@ def test_huggingface_http_status_translation(status: int) -> None:
     err = errors.HfHubHTTPError("denied", response=response)
     translated = translate(err, HubModel("huggingface", "org/m"))
     assert translated.reason == "Unauthorized"
+
+
+def test_failing_progress_callback_does_not_break_the_load() -> None:
+    def broken(done: int, total: int | None) -> None:
+        raise RuntimeError("display gone")
+
+    progress = Progress(broken, interval=0)
+    progress.set_total(10)
+    progress.advance(10)  # no exception
+    assert progress.done == 10
