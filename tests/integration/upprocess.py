@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -116,10 +117,8 @@ class Up:
         """Finalizer: no process of this test survives it, whatever happened."""
         self.stop()
         for pid in self.seen_pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def alive(pid: int) -> bool:
