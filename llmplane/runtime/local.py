@@ -582,6 +582,7 @@ class _Replica:
             proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
         self.port, self.proc, self.token = port, proc, token
         self.longest_ready = 0.0
+        self.was_ready = False
         self.started_at = asyncio.get_running_loop().time()
         self.runtime.table.add(
             ProcessRecord(
