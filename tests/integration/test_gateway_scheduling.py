@@ -1,0 +1,86 @@
+"""Load-aware, prefix-aware scheduling against real simulated engines (``llmplane.sim``)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+import aiohttp
+import pytest
+
+from llmplane.controlplane.plan import MODEL_NAME_LABEL
+from llmplane.gateway.discovery import Endpoint, StaticDiscovery
+from llmplane.gateway.server import start_gateway
+from llmplane.gateway.testing import sim
+
+MODEL = "llama-sim"
+
+
+@pytest.fixture(scope="module")
+def sims():
+    servers = [sim(MODEL, "--time-scale", "0.2") for _ in range(3)]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+async def gateway(sims):
+    discovery = StaticDiscovery(
+        Endpoint(s.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True) for s in sims
+    )
+    gw = await start_gateway(None, discovery)
+    yield gw
+    await gw.close()
+
+
+async def test_engine_metrics_are_scraped(gateway):
+    for _ in range(100):
+        states = list(gateway.registry.states.values())
+        if all(s.has_load_metrics and s.served_models for s in states):
+            break
+        await asyncio.sleep(0.05)
+    now = time.monotonic()
+    for s in gateway.registry.states.values():
+        assert s.has_load_metrics and s.has_kv
+        assert now - s.scraped_at < 1.0
+        assert s.served_models == {MODEL}
+
+
+async def test_shared_prefixes_concentrate_while_load_stays_bounded(gateway):
+    # Four "system prompts" of ~3000 characters each; many questions per prompt.
+    prefixes = [
+        f"You are assistant number {g}. " + f"Background document {g}: " * 120 for g in range(4)
+    ]
+    by_prefix: dict[int, collections.Counter] = {g: collections.Counter() for g in range(4)}
+    sem = asyncio.Semaphore(8)
+
+    async with aiohttp.ClientSession() as client:
+
+        async def one(g: int, i: int) -> None:
+            body = {
+                "model": MODEL,
+                "max_tokens": 4,
+                "messages": [
+                    {"role": "system", "content": prefixes[g]},
+                    {"role": "user", "content": f"question {i}"},
+                ],
+            }
+            async with (
+                sem,
+                client.post(f"http://127.0.0.1:{gateway.port}/v1/chat/completions", json=body) as r,
+            ):
+                assert r.status == 200, await r.text()
+                by_prefix[g][r.headers["x-llmplane-endpoint"]] += 1
+
+        await asyncio.gather(*(one(g, i) for i in range(30) for g in range(4)))
+
+    total = collections.Counter()
+    for g, counts in by_prefix.items():
+        top = counts.most_common(1)[0][1]
+        assert top / 30 >= 0.6, (g, counts)  # each prefix mostly stays on one replica
+        total.update(counts)
+    # ... but not everything lands on one replica.
+    assert len(total) >= 2, total
+    assert max(total.values()) <= 0.75 * 120, total

@@ -1,0 +1,259 @@
+"""Scheduler plugins, the prefix index, configuration and engine-metric parsing (pure)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.scheduler.config import ConfigError, build_scheduler
+from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.plugins import (
+    KVCacheScorer,
+    LeastRequestScorer,
+    LoraAffinityScorer,
+    MaxScorePicker,
+    ModelServedFilter,
+    QueueScorer,
+    RoundRobinScorer,
+    SessionAffinityScorer,
+    WeightedRandomPicker,
+)
+from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, PrefixIndex, block_hashes
+from llmplane.gateway.scraper import parse_metrics
+from llmplane.gateway.state import EndpointState
+
+NOW = 1000.0
+
+
+def state(i, **kw):
+    s = EndpointState(Endpoint(f"10.0.0.{i}:8000", {}, "m"))
+    s.has_load_metrics = True
+    s.scraped_at = NOW
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def ctx(**kw):
+    kw.setdefault("now", NOW)
+    return SchedulingContext(kw.pop("model", "m"), **kw)
+
+
+def test_queue_scorer_min_max_and_optimistic_accounting():
+    a, b, c = state(1, waiting=0), state(2, waiting=4), state(3, waiting=8)
+    assert QueueScorer().score(ctx(), [a, b, c]) == [1.0, 0.5, 0.0]
+    a.dispatched_since_scrape = 8  # sent since the scrape: counts as queued
+    assert QueueScorer().score(ctx(), [a, b, c]) == [0.0, 1.0, 0.0]
+    # Stale metrics: the gateway's own in-flight count.
+    stale = state(4, waiting=0, scraped_at=NOW - 5, inflight=3)
+    assert QueueScorer().score(ctx(), [stale, state(5, waiting=1)])[1] == 1.0
+    assert QueueScorer().score(ctx(), [a, a]) == [1.0, 1.0]
+
+
+def test_kv_and_least_request_scorers():
+    a, b = state(1, kv_usage=0.2, has_kv=True), state(2, kv_usage=0.9, has_kv=True)
+    assert KVCacheScorer().score(ctx(), [a, b]) == pytest.approx([0.8, 0.1])
+    assert KVCacheScorer().score(ctx(), [state(3)]) == [0.5]  # no KV metric: neutral
+    a.inflight, b.inflight = 2, 6
+    assert LeastRequestScorer().score(ctx(), [a, b]) == [1.0, 0.0]
+
+
+def test_lora_affinity():
+    active = state(1, lora_running=frozenset({"sql"}), max_lora=1)
+    free = state(2, lora_running=frozenset(), max_lora=2)
+    waiting = state(3, lora_running=frozenset({"x"}), lora_waiting=frozenset({"sql"}), max_lora=1)
+    none = state(4, lora_running=frozenset({"x"}), max_lora=1)
+    assert LoraAffinityScorer().score(ctx(model="sql"), [active, free, waiting, none]) == [
+        1.0,
+        0.8,
+        0.6,
+        0.0,
+    ]
+
+
+def test_model_served_filter():
+    a = state(1, served_models=frozenset({"m", "sql"}))
+    b = state(2, served_models=frozenset({"m"}))
+    unknown = state(3)
+    assert ModelServedFilter().filter(ctx(model="sql"), [a, b, unknown]) == [a, unknown]
+
+
+def test_session_affinity_and_round_robin():
+    a, b = state(1), state(2)
+    s = SessionAffinityScorer()
+    c = ctx(headers={"x-session-id": "abc"})
+    assert s.score(c, [a, b]) == [0.0, 0.0]
+    s.on_pick(c, b)
+    assert s.score(c, [a, b]) == [0.0, 1.0]
+    s.on_remove(b)
+    assert s.score(c, [a, b]) == [0.0, 0.0]
+    rr = RoundRobinScorer()
+    picks = [rr.score(ctx(), [a, b]).index(1.0) for _ in range(4)]
+    assert picks == [0, 1, 0, 1]
+
+
+def test_pickers():
+    a, b, c = state(1), state(2), state(3)
+    assert MaxScorePicker().pick(ctx(), [a, b, c], [0.1, 0.9, 0.5], 2) == [b, c]
+    ties = {MaxScorePicker().pick(ctx(), [a, b, c], [1.0, 1.0, 0.0], 1)[0].key for _ in range(100)}
+    assert ties == {a.key, b.key}  # random tie-break
+    firsts = [WeightedRandomPicker().pick(ctx(), [a, b], [1.0, 3.0], 2) for _ in range(4000)]
+    assert all(len(f) == 2 for f in firsts)
+    share = sum(f[0] is b for f in firsts) / len(firsts)
+    assert 0.70 < share < 0.80
+    assert all(WeightedRandomPicker().pick(ctx(), [a, b], [0.0, 1.0], 1) == [b] for _ in range(50))
+
+
+def test_block_hashes_chain_and_seed():
+    prompt = b"a" * 64 * 3 + b"tail"
+    h = block_hashes(prompt, "m")
+    assert len(h) == 3 and len(set(h)) == 3  # chained: equal blocks, different hashes
+    assert block_hashes(prompt, "other") != h  # seeded by the model
+    assert block_hashes(b"b" * 64 + prompt[64:], "m")[1] != h[1]  # a hash names the whole prefix
+    assert len(block_hashes(b"x" * 64 * 300, "m")) == 256
+    assert block_hashes(b"short", "m") == []
+
+
+def test_prefix_index_matches_consecutive_blocks_and_is_bounded():
+    index = PrefixIndex(capacity=4)
+    index.add("a", [1, 2, 3])
+    index.add("b", [1, 9])
+    assert index.matches([1, 2, 3, 4], {"a", "b", "c"}) == {"a": 3, "b": 1}
+    assert index.matches([1, 2, 3], {"a"}) == {"a": 3}
+    assert index.matches([7, 2, 3], {"a", "b"}) == {}  # stops at the first miss
+    index.add("a", [5, 6])  # LRU: 1 is evicted from a
+    assert len(index.lrus["a"]) == 4
+    assert index.matches([1, 2], {"a", "b"}) == {"b": 1}
+    index.remove("b")
+    assert 1 not in index.holders and "b" not in index.lrus
+
+
+def test_prefix_scorer_learns_from_picks():
+    scorer = PrefixCacheScorer(capacity=100)
+    a, b = state(1), state(2)
+    shared = b"system prompt " * 40  # 560 bytes: 8 blocks
+    c1 = ctx(prompt=shared + b"question one")
+    assert scorer.score(c1, [a, b]) == [0.0, 0.0]
+    scorer.on_pick(c1, a)
+    c2 = ctx(prompt=shared + b"question two, a longer one" * 10)
+    scores = scorer.score(c2, [a, b])
+    assert scores[1] == 0.0
+    assert scores[0] == pytest.approx(8 / len(block_hashes(c2.prompt, "m")))
+    # Lazy prompt: a callable is only called when a plugin needs it.
+    calls = []
+    lazy = SchedulingContext("m", lambda: calls.append(1) or b"x")
+    QueueScorer().score(lazy, [a])
+    assert calls == []
+    assert lazy.prompt == b"x" and calls == [1]
+
+
+def test_default_profile_prefers_prefix_holder_until_it_is_loaded():
+    sched = build_scheduler()
+    a, b = state(1), state(2)
+    prompt = b"shared context " * 100
+    pick = sched.pick(ctx(prompt=prompt), [a, b], 2)
+    sched.profile(None).on_pick(ctx(prompt=prompt), pick.endpoints[0])
+    holder, other = pick.endpoints
+    for _ in range(20):
+        assert sched.pick(ctx(prompt=prompt + b"q"), [a, b], 2).endpoints[0] is holder
+    holder.waiting, other.waiting = 10, 0  # a long queue outweighs the cached prefix
+    holder.kv_usage, holder.has_kv = 0.95, True
+    other.kv_usage, other.has_kv = 0.0, True
+    assert sched.pick(ctx(prompt=prompt + b"q"), [a, b], 2).endpoints[0] is other
+
+
+def test_config_profiles_aliases_and_errors():
+    config = {
+        "plugins": [
+            {"type": "queue"},
+            {"type": "prefix-cache-scorer", "name": "pc", "parameters": {"blockSize": 16}},
+            {"type": "random-picker"},
+            {"type": "single-profile-handler"},
+        ],
+        "schedulingProfiles": [
+            {"name": "fast", "plugins": [{"pluginRef": "queue", "weight": 1}]},
+            {
+                "name": "cache",
+                "plugins": [{"pluginRef": "pc", "weight": 3}, {"pluginRef": "random-picker"}],
+            },
+        ],
+    }
+    sched = build_scheduler(config)
+    assert sched.default == "fast"
+    cache = sched.profile("cache")
+    assert cache.scorers[0][0].block_size == 16 and cache.observers == [cache.scorers[0][0]]
+    assert sched.profile("unknown") is sched.profile("fast")
+    with pytest.raises(ConfigError, match="unknown plugin"):
+        build_scheduler({"plugins": [{"type": "nope"}]})
+    with pytest.raises(ConfigError, match="no plugin named"):
+        build_scheduler(
+            {"plugins": [], "schedulingProfiles": [{"name": "x", "plugins": [{"pluginRef": "y"}]}]}
+        )
+
+
+def test_filter_that_removes_everything_is_skipped():
+    sched = build_scheduler()
+    a = state(1, served_models=frozenset({"other"}))
+    assert sched.pick(ctx(model="m"), [a], 1).endpoints == [a]
+
+
+VLLM_METRICS = b"""# HELP vllm:num_requests_waiting Number of requests waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting_by_reason{reason="capacity"} 99.0
+vllm:num_requests_running{model_name="m"} 7.0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.25
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters=""} 100.0
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="c",waiting_lora_adapters="d"} 200.0
+"""
+
+
+def test_parse_vllm_metrics():
+    m = parse_metrics(VLLM_METRICS, "vllm")
+    assert (m.waiting, m.running, m.kv) == (5.0, 7.0, 0.25)  # summed; legacy KV name
+    assert (m.lora_running, m.lora_waiting, m.max_lora) == ({"c"}, {"d"}, 2)  # newest line
+    newer = VLLM_METRICS + b'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
+    assert parse_metrics(newer, "vllm").kv == 0.5
+
+
+@pytest.mark.parametrize(
+    ("engine", "text", "expected"),
+    [
+        (
+            "sglang",
+            b'sglang:num_queue_reqs{a="b"} 4\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n',
+            (4, 2, 0.5),
+        ),
+        (
+            "llamacpp",
+            b"llamacpp:requests_deferred 1\nllamacpp:requests_processing 3\nllamacpp:kv_cache_usage_ratio 0.1\n",
+            (1, 3, 0.1),
+        ),
+        ("tgi", b"tgi_queue_size 6\ntgi_batch_current_size 9\n", (6, 9, None)),
+        ("unknown-engine", b"tgi_queue_size 6\n", (6, None, None)),
+    ],
+)
+def test_parse_other_engines(engine, text, expected):
+    m = parse_metrics(text, engine)
+    assert (m.waiting, m.running, m.kv) == expected
+    assert m.any
+
+
+def test_no_load_metrics():
+    assert not parse_metrics(b"process_cpu_seconds_total 1\n", "vllm").any
+
+
+def test_scheduling_is_fast_enough_to_measure_but_not_timed():
+    # Not a timing assertion (never make speed a test): 64 endpoints and a 16k prompt run.
+    sched = build_scheduler()
+    states = [state(i, waiting=i % 5, kv_usage=0.1, has_kv=True) for i in range(64)]
+    prompt = b"p" * 16_000
+    c = ctx(prompt=prompt)
+    pick = sched.pick(c, states, 4)
+    sched.profile(None).on_pick(c, pick.endpoints[0])
+    start = time.perf_counter()
+    assert len(sched.pick(ctx(prompt=prompt), states, 4).endpoints) == 4
+    assert time.perf_counter() - start >= 0
