@@ -100,10 +100,10 @@ class Playground(Resource):
         ".status.selector",
     )
     printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("READY", "string", '.status.conditions[?(@.type=="Available")].status'),
         ("REPLICAS", "integer", ".status.replicas"),
         ("MODEL", "string", ".spec.modelClaim.modelName"),
         ("BACKEND", "string", ".spec.backendRuntimeConfig.backendName"),
-        ("READY", "string", '.status.conditions[?(@.type=="Available")].status'),
     )
 
     api_version: Literal["inference.llmaz.io/v1alpha1"] = _API_VERSION

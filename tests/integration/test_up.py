@@ -68,8 +68,8 @@ def test_playground_becomes_ready_and_scales_live(tmp_path: Path, up_factory) ->
 
     # `get pl` shows the columns users look for
     table = cli("get", "pl", state_dir=state).stdout
-    assert table.split("\n")[0].split() == ["NAME", "REPLICAS", "MODEL", "BACKEND", "READY", "AGE"]
-    assert table.split("\n")[1].split()[:5] == ["tiny", "2", "tiny", "sim", "True"]
+    assert table.split("\n")[0].split() == ["NAME", "READY", "REPLICAS", "MODEL", "BACKEND", "AGE"]
+    assert table.split("\n")[1].split()[:5] == ["tiny", "True", "2", "tiny", "sim"]
 
     # scaling 2 -> 1 from another terminal takes effect live: replica 1 stops, replica 0 stays
     cli("apply", "-f", fleet(tmp_path, 1), state_dir=state)
