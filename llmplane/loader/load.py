@@ -56,18 +56,20 @@ def load_model(
         return location.path
     cache_root = Path(cache_dir)
     assert location.unit is not None and location.request is not None
-    with cache.exclusive(cache_root, str(location.unit.relative_to(cache_root))):
-        if _complete(location):  # another thread or process finished it while we waited
-            return location.path
-        counter = Progress(progress)
-        _fetch(location, cache_root, counter)
-        if not location.path.exists():
-            raise LoadError(NOT_FOUND, f"the download finished but {location.path} is not there")
-        try:
+    try:
+        with cache.exclusive(cache_root, str(location.unit.relative_to(cache_root))):
+            if _complete(location):  # another thread or process finished it while we waited
+                return location.path
+            counter = Progress(progress)
+            _fetch(location, cache_root, counter)
+            if not location.path.exists():
+                raise LoadError(
+                    NOT_FOUND, f"the download finished but {location.path} is not there"
+                )
             cache.mark_complete(location.unit, location.request)
-        except OSError as err:
-            raise from_os_error(err, str(location.unit)) from err
-        counter.finish()
+            counter.finish()
+    except OSError as err:  # the cache itself: permissions, read-only, full
+        raise from_os_error(err, str(location.unit)) from err
     return location.path
 
 

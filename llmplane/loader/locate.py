@@ -133,7 +133,9 @@ def locate(source: ModelSource | str, cache_dir: Path | str) -> Location:
     if proto == "host":
         return Location("host", Path(address), address=address)
     if proto == "ollama":
-        return Location("ollama", Path(address), address=address)
+        from llmplane.loader.ollama import tag_path
+
+        return Location("ollama", tag_path(address), address=address)
     if proto == "package":
         from llmplane.loader.package import package_file
 

@@ -133,3 +133,13 @@ def test_failing_progress_callback_does_not_break_the_load() -> None:
     progress.set_total(10)
     progress.advance(10)  # no exception
     assert progress.done == 10
+
+
+def test_unusable_cache_dir_is_a_load_error(tmp_path: Path) -> None:
+    from llmplane.loader import load_model
+
+    not_a_dir = tmp_path / "cache"
+    not_a_dir.write_text("a file where the cache should be")
+    with pytest.raises(LoadError) as caught:
+        load_model("s3://bucket/model.gguf", not_a_dir)
+    assert caught.value.reason == "DownloadFailed"
