@@ -77,10 +77,13 @@ async def test_shared_prefixes_concentrate_while_load_stays_bounded(gateway):
         await asyncio.gather(*(one(g, i) for i in range(30) for g in range(4)))
 
     total = collections.Counter()
-    for g, counts in by_prefix.items():
-        top = counts.most_common(1)[0][1]
-        assert top / 30 >= 0.6, (g, counts)  # each prefix mostly stays on one replica
+    for counts in by_prefix.values():
         total.update(counts)
-    # ... but not everything lands on one replica.
-    assert len(total) >= 2, total
-    assert max(total.values()) <= 0.75 * 120, total
+    # Each prefix stays on few replicas: spread at random (or round-robin) each of the 4
+    # would reach all 3 replicas (12 pairs); prefix-aware, a hot prefix is held by 1-2.
+    pairs = sum(len(c) for c in by_prefix.values())
+    assert pairs <= 9, by_prefix
+    for counts in by_prefix.values():
+        assert counts.most_common(1)[0][1] >= 12, by_prefix
+    # ... while the load stays spread over the replicas.
+    assert len(total) == 3 and max(total.values()) <= 0.6 * 120, total
