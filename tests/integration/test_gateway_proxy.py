@@ -215,3 +215,71 @@ async def test_official_openai_client(gateway):
         assert "does not exist" in str(err.value)
     finally:
         await client.close()
+
+
+async def test_access_log_line_per_request(gateway, client, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="llmplane.gateway.access"):
+        await post(client, gateway, "/v1/completions", {"model": MODEL, "prompt": "x"})
+        await post(client, gateway, "/v1/completions", {"model": "nope", "prompt": "x"})
+    lines = [
+        orjson.loads(r.getMessage()) for r in caplog.records if r.name == "llmplane.gateway.access"
+    ]
+    assert len(lines) == 2
+    ok, missing = lines
+    assert ok["status"] == 200 and ok["route"] == f"Model/{MODEL}" and ok["endpoint"]
+    assert ok["attempts"] == 1 and ok["sched_ms"] >= 0 and ok["total_ms"] > 0
+    assert ok["scores"] and ok["profile"] == "default"
+    assert ok["prompt_tokens"] > 0 and ok["completion_tokens"] == 5
+    assert missing["status"] == 404 and "does not exist" in missing["error"]
+
+
+class RecordingHook:
+    def __init__(self):
+        self.events = []
+
+    async def reserve(self, request, decision):
+        request.doc["stream_options"] = {"include_usage": True}
+        request.mark_dirty()
+        self.events.append(("reserve", decision.model))
+        return "token"
+
+    async def settle(self, request, decision, reservation, usage, status):
+        self.events.append(
+            ("settle", reservation, usage.completion_tokens if usage else None, status)
+        )
+
+
+async def test_request_hooks_reserve_and_settle(store, upstreams, client):
+    from llmplane.gateway.errors import GatewayError
+
+    hook = RecordingHook()
+    discovery = StaticDiscovery(
+        Endpoint(s.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True) for s in upstreams
+    )
+    gw = await start_gateway(store, discovery, config=GatewayConfig(hooks=[hook]))
+    try:
+        # The hook turned usage on for a stream the client sent without it.
+        async with client.post(
+            url(gw, "/v1/completions"), json={"model": MODEL, "prompt": "x", "stream": True}
+        ) as r:
+            raw = await r.read()
+        assert b'"usage":{' in raw
+        assert hook.events == [("reserve", MODEL), ("settle", "token", 5, 200)]
+
+        class Refuse:
+            async def reserve(self, request, decision):
+                raise GatewayError(429, "token budget exhausted", "rate_limited", retry_after=7)
+
+            async def settle(self, *args):
+                raise AssertionError("not reserved, not settled")
+
+        gw.hooks = [Refuse()]
+        status, headers, body = await post(
+            client, gw, "/v1/completions", {"model": MODEL, "prompt": "x"}
+        )
+        assert status == 429 and headers["Retry-After"] == "7"
+        assert orjson.loads(body)["error"]["code"] == "rate_limited"
+    finally:
+        await gw.close()
