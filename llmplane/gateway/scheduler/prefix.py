@@ -14,8 +14,8 @@ is actually sent to.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 
 import xxhash
 
@@ -43,58 +43,90 @@ def block_hashes(
 
 
 class PrefixIndex:
+    """Block hash -> endpoints holding it, as an integer bit mask (one bit per endpoint), plus
+    one insertion-ordered dict per endpoint as its LRU. Only ints, strings and dicts of them:
+    CPython's garbage collector does not track such dicts, so a full index (millions of
+    entries) costs no GC pauses, and matching is one ``&`` per block."""
+
     def __init__(self, capacity: int = 31_250) -> None:
         self.capacity = capacity
-        self.lrus: dict[str, OrderedDict[int, None]] = {}
-        self.holders: dict[int, set[str]] = {}
+        self.lrus: dict[str, dict[int, None]] = {}
+        self.holders: dict[int, int] = {}
+        self.bits: dict[str, int] = {}
+        self._free: list[int] = []
+
+    def _bit(self, endpoint: str) -> int:
+        bit = self.bits.get(endpoint)
+        if bit is None:
+            bit = self._free.pop() if self._free else len(self.bits)
+            self.bits[endpoint] = bit
+        return bit
 
     def add(self, endpoint: str, hashes: Sequence[int]) -> None:
+        flag = 1 << self._bit(endpoint)
         lru = self.lrus.get(endpoint)
         if lru is None:
-            lru = self.lrus[endpoint] = OrderedDict()
+            lru = self.lrus[endpoint] = {}
         holders = self.holders
         for h in hashes:
             if h in lru:
-                lru.move_to_end(h)
+                del lru[h]  # move to the young end
+                lru[h] = None
                 continue
             lru[h] = None
-            members = holders.get(h)
-            if members is None:
-                holders[h] = {endpoint}
-            else:
-                members.add(endpoint)
-        while len(lru) > self.capacity:
-            old, _ = lru.popitem(last=False)
-            self._drop(old, endpoint)
-
-    def _drop(self, h: int, endpoint: str) -> None:
-        members = self.holders.get(h)
-        if members is not None:
-            members.discard(endpoint)
-            if not members:
-                del self.holders[h]
+            holders[h] = holders.get(h, 0) | flag
+        if len(lru) > self.capacity:
+            keep = ~flag
+            excess = len(lru) - self.capacity
+            for old in list(islice(lru, excess)):
+                del lru[old]
+                left = holders.get(old, 0) & keep
+                if left:
+                    holders[old] = left
+                else:
+                    holders.pop(old, None)
 
     def remove(self, endpoint: str) -> None:
+        bit = self.bits.pop(endpoint, None)
         lru = self.lrus.pop(endpoint, None)
+        if bit is None:
+            return
+        keep = ~(1 << bit)
+        holders = self.holders
         for h in lru or ():
-            self._drop(h, endpoint)
+            left = holders.get(h, 0) & keep
+            if left:
+                holders[h] = left
+            else:
+                holders.pop(h, None)
+        self._free.append(bit)
 
     def matches(self, hashes: Sequence[int], endpoints: set[str]) -> dict[str, int]:
         """Consecutive leading blocks each endpoint holds (only endpoints with at least one)."""
+        bits = self.bits
+        candidates: list[tuple[int, str]] = []
+        alive = 0
+        for e in endpoints:
+            bit = bits.get(e)
+            if bit is not None:
+                candidates.append((bit, e))
+                alive |= 1 << bit
         result: dict[str, int] = {}
         holders = self.holders
-        alive = endpoints
         for i, h in enumerate(hashes):
-            members = holders.get(h)
-            now = (alive & members) if members else set()
-            if i and len(now) != len(alive):
-                for gone in alive - now:
-                    result[gone] = i
-            alive = now
-            if not alive:
-                return result
-        for e in alive:
-            result[e] = len(hashes)
+            now = alive & holders.get(h, 0)
+            if now != alive:
+                if i:
+                    gone = alive & ~now
+                    for bit, e in candidates:
+                        if (gone >> bit) & 1:
+                            result[e] = i
+                alive = now
+                if not alive:
+                    return result
+        for bit, e in candidates:
+            if (alive >> bit) & 1:
+                result[e] = len(hashes)
         return result
 
 
