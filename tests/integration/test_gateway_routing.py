@@ -283,7 +283,9 @@ async def test_workload_port_replaces_the_endpoint_port(tmp_path, sims, client):
         real = sims["stable"]
         # Registered like a pod, at a port nothing listens on; the ModelServer names the real one.
         store.apply(
-            endpoint_object("pod", "127.0.0.1:9", "llama-stable", labels={"app": "pod"}, fixed_port=False)
+            endpoint_object(
+                "pod", "127.0.0.1:9", "llama-stable", labels={"app": "pod"}, fixed_port=False
+            )
         )
         store.apply(endpoint_object("bare", "127.0.0.1", "llama-stable", labels={"app": "pod"}))
         store.apply(
