@@ -1,0 +1,317 @@
+"""The Helm chart (deploy/helm/llmplane) renders to valid, least-privilege objects.
+
+Helm is not installable here (no apt package, no PyPI wheel), so the templates keep to a small
+Go-template subset - ``{{ .Values.x }}``, ``{{ .Release.Name }}``, ``| quote``,
+``toYaml X | nindent N``, ``if`` / ``if not`` / ``else`` / ``end``, ``{{ "{{" }}`` and the
+``{{-``/``-}}`` whitespace trims - which ``render_chart`` below implements. When a ``helm``
+binary is on PATH the same checks also run on ``helm template`` output.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llmplane.render import chart_backends_template
+from tests.unit.test_kube_schemas import ROOT, validate
+
+CHART = ROOT / "deploy" / "helm" / "llmplane"
+_ACTION = re.compile(r"\{\{(-)?\s*(.*?)\s*(-)?\}\}", re.S)
+
+
+def _lookup(path: str, scope: dict[str, Any]) -> Any:
+    value: Any = scope
+    for part in path.lstrip(".").split("."):
+        value = value[part]
+    return value
+
+
+def _expr(text: str, scope: dict[str, Any]) -> Any:
+    text = text.strip()
+    if text.startswith('"') and text.endswith('"'):
+        return text[1:-1]
+    stages = [s.strip() for s in text.split("|")]
+    head = stages[0].split()
+    if head[0] == "toYaml":
+        value: Any = yaml.safe_dump(_lookup(head[1], scope), sort_keys=False).rstrip("\n")
+    elif head[0].startswith("."):
+        value = _lookup(head[0], scope)
+    else:
+        raise ValueError(f"unsupported template expression {text!r}")
+    for stage in stages[1:]:
+        name, *args = stage.split()
+        if name == "quote":
+            value = '"' + str(value).replace('"', '\\"') + '"'
+        elif name == "nindent":
+            pad = " " * int(args[0])
+            value = "\n" + "\n".join(pad + line for line in str(value).splitlines())
+        else:
+            raise ValueError(f"unsupported template function {name!r}")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def render_template(text: str, scope: dict[str, Any]) -> str:
+    """The Go-template subset used by the chart (see the module docstring)."""
+    pieces: list[tuple[str, str]] = []  # ("text", s) | ("action", s)
+    pos = 0
+    for match in _ACTION.finditer(text):
+        before = text[pos : match.start()]
+        if match.group(1):
+            before = before.rstrip(" \t\n")
+        pieces.append(("text", before))
+        pieces.append(("action", match.group(2)))
+        pos = match.end()
+        if match.group(3):
+            rest = text[pos:]
+            pos += len(rest) - len(rest.lstrip(" \t\n"))
+    pieces.append(("text", text[pos:]))
+
+    out: list[str] = []
+    stack: list[bool] = []  # whether each enclosing branch is emitting
+
+    def emitting() -> bool:
+        return all(stack)
+
+    for kind, value in pieces:
+        if kind == "text":
+            if emitting():
+                out.append(value)
+            continue
+        words = value.split()
+        if words[0] == "if":
+            negate = words[1] == "not"
+            cond = bool(_lookup(words[2] if negate else words[1], scope))
+            stack.append(cond != negate)
+        elif words[0] == "else":
+            stack[-1] = not stack[-1]
+        elif words[0] == "end":
+            stack.pop()
+        elif emitting():
+            out.append(str(_expr(value, scope)))
+    assert not stack, "unbalanced if/end"
+    return "".join(out)
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def render_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    scope = {
+        "Values": _deep_merge(yaml.safe_load((CHART / "values.yaml").read_text()), values or {}),
+        "Release": {"Name": "llmplane", "Namespace": "llmplane-system"},
+        "Chart": {
+            "Name": chart["name"],
+            "Version": chart["version"],
+            "AppVersion": chart["appVersion"],
+        },
+    }
+    docs = []
+    for path in sorted((CHART / "templates").glob("*.yaml")):
+        rendered = render_template(path.read_text(), scope)
+        docs += [d for d in yaml.safe_load_all(rendered) if d]
+    return docs
+
+
+def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)}"
+    return found[0]
+
+
+# -------------------------------------------------------------------------------------------
+
+
+def test_renderer_handles_the_subset() -> None:
+    scope = {"Values": {"a": {"b": 3, "on": True, "m": {"x": 1}}}, "Release": {"Name": "r"}}
+    text = (
+        "x: {{ .Values.a.b }}\ny: {{ .Values.a.b | quote }}\n{{- if not .Values.a.on }}\nz: 1\n"
+        "{{- else }}\nz: 2\n{{- end }}\nm:\n  {{- toYaml .Values.a.m | nindent 2 }}\n"
+        "t: '{{ \"{{\" }} .ModelPath }}'\n"
+    )
+    assert yaml.safe_load(render_template(text, scope)) == {
+        "x": 3,
+        "y": "3",
+        "z": 2,
+        "m": {"x": 1},
+        "t": "{{ .ModelPath }}",
+    }
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"useLeaderWorkerSet": False},
+        {"gateway": {"enabled": False}, "installBuiltinBackends": False},
+        {"gateway": {"service": {"type": "LoadBalancer"}, "replicas": 5}},
+    ],
+    ids=["defaults", "deployments", "operator-only", "loadbalancer"],
+)
+def test_chart_renders_valid_objects(values: dict[str, Any]) -> None:
+    docs = render_chart(values)
+    assert docs
+    for doc in docs:
+        validate(doc)
+
+
+def test_default_chart_objects() -> None:
+    docs = render_chart()
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == [
+        "BackendRuntime",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    operator = _named(docs, "Deployment", "llmplane-operator")
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "ghcr.io/llmplane/llmplane:0.1.0"
+    assert container["args"][:2] == ["operator", "--all-namespaces"]
+    assert "--deployment" not in container["args"]
+    assert operator["spec"]["template"]["spec"]["serviceAccountName"] == "llmplane-operator"
+    gateway = _named(docs, "Deployment", "llmplane-gateway")
+    assert gateway["spec"]["replicas"] == 2
+    gw = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert gw["args"][:2] == ["gateway", "--kubernetes"]
+    service = _named(docs, "Service", "llmplane-gateway")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"][0]["port"] == 80
+    backends = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "BackendRuntime")
+    assert "vllm" in backends and "sglang" in backends and "llamacpp" in backends
+    vllm = _named(docs, "BackendRuntime", "vllm")
+    assert "{{ .ModelPath }}" in vllm["spec"]["recommendedConfigs"][0]["args"]
+
+
+def test_values_switch_workloads_and_gateway() -> None:
+    docs = render_chart({"useLeaderWorkerSet": False})
+    container = _named(docs, "Deployment", "llmplane-operator")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["args"][-1] == "--deployment"
+    docs = render_chart({"gateway": {"enabled": False}, "installBuiltinBackends": False})
+    assert not [d for d in docs if "gateway" in d["metadata"]["name"]]
+    assert not [d for d in docs if d["kind"] == "BackendRuntime"]
+
+
+def _rules(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, str]]:
+    role = _named(docs, "ClusterRole", name)
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_gateway_is_read_only() -> None:
+    rules = _rules(render_chart(), "llmplane-gateway")
+    assert {verb for _, _, verb in rules} == {"get", "list", "watch"}
+    assert ("", "pods", "list") in rules
+    assert ("discovery.k8s.io", "endpointslices", "watch") in rules
+    assert not [r for r in rules if r[1] == "secrets"]
+
+
+def test_operator_rbac_is_least_privilege() -> None:
+    rules = _rules(render_chart(), "llmplane-operator")
+    wildcard = [r for r in rules if "*" in r]
+    assert not wildcard
+    assert not [r for r in rules if r[1] in ("secrets", "configmaps", "nodes")]
+    # Inputs are never deleted or created by the operator.
+    for group, resource in (
+        ("llmaz.io", "openmodels"),
+        ("inference.llmaz.io", "playgrounds"),
+        ("inference.llmaz.io", "backendruntimes"),
+    ):
+        assert (group, resource, "delete") not in rules
+        assert (group, resource, "create") not in rules
+    # What it owns and writes.
+    for group, resource in (
+        ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ("apps", "deployments"),
+        ("", "services"),
+        ("autoscaling", "horizontalpodautoscalers"),
+        ("inference.llmaz.io", "services"),
+    ):
+        for verb in ("get", "list", "watch", "create", "patch", "delete"):
+            assert (group, resource, verb) in rules, (group, resource, verb)
+    for status in ("playgrounds/status", "services/status"):
+        assert ("inference.llmaz.io", status, "patch") in rules
+    assert ("", "pods", "patch") not in rules
+    assert ("", "events", "create") in rules
+
+
+def test_operator_rbac_covers_what_the_operator_uses() -> None:
+    from llmplane.operator.resources import WATCHES, WRITES
+
+    rules = _rules(render_chart(), "llmplane-operator")
+    for group, resource in WATCHES:
+        for verb in ("get", "list", "watch"):
+            assert (group, resource, verb) in rules, (group, resource, verb)
+    for group, resource in WRITES:
+        assert (group, resource, "patch") in rules, (group, resource)
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    generated = sorted(p.name for p in (ROOT / "deploy" / "crds").glob("*.yaml"))
+    in_chart = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert in_chart == generated
+    for name in generated:
+        assert (CHART / "crds" / name).read_text() == (
+            ROOT / "deploy" / "crds" / name
+        ).read_text(), (
+            f"deploy/helm/llmplane/crds/{name} is stale: cp deploy/crds/*.yaml deploy/helm/llmplane/crds/"
+        )
+    for path in (CHART / "crds").glob("*.yaml"):
+        validate(yaml.safe_load(path.read_text()))
+
+
+def test_chart_backends_are_the_builtins() -> None:
+    assert (
+        CHART / "templates" / "backendruntimes.yaml"
+    ).read_text() == chart_backends_template(), (
+        "stale: llmplane render --chart-backends > deploy/helm/llmplane/templates/backendruntimes.yaml"
+    )
+
+
+def test_dockerfile_installs_the_kubernetes_extra_and_runs_llmplane() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert text.count("FROM python:3.11-slim") == 2
+    assert "[kubernetes," in text
+    assert 'ENTRYPOINT ["llmplane"]' in text
+    assert "USER 10001" in text  # the chart's runAsUser
+
+
+@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed")
+def test_helm_template_agrees(tmp_path: Path) -> None:  # pragma: no cover - needs helm
+    out = subprocess.run(
+        ["helm", "template", "llmplane", str(CHART), "--namespace", "llmplane-system"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    for doc in docs:
+        validate(doc)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in render_chart()
+    )
