@@ -106,8 +106,10 @@ class StaticDiscovery(_Subscribers):
 
 def _from_runtime(obj: Any) -> Endpoint:
     labels = dict(getattr(obj, "labels", None) or {})
-    workload = getattr(obj, "workload", None)
-    namespace = getattr(obj, "namespace", None) or getattr(workload, "namespace", None)
+    workload = getattr(obj, "workload", None)  # "namespace/name" (plan.key)
+    namespace = getattr(obj, "namespace", None)
+    if not namespace and isinstance(workload, str) and "/" in workload:
+        namespace = workload.partition("/")[0]
     engine = getattr(obj, "engine", None) or getattr(obj, "backend", None) or "vllm"
     return Endpoint(
         address=obj.address,
