@@ -64,22 +64,21 @@ class ModelLoads:
         return False  # a failed load is retried when the OpenModel changes (new key) or on restart
 
     async def _load(self, model: OpenModel, key: str) -> Path:
-        from llmplane.loader import load_model
+        from llmplane.loader import load_model_async
 
         loop = asyncio.get_running_loop()
         last = [0.0]
 
-        def progress(done: int, total: int | None) -> None:
+        def progress(done: int, total: int | None) -> None:  # on the event loop
             self._progress[key] = (done, total)
-            now = loop.time()
-            if now - last[0] > 0.5:
-                last[0] = now
-                loop.call_soon_threadsafe(self.on_change)
+            if loop.time() - last[0] > 0.5:
+                last[0] = loop.time()
+                self.on_change()
 
         try:
-            return await asyncio.to_thread(load_model, model.spec.source, self.cache_dir, progress)
+            return await load_model_async(model.spec.source, self.cache_dir, progress)
         finally:
-            loop.call_soon_threadsafe(self.on_change)
+            self.on_change()
 
     def state(self, model: OpenModel) -> tuple[str, str, str]:
         """(status True/False/Unknown, reason, message) for the OpenModel's Ready condition."""
