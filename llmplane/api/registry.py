@@ -7,6 +7,7 @@ from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.inference import BackendRuntime, Playground, Service
 from llmplane.api.kthena import ModelRoute, ModelServer
 from llmplane.api.llmaz import OpenModel
+from llmplane.api.llmplane import Endpoint
 
 KINDS: dict[str, type[Resource]] = {}
 
@@ -25,6 +26,7 @@ for _cls in (
     InferenceModel,
     ModelRoute,
     ModelServer,
+    Endpoint,
 ):
     register(_cls)
 
