@@ -493,30 +493,22 @@ def gateway(ctx: typer.Context) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: runs the typer app and turns user mistakes into exit status 1."""
+    """Entry point: user mistakes become a message and exit status 1, never a traceback.
+
+    Usage errors (unknown options, missing arguments) are click's: it prints them with the
+    usage line and exits with status 2.
+    """
     from llmplane.store.base import StoreError
 
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv)
     except InvalidResources as e:
         for message in e.messages:
-            err.print(f"[red]error:[/] {message}")
+            err.print(f"[red]error:[/] {escape(message)}")
         return 1
     except (UserError, StoreError) as e:
-        err.print(f"[red]error:[/] {e}")
+        err.print(f"[red]error:[/] {escape(str(e))}")
         return 1
-    except typer.Exit as e:
-        return e.exit_code
-    except typer.Abort:
-        err.print("Aborted.")
-        return 1
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            return e.exit_code
-        raise
     return 0
 
 

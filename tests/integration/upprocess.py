@@ -22,11 +22,12 @@ _UP_LINE = re.compile(r"OpenAI API at http://127\.0\.0\.1:(\d+)/v1")
 
 
 def cli(
-    *args: str, state_dir: Path, check: bool = True, stdin: str | None = None
+    *args: str, state_dir: Path | None, check: bool = True, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run a ``llmplane`` command like a user in another terminal would."""
+    extra = ["--state-dir", str(state_dir)] if state_dir is not None else []
     proc = subprocess.run(
-        [sys.executable, "-m", "llmplane.cli", *args, "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "llmplane.cli", *args, *extra],
         capture_output=True,
         text=True,
         input=stdin,
