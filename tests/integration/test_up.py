@@ -188,3 +188,47 @@ def test_waits_for_model_creation_then_proceeds(tmp_path: Path, up_factory) -> N
     model.write_text(docs[0])
     cli("apply", "-f", str(model), state_dir=state)
     wait_for(lambda: ready(state), 60, what="ready once the model exists")
+
+
+def test_scale_down_drains_in_flight_requests(tmp_path: Path, up_factory) -> None:
+    import asyncio
+
+    import aiohttp
+
+    state = tmp_path / "state"
+    # The sim would finish in-flight work on SIGTERM by itself; with no grace of its own, only
+    # llmplane's drain (waiting for the gateway's in-flight count) saves the request.
+    slow = SIM_FLEET.replace(
+        '"--time-scale", "0.01"', '"--time-scale", "1", "--shutdown-timeout", "0.001"'
+    )
+    two, one = tmp_path / "two.yaml", tmp_path / "one.yaml"
+    two.write_text(slow.replace("REPLICAS", "2"))
+    one.write_text(slow.replace("REPLICAS", "1"))
+    up = up_factory(str(two))
+    wait_for(lambda: status(state, "Playground", "tiny").get("readyReplicas") == 2, 60)
+
+    async def long_request(session: aiohttp.ClientSession, i: int) -> tuple[int, str, int]:
+        body = {"model": "tiny", "prompt": f"request {i}", "max_tokens": 400, "ignore_eos": True}
+        async with session.post(f"{up.url}/v1/completions", json=body) as resp:
+            data = await resp.json()
+            return (
+                resp.status,
+                resp.headers["x-llmplane-endpoint"],
+                data["usage"]["completion_tokens"],
+            )
+
+    async def scenario() -> list[tuple[int, str, int]]:
+        async with aiohttp.ClientSession() as session:
+            tasks = [asyncio.create_task(long_request(session, i)) for i in range(2)]
+            await asyncio.sleep(0.5)  # both are running, one on each replica
+            await asyncio.to_thread(cli, "apply", "-f", str(one), state_dir=state)
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(scenario())
+    print("RESULTS", results, up.output[-5:])
+    assert {r[1] for r in results} == set(results[0][1:2]) | set(results[1][1:2])
+    assert len({r[1] for r in results}) == 2, (
+        results
+    )  # one request was on the replica that went away
+    assert all(status_code == 200 and tokens == 400 for status_code, _, tokens in results), results
+    wait_for(lambda: len(up.engine_pids()) == 1, 60, what="scaled down to one engine")
