@@ -112,6 +112,7 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
+        self._leaving: dict[str, EndpointState] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -193,9 +194,20 @@ class Gateway:
         for state in removed:
             self.scraper.remove(state)
             self.scheduler.on_remove(state)
+            self._leaving[state.endpoint.address] = state  # still counted while draining
         for state in added:
             self.scraper.add(state)
         self._rebuild()
+
+    def inflight(self, address: str) -> int:
+        """Requests this gateway has in flight to ``address``, also after it stopped being an
+        endpoint: the runtime drains a replica until this reaches 0."""
+        state = self.registry.states.get(address) or self._leaving.get(address)
+        if state is None:
+            return 0
+        if state.inflight == 0 and address in self._leaving:
+            del self._leaving[address]
+        return state.inflight
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
