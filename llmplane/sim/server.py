@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -13,7 +14,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from xxhash import xxh64_intdigest
+from prometheus_client import CONTENT_TYPE_LATEST
+from xxhash import xxh32_intdigest, xxh64_intdigest
 
 from llmplane.sim.config import SimConfig
 from llmplane.sim.engine import Engine, Group
@@ -26,8 +28,10 @@ from llmplane.sim.protocol import (
     completion_choice,
     completion_response,
     error_body,
+    invalid,
     parse_sampling,
     plan_output,
+    request_validation,
     seq_text,
     token_text,
 )
@@ -37,8 +41,11 @@ from llmplane.sim.tokenizer import render_chat, sequence_seed, tokenize
 log = logging.getLogger("llmplane.sim")
 
 JSON = "application/json"
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-VERSION = "0.10.1+llmplane.sim"
+# vLLM sends no Cache-Control on its streams.
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8"}
+# The vLLM release whose wire format the sim follows (checked by bench/crosscheck_vllm.py).
+VLLM_VERSION = "0.32.0"
+VERSION = f"{VLLM_VERSION}+llmplane.sim"
 
 
 def json_response(body: bytes, status: int = 200) -> web.Response:
@@ -69,6 +76,9 @@ class SimServer:
         self._rid = 0
         self._rid_prefix = os.urandom(4).hex()
         self.port = cfg.port
+        # vLLM's is "vllm-<version>-<8 hex digits of a config hash>".
+        config_hash = xxh32_intdigest(f"{cfg.model}|{cfg.max_model_len}|{cfg.block_size}".encode())
+        self.fingerprint = f"vllm-{VERSION}-{config_hash:08x}"
         self._hang: list[asyncio.Future] = []
         self.routes = self._route_table()
 
@@ -121,16 +131,33 @@ class SimServer:
             return None
         if isinstance(name, str) and name in self.loras:
             return name
-        raise ApiError(f"The model `{name}` does not exist.", 404, "NotFoundError")
+        served = ", ".join(self.cfg.served_model_names or [self.cfg.model])
+        raise ApiError(
+            f"The model `{name}` does not exist. Valid aliases: {served}.", 404, "NotFoundError",
+            "model",
+        )  # fmt: skip
 
     async def _json(self, request: web.BaseRequest) -> dict:
         raw = await request.read()
         try:
             body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ApiError(f"Invalid JSON body: {e}") from None
+        except orjson.JSONDecodeError:
+            # Worded as vLLM's (pydantic's) json_invalid error, with the stdlib's reason
+            # and position.
+            msg, pos = "Invalid JSON", 0
+            try:
+                json.loads(raw)
+            except ValueError as e:
+                msg, pos = getattr(e, "msg", str(e)), getattr(e, "pos", 0)
+            raise request_validation(
+                "json_invalid", f"body.{pos}", "JSON decode error", "<dict of 0 items>",
+                {"error": msg},
+            ) from None  # fmt: skip
         if not isinstance(body, dict):
-            raise ApiError("The request body must be a JSON object.")
+            raise request_validation(
+                "model_attributes_type", "body", "Input should be a valid dictionary or object "
+                "to extract fields from", body,
+            )  # fmt: skip
         return body
 
     async def _faults_before(self) -> web.Response | None:
@@ -180,13 +207,32 @@ class SimServer:
         vocab = self.cfg.vocab_size
         if chat:
             messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ApiError("messages must be a non-empty list.")
-            if not all(isinstance(m, dict) for m in messages):
-                raise ApiError("each message must be an object.")
+            if messages is None:
+                raise request_validation(
+                    "missing", "body.messages", "Field required", f"<dict of {len(body)} items>"
+                )
+            if not isinstance(messages, list):
+                raise request_validation(
+                    "list_type", "body.messages", "Input should be a valid list", messages
+                )
+            if not messages:
+                raise ApiError(
+                    "Cannot apply chat template to an empty conversation. "
+                    "Provide at least one message."
+                )
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict):
+                    raise request_validation(
+                        "model_type", f"body.messages.{i}", "Input should be a valid dictionary",
+                        m,
+                    )  # fmt: skip
             text = render_chat(messages, bool(body.get("add_generation_prompt", True)))
             return [tokenize(text, vocab)]
         prompt = body.get("prompt")
+        if prompt is None or prompt == "" or prompt == []:
+            raise invalid(
+                "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+            )
         if isinstance(prompt, str):
             return [tokenize(prompt, vocab)]
         if isinstance(prompt, list) and prompt:
@@ -199,9 +245,11 @@ class SimServer:
                 elif isinstance(p, list) and p:
                     out.append(self._check_ids(p))
                 else:
-                    raise ApiError("prompt must be a string, a list of strings or token ids.")
+                    raise invalid(
+                        "prompt must be a string, a list of strings or token ids.", "prompt"
+                    )
             return out
-        raise ApiError("prompt must be a string, a list of strings or token ids.")
+        raise invalid("prompt must be a string, a list of strings or token ids.", "prompt")
 
     async def _generate(self, request: web.BaseRequest, chat: bool) -> web.StreamResponse:
         faulted = await self._faults_before()
@@ -222,18 +270,43 @@ class SimServer:
         hash_seed = self._lora_seed(lora) if lora else 0
         key = f"{lora}|{sp.params_key}"
         seqs = group.seqs
+        if sp.max_tokens is not None and sp.max_tokens > max_len:
+            p = sp.max_tokens_param
+            return error_response(
+                invalid(
+                    f"{p}={sp.max_tokens} cannot be greater than max_model_len={max_len}. "
+                    "Please request fewer output tokens.", p, sp.max_tokens,
+                )
+            )  # fmt: skip
         for pi, ids in enumerate(prompts):
             plen = len(ids)
             if plen == 0:
-                return error_response(ApiError("The prompt cannot be empty."))
-            max_tokens = sp.max_tokens if sp.max_tokens is not None else max_len - plen
-            if plen + max_tokens > max_len:
                 return error_response(
-                    ApiError(
-                        f"This model's maximum context length is {max_len} tokens. However, you "
-                        f"requested {plen + max_tokens} tokens ({plen} in the messages, "
-                        f"{max_tokens} in the completion). Please reduce the length of the "
-                        "messages or completion."
+                    invalid(
+                        "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+                    )
+                )
+            if plen > max_len:
+                # vLLM tokenizes at most max_len + 1 tokens, hence "at least".
+                count = min(plen, max_len + 1)
+                least = "at least " if count == max_len + 1 else ""
+                return error_response(
+                    invalid(
+                        f"This model's maximum context length is {max_len} tokens. However, "
+                        f"your prompt contains {least}{count} input tokens, which exceeds this "
+                        "limit even without any output tokens. Please reduce the length of "
+                        "the input prompt.", "input_tokens", count,
+                    )
+                )  # fmt: skip
+            # As vLLM: max_tokens is cut to what the context has room for, not refused.
+            room = max_len - plen
+            max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
+            if max_tokens < 1:
+                return error_response(
+                    invalid(
+                        f"max_tokens must be at least 1, got {max_tokens}.",
+                        "max_tokens",
+                        max_tokens,
                     )
                 )
             if (plen + max_tokens + cfg.block_size - 1) // cfg.block_size > cfg.num_blocks:
@@ -303,7 +376,16 @@ class SimServer:
             }
         render = chat_response if chat else completion_response
         return json_response(
-            render(rid, created, model, choices, prompt_tokens, completion_tokens, kv_params)
+            render(
+                rid,
+                created,
+                model,
+                choices,
+                prompt_tokens,
+                completion_tokens,
+                kv_params,
+                self.fingerprint,
+            )
         )
 
     async def _stream(
@@ -312,7 +394,7 @@ class SimServer:
     ) -> web.StreamResponse:  # fmt: skip
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await resp.prepare(request)
-        w = ChunkWriter(chat, rid, created, model)
+        w = ChunkWriter(chat, rid, created, model, self.fingerprint, sp.include_usage)
         seqs = group.seqs
         sent = [0] * len(seqs)
         f = self.faults
@@ -405,7 +487,7 @@ class SimServer:
     async def metrics(self, request: web.BaseRequest) -> web.Response:
         return web.Response(
             body=self.engine.metrics.render(),
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
     def _card(self, name: str, root: str, parent: str | None, max_len: int | None) -> dict:
@@ -478,10 +560,21 @@ class SimServer:
                     "Both 'lora_name' and 'lora_path' must be provided.", 400, "InvalidUserInput"
                 )
             )
-        if name in self.loras:
+        if name in self.base_names:
             return error_response(
                 ApiError(
-                    f"The lora adapter '{name}' has already been loaded.", 400, "InvalidUserInput"
+                    f"The lora adapter '{name}' conflicts with a served base model.",
+                    400,
+                    "InvalidUserInput",
+                )
+            )
+        if name in self.loras and not body.get("load_inplace"):
+            return error_response(
+                ApiError(
+                    f"The lora adapter '{name}' has already been loaded. If you want to load "
+                    "the adapter in place, set 'load_inplace' to True.",
+                    400,
+                    "InvalidUserInput",
                 )
             )
         self.loras[str(name)] = str(path)

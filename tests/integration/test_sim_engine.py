@@ -88,7 +88,7 @@ async def test_lora_metrics_show_running_and_waiting_adapters():
             async with s.post(
                 f"{sim.url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": "/x"}
             ) as r:
-                assert r.status == 400 and (await r.json())["type"] == "InvalidUserInput"
+                assert r.status == 400 and (await r.json())["error"]["type"] == "InvalidUserInput"
             async with s.get(f"{sim.url}/v1/models") as r:
                 cards = (await r.json())["data"]
             assert [(c["id"], c["parent"]) for c in cards] == [

@@ -36,9 +36,10 @@ async def test_error_rate_and_admin_endpoint(sim):
         async with s.post(f"{sim.url}/v1/completions", json=BODY) as r:
             assert r.status == 503
             err = await r.json()
-            assert err["object"] == "error" and err["type"] == "ServiceUnavailableError"
+            assert set(err) == {"error"} and err["error"]["type"] == "ServiceUnavailableError"
+            assert err["error"]["code"] == 503
         async with s.post(f"{sim.url}/admin/faults", json={"error_rate": 2}) as r:
-            assert r.status == 400 and "error_rate" in (await r.json())["message"]
+            assert r.status == 400 and "error_rate" in (await r.json())["error"]["message"]
         async with s.post(f"{sim.url}/admin/faults", json={"bogus": 1}) as r:
             assert r.status == 400
         await set_faults(s, sim.url, error_rate=0.0)

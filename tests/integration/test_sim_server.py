@@ -55,26 +55,72 @@ async def test_chat_and_completion_shapes(sim):
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert body["usage"] == {
         "prompt_tokens": 4, "total_tokens": 16, "completion_tokens": 12,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None, "completion_tokens_details": None,
     }  # fmt: skip
 
 
 async def test_errors_in_vllm_shape(sim):
     status, body = await post(f"{sim.url}/v1/completions", {"model": "nope", "prompt": "x"})
     assert status == 404
-    assert body == {
-        "object": "error", "message": "The model `nope` does not exist.",
-        "type": "NotFoundError", "param": None, "code": 404,
-    }  # fmt: skip
+    # vLLM 0.32's envelope (OpenAI's), with param naming the culprit.
+    assert body == {"error": {
+        "message": "The model `nope` does not exist. Valid aliases: llama-8b.",
+        "type": "NotFoundError", "param": "model", "code": 404,
+    }}  # fmt: skip
     status, body = await post(
         f"{sim.url}/v1/completions", {"model": "llama-8b", "prompt": "x", "max_tokens": 0}
     )
-    assert status == 400 and body["type"] == "BadRequestError" and body["code"] == 400
+    assert status == 400 and body["error"] == {
+        "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        "type": "BadRequestError", "param": "max_tokens", "code": 400,
+    }  # fmt: skip
     status, body = await post(
         f"{sim.url}/v1/completions",
         {"model": "llama-8b", "prompt": "x", "max_tokens": 200_000},
     )
-    assert status == 400 and "maximum context length" in body["message"]
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+    assert "cannot be greater than max_model_len=131072" in body["error"]["message"]
+    status, body = await post(
+        f"{sim.url}/v1/completions", {"model": "llama-8b", "prompt": [1] * 131_073}
+    )
+    assert status == 400 and body["error"]["param"] == "input_tokens"
+    assert "maximum context length is 131072 tokens" in body["error"]["message"]
+    status, body = await post(
+        f"{sim.url}/v1/chat/completions",
+        {"model": "llama-8b", "messages": [{"role": "user", "content": "x"}], "n": 2,
+         "temperature": 0},
+    )  # fmt: skip
+    assert status == 400
+    assert body["error"]["message"] == "n must be 1 when using greedy sampling, got 2."
+    status, body = await post(f"{sim.url}/v1/chat/completions", {"model": "llama-8b"})
+    assert status == 400 and body["error"]["type"] == "Bad Request"
+    assert body["error"]["param"] == "body.messages"
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            f"{sim.url}/v1/completions", data=b"{nope", headers={"Content-Type": "application/json"}
+        ) as r,
+    ):
+        assert r.status == 400 and (await r.json())["error"]["param"] == "body.1"
+
+
+async def test_max_tokens_is_cut_to_the_context_left():
+    # vLLM 0.32 cuts max_tokens to max_model_len - prompt instead of refusing the request.
+    with SimProcess("--time-scale", "0", "--max-model-len", "64", model="m") as sim:
+        status, body = await post(
+            f"{sim.url}/v1/completions",
+            {"model": "m", "prompt": "abcd" * 10, "max_tokens": 60, "ignore_eos": True},
+        )
+        assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["prompt_tokens"] == 10 and body["usage"]["completion_tokens"] == 54
+        status, body = await post(
+            f"{sim.url}/v1/completions", {"model": "m", "prompt": [5] * 64, "max_tokens": 4}
+        )
+        assert status == 400
+        assert (
+            body["error"]["message"]
+            == "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+        )
 
 
 async def test_stop_max_completion_tokens_and_tokenize(sim):
@@ -243,6 +289,10 @@ async def test_every_metric_has_vllm_name_type_and_model_label(sim):
     cache = families["vllm:cache_config_info"].samples[0].labels
     assert cache["block_size"] == "16" and cache["num_gpu_blocks"] == "26000"
     reasons = {x.labels["finished_reason"] for x in families["vllm:request_success"].samples}
-    assert reasons == {"stop", "length", "abort"}
+    assert reasons == {"stop", "length", "abort", "error", "repetition"}
+    # one engine, labelled like vLLM's engine 0
+    assert all(x.labels.get("engine") == "0" for f in families.values()
+               if f.name.startswith("vllm:") for x in f.samples)  # fmt: skip
+    assert r.headers["Content-Type"] == "text/plain; version=1.0.0; charset=utf-8"
     usage = families["vllm:kv_cache_usage_perc"].samples[0].value
     assert 0.0 <= usage <= 1.0

@@ -85,7 +85,8 @@ def _event(b: bytes) -> dict:
 
 
 def test_chat_chunks_match_vllm_shapes():
-    w = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    # Shapes of vLLM 0.32's chat chunks (see docs/sim-vs-vllm.md).
+    w = ChunkWriter(True, "chatcmpl-1", 123, "m", "vllm-x-1", include_usage=True)
     role = _event(w.role(0))
     assert role == {
         "id": "chatcmpl-1",
@@ -100,26 +101,36 @@ def test_chat_chunks_match_vllm_shapes():
                 "finish_reason": None,
             }
         ],
+        "prompt_token_ids": None,
+        "prompt_text": None,
     }
     tok = _event(w.token(1, ' a"b'))
     assert tok["choices"][0] == {
         "index": 1, "delta": {"content": ' a"b'}, "logprobs": None, "finish_reason": None,
+        "token_ids": None,
     }  # fmt: skip
-    assert "usage" not in tok
+    assert "usage" not in tok and "system_fingerprint" not in tok
     last = _event(w.last(0, " z", "stop", "END"))
     assert last["choices"][0]["finish_reason"] == "stop"
     assert last["choices"][0]["stop_reason"] == "END"
+    # With a usage chunk to come, the fingerprint goes there, not on the finish chunk.
+    assert "system_fingerprint" not in last
     usage = _event(w.usage(5, 3))
     assert usage["choices"] == []
     assert usage["usage"] == {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3}
+    assert usage["system_fingerprint"] == "vllm-x-1"
+    no_usage = ChunkWriter(True, "chatcmpl-1", 123, "m", "vllm-x-1", include_usage=False)
+    assert _event(no_usage.last(0, "", "length", None))["system_fingerprint"] == "vllm-x-1"
 
 
 def test_completion_chunks_match_vllm_shapes():
-    w = ChunkWriter(False, "cmpl-1", 1, "m")
+    w = ChunkWriter(False, "cmpl-1", 1, "m", "vllm-x-1", include_usage=False)
     tok = _event(w.token(0, " ab"))
-    assert tok["object"] == "text_completion" and tok["usage"] is None
+    assert tok["object"] == "text_completion" and "usage" not in tok
     assert tok["choices"][0] == {
         "index": 0, "text": " ab", "logprobs": None, "finish_reason": None, "stop_reason": None,
+        "prompt_token_ids": None, "token_ids": None,
     }  # fmt: skip
     last = _event(w.last(0, "", "length", None))
     assert last["choices"][0]["finish_reason"] == "length"
+    assert last["system_fingerprint"] == "vllm-x-1"
