@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.upprocess import Up, alive, cli, condition, status, wait_for
+from tests.integration.upprocess import Up, alive, cli, condition, http, status, wait_for
 
 SIM_FLEET = """
 apiVersion: llmaz.io/v1alpha1
@@ -232,3 +232,57 @@ def test_scale_down_drains_in_flight_requests(tmp_path: Path, up_factory) -> Non
     )  # one request was on the replica that went away
     assert all(status_code == 200 and tokens == 400 for status_code, _, tokens in results), results
     wait_for(lambda: len(up.engine_pids()) == 1, 60, what="scaled down to one engine")
+
+
+ROUTED = """
+apiVersion: networking.serving.volcano.sh/v1alpha1
+kind: ModelServer
+metadata: {name: tiny-servers}
+spec:
+  model: tiny
+  inferenceEngine: vLLM
+  workloadSelector:
+    matchLabels: {llmaz.io/model-name: tiny}
+  trafficPolicy:
+    retry: {attempts: 2}
+---
+apiVersion: networking.serving.volcano.sh/v1alpha1
+kind: ModelRoute
+metadata: {name: chat}
+spec:
+  modelName: chat
+  rules:
+    - name: premium
+      modelMatch:
+        headers:
+          x-tier: {exact: premium}
+      targetModels:
+        - modelServerName: tiny-servers
+    - name: everyone-else
+      targetModels:
+        - modelServerName: nowhere
+"""
+
+
+def test_model_route_selects_playground_replicas_by_label(tmp_path: Path, up_factory) -> None:
+    state = tmp_path / "state"
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(ROUTED)
+    up = up_factory(fleet(tmp_path, 2), str(routes))
+    wait_for(lambda: status(state, "Playground", "tiny").get("readyReplicas") == 2, 60)
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    served = set()
+    for i in range(6):
+        body["messages"][0]["content"] = f"hi {i}"
+        code, headers, data = http(f"{up.url}/v1/chat/completions", body, {"x-tier": "premium"})
+        assert code == 200, data
+        assert data["model"] == "tiny"  # rewritten to ModelServer.spec.model
+        served.add(headers["x-llmplane-endpoint"])
+    assert len(served) == 2
+    # the second rule matches but its ModelServer does not exist: no endpoint, a clear error
+    code, _, data = http(f"{up.url}/v1/chat/completions", body)
+    assert code in (404, 503) and data["error"]["message"]
+    code, _, data = http(f"{up.url}/v1/chat/completions", {**body, "model": "nope"})
+    assert code == 404 and data["error"]["code"]
+    models = {m["id"] for m in http(f"{up.url}/v1/models")[2]["data"]}
+    assert {"tiny", "chat"} <= models

@@ -159,3 +159,21 @@ def status(
     with open_store(state_dir) as store:
         obj = store.get(kind, name, namespace) or {}
     return obj.get("status") or {}
+
+
+def http(
+    url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
+    """A blocking HTTP call for tests: (status, headers, decoded JSON body)."""
+    import urllib.error
+    import urllib.request
+
+    data = orjson.dumps(body) if body is not None else None
+    request = urllib.request.Request(
+        url, data=data, headers={"content-type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, dict(resp.headers), orjson.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), orjson.loads(err.read())
