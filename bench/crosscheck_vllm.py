@@ -214,6 +214,21 @@ def runs(seq: str) -> str:
     return re.sub(r"content x\d+", "content+", seq).replace("content,", "content+,")
 
 
+def per_choice(events: list[Any], chat: bool) -> dict[int, str]:
+    by: dict[int, list[Any]] = {}
+    for ev in events:
+        if isinstance(ev, dict) and ev.get("choices"):
+            by.setdefault(ev["choices"][0].get("index"), []).append(ev)
+    return {i: runs(kind_sequence(evs, chat)) for i, evs in sorted(by.items())}
+
+
+def trailer(events: list[Any], chat: bool) -> str:
+    """Kinds of the events after the last one that carries a choice."""
+    last = max((i for i, ev in enumerate(events) if isinstance(ev, dict) and ev.get("choices")),
+               default=-1)  # fmt: skip
+    return kind_sequence(events[last + 1 :], chat)
+
+
 def shapes_by_kind(events: list[Any], chat: bool) -> dict[str, dict]:
     by: dict[str, list[dict]] = {}
     for ev in events:
@@ -377,9 +392,13 @@ async def check_inference(rep: Report, s: aiohttp.ClientSession, vurl: str, surl
         # vLLM's detokenizer holds back tokens that end inside a UTF-8 character (frequent
         # with a random-weight byte-level model) and sends them with the next one, so the
         # number of content events may differ; their order may not.
-        rep.compare(sec, "event sequence", runs(sa), runs(sb))
-        if sa != sb:
-            rep.note(f"event counts: vLLM {sa}; sim {sb}")
+        # Choices are told apart by index and may interleave differently: compare each
+        # choice's own sequence and what follows the choices.
+        rep.compare(sec, "event sequence per choice", per_choice(a.events, chat),
+                    per_choice(b.events, chat))  # fmt: skip
+        rep.compare(sec, "events after the choices", trailer(a.events, chat),
+                    trailer(b.events, chat))  # fmt: skip
+        rep.note(f"all events: vLLM {sa}; sim {sb}")
         rep.compare(sec, "ends with data: [DONE] and nothing after", a.clean_end, b.clean_end)
         ka, kb = shapes_by_kind(a.events, chat), shapes_by_kind(b.events, chat)
         for kind in sorted(set(ka) | set(kb)):

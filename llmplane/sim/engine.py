@@ -20,10 +20,12 @@ from llmplane.sim.scheduler import Scheduler, Sequence
 class Group:
     """The sequences of one HTTP request and the future its handler waits on."""
 
-    __slots__ = ("remaining", "seqs", "stream", "waiter")
+    __slots__ = ("max_tokens", "n", "remaining", "seqs", "stream", "waiter")
 
-    def __init__(self, stream: bool) -> None:
+    def __init__(self, stream: bool, n: int = 1, max_tokens: int | None = None) -> None:
         self.stream = stream
+        self.n = n  # the request's n and max_tokens, for vLLM's request_params_* histograms
+        self.max_tokens = max_tokens
         self.seqs: list[Sequence] = []
         self.remaining = 0
         self.waiter: asyncio.Future | None = None
@@ -69,6 +71,7 @@ class Engine:
             seq.group = group
             seq.arrival = now
             add(seq)
+        self.metrics.request_arrived(group.n, max(1, len(group.seqs) // max(1, group.n)))
         self._kick.set()
 
     def abort(self, group: Group) -> None:
@@ -118,6 +121,7 @@ class Engine:
             now = clock()
             emitted, finished = sched.complete(step, now)
             self.steps += 1
+            metrics.iteration_tokens.observe(step.prefill_tokens + step.decode_seqs)
             if step.ttfts:
                 metrics.ttft.observe_all(step.ttfts)
             if step.itls:
@@ -126,7 +130,10 @@ class Engine:
                 success[seq.finish_reason] += 1
                 e2e.observe(now - seq.arrival)
                 g = seq.group
+                metrics.sequence_finished(seq, now, g.max_tokens)
                 g.remaining -= 1
+                if g.remaining == 0:
+                    metrics.request_finished(g.seqs)
                 if not g.stream and g.remaining == 0:
                     g.wake()
             for seq in emitted:

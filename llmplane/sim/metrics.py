@@ -25,6 +25,7 @@ from prometheus_client.samples import Sample
 
 if TYPE_CHECKING:
     from llmplane.sim.engine import Engine
+    from llmplane.sim.scheduler import Sequence
 
 # Bucket bounds as vLLM defines them (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (
@@ -41,6 +42,25 @@ E2E_BUCKETS = (
 )  # fmt: skip
 
 # vLLM's finished_reason values (error and repetition never happen in the sim: always 0).
+# Request phase times (queue, prefill, decode, inference) share the e2e bounds in vLLM.
+PHASE_BUCKETS = E2E_BUCKETS
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+
+def token_buckets(max_model_len: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_model_len`` (vLLM's token-count histograms)."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
+
+
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 # Every vllm: family carries the engine index (one engine per server here) and model_name.
 ENGINE = "0"
@@ -95,10 +115,50 @@ class SimMetrics(Collector):
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        # Observed when a sequence finishes (engine.py).
+        self.queue_time = Histogram(PHASE_BUCKETS)
+        self.prefill_time = Histogram(PHASE_BUCKETS)
+        self.decode_time = Histogram(PHASE_BUCKETS)
+        self.inference_time = Histogram(PHASE_BUCKETS)
+        self.tpot = Histogram(ITL_BUCKETS)
+        tokens = token_buckets(engine.cfg.max_model_len)
+        self.req_prompt_tokens = Histogram(tokens)
+        self.req_generation_tokens = Histogram(tokens)
+        self.req_max_tokens = Histogram(tokens)
+        self.req_max_generation = Histogram(tokens)
+        self.req_prefill_computed = Histogram(tokens)
+        self.req_n = Histogram(PARAMS_N_BUCKETS)
+        self.req_preemptions = Histogram(PREEMPTION_BUCKETS)
+        self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.created = time.time()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+
+    def request_arrived(self, n: int, prompts: int) -> None:
+        for _ in range(prompts):
+            self.req_n.observe(n)
+
+    def sequence_finished(self, seq: Sequence, now: float, max_tokens: int | None) -> None:
+        """vLLM's per-request histograms (each choice of ``n`` is a request to the engine)."""
+        scheduled = seq.scheduled_at if seq.scheduled_at is not None else seq.arrival
+        first = seq.first_token_at if seq.first_token_at is not None else now
+        decode = now - first
+        self.queue_time.observe(scheduled - seq.arrival)
+        self.prefill_time.observe(first - scheduled)
+        self.decode_time.observe(decode)
+        self.inference_time.observe(now - scheduled)
+        self.tpot.observe(decode / (seq.num_output - 1) if seq.num_output > 1 else 0.0)
+        self.req_prompt_tokens.observe(seq.prompt_len)
+        self.req_generation_tokens.observe(seq.num_output)
+        if max_tokens is not None:
+            self.req_max_tokens.observe(max_tokens)
+        self.req_preemptions.observe(seq.preemptions)
+        self.req_prefill_computed.observe(seq.prompt_len - min(max(0, seq.num_cached),
+                                                              seq.prompt_len))  # fmt: skip
+
+    def request_finished(self, seqs: list[Sequence]) -> None:
+        self.req_max_generation.observe(max(s.num_output for s in seqs))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -132,6 +192,17 @@ class SimMetrics(Collector):
             "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
             sched.num_waiting,
         )  # fmt: skip
+        deferred = len(sched.transferring)
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            labels=["engine", "model_name", "reason"],
+        )
+        by_reason.add_metric([ENGINE, model, "capacity"], sched.num_waiting - deferred)
+        by_reason.add_metric([ENGINE, model, "deferred"], deferred)
+        yield by_reason
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
         yield gauge(
             "vllm:gpu_cache_usage_perc",
@@ -170,6 +241,22 @@ class SimMetrics(Collector):
             "vllm:generation_tokens", "Number of generation tokens processed.",
             stats.generation_tokens,
         )  # fmt: skip
+        yield counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+            stats.prompt_cached,
+        )  # fmt: skip
+        cached, transferred = stats.prompt_cached, stats.prompt_transferred
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+            labels=["engine", "model_name", "source"],
+        )  # fmt: skip
+        for source, n in (
+            ("local_compute", stats.prompt_tokens - cached - transferred),
+            ("local_cache_hit", cached),
+            ("external_kv_transfer", transferred),
+        ):
+            by_source.add_metric([ENGINE, model, source], n, created=created)
+        yield by_source
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -246,3 +333,31 @@ class SimMetrics(Collector):
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
             model, created,
         )  # fmt: skip
+        for hist, name, doc in (
+            (self.queue_time, "vllm:request_queue_time_seconds",
+             "Histogram of time spent in WAITING phase for request."),
+            (self.inference_time, "vllm:request_inference_time_seconds",
+             "Histogram of time spent in RUNNING phase for request."),
+            (self.prefill_time, "vllm:request_prefill_time_seconds",
+             "Histogram of time spent in PREFILL phase for request."),
+            (self.decode_time, "vllm:request_decode_time_seconds",
+             "Histogram of time spent in DECODE phase for request."),
+            (self.tpot, "vllm:request_time_per_output_token_seconds",
+             "Histogram of time_per_output_token_seconds per request."),
+            (self.req_prompt_tokens, "vllm:request_prompt_tokens",
+             "Number of prefill tokens processed."),
+            (self.req_generation_tokens, "vllm:request_generation_tokens",
+             "Number of generation tokens processed."),
+            (self.iteration_tokens, "vllm:iteration_tokens_total",
+             "Histogram of number of tokens per engine_step."),
+            (self.req_max_generation, "vllm:request_max_num_generation_tokens",
+             "Histogram of maximum number of requested generation tokens."),
+            (self.req_n, "vllm:request_params_n", "Histogram of the n request parameter."),
+            (self.req_max_tokens, "vllm:request_params_max_tokens",
+             "Histogram of the max_tokens request parameter."),
+            (self.req_preemptions, "vllm:request_num_preemptions",
+             "Histogram of the number of times a request was preempted."),
+            (self.req_prefill_computed, "vllm:request_prefill_kv_computed_tokens",
+             "Histogram of new KV tokens computed during prefill (excluding cached tokens)."),
+        ):  # fmt: skip
+            yield hist.family(name, doc, model, created)

@@ -45,13 +45,16 @@ class Sequence:
         "index",
         "last_token_at",
         "lora",
+        "num_cached",
         "num_computed",
         "num_output",
         "out_words",
+        "preemptions",
         "prompt_len",
         "ready_at",
         "registered",
         "remote_prefill",
+        "scheduled_at",
         "seed",
         "status",
         "stop_reason",
@@ -100,6 +103,9 @@ class Sequence:
         self.ready_at = 0.0
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
+        self.scheduled_at: float | None = None  # first admission into the batch
+        self.num_cached = -1  # prompt tokens from the prefix cache at first admission
+        self.preemptions = 0
 
     @property
     def num_tokens(self) -> int:
@@ -137,6 +143,9 @@ class Stats:
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    # Prompt tokens by where their KV came from, counted with prompt_tokens (first token).
+    prompt_cached: int = 0
+    prompt_transferred: int = 0
 
 
 class Scheduler:
@@ -229,6 +238,7 @@ class Scheduler:
             self.lora_waiting[seq.lora] += 1
         self.waiting.appendleft(seq)
         self.stats.preemptions += 1
+        seq.preemptions += 1
 
     def _admit_blocks(self, seq: Sequence, upto_tokens: int) -> bool:
         """Give a new sequence its cached prefix and blocks for ``upto_tokens`` tokens."""
@@ -249,6 +259,8 @@ class Scheduler:
         seq.registered = len(hit)
         self.stats.prefix_queries += seq.num_tokens
         self.stats.prefix_hits += cached_tokens
+        if seq.num_cached < 0:
+            seq.num_cached = cached_tokens
         return True
 
     def _activate_lora(self, lora: str, step: Step) -> None:
@@ -340,6 +352,8 @@ class Scheduler:
                     break
                 waiting.popleft()
                 seq.status = RUNNING
+                if seq.scheduled_at is None:
+                    seq.scheduled_at = now
                 running.append(seq)
                 if lora:
                     self._lora_dec(self.lora_waiting, lora)
@@ -394,6 +408,10 @@ class Scheduler:
             if k == 0:
                 seq.first_token_at = now
                 stats.prompt_tokens += seq.prompt_len
+                cached = min(max(0, seq.num_cached), seq.prompt_len)
+                stats.prompt_cached += cached
+                if seq.remote_prefill:  # all but the last prompt token came over the wire
+                    stats.prompt_transferred += max(0, seq.prompt_len - 1 - cached)
                 ttfts.append(now - seq.arrival)
             else:
                 itls.append(now - seq.last_token_at)

@@ -266,7 +266,7 @@ class SimServer:
 
         cfg = self.cfg
         max_len = cfg.max_model_len
-        group = Group(sp.stream)
+        group = Group(sp.stream, sp.n, sp.max_tokens)
         hash_seed = self._lora_seed(lora) if lora else 0
         key = f"{lora}|{sp.params_key}"
         seqs = group.seqs

@@ -266,7 +266,59 @@ METRICS = {
     "vllm:generation_tokens": "counter",
     "vllm:request_success": "counter",
     "vllm:num_preemptions": "counter",
+    "vllm:num_requests_waiting_by_reason": "gauge",
+    "vllm:prompt_tokens_cached": "counter",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_inference_time_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "vllm:request_params_n": "histogram",
+    "vllm:request_params_max_tokens": "histogram",
+    "vllm:request_max_num_generation_tokens": "histogram",
+    "vllm:request_num_preemptions": "histogram",
+    "vllm:request_prefill_kv_computed_tokens": "histogram",
+    "vllm:iteration_tokens_total": "histogram",
 }
+
+
+async def test_per_request_histograms_count_each_choice():
+    with SimProcess("--time-scale", "0", "--max-model-len", "1000", model="m") as sim:
+        for _ in range(2):  # the second one hits the prefix cache
+            await post(
+                f"{sim.url}/v1/completions",
+                {"model": "m", "prompt": "abcd" * 40, "max_tokens": 3, "n": 2,
+                 "ignore_eos": True},
+            )  # fmt: skip
+        async with aiohttp.ClientSession() as s, s.get(f"{sim.url}/metrics") as r:
+            text = await r.text()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def value(name, suffix="_count", **labels):
+        return next(x.value for x in fams[name].samples if x.name == name + suffix
+                    and all(x.labels.get(k) == v for k, v in labels.items()))  # fmt: skip
+
+    for name in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                 "vllm:request_decode_time_seconds", "vllm:request_generation_tokens"):  # fmt: skip
+        assert value(name) == 4  # 2 requests x n=2
+    assert value("vllm:request_generation_tokens", "_sum") == 12
+    assert value("vllm:request_prompt_tokens", "_sum") == 160
+    assert value("vllm:request_params_n") == 2 and value("vllm:request_params_n", "_sum") == 4
+    assert value("vllm:request_params_max_tokens", "_sum") == 12
+    assert value("vllm:request_max_num_generation_tokens") == 2
+    # 1000-token context: token buckets 1, 2, 5 ... 500, 1000
+    buckets = [x.labels["le"] for x in fams["vllm:request_prompt_tokens"].samples
+               if x.name.endswith("_bucket")]  # fmt: skip
+    assert buckets[-2:] == ["1000.0", "+Inf"]
+    cached = value("vllm:prompt_tokens_cached", "_total")
+    assert cached > 0
+    assert value("vllm:prompt_tokens_by_source", "_total", source="local_cache_hit") == cached
+    assert value("vllm:prompt_tokens_by_source", "_total", source="local_compute") + cached == (
+        value("vllm:prompt_tokens", "_total")
+    )
 
 
 async def test_every_metric_has_vllm_name_type_and_model_label(sim):
