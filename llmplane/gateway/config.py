@@ -49,8 +49,23 @@ class GatewayConfig:
     keepalive_timeout: float = 60.0
     # EndpointPickerConfig as a dict; None = the built-in default profile.
     scheduler: dict[str, Any] | None = None
-    # Request hooks (token rate limits): see llmplane.gateway.hooks.
+    # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).
     hooks: list[Any] = field(default_factory=list)
+    # Token rate limits (ModelRoute.spec.rateLimit, see llmplane.gateway.ratelimit).
+    # Output tokens reserved for a request without max_tokens / max_completion_tokens (capped
+    # at the bucket; the real output is settled from usage afterwards).
+    rate_limit_default_output_tokens: int = 256
+    # global.redis unreachable: "open" admits (availability first; errors are counted),
+    # "local" falls back to this process's buckets, "closed" answers 503.
+    rate_limit_redis_failure: str = "open"
+    # Bound on each Redis call (connect, pool wait, script); after a failure Redis is not
+    # asked again for rate_limit_redis_retry_interval seconds (the failure policy applies).
+    rate_limit_redis_timeout: float = 0.25
+    rate_limit_redis_retry_interval: float = 1.0
+    rate_limit_redis_max_connections: int = 64
+    # Model name -> tokenizer.json (or a directory holding one) for counting input tokens
+    # exactly; needs the tokenizers package. Otherwise ceil(chars / 4), see gateway/tokens.py.
+    rate_limit_tokenizers: dict[str, str] = field(default_factory=dict)
 
 
 def _snake(name: str) -> str:

@@ -7,6 +7,12 @@ re-encoded once together with any model rewrite — and may refuse with
 ``GatewayError(429, ..., retry_after=seconds)``. Whatever it returns is handed back to
 ``settle`` when the response has ended (always called once per successful ``reserve``, also
 for failed requests), with the usage the engine reported (None if it reported none).
+
+The object ``reserve`` returns may carry two optional attributes the gateway applies:
+``response_headers`` (a dict added to the proxied response, e.g. ``x-ratelimit-*``) and
+``stream_filter`` (an object with ``feed(bytes) -> bytes`` and ``flush() -> bytes`` that the
+streamed body passes through, e.g. to drop a usage chunk the client did not ask for; usage is
+read from the bytes before the filter).
 """
 
 from __future__ import annotations
