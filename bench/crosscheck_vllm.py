@@ -318,11 +318,17 @@ def inference_cases(model: str) -> list[tuple[str, str, dict]]:
          chat_body(model, stream=True, stream_options={"include_usage": True})),
         ("chat stream n=2 include_usage", c,
          chat_body(model, n=2, stream=True, stream_options={"include_usage": True}, **SAMPLED)),
+        ("chat stream n=2 continuous_usage_stats", c,
+         chat_body(model, n=2, max_tokens=3, stream=True, **SAMPLED,
+                   stream_options={"include_usage": True, "continuous_usage_stats": True})),
         ("completion", p, completion_body(model)),
         ("completion n=2", p, completion_body(model, n=2, **SAMPLED)),
         ("completion stream", p, completion_body(model, stream=True)),
         ("completion stream include_usage", p,
          completion_body(model, stream=True, stream_options={"include_usage": True})),
+        ("completion stream continuous_usage_stats", p,
+         completion_body(model, max_tokens=3, stream=True,
+                         stream_options={"include_usage": True, "continuous_usage_stats": True})),
         ("completion stream n=2 include_usage", p,
          completion_body(model, n=2, stream=True, stream_options={"include_usage": True},
                          **SAMPLED)),
@@ -364,6 +370,9 @@ def error_cases(model: str) -> list[tuple[str, str, str, Any, bytes | None]]:
           "ignore_eos": True, "temperature": 0}, None),
         ("completion: token id out of vocabulary", "POST", p,
          {"model": model, "prompt": [999_999_999], "max_tokens": 4}, None),
+        ("tokenize: neither prompt nor messages", "POST", "/tokenize", {"model": model}, None),
+        ("tokenize: unknown model", "POST", "/tokenize", {"model": "no-such-model", "prompt": "x"},
+         None),
         ("unknown route", "GET", "/v1/no-such-route", None, None),
         ("wrong method", "POST", "/v1/models", None, None),
     ]  # fmt: skip
@@ -454,6 +463,11 @@ def stream_semantics(rep: Report, sec: str, side: str, events: list, req: dict,
         problems.append(f"usage chunk present={bool(usage)}")
     if usage and usage[0].get("completion_tokens") != n * max_tokens(req):
         problems.append(f"usage {usage[0]}")
+    if (req.get("stream_options") or {}).get("continuous_usage_stats"):
+        fin = [e for e in objs if event_kind(e, chat) == "finish"]
+        counts = [(e.get("usage") or {}).get("completion_tokens") for e in fin]
+        if counts != [max_tokens(req)] * n:
+            problems.append(f"continuous usage on finish chunks {counts}")
     if problems:
         rep.diff(sec, f"{side}: {'; '.join(problems)}")
     else:

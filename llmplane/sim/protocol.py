@@ -69,7 +69,14 @@ def request_validation(kind: str, loc: str, msg: str, input_: Any, ctx: dict | N
     detail: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg, "input": input_}
     if ctx is not None:
         detail["ctx"] = ctx
-    return ApiError(f"1 validation error:\n  {detail!r}", 400, "Bad Request", loc)
+    return validation_errors([detail])
+
+
+def validation_errors(details: list[dict]) -> ApiError:
+    """Several schema problems in one 400; ``param`` is the first one's location."""
+    head = "1 validation error:" if len(details) == 1 else f"{len(details)} validation errors:"
+    lines = "".join(f"\n  {d!r}" for d in details)
+    return ApiError(head + lines, 400, "Bad Request", details[0]["loc"])
 
 
 def error_body(message: str, code: int, type_: str | None = None, param: str | None = None
@@ -97,6 +104,7 @@ class Sampling:
     stream: bool
     include_usage: bool
     params_key: str
+    continuous_usage: bool = False
 
 
 # vLLM treats a temperature below this as greedy sampling.
@@ -154,6 +162,7 @@ def parse_sampling(body: dict, chat: bool) -> Sampling:
     if opts is not None and not stream:
         raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
     include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    continuous = include_usage and bool(opts.get("continuous_usage_stats"))
     min_tokens = body.get("min_tokens")
     if min_tokens is None:
         min_tokens = 0
@@ -171,6 +180,7 @@ def parse_sampling(body: dict, chat: bool) -> Sampling:
         stream=stream,
         include_usage=include_usage,
         params_key=f"{body.get('seed')}|{temperature}|{body.get('top_p')}",
+        continuous_usage=continuous,
     )
 
 
@@ -325,14 +335,17 @@ class ChunkWriter:
     As vLLM: the chat role chunk carries ``prompt_token_ids``/``prompt_text`` (null), every
     token chunk ``token_ids`` (null), the completion chunks ``stop_reason`` and
     ``prompt_token_ids`` too; ``system_fingerprint`` is on the last chunk before
-    ``[DONE]``: the usage chunk when there is one, else each choice's finish chunk.
+    ``[DONE]``: the usage chunk when there is one, else each choice's finish chunk. With
+    ``continuous`` (``stream_options.continuous_usage_stats``) every chunk also carries the
+    choice's usage so far (``prompt``, ``done`` arguments).
     """
 
-    __slots__ = ("chat", "fp_tail", "head", "usage_tail")
+    __slots__ = ("chat", "continuous", "fp_tail", "head", "usage_tail")
 
     def __init__(self, chat: bool, rid: str, created: int, model: str, fingerprint: str,
-                 include_usage: bool) -> None:  # fmt: skip
+                 include_usage: bool, continuous: bool = False) -> None:  # fmt: skip
         self.chat = chat
+        self.continuous = continuous and include_usage
         obj = b"chat.completion.chunk" if chat else b"text_completion"
         self.head = (
             b'data: {"id":'
@@ -349,40 +362,56 @@ class ChunkWriter:
         self.usage_tail = fp
         self.fp_tail = b"}\n\n" if include_usage else fp
 
-    def role(self, index: int) -> bytes:
+    def _usage(self, prompt: int, done: int) -> bytes:
+        if not self.continuous:
+            return b""
+        # vLLM's per-chunk usage has completion_tokens_details in chat chunks only.
+        return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%s}' % (
+            prompt,
+            prompt + done,
+            done,
+            b',"completion_tokens_details":null' if self.chat else b"",
+        )
+
+    def role(self, index: int, prompt: int = 0) -> bytes:
         return (
             self.head + b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
-            b'"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n\n' % index
+            b'"finish_reason":null}]'
+            % index
+            + self._usage(prompt, 0)
+            + b',"prompt_token_ids":null,"prompt_text":null}\n\n'
         )
 
-    def token(self, index: int, text: str) -> bytes:
+    def token(self, index: int, text: str, prompt: int = 0, done: int = 0) -> bytes:
         if self.chat:
-            return (
-                self.head + b'{"index":%d,"delta":{"content":%s},"logprobs":null,'
-                b'"finish_reason":null,"token_ids":null}]}\n\n' % (index, orjson.dumps(text))
+            body = (
+                b'{"index":%d,"delta":{"content":%s},"logprobs":null,'
+                b'"finish_reason":null,"token_ids":null}]' % (index, orjson.dumps(text))
             )
-        return (
-            self.head + b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,'
-            b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
-            % (index, orjson.dumps(text))
-        )
+        else:
+            body = (
+                b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,'
+                b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+                % (index, orjson.dumps(text))
+            )
+        return self.head + body + self._usage(prompt, done) + b"}\n\n"
 
-    def last(self, index: int, text: str, finish: str, stop_reason: str | None) -> bytes:
+    def last(self, index: int, text: str, finish: str, stop_reason: str | None,
+             prompt: int = 0, done: int = 0) -> bytes:  # fmt: skip
         sr = orjson.dumps(stop_reason)
         if self.chat:
-            return (
-                self.head
-                + b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":"%s",'
+            body = (
+                b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":"%s",'
                 b'"stop_reason":%s,"token_ids":null}]'
                 % (index, orjson.dumps(text), finish.encode(), sr)
-                + self.fp_tail
             )
-        return (
-            self.head + b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":"%s",'
-            b'"stop_reason":%s,"prompt_token_ids":null,"token_ids":null}]'
-            % (index, orjson.dumps(text), finish.encode(), sr)
-            + self.fp_tail
-        )
+        else:
+            body = (
+                b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":"%s",'
+                b'"stop_reason":%s,"prompt_token_ids":null,"token_ids":null}]'
+                % (index, orjson.dumps(text), finish.encode(), sr)
+            )
+        return self.head + body + self._usage(prompt, done) + self.fp_tail
 
     def usage(self, prompt: int, completion: int) -> bytes:
         return (

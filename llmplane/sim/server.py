@@ -34,6 +34,7 @@ from llmplane.sim.protocol import (
     request_validation,
     seq_text,
     token_text,
+    validation_errors,
 )
 from llmplane.sim.scheduler import Sequence
 from llmplane.sim.tokenizer import render_chat, sequence_seed, tokenize
@@ -394,7 +395,8 @@ class SimServer:
     ) -> web.StreamResponse:  # fmt: skip
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await resp.prepare(request)
-        w = ChunkWriter(chat, rid, created, model, self.fingerprint, sp.include_usage)
+        w = ChunkWriter(chat, rid, created, model, self.fingerprint, sp.include_usage,
+                        sp.continuous_usage)  # fmt: skip
         seqs = group.seqs
         sent = [0] * len(seqs)
         f = self.faults
@@ -409,7 +411,7 @@ class SimServer:
         role_pending = chat
         while True:
             if role_pending and any(s.num_output for s in seqs):
-                out.extend(w.role(s.index) for s in seqs)
+                out.extend(w.role(s.index, s.prompt_len) for s in seqs)
                 role_pending = False
             done = True
             for i, seq in enumerate(seqs):
@@ -420,13 +422,15 @@ class SimServer:
                     cut = seq.text_cut
                     last = seq.target_len - 1
                     idx = seq.index
+                    plen = seq.prompt_len
                     while k < n:
                         text = token_text(words_[k], k, cut)
-                        if k == last:
-                            out.append(w.last(idx, text, seq.finish_reason, seq.stop_reason))
-                        else:
-                            out.append(w.token(idx, text))
                         k += 1
+                        if k == last + 1:
+                            out.append(w.last(idx, text, seq.finish_reason, seq.stop_reason,
+                                              plen, k))  # fmt: skip
+                        else:
+                            out.append(w.token(idx, text, plen, k))
                     sent[i] = k
                 if k < seq.target_len:
                     done = False
@@ -534,7 +538,15 @@ class SimServer:
             elif isinstance(body.get("prompt"), str):
                 ids = tokenize(body["prompt"], self.cfg.vocab_size)
             else:
-                raise ApiError("Either prompt (a string) or messages must be given.")
+                # The union of vLLM's two tokenize request schemas: neither matched.
+                given = f"<dict of {len(body)} items>"
+                raise validation_errors(
+                    [
+                        {"type": "missing", "loc": f"body.{f}", "msg": "Field required",
+                         "input": given}
+                        for f in ("prompt", "messages")
+                    ]
+                )  # fmt: skip
         except ApiError as e:
             return error_response(e)
         return json_response(

@@ -134,3 +134,21 @@ def test_completion_chunks_match_vllm_shapes():
     last = _event(w.last(0, "", "length", None))
     assert last["choices"][0]["finish_reason"] == "length"
     assert last["system_fingerprint"] == "vllm-x-1"
+
+
+def test_continuous_usage_stats_put_each_choice_usage_on_every_chunk():
+    chat = ChunkWriter(True, "c", 1, "m", "fp", include_usage=True, continuous=True)
+    assert _event(chat.role(1, 7))["usage"] == {
+        "prompt_tokens": 7, "total_tokens": 7, "completion_tokens": 0,
+        "completion_tokens_details": None,
+    }  # fmt: skip
+    assert _event(chat.token(1, "x", 7, 1))["usage"]["completion_tokens"] == 1
+    last = _event(chat.last(1, "y", "length", None, 7, 2))
+    assert last["usage"]["total_tokens"] == 9 and "system_fingerprint" not in last
+    comp = ChunkWriter(False, "c", 1, "m", "fp", include_usage=True, continuous=True)
+    assert _event(comp.token(0, "x", 2, 1))["usage"] == {
+        "prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1,
+    }  # fmt: skip
+    # Without include_usage vLLM sends no usage at all.
+    off = ChunkWriter(False, "c", 1, "m", "fp", include_usage=False, continuous=True)
+    assert "usage" not in _event(off.token(0, "x", 2, 1))
