@@ -40,6 +40,7 @@ from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.state import EndpointRegistry, EndpointState
+from llmplane.gateway.upstream import UpstreamPool, UpstreamResponse, encode_request
 from llmplane.gateway.usage import StreamScanner, extract_usage
 from llmplane.gateway.watching import StoreFollower
 
@@ -108,6 +109,7 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self.session: aiohttp.ClientSession | None = None
+        self.pool: UpstreamPool | None = None
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.host = "127.0.0.1"
@@ -130,6 +132,12 @@ class Gateway:
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             timeout=aiohttp.ClientTimeout(total=None),
+        )
+        # Proxied requests go through this lean keep-alive client (see upstream.py).
+        self.pool = UpstreamPool(
+            limit=self.config.connection_limit,
+            keepalive_timeout=self.config.keepalive_timeout,
+            connect_timeout=self.config.connect_timeout,
         )
         self.discovery.subscribe(self._endpoints_changed)
         self._started = True
@@ -169,6 +177,9 @@ class Gateway:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
 
     # --- routing table -------------------------------------------------------------------------
 
@@ -372,18 +383,16 @@ class Gateway:
             state.dispatched_since_scrape += 1
             address = backend.address(state)
             outcome.endpoint = address
-            url = f"http://{address}{request.path_qs}"
+            wire = encode_request("POST", request.path_qs, address, headers, body)
             may_retry = attempt < attempts
             try:
                 # Both release the in-flight count themselves, however they end.
                 if req.stream:
                     response = await self._stream(
-                        request, url, body, headers, timeout, state, outcome, t0, may_retry
+                        request, address, wire, timeout, state, outcome, t0, may_retry
                     )
                 else:
-                    response = await self._unary(
-                        url, body, headers, timeout, state, outcome, may_retry
-                    )
+                    response = await self._unary(address, wire, timeout, state, outcome, may_retry)
             except _Failed as failure:
                 last = failure
                 self.outliers.failure(state)
@@ -415,23 +424,17 @@ class Gateway:
 
     async def _unary(
         self,
-        url: str,
-        body: bytes,
-        headers: dict[str, str],
+        address: str,
+        wire: bytes,
         timeout: float | None,
         state: EndpointState,
         outcome: _Outcome,
         may_retry: bool,
     ) -> web.Response:
-        assert self.session is not None
+        assert self.pool is not None
         try:
             try:
-                async with self.session.post(
-                    url, data=body, headers=headers, timeout=self._timeout(timeout)
-                ) as resp:
-                    data = await resp.read()
-                    status = resp.status
-                    upstream_headers = resp.headers
+                status, upstream_headers, data = await self.pool.request(address, wire, timeout)
             except TimeoutError:
                 raise _Failed("timeout", f"timed out after {timeout} s") from None
             except (aiohttp.ClientError, OSError) as err:
@@ -451,9 +454,8 @@ class Gateway:
     async def _stream(
         self,
         request: web.Request,
-        url: str,
-        body: bytes,
-        headers: dict[str, str],
+        address: str,
+        wire: bytes,
         timeout: float | None,
         state: EndpointState,
         outcome: _Outcome,
@@ -462,20 +464,18 @@ class Gateway:
     ) -> web.StreamResponse:
         """The timeout covers connect + response headers + first chunk (time to first byte);
         once a byte has been sent to the client the request is never retried."""
-        assert self.session is not None
-        resp: aiohttp.ClientResponse | None = None
+        assert self.pool is not None
+        resp: UpstreamResponse | None = None
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    resp = await self.session.post(
-                        url, data=body, headers=headers, timeout=self._timeout(None)
-                    )
+                    resp = await self.pool.open(address, wire)
                     if resp.status >= 500 and may_retry:
                         data = await resp.read()
                         raise _Failed(
                             "status", f"HTTP {resp.status}", resp.status, data, resp.headers
                         )
-                    first = await resp.content.readany()
+                    first = await resp.readany()
             except TimeoutError:
                 raise _Failed("timeout", f"no first byte within {timeout} s") from None
             except (aiohttp.ClientError, OSError) as err:
@@ -498,7 +498,7 @@ class Gateway:
                 scanner.feed(chunk)
                 await out.write(chunk)  # a client that went away raises here
                 try:
-                    chunk = await resp.content.readany()
+                    chunk = await resp.readany()
                 except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as err:
                     # The replica broke mid-stream; the client sees a truncated stream.
                     outcome.error = f"stream broken: {type(err).__name__}: {err}"

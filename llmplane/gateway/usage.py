@@ -18,22 +18,18 @@ def extract_usage(data: bytes) -> dict[str, Any] | None:
         while j < n and data[j] in b" \t\r\n:":
             j += 1
         if j < n and data[j : j + 1] == b"{":
-            depth = 0
-            k = j
-            while k < n:
-                c = data[k]
-                if c == 0x7B:  # {
-                    depth += 1
-                elif c == 0x7D:  # }
-                    depth -= 1
-                    if depth == 0:
-                        try:
-                            doc = orjson.loads(data[j : k + 1])
-                        except orjson.JSONDecodeError:
-                            return None
-                        return doc if isinstance(doc, dict) else None
-                k += 1
-            return None
+            # The object ends at the first "}" after which the braces balance (found with
+            # C-speed find/count rather than a Python loop over the bytes).
+            k = data.find(b"}", j)
+            while k != -1 and data.count(b"{", j, k + 1) != data.count(b"}", j, k + 1):
+                k = data.find(b"}", k + 1)
+            if k == -1:
+                return None
+            try:
+                doc = orjson.loads(data[j : k + 1])
+            except orjson.JSONDecodeError:
+                return None
+            return doc if isinstance(doc, dict) else None
         idx = data.rfind(_USAGE, 0, idx)
     return None
 

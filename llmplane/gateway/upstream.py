@@ -1,0 +1,484 @@
+"""A minimal HTTP/1.1 client for the gateway's upstream requests.
+
+aiohttp's client was half of the gateway's Python CPU per request (building a ClientRequest,
+cookie filtering, URL and header merging, payload lookup, tracing hooks); the gateway needs
+none of that: it sends one POST with bytes it already has to ``host:port`` and reads the answer.
+This client keeps idle keep-alive connections per address, writes request line, headers and
+body in one ``write`` and parses responses (Content-Length, chunked, or until close) in
+``data_received``. Responses are delivered whole (``request``) or as de-chunked body pieces
+(``open`` + ``UpstreamResponse.readany``) for streaming.
+
+Errors: ``UpstreamError`` (an ``OSError``: connection refused or reset, the server closing
+before a complete response, a malformed response) and ``TimeoutError``; a connection is reused
+only after a complete response that allows keep-alive, and closed when a request is abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import time
+from typing import Any
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+_CRLF = b"\r\n"
+_HEAD_END = b"\r\n\r\n"
+_MAX_HEAD = 64 * 1024
+_NO_BODY = frozenset({204, 304})
+
+
+class UpstreamError(OSError):
+    """The upstream connection failed or answered with something that is not HTTP/1.x."""
+
+
+class ServerDisconnected(UpstreamError):
+    pass
+
+
+class UpstreamResponse:
+    """Status and headers of a response whose body is read with ``readany`` / ``read``."""
+
+    __slots__ = ("_conn", "headers", "status")
+
+    def __init__(self, conn: _Connection, status: int, headers: CIMultiDictProxy[str]) -> None:
+        self._conn = conn
+        self.status = status
+        self.headers = headers
+
+    async def readany(self) -> bytes:
+        """The next piece of the (de-chunked) body; b"" at its end."""
+        return await self._conn.next_piece()
+
+    async def read(self) -> bytes:
+        parts = []
+        while True:
+            piece = await self._conn.next_piece()
+            if not piece:
+                return b"".join(parts)
+            parts.append(piece)
+
+    def release(self) -> None:
+        """Give the connection back (complete response) or close it (anything else)."""
+        self._conn.finish()
+
+
+class _Connection(asyncio.Protocol):
+    __slots__ = (
+        "_body_left",
+        "_buf",
+        "_chunk_left",
+        "_closed_exc",
+        "_done",
+        "_head_waiter",
+        "_keep_alive",
+        "_mode",
+        "_piece_waiter",
+        "_pieces",
+        "_state",
+        "idle_since",
+        "key",
+        "pool",
+        "transport",
+    )
+
+    # states
+    IDLE, HEAD, BODY, DONE = 0, 1, 2, 3
+    # body framing modes
+    LENGTH, CHUNKED, UNTIL_CLOSE, EMPTY = 0, 1, 2, 3
+
+    def __init__(self, pool: UpstreamPool, key: str) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self._closed_exc: Exception | None = None
+        self._buf = bytearray()
+        self._state = self.IDLE
+        self._head_waiter: asyncio.Future[tuple[int, CIMultiDictProxy[str]]] | None = None
+        self._piece_waiter: asyncio.Future[None] | None = None
+        self._pieces: collections.deque[bytes] = collections.deque()
+        self._done = False
+        self._mode = self.LENGTH
+        self._body_left = 0
+        self._chunk_left = -1  # -1: expecting a chunk-size line
+        self._keep_alive = True
+        self.idle_since = 0.0
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pool._forget(self)
+        if self._state == self.BODY and self._mode == self.UNTIL_CLOSE and exc is None:
+            self._finish_body()
+            return
+        if self._closed_exc is None:
+            self._closed_exc = (
+                UpstreamError(f"connection lost: {exc}")
+                if exc is not None
+                else ServerDisconnected("server disconnected")
+            )
+        self._wake_all()
+
+    def data_received(self, data: bytes) -> None:
+        if self._state == self.IDLE or self._state == self.DONE:
+            # Bytes nobody asked for (or after a complete response): never reuse this one.
+            self._keep_alive = False
+            if self._state == self.IDLE and self.transport is not None:
+                self.transport.close()
+            return
+        self._buf += data
+        try:
+            self._parse()
+        except UpstreamError as err:
+            self._fail(err)
+
+    # --- parsing ---
+
+    def _parse(self) -> None:
+        while True:
+            if self._state == self.HEAD:
+                end = self._buf.find(_HEAD_END)
+                if end == -1:
+                    if len(self._buf) > _MAX_HEAD:
+                        raise UpstreamError("response head too large")
+                    return
+                head = bytes(self._buf[:end])
+                del self._buf[: end + 4]
+                if not self._head(head):
+                    continue  # 1xx interim response: read the next head
+            if self._state != self.BODY:
+                return
+            mode = self._mode
+            if mode == self.LENGTH:
+                if not self._buf:
+                    return
+                take = min(self._body_left, len(self._buf))
+                self._push(bytes(self._buf[:take]))
+                del self._buf[:take]
+                self._body_left -= take
+                if self._body_left == 0:
+                    self._finish_body()
+                return
+            if mode == self.UNTIL_CLOSE:
+                if self._buf:
+                    self._push(bytes(self._buf))
+                    self._buf.clear()
+                return
+            if mode == self.EMPTY:
+                self._finish_body()
+                return
+            # chunked
+            while self._state == self.BODY:
+                if self._chunk_left == -1:
+                    eol = self._buf.find(_CRLF)
+                    if eol == -1:
+                        if len(self._buf) > 4096:
+                            raise UpstreamError("bad chunk size line")
+                        return
+                    line = bytes(self._buf[:eol]).split(b";", 1)[0].strip()
+                    del self._buf[: eol + 2]
+                    try:
+                        size = int(line, 16)
+                    except ValueError:
+                        raise UpstreamError(f"bad chunk size {line[:20]!r}") from None
+                    if size < 0:
+                        raise UpstreamError("bad chunk size")
+                    if size == 0:
+                        self._chunk_left = -2  # trailers until an empty line
+                    else:
+                        self._chunk_left = size
+                elif self._chunk_left == -2:
+                    eol = self._buf.find(_CRLF)
+                    if eol == -1:
+                        return
+                    empty = eol == 0
+                    del self._buf[: eol + 2]
+                    if empty:
+                        self._finish_body()
+                elif self._chunk_left == -3:  # CRLF after chunk data
+                    if len(self._buf) < 2:
+                        return
+                    if self._buf[:2] != _CRLF:
+                        raise UpstreamError("missing CRLF after chunk")
+                    del self._buf[:2]
+                    self._chunk_left = -1
+                else:
+                    if not self._buf:
+                        return
+                    take = min(self._chunk_left, len(self._buf))
+                    self._push(bytes(self._buf[:take]))
+                    del self._buf[:take]
+                    self._chunk_left -= take
+                    if self._chunk_left == 0:
+                        self._chunk_left = -3
+            return
+
+    def _head(self, head: bytes) -> bool:
+        """Parse a response head; False for a 1xx interim response (skipped)."""
+        lines = head.split(_CRLF)
+        status_line = lines[0]
+        parts = status_line.split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise UpstreamError(f"bad status line {status_line[:60]!r}")
+        try:
+            status = int(parts[1])
+        except ValueError:
+            raise UpstreamError(f"bad status line {status_line[:60]!r}") from None
+        if 100 <= status < 200:
+            return False
+        headers: CIMultiDict[str] = CIMultiDict()
+        length = None
+        chunked = False
+        keep_alive = parts[0] == b"HTTP/1.1"
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise UpstreamError(f"bad header line {line[:60]!r}")
+            k = name.strip().decode("utf-8", "surrogateescape")
+            v = value.strip().decode("utf-8", "surrogateescape")
+            headers.add(k, v)
+            lk = k.lower()
+            if lk == "content-length":
+                try:
+                    length = int(v)
+                except ValueError:
+                    raise UpstreamError(f"bad Content-Length {v[:20]!r}") from None
+            elif lk == "transfer-encoding":
+                chunked = "chunked" in v.lower()
+            elif lk == "connection":
+                lv = v.lower()
+                if "close" in lv:
+                    keep_alive = False
+                elif "keep-alive" in lv:
+                    keep_alive = True
+        self._keep_alive = keep_alive
+        if status in _NO_BODY:
+            self._mode = self.EMPTY
+        elif chunked:
+            self._mode = self.CHUNKED
+            self._chunk_left = -1
+        elif length is not None:
+            self._mode = self.LENGTH if length else self.EMPTY
+            self._body_left = length
+        else:
+            self._mode = self.UNTIL_CLOSE
+            self._keep_alive = False
+        self._state = self.BODY
+        waiter = self._head_waiter
+        self._head_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result((status, CIMultiDictProxy(headers)))
+        if self._mode == self.EMPTY:
+            self._finish_body()
+        return True
+
+    def _push(self, piece: bytes) -> None:
+        self._pieces.append(piece)
+        w = self._piece_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _finish_body(self) -> None:
+        self._state = self.DONE
+        self._done = True
+        w = self._piece_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, err: Exception) -> None:
+        self._closed_exc = err
+        self._keep_alive = False
+        if self.transport is not None:
+            self.transport.abort()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        exc = self._closed_exc
+        for w in (self._head_waiter, self._piece_waiter):
+            if w is not None and not w.done():
+                w.set_exception(exc)  # type: ignore[arg-type]
+        self._head_waiter = self._piece_waiter = None
+
+    # --- used by the pool and responses ---
+
+    @property
+    def usable(self) -> bool:
+        t = self.transport
+        return self._closed_exc is None and t is not None and not t.is_closing()
+
+    async def send(self, data: bytes) -> UpstreamResponse:
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self._state = self.HEAD
+        self._done = False
+        self._pieces.clear()
+        self._buf.clear()
+        waiter = self._head_waiter = loop.create_future()
+        self.transport.write(data)
+        status, headers = await waiter
+        return UpstreamResponse(self, status, headers)
+
+    async def next_piece(self) -> bytes:
+        while True:
+            if self._pieces:
+                return self._pieces.popleft()
+            if self._done:
+                return b""
+            if self._closed_exc is not None:
+                raise self._closed_exc
+            waiter = self._piece_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._piece_waiter = None
+
+    def finish(self) -> None:
+        """The caller is done with the response: pool the connection if it can be reused."""
+        if self._state == self.IDLE:
+            return
+        complete = self._done and not self._pieces
+        self._state = self.IDLE
+        self._pieces.clear()
+        if complete and self._keep_alive and self.usable and not self._buf:
+            self.pool._release(self)
+        else:
+            self.pool._discard(self)
+
+
+class UpstreamPool:
+    """Keep-alive connections per ``host:port``; at most ``limit`` open at once (0 = no limit)."""
+
+    def __init__(
+        self, limit: int = 1024, keepalive_timeout: float = 60.0, connect_timeout: float = 5.0
+    ) -> None:
+        self.limit = limit
+        self.keepalive_timeout = keepalive_timeout
+        self.connect_timeout = connect_timeout
+        self._idle: dict[str, list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._closed = False
+
+    async def request(
+        self, address: str, data: bytes, timeout: float | None = None
+    ) -> tuple[int, CIMultiDictProxy[str], bytes]:
+        """Send ``data`` (a complete request) and read the whole response, within ``timeout``
+        seconds in total (connecting included)."""
+        async with asyncio.timeout(timeout):
+            resp = await self.open(address, data)
+            try:
+                body = await resp.read()
+            finally:
+                resp.release()
+        return resp.status, resp.headers, body
+
+    async def open(self, address: str, data: bytes) -> UpstreamResponse:
+        """Send ``data`` and return once the response head is in; call ``release()`` after."""
+        conn = await self._acquire(address)
+        try:
+            return await conn.send(data)
+        except BaseException:
+            conn._keep_alive = False
+            conn.finish()
+            self._discard(conn)
+            raise
+
+    async def _acquire(self, address: str) -> _Connection:
+        if self._closed:
+            raise UpstreamError("the upstream pool is closed")
+        idle = self._idle.get(address)
+        if idle:
+            now = time.monotonic()
+            while idle:
+                conn = idle.pop()
+                if conn.usable and now - conn.idle_since < self.keepalive_timeout:
+                    return conn
+                self._discard(conn)
+        while self.limit and len(self._open) >= self.limit:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+            idle = self._idle.get(address)
+            if idle:
+                conn = idle.pop()
+                if conn.usable:
+                    return conn
+                self._discard(conn)
+        host, _, port = address.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        conn = _Connection(self, address)
+        self._open.add(conn)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await loop.create_connection(lambda: conn, host, int(port or 80))
+        except BaseException:
+            self._discard(conn)
+            raise
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        if self._closed:
+            self._discard(conn)
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, []).append(conn)
+        self._wake()
+
+    def _discard(self, conn: _Connection) -> None:
+        if conn.transport is not None and not conn.transport.is_closing():
+            conn.transport.close()
+        self._forget(conn)
+
+    def _forget(self, conn: _Connection) -> None:
+        if conn in self._open:
+            self._open.discard(conn)
+            idle = self._idle.get(conn.key)
+            if idle and conn in idle:
+                idle.remove(conn)
+            self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def close(self) -> None:
+        self._closed = True
+        for conn in list(self._open):
+            if conn.transport is not None:
+                conn.transport.close()
+        self._open.clear()
+        self._idle.clear()
+        await asyncio.sleep(0)
+
+
+def encode_request(method: str, path_qs: str, address: str, headers: Any, body: bytes) -> bytes:
+    """Request line, ``Host``, the given headers (already without hop-by-hop ones),
+    ``Content-Length`` and the body, as one buffer."""
+    parts = [f"{method} {path_qs} HTTP/1.1\r\nHost: {address}\r\n"]
+    has_accept = False
+    for k, v in headers.items():
+        if not has_accept and k.lower() == "accept":
+            has_accept = True
+        parts.append(f"{k}: {v}\r\n")
+    if not has_accept:
+        parts.append("Accept: */*\r\n")
+    parts.append(f"Content-Length: {len(body)}\r\n\r\n")
+    return "".join(parts).encode("utf-8", "surrogateescape") + body
