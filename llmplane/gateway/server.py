@@ -34,6 +34,7 @@ from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.health import Outliers
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.observability import GatewayMetrics, log_access
+from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
 from llmplane.gateway.scheduler.config import build_scheduler
@@ -102,7 +103,9 @@ class Gateway:
             self.config,
             on_eject=lambda s: self.metrics.child(self.metrics.ejections, s.address).inc(),
         )
-        self.hooks = list(self.config.hooks)
+        # Token rate limits (ModelRoute.spec.rateLimit) run as the first request hook.
+        self.ratelimiter = RateLimiter(self.config, self.metrics.registry)
+        self.hooks = [self.ratelimiter, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -174,6 +177,7 @@ class Gateway:
             if close is not None and asyncio.iscoroutinefunction(close):
                 await close()
         await self.scraper.close()
+        await self.ratelimiter.close()
         if self.session is not None:
             await self.session.close()
             self.session = None
@@ -185,6 +189,7 @@ class Gateway:
 
     def _objects_changed(self, objects: dict[Any, dict[str, Any]]) -> None:
         self._objects = objects
+        self.ratelimiter.update(objects.values())
         self._rebuild()
 
     def _endpoints_changed(self) -> None:
@@ -261,7 +266,10 @@ class Gateway:
             decision = self.table.resolve(req.model, request.path, request.headers)
             record["route"] = decision.route
             for hook in self.hooks:
-                reservations.append((hook, await hook.reserve(req, decision)))
+                reservation = await hook.reserve(req, decision)
+                reservations.append((hook, reservation))
+                if reservation is not None:
+                    outcome.adopt(reservation)
             if decision.model != req.model:
                 req.rewrite_model(decision.model)
                 record["sent_model"] = decision.model
@@ -448,7 +456,9 @@ class Gateway:
         if status < 400 and b'"usage"' in data:
             outcome.usage = extract_usage(data)
         return web.Response(
-            status=status, body=data, headers=_response_headers(upstream_headers, outcome.endpoint)
+            status=status,
+            body=data,
+            headers=_response_headers(upstream_headers, outcome.endpoint, outcome.headers),
         )
 
     async def _stream(
@@ -489,14 +499,18 @@ class Gateway:
             outcome.ttft = time.perf_counter() - t0
             outcome.status = resp.status
             out = web.StreamResponse(
-                status=resp.status, headers=_response_headers(resp.headers, outcome.endpoint)
+                status=resp.status,
+                headers=_response_headers(resp.headers, outcome.endpoint, outcome.headers),
             )
             await out.prepare(request)
             scanner = StreamScanner()
+            relay = outcome.relay  # a hook's stream filter (drops an injected usage chunk)
             chunk = first
             while chunk:
                 scanner.feed(chunk)
-                await out.write(chunk)  # a client that went away raises here
+                data = chunk if relay is None else relay.feed(chunk)
+                if data:
+                    await out.write(data)  # a client that went away raises here
                 try:
                     chunk = await resp.readany()
                 except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as err:
@@ -504,6 +518,8 @@ class Gateway:
                     outcome.error = f"stream broken: {type(err).__name__}: {err}"
                     outcome.upstream_broken = True
                     break
+            if relay is not None and (rest := relay.flush()):
+                await out.write(rest)
             outcome.usage = scanner.usage
             outcome.events = scanner.events
             if not outcome.upstream_broken:
@@ -585,7 +601,18 @@ class Gateway:
 
 
 class _Outcome:
-    __slots__ = ("end", "endpoint", "error", "events", "status", "ttft", "upstream_broken", "usage")
+    __slots__ = (
+        "end",
+        "endpoint",
+        "error",
+        "events",
+        "headers",
+        "relay",
+        "status",
+        "ttft",
+        "upstream_broken",
+        "usage",
+    )
 
     def __init__(self) -> None:
         self.endpoint: str | None = None
@@ -596,12 +623,27 @@ class _Outcome:
         self.status: int | None = None
         self.error: str | None = None
         self.upstream_broken = False
+        self.headers: dict[str, str] | None = None  # added to the response by hooks
+        self.relay: Any = None  # a hook's stream filter: feed(bytes) -> bytes, flush()
+
+    def adopt(self, reservation: Any) -> None:
+        """Take a hook reservation's ``response_headers`` and ``stream_filter``."""
+        extra = getattr(reservation, "response_headers", None)
+        if extra:
+            self.headers = {**self.headers, **extra} if self.headers else extra
+        relay = getattr(reservation, "stream_filter", None)
+        if relay is not None:
+            self.relay = relay
 
 
-def _response_headers(upstream: Any, endpoint: str | None) -> dict[str, str]:
+def _response_headers(
+    upstream: Any, endpoint: str | None, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     headers = {k: v for k, v in upstream.items() if k.lower() not in _HOP_RESPONSE}
     if endpoint:
         headers[ENDPOINT_HEADER] = endpoint
+    if extra:
+        headers.update(extra)
     return headers
 
 
