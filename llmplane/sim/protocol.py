@@ -170,6 +170,10 @@ def parse_sampling(body: dict, chat: bool) -> Sampling:
         _type_error("min_tokens", "int_type", "Input should be a valid integer", min_tokens)
     elif min_tokens < 0:
         raise ApiError(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise ApiError(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+        )
     return Sampling(
         max_tokens=max_tokens,
         max_tokens_param=param,
