@@ -310,6 +310,13 @@ class SimServer:
                         max_tokens,
                     )
                 )
+            if sp.min_tokens > max_tokens:  # checked by vLLM on the cut max_tokens
+                return error_response(
+                    ApiError(
+                        f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                        f"got {sp.min_tokens}."
+                    )
+                )
             if (plen + max_tokens + cfg.block_size - 1) // cfg.block_size > cfg.num_blocks:
                 # Could never fit in the KV cache, even alone.
                 return error_response(
