@@ -1,0 +1,239 @@
+"""``llmplane operator``: reconcile llmplane resources on a Kubernetes cluster (kopf).
+
+Watches OpenModels, BackendRuntimes, Playgrounds, inference Services and the LeaderWorkerSets /
+Deployments it creates, and reconciles level-based (``llmplane.operator.reconcile``): every event
+re-reads what it needs and server-side-applies the planned objects with field manager
+``llmplane``. Only event handlers are used, so kopf puts no finalizers and no annotations on
+anyone's objects; deletion is the API server's garbage collection via ownerReferences. A resync
+loop repairs drift (someone edited a LeaderWorkerSet) every ``--resync-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import kopf
+
+from llmplane.operator.client import KubeClient
+from llmplane.operator.reconcile import Reconciler
+from llmplane.operator.resources import (
+    BACKENDRUNTIME,
+    DEPLOYMENT,
+    INFERENCE_SERVICE,
+    LEADERWORKERSET,
+    OPENMODEL,
+    PLAYGROUND,
+    Kind,
+)
+from llmplane.runtime.kube import DEFAULT_IMAGE, KubeOptions
+
+log = logging.getLogger("llmplane.operator")
+
+
+class Operator:
+    """The reconciler plus what kopf needs: a registry of handlers and per-object locks."""
+
+    def __init__(
+        self,
+        options: KubeOptions,
+        server: str | None = None,
+        token: str | None = None,
+        resync_seconds: float = 60.0,
+    ):
+        self.options = options
+        self.server, self.token = server, token
+        self.resync_seconds = resync_seconds
+        self.client: KubeClient | None = None
+        self.reconciler: Reconciler | None = None
+        self._locks: defaultdict[tuple[str, str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._resync: asyncio.Task[None] | None = None
+        self.registry = self._build_registry()
+
+    async def _locked(self, key: tuple[str, str, str], fn: Callable[[], Awaitable[None]]) -> None:
+        async with self._locks[key]:
+            try:
+                await fn()
+            except Exception:  # an event handler must not die; the resync retries
+                log.exception("reconciling %s/%s/%s failed", *key)
+
+    async def playground(self, namespace: str, name: str) -> None:
+        assert self.reconciler is not None
+        await self._locked(
+            ("Playground", namespace, name), lambda: self.reconciler.playground(namespace, name)
+        )
+
+    async def service(self, namespace: str, name: str) -> None:
+        assert self.reconciler is not None
+        await self._locked(
+            ("Service", namespace, name), lambda: self.reconciler.service(namespace, name)
+        )
+
+    async def resync_once(self) -> None:
+        assert self.client is not None
+        for obj in await self.client.list(PLAYGROUND):
+            await self.playground(
+                obj["metadata"].get("namespace", "default"), obj["metadata"]["name"]
+            )
+        for obj in await self.client.list(INFERENCE_SERVICE):
+            await self.service(obj["metadata"].get("namespace", "default"), obj["metadata"]["name"])
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            try:
+                await self.resync_once()
+            except Exception:
+                log.exception("resync failed")
+
+    def _build_registry(self) -> kopf.OperatorRegistry:
+        registry = kopf.OperatorRegistry()
+
+        def on_event(kind: Kind) -> Callable[[Any], Any]:
+            return kopf.on.event(
+                group=kind.group, version=kind.version, plural=kind.plural, registry=registry
+            )
+
+        @kopf.on.startup(registry=registry)
+        async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+            settings.posting.level = logging.WARNING
+            settings.watching.server_timeout = 300
+            self.client = await KubeClient.connect(self.server, self.token)
+            self.reconciler = Reconciler(self.client, self.options)
+            self._resync = asyncio.create_task(self._resync_loop(), name="llmplane-resync")
+
+        @kopf.on.cleanup(registry=registry)
+        async def cleanup(**_: Any) -> None:
+            if self._resync is not None:
+                self._resync.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._resync
+            if self.client is not None:
+                await self.client.close()
+
+        if self.server:
+
+            @kopf.on.login(registry=registry)
+            def login(**_: Any) -> kopf.ConnectionInfo:
+                return kopf.ConnectionInfo(server=self.server, token=self.token, insecure=True)
+
+        else:
+            kopf.on.login(registry=registry)(kopf.login_with_service_account)
+            kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
+
+        @on_event(PLAYGROUND)
+        async def playground_event(
+            event: dict[str, Any], name: str, namespace: str, **_: Any
+        ) -> None:
+            if event["type"] != "DELETED":
+                await self.playground(namespace, name)
+
+        @on_event(INFERENCE_SERVICE)
+        async def service_event(
+            event: dict[str, Any], body: Any, name: str, namespace: str, **_: Any
+        ) -> None:
+            if event["type"] == "DELETED":
+                return
+            await self.service(namespace, name)
+            # The owning Playground mirrors the Service's status.
+            for ref in body.get("metadata", {}).get("ownerReferences") or []:
+                if ref.get("kind") == "Playground" and ref.get("controller"):
+                    await self.playground(namespace, ref["name"])
+
+        async def workload_event(
+            event: dict[str, Any], body: Any, namespace: str, **_: Any
+        ) -> None:
+            for ref in body.get("metadata", {}).get("ownerReferences") or []:
+                if (
+                    ref.get("controller")
+                    and ref.get("kind") == "Service"
+                    and ref.get("apiVersion") == INFERENCE_SERVICE.api_version
+                ):
+                    await self.service(namespace, ref["name"])
+
+        on_event(LEADERWORKERSET)(workload_event)
+        on_event(DEPLOYMENT)(workload_event)
+
+        @on_event(OPENMODEL)
+        async def model_event(event: dict[str, Any], name: str, **_: Any) -> None:
+            assert self.reconciler is not None
+            await self.reconciler.playgrounds_using(model=name)
+
+        @on_event(BACKENDRUNTIME)
+        async def backend_event(event: dict[str, Any], name: str, **_: Any) -> None:
+            assert self.reconciler is not None
+            await self.reconciler.playgrounds_using(backend=name)
+
+        return registry
+
+    async def run(
+        self,
+        *,
+        namespaces: Sequence[str] = (),
+        liveness: str | None = None,
+        stop_flag: asyncio.Event | None = None,
+        ready_flag: asyncio.Event | None = None,
+    ) -> None:
+        settings = kopf.OperatorSettings()
+        await kopf.operator(
+            registry=self.registry,
+            settings=settings,
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            standalone=True,
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmplane operator",
+        description="Reconcile Playgrounds and Services into LeaderWorkerSets, Services and HPAs.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch every namespace (default)"
+    )
+    scope.add_argument("--namespace", "-n", action="append", default=[], help="watch only these")
+    p.add_argument(
+        "--loader-image", default=DEFAULT_IMAGE, help="image of model-loader init containers"
+    )
+    p.add_argument(
+        "--deployment",
+        action="store_true",
+        help="create apps/v1 Deployments instead of LeaderWorkerSets (single-host only)",
+    )
+    p.add_argument("--resync-seconds", type=float, default=60.0)
+    p.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf liveness endpoint ('' for none)",
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--server", help=argparse.SUPPRESS)  # API server URL (development, tests)
+    p.add_argument("--token", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    options = KubeOptions(image=args.loader_image, use_leader_worker_set=not args.deployment)
+    operator = Operator(options, args.server, args.token, args.resync_seconds)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(operator.run(namespaces=args.namespace, liveness=args.liveness or None))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
