@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from llmplane.api.kthena import UNIT_SECONDS, RateLimit, split_host_port
 from llmplane.gateway.errors import GatewayError
@@ -247,9 +248,7 @@ class RateLimitError(GatewayError):
             }
         )
 
-    def response(self) -> Any:
-        from aiohttp import web
-
+    def response(self) -> web.Response:
         headers = dict(self.headers)
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
