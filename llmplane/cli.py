@@ -371,6 +371,12 @@ def up(
     ] = 8000,
     host: Annotated[str, typer.Option("--host", help="Address the gateway binds.")] = "127.0.0.1",
     state_dir: StateDir = None,
+    gateway_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
@@ -396,6 +402,18 @@ def up(
                 fail(
                     f"port {port} on {host} is in use: pass --port N (or --port 0 for any free port)"
                 )
+    config = None
+    if gateway_config is not None:
+        from llmplane.gateway.config import load_config
+        from llmplane.gateway.scheduler.config import build_scheduler
+
+        try:
+            config = load_config(gateway_config)
+            build_scheduler(config.scheduler)  # reject a bad profile now, not after start
+        except OSError as e:
+            fail(f"{gateway_config}: {e.strerror or e}")
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            fail(f"{gateway_config}: invalid gateway config: {e}")
     directory = resolve_state_dir(state_dir)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -419,7 +437,7 @@ def up(
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(run_up(directory, docs, host, port, ready))
+    asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
 
 
 def _workload(target: str, namespace: str | None) -> tuple[str, str]:

@@ -52,6 +52,7 @@ class Platform:
         host: str = "127.0.0.1",
         port: int = 8000,
         backoff_base: float | None = None,
+        gateway_config: Any = None,
     ):
         from llmplane.controlplane.controller import Controller
         from llmplane.runtime.local import LocalRuntime
@@ -69,6 +70,7 @@ class Platform:
         )
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
+        self.gateway_config = gateway_config
         self._tasks: list[asyncio.Task[Any]] = []
 
     def _changed(self) -> None:
@@ -90,7 +92,9 @@ class Platform:
 
         discovery = RuntimeDiscovery(self.runtime)
         self._listeners.append(discovery.notify)
-        self.gateway = await start_gateway(self.store, discovery, host=self.host, port=self.port)
+        self.gateway = await start_gateway(
+            self.store, discovery, host=self.host, port=self.port, config=self.gateway_config
+        )
         self.port = self.gateway.port
 
     async def stop(self) -> None:
@@ -111,15 +115,20 @@ async def run_up(
     host: str,
     port: int,
     ready: Callable[[Platform], None],
+    gateway_config: Any = None,
 ) -> None:
-    platform = Platform(state_dir, host, port)
+    platform = Platform(state_dir, host, port, gateway_config=gateway_config)
     if files:
         platform.store.apply_many(files)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await platform.start()
+    try:
+        await platform.start()
+    except BaseException:
+        await platform.stop()  # whatever did start must not outlive a failed start
+        raise
     ready(platform)
     try:
         await stop.wait()

@@ -117,3 +117,14 @@ def test_crds_print_every_kind(tmp_path: Path) -> None:
     assert "playgrounds.inference.llmaz.io" in names
     assert "modelroutes.networking.serving.volcano.sh" in names
     assert "inferencepools.inference.networking.x-k8s.io" in names
+
+
+def test_up_rejects_a_bad_gateway_config_and_exits(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("plugins: [{type: no-such-plugin}]\n")
+    proc = cli(
+        "up", "--port", "0", "--gateway-config", str(config), state_dir=tmp_path / "s", check=False
+    )
+    assert proc.returncode == 1
+    assert "invalid gateway config" in proc.stderr and "no-such-plugin" in proc.stderr
+    assert "Traceback" not in proc.stderr
