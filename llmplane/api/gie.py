@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from llmplane.api.base import (
     ApiModel,
@@ -69,7 +69,10 @@ def _criticality_in(value: Any) -> Any:
 
 
 Criticality = Annotated[
-    Literal["Critical", "Default", "Sheddable"], BeforeValidator(_criticality_in)
+    Literal["Critical", "Default", "Sheddable"],
+    BeforeValidator(_criticality_in),
+    # The CRD also admits upstream's spelling, so upstream manifests apply to a cluster as is.
+    WithJsonSchema({"type": "string", "enum": ["Critical", "Default", "Sheddable", "Standard"]}),
 ]
 
 

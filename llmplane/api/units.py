@@ -115,5 +115,10 @@ Duration = Annotated[
     str,
     BeforeValidator(_duration_in),
     PlainSerializer(lambda v: v, return_type=str),
-    WithJsonSchema({"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"}),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^(0|[-+]?(([0-9]*\.)?[0-9]+(ns|us|µs|ms|s|m|h))+)$",
+        }
+    ),
 ]
