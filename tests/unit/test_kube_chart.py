@@ -272,16 +272,14 @@ def test_operator_rbac_covers_what_the_operator_uses() -> None:
 
 
 def test_chart_crds_are_the_generated_ones() -> None:
-    generated = sorted(p.name for p in (ROOT / "deploy" / "crds").glob("*.yaml"))
-    in_chart = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
-    assert in_chart == generated
-    for name in generated:
-        assert (CHART / "crds" / name).read_text() == (
-            ROOT / "deploy" / "crds" / name
-        ).read_text(), (
-            f"deploy/helm/llmplane/crds/{name} is stale: cp deploy/crds/*.yaml deploy/helm/llmplane/crds/"
-        )
-    for path in (CHART / "crds").glob("*.yaml"):
+    # A symlink, so regenerating deploy/crds updates the chart (Helm reads crds/*.yaml only,
+    # so the README beside them is ignored).
+    link = CHART / "crds"
+    assert link.is_symlink()
+    assert link.resolve() == (ROOT / "deploy" / "crds").resolve()
+    paths = sorted(link.glob("*.yaml"))
+    assert len(paths) >= 8
+    for path in paths:
         validate(yaml.safe_load(path.read_text()))
 
 
