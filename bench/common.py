@@ -1,0 +1,261 @@
+"""Shared helpers for the benchmarks: machine description, percentiles, process CPU time,
+starting and stopping the systems under test, wrk runs, and the report sections they write."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = ROOT / "docs" / "benchmarks.md"
+IMG = ROOT / "docs" / "img"
+RESULTS = ROOT / "bench" / "results"
+
+
+def machine() -> dict[str, object]:
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def machine_line(info: dict[str, object], load_after: Sequence[float] | None = None) -> str:
+    text = (
+        f"{info['nproc']} CPUs ({info['cpu']}), Python {info['python']}; load average "
+        f"{' / '.join(str(x) for x in info['loadavg'])} (1/5/15 min) at the start"  # type: ignore[union-attr]
+    )
+    if load_after is not None:
+        text += f", {' / '.join(f'{x:.2f}' for x in load_after)} at the end"
+    return text
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's
+    default); NaN for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (from /proc/<pid>/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kids = _children()
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+        todo.extend(kids.get(p, []))
+    return total
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A server process in its own session (stopped by its own id), its output in a file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> None:
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p
+        )
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=str(cwd or ROOT),
+            env=full_env,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def listening(self, timeout: float = 30.0) -> str:
+        """Wait for a ``LISTENING host:port`` line and return the address."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(r"LISTENING (\S+)", self.output())
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not start: {self.output()[-2000:]}")
+
+    def wait_http(self, url: str, body: bytes, timeout: float = 60.0) -> None:
+        """Wait until a POST of ``body`` to ``url`` answers 200."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                req = urllib.request.Request(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    r.read()
+                    if r.status == 200:
+                        return
+            except Exception as err:
+                last = str(err)
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name} not ready ({last}): {self.output()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(8)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
+
+
+def _ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def wrk_script(body: bytes) -> str:
+    """A wrk Lua script that POSTs ``body`` as JSON."""
+    text = body.decode()
+    return (
+        'wrk.method = "POST"\n'
+        f"wrk.body = [==[{text}]==]\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = int(non2xx.group(1)) if non2xx else 0
+    if sock:
+        errors += sum(int(x) for x in sock.groups())
+    return {"rps": rps, "requests": total, "p50": p50, "p99": p99, "errors": errors}
+
+
+def wrk(
+    url: str, body: bytes, concurrency: int, duration: float, threads: int = 2
+) -> dict[str, float]:
+    """One wrk run (POST ``body``); latency in ms."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(wrk_script(body))
+    try:
+        out = subprocess.run(
+            [
+                "wrk",
+                f"-t{min(concurrency, threads)}",
+                f"-c{concurrency}",
+                f"-d{max(1, round(duration))}s",
+                "--timeout",
+                "10s",
+                "--latency",
+                "-s",
+                script.name,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=duration + 30,
+        ).stdout
+    finally:
+        os.unlink(script.name)
+    return parse_wrk(out)
+
+
+def write_section(name: str, text: str, path: Path = REPORT) -> Path:
+    """Replace the generated section ``name`` of the report (between its markers)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    doc = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{text.rstrip()}\n{end}"
+    if begin in doc and end in doc:
+        head, rest = doc.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        doc = head + block + tail
+    else:
+        doc = doc.rstrip() + "\n\n" + block + "\n"
+    path.write_text(doc)
+    return path
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str = "") -> str:
+    align = align or "l" + "r" * (len(headers) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
