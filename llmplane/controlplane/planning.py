@@ -34,6 +34,7 @@ CONTAINER_NAME = "model-runner"
 CONTAINER_PORT = 8080
 DEFAULT_CONFIG = "default"
 SPECULATIVE_CONFIG = "speculative-decoding"
+PARALLEL_CONFIG = "model-parallelism"
 _VARIABLE = re.compile(r"\{\{\s*\.(\w+)\s*\}\}")
 
 # Where a model's files are for the engine: (model, role) -> path rendered into {{ .ModelPath }}.
@@ -69,12 +70,34 @@ def main_and_draft(claims: ModelClaims) -> tuple[str, str | None]:
     return main, draft
 
 
-def config_name(playground: Playground, claims: ModelClaims) -> str:
-    """Explicit configName, else speculative-decoding with a draft model, else default."""
+def config_name(
+    playground: Playground,
+    claims: ModelClaims,
+    pipeline_parallel: int = 1,
+    known: set[str] | None = None,
+) -> str:
+    """Explicit configName, else speculative-decoding with a draft model, else
+    model-parallelism when the first flavor asks for PP > 1 (and the backend has that config,
+    as the blog's llama3-405b example needs), else default."""
     explicit = playground.spec.backend_runtime_config.config_name
     if explicit:
         return explicit
-    return SPECULATIVE_CONFIG if main_and_draft(claims)[1] else DEFAULT_CONFIG
+    if main_and_draft(claims)[1]:
+        return SPECULATIVE_CONFIG
+    if pipeline_parallel > 1 and (known is None or PARALLEL_CONFIG in known):
+        return PARALLEL_CONFIG
+    return DEFAULT_CONFIG
+
+
+def chosen_config_name(inputs: Inputs) -> str:
+    """The recommended config a Playground runs with (see ``config_name``)."""
+    pg, backend = inputs.playground, inputs.backend
+    claims = claims_of(pg)
+    main = inputs.models.get(main_and_draft(claims)[0])
+    flavors = select_flavors(main, claims.inference_flavors) if main else []
+    params = dict(flavors[0].params or {}) if flavors else {}
+    known = {c.name for c in backend.spec.recommended_configs or []}
+    return config_name(pg, claims, _int_param(params, "PP"), known)
 
 
 def served_model_name(model: OpenModel) -> str:
@@ -120,6 +143,13 @@ def select_flavors(model: OpenModel, wanted: list[str] | None) -> list[Any]:
     return [by_name[n] for n in wanted]
 
 
+def _int_param(params: dict[str, str], key: str) -> int:
+    try:
+        return max(int(params.get(key) or 1), 1)
+    except ValueError:
+        raise PlanningError(f"flavor param {key}={params[key]!r} must be an integer") from None
+
+
 def _merge_resources(base: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:
     merged = copy.deepcopy(base)
     for section in ("limits", "requests"):
@@ -151,18 +181,18 @@ def service_for_playground(inputs: Inputs, locate: Locator) -> Service:
     if missing:
         raise PlanningError(f"Waiting for model creation: OpenModel {', '.join(missing)} not found")
     main = inputs.models[main_name]
-    cfg_name = config_name(pg, claims)
+    flavors = select_flavors(main, claims.inference_flavors)
+    params: dict[str, str] = {}
+    for flavor in flavors[:1]:
+        params.update(flavor.params or {})
     configs = {c.name: c for c in backend.spec.recommended_configs or []}
+    cfg_name = chosen_config_name(inputs)
     if cfg_name not in configs:
         raise PlanningError(
             f"BackendRuntime/{backend.name} has no recommendedConfig named {cfg_name!r} "
             f"(it has: {', '.join(configs) or 'none'})"
         )
     config = configs[cfg_name]
-    flavors = select_flavors(main, claims.inference_flavors)
-    params: dict[str, str] = {}
-    for flavor in flavors[:1]:
-        params.update(flavor.params or {})
 
     variables = {"ModelPath": locate(main), "ModelName": served_model_name(main)}
     if draft_name:
@@ -222,7 +252,7 @@ def service_for_playground(inputs: Inputs, locate: Locator) -> Service:
     if shm:
         container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
         pod_spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
-    size = int(params.get("PP", "1") or 1)
+    size = _int_param(params, "PP")
     template = {
         "size": max(size, 1),
         "workerTemplate": {

@@ -48,7 +48,6 @@ MODELS_ROOT = "/workspace/models"
 MODEL_MOUNT_PATH = MODELS_ROOT + "/"
 MODEL_VOLUME = "model-volume"
 LOADER_NAME = "model-loader"
-MODEL_PARALLELISM_CONFIG = "model-parallelism"
 DEFAULT_IMAGE = "ghcr.io/llmplane/llmplane:0.1.0"
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -193,22 +192,6 @@ def _first_flavor_params(pg: Playground, model: OpenModel) -> dict[str, str]:
     return dict(flavors[0].params or {}) if flavors else {}
 
 
-def _multi_host_playground(pg: Playground, models: dict[str, OpenModel], backend: BackendRuntime):
-    """A Playground asking for PP > 1 without a configName uses ``model-parallelism`` (llmaz)."""
-    claims = planning.claims_of(pg)
-    main, draft = planning.main_and_draft(claims)
-    if main not in models or pg.spec.backend_runtime_config.config_name or draft:
-        return pg
-    if int(_first_flavor_params(pg, models[main]).get("PP", "1") or 1) <= 1:
-        return pg
-    names = {c.name for c in backend.spec.recommended_configs or []}
-    if MODEL_PARALLELISM_CONFIG not in names:
-        return pg
-    adjusted = pg.model_copy(deep=True)
-    adjusted.spec.backend_runtime_config.config_name = MODEL_PARALLELISM_CONFIG
-    return adjusted
-
-
 def _merge_into_command(command: list[str], args: list[str]) -> list[str]:
     """A shell command cannot take args: append them to its script (llmaz's rule)."""
     if not args:
@@ -249,9 +232,8 @@ def service_for_playground(
     the engine args, and a worker template running the worker command (no args, ports, probes
     or lifecycle).
     """
-    planned = _multi_host_playground(pg, models, backend)
     service = planning.service_for_playground(
-        planning.Inputs(planned, models, backend), locate=pod_model_path
+        planning.Inputs(pg, models, backend), locate=pod_model_path
     )
     data = dump_resource(service)
     data["spec"].setdefault("rolloutStrategy", {"type": "RollingUpdate"})
@@ -342,7 +324,9 @@ def service_object(service: Service) -> dict[str, Any]:
     return data
 
 
-def hpa_for_playground(pg: Playground, backend: BackendRuntime) -> dict[str, Any] | None:
+def hpa_for_playground(
+    pg: Playground, backend: BackendRuntime, models: dict[str, OpenModel] | None = None
+) -> dict[str, Any] | None:
     """autoscaling/v2 HPA on the Playground's scale subresource, as llmaz builds it.
 
     Only with ``elasticConfig`` and a scale trigger: the Playground's, else the one of the
@@ -353,7 +337,7 @@ def hpa_for_playground(pg: Playground, backend: BackendRuntime) -> dict[str, Any
         return None
     trigger = elastic.scale_trigger
     if trigger is None:
-        cfg = planning.config_name(pg, planning.claims_of(pg))
+        cfg = planning.chosen_config_name(planning.Inputs(pg, models or {}, backend))
         for config in backend.spec.recommended_configs or []:
             if config.name == cfg and config.scale_trigger is not None:
                 trigger = config.scale_trigger
@@ -386,7 +370,7 @@ def playground_objects(
     """(the Service model, [Service object, HPA object if any]) for one Playground."""
     service = service_for_playground(pg, models, backend)
     objects = [service_object(service)]
-    hpa = hpa_for_playground(pg, backend)
+    hpa = hpa_for_playground(pg, backend, models)
     if hpa is not None:
         objects.append(hpa)
     return service, objects

@@ -282,3 +282,14 @@ def test_builtin_backends_cover_llmaz_engines() -> None:
     assert vllm.spec.startup_probe.failure_threshold == 30
     assert vllm.spec.liveness_probe.initial_delay_seconds == 15
     assert vllm.spec.readiness_probe.period_seconds == 5
+
+
+def test_pipeline_parallel_flavor_infers_model_parallelism() -> None:
+    # The blog's llama3-405b Playground names no configName; its flavor's PP=2 needs TP/PP args.
+    flavors = {"flavors": [{"name": "a100", "params": {"TP": "8", "PP": "2"}}]}
+    m = model(inferenceConfig=flavors)
+    svc = service(playground(), m)
+    assert container(svc)["args"][-4:] == ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"]
+    assert svc.to_dict()["spec"]["workloadTemplate"]["size"] == 2
+    # a backend without that config keeps default
+    assert "--tensor-parallel-size" not in container(service(playground(), m, be=backend("sglang")))["args"]
