@@ -510,6 +510,22 @@ def gateway(ctx: typer.Context) -> None:
     raise typer.Exit(gateway_main(list(ctx.args)))
 
 
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def render(ctx: typer.Context) -> None:
+    """Print the Kubernetes objects the operator would create (see: llmplane render --help)."""
+    from llmplane.render import main as render_main
+
+    raise typer.Exit(render_main(list(ctx.args)))
+
+
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def operator(ctx: typer.Context) -> None:
+    """Run the Kubernetes operator (see: llmplane operator --help)."""
+    from llmplane.operator.main import main as operator_main
+
+    raise typer.Exit(operator_main(list(ctx.args)))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes become a message and exit status 1, never a traceback.
 
