@@ -286,3 +286,34 @@ def test_model_route_selects_playground_replicas_by_label(tmp_path: Path, up_fac
     assert code == 404 and data["error"]["code"]
     models = {m["id"] for m in http(f"{up.url}/v1/models")[2]["data"]}
     assert {"tiny", "chat"} <= models
+
+
+def test_model_load_failure_shows_on_the_model_and_the_playground(
+    tmp_path: Path, up_factory
+) -> None:
+    state = tmp_path / "state"
+    path = tmp_path / "missing.yaml"
+    path.write_text(
+        SIM_FLEET.replace("REPLICAS", "1").replace("host:///dev/null", "host:///no/such/model.gguf")
+    )
+    up = up_factory(str(path))
+    model = wait_for(
+        lambda: (
+            (c := condition(state, "OpenModel", "tiny", "Ready", namespace=None)).get("reason")
+            == "NotFound"
+            and c
+        ),
+        30,
+        what="OpenModel NotFound",
+    )
+    assert model["status"] == "False" and "/no/such/model.gguf" in model["message"]
+    pg = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", "tiny", "Available")).get("reason") == "NotFound"
+            and c
+        ),
+        30,
+        what="Playground shows the cause",
+    )
+    assert "failed to load" in pg["message"]
+    assert not up.engine_pids()  # nothing starts without its model
