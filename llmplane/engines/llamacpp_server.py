@@ -54,8 +54,10 @@ def build_app(args: argparse.Namespace) -> Any:
         model["seed"] = args.seed
     if args.model_draft:
         # llama-cpp-python drafts with prompt lookup; a separate draft model is not supported.
-        print("llamacpp_server: -md is ignored by llama-cpp-python; using prompt-lookup drafting",
-              file=sys.stderr)
+        print(
+            "llamacpp_server: -md is ignored by llama-cpp-python; using prompt-lookup drafting",
+            file=sys.stderr,
+        )
         model["draft_model"] = "prompt-lookup-decoding"
         model["draft_model_num_pred_tokens"] = args.draft_max
     app = create_app(

@@ -289,7 +289,15 @@ def test_pipeline_parallel_flavor_infers_model_parallelism() -> None:
     flavors = {"flavors": [{"name": "a100", "params": {"TP": "8", "PP": "2"}}]}
     m = model(inferenceConfig=flavors)
     svc = service(playground(), m)
-    assert container(svc)["args"][-4:] == ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"]
+    assert container(svc)["args"][-4:] == [
+        "--tensor-parallel-size",
+        "8",
+        "--pipeline-parallel-size",
+        "2",
+    ]
     assert svc.to_dict()["spec"]["workloadTemplate"]["size"] == 2
     # a backend without that config keeps default
-    assert "--tensor-parallel-size" not in container(service(playground(), m, be=backend("sglang")))["args"]
+    assert (
+        "--tensor-parallel-size"
+        not in container(service(playground(), m, be=backend("sglang")))["args"]
+    )
