@@ -104,11 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     native = shutil.which("llama-server")
     if native and not os.environ.get("LLMPLANE_LLAMACPP_PYTHON"):
         os.execv(native, [native, *argv])
-    try:
-        import uvicorn
-    except ModuleNotFoundError:
+    import importlib.util
+
+    if not all(importlib.util.find_spec(m) for m in ("llama_cpp", "uvicorn")):
+        # 127, the shell's "command not found": the runtime reports EngineNotInstalled.
         print("llama.cpp is not installed: pip install 'llama-cpp-python[server]'", file=sys.stderr)
         return 127
+    import uvicorn
+
     args = parse_args(argv)
     app = build_app(args)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -538,6 +538,13 @@ class _Replica:
                     reason, cause = CRASH_LOOP, f"the engine could not be started: {err}"
                 else:
                     reason, cause = await self._watch()
+                    if self.last_exit_code == ENGINE_MISSING_EXIT and not self.was_ready:
+                        # A launcher (sh -c, llmplane's engine shims) found no engine: the
+                        # shell's "command not found" status. Restarting cannot help.
+                        hint = local.install_hint or f"install the {self.plan.backend} engine"
+                        tail = _tail(self.log_path, 3)
+                        self._set(FAILED, ENGINE_NOT_INSTALLED, f"{hint}. Engine log: {tail}")
+                        return
                 if self.longest_ready >= self.runtime.backoff_reset:
                     crashes = 0  # it ran well for a while: start the back-off over
                 delay = min(self.runtime.backoff_base * 2**crashes, self.runtime.backoff_cap)
@@ -775,6 +782,9 @@ class _Replica:
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0)))
         if proc is not None and proc.returncode is None and loop.time() >= deadline:
             log.warning("%s: grace period of %gs over with requests in flight", self.name, grace)
+
+
+ENGINE_MISSING_EXIT = 127  # what shells return for "command not found"
 
 
 def _describe_exit(code: int | None) -> str:

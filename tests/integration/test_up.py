@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.upprocess import Up, alive, cli, condition, http, status, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SIM_FLEET = """
 apiVersion: llmaz.io/v1alpha1
@@ -317,3 +321,25 @@ def test_model_load_failure_shows_on_the_model_and_the_playground(
     )
     assert "failed to load" in pg["message"]
     assert not up.engine_pids()  # nothing starts without its model
+
+
+def test_engine_missing_behind_a_launcher_is_not_a_crash_loop(tmp_path: Path, up_factory) -> None:
+    # ollama starts through llmplane's launcher, which exits 127 ("command not found") when
+    # ollama is absent (as on this machine): EngineNotInstalled, no restarts.
+    assert shutil.which("ollama") is None
+    state = tmp_path / "state"
+    up = up_factory(str(ROOT / "examples" / "ollama.yaml"))
+    name = "qwen2-0--5b-ollama"
+    cond = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", name, "Available")).get("reason")
+            == "EngineNotInstalled"
+            and c
+        ),
+        60,
+        what="EngineNotInstalled",
+    )
+    assert "ollama.com/download" in cond["message"]
+    time.sleep(2)
+    assert not up.engine_pids()
+    assert condition(state, "Playground", name, "Available")["reason"] == "EngineNotInstalled"
