@@ -49,7 +49,8 @@ class UpstreamResponse:
         self.headers = headers
 
     async def readany(self) -> bytes:
-        """The next piece of the (de-chunked) body; b"" at its end."""
+        """The body bytes that have arrived since the last call (de-chunked, at least one
+        byte, waiting if needed); b"" at its end."""
         return await self._conn.next_piece()
 
     async def read(self) -> bytes:
@@ -176,51 +177,68 @@ class _Connection(asyncio.Protocol):
             if mode == self.EMPTY:
                 self._finish_body()
                 return
-            # chunked
-            while self._state == self.BODY:
-                if self._chunk_left == -1:
-                    eol = self._buf.find(_CRLF)
+            # chunked: walk the buffer with an offset, compact it once, and hand the data of
+            # every complete chunk in it over as one piece.
+            self._parse_chunked()
+            return
+
+    def _parse_chunked(self) -> None:
+        buf = self._buf
+        n = len(buf)
+        pos = 0
+        left = self._chunk_left
+        out: list[bytes] = []
+        finished = False
+        try:
+            while True:
+                if left == -1:  # a chunk-size line
+                    eol = buf.find(_CRLF, pos)
                     if eol == -1:
-                        if len(self._buf) > 4096:
+                        if n - pos > 4096:
                             raise UpstreamError("bad chunk size line")
-                        return
-                    line = bytes(self._buf[:eol]).split(b";", 1)[0].strip()
-                    del self._buf[: eol + 2]
+                        break
+                    line = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+                    pos = eol + 2
                     try:
                         size = int(line, 16)
                     except ValueError:
                         raise UpstreamError(f"bad chunk size {line[:20]!r}") from None
                     if size < 0:
                         raise UpstreamError("bad chunk size")
-                    if size == 0:
-                        self._chunk_left = -2  # trailers until an empty line
-                    else:
-                        self._chunk_left = size
-                elif self._chunk_left == -2:
-                    eol = self._buf.find(_CRLF)
+                    left = size if size else -2  # 0: trailers until an empty line
+                elif left == -2:  # trailers
+                    eol = buf.find(_CRLF, pos)
                     if eol == -1:
-                        return
-                    empty = eol == 0
-                    del self._buf[: eol + 2]
+                        break
+                    empty = eol == pos
+                    pos = eol + 2
                     if empty:
-                        self._finish_body()
-                elif self._chunk_left == -3:  # CRLF after chunk data
-                    if len(self._buf) < 2:
-                        return
-                    if self._buf[:2] != _CRLF:
+                        finished = True
+                        break
+                elif left == -3:  # the CRLF after chunk data
+                    if n - pos < 2:
+                        break
+                    if buf[pos : pos + 2] != _CRLF:
                         raise UpstreamError("missing CRLF after chunk")
-                    del self._buf[:2]
-                    self._chunk_left = -1
-                else:
-                    if not self._buf:
-                        return
-                    take = min(self._chunk_left, len(self._buf))
-                    self._push(bytes(self._buf[:take]))
-                    del self._buf[:take]
-                    self._chunk_left -= take
-                    if self._chunk_left == 0:
-                        self._chunk_left = -3
-            return
+                    pos += 2
+                    left = -1
+                else:  # chunk data
+                    take = min(left, n - pos)
+                    if take <= 0:
+                        break
+                    out.append(bytes(buf[pos : pos + take]))
+                    pos += take
+                    left -= take
+                    if left == 0:
+                        left = -3
+        finally:
+            self._chunk_left = left
+            if pos:
+                del buf[:pos]
+            if out:
+                self._push(out[0] if len(out) == 1 else b"".join(out))
+        if finished:
+            self._finish_body()
 
     def _head(self, head: bytes) -> bool:
         """Parse a response head; False for a 1xx interim response (skipped)."""
@@ -329,8 +347,14 @@ class _Connection(asyncio.Protocol):
 
     async def next_piece(self) -> bytes:
         while True:
-            if self._pieces:
-                return self._pieces.popleft()
+            pieces = self._pieces
+            if pieces:
+                if len(pieces) == 1:
+                    return pieces.popleft()
+                # Everything that has arrived, as one piece: one write to the client.
+                data = b"".join(pieces)
+                pieces.clear()
+                return data
             if self._done:
                 return b""
             if self._closed_exc is not None:
