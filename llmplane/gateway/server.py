@@ -34,6 +34,7 @@ from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.health import Outliers
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.observability import GatewayMetrics, log_access
+from llmplane.gateway.pd import serve_pd
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
@@ -113,7 +114,7 @@ class Gateway:
         self._started = False
         self.session: aiohttp.ClientSession | None = None
         self.pool: UpstreamPool | None = None
-        self.runner: web.AppRunner | None = None
+        self.runner: web.BaseRunner | None = None
         self.port = 0
         self.host = "127.0.0.1"
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
@@ -152,7 +153,7 @@ class Gateway:
             start = getattr(source, "start", None)
             if start is not None and asyncio.iscoroutinefunction(start):
                 await start()
-        self.runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        self.runner = _runner(self, build_app(self))
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, backlog=2048, reuse_address=True)
         await site.start()
@@ -345,6 +346,11 @@ class Gateway:
             self.config.metrics_staleness,
             now,
         )
+        if backend.pd is not None and not req.path.endswith("/embeddings"):
+            # Prefill/decode disaggregation (pd.py): a prefill replica, then a decode replica.
+            return await serve_pd(
+                self, request, req, decision, candidates, ctx, record, outcome, t0
+            )
         attempts = max(0, backend.retry_attempts)
         n = min(len(candidates), max(self.config.fallbacks, attempts + 1))
         pick = self.scheduler.pick(ctx, candidates, n, backend.profile)
@@ -657,6 +663,51 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/metrics", gateway.prometheus)
     app.router.add_route("*", "/{tail:.*}", gateway.not_found)
     return app
+
+
+def _runner(gateway: Gateway, app: web.Application) -> web.BaseRunner:
+    """Serve ``app``'s routes from aiohttp's low-level server: an exact (method, path) lookup
+    instead of the Application's router, middleware chain and Request subclass (about 6 % of
+    the CPU a proxied request costs). Falls back to the Application when it has routes the
+    lookup cannot express (anything but plain paths and the catch-all)."""
+    table: dict[tuple[str, str], Any] = {}
+    fallback = None
+    for resource in app.router.resources():
+        info = resource.get_info()
+        if isinstance(resource, web.PlainResource) and "path" in info:
+            for route in resource:
+                table[(route.method, info["path"])] = route.handler
+        elif info.get("formatter") == "/{tail}":
+            fallback = next(iter(resource)).handler
+        else:
+            return web.AppRunner(app, access_log=None, handle_signals=False)
+    if fallback is None:
+        return web.AppRunner(app, access_log=None, handle_signals=False)
+    limit = gateway.config.max_body_bytes
+    loop = asyncio.get_running_loop()
+    any_method = {path for (method, path) in table if method == "*"}
+
+    async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
+        if request.headers.get("Expect"):  # as the Application's default expect handler
+            expect = request.headers["Expect"]
+            if request.version == aiohttp.HttpVersion11:
+                if expect.lower() != "100-continue":
+                    raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                request.writer.output_size -= 25
+                await request.writer.drain()
+        path = request.path
+        handler = table.get((request.method, path))
+        if handler is None:
+            handler = table[("*", path)] if path in any_method else fallback
+        return await handler(request)
+
+    def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any,
+                     _cls: type[web.BaseRequest] = web.BaseRequest) -> web.BaseRequest:  # fmt: skip
+        return _cls(message, payload, protocol, writer, task, loop, client_max_size=limit)
+
+    server = web.Server(dispatch, request_factory=make_request, access_log=None)
+    return web.ServerRunner(server, handle_signals=False)
 
 
 async def start_gateway(
