@@ -8,8 +8,13 @@ collection - all of which the operator depends on. This emulator implements the 
 endpoints used, with those semantics:
 
 - discovery: ``/version``, ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``;
-- list (``labelSelector`` equality / inequality / existence), get, create, delete;
-- watch (``?watch=true``, from ``resourceVersion``, ``timeoutSeconds``), JSON lines;
+- list (``labelSelector``: equality, inequality, existence, ``in`` / ``notin``), get, create,
+  delete, across namespaces (``/api/v1/pods``) or in one;
+- watch (``?watch=true``, from ``resourceVersion``, ``timeoutSeconds``, ``labelSelector``),
+  JSON lines; ``compact()`` drops the event history, after which a watch from an older
+  resourceVersion gets an ``ERROR`` event with a ``410 Gone`` Status (as after etcd compaction);
+- Pods are plain objects: nothing schedules or runs them; ``pod()`` builds one with a podIP and
+  a Ready condition, and ``set_pod_ready()`` flips it (the kubelet's part);
 - PATCH ``application/merge-patch+json`` and ``application/apply-patch+yaml`` (server-side
   apply, simplified: a manager's fields are replaced by its latest applied configuration -
   fields it applied before and no longer applies are removed; lists are atomic);
@@ -104,21 +109,13 @@ def _drop_unapplied(current: dict[str, Any], before: dict[str, Any], now: dict[s
 
 
 def _matches(labels: dict[str, str], selector: str | None) -> bool:
-    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
-        if "!=" in term:
-            key, value = term.split("!=", 1)
-            if labels.get(key.strip()) == value.strip():
-                return False
-        elif "=" in term:
-            key, value = term.replace("==", "=").split("=", 1)
-            if labels.get(key.strip()) != value.strip():
-                return False
-        elif term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
+    """kubectl label selector syntax: ``a=b``, ``a!=b``, ``a``, ``!a``, ``a in (x,y)``,
+    ``a notin (x)``."""
+    if not selector:
+        return True
+    from llmplane.store.selectors import parse_selector
+
+    return parse_selector(selector).matches(labels)
 
 
 @dataclass
@@ -138,7 +135,10 @@ class KubeEmulator:
         self.events: list[tuple[int, EmulatedKind, str, dict[str, Any]]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self._rv = 0
+        self._compacted = 0  # events up to this resourceVersion are gone
+        self._watch_epoch = 0  # compact() bumps it: open watches end
         self._changed = asyncio.Condition()
+        self._tick = asyncio.Event()  # replaced (after being set) on every event; for watches
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -234,6 +234,25 @@ class KubeEmulator:
 
         return await asyncio.wait_for(loop(), timeout)
 
+    def compact(self) -> None:
+        """etcd compaction plus the end of every open watch (as on an API server restart):
+        clients watch again from their last resourceVersion, which is now too old, get
+        ``410 Gone`` and must list again."""
+        self._compacted = self._rv
+        self._watch_epoch += 1
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
+
+    async def set_pod_ready(
+        self, name: str, ready: bool, namespace: str = "default", pod_ip: str | None = None
+    ) -> dict[str, Any]:
+        """Play the kubelet: set the Pod's Ready condition (and podIP, if given)."""
+        status: dict[str, Any] = {"conditions": [_ready_condition(ready)]}
+        if pod_ip is not None:
+            status["podIP"] = pod_ip
+            status["podIPs"] = [{"ip": pod_ip}]
+        return await self.patch_status("v1", "Pod", name, namespace, status)
+
     # storage semantics -----------------------------------------------------------------------
 
     def _next_rv(self) -> str:
@@ -242,6 +261,8 @@ class KubeEmulator:
 
     async def _emit(self, kind: EmulatedKind, type_: str, obj: dict[str, Any]) -> None:
         self.events.append((self._rv, kind, type_, copy.deepcopy(obj)))
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
         async with self._changed:
             self._changed.notify_all()
 
@@ -485,6 +506,12 @@ class KubeEmulator:
             for obj in self._list(kind, namespace, selector)["items"]:
                 await response.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
             position = len(self.events)
+        elif int(since) < self._compacted:
+            gone = json.loads(
+                _status(410, "Expired", f"too old resource version: {since} ({self._compacted})")
+            )
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
         else:
             position = next(
                 (i for i, e in enumerate(self.events) if e[0] > int(since)), len(self.events)
@@ -499,8 +526,9 @@ class KubeEmulator:
                 and _matches(meta.get("labels") or {}, selector)
             )
 
+        epoch = self._watch_epoch
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError, TimeoutError):
-            while True:
+            while epoch == self._watch_epoch:
                 while position < len(self.events):
                     event = self.events[position]
                     position += 1
@@ -510,10 +538,12 @@ class KubeEmulator:
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
                     break
-                async with self._changed:
-                    if position >= len(self.events):
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
+                # An Event, not the Condition: a watch cancelled while waiting (client gone,
+                # server stopping) must not have to re-acquire a lock.
+                tick = self._tick
+                if position >= len(self.events):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(tick.wait(), min(remaining, 1.0))
         return response
 
     def _discovery(self, path: str) -> dict[str, Any] | None:
@@ -575,6 +605,49 @@ class KubeEmulator:
             "groupVersion": kinds[0].group_version,
             "resources": resources,
         }
+
+
+def _ready_condition(ready: bool) -> dict[str, Any]:
+    return {
+        "type": "Ready",
+        "status": "True" if ready else "False",
+        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def pod(
+    name: str,
+    labels: dict[str, str],
+    pod_ip: str | None = "10.0.0.1",
+    *,
+    ready: bool = True,
+    namespace: str = "default",
+    port: int = 8080,
+) -> dict[str, Any]:
+    """A running Pod as the kubelet reports it (``model-runner`` container, ``http`` port),
+    to ``create`` in the emulator. ``pod_ip=None``: not scheduled yet (Pending, no IP)."""
+    status: dict[str, Any] = {"phase": "Pending" if pod_ip is None else "Running"}
+    if pod_ip is not None:
+        status.update(
+            podIP=pod_ip,
+            podIPs=[{"ip": pod_ip}],
+            conditions=[_ready_condition(ready)],
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "containers": [
+                {
+                    "name": "model-runner",
+                    "image": "llmplane/sim",
+                    "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+                }
+            ]
+        },
+        "status": status,
+    }
 
 
 def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
