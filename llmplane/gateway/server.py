@@ -747,6 +747,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-access-log", action="store_true", help="do not print one JSON line per request"
     )
+    kube = parser.add_argument_group("Kubernetes (in-cluster)")
+    kube.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="read routes from the Kubernetes API and route to ready Pods (in-cluster config, "
+        "else kubeconfig) instead of the state directory",
+    )
+    kube.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="with --kubernetes: namespace to read (repeatable; default 'all')",
+    )
+    kube.add_argument("--kube-server", help=argparse.SUPPRESS)  # API server URL (development)
     return parser
 
 
@@ -755,8 +770,15 @@ async def serve(args: argparse.Namespace, ready: Any = None) -> None:
     from llmplane.store.paths import open_store
 
     config = load_config(args.config)
-    store = open_store(args.state_dir)
-    discovery = StoreEndpoints(store)
+    if getattr(args, "kubernetes", False):
+        from llmplane.gateway.kube_discovery import kubernetes_sources, parse_namespaces
+
+        store, discovery = await kubernetes_sources(
+            parse_namespaces(args.namespace), args.kube_server
+        )
+    else:
+        store = open_store(args.state_dir)
+        discovery = StoreEndpoints(store)
     gateway = await start_gateway(store, discovery, args.host, args.port, config)
     print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
     stop = asyncio.Event()
@@ -768,7 +790,8 @@ async def serve(args: argparse.Namespace, ready: Any = None) -> None:
         await stop.wait()
     finally:
         await gateway.close()
-        store.close()
+        aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
+        await aclose() if aclose is not None else store.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

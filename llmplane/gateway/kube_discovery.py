@@ -1,0 +1,285 @@
+"""Endpoints from Kubernetes Pods, for the in-cluster gateway (``llmplane gateway --kubernetes``).
+
+``PodDiscovery`` watches every Pod in the gateway's namespaces (one list + watch per namespace,
+or one cluster-wide) and turns each **serving** pod into an ``Endpoint``:
+
+- it is Running, has a ``podIP``, its ``Ready`` condition is ``True`` and it is not being
+  deleted (no ``deletionTimestamp``: a terminating pod gets no new requests);
+- and the routing table may select it: it carries ``llmaz.io/model-name`` (a Playground's
+  replicas; multi-host workers do not, so only leaders serve), or its labels match a
+  ModelServer's ``workloadSelector.matchLabels`` or an InferencePool's ``selector`` in its
+  namespace. Other pods (the gateway itself, unrelated apps) are never endpoints, so they are
+  neither scraped nor routed to.
+
+The watch is not narrowed by a server-side label selector, because the selectors change with
+the routing objects; the pods are filtered here (the cache keeps only metadata and status).
+
+Each endpoint is ``Endpoint(address="{podIP}:8080", labels=<pod labels>, model_name=...,
+namespace=<pod namespace>, engine=..., fixed_port=False)``:
+
+- 8080 is the ``http`` port of llmaz's ``model-runner`` container; ``fixed_port=False`` lets a
+  ModelServer's ``workloadPort`` or an InferencePool's ``targetPortNumber`` replace it;
+- ``model_name`` is what the engine serves: for a ``llmaz.io/model-name`` pod, the OpenModel's
+  served name (its name; the tag for ``ollama://``) when the OpenModel is known, else the label;
+  ``""`` for other pods (a ModelServer's ``spec.model`` is sent instead);
+- ``engine`` (which metrics to scrape) comes from ``inference.llmaz.io/backend-name``:
+  vllm, sglang, llamacpp, tgi, sim or ollama; another name is kept as is (every metrics table
+  is tried) and no label means vllm;
+- Kthena ``pdGroup`` role labels are ordinary pod labels and become endpoint labels.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL
+from llmplane.gateway.discovery import Endpoint, _Subscribers
+from llmplane.gateway.watching import StoreFollower
+from llmplane.store.kube import POD, Informer
+
+log = logging.getLogger("llmplane.gateway")
+
+POD_PORT = 8080  # the model-runner container's "http" port
+SELECTOR_KINDS = ("ModelServer", "InferencePool", "OpenModel")
+
+_ENGINES = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "llamacpp": "llamacpp",
+    "llama.cpp": "llamacpp",
+    "llama-cpp": "llamacpp",
+    "tgi": "tgi",
+    "text-generation-inference": "tgi",
+    "sim": "sim",
+    "llmplane-sim": "sim",
+    "ollama": "ollama",
+}
+
+
+def engine_of(backend: str | None) -> str:
+    """The engine type (for metrics) a BackendRuntime name stands for."""
+    if not backend:
+        return "vllm"
+    name = backend.lower()
+    if name in _ENGINES:
+        return _ENGINES[name]
+    for key, engine in _ENGINES.items():
+        if key in name:  # "vllm-openai", "sglang-custom"
+            return engine
+    return name
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Running, with a podIP, Ready, and not terminating."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    if meta.get("deletionTimestamp") or not status.get("podIP"):
+        return False
+    if status.get("phase", "Running") != "Running":
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def pod_address(ip: str, port: int) -> str:
+    try:
+        if ipaddress.ip_address(ip).version == 6:
+            return f"[{ip}]:{port}"
+    except ValueError:
+        pass
+    return f"{ip}:{port}"
+
+
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What discovery needs of a Pod (the cache holds every pod in the namespaces)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp")
+            if k in meta
+        },
+        "status": {k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
+    }
+
+
+def _selectors(objects: Mapping[Any, dict[str, Any]]) -> dict[str, list[dict[str, str]]]:
+    """Label maps that ModelServers and InferencePools select, by namespace."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for obj in objects.values():
+        spec = obj.get("spec") or {}
+        if obj.get("kind") == "ModelServer":
+            selector = (spec.get("workloadSelector") or {}).get("matchLabels") or {}
+        elif obj.get("kind") == "InferencePool":
+            selector = spec.get("selector") or {}
+        else:
+            continue
+        if isinstance(selector, Mapping):
+            namespace = obj["metadata"].get("namespace") or "default"
+            out.setdefault(namespace, []).append({str(k): str(v) for k, v in selector.items()})
+    return out
+
+
+def _served_names(objects: Mapping[Any, dict[str, Any]]) -> dict[str, str]:
+    """OpenModel name -> the name its engine serves."""
+    from llmplane.api.llmaz import OpenModel
+    from llmplane.controlplane.planning import served_model_name
+
+    names = {}
+    for obj in objects.values():
+        if obj.get("kind") != "OpenModel":
+            continue
+        try:
+            names[obj["metadata"]["name"]] = served_model_name(OpenModel.model_validate(obj))
+        except Exception as err:
+            log.debug("OpenModel %s: %s", obj["metadata"].get("name"), err)
+    return names
+
+
+class PodDiscovery(_Subscribers):
+    """``Discovery`` over Pods (see the module docstring). ``store`` (a ``KubeStore``, or any
+    store) provides the ModelServers, InferencePools and OpenModels; ``await start()`` lists
+    and then follows pods; ``await close()`` stops."""
+
+    def __init__(
+        self,
+        api: Any,
+        namespaces: Sequence[str] | None = None,
+        store: Any = None,
+        *,
+        port: int = POD_PORT,
+        watch_timeout: int = 300,
+    ) -> None:
+        super().__init__()
+        self.port = port
+        self.namespaces = tuple(namespaces or ()) or None
+        self.informers = [
+            Informer(
+                api,
+                POD,
+                namespace,
+                self._pod_event,
+                transform=slim_pod,
+                watch_timeout=watch_timeout,
+            )
+            for namespace in (self.namespaces or (None,))
+        ]
+        self._selectors: dict[str, list[dict[str, str]]] = {}
+        self._served: dict[str, str] = {}
+        self._endpoints: list[Endpoint] = []
+        self._started = False
+        self._follower = (
+            StoreFollower(store, SELECTOR_KINDS, self._objects_changed, debounce=0.0)
+            if store is not None
+            else None
+        )
+
+    # --- Discovery -----------------------------------------------------------------------------
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints)
+
+    async def start(self) -> None:
+        for informer in self.informers:
+            await informer.start()
+        if self._follower is not None:
+            await self._follower.start()
+        self._started = True
+        self._recompute()
+
+    async def close(self) -> None:
+        if self._follower is not None:
+            await self._follower.close()
+        for informer in self.informers:
+            await informer.close()
+
+    # --- building ------------------------------------------------------------------------------
+
+    def _objects_changed(self, objects: dict[Any, dict[str, Any]]) -> None:
+        self._selectors = _selectors(objects)
+        self._served = _served_names(objects)
+        self._recompute()
+
+    def _pod_event(self, type_: str, pod: dict[str, Any]) -> None:
+        self._recompute()
+
+    def _wanted(self, labels: Mapping[str, str], namespace: str) -> bool:
+        if MODEL_NAME_LABEL in labels:
+            return True
+        return any(
+            all(labels.get(k) == v for k, v in selector.items())
+            for selector in self._selectors.get(namespace, ())
+        )
+
+    def endpoint_of(self, pod: Mapping[str, Any]) -> Endpoint | None:
+        """The endpoint a pod is, or None if it is not serving or nothing may select it."""
+        if not pod_ready(pod):
+            return None
+        meta = pod["metadata"]
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        namespace = meta.get("namespace") or "default"
+        if not self._wanted(labels, namespace):
+            return None
+        model = labels.get(MODEL_NAME_LABEL, "")
+        backend = labels.get(BACKEND_LABEL, "")
+        return Endpoint(
+            address=pod_address(pod["status"]["podIP"], self.port),
+            labels=labels,
+            model_name=self._served.get(model, model) if model else "",
+            backend=backend,
+            namespace=namespace,
+            engine=engine_of(backend),
+            fixed_port=False,
+        )
+
+    def _recompute(self) -> None:
+        if not self._started:
+            return
+        endpoints: dict[str, Endpoint] = {}
+        for informer in self.informers:
+            for key in sorted(informer.objects):
+                endpoint = self.endpoint_of(informer.objects[key])
+                if endpoint is not None:
+                    # Two pods with one IP (a stale one and its replacement): the first wins.
+                    endpoints.setdefault(endpoint.address, endpoint)
+        new = list(endpoints.values())
+        if new != self._endpoints:
+            self._endpoints = new
+            self._changed()
+
+
+def parse_namespaces(values: Sequence[str] | None) -> list[str] | None:
+    """``--namespace`` values (repeatable, comma-separated) -> namespaces; ``all`` or none
+    given -> ``None`` (every namespace)."""
+    names = [n.strip() for v in values or () for n in v.split(",") if n.strip()]
+    if not names or "all" in names:
+        return None
+    return list(dict.fromkeys(names))
+
+
+async def kubernetes_sources(
+    namespaces: Sequence[str] | None = None,
+    server: str | None = None,
+    token: str | None = None,
+) -> tuple[Any, Any]:
+    """What ``llmplane gateway --kubernetes`` routes with: a started ``KubeStore`` (routing
+    objects) and a Discovery of Pods plus the store's llmplane.io ``Endpoint`` objects.
+    Close the store with ``await store.aclose()`` after the gateway."""
+    from llmplane.gateway.discovery import CombinedDiscovery
+    from llmplane.gateway.external import StoreEndpoints
+    from llmplane.store.kube import KubeStore
+
+    store = await KubeStore.connect(namespaces, server, token)
+    try:
+        pods = PodDiscovery(store.api, namespaces, store)
+        discovery = CombinedDiscovery(pods, StoreEndpoints(store))
+    except BaseException:
+        await store.aclose()
+        raise
+    return store, discovery
