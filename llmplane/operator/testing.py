@@ -246,11 +246,11 @@ class KubeEmulator:
     async def set_pod_ready(
         self, name: str, ready: bool, namespace: str = "default", pod_ip: str | None = None
     ) -> dict[str, Any]:
-        """Play the kubelet: set the Pod's Ready condition (and podIP, if given)."""
+        """Play the kubelet: set the Pod's Ready condition (and, given a podIP, the IP and
+        phase Running)."""
         status: dict[str, Any] = {"conditions": [_ready_condition(ready)]}
-        if pod_ip is not None:
-            status["podIP"] = pod_ip
-            status["podIPs"] = [{"ip": pod_ip}]
+        if pod_ip is not None:  # scheduled and started
+            status.update(phase="Running", podIP=pod_ip, podIPs=[{"ip": pod_ip}])
         return await self.patch_status("v1", "Pod", name, namespace, status)
 
     # storage semantics -----------------------------------------------------------------------
