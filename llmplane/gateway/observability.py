@@ -120,6 +120,19 @@ class GatewayMetrics:
             ["endpoint"],
             registry=r,
         )
+        self.pd_requests = Counter(
+            "llmplane_gateway_pd_requests",
+            "Requests served by a prefill/decode pair, by model and KV connector",
+            ["model", "connector"],
+            registry=r,
+        )
+        self.pd_prefill = Histogram(
+            "llmplane_gateway_pd_prefill_duration_seconds",
+            "Prefill request latency (sent to response read) in prefill/decode serving",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         if gateway is not None:
             r.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
         self._children: dict[tuple[Any, ...], Any] = {}

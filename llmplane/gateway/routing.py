@@ -32,6 +32,7 @@ from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.pd import PDBackend, mode_of
 from llmplane.gateway.state import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
@@ -52,7 +53,7 @@ class Backend:
     retry_attempts: int = 2
     retry_interval: float = 0.0
     profile: str | None = None
-    pd: bool = False
+    pd: PDBackend | None = None  # prefill/decode disaggregation: candidates are the decoders
 
     def address(self, state: EndpointState) -> str:
         return state.endpoint.with_port(self.port)
@@ -274,11 +275,17 @@ def build_table(
         spec = server.spec
         namespace = meta.get("namespace") or "default"
         selector = dict(spec.workload_selector.match_labels or {})
-        pd = spec.workload_selector.pd_group is not None
-        if pd:
-            # Prefill/decode disaggregation is not implemented yet: serve whole requests on
-            # the decode instances (which can prefill locally).
-            selector.update(spec.workload_selector.pd_group.decode_labels)
+        group = spec.workload_selector.pd_group
+        pd = None
+        if group is not None:
+            # Candidates are the decode replicas; pd.py pairs each with a prefill replica.
+            prefill = {**selector, **group.prefill_labels}
+            pd = PDBackend(
+                group.group_key,
+                tuple(s for s in in_namespace(namespace) if _selects(prefill, s.endpoint.labels)),
+                mode_of(spec.inference_engine, spec.kv_connector and spec.kv_connector.type),
+            )
+            selector.update(group.decode_labels)
         candidates = tuple(
             s for s in in_namespace(namespace) if _selects(selector, s.endpoint.labels)
         )
