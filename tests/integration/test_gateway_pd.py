@@ -440,3 +440,28 @@ async def test_all_prefills_failing_gives_the_engines_error(tmp_path):
 @pytest.fixture(autouse=True)
 def _quiet_gateway_logs(caplog):
     caplog.set_level("WARNING", logger="llmplane.gateway.access")
+
+
+async def test_sglang_failed_prefill_abandons_the_pair_and_retries(tmp_path):
+    bad = Pod("prefill", "0", "127.0.0.2", "--fault-error-rate", "1", "--fault-error-codes", "500")
+    good = Pod("prefill", "0", "127.0.0.3")
+    decode = Pod("decode", "0", "127.0.0.1", "--time-scale", "1")
+    pods = [bad, good, decode]
+    async with pd_gateway(tmp_path, pods, engine="SGLang", retry=2) as (gw, client):
+        for i in range(20):
+            body = {"model": "pd", "messages": prompt(200 + i, 300), "max_tokens": 2}
+            status, headers, data = await post(client, gw, body)
+            assert status == 200, data
+            assert headers[PREFILL_HEADER] == good.address
+            if bad.tap.inference:
+                break
+        assert [c["status"] for c in bad.tap.inference] == [500]
+        failed_room = bad.tap.inference[0]["body"]["bootstrap_room"]
+        # The decode sent with the failed prefill's room was abandoned, and the retry used a
+        # new room with the good prefill's host.
+        rooms = [c["body"]["bootstrap_room"] for c in decode.tap.inference]
+        assert failed_room in rooms
+        retried = decode.tap.inference[-1]["body"]
+        assert retried["bootstrap_room"] != failed_room
+        assert retried["bootstrap_host"] == "127.0.0.3"
+        assert len(decode.tap.inference) == i + 2
