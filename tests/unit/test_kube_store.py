@@ -269,3 +269,32 @@ async def test_start_fails_when_the_api_cannot_be_reached() -> None:
         url = kube.url
     with pytest.raises(Exception):  # noqa: B017 - a connection error of aiohttp's
         await KubeStore.connect(server=url)
+
+
+def test_the_charts_gateway_role_grants_exactly_reads_of_what_it_follows() -> None:
+    """The gateway's ClusterRole (deploy/helm/llmplane/templates/gateway.yaml) lets it get /
+    list / watch every resource the store and PodDiscovery follow, and nothing more than read."""
+    from pathlib import Path
+
+    import yaml
+
+    from llmplane.store.kube import POD, Resource
+
+    text = (
+        Path(__file__).resolve().parents[2] / "deploy/helm/llmplane/templates/gateway.yaml"
+    ).read_text()
+    docs = [
+        yaml.safe_load("\n".join(line for line in doc.splitlines() if "{{" not in line))
+        for doc in text.split("\n---")
+    ]
+    [role] = [d for d in docs if d and d.get("kind") == "ClusterRole"]
+    granted = {
+        (group, resource)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        if {"get", "list", "watch"} <= set(rule["verbs"])
+    }
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in role["rules"])
+    followed = {(r.group, r.plural) for r in [*map(Resource.of, GATEWAY_KINDS), POD]}
+    assert followed <= granted, followed - granted
