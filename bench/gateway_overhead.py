@@ -11,7 +11,8 @@ Reported: req/s, p50/p99 latency, and the latency the gateway adds (gateway minu
 Then the scheduler alone: the default profile picking among 64 endpoints for a 16k-character
 prompt (prefix hashing included), timed around the pick function.
 
-``--write`` puts the tables into docs/benchmarks-gateway.md.
+``--write`` puts the tables into docs/benchmarks.md (section gateway-overhead); the fuller
+comparison with other proxies is ``python -m bench.overhead``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import orjson
 
-from llmplane.gateway.testing import ROOT, spawn
+from llmplane.gateway.testing import spawn
 
 BODY = orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 1})
 
@@ -217,11 +218,8 @@ def scheduling_benchmark(
 
 
 def write_doc(rows: list[dict[str, float]], sched: dict[str, float], duration: float) -> Path:
-    path = ROOT / "docs" / "benchmarks-gateway.md"
     tool = "wrk" if shutil.which("wrk") else "an aiohttp client pool (wrk not installed)"
     lines = [
-        "# Gateway overhead",
-        "",
         f"`python -m bench.gateway_overhead --duration {duration:g} --write` on {os.cpu_count()} CPUs "
         f"({platform.processor() or platform.machine()}), Python {platform.python_version()}. Upstream: "
         "`bench/gateway_upstream.py --fixed` (aiohttp, one fixed small completion JSON). Gateway: "
@@ -240,9 +238,7 @@ def write_doc(rows: list[dict[str, float]], sched: dict[str, float], duration: f
         )
     lines += [
         "",
-        "## Scheduling",
-        "",
-        "The default profile (model-served filter; queue x2, kv-cache x2, prefix-cache x3, "
+        "**Scheduling** (`python -m bench.gateway_overhead --skip-proxy --write`): the default profile (model-served filter; queue x2, kv-cache x2, prefix-cache x3, "
         "least-request x1; max-score picker) over 64 endpoints with fresh metrics, a "
         "16,000-character chat prompt whose first 12,000 characters are one of 32 cached system "
         "prompts; prompt extraction, prefix hashing (250 blocks) and the index update are "
@@ -253,16 +249,16 @@ def write_doc(rows: list[dict[str, float]], sched: dict[str, float], duration: f
         f"| {sched['p50']:.3f} | {sched['p99']:.3f} | {sched['mean']:.3f} |",
         "",
     ]
-    path.parent.mkdir(exist_ok=True)
-    path.write_text("\n".join(lines))
-    return path
+    from bench.common import write_section
+
+    return write_section("gateway-overhead", "\n".join(lines))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per load run")
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32, 128])
-    parser.add_argument("--write", action="store_true", help="write docs/benchmarks-gateway.md")
+    parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
     parser.add_argument("--skip-proxy", action="store_true")
     args = parser.parse_args()
     sched = scheduling_benchmark()

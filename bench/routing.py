@@ -17,7 +17,8 @@ Routers, all started once and used in turns:
   ModelServer annotated with its scheduling profile): ``rr`` (round-robin scorer: the
   Kubernetes Service baseline), ``random``, ``least-request``, ``default`` (DEFAULT_CONFIG:
   queue x2, kv-cache x2, prefix-cache x3, least-request x1), ``default+lora`` (default plus
-  lora-affinity x2), ``prefix-lr`` (prefix-cache x3, least-request x2, kv-cache x1);
+  lora-affinity x2), ``prefix-lr`` (prefix-cache x3, least-request x2, kv-cache x1),
+  ``prefix-lrq`` (prefix-lr plus queue x1; not in the default set);
 - vllm-router (Rust, PyPI), one process per policy: ``cache_aware``, ``power_of_two``,
   ``consistent_hash``.
 
@@ -44,6 +45,7 @@ import re
 import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -63,7 +65,15 @@ from bench.common import (
     write_section,
 )
 
-LLMPLANE_POLICIES = ["rr", "random", "least-request", "default", "default+lora", "prefix-lr"]
+LLMPLANE_POLICIES = [
+    "rr",
+    "random",
+    "least-request",
+    "default",
+    "default+lora",
+    "prefix-lr",
+    "prefix-lrq",
+]
 VLLM_ROUTER_POLICIES = ["cache_aware", "power_of_two", "consistent_hash"]
 ADAPTERS = 16
 BASE_MODEL = "sim-model"
@@ -93,6 +103,14 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "model-served-filter"},
         {"pluginRef": "prefix-cache-scorer", "weight": 3},
         {"pluginRef": "least-request-scorer", "weight": 2},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+        {"pluginRef": "max-score-picker"},
+    ],
+    "prefix-lrq": [
+        {"pluginRef": "model-served-filter"},
+        {"pluginRef": "prefix-cache-scorer", "weight": 3},
+        {"pluginRef": "least-request-scorer", "weight": 2},
+        {"pluginRef": "queue-scorer", "weight": 1},
         {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
         {"pluginRef": "max-score-picker"},
     ],
@@ -491,7 +509,11 @@ def report(res: dict[str, Any]) -> str:
     cells = res["cells"]
     out = [
         f"Command: `python -m bench.routing --sims {a['sims']} --time-scale {a['time_scale']:g} "
-        f"--cell-seconds {a['cell_seconds']:g}` ({machine_line(res['machine'], res['load_after'])}). "
+        f"--cell-seconds {a['cell_seconds']:g} --rates {' '.join(f'{r:g}' for r in a['rates'])}"
+        + (f" --workloads {' '.join(a['workloads'])}" if len(a["workloads"]) < 4 else "")
+        + (f" --policies {' '.join(a['policies'])}" if len(a["policies"]) < 9 else "")
+        + (f" --section {a['section']}" if a.get("section", "routing") != "routing" else "")
+        + f"` ({machine_line(res['machine'], res['load_after'])}). "
         f"{a['sims']} sims, {a['num_blocks']} KV blocks (x16 tokens) each. All figures in "
         f"simulated seconds (real / {a['time_scale']:g}). `hit` = prefix-cache hits / queries "
         "summed over the sims; `imbalance` = max / mean completed requests per sim; `late p99` = "
@@ -539,7 +561,8 @@ def report(res: dict[str, Any]) -> str:
                 ]
             )
         out += [f"**{WORKLOAD_TITLES[workload]}**", "", table(headers, rows, "rl" + "r" * 11), ""]
-    out.append("![TTFT vs rate](img/routing_ttft.png) ![throughput](img/routing_throughput.png)")
+    prefix = a.get("section", "routing").replace("-", "_")
+    out.append(f"![TTFT vs rate](img/{prefix}_ttft.png) ![throughput](img/{prefix}_throughput.png)")
     return "\n".join(out)
 
 
@@ -550,10 +573,15 @@ def plot(res: dict[str, Any]) -> list[Any]:
     import matplotlib.pyplot as plt
 
     cells = res["cells"]
+    prefix = res["args"].get("section", "routing").replace("-", "_")
     IMG.mkdir(parents=True, exist_ok=True)
     paths = []
     sp = [c for c in cells if c["workload"] == "shared_prefix"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+
+    def label(policy: str) -> str:
+        return f"llmplane {policy}" if policy in LLMPLANE_POLICIES else f"vllm-router {policy}"
+
     for policy in dict.fromkeys(c["policy"] for c in sp):
         pts = sorted(
             (c["rate"], c["ttft_p90"] * 1000, c["ttft_p50"] * 1000)
@@ -561,8 +589,8 @@ def plot(res: dict[str, Any]) -> list[Any]:
             if c["policy"] == policy
         )
         xs = [p[0] for p in pts]
-        axes[0].plot(xs, [p[2] for p in pts], marker="o", label=policy)
-        axes[1].plot(xs, [p[1] for p in pts], marker="o", label=policy)
+        axes[0].plot(xs, [p[2] for p in pts], marker="o", label=label(policy))
+        axes[1].plot(xs, [p[1] for p in pts], marker="o", label=label(policy))
     for ax, q in zip(axes, ("p50", "p90"), strict=True):
         ax.set_xlabel("offered rate, req/s (simulated)")
         ax.set_ylabel(f"TTFT {q}, ms (simulated)")
@@ -571,7 +599,7 @@ def plot(res: dict[str, Any]) -> list[Any]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(IMG / "routing_ttft.png")
+    paths.append(IMG / f"{prefix}_ttft.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     workloads = list(dict.fromkeys(c["workload"] for c in cells))
@@ -581,12 +609,12 @@ def plot(res: dict[str, Any]) -> list[Any]:
         sel = [c for c in cells if c["workload"] == w and c["rate"] == top]
         ax.bar(range(len(sel)), [c["tok_s"] for c in sel])
         ax.set_xticks(
-            range(len(sel)), [c["policy"] for c in sel], rotation=60, ha="right", fontsize=7
+            range(len(sel)), [label(c["policy"]) for c in sel], rotation=60, ha="right", fontsize=7
         )
         ax.set_title(f"{w} @ {top:g} req/s", fontsize=9)
         ax.set_ylabel("output tok/s (simulated)")
     fig.tight_layout()
-    paths.append(IMG / "routing_throughput.png")
+    paths.append(IMG / f"{prefix}_throughput.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
@@ -617,19 +645,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--policies",
         nargs="+",
-        default=LLMPLANE_POLICIES + VLLM_ROUTER_POLICIES,
+        default=[p for p in LLMPLANE_POLICIES if p != "prefix-lrq"] + VLLM_ROUTER_POLICIES,
         choices=LLMPLANE_POLICIES + VLLM_ROUTER_POLICIES,
     )
+    p.add_argument(
+        "--section", default="routing", help="report section and image/result file prefix"
+    )
     p.add_argument("--no-write", action="store_true")
+    p.add_argument(
+        "--report-only", metavar="JSON", help="re-render report and plots from saved results"
+    )
     args = p.parse_args(argv)
+    if args.report_only:
+        res = json.loads(Path(args.report_only).read_text())
+        res["args"].setdefault("section", args.section)
+        for path in plot(res):
+            print(f"wrote {path}")
+        print(f"wrote {write_section(res['args']['section'], report(res))}")
+        return
     res = asyncio.run(run_all(args))
     if args.no_write:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "routing.json").write_text(json.dumps(res, indent=1, default=str))
+    (RESULTS / f"{args.section}.json").write_text(json.dumps(res, indent=1, default=str))
     for path in plot(res):
         print(f"wrote {path}")
-    print(f"wrote {write_section('routing', report(res))}")
+    print(f"wrote {write_section(args.section, report(res))}")
 
 
 if __name__ == "__main__":

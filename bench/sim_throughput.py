@@ -9,7 +9,7 @@ generator with a bounded number of requests and a time limit:
 2. 256 concurrent streaming chat completions (128 output tokens each), counting streams
    that really were open at once (client side) and running sequences (server side).
 
-Prints the figures and writes them to docs/benchmarks-sim.md.
+Prints the figures and writes them to docs/benchmarks.md (section sim-throughput).
 """
 
 from __future__ import annotations
@@ -190,8 +190,6 @@ def run_client(url: str, mode: str, args: argparse.Namespace) -> dict:
 def write_report(short: dict, streams: dict, args: argparse.Namespace) -> str:
     cpu = platform.processor() or platform.machine()
     lines = [
-        "# Simulated model server throughput",
-        "",
         "`python -m bench.sim_throughput` : one `llmplane sim` process with `--time-scale 0`",
         "(no modelled latency; the engine loop still steps the batch, keeps the KV cache and",
         "the metrics), loaded by an aiohttp client in a separate process, both on 127.0.0.1.",
@@ -225,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=256)
     p.add_argument("--tokens", type=int, default=128, help="output tokens per stream")
     p.add_argument("--limit", type=int, default=200_000, help="max requests (short scenario)")
-    p.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks-sim.md")
+    p.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")
     p.add_argument("--client", choices=["short", "streams"], help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--sim-arg", action="append", default=[], help="extra sim argument")
@@ -252,9 +250,10 @@ def main(argv: list[str] | None = None) -> int:
             f"TTFT p50 {streams['ttft_p50_ms']:.0f} ms p99 {streams['ttft_p99_ms']:.0f} ms"
         )
     if not args.no_write:
-        out = ROOT / "docs" / "benchmarks-sim.md"
-        out.write_text(write_report(short, streams, args))
-        print(f"wrote {out.relative_to(ROOT)}")
+        from bench.common import write_section
+
+        out = write_section("sim-throughput", write_report(short, streams, args))
+        print(f"wrote {out.relative_to(ROOT)} (section sim-throughput)")
     return 0
 
 
