@@ -30,6 +30,7 @@ namespace=<pod namespace>, engine=..., fixed_port=False)``:
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
@@ -174,6 +175,7 @@ class PodDiscovery(_Subscribers):
         self._served: dict[str, str] = {}
         self._endpoints: list[Endpoint] = []
         self._started = False
+        self._pending: asyncio.Handle | None = None
         self._follower = (
             StoreFollower(store, SELECTOR_KINDS, self._objects_changed, debounce=0.0)
             if store is not None
@@ -194,6 +196,9 @@ class PodDiscovery(_Subscribers):
         self._recompute()
 
     async def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
         if self._follower is not None:
             await self._follower.close()
         for informer in self.informers:
@@ -207,6 +212,12 @@ class PodDiscovery(_Subscribers):
         self._recompute()
 
     def _pod_event(self, type_: str, pod: dict[str, Any]) -> None:
+        # One rebuild per burst: a watch chunk (or a relist) delivers many events in one go.
+        if self._pending is None:
+            self._pending = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._pending = None
         self._recompute()
 
     def _wanted(self, labels: Mapping[str, str], namespace: str) -> bool:

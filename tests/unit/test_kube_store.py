@@ -130,6 +130,8 @@ async def test_watch_replays_then_follows_and_resumes_from_its_own_sequence() ->
             assert (first.type, first.key) == ("ADDED", ("ModelServer", "default", "a"))
 
             await kube.create(route("chat", "a"))  # another kind: filtered out
+            # (kinds are separate watch streams: their relative order is only the arrival's)
+            await eventually(lambda: store.get("ModelRoute", "chat", "default"))
             await kube.create(server("b"))
             second = await asyncio.wait_for(watch.__anext__(), 5)
             assert (second.type, second.key) == ("ADDED", ("ModelServer", "default", "b"))
