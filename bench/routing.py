@@ -18,7 +18,8 @@ Routers, all started once and used in turns:
   Kubernetes Service baseline), ``random``, ``least-request``, ``default`` (DEFAULT_CONFIG:
   queue x2, kv-cache x2, prefix-cache x3, least-request x1), ``default+lora`` (default plus
   lora-affinity x2), ``prefix-lr`` (prefix-cache x3, least-request x2, kv-cache x1),
-  ``prefix-lrq`` (prefix-lr plus queue x1; not in the default set);
+  ``prefix-guard`` (prefix-lr behind a low-queue filter, threshold 5) and ``prefix-lrq``
+  (prefix-lr plus queue x1): candidates, not in the default set;
 - vllm-router (Rust, PyPI), one process per policy: ``cache_aware``, ``power_of_two``,
   ``consistent_hash``.
 
@@ -72,6 +73,7 @@ LLMPLANE_POLICIES = [
     "default",
     "default+lora",
     "prefix-lr",
+    "prefix-guard",
     "prefix-lrq",
 ]
 VLLM_ROUTER_POLICIES = ["cache_aware", "power_of_two", "consistent_hash"]
@@ -106,6 +108,14 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
         {"pluginRef": "max-score-picker"},
     ],
+    "prefix-guard": [
+        {"pluginRef": "model-served-filter"},
+        {"pluginRef": "low-queue-filter"},
+        {"pluginRef": "prefix-cache-scorer", "weight": 3},
+        {"pluginRef": "least-request-scorer", "weight": 2},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+        {"pluginRef": "max-score-picker"},
+    ],
     "prefix-lrq": [
         {"pluginRef": "model-served-filter"},
         {"pluginRef": "prefix-cache-scorer", "weight": 3},
@@ -120,7 +130,10 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
 def scheduler_config() -> dict[str, Any]:
     types = sorted({p["pluginRef"] for plist in PROFILES.values() for p in plist})
     return {
-        "plugins": [{"type": t} for t in types],
+        "plugins": [
+            {"type": t, "parameters": {"threshold": 5}} if t == "low-queue-filter" else {"type": t}
+            for t in types
+        ],
         "schedulingProfiles": [{"name": n, "plugins": p} for n, p in PROFILES.items()],
     }
 
@@ -645,7 +658,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--policies",
         nargs="+",
-        default=[p for p in LLMPLANE_POLICIES if p != "prefix-lrq"] + VLLM_ROUTER_POLICIES,
+        default=[p for p in LLMPLANE_POLICIES if p not in ("prefix-guard", "prefix-lrq")]
+        + VLLM_ROUTER_POLICIES,
         choices=LLMPLANE_POLICIES + VLLM_ROUTER_POLICIES,
     )
     p.add_argument(
