@@ -112,31 +112,16 @@ class Gateway:
         self._follower: StoreFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
-        self.session: aiohttp.ClientSession | None = None
         self.pool: UpstreamPool | None = None
         self.runner: web.BaseRunner | None = None
         self.port = 0
         self.host = "127.0.0.1"
-        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._leaving: dict[str, EndpointState] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._loop = asyncio.get_running_loop()
-        connector = aiohttp.TCPConnector(
-            limit=self.config.connection_limit,
-            limit_per_host=0,
-            keepalive_timeout=self.config.keepalive_timeout,
-            ttl_dns_cache=None,  # resolve a host once; addresses are IPs in practice
-            enable_cleanup_closed=False,
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
         # Proxied requests go through this lean keep-alive client (see upstream.py).
         self.pool = UpstreamPool(
             limit=self.config.connection_limit,
@@ -179,9 +164,6 @@ class Gateway:
                 await close()
         await self.scraper.close()
         await self.ratelimiter.close()
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
@@ -230,14 +212,6 @@ class Gateway:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
 
     # --- request path -----------------------------------------------------------------------------
-
-    def _timeout(self, total: float | None) -> aiohttp.ClientTimeout:
-        t = self._timeouts.get(total)
-        if t is None:
-            t = self._timeouts[total] = aiohttp.ClientTimeout(
-                total=total, sock_connect=self.config.connect_timeout
-            )
-        return t
 
     def saturated(self, state: EndpointState, now: float) -> bool:
         c = self.config
