@@ -241,18 +241,11 @@ class Controller:
             return
         desired = service.to_dict()
         desired.pop("status", None)
-        existing = self.store.get("Service", pg.name, pg.namespace)
-        if existing is None:
-            self.store.apply(desired)
-            record_event(
-                self.store,
-                self.store.get("Playground", pg.name, pg.namespace)
-                or {"kind": "Playground", "metadata": {"name": pg.name, "namespace": pg.namespace}},
-                "ServiceCreated",
-                f"Created Service {pg.name}",
-            )
-        else:
-            self.store.apply(desired)  # a no-op when nothing changed
+        created = self.store.get("Service", pg.name, pg.namespace) is None
+        self.store.apply(desired)  # a no-op when nothing changed
+        owner = self.store.get("Playground", pg.name, pg.namespace)
+        if created and owner is not None:
+            record_event(self.store, owner, "ServiceCreated", f"Created Service {pg.name}")
 
     def _set_playground_error(self, pg: Playground, err: PlanningError) -> None:
         obj = self.store.get("Playground", pg.name, pg.namespace)
