@@ -51,7 +51,6 @@ class Platform:
         state_dir: Path,
         host: str = "127.0.0.1",
         port: int = 8000,
-        backoff_base: float | None = None,
         gateway_config: Any = None,
     ):
         from llmplane.controlplane.controller import Controller
@@ -62,12 +61,7 @@ class Platform:
         self.host, self.port = host, port
         self.store = open_store(state_dir)
         self._listeners: list[Callable[[], None]] = []
-        kwargs: dict[str, Any] = {}
-        if backoff_base is not None:
-            kwargs["backoff_base"] = backoff_base
-        self.runtime = LocalRuntime(
-            state_dir, on_change=self._changed, inflight=self._inflight, **kwargs
-        )
+        self.runtime = LocalRuntime(state_dir, on_change=self._changed, inflight=self._inflight)
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
         self.gateway_config = gateway_config
@@ -79,9 +73,8 @@ class Platform:
             listener()
 
     def _inflight(self, address: str) -> int:
-        if self.gateway is not None and hasattr(self.gateway, "inflight"):
-            return int(self.gateway.inflight(address))
-        return 0
+        # Before the gateway starts nothing can be in flight.
+        return self.gateway.inflight(address) if self.gateway is not None else 0
 
     async def start(self) -> None:
         install_builtins(self.store)
