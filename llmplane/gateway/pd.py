@@ -306,7 +306,6 @@ class _Pair:
         )
         self.profile.on_pick(self.ctx, state)
         state.inflight += 1
-        state.dispatched_since_scrape += 1
         timeout = backend.timeout
         t = time.perf_counter()
         try:
@@ -352,7 +351,6 @@ class _Pair:
         address = self.backend.address(state)
         self.profile.on_pick(self.ctx, state)
         state.inflight += 1
-        state.dispatched_since_scrape += 1
         outcome.endpoint = address
         extra = {PREFILL_HEADER: prefill_address}
         outcome.headers = {**outcome.headers, **extra} if outcome.headers else extra

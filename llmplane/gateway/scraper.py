@@ -178,7 +178,7 @@ def apply_metrics(state: EndpointState, m: LoadMetrics, now: float) -> None:
     state.max_lora = m.max_lora
     state.has_load_metrics = m.any
     state.scraped_at = now if m.any else 0.0
-    state.dispatched_since_scrape = 0
+    state.inflight_at_scrape = state.inflight
     state.scrape_ok = True
 
 

@@ -368,7 +368,6 @@ class Gateway:
             tried += 1
             profile.on_pick(ctx, state)
             state.inflight += 1
-            state.dispatched_since_scrape += 1
             address = backend.address(state)
             outcome.endpoint = address
             wire = encode_request("POST", request.path_qs, address, headers, body)

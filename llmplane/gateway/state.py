@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from llmplane.gateway.discovery import Endpoint
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class EndpointState:
     endpoint: Endpoint
     # Engine metrics (None until scraped; ``has_load_metrics`` False for engines without any).
@@ -29,7 +29,7 @@ class EndpointState:
     served_models: frozenset[str] | None = None  # from /v1/models; None = unknown
     # The gateway's own accounting.
     inflight: int = 0
-    dispatched_since_scrape: int = 0
+    inflight_at_scrape: int = 0  # ``inflight`` when the last scrape was applied
     # Health.
     consecutive_failures: int = 0
     ejected_until: float = 0.0
@@ -51,11 +51,13 @@ class EndpointState:
         return ((now if now is not None else time.monotonic()) - self.scraped_at) <= staleness
 
     def queue_estimate(self, staleness: float, now: float | None = None) -> float:
-        """Waiting requests as the engine reported them plus those sent since that report
-        (optimistic accounting); the gateway's in-flight count when metrics are missing or
-        stale."""
+        """Waiting requests as the engine reported them, moved by the net change in this
+        gateway's in-flight count since that report (optimistic accounting: a burst between
+        two scrapes counts at once, and requests that already finished stop counting, so a
+        fast replica is not taken for a loaded one); the in-flight count when metrics are
+        missing or stale."""
         if self.metrics_fresh(staleness, now):
-            return self.waiting + self.dispatched_since_scrape
+            return max(0.0, self.waiting + self.inflight - self.inflight_at_scrape)
         return float(self.inflight)
 
     def ejected(self, now: float) -> bool:

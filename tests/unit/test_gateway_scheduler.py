@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.scheduler.config import ConfigError, build_scheduler
@@ -44,8 +46,12 @@ def ctx(**kw):
 def test_queue_scorer_min_max_and_optimistic_accounting():
     a, b, c = state(1, waiting=0), state(2, waiting=4), state(3, waiting=8)
     assert QueueScorer().score(ctx(), [a, b, c]) == [1.0, 0.5, 0.0]
-    a.dispatched_since_scrape = 8  # sent since the scrape: counts as queued
+    a.inflight = 8  # sent since the scrape: counts as queued at once
     assert QueueScorer().score(ctx(), [a, b, c]) == [0.0, 1.0, 0.0]
+    a.inflight = 0  # ... and stops counting when those requests have finished
+    assert QueueScorer().score(ctx(), [a, b, c]) == [1.0, 0.5, 0.0]
+    b.inflight_at_scrape = 4  # 4 requests b reported have finished since: its queue moved
+    assert QueueScorer().score(ctx(), [a, b, c]) == [1.0, 1.0, 0.0]
     # Stale metrics: the gateway's own in-flight count.
     stale = state(4, waiting=0, scraped_at=NOW - 5, inflight=3)
     assert QueueScorer().score(ctx(), [stale, state(5, waiting=1)])[1] == 1.0
@@ -128,6 +134,39 @@ def test_prefix_index_matches_consecutive_blocks_and_is_bounded():
     assert index.matches([1, 2], {"a", "b"}) == {"b": 1}
     index.remove("b")
     assert 1 not in index.holders and "b" not in index.lrus
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.lists(st.integers(0, 12), max_size=8)),
+        max_size=30,
+    ),
+    st.lists(st.integers(0, 12), max_size=10),
+    st.integers(1, 10),
+)
+def test_prefix_index_agrees_with_a_plain_lru(adds, query, capacity):
+    """The bit-mask index (bulk LRU refresh, bisection over the running AND) against the
+    obvious model: one ordered LRU per endpoint, count the leading blocks it holds."""
+    index = PrefixIndex(capacity=capacity)
+    model: dict[str, list[int]] = {}
+    for endpoint, hashes in adds:
+        index.add(endpoint, hashes)
+        lru = model.setdefault(endpoint, [])
+        for h in hashes:
+            if h in lru:
+                lru.remove(h)
+        lru.extend(dict.fromkeys(hashes))
+        del lru[: max(0, len(lru) - capacity)]
+        assert list(index.lrus[endpoint]) == lru
+    expected = {}
+    for endpoint, lru in model.items():
+        n = 0
+        while n < len(query) and query[n] in lru:
+            n += 1
+        if n:
+            expected[endpoint] = n
+    assert index.matches(query, ["a", "b", "c", "d", "e"]) == expected
 
 
 def test_prefix_scorer_learns_from_picks():

@@ -114,17 +114,13 @@ class Profile:
             narrowed = f.filter(ctx, kept)
             if narrowed:
                 kept = narrowed
-        if len(kept) == 1 or not self.scorers:
-            totals = [0.0] * len(kept)
-        else:
-            totals = [0.0] * len(kept)
+        totals = [0.0] * len(kept)
+        if len(kept) > 1:
             for scorer, weight in self.scorers:
                 scores = scorer.score(ctx, kept)
-                for i, s in enumerate(scores):
-                    totals[i] += weight * s
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
         chosen = self.picker.pick(ctx, kept, totals, n)
-        index = {id(s): i for i, s in enumerate(kept)}
-        return Pick(chosen, {s.address: round(totals[index[id(s)]], 4) for s in chosen}, self.name)
+        return Pick(chosen, {s.address: round(totals[kept.index(s)], 4) for s in chosen}, self.name)
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         for plugin in self.observers:

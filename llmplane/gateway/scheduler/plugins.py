@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -12,6 +11,7 @@ from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.state import EndpointState
 
 _random = random.random
+_sample = random.sample
 
 
 def _min_max_inverse(values: list[float]) -> list[float]:
@@ -22,6 +22,18 @@ def _min_max_inverse(values: list[float]) -> list[float]:
         return [1.0] * len(values)
     span = hi - lo
     return [(hi - v) / span for v in values]
+
+
+def queue_estimates(ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+    """``EndpointState.queue_estimate`` for each endpoint, inlined: the scheduler's hottest
+    loop (one method call per endpoint cost a third of a 64-endpoint pick)."""
+    oldest = ctx.now - ctx.staleness
+    return [
+        (q if (q := e.waiting + e.inflight - e.inflight_at_scrape) > 0 else 0.0)
+        if e.has_load_metrics and e.scraped_at >= oldest and e.scraped_at
+        else float(e.inflight)
+        for e in endpoints
+    ]
 
 
 # --- filters ------------------------------------------------------------------------------------
@@ -48,7 +60,9 @@ class LowQueueFilter:
         self.threshold = threshold
 
     def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
-        return [e for e in endpoints if e.queue_estimate(ctx.staleness, ctx.now) < self.threshold]
+        threshold = self.threshold
+        queues = queue_estimates(ctx, endpoints)
+        return [e for e, q in zip(endpoints, queues, strict=True) if q < threshold]
 
 
 # --- scorers ------------------------------------------------------------------------------------
@@ -62,8 +76,7 @@ class QueueScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        staleness, now = ctx.staleness, ctx.now
-        return _min_max_inverse([e.queue_estimate(staleness, now) for e in endpoints])
+        return _min_max_inverse(queue_estimates(ctx, endpoints))
 
 
 class KVCacheScorer:
@@ -73,10 +86,10 @@ class KVCacheScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        staleness, now = ctx.staleness, ctx.now
+        oldest = ctx.now - ctx.staleness
         return [
-            max(0.0, min(1.0, 1.0 - e.kv_usage))
-            if e.has_kv and e.metrics_fresh(staleness, now)
+            (1.0 if (u := e.kv_usage) <= 0.0 else 0.0 if u >= 1.0 else 1.0 - u)
+            if e.has_kv and e.has_load_metrics and e.scraped_at >= oldest and e.scraped_at
             else 0.5
             for e in endpoints
         ]
@@ -186,9 +199,23 @@ class MaxScorePicker:
         scores: Sequence[float],
         n: int,
     ) -> list[EndpointState]:
-        keyed = [(s, _random(), i) for i, s in enumerate(scores)]
-        best = heapq.nlargest(n, keyed) if n < len(keyed) else sorted(keyed, reverse=True)
-        return [endpoints[i] for _, _, i in best]
+        # Sort indices by score (C speed), then shuffle only the runs of equal scores that
+        # reach into the first n: 4x cheaper than a random key per endpoint.
+        order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
+        total = len(order)
+        out: list[int] = []
+        i = 0
+        while len(out) < n and i < total:
+            s = scores[order[i]]
+            j = i + 1
+            while j < total and scores[order[j]] == s:
+                j += 1
+            if j - i == 1:
+                out.append(order[i])
+            else:
+                out.extend(_sample(order[i:j], min(j - i, n - len(out))))
+            i = j
+        return [endpoints[k] for k in out]
 
 
 class WeightedRandomPicker:

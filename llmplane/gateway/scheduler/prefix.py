@@ -14,7 +14,7 @@ is actually sent to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 
 import xxhash
@@ -50,7 +50,7 @@ class PrefixIndex:
 
     def __init__(self, capacity: int = 31_250) -> None:
         self.capacity = capacity
-        self.lrus: dict[str, dict[int, None]] = {}
+        self.lrus: dict[str, dict[int, bool]] = {}
         self.holders: dict[int, int] = {}
         self.bits: dict[str, int] = {}
         self._free: list[int] = []
@@ -68,12 +68,12 @@ class PrefixIndex:
         if lru is None:
             lru = self.lrus[endpoint] = {}
         holders = self.holders
-        for h in hashes:
-            if h in lru:
-                del lru[h]  # move to the young end
-                lru[h] = None
-                continue
-            lru[h] = None
+        # Take every hash out, then put them all back at the young end in one C-level update
+        # (a del + set per known hash cost 3x more); only the new ones touch ``holders``.
+        pop = lru.pop
+        new = [h for h in hashes if not pop(h, False)]
+        lru.update(dict.fromkeys(hashes, True))
+        for h in new:
             holders[h] = holders.get(h, 0) | flag
         if len(lru) > self.capacity:
             keep = ~flag
@@ -101,7 +101,7 @@ class PrefixIndex:
                 holders.pop(h, None)
         self._free.append(bit)
 
-    def matches(self, hashes: Sequence[int], endpoints: set[str]) -> dict[str, int]:
+    def matches(self, hashes: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
         """Consecutive leading blocks each endpoint holds (only endpoints with at least one)."""
         bits = self.bits
         candidates: list[tuple[int, str]] = []
@@ -124,9 +124,10 @@ class PrefixIndex:
                 alive = now
                 if not alive:
                     return result
-        for bit, e in candidates:
-            if (alive >> bit) & 1:
-                result[e] = len(hashes)
+        if hashes:
+            for bit, e in candidates:
+                if (alive >> bit) & 1:
+                    result[e] = len(hashes)
         return result
 
 
@@ -158,9 +159,13 @@ class PrefixCacheScorer:
         hashes = self.hashes(ctx)
         if not hashes:
             return [0.0] * len(endpoints)
-        matched = self.index.matches(hashes, {e.key for e in endpoints})
+        keys = [e.endpoint.address for e in endpoints]  # EndpointState.key, without the call
+        matched = self.index.matches(hashes, keys)
+        if not matched:
+            return [0.0] * len(endpoints)
         total = len(hashes)
-        return [matched.get(e.key, 0) / total for e in endpoints]
+        get = matched.get
+        return [get(k, 0) / total for k in keys]
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         hashes = self.hashes(ctx)
