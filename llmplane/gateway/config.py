@@ -47,6 +47,10 @@ class GatewayConfig:
     # Upstream connection pool.
     connection_limit: int = 1024
     keepalive_timeout: float = 60.0
+    # Client connections: an idle keep-alive connection is closed after this many seconds;
+    # on shutdown, requests in flight get ``shutdown_grace`` seconds to finish.
+    client_keepalive_timeout: float = 75.0
+    shutdown_grace: float = 60.0
     # EndpointPickerConfig as a dict; None = the built-in default profile.
     scheduler: dict[str, Any] | None = None
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import orjson
-from aiohttp import web
+
+from llmplane.gateway.http import Response
 
 _TYPES = {
     400: "invalid_request_error",
@@ -46,13 +47,13 @@ class GatewayError(Exception):
             {"error": {"message": self.message, "type": self.type, "code": self.code}}
         )
 
-    def response(self) -> web.Response:
+    def response(self) -> Response:
         headers = {}
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, round(self.retry_after)))
         if self.endpoint:
             headers["x-llmplane-endpoint"] = self.endpoint
-        return web.Response(
+        return Response(
             status=self.status,
             body=self.body(),
             content_type="application/json",

@@ -41,9 +41,9 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.http import Request, Response, StreamResponse
 from llmplane.gateway.state import EndpointState
 from llmplane.gateway.upstream import encode_request
 
@@ -143,7 +143,7 @@ class PrefillFailed(Exception):
 class _Relayed(Exception):
     """A prefill answered 4xx (or a 5xx on the last attempt): that is the client's answer."""
 
-    def __init__(self, response: web.Response) -> None:
+    def __init__(self, response: Response) -> None:
         self.response = response
 
 
@@ -159,7 +159,7 @@ def _groups(gw: Any, pd: PDBackend, now: float) -> dict[str, list[EndpointState]
 
 async def serve_pd(
     gw: Any,
-    request: web.Request,
+    request: Request,
     req: Any,
     decision: Any,
     candidates: Sequence[EndpointState],
@@ -167,7 +167,7 @@ async def serve_pd(
     record: dict[str, Any],
     outcome: Any,
     t0: float,
-) -> web.StreamResponse:
+) -> StreamResponse:
     """Serve ``req`` on a prefill + decode pair (see the module docstring)."""
     from llmplane.gateway.server import _HOP, _Failed
 
@@ -276,7 +276,7 @@ class _Pair:
     def __init__(
         self,
         gw: Any,
-        request: web.Request,
+        request: Request,
         req: Any,
         decision: Any,
         ctx: Any,
@@ -335,7 +335,7 @@ class _Pair:
             self.outcome.status = status
             self.outcome.endpoint = address
             raise _Relayed(
-                web.Response(
+                Response(
                     status=status,
                     body=data,
                     headers=_response_headers(upstream_headers, address, {PREFILL_HEADER: address}),
@@ -345,7 +345,7 @@ class _Pair:
 
     async def decode(
         self, state: EndpointState, body: bytes, may_retry: bool, prefill_address: str
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """The decode request, relayed to the client by the gateway's own proxy paths."""
         gw, outcome = self.gw, self.outcome
         address = self.backend.address(state)
@@ -365,7 +365,7 @@ class _Pair:
 
     async def sequential(
         self, prefill: EndpointState, decode: EndpointState, may_retry: bool
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """http / lmcache / nixl / mooncake: prefill, then decode."""
         req = self.req
         mode = self.backend.pd.mode
@@ -384,7 +384,7 @@ class _Pair:
 
     async def concurrent(
         self, prefill: EndpointState, decode: EndpointState, may_retry: bool
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """SGLang: both at once, paired by bootstrap room. A prefill failure before the decode
         response starts cancels the decode (it would wait for KV that never comes)."""
         req, outcome = self.req, self.outcome

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from llmplane.api.kthena import UNIT_SECONDS, RateLimit, split_host_port
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.http import Response
 from llmplane.gateway.tokens import TokenCounter
 
 log = logging.getLogger("llmplane.gateway")
@@ -248,11 +248,11 @@ class RateLimitError(GatewayError):
             }
         )
 
-    def response(self) -> web.Response:
+    def response(self) -> Response:
         headers = dict(self.headers)
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
-        return web.Response(
+        return Response(
             status=429, body=self.body(), content_type="application/json", headers=headers
         )
 

@@ -26,13 +26,13 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from llmplane.gateway.config import GatewayConfig, load_config
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.health import Outliers
 from llmplane.gateway.hooks import Usage
+from llmplane.gateway.http import Handler, HttpServer, Request, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, log_access
 from llmplane.gateway.pd import serve_pd
 from llmplane.gateway.ratelimit import RateLimiter
@@ -113,7 +113,7 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self.pool: UpstreamPool | None = None
-        self.runner: web.BaseRunner | None = None
+        self.http: HttpServer | None = None
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
@@ -138,14 +138,14 @@ class Gateway:
             start = getattr(source, "start", None)
             if start is not None and asyncio.iscoroutinefunction(start):
                 await start()
-        self.runner = _runner(self, build_app(self))
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, backlog=2048, reuse_address=True)
-        await site.start()
-        server = site._server
-        assert server is not None and server.sockets
+        self.http = HttpServer(
+            routes(self),
+            self.not_found,
+            max_body=self.config.max_body_bytes,
+            keepalive_timeout=self.config.client_keepalive_timeout,
+        )
         self.host = host
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = await self.http.start(host, port)
         log.info("gateway listening on %s:%d", host, self.port)
 
     def _discovery_sources(self) -> list[Any]:
@@ -153,9 +153,9 @@ class Gateway:
         return [*sources] if sources else [self.discovery]
 
     async def close(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
+        if self.http is not None:
+            await self.http.close(self.config.shutdown_grace)
+            self.http = None
         if self._follower is not None:
             await self._follower.close()
         for source in self._discovery_sources():
@@ -225,7 +225,7 @@ class Gateway:
             state.has_kv and state.kv_usage > c.saturation_kv
         )
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: Request) -> StreamResponse:
         t0 = time.perf_counter()
         record: dict[str, Any] = {"method": request.method, "path": request.path}
         status = 500
@@ -269,31 +269,27 @@ class Gateway:
                     log.exception("request hook settle failed")
             self._observe(record, req, decision, outcome, status, usage, t0)
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
-        length = request.content_length
-        if length is not None and length > limit:
+        if request.too_large:
+            length = request.content_length
+            size = f" ({length} bytes)" if length is not None else ""
             raise GatewayError(
                 413,
-                f"the request body ({length} bytes) is over the limit of {limit} bytes",
+                f"the request body{size} is over the limit of {limit} bytes",
                 "request_too_large",
             )
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise GatewayError(
-                413, f"the request body is over the limit of {limit} bytes", "request_too_large"
-            ) from None
+        return request.body
 
     async def _serve(
         self,
-        request: web.Request,
+        request: Request,
         req: InferenceRequest,
         decision: Decision,
         record: dict[str, Any],
         outcome: _Outcome,
         t0: float,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         backend = decision.backend
         if not backend.candidates:
             raise GatewayError(
@@ -341,7 +337,7 @@ class Gateway:
 
     async def _proxy(
         self,
-        request: web.Request,
+        request: Request,
         req: InferenceRequest,
         decision: Decision,
         pick: Pick,
@@ -351,7 +347,7 @@ class Gateway:
         record: dict[str, Any],
         outcome: _Outcome,
         t0: float,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         backend = decision.backend
         order = pick.endpoints
         attempts = max(0, backend.retry_attempts)
@@ -417,7 +413,7 @@ class Gateway:
         state: EndpointState,
         outcome: _Outcome,
         may_retry: bool,
-    ) -> web.Response:
+    ) -> Response:
         assert self.pool is not None
         try:
             try:
@@ -434,7 +430,7 @@ class Gateway:
         outcome.status = status
         if status < 400 and b'"usage"' in data:
             outcome.usage = extract_usage(data)
-        return web.Response(
+        return Response(
             status=status,
             body=data,
             headers=_response_headers(upstream_headers, outcome.endpoint, outcome.headers),
@@ -442,7 +438,7 @@ class Gateway:
 
     async def _stream(
         self,
-        request: web.Request,
+        request: Request,
         address: str,
         wire: bytes,
         timeout: float | None,
@@ -450,7 +446,7 @@ class Gateway:
         outcome: _Outcome,
         t0: float,
         may_retry: bool,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """The timeout covers connect + response headers + first chunk (time to first byte);
         once a byte has been sent to the client the request is never retried."""
         assert self.pool is not None
@@ -477,7 +473,7 @@ class Gateway:
         try:
             outcome.ttft = time.perf_counter() - t0
             outcome.status = resp.status
-            out = web.StreamResponse(
+            out = StreamResponse(
                 status=resp.status,
                 headers=_response_headers(resp.headers, outcome.endpoint, outcome.headers),
             )
@@ -556,24 +552,24 @@ class Gateway:
 
     # --- other endpoints ---------------------------------------------------------------------------
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request) -> Response:
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "llmplane"}
             for name in self.table.model_names()
         ]
-        return web.Response(
+        return Response(
             body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
         )
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+    async def health(self, request: Request) -> Response:
+        return Response(body=b'{"status":"ok"}', content_type="application/json")
 
-    async def prometheus(self, request: web.Request) -> web.Response:
-        return web.Response(
+    async def prometheus(self, request: Request) -> Response:
+        return Response(
             body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
         )
 
-    async def not_found(self, request: web.Request) -> web.Response:
+    async def not_found(self, request: Request) -> Response:
         return GatewayError(
             404, f"no such path: {request.method} {request.path}", "not_found"
         ).response()
@@ -626,61 +622,15 @@ def _response_headers(
     return headers
 
 
-def build_app(gateway: Gateway) -> web.Application:
-    # Bodies over the limit are refused by Gateway._read_body (413 in the OpenAI shape).
-    app = web.Application(client_max_size=gateway.config.max_body_bytes)
-    for path in INFERENCE_PATHS:
-        app.router.add_post(path, gateway.handle)
-    app.router.add_get("/v1/models", gateway.models)
-    app.router.add_get("/health", gateway.health)
-    app.router.add_get("/metrics", gateway.prometheus)
-    app.router.add_route("*", "/{tail:.*}", gateway.not_found)
-    return app
-
-
-def _runner(gateway: Gateway, app: web.Application) -> web.BaseRunner:
-    """Serve ``app``'s routes from aiohttp's low-level server: an exact (method, path) lookup
-    instead of the Application's router, middleware chain and Request subclass (about 6 % of
-    the CPU a proxied request costs). Falls back to the Application when it has routes the
-    lookup cannot express (anything but plain paths and the catch-all)."""
-    table: dict[tuple[str, str], Any] = {}
-    fallback = None
-    for resource in app.router.resources():
-        info = resource.get_info()
-        if isinstance(resource, web.PlainResource) and "path" in info:
-            for route in resource:
-                table[(route.method, info["path"])] = route.handler
-        elif info.get("formatter") == "/{tail}":
-            fallback = next(iter(resource)).handler
-        else:
-            return web.AppRunner(app, access_log=None, handle_signals=False)
-    if fallback is None:
-        return web.AppRunner(app, access_log=None, handle_signals=False)
-    limit = gateway.config.max_body_bytes
-    loop = asyncio.get_running_loop()
-    any_method = {path for (method, path) in table if method == "*"}
-
-    async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
-        if request.headers.get("Expect"):  # as the Application's default expect handler
-            expect = request.headers["Expect"]
-            if request.version == aiohttp.HttpVersion11:
-                if expect.lower() != "100-continue":
-                    raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
-                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                request.writer.output_size -= 25
-                await request.writer.drain()
-        path = request.path
-        handler = table.get((request.method, path))
-        if handler is None:
-            handler = table[("*", path)] if path in any_method else fallback
-        return await handler(request)
-
-    def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any,
-                     _cls: type[web.BaseRequest] = web.BaseRequest) -> web.BaseRequest:  # fmt: skip
-        return _cls(message, payload, protocol, writer, task, loop, client_max_size=limit)
-
-    server = web.Server(dispatch, request_factory=make_request, access_log=None)
-    return web.ServerRunner(server, handle_signals=False)
+def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
+    """(method, path) -> handler; anything else is ``gateway.not_found`` (HEAD follows GET)."""
+    table: dict[tuple[str, str], Handler] = {
+        ("POST", path): gateway.handle for path in INFERENCE_PATHS
+    }
+    table[("GET", "/v1/models")] = gateway.models
+    table[("GET", "/health")] = gateway.health
+    table[("GET", "/metrics")] = gateway.prometheus
+    return table
 
 
 async def start_gateway(

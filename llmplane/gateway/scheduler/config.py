@@ -34,10 +34,10 @@ from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 DEFAULT_CONFIG: dict[str, Any] = {
     "plugins": [
         {"type": "model-served-filter"},
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
+        {"type": "low-queue-filter", "parameters": {"threshold": 5}},
         {"type": "prefix-cache-scorer"},
         {"type": "least-request-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ],
     "schedulingProfiles": [
@@ -45,10 +45,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
             "name": "default",
             "plugins": [
                 {"pluginRef": "model-served-filter"},
-                {"pluginRef": "queue-scorer", "weight": 2},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "low-queue-filter"},
                 {"pluginRef": "prefix-cache-scorer", "weight": 3},
-                {"pluginRef": "least-request-scorer", "weight": 1},
+                {"pluginRef": "least-request-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
                 {"pluginRef": "max-score-picker"},
             ],
         }

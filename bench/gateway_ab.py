@@ -1,0 +1,168 @@
+"""Before/after for the gateway's hot path: two builds, one upstream, alternating wrk cells.
+
+    python -m bench.gateway_ab --baseline HEAD~1 [--rounds 8] [--duration 3] [--concurrency 8]
+                               [--stream-tokens 64] [--no-stream]
+
+The baseline is a git ref checked out into a temporary worktree; the candidate is this working
+tree. Both run as ``python -m llmplane.gateway.server`` (uvloop, default profile, access log
+off) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
+one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
+Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from
+/proc/<pid>/stat around the cell) and wrk's p50/p99. Nothing is written: paste the figures
+into docs/benchmarks.md with the change they measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import orjson
+
+from bench.common import Proc, cpu_seconds, machine, machine_line, table, wrk
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gateway(name: str, tree: Path, state_dir: str) -> Proc:
+    env = {"PYTHONPATH": str(tree)}
+    return Proc(
+        name,
+        [
+            "python",
+            "-m",
+            "llmplane.gateway.server",
+            "--port",
+            "0",
+            "--state-dir",
+            state_dir,
+            "--no-access-log",
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        cwd=str(tree),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--baseline", required=True, help="git ref of the build to compare against")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--duration", type=float, default=3.0)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--stream-tokens", type=int, default=64)
+    p.add_argument("--no-stream", action="store_true")
+    args = p.parse_args(argv)
+
+    from llmplane.gateway.external import endpoint_object
+    from llmplane.store.paths import open_store
+
+    info = machine()
+    work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))
+    base_tree = work / "baseline"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(base_tree), args.baseline],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    procs: list[Proc] = []
+    try:
+        up = Proc(
+            "upstream",
+            [
+                "python",
+                "-m",
+                "bench.gateway_upstream",
+                "--model",
+                "bench",
+                "--delay",
+                "0",
+                "--port",
+                "0",
+            ],
+        )
+        procs.append(up)
+        address = up.listening()
+        state = str(work / "state")
+        store = open_store(state)
+        store.apply(endpoint_object("bench", address, "bench", engine="vllm"))
+        store.close()
+        builds = {"baseline": base_tree, "candidate": ROOT}
+        gws = {name: _gateway(name, tree, state) for name, tree in builds.items()}
+        procs += gws.values()
+        urls = {name: f"http://{gw.listening()}/v1/completions" for name, gw in gws.items()}
+        bodies = {
+            "unary": orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 16})
+        }
+        if not args.no_stream:
+            bodies["stream"] = orjson.dumps(
+                {
+                    "model": "bench",
+                    "prompt": "Say hello.",
+                    "max_tokens": args.stream_tokens,
+                    "stream": True,
+                }
+            )
+        for name, url in urls.items():  # warm up: connections, caches, the prefix index
+            gws[name].wait_http(url, bodies["unary"])
+            wrk(url, bodies["unary"], args.concurrency, 1)
+        cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for r in range(args.rounds):
+            order = list(builds) if r % 2 == 0 else list(reversed(builds))
+            for mode, body in bodies.items():
+                for name in order:
+                    before = cpu_seconds(gws[name].pid)
+                    out = wrk(urls[name], body, args.concurrency, args.duration)
+                    cpu = cpu_seconds(gws[name].pid) - before
+                    out["cpu_us"] = cpu / max(1, out["requests"]) * 1e6
+                    cells.setdefault((mode, name), []).append(out)
+            print(f"round {r + 1}/{args.rounds} done", flush=True)
+        rows = []
+        for (mode, name), outs in cells.items():
+
+            def med(key: str, outs: list[dict[str, float]] = outs) -> float:
+                return statistics.median(o[key] for o in outs)
+
+            rows.append(
+                [
+                    mode,
+                    name,
+                    f"{med('rps'):,.0f}",
+                    f"{med('cpu_us'):.0f}",
+                    f"{med('p50'):.2f}",
+                    f"{med('p99'):.2f}",
+                    sum(o["errors"] for o in outs),
+                ]
+            )
+        print()
+        print(
+            f"`python -m bench.gateway_ab --baseline {args.baseline} --rounds {args.rounds} "
+            f"--duration {args.duration:g} --concurrency {args.concurrency}` "
+            f"({machine_line(info, list(os.getloadavg()))}); medians over rounds"
+        )
+        print()
+        print(
+            table(
+                ["mode", "build", "req/s", "gateway CPU us / req", "p50 ms", "p99 ms", "errors"],
+                rows,
+                "llrrrrr",
+            )
+        )
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False
+        )
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

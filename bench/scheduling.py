@@ -1,0 +1,165 @@
+"""The scheduler alone: what one pick costs, by fleet size and prompt length.
+
+    python -m bench.scheduling [--iterations 5000] [--profile default] [--no-write]
+
+Each cell builds ``endpoints`` EndpointStates with fresh, varied engine metrics (waiting 0-8,
+KV use 0-1, 0-4 in flight) and a prefix index warmed with 256 earlier picks, then times,
+request by request:
+
+- ``pick``: prompt extraction from the parsed body (chat messages flattened), prefix hashing,
+  the profile's filters, scorers and picker (the fallback list of 4);
+- ``pick + update``: the same plus ``on_pick`` (the prefix index learns the chosen endpoint's
+  blocks), i.e. everything scheduling costs a request.
+
+The prompts are chat requests whose first three quarters are one of 32 system prompts (so
+prefixes match on some endpoints) and the rest a fresh question. One process, nothing else
+timed; the garbage collector runs as it would in the gateway. Writes the ``scheduling``
+section of docs/benchmarks.md and bench/results/scheduling.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from typing import Any
+
+from bench.common import RESULTS, machine, machine_line, percentile, table, write_section
+from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.request import prompt_text
+from llmplane.gateway.scheduler.config import build_scheduler
+from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.state import EndpointState
+
+CELLS = [(8, 1_000), (8, 16_000), (64, 1_000), (64, 16_000), (256, 16_000)]
+
+
+def _states(n: int, rng: random.Random, now: float) -> list[EndpointState]:
+    states = []
+    for i in range(n):
+        s = EndpointState(Endpoint(f"10.0.{i // 250}.{i % 250}:8000", {}, "m"))
+        s.has_load_metrics, s.has_kv, s.scraped_at = True, True, now
+        s.waiting, s.kv_usage, s.inflight = rng.randint(0, 8), rng.random(), rng.randint(0, 4)
+        states.append(s)
+    return states
+
+
+def cell(endpoints: int, prompt_chars: int, iterations: int, profile: str | None) -> dict:
+    rng = random.Random(7)
+    now = time.monotonic()
+    states = _states(endpoints, rng, now)
+    scheduler = build_scheduler()
+    prof = scheduler.profile(profile)
+    shared = prompt_chars * 3 // 4
+    systems = ["".join(rng.choice("abcdefghij ") for _ in range(shared)) for _ in range(32)]
+
+    def doc(k: int) -> dict[str, Any]:
+        question = "".join(rng.choice("klmnopq ") for _ in range(prompt_chars - shared - 20))
+        return {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": systems[k % 32]},
+                {"role": "user", "content": question},
+            ],
+        }
+
+    for k in range(256):
+        ctx = SchedulingContext("m", prompt_text(doc(k)).encode(), {}, False, 0.2, now)
+        prof.on_pick(ctx, scheduler.pick(ctx, states, 4, profile).endpoints[0])
+    docs = [doc(k) for k in range(64)]
+    pick_t: list[float] = []
+    total_t: list[float] = []
+    perf = time.perf_counter
+    for k in range(iterations):
+        d = docs[k % len(docs)]
+        start = perf()
+        ctx = SchedulingContext("m", lambda d=d: prompt_text(d).encode(), {}, False, 0.2, now)
+        chosen = scheduler.pick(ctx, states, 4, profile).endpoints[0]
+        picked = perf()
+        prof.on_pick(ctx, chosen)
+        done = perf()
+        pick_t.append((picked - start) * 1000)
+        total_t.append((done - start) * 1000)
+    out: dict[str, Any] = {"endpoints": endpoints, "prompt_chars": prompt_chars}
+    for name, xs in (("pick", pick_t), ("total", total_t)):
+        for q in (50, 99, 99.9):
+            out[f"{name}_p{q:g}"] = percentile(xs, q)
+    return out
+
+
+def report(res: dict[str, Any]) -> str:
+    a = res["args"]
+    rows = [
+        [
+            c["endpoints"],
+            f"{c['prompt_chars']:,}",
+            f"{c['pick_p50']:.3f}",
+            f"{c['pick_p99']:.3f}",
+            f"{c['pick_p99.9']:.3f}",
+            f"{c['total_p50']:.3f}",
+            f"{c['total_p99']:.3f}",
+            f"{c['total_p99.9']:.3f}",
+        ]
+        for c in res["cells"]
+    ]
+    headers = [
+        "endpoints",
+        "prompt chars",
+        "pick p50 ms",
+        "pick p99 ms",
+        "pick p99.9 ms",
+        "pick + update p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+    ]
+    return "\n".join(
+        [
+            f"Command: `python -m bench.scheduling --iterations {a['iterations']}"
+            f"{' --profile ' + a['profile'] if a['profile'] else ''}` "
+            f"({machine_line(res['machine'], res['load_after'])}). Profile: "
+            f"`{a['profile'] or 'default'}` ({res['profile_plugins']}).",
+            "",
+            table(headers, rows),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iterations", type=int, default=5000)
+    p.add_argument("--profile", default=None, help="scheduling profile (default: the default)")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+    info = machine()
+    cells = []
+    for endpoints, chars in CELLS:
+        c = cell(endpoints, chars, args.iterations, args.profile)
+        cells.append(c)
+        print(
+            f"{endpoints:4d} endpoints {chars:6,d} chars: pick p50 {c['pick_p50']:.3f} "
+            f"p99 {c['pick_p99']:.3f} ms; with update p50 {c['total_p50']:.3f} "
+            f"p99 {c['total_p99']:.3f} ms"
+        )
+    import os
+
+    prof = build_scheduler().profile(args.profile)
+    plugins = ", ".join(
+        [f.name for f in prof.filters] + [f"{s.name} x{w:g}" for s, w in prof.scorers]
+    )
+    res = {
+        "args": vars(args),
+        "machine": info,
+        "load_after": list(os.getloadavg()),
+        "profile_plugins": plugins,
+        "cells": cells,
+    }
+    if args.no_write:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "scheduling.json").write_text(json.dumps(res, indent=1))
+    print(f"wrote {write_section('scheduling', report(res))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,525 @@
+"""The gateway's HTTP/1.1 server: httptools' C parser on an asyncio Protocol.
+
+Why not aiohttp's server: for every request it builds a header multidict, a Request with URL
+parsing, a payload stream, a response with a header multidict of its own, and runs the handler
+through several coroutine layers. With the upstream client already lean (upstream.py), py-spy
+showed that as the largest share of the gateway's Python time per request. Here a request is
+parsed by httptools' callbacks into plain slotted objects, a response is one
+``transport.write``, and a stream is chunked by hand.
+
+What it does: keep-alive and pipelining (requests on a connection are answered in order), the
+request-body limit (413 without buffering the rest), ``Expect: 100-continue``, HEAD for GET
+routes, write back-pressure for streams, an idle keep-alive timeout, and a graceful close that
+lets in-flight requests finish. A handler is not cancelled when its client goes away (as with
+aiohttp's default): a stream learns it from ``write`` raising ``ConnectionResetError``.
+
+The request/response classes keep the names of aiohttp's (``Request.headers``, ``path_qs``,
+``read()``; ``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+import orjson
+
+log = logging.getLogger("llmplane.gateway.http")
+
+MAX_HEADER_BYTES = 64 * 1024  # request line + headers; over it: 431
+MAX_QUEUED = 32  # pipelined requests waiting on one connection before reading pauses
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode()
+        _STATUS_LINES[status] = line
+    return line
+
+
+def _date_header() -> bytes:
+    """``Date`` and ``Server`` lines; the server refreshes its copy once a second."""
+    return f"Date: {formatdate(usegmt=True)}\r\nServer: llmplane\r\n".encode()
+
+
+def _encode_headers(headers: dict[str, str] | None) -> bytes:
+    if not headers:
+        return b""
+    return "".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("utf-8", "surrogateescape")
+
+
+class Headers(dict[str, str]):
+    """Request headers by lower-case name; lookups ignore case. A repeated header's values are
+    joined with ``", "`` (RFC 9110 5.3)."""
+
+    __slots__ = ()
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return dict.get(self, key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return dict.__getitem__(self, key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key.lower() if isinstance(key, str) else key)
+
+
+class Request:
+    __slots__ = (
+        "_protocol",
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "path_qs",
+        "too_large",
+        "version",
+    )
+
+    def __init__(
+        self,
+        protocol: _Protocol,
+        method: str,
+        path: str,
+        path_qs: str,
+        headers: Headers,
+        body: bytes,
+        version: str,
+        keep_alive: bool,
+        too_large: bool,
+    ) -> None:
+        self._protocol = protocol
+        self.method = method
+        self.path = path
+        self.path_qs = path_qs
+        self.headers = headers
+        self.body = body
+        self.version = version
+        self.keep_alive = keep_alive
+        self.too_large = too_large  # the body was over the limit and was not kept
+
+    @property
+    def content_length(self) -> int | None:
+        value = dict.get(self.headers, "content-length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+class Response:
+    """A whole response, written in one piece."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self,
+        *,
+        status: int = 200,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+        if content_type is not None:
+            self.headers = (
+                {**headers, "Content-Type": content_type}
+                if headers
+                else {"Content-Type": content_type}
+            )
+
+    def encode(self, keep_alive: bool, head: bool = False, date: bytes | None = None) -> bytes:
+        status = self.status
+        parts = [_status_line(status), _encode_headers(self.headers), date or _date_header()]
+        if status >= 200 and status not in (204, 304):
+            parts.append(b"Content-Length: %d\r\n" % len(self.body))
+        if not keep_alive:
+            parts.append(b"Connection: close\r\n")
+        parts.append(b"\r\n")
+        if not head:
+            parts.append(self.body)
+        return b"".join(parts)
+
+
+class StreamResponse:
+    """A response whose body is written piece by piece (``Transfer-Encoding: chunked``; for an
+    HTTP/1.0 client, raw bytes and the connection closes at the end)."""
+
+    __slots__ = ("_chunked", "_protocol", "finished", "headers", "prepared", "status")
+
+    def __init__(self, *, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.headers = headers
+        self.prepared = False
+        self.finished = False
+        self._protocol: _Protocol | None = None
+        self._chunked = True
+
+    async def prepare(self, request: Request) -> None:
+        protocol = request._protocol
+        self._protocol = protocol
+        self.prepared = True
+        if protocol.closed:
+            raise ConnectionResetError("the client closed the connection")
+        self._chunked = request.version != "1.0"
+        if not self._chunked:
+            request.keep_alive = False
+        parts = [_status_line(self.status), _encode_headers(self.headers), protocol.server.date]
+        if self._chunked:
+            parts.append(b"Transfer-Encoding: chunked\r\n")
+        if not request.keep_alive:
+            parts.append(b"Connection: close\r\n")
+        parts.append(b"\r\n")
+        protocol.transport.write(b"".join(parts))
+
+    async def write(self, data: bytes) -> None:
+        protocol = self._protocol
+        assert protocol is not None, "prepare() first"
+        if protocol.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if not data:
+            return
+        if self._chunked:
+            protocol.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            protocol.transport.write(data)
+        if protocol.write_paused:
+            await protocol.drain()
+
+    async def write_eof(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        protocol = self._protocol
+        if protocol is not None and not protocol.closed and self._chunked:
+            protocol.transport.write(b"0\r\n\r\n")
+
+
+Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
+
+
+def _error(status: int, message: str, code: str) -> Response:
+    body = orjson.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    )
+    return Response(status=status, body=body, content_type="application/json")
+
+
+class _Protocol(asyncio.Protocol):
+    __slots__ = (
+        "_body",
+        "_drain",
+        "_header_bytes",
+        "_headers",
+        "_read_paused",
+        "_size",
+        "_too_large",
+        "_url",
+        "closed",
+        "idle_since",
+        "parser",
+        "queue",
+        "server",
+        "task",
+        "transport",
+        "write_paused",
+    )
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: collections.deque[Request | Response] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+        self.closed = False
+        self.write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._read_paused = False
+        self.idle_since = time.monotonic()  # when its last request finished
+        self._url = b""
+        self._headers = Headers()
+        self._body: list[bytes] = []
+        self._size = 0
+        self._header_bytes = 0
+        self._too_large = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_exception(ConnectionResetError("the client closed the connection"))
+            self._drain.exception()  # retrieved: nobody may be waiting
+        self.queue.clear()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(_error(400, "protocol upgrades are not supported", "bad_request"))
+        except httptools.HttpParserCallbackError as err:
+            cause = err.__context__
+            if isinstance(cause, _TooLarge):
+                self._fail(_error(431, str(cause), "headers_too_large"))
+            else:
+                log.exception("request parsing failed")
+                self._fail(_error(400, "malformed request", "bad_request"))
+        except httptools.HttpParserError as err:
+            self._fail(_error(400, f"malformed HTTP request: {err}", "bad_request"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
+
+    async def drain(self) -> None:
+        if not self.write_paused:
+            return
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+        await self._drain
+
+    # --- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = Headers()
+        self._body = []
+        self._size = 0
+        self._header_bytes = 0
+        self._too_large = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._header_bytes += len(url)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise _TooLarge(f"the request line and headers are over {MAX_HEADER_BYTES} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise _TooLarge(f"the request line and headers are over {MAX_HEADER_BYTES} bytes")
+        key = name.decode("latin-1").lower()
+        text = value.decode("utf-8", "surrogateescape")
+        headers = self._headers
+        if key in headers:
+            dict.__setitem__(headers, key, f"{dict.__getitem__(headers, key)}, {text}")
+        else:
+            dict.__setitem__(headers, key, text)
+
+    def on_headers_complete(self) -> None:
+        headers = self._headers
+        length = dict.get(headers, "content-length")
+        limit = self.server.max_body
+        if length is not None and length.isdigit() and int(length) > limit:
+            self._too_large = True
+        expect = dict.get(headers, "expect")
+        if expect is not None and self.parser.get_http_version() == "1.1":
+            if expect.lower() != "100-continue":
+                self._too_large = True  # nothing to read; answered 417 below
+            elif not self._too_large:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self._too_large:
+            return
+        self._size += len(body)
+        if self._size > self.server.max_body:
+            self._too_large = True
+            self._body = []
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        parser = self.parser
+        url = self._url
+        method = parser.get_method().decode("latin-1")
+        version = parser.get_http_version()
+        keep_alive = parser.should_keep_alive()
+        headers = self._headers
+        expect = dict.get(headers, "expect")
+        if expect is not None and version == "1.1" and expect.lower() != "100-continue":
+            self.queue.append(_error(417, f"unknown Expect: {expect}", "expectation_failed"))
+        else:
+            raw = url.decode("latin-1")
+            q = raw.find("?")
+            path = raw if q < 0 else raw[:q]
+            if "%" in path:
+                path = unquote(path)
+            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+            self.queue.append(
+                Request(
+                    self, method, path, raw, headers, body, version, keep_alive, self._too_large
+                )
+            )
+        self._body = []
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._serve())
+        elif len(self.queue) > MAX_QUEUED and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    # --- serving ------------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        queue = self.queue
+        server = self.server
+        try:
+            while queue and not self.closed:
+                item = queue.popleft()
+                if isinstance(item, Response):  # answered by the parser (417)
+                    self.transport.write(item.encode(False, date=server.date))
+                    self.transport.close()
+                    return
+                request = item
+                head = request.method == "HEAD"
+                try:
+                    response = await server.dispatch(request)
+                except Exception:
+                    log.exception("handler failed: %s %s", request.method, request.path)
+                    response = _error(500, "internal error in the gateway", "internal_error")
+                if self.closed:
+                    return
+                if isinstance(response, StreamResponse):
+                    if not response.prepared:
+                        await response.prepare(request)
+                        await response.write_eof()
+                    elif not response.finished:
+                        # The handler gave up mid-stream (the upstream broke): no final chunk,
+                        # so the client sees a truncated response, not a complete one.
+                        self.transport.close()
+                        return
+                else:
+                    self.transport.write(response.encode(request.keep_alive, head, server.date))
+                if not request.keep_alive or server.closing:
+                    self.transport.close()
+                    return
+                if self._read_paused and len(queue) <= MAX_QUEUED // 2:
+                    self._read_paused = False
+                    self.transport.resume_reading()
+        except (ConnectionError, asyncio.CancelledError):
+            if not self.closed:
+                self.transport.close()
+            raise
+        finally:
+            self.task = None
+            self.idle_since = time.monotonic()
+            if server.closing:
+                self.transport.close()
+                if not server.busy():
+                    server.idle.set()
+
+    def _fail(self, response: Response) -> None:
+        """A request we cannot parse: answer it after the ones before it, then close."""
+        self.queue.append(response)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._serve())
+        self.transport.pause_reading()
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class HttpServer:
+    """Routes by exact (method, path); anything else goes to ``fallback``."""
+
+    def __init__(
+        self,
+        routes: dict[tuple[str, str], Handler],
+        fallback: Handler,
+        *,
+        max_body: int,
+        keepalive_timeout: float = 75.0,
+    ) -> None:
+        self.routes = dict(routes)
+        for (method, path), handler in routes.items():
+            if method == "GET":
+                self.routes.setdefault(("HEAD", path), handler)
+        self.fallback = fallback
+        self.max_body = max_body
+        self.keepalive_timeout = keepalive_timeout
+        self.connections: set[_Protocol] = set()
+        self.closing = False
+        self.idle = asyncio.Event()
+        self.date = _date_header()
+        self._server: asyncio.base_events.Server | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    def dispatch(self, request: Request) -> Awaitable[Response | StreamResponse]:
+        handler = self.routes.get((request.method, request.path), self.fallback)
+        return handler(request)
+
+    def busy(self) -> bool:
+        return any(c.task is not None for c in self.connections)
+
+    async def start(self, host: str, port: int, backlog: int = 2048) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Protocol(self), host, port, backlog=backlog, reuse_address=True
+        )
+        self._ticker = loop.create_task(self._tick())
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _tick(self) -> None:
+        """Once a second: the Date header, and close keep-alive connections idle too long
+        (one sweep instead of a timer armed and cancelled per request)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.date = _date_header()
+            timeout = self.keepalive_timeout
+            if timeout:
+                oldest = time.monotonic() - timeout
+                for conn in list(self.connections):
+                    if conn.task is None and not conn.queue and conn.idle_since < oldest:
+                        conn.transport.close()
+
+    async def close(self, grace: float = 60.0) -> None:
+        """Stop accepting, close idle connections, let in-flight requests finish (up to
+        ``grace`` seconds), then close the rest."""
+        self.closing = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if conn.task is None:
+                conn.transport.close()
+        deadline = time.monotonic() + grace
+        while self.busy() and time.monotonic() < deadline:
+            self.idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), max(0.0, deadline - time.monotonic()))
+        for conn in list(self.connections):
+            if conn.task is not None:
+                conn.task.cancel()
+            conn.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None

@@ -1,0 +1,226 @@
+"""The gateway's own HTTP/1.1 server (``llmplane/gateway/http.py``) on the wire: keep-alive,
+pipelining, body limits, Expect, HEAD, HTTP/1.0, malformed input, idle timeout, a stream whose
+replica breaks, and a graceful close. Raw sockets where a client library would hide the bytes;
+behind the gateway a real ``llmplane.sim`` engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+import pytest
+
+from llmplane.controlplane.plan import MODEL_NAME_LABEL
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery import Endpoint, StaticDiscovery
+from llmplane.gateway.server import start_gateway
+from llmplane.gateway.testing import sim
+
+MODEL = "m"
+BODY = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 3, "ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def engine():
+    server = sim(MODEL, "--time-scale", "0.01")
+    yield server
+    server.stop()
+
+
+async def _gateway(engine, **config):
+    discovery = StaticDiscovery(
+        [Endpoint(engine.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True)]
+    )
+    return await start_gateway(None, discovery, config=GatewayConfig(**config))
+
+
+@pytest.fixture
+async def gateway(engine):
+    gw = await _gateway(engine, max_body_bytes=4096, client_keepalive_timeout=2.0)
+    yield gw
+    await gw.close()
+
+
+def request(path: str = "/v1/completions", body: bytes = BODY, **headers: str) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n"
+    head += "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    return head.encode() + b"\r\n" + body
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One response with a Content-Length body."""
+    status_line = await asyncio.wait_for(reader.readline(), 10)
+    assert status_line, "connection closed before a response"
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+async def connect(gw) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", gw.port)
+
+
+async def test_keep_alive_and_pipelined_requests_are_answered_in_order(gateway):
+    reader, writer = await connect(gateway)
+    try:
+        # Three requests in one write: a completion, a 404 path, a completion.
+        writer.write(request() + request("/v1/nope") + request())
+        responses = [await read_response(reader) for _ in range(3)]
+        assert [r[0] for r in responses] == [200, 404, 200]
+        assert orjson.loads(responses[0][2])["object"] == "text_completion"
+        assert orjson.loads(responses[1][2])["error"]["code"] == "not_found"
+        assert responses[0][1]["x-llmplane-endpoint"] == gateway.registry.states.popitem()[0]
+        # ... and the connection is still open for a fourth.
+        writer.write(request())
+        assert (await read_response(reader))[0] == 200
+    finally:
+        writer.close()
+
+
+async def test_body_over_the_limit_is_413_without_reading_it(gateway):
+    reader, writer = await connect(gateway)
+    try:
+        big = b"x" * 10_000
+        writer.write(request(body=big))
+        status, _headers, body = await read_response(reader)
+        assert status == 413
+        error = orjson.loads(body)["error"]
+        assert error["code"] == "request_too_large" and "10000 bytes" in error["message"]
+        # A chunked body over the limit too (no Content-Length to check up front).
+        chunk = b"y" * 3000
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n%b\r\n" % (len(chunk), chunk) * 2
+            + b"0\r\n\r\n"
+        )
+        assert (await read_response(reader))[0] == 413
+    finally:
+        writer.close()
+
+
+async def test_expect_100_continue_and_unknown_expectations(gateway):
+    reader, writer = await connect(gateway)
+    try:
+        head, _, body = request(Expect="100-continue").partition(b"\r\n\r\n")
+        writer.write(head + b"\r\n\r\n")
+        assert await asyncio.wait_for(reader.readline(), 10) == b"HTTP/1.1 100 Continue\r\n"
+        assert await reader.readline() == b"\r\n"
+        writer.write(body)
+        assert (await read_response(reader))[0] == 200
+    finally:
+        writer.close()
+    reader, writer = await connect(gateway)
+    try:
+        writer.write(request(Expect="something-else"))
+        status, headers, body = await read_response(reader)
+        assert status == 417 and headers["connection"] == "close"
+        assert orjson.loads(body)["error"]["code"] == "expectation_failed"
+    finally:
+        writer.close()
+
+
+async def test_head_get_routes_and_http10(gateway):
+    reader, writer = await connect(gateway)
+    try:
+        writer.write(
+            b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        status_line = await reader.readline()
+        assert status_line.startswith(b"HTTP/1.1 200")
+        headers = {}
+        while (line := await reader.readline()) != b"\r\n":
+            k, _, v = line.decode().partition(":")
+            headers[k.lower()] = v.strip()
+        assert int(headers["content-length"]) == len(b'{"status":"ok"}')
+        # No body after HEAD: the next bytes are the GET's response.
+        status, _, body = await read_response(reader)
+        assert status == 200 and body == b'{"status":"ok"}'
+    finally:
+        writer.close()
+    reader, writer = await connect(gateway)
+    try:
+        writer.write(b"GET /health HTTP/1.0\r\n\r\n")
+        status, headers, body = await read_response(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the gateway
+    finally:
+        writer.close()
+
+
+async def test_malformed_request_and_oversized_headers(gateway):
+    reader, writer = await connect(gateway)
+    try:
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        status, _headers, body = await read_response(reader)
+        assert status == 400 and orjson.loads(body)["error"]["code"] == "bad_request"
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    finally:
+        writer.close()
+    reader, writer = await connect(gateway)
+    try:
+        writer.write(request(X_Big="a" * 70_000))
+        status, _, body = await read_response(reader)
+        assert status == 431 and orjson.loads(body)["error"]["code"] == "headers_too_large"
+    finally:
+        writer.close()
+
+
+async def test_idle_keep_alive_connections_are_closed(gateway):
+    reader, writer = await connect(gateway)
+    try:
+        writer.write(request())
+        assert (await read_response(reader))[0] == 200
+        # client_keepalive_timeout is 2 s in this fixture.
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    finally:
+        writer.close()
+
+
+async def test_a_replica_breaking_mid_stream_reaches_the_client_as_a_truncated_stream(
+    engine, gateway
+):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            f"http://{engine.address}/admin/faults", json={"disconnect_after": 2}
+        ) as r:
+            assert r.status == 200
+        try:
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 20, "stream": True}
+            events = []
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async with s.post(
+                    f"http://127.0.0.1:{gateway.port}/v1/completions", json=body
+                ) as r:
+                    assert r.status == 200
+                    async for line in r.content:
+                        if line.startswith(b"data: "):
+                            events.append(line)
+            assert len(events) == 2 and b"[DONE]" not in b"".join(events)
+        finally:
+            async with s.post(
+                f"http://{engine.address}/admin/faults", json={"disconnect_after": None}
+            ) as r:
+                assert r.status == 200
+
+
+async def test_close_lets_in_flight_requests_finish_and_refuses_new_ones(engine):
+    gw = await _gateway(engine)
+    port = gw.port
+    async with aiohttp.ClientSession() as s:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 40, "ignore_eos": True}
+        # time-scale 0.01: 40 tokens take well under a second, but not zero.
+        slow = asyncio.ensure_future(s.post(f"http://127.0.0.1:{port}/v1/completions", json=body))
+        while not any(st.inflight for st in gw.registry.states.values()):
+            await asyncio.sleep(0.001)
+        await gw.close()
+        r = await slow
+        assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 40
+        r.release()
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await s.post(f"http://127.0.0.1:{port}/health")
