@@ -15,11 +15,12 @@ client's own real-time overhead is divided by the scale too, so it is understate
 Routers, all started once and used in turns:
 - llmplane (one gateway process; one Kthena ModelServer + ModelRoute per policy, each
   ModelServer annotated with its scheduling profile): ``rr`` (round-robin scorer: the
-  Kubernetes Service baseline), ``random``, ``least-request``, ``default`` (DEFAULT_CONFIG:
-  queue x2, kv-cache x2, prefix-cache x3, least-request x1), ``default+lora`` (default plus
-  lora-affinity x2), ``prefix-lr`` (prefix-cache x3, least-request x2, kv-cache x1),
-  ``prefix-guard`` (prefix-lr behind a low-queue filter, threshold 5) and ``prefix-lrq``
-  (prefix-lr plus queue x1): candidates, not in the default set;
+  Kubernetes Service baseline), ``random``, ``least-request``, ``prefix-guard`` (the shipped
+  default, DEFAULT_CONFIG: a low-queue filter at 5, then prefix-cache x3, least-request x2,
+  kv-cache x1), ``ie-blend`` (the Inference Extension's v1.5 blend: queue x2, kv-cache x2,
+  prefix-cache x3, plus least-request x1; the default before), ``ie-blend+lora`` (plus
+  lora-affinity x2), and the candidates ``prefix-lr`` (prefix-guard without the filter) and
+  ``prefix-lrq`` (prefix-lr plus queue x1), not in the default set;
 - vllm-router (Rust, PyPI), one process per policy: ``cache_aware``, ``power_of_two``,
   ``consistent_hash``.
 
@@ -70,8 +71,8 @@ LLMPLANE_POLICIES = [
     "rr",
     "random",
     "least-request",
-    "default",
-    "default+lora",
+    "ie-blend",
+    "ie-blend+lora",
     "prefix-lr",
     "prefix-guard",
     "prefix-lrq",
@@ -84,7 +85,9 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
     "rr": [{"pluginRef": "round-robin-scorer"}, {"pluginRef": "max-score-picker"}],
     "random": [{"pluginRef": "random-picker"}],
     "least-request": [{"pluginRef": "least-request-scorer"}, {"pluginRef": "max-score-picker"}],
-    "default": [
+    # The Inference Extension's v1.5 blend (plus least-request x1): llmplane's default until
+    # the routing benchmark picked prefix-guard.
+    "ie-blend": [
         {"pluginRef": "model-served-filter"},
         {"pluginRef": "queue-scorer", "weight": 2},
         {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
@@ -92,7 +95,7 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "least-request-scorer", "weight": 1},
         {"pluginRef": "max-score-picker"},
     ],
-    "default+lora": [
+    "ie-blend+lora": [
         {"pluginRef": "model-served-filter"},
         {"pluginRef": "queue-scorer", "weight": 2},
         {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
@@ -108,6 +111,7 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
         {"pluginRef": "max-score-picker"},
     ],
+    # The shipped default (DEFAULT_CONFIG in llmplane/gateway/scheduler/config.py).
     "prefix-guard": [
         {"pluginRef": "model-served-filter"},
         {"pluginRef": "low-queue-filter"},
@@ -658,7 +662,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--policies",
         nargs="+",
-        default=[p for p in LLMPLANE_POLICIES if p not in ("prefix-guard", "prefix-lrq")]
+        default=[p for p in LLMPLANE_POLICIES if p not in ("prefix-lr", "prefix-lrq")]
         + VLLM_ROUTER_POLICIES,
         choices=LLMPLANE_POLICIES + VLLM_ROUTER_POLICIES,
     )

@@ -1,6 +1,6 @@
 """The scheduler alone: what one pick costs, by fleet size and prompt length.
 
-    python -m bench.scheduling [--iterations 5000] [--profile default] [--no-write]
+    python -m bench.scheduling [--iterations 5000] [--repeats 5] [--profile default] [--no-write]
 
 Each cell builds ``endpoints`` EndpointStates with fresh, varied engine metrics (waiting 0-8,
 KV use 0-1, 0-4 in flight) and a prefix index warmed with 256 earlier picks, then times,
@@ -13,15 +13,19 @@ request by request:
 
 The prompts are chat requests whose first three quarters are one of 32 system prompts (so
 prefixes match on some endpoints) and the rest a fresh question. One process, nothing else
-timed; the garbage collector runs as it would in the gateway. Writes the ``scheduling``
-section of docs/benchmarks.md and bench/results/scheduling.json.
+timed; the garbage collector runs as it would in the gateway. The cells run ``--repeats``
+times in turn and each percentile reported is the median over the repeats (this shared
+machine's speed drifts by up to 2x within minutes). Writes the ``scheduling`` section of
+docs/benchmarks.md and bench/results/scheduling.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import statistics
 import time
 from typing import Any
 
@@ -115,7 +119,8 @@ def report(res: dict[str, Any]) -> str:
     ]
     return "\n".join(
         [
-            f"Command: `python -m bench.scheduling --iterations {a['iterations']}"
+            f"Command: `python -m bench.scheduling --iterations {a['iterations']} "
+            f"--repeats {a['repeats']}"
             f"{' --profile ' + a['profile'] if a['profile'] else ''}` "
             f"({machine_line(res['machine'], res['load_after'])}). Profile: "
             f"`{a['profile'] or 'default'}` ({res['profile_plugins']}).",
@@ -128,20 +133,29 @@ def report(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=5000)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--profile", default=None, help="scheduling profile (default: the default)")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     info = machine()
-    cells = []
-    for endpoints, chars in CELLS:
-        c = cell(endpoints, chars, args.iterations, args.profile)
-        cells.append(c)
-        print(
-            f"{endpoints:4d} endpoints {chars:6,d} chars: pick p50 {c['pick_p50']:.3f} "
-            f"p99 {c['pick_p99']:.3f} ms; with update p50 {c['total_p50']:.3f} "
-            f"p99 {c['total_p99']:.3f} ms"
-        )
-    import os
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in range(args.repeats):
+        for endpoints, chars in CELLS:
+            c = cell(endpoints, chars, args.iterations, args.profile)
+            runs.setdefault((endpoints, chars), []).append(c)
+            print(
+                f"[{r + 1}/{args.repeats}] {endpoints:4d} endpoints {chars:6,d} chars: pick p50 "
+                f"{c['pick_p50']:.3f} p99 {c['pick_p99']:.3f} ms; with update p50 "
+                f"{c['total_p50']:.3f} p99 {c['total_p99']:.3f} ms",
+                flush=True,
+            )
+    cells = [
+        {
+            k: statistics.median(c[k] for c in cs) if k.startswith(("pick", "total")) else v
+            for k, v in cs[0].items()
+        }
+        for cs in runs.values()
+    ]
 
     prof = build_scheduler().profile(args.profile)
     plugins = ", ".join(

@@ -129,9 +129,14 @@ def test_prefix_index_matches_consecutive_blocks_and_is_bounded():
     assert index.matches([1, 2, 3, 4], {"a", "b", "c"}) == {"a": 3, "b": 1}
     assert index.matches([1, 2, 3], {"a"}) == {"a": 3}
     assert index.matches([7, 2, 3], {"a", "b"}) == {}  # stops at the first miss
-    index.add("a", [5, 6])  # LRU: 1 is evicted from a
+    index.add("a", [5, 6])  # over capacity: the deepest block of the oldest chain goes first
     assert len(index.lrus["a"]) == 4
-    assert index.matches([1, 2], {"a", "b"}) == {"b": 1}
+    assert index.matches([1, 2, 3], {"a", "b"}) == {"a": 2, "b": 1}
+    index.add("a", [7, 8])  # then the rest of that chain, tail before head
+    assert index.matches([1, 2, 3], {"a", "b"}) == {"b": 1}
+    index.add("b", [1, 11, 12], held=1)  # the scorer's match: only block 1 is looked up
+    assert list(index.lrus["b"]) == [9, 12, 11, 1]
+    assert index.matches([1, 11, 12], {"b"}) == {"b": 3}
     index.remove("b")
     assert 1 not in index.holders and "b" not in index.lrus
 
@@ -156,7 +161,7 @@ def test_prefix_index_agrees_with_a_plain_lru(adds, query, capacity):
         for h in hashes:
             if h in lru:
                 lru.remove(h)
-        lru.extend(dict.fromkeys(hashes))
+        lru.extend(dict.fromkeys(reversed(hashes)))  # block 0 youngest
         del lru[: max(0, len(lru) - capacity)]
         assert list(index.lrus[endpoint]) == lru
     expected = {}

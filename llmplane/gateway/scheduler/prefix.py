@@ -14,8 +14,9 @@ is actually sent to.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import islice, repeat
 
 import xxhash
 
@@ -62,17 +63,28 @@ class PrefixIndex:
             self.bits[endpoint] = bit
         return bit
 
-    def add(self, endpoint: str, hashes: Sequence[int]) -> None:
+    def add(self, endpoint: str, hashes: Sequence[int], held: int | None = None) -> None:
+        """Record that ``endpoint`` holds ``hashes`` (a prompt's chain, block 0 first).
+
+        The chain goes in deepest block first, so block 0 ends up the youngest: eviction takes
+        the tails of old prompts before their heads, and a head is what a match starts from.
+        ``held`` = how many leading blocks the endpoint is already known to hold (the scorer's
+        match for it): only those are looked up and moved, which saves a lookup per block in
+        dicts too large for the CPU cache (the cost of this method is memory latency)."""
         flag = 1 << self._bit(endpoint)
         lru = self.lrus.get(endpoint)
         if lru is None:
             lru = self.lrus[endpoint] = {}
         holders = self.holders
-        # Take every hash out, then put them all back at the young end in one C-level update
-        # (a del + set per known hash cost 3x more); only the new ones touch ``holders``.
-        pop = lru.pop
-        new = [h for h in hashes if not pop(h, False)]
-        lru.update(dict.fromkeys(hashes, True))
+        # Out with the known blocks and back in at the young end: all in C.
+        if held is None:
+            known: Iterable[int] = lru.keys() & hashes
+            new: Iterable[int] = set(hashes).difference(known) if known else hashes
+        else:
+            known = hashes[:held]
+            new = hashes[held:]
+        deque(map(lru.pop, known, repeat(None)), maxlen=0)
+        lru.update(dict.fromkeys(reversed(hashes), True))
         for h in new:
             holders[h] = holders.get(h, 0) | flag
         if len(lru) > self.capacity:
@@ -160,7 +172,7 @@ class PrefixCacheScorer:
         if not hashes:
             return [0.0] * len(endpoints)
         keys = [e.endpoint.address for e in endpoints]  # EndpointState.key, without the call
-        matched = self.index.matches(hashes, keys)
+        matched = ctx.cache[self] = self.index.matches(hashes, keys)
         if not matched:
             return [0.0] * len(endpoints)
         total = len(hashes)
@@ -170,7 +182,9 @@ class PrefixCacheScorer:
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         hashes = self.hashes(ctx)
         if hashes:
-            self.index.add(endpoint.key, hashes)
+            matched = ctx.cache.get(self)  # from score(), when this request was scored
+            held = matched.get(endpoint.key, 0) if matched is not None else None
+            self.index.add(endpoint.key, hashes, held)
 
     def on_remove(self, endpoint: EndpointState) -> None:
         self.index.remove(endpoint.key)
