@@ -24,8 +24,10 @@ from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Usage:
+    """Token counts of one response (one per request: not frozen, which costs a call a field)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

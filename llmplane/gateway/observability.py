@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 access_log = logging.getLogger("llmplane.gateway.access")
 
@@ -26,6 +27,104 @@ TPOT_BUCKETS = (
 SCHED_BUCKETS = (
     0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05,
 )  # fmt: skip
+
+
+class _CounterChild:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class _HistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class Counter:
+    """A labelled counter for the request path: a plain float per label set, no lock.
+
+    prometheus_client's metrics take a lock per update and a Python loop over the buckets per
+    observation (about 5 % of the gateway's CPU per request); these are only ever touched
+    from the event loop's thread. They render as prometheus_client's do (``_total``)."""
+
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] | list[str] = ()) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = tuple(labelnames)
+        self.children: dict[tuple[str, ...], _CounterChild] = {}
+
+    def labels(self, *values: str) -> _CounterChild:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = _CounterChild()
+        return child
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.labels().inc(amount)
+
+    def collect(self) -> CounterMetricFamily:
+        family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for values, child in list(self.children.items()):
+            family.add_metric(list(values), child.value)
+        return family
+
+
+class Histogram:
+    """A labelled histogram for the request path (see Counter): bucket found by bisection."""
+
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        labelnames: tuple[str, ...] | list[str] = (),
+        buckets: tuple[float, ...] = LATENCY_BUCKETS,
+    ) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = tuple(labelnames)
+        self.bounds = tuple(float(b) for b in buckets)
+        self.children: dict[tuple[str, ...], _HistogramChild] = {}
+
+    def labels(self, *values: str) -> _HistogramChild:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = _HistogramChild(self.bounds)
+        return child
+
+    def observe(self, value: float) -> None:
+        self.labels().observe(value)
+
+    def collect(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for values, child in list(self.children.items()):
+            running = 0
+            buckets = []
+            for bound, n in zip((*self.bounds, float("inf")), child.counts, strict=True):
+                running += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            family.add_metric(list(values), buckets, child.sum)
+        return family
+
+
+class _FastCollector:
+    def __init__(self, metrics: list[Counter | Histogram]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Any:
+        for metric in self.metrics:
+            yield metric.collect()
 
 
 class _EndpointCollector:
@@ -70,80 +169,66 @@ class GatewayMetrics:
             "llmplane_gateway_requests",
             "Requests by model, route, endpoint and status",
             ["model", "route", "endpoint", "status"],
-            registry=r,
         )
         self.e2e = Histogram(
             "llmplane_gateway_request_duration_seconds",
             "End-to-end request latency at the gateway",
             ["model"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self.ttft = Histogram(
             "llmplane_gateway_time_to_first_token_seconds",
             "Time to the first streamed chunk",
             ["model"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self.tpot = Histogram(
             "llmplane_gateway_time_per_output_token_seconds",
             "Time per output token after the first (streaming)",
             ["model"],
             buckets=TPOT_BUCKETS,
-            registry=r,
         )
         self.prompt_tokens = Counter(
-            "llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ["model"], registry=r
+            "llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ["model"]
         )
         self.output_tokens = Counter(
-            "llmplane_gateway_output_tokens", "Output tokens (from usage)", ["model"], registry=r
+            "llmplane_gateway_output_tokens", "Output tokens (from usage)", ["model"]
         )
         self.scheduling = Histogram(
             "llmplane_gateway_scheduling_duration_seconds",
             "Time to pick an endpoint (filters, scorers, picker)",
             buckets=SCHED_BUCKETS,
-            registry=r,
         )
-        self.shed = Counter(
-            "llmplane_gateway_shed", "Sheddable requests refused (429)", ["model"], registry=r
-        )
+        self.shed = Counter("llmplane_gateway_shed", "Sheddable requests refused (429)", ["model"])
         self.retries = Counter(
             "llmplane_gateway_retries",
             "Requests sent again to another endpoint",
             ["model"],
-            registry=r,
         )
         self.ejections = Counter(
             "llmplane_gateway_ejections",
             "Endpoints ejected after repeated failures",
             ["endpoint"],
-            registry=r,
         )
         self.pd_requests = Counter(
             "llmplane_gateway_pd_requests",
             "Requests served by a prefill/decode pair, by model and KV connector",
             ["model", "connector"],
-            registry=r,
         )
         self.pd_prefill = Histogram(
             "llmplane_gateway_pd_prefill_duration_seconds",
             "Prefill request latency (sent to response read) in prefill/decode serving",
             ["model"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
+        fast = [v for v in vars(self).values() if isinstance(v, Counter | Histogram)]
+        r.register(_FastCollector(fast))  # type: ignore[arg-type]
         if gateway is not None:
             r.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
-        self._children: dict[tuple[Any, ...], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
-        """A labelled child, cached (``labels()`` takes a lock and builds a tuple each call)."""
-        key = (id(metric), *labels)
-        c = self._children.get(key)
-        if c is None:
-            c = self._children[key] = metric.labels(*labels)
-        return c
+        """A labelled child (kept by the metric itself)."""
+        return metric.labels(*labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

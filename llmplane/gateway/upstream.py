@@ -397,12 +397,19 @@ class UpstreamPool:
     ) -> tuple[int, CIMultiDictProxy[str], bytes]:
         """Send ``data`` (a complete request) and read the whole response, within ``timeout``
         seconds in total (connecting included)."""
+        if timeout is None:  # most routes: no timeout context to enter and leave
+            return await self._exchange(address, data)
         async with asyncio.timeout(timeout):
-            resp = await self.open(address, data)
-            try:
-                body = await resp.read()
-            finally:
-                resp.release()
+            return await self._exchange(address, data)
+
+    async def _exchange(
+        self, address: str, data: bytes
+    ) -> tuple[int, CIMultiDictProxy[str], bytes]:
+        resp = await self.open(address, data)
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
         return resp.status, resp.headers, body
 
     async def open(self, address: str, data: bytes) -> UpstreamResponse:

@@ -276,7 +276,9 @@ def test_model_route_selects_playground_replicas_by_label(tmp_path: Path, up_fac
     wait_for(lambda: status(state, "Playground", "tiny").get("readyReplicas") == 2, 60)
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     served = set()
-    for i in range(6):
+    # Short prompts, one at a time: every score ties and the tie-break is random, so 16
+    # requests all landing on one of the two replicas has odds of 2^-15.
+    for i in range(16):
         body["messages"][0]["content"] = f"hi {i}"
         code, headers, data = http(f"{up.url}/v1/chat/completions", body, {"x-tier": "premium"})
         assert code == 200, data

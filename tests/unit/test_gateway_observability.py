@@ -1,0 +1,44 @@
+"""The gateway's lock-free request-path metrics render as Prometheus text like
+prometheus_client's own (parsed back with prometheus_client's parser)."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmplane.gateway.observability import GatewayMetrics
+
+
+def samples(m: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(m.render().decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_counters_and_histograms_render_cumulative_buckets():
+    m = GatewayMetrics()
+    m.child(m.requests, "llama", "ModelRoute/default/r", "10.0.0.1:8000", "200").inc()
+    m.child(m.requests, "llama", "ModelRoute/default/r", "10.0.0.1:8000", "200").inc()
+    m.child(m.prompt_tokens, "llama").inc(12)
+    for v in (0.004, 0.01, 0.3, 500.0):  # a bound itself falls in its own bucket (le)
+        m.child(m.e2e, "llama").observe(v)
+    m.scheduling.observe(0.00012)
+    got = samples(m)
+    labels = (("endpoint", "10.0.0.1:8000"), ("model", "llama"), ("route", "ModelRoute/default/r"), ("status", "200"))  # fmt: skip
+    assert got[("llmplane_gateway_requests_total", labels)] == 2
+    assert got[("llmplane_gateway_prompt_tokens_total", (("model", "llama"),))] == 12
+    bucket = "llmplane_gateway_request_duration_seconds_bucket"
+    assert got[(bucket, (("le", "0.005"), ("model", "llama")))] == 1
+    assert got[(bucket, (("le", "0.01"), ("model", "llama")))] == 2
+    assert got[(bucket, (("le", "0.25"), ("model", "llama")))] == 2
+    assert got[(bucket, (("le", "0.5"), ("model", "llama")))] == 3
+    assert got[(bucket, (("le", "160.0"), ("model", "llama")))] == 3
+    assert got[(bucket, (("le", "+Inf"), ("model", "llama")))] == 4
+    assert got[("llmplane_gateway_request_duration_seconds_count", (("model", "llama"),))] == 4
+    assert (
+        abs(got[("llmplane_gateway_request_duration_seconds_sum", (("model", "llama"),))] - 500.314)
+        < 1e-9
+    )
+    sched = "llmplane_gateway_scheduling_duration_seconds_bucket"
+    assert got[(sched, (("le", "0.0001"),))] == 0 and got[(sched, (("le", "0.0002"),))] == 1
