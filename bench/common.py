@@ -259,3 +259,27 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str =
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(sep) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def gateway_proc(
+    state_dir: str, *extra: str, name: str = "llmplane", tree: Path | None = None
+) -> Proc:
+    """``python -m llmplane.gateway.server`` on a free port over ``state_dir`` (access log off,
+    warnings only); ``extra`` are more flags (``--config FILE``); ``tree`` runs another
+    checkout's code (bench/gateway_ab.py)."""
+    argv = [
+        "python",
+        "-m",
+        "llmplane.gateway.server",
+        "--port",
+        "0",
+        "--state-dir",
+        state_dir,
+        *extra,
+        "--no-access-log",
+        "--log-level",
+        "WARNING",
+    ]
+    if tree is None:
+        return Proc(name, argv)
+    return Proc(name, argv, env={"PYTHONPATH": str(tree)}, cwd=tree)

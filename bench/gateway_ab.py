@@ -24,30 +24,9 @@ from pathlib import Path
 
 import orjson
 
-from bench.common import Proc, cpu_seconds, machine, machine_line, table, wrk
+from bench.common import Proc, cpu_seconds, gateway_proc, machine, machine_line, table, wrk
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _gateway(name: str, tree: Path, state_dir: str) -> Proc:
-    env = {"PYTHONPATH": str(tree)}
-    return Proc(
-        name,
-        [
-            "python",
-            "-m",
-            "llmplane.gateway.server",
-            "--port",
-            "0",
-            "--state-dir",
-            state_dir,
-            "--no-access-log",
-            "--log-level",
-            "WARNING",
-        ],
-        env=env,
-        cwd=str(tree),
-    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         store.apply(endpoint_object("bench", address, "bench", engine="vllm"))
         store.close()
         builds = {"baseline": base_tree, "candidate": ROOT}
-        gws = {name: _gateway(name, tree, state) for name, tree in builds.items()}
+        gws = {name: gateway_proc(state, name=name, tree=tree) for name, tree in builds.items()}
         procs += gws.values()
         urls = {name: f"http://{gw.listening()}/v1/completions" for name, gw in gws.items()}
         bodies = {

@@ -32,7 +32,16 @@ import aiohttp
 import orjson
 
 from bench import workloads as wl
-from bench.common import RESULTS, Proc, machine, machine_line, percentile, table, write_section
+from bench.common import (
+    RESULTS,
+    Proc,
+    gateway_proc,
+    machine,
+    machine_line,
+    percentile,
+    table,
+    write_section,
+)
 from bench.routing import one_request
 
 VENV = Path(os.environ.get("GUIDELLM_VENV", "/tmp/guidellm-venv"))
@@ -242,21 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, a in enumerate(addrs):
             store.apply(endpoint_object(f"sim{i}", a, "sim-model"))
         store.close()
-        gw = Proc(
-            "llmplane",
-            [
-                "python",
-                "-m",
-                "llmplane.gateway.server",
-                "--port",
-                "0",
-                "--state-dir",
-                state,
-                "--no-access-log",
-                "--log-level",
-                "WARNING",
-            ],
-        )
+        gw = gateway_proc(state)
         procs.append(gw)
         base = f"http://{gw.listening()}"
         gw.wait_http(

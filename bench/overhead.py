@@ -44,6 +44,7 @@ from bench.common import (
     Proc,
     cpu_seconds,
     free_port,
+    gateway_proc,
     machine,
     machine_line,
     table,
@@ -99,21 +100,7 @@ class Fleet:
             store = open_store(self.state_dir)
             store.apply(endpoint_object("bench", address, "bench", engine="vllm"))
             store.close()
-            gw = Proc(
-                "llmplane",
-                [
-                    "python",
-                    "-m",
-                    "llmplane.gateway.server",
-                    "--port",
-                    "0",
-                    "--state-dir",
-                    self.state_dir,
-                    "--no-access-log",
-                    "--log-level",
-                    "WARNING",
-                ],
-            )
+            gw = gateway_proc(self.state_dir)
             self.procs["llmplane"] = gw
             self.urls["llmplane"] = f"http://{gw.listening()}/v1/completions"
         for name, policy in (

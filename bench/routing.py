@@ -60,6 +60,7 @@ from bench.common import (
     RESULTS,
     Proc,
     free_port,
+    gateway_proc,
     machine,
     machine_line,
     percentile,
@@ -237,23 +238,7 @@ class Fleet:
             cfg = os.path.join(self.state_dir, "scheduler.yaml")
             with open(cfg, "w") as f:
                 yaml.safe_dump(scheduler_config(), f)
-            gw = Proc(
-                "llmplane",
-                [
-                    "python",
-                    "-m",
-                    "llmplane.gateway.server",
-                    "--port",
-                    "0",
-                    "--state-dir",
-                    self.state_dir,
-                    "--config",
-                    cfg,
-                    "--no-access-log",
-                    "--log-level",
-                    "WARNING",
-                ],
-            )
+            gw = gateway_proc(self.state_dir, "--config", cfg)
             self.routers["llmplane"] = gw
             addr = gw.listening()
             for p in ours:
