@@ -10,8 +10,8 @@ parsed by httptools' callbacks into plain slotted objects, a response is one
 What it does: keep-alive and pipelining (requests on a connection are answered in order), the
 request-body limit (413 without buffering the rest), ``Expect: 100-continue``, HEAD for GET
 routes, write back-pressure for streams, an idle keep-alive timeout, and a graceful close that
-lets in-flight requests finish. A handler is not cancelled when its client goes away (as with
-aiohttp's default): a stream learns it from ``write`` raising ``ConnectionResetError``.
+lets in-flight requests finish. A handler is cancelled when its client goes away (aiohttp's
+default is to let it run): its upstream connection closes and the engine aborts the request.
 
 The request/response classes keep the names of aiohttp's (``Request.headers``, ``path_qs``,
 ``read()``; ``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same.
@@ -268,6 +268,10 @@ class _Protocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        if self.task is not None and not self.task.done():
+            # The client is gone: stop its request, which closes the upstream connection, so
+            # the engine aborts the generation instead of computing tokens nobody will read.
+            self.task.cancel()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ConnectionResetError("the client closed the connection"))
             self._drain.exception()  # retrieved: nobody may be waiting

@@ -224,3 +224,41 @@ async def test_close_lets_in_flight_requests_finish_and_refuses_new_ones(engine)
         r.release()
         with pytest.raises(aiohttp.ClientConnectionError):
             await s.post(f"http://127.0.0.1:{port}/health")
+
+
+async def test_a_client_that_goes_away_aborts_its_request_on_the_engine():
+    slow = sim(MODEL, "--time-scale", "1")  # 2,000 tokens at ~6.5 ms a step: ~13 s to the end
+    gw = await _gateway(slow)
+
+    async def aborts() -> float:
+        async with aiohttp.ClientSession() as s, s.get(f"http://{slow.address}/metrics") as r:
+            for line in (await r.text()).splitlines():
+                if line.startswith("vllm:request_success_total") and 'reason="abort"' in line:
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    try:
+        before = await aborts()
+        _, writer = await connect(gw)
+        body = orjson.dumps(
+            {"model": MODEL, "prompt": "hi", "max_tokens": 2000, "ignore_eos": True}
+        )
+        writer.write(request(body=body))
+        await writer.drain()
+        state = next(iter(gw.registry.states.values()))
+        for _ in range(500):
+            if state.inflight:
+                break
+            await asyncio.sleep(0.01)
+        assert state.inflight == 1
+        writer.close()  # the client gives up
+        for _ in range(250):
+            if state.inflight == 0 and await aborts() > before:
+                break
+            await asyncio.sleep(0.02)
+        assert state.inflight == 0
+        assert await aborts() == before + 1  # the engine stopped generating, within 5 s
+        assert 'status="499"' in gw.metrics.render().decode()
+    finally:
+        await gw.close()
+        slow.stop()
