@@ -124,7 +124,7 @@ class Request:
 class Response:
     """A whole response, written in one piece."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "headers", "raw_headers", "status")
 
     def __init__(
         self,
@@ -133,10 +133,12 @@ class Response:
         body: bytes = b"",
         headers: dict[str, str] | None = None,
         content_type: str | None = None,
+        raw_headers: bytes = b"",
     ) -> None:
         self.status = status
         self.body = body
         self.headers = headers
+        self.raw_headers = raw_headers  # CRLF-terminated lines relayed as they came
         if content_type is not None:
             self.headers = (
                 {**headers, "Content-Type": content_type}
@@ -146,7 +148,12 @@ class Response:
 
     def encode(self, keep_alive: bool, head: bool = False, date: bytes | None = None) -> bytes:
         status = self.status
-        parts = [_status_line(status), _encode_headers(self.headers), date or _date_header()]
+        parts = [
+            _status_line(status),
+            self.raw_headers,
+            _encode_headers(self.headers),
+            date or _date_header(),
+        ]
         if status >= 200 and status not in (204, 304):
             parts.append(b"Content-Length: %d\r\n" % len(self.body))
         if not keep_alive:
@@ -161,11 +168,22 @@ class StreamResponse:
     """A response whose body is written piece by piece (``Transfer-Encoding: chunked``; for an
     HTTP/1.0 client, raw bytes and the connection closes at the end)."""
 
-    __slots__ = ("_chunked", "_protocol", "finished", "headers", "prepared", "status")
+    __slots__ = (
+        "_chunked",
+        "_protocol",
+        "finished",
+        "headers",
+        "prepared",
+        "raw_headers",
+        "status",
+    )
 
-    def __init__(self, *, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *, status: int = 200, headers: dict[str, str] | None = None, raw_headers: bytes = b""
+    ) -> None:
         self.status = status
         self.headers = headers
+        self.raw_headers = raw_headers
         self.prepared = False
         self.finished = False
         self._protocol: _Protocol | None = None
@@ -180,7 +198,12 @@ class StreamResponse:
         self._chunked = request.version != "1.0"
         if not self._chunked:
             request.keep_alive = False
-        parts = [_status_line(self.status), _encode_headers(self.headers), protocol.server.date]
+        parts = [
+            _status_line(self.status),
+            self.raw_headers,
+            _encode_headers(self.headers),
+            protocol.server.date,
+        ]
         if self._chunked:
             parts.append(b"Transfer-Encoding: chunked\r\n")
         if not request.keep_alive:

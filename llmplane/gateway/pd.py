@@ -205,7 +205,7 @@ async def serve_pd(
     record["scores"] = pick.scores
     record["pd"] = pd.mode
     gw.metrics.child(gw.metrics.pd_requests, req.model, pd.mode).inc()
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    headers = {k: v for k, v in request.headers.items() if k not in _HOP}  # names lower-case
     profile = gw.scheduler.profile(backend.profile)
     timeout = backend.timeout
     order = pick.endpoints
@@ -330,7 +330,7 @@ class _Pair:
         else:
             gw.outliers.success(state)
         if status >= 400:
-            from llmplane.gateway.server import _response_headers
+            from llmplane.gateway.server import _relayed
 
             self.outcome.status = status
             self.outcome.endpoint = address
@@ -338,7 +338,7 @@ class _Pair:
                 Response(
                     status=status,
                     body=data,
-                    headers=_response_headers(upstream_headers, address, {PREFILL_HEADER: address}),
+                    **_relayed(upstream_headers, address, {PREFILL_HEADER: address}),
                 )
             )
         return data

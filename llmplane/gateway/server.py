@@ -42,7 +42,7 @@ from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.state import EndpointRegistry, EndpointState
-from llmplane.gateway.upstream import UpstreamPool, UpstreamResponse, encode_request
+from llmplane.gateway.upstream import RawHeaders, UpstreamPool, UpstreamResponse, encode_request
 from llmplane.gateway.usage import StreamScanner, extract_usage
 from llmplane.gateway.watching import StoreFollower
 
@@ -67,7 +67,9 @@ _HOP = frozenset(
         "accept-encoding",
     }
 )
-_HOP_RESPONSE = (_HOP - {"accept-encoding"}) | {"server", "date"}
+_HOP_RESPONSE = frozenset(
+    name.encode() for name in (_HOP - {"accept-encoding"}) | {"server", "date"}
+)
 
 
 class _Failed(Exception):
@@ -330,7 +332,7 @@ class Gateway:
         record["profile"] = pick.profile
         record["scores"] = pick.scores
         body = req.final_body()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        headers = {k: v for k, v in request.headers.items() if k not in _HOP}  # names lower-case
         return await self._proxy(
             request, req, decision, pick, ctx, body, headers, record, outcome, t0
         )
@@ -433,7 +435,7 @@ class Gateway:
         return Response(
             status=status,
             body=data,
-            headers=_response_headers(upstream_headers, outcome.endpoint, outcome.headers),
+            **_relayed(upstream_headers, outcome.endpoint, outcome.headers),
         )
 
     async def _stream(
@@ -475,7 +477,7 @@ class Gateway:
             outcome.status = resp.status
             out = StreamResponse(
                 status=resp.status,
-                headers=_response_headers(resp.headers, outcome.endpoint, outcome.headers),
+                **_relayed(resp.headers, outcome.endpoint, outcome.headers),
             )
             await out.prepare(request)
             scanner = StreamScanner()
@@ -611,15 +613,16 @@ class _Outcome:
             self.relay = relay
 
 
-def _response_headers(
-    upstream: Any, endpoint: str | None, extra: dict[str, str] | None = None
-) -> dict[str, str]:
-    headers = {k: v for k, v in upstream.items() if k.lower() not in _HOP_RESPONSE}
-    if endpoint:
-        headers[ENDPOINT_HEADER] = endpoint
+def _relayed(
+    upstream: RawHeaders, endpoint: str | None, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for a Response relaying an upstream one: its header lines as they
+    came (less hop-by-hop ones and those the gateway sets itself), plus the endpoint header
+    and any a hook added."""
+    headers = {ENDPOINT_HEADER: endpoint} if endpoint else {}
     if extra:
         headers.update(extra)
-    return headers
+    return {"raw_headers": upstream.forward(_HOP_RESPONSE), "headers": headers}
 
 
 def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:

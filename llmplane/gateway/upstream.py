@@ -20,6 +20,7 @@ import collections
 import contextlib
 import socket
 import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -38,12 +39,49 @@ class ServerDisconnected(UpstreamError):
     pass
 
 
+class RawHeaders(Mapping[str, str]):
+    """A response's header lines as received. Relaying them (``forward``) copies the bytes;
+    a case-insensitive multidict is decoded only if someone looks a header up."""
+
+    __slots__ = ("_lines", "_multi")
+
+    def __init__(self, lines: list[bytes]) -> None:
+        self._lines = lines
+        self._multi: CIMultiDictProxy[str] | None = None
+
+    def _decoded(self) -> CIMultiDictProxy[str]:
+        if self._multi is None:
+            headers: CIMultiDict[str] = CIMultiDict()
+            for line in self._lines:
+                name, _, value = line.partition(b":")
+                headers.add(
+                    name.strip().decode("utf-8", "surrogateescape"),
+                    value.strip().decode("utf-8", "surrogateescape"),
+                )
+            self._multi = CIMultiDictProxy(headers)
+        return self._multi
+
+    def __getitem__(self, key: str) -> str:
+        return self._decoded()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def forward(self, skip: frozenset[bytes]) -> bytes:
+        """The header lines whose lower-case name is not in ``skip``, CRLF-terminated."""
+        kept = [line for line in self._lines if line[: line.find(b":")].strip().lower() not in skip]
+        return b"\r\n".join(kept) + b"\r\n" if kept else b""
+
+
 class UpstreamResponse:
     """Status and headers of a response whose body is read with ``readany`` / ``read``."""
 
     __slots__ = ("_conn", "headers", "status")
 
-    def __init__(self, conn: _Connection, status: int, headers: CIMultiDictProxy[str]) -> None:
+    def __init__(self, conn: _Connection, status: int, headers: RawHeaders) -> None:
         self._conn = conn
         self.status = status
         self.headers = headers
@@ -97,7 +135,7 @@ class _Connection(asyncio.Protocol):
         self._closed_exc: Exception | None = None
         self._buf = bytearray()
         self._state = self.IDLE
-        self._head_waiter: asyncio.Future[tuple[int, CIMultiDictProxy[str]]] | None = None
+        self._head_waiter: asyncio.Future[tuple[int, RawHeaders]] | None = None
         self._piece_waiter: asyncio.Future[None] | None = None
         self._pieces: collections.deque[bytes] = collections.deque()
         self._done = False
@@ -253,30 +291,27 @@ class _Connection(asyncio.Protocol):
             raise UpstreamError(f"bad status line {status_line[:60]!r}") from None
         if 100 <= status < 200:
             return False
-        headers: CIMultiDict[str] = CIMultiDict()
         length = None
         chunked = False
         keep_alive = parts[0] == b"HTTP/1.1"
-        for line in lines[1:]:
+        fields = lines[1:]
+        for line in fields:
             name, sep, value = line.partition(b":")
             if not sep:
                 raise UpstreamError(f"bad header line {line[:60]!r}")
-            k = name.strip().decode("utf-8", "surrogateescape")
-            v = value.strip().decode("utf-8", "surrogateescape")
-            headers.add(k, v)
-            lk = k.lower()
-            if lk == "content-length":
+            lk = name.strip().lower()
+            if lk == b"content-length":
                 try:
-                    length = int(v)
+                    length = int(value)
                 except ValueError:
-                    raise UpstreamError(f"bad Content-Length {v[:20]!r}") from None
-            elif lk == "transfer-encoding":
-                chunked = "chunked" in v.lower()
-            elif lk == "connection":
-                lv = v.lower()
-                if "close" in lv:
+                    raise UpstreamError(f"bad Content-Length {value[:20]!r}") from None
+            elif lk == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif lk == b"connection":
+                lv = value.lower()
+                if b"close" in lv:
                     keep_alive = False
-                elif "keep-alive" in lv:
+                elif b"keep-alive" in lv:
                     keep_alive = True
         self._keep_alive = keep_alive
         if status in _NO_BODY:
@@ -294,7 +329,7 @@ class _Connection(asyncio.Protocol):
         waiter = self._head_waiter
         self._head_waiter = None
         if waiter is not None and not waiter.done():
-            waiter.set_result((status, CIMultiDictProxy(headers)))
+            waiter.set_result((status, RawHeaders(fields)))
         if self._mode == self.EMPTY:
             self._finish_body()
         return True
@@ -394,7 +429,7 @@ class UpstreamPool:
 
     async def request(
         self, address: str, data: bytes, timeout: float | None = None
-    ) -> tuple[int, CIMultiDictProxy[str], bytes]:
+    ) -> tuple[int, RawHeaders, bytes]:
         """Send ``data`` (a complete request) and read the whole response, within ``timeout``
         seconds in total (connecting included)."""
         if timeout is None:  # most routes: no timeout context to enter and leave
@@ -402,9 +437,7 @@ class UpstreamPool:
         async with asyncio.timeout(timeout):
             return await self._exchange(address, data)
 
-    async def _exchange(
-        self, address: str, data: bytes
-    ) -> tuple[int, CIMultiDictProxy[str], bytes]:
+    async def _exchange(self, address: str, data: bytes) -> tuple[int, RawHeaders, bytes]:
         resp = await self.open(address, data)
         try:
             body = await resp.read()
