@@ -100,6 +100,16 @@ async def test_body_over_the_limit_is_413_without_reading_it(gateway):
             + b"0\r\n\r\n"
         )
         assert (await read_response(reader))[0] == 413
+        # ... while a chunked body under the limit is reassembled and served.
+        half = len(BODY) // 2
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n%b\r\n" % (half, BODY[:half])
+            + b"%x\r\n%b\r\n" % (len(BODY) - half, BODY[half:])
+            + b"0\r\n\r\n"
+        )
+        status, _, body = await read_response(reader)
+        assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 3
     finally:
         writer.close()
 
