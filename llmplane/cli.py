@@ -404,16 +404,12 @@ def up(
                 )
     config = None
     if gateway_config is not None:
-        from llmplane.gateway.config import load_config
-        from llmplane.gateway.scheduler.config import build_scheduler
+        from llmplane.gateway.config import ConfigFileError, load_checked
 
         try:
-            config = load_config(gateway_config)
-            build_scheduler(config.scheduler)  # reject a bad profile now, not after start
-        except OSError as e:
-            fail(f"{gateway_config}: {e.strerror or e}")
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            fail(f"{gateway_config}: invalid gateway config: {e}")
+            config = load_checked(gateway_config)  # a bad profile is refused now, not after start
+        except ConfigFileError as e:
+            fail(str(e))
     directory = resolve_state_dir(state_dir)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

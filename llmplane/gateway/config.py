@@ -98,3 +98,24 @@ def load_config(path: str | Path | None) -> GatewayConfig:
     if doc is not None and not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a mapping (an EndpointPickerConfig)")
     return config_from_dict(doc)
+
+
+class ConfigFileError(ValueError):
+    """A gateway config file that cannot be used; the message names the file and the problem."""
+
+
+def load_checked(path: str | Path) -> GatewayConfig:
+    """``load_config`` plus building its scheduling profiles, so that a bad file is refused
+    before anything starts, with one line saying why (no traceback)."""
+    from llmplane.gateway.scheduler.config import build_scheduler
+
+    try:
+        config = load_config(path)
+        build_scheduler(config.scheduler)
+    except OSError as e:
+        raise ConfigFileError(f"{path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigFileError(f"{path}: not valid YAML: {e}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ConfigFileError(f"{path}: invalid gateway config: {e}") from None
+    return config

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from llmplane.gateway.config import GatewayConfig, load_config
+from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked, load_config
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.health import Outliers
@@ -691,11 +691,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(args: argparse.Namespace, ready: Any = None) -> None:
+async def serve(
+    args: argparse.Namespace, ready: Any = None, config: GatewayConfig | None = None
+) -> None:
     from llmplane.gateway.external import StoreEndpoints
     from llmplane.store.paths import open_store
 
-    config = load_config(args.config)
+    if config is None:
+        config = load_config(args.config)
     if getattr(args, "kubernetes", False):
         from llmplane.gateway.kube_discovery import kubernetes_sources, parse_namespaces
 
@@ -722,6 +725,13 @@ async def serve(args: argparse.Namespace, ready: Any = None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    config = GatewayConfig()
+    if args.config is not None:
+        try:
+            config = load_checked(args.config)
+        except ConfigFileError as e:
+            print(f"llmplane gateway: {e}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -741,7 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:  # pragma: no cover
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(args))
+        runner(serve(args, config=config))
     return 0
 
 

@@ -128,3 +128,19 @@ def test_up_rejects_a_bad_gateway_config_and_exits(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "invalid gateway config" in proc.stderr and "no-such-plugin" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_gateway_rejects_a_bad_config_and_exits(tmp_path: Path) -> None:
+    for text, expected in (
+        ("plugins: [{type: no-such-plugin}]\n", "no-such-plugin"),
+        ("plugins: [\n", "not valid YAML"),
+        ("gateway: {maxBodyByte: 1}\n", "gateway.maxBodyByte: unknown setting"),
+    ):
+        config = tmp_path / "gateway.yaml"
+        config.write_text(text)
+        proc = cli(
+            "gateway", "--port", "0", "--config", str(config), state_dir=tmp_path / "s", check=False
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert f"llmplane gateway: {config}:" in proc.stderr and expected in proc.stderr
+        assert "Traceback" not in proc.stderr
