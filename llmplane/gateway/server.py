@@ -691,6 +691,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class StartupError(Exception):
+    """The gateway cannot start for a reason the user can fix (said in one line)."""
+
+
 async def serve(
     args: argparse.Namespace, ready: Any = None, config: GatewayConfig | None = None
 ) -> None:
@@ -702,13 +706,31 @@ async def serve(
     if getattr(args, "kubernetes", False):
         from llmplane.gateway.kube_discovery import kubernetes_sources, parse_namespaces
 
-        store, discovery = await kubernetes_sources(
-            parse_namespaces(args.namespace), args.kube_server
-        )
+        try:
+            store, discovery = await kubernetes_sources(
+                parse_namespaces(args.namespace), args.kube_server
+            )
+        except Exception as e:  # kubernetes_asyncio's config and connection errors
+            raise StartupError(
+                "--kubernetes: no usable Kubernetes API (in-cluster config, else kubeconfig): "
+                f"{type(e).__name__}: {e}"
+            ) from None
     else:
         store = open_store(args.state_dir)
         discovery = StoreEndpoints(store)
-    gateway = await start_gateway(store, discovery, args.host, args.port, config)
+
+    async def close_store() -> None:
+        aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
+        await aclose() if aclose is not None else store.close()
+
+    try:
+        gateway = await start_gateway(store, discovery, args.host, args.port, config)
+    except OSError as e:
+        await close_store()
+        raise StartupError(
+            f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+            "(pass --port N, or --port 0 for any free port)"
+        ) from None
     print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -719,8 +741,7 @@ async def serve(
         await stop.wait()
     finally:
         await gateway.close()
-        aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
-        await aclose() if aclose is not None else store.close()
+        await close_store()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -750,8 +771,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
-    with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(args, config=config))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            runner(serve(args, config=config))
+    except StartupError as e:
+        print(f"llmplane gateway: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

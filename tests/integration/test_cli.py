@@ -144,3 +144,39 @@ def test_gateway_rejects_a_bad_config_and_exits(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr
         assert f"llmplane gateway: {config}:" in proc.stderr and expected in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_gateway_startup_problems_are_one_line(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    def gateway(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "llmplane.cli",
+                "gateway",
+                "--state-dir",
+                str(tmp_path / "s"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **env},
+        )
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proc = gateway("--port", str(busy.getsockname()[1]))
+    assert proc.returncode == 2 and "cannot listen on 127.0.0.1:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    empty = tmp_path / "kubeconfig"
+    empty.write_text("")
+    proc = gateway("--kubernetes", "--port", "0", KUBECONFIG=str(empty))
+    assert proc.returncode == 2 and "--kubernetes: no usable Kubernetes API" in proc.stderr
+    assert "Traceback" not in proc.stderr
