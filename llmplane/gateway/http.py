@@ -13,8 +13,8 @@ routes, write back-pressure for streams, an idle keep-alive timeout, and a grace
 lets in-flight requests finish. A handler is cancelled when its client goes away (aiohttp's
 default is to let it run): its upstream connection closes and the engine aborts the request.
 
-The request/response classes keep the names of aiohttp's (``Request.headers``, ``path_qs``,
-``read()``; ``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same.
+The request/response classes keep the names of aiohttp's (``Request.headers``, ``path_qs``;
+``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same.
 """
 
 from __future__ import annotations
@@ -55,10 +55,17 @@ def _date_header() -> bytes:
     return f"Date: {formatdate(usegmt=True)}\r\nServer: llmplane\r\n".encode()
 
 
-def _encode_headers(headers: dict[str, str] | None) -> bytes:
-    if not headers:
-        return b""
-    return "".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("utf-8", "surrogateescape")
+def _head(
+    status: int, raw_headers: bytes, headers: dict[str, str] | None, date: bytes
+) -> list[bytes]:
+    """Status line, relayed header lines, our headers, Date/Server; the caller adds framing
+    headers (Content-Length, Transfer-Encoding, Connection) and the blank line."""
+    ours = (
+        "".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("utf-8", "surrogateescape")
+        if headers
+        else b""
+    )
+    return [_status_line(status), raw_headers, ours, date]
 
 
 class Headers(dict[str, str]):
@@ -117,9 +124,6 @@ class Request:
         value = dict.get(self.headers, "content-length")
         return int(value) if value is not None and value.isdigit() else None
 
-    async def read(self) -> bytes:
-        return self.body
-
 
 class Response:
     """A whole response, written in one piece."""
@@ -146,14 +150,9 @@ class Response:
                 else {"Content-Type": content_type}
             )
 
-    def encode(self, keep_alive: bool, head: bool = False, date: bytes | None = None) -> bytes:
+    def encode(self, keep_alive: bool, head: bool, date: bytes) -> bytes:
         status = self.status
-        parts = [
-            _status_line(status),
-            self.raw_headers,
-            _encode_headers(self.headers),
-            date or _date_header(),
-        ]
+        parts = _head(status, self.raw_headers, self.headers, date)
         if status >= 200 and status not in (204, 304):
             parts.append(b"Content-Length: %d\r\n" % len(self.body))
         if not keep_alive:
@@ -198,12 +197,7 @@ class StreamResponse:
         self._chunked = request.version != "1.0"
         if not self._chunked:
             request.keep_alive = False
-        parts = [
-            _status_line(self.status),
-            self.raw_headers,
-            _encode_headers(self.headers),
-            protocol.server.date,
-        ]
+        parts = _head(self.status, self.raw_headers, self.headers, protocol.server.date)
         if self._chunked:
             parts.append(b"Transfer-Encoding: chunked\r\n")
         if not request.keep_alive:
@@ -251,6 +245,7 @@ class _Protocol(asyncio.Protocol):
         "_header_bytes",
         "_headers",
         "_read_paused",
+        "_refusal",
         "_size",
         "_too_large",
         "_url",
@@ -281,6 +276,7 @@ class _Protocol(asyncio.Protocol):
         self._size = 0
         self._header_bytes = 0
         self._too_large = False
+        self._refusal: Response | None = None  # answered instead of the request (417)
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -340,6 +336,7 @@ class _Protocol(asyncio.Protocol):
         self._size = 0
         self._header_bytes = 0
         self._too_large = False
+        self._refusal = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -368,12 +365,12 @@ class _Protocol(asyncio.Protocol):
         expect = dict.get(headers, "expect")
         if expect is not None and self.parser.get_http_version() == "1.1":
             if expect.lower() != "100-continue":
-                self._too_large = True  # nothing to read; answered 417 below
+                self._refusal = _error(417, f"unknown Expect: {expect}", "expectation_failed")
             elif not self._too_large:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
-        if self._too_large:
+        if self._too_large or self._refusal is not None:
             return
         self._size += len(body)
         if self._size > self.server.max_body:
@@ -389,9 +386,8 @@ class _Protocol(asyncio.Protocol):
         version = parser.get_http_version()
         keep_alive = parser.should_keep_alive()
         headers = self._headers
-        expect = dict.get(headers, "expect")
-        if expect is not None and version == "1.1" and expect.lower() != "100-continue":
-            self.queue.append(_error(417, f"unknown Expect: {expect}", "expectation_failed"))
+        if self._refusal is not None:
+            self.queue.append(self._refusal)
         else:
             raw = url.decode("latin-1")
             q = raw.find("?")
@@ -419,8 +415,8 @@ class _Protocol(asyncio.Protocol):
         try:
             while queue and not self.closed:
                 item = queue.popleft()
-                if isinstance(item, Response):  # answered by the parser (417)
-                    self.transport.write(item.encode(False, date=server.date))
+                if isinstance(item, Response):  # a refusal decided while parsing (417)
+                    self.transport.write(item.encode(False, False, server.date))
                     self.transport.close()
                     return
                 request = item

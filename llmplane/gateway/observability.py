@@ -226,10 +226,6 @@ class GatewayMetrics:
         if gateway is not None:
             r.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
 
-    def child(self, metric: Any, *labels: str) -> Any:
-        """A labelled child (kept by the metric itself)."""
-        return metric.labels(*labels)
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

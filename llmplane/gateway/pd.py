@@ -169,7 +169,7 @@ async def serve_pd(
     t0: float,
 ) -> StreamResponse:
     """Serve ``req`` on a prefill + decode pair (see the module docstring)."""
-    from llmplane.gateway.server import _HOP, _Failed
+    from llmplane.gateway.server import _Failed, forwarded_headers
 
     backend = decision.backend
     pd: PDBackend = backend.pd
@@ -204,8 +204,8 @@ async def serve_pd(
     record["profile"] = pick.profile
     record["scores"] = pick.scores
     record["pd"] = pd.mode
-    gw.metrics.child(gw.metrics.pd_requests, req.model, pd.mode).inc()
-    headers = {k: v for k, v in request.headers.items() if k not in _HOP}  # names lower-case
+    gw.metrics.pd_requests.labels(req.model, pd.mode).inc()
+    headers = forwarded_headers(request)
     profile = gw.scheduler.profile(backend.profile)
     timeout = backend.timeout
     order = pick.endpoints
@@ -213,7 +213,7 @@ async def serve_pd(
     tried = di = pi = 0
     for attempt in range(attempts + 1):
         if attempt:
-            gw.metrics.child(gw.metrics.retries, decision.route).inc()
+            gw.metrics.retries.labels(decision.route).inc()
             if backend.retry_interval > 0:
                 await asyncio.sleep(backend.retry_interval)
         tried += 1
@@ -320,7 +320,7 @@ class _Pair:
         finally:
             state.inflight -= 1
         elapsed = time.perf_counter() - t
-        gw.metrics.child(gw.metrics.pd_prefill, self.req.model).observe(elapsed)
+        gw.metrics.pd_prefill.labels(self.req.model).observe(elapsed)
         self.record["prefill_endpoint"] = address
         self.record["prefill_ms"] = round(elapsed * 1000, 3)
         if status >= 500:

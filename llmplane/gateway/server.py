@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked, load_config
+from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.health import Outliers
@@ -104,7 +104,7 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
-            on_eject=lambda s: self.metrics.child(self.metrics.ejections, s.address).inc(),
+            on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         # Token rate limits (ModelRoute.spec.rateLimit) run as the first request hook.
         self.ratelimiter = RateLimiter(self.config, self.metrics.registry)
@@ -236,7 +236,7 @@ class Gateway:
         reservations: list[tuple[Any, Any]] = []
         outcome = _Outcome()
         try:
-            body = await self._read_body(request)
+            body = self._body(request)
             req = InferenceRequest(request.path, request.headers, body)
             record["model"] = req.model
             record["stream"] = req.stream
@@ -257,7 +257,7 @@ class Gateway:
             status = err.status
             record["error"] = err.message
             if err.code == "overloaded" and req is not None:
-                self.metrics.child(self.metrics.shed, req.model).inc()
+                self.metrics.shed.labels(req.model).inc()
             return err.response()
         except asyncio.CancelledError:
             status = 499
@@ -271,9 +271,10 @@ class Gateway:
                     log.exception("request hook settle failed")
             self._observe(record, req, decision, outcome, status, usage, t0)
 
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.config.max_body_bytes
+    def _body(self, request: Request) -> bytes:
+        """The body, or 413 if the HTTP server found it over the limit (and did not keep it)."""
         if request.too_large:
+            limit = self.config.max_body_bytes
             length = request.content_length
             size = f" ({length} bytes)" if length is not None else ""
             raise GatewayError(
@@ -332,7 +333,7 @@ class Gateway:
         record["profile"] = pick.profile
         record["scores"] = pick.scores
         body = req.final_body()
-        headers = {k: v for k, v in request.headers.items() if k not in _HOP}  # names lower-case
+        headers = forwarded_headers(request)
         return await self._proxy(
             request, req, decision, pick, ctx, body, headers, record, outcome, t0
         )
@@ -360,7 +361,7 @@ class Gateway:
         for attempt in range(attempts + 1):
             state = order[attempt % len(order)]
             if attempt:
-                self.metrics.child(self.metrics.retries, decision.route).inc()
+                self.metrics.retries.labels(decision.route).inc()
                 if backend.retry_interval > 0:
                     await asyncio.sleep(backend.retry_interval)
             tried += 1
@@ -524,22 +525,22 @@ class Gateway:
         m = self.metrics
         model = req.model if req is not None else ""
         route = decision.route if decision is not None else ""
-        m.child(m.requests, model, route, outcome.endpoint or "", str(status)).inc()
-        m.child(m.e2e, model).observe(elapsed)
+        m.requests.labels(model, route, outcome.endpoint or "", str(status)).inc()
+        m.e2e.labels(model).observe(elapsed)
         if usage is not None:
             if usage.prompt_tokens:
-                m.child(m.prompt_tokens, model).inc(usage.prompt_tokens)
+                m.prompt_tokens.labels(model).inc(usage.prompt_tokens)
             if usage.completion_tokens:
-                m.child(m.output_tokens, model).inc(usage.completion_tokens)
+                m.output_tokens.labels(model).inc(usage.completion_tokens)
         if outcome.ttft is not None:
-            m.child(m.ttft, model).observe(outcome.ttft)
+            m.ttft.labels(model).observe(outcome.ttft)
             tokens = (
                 usage.completion_tokens
                 if usage is not None and usage.completion_tokens
                 else outcome.events - 1
             )
             if tokens > 1 and outcome.end:
-                m.child(m.tpot, model).observe((outcome.end - t0 - outcome.ttft) / (tokens - 1))
+                m.tpot.labels(model).observe((outcome.end - t0 - outcome.ttft) / (tokens - 1))
         record["status"] = status
         record["endpoint"] = outcome.endpoint
         record["total_ms"] = round(elapsed * 1000, 3)
@@ -611,6 +612,11 @@ class _Outcome:
         relay = getattr(reservation, "stream_filter", None)
         if relay is not None:
             self.relay = relay
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    """The client's headers to send upstream: all but hop-by-hop ones (names are lower-case)."""
+    return {k: v for k, v in request.headers.items() if k not in _HOP}
 
 
 def _relayed(
@@ -695,14 +701,10 @@ class StartupError(Exception):
     """The gateway cannot start for a reason the user can fix (said in one line)."""
 
 
-async def serve(
-    args: argparse.Namespace, ready: Any = None, config: GatewayConfig | None = None
-) -> None:
+async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     from llmplane.gateway.external import StoreEndpoints
     from llmplane.store.paths import open_store
 
-    if config is None:
-        config = load_config(args.config)
     if getattr(args, "kubernetes", False):
         from llmplane.gateway.kube_discovery import kubernetes_sources, parse_namespaces
 
@@ -773,7 +775,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner = asyncio.run
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            runner(serve(args, config=config))
+            runner(serve(args, config))
     except StartupError as e:
         print(f"llmplane gateway: {e}", file=sys.stderr)
         return 2

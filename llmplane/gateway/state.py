@@ -7,6 +7,7 @@ are rebuilt around the same objects, so counters survive a reload.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llmplane.gateway.discovery import Endpoint
@@ -51,17 +52,27 @@ class EndpointState:
         return ((now if now is not None else time.monotonic()) - self.scraped_at) <= staleness
 
     def queue_estimate(self, staleness: float, now: float | None = None) -> float:
-        """Waiting requests as the engine reported them, moved by the net change in this
-        gateway's in-flight count since that report (optimistic accounting: a burst between
-        two scrapes counts at once, and requests that already finished stop counting, so a
-        fast replica is not taken for a loaded one); the in-flight count when metrics are
-        missing or stale."""
-        if self.metrics_fresh(staleness, now):
-            return max(0.0, self.waiting + self.inflight - self.inflight_at_scrape)
-        return float(self.inflight)
+        """See ``queue_estimates``."""
+        return queue_estimates((self,), staleness, time.monotonic() if now is None else now)[0]
 
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
+
+
+def queue_estimates(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:
+    """Each endpoint's queue: the waiting requests its engine last reported, moved by the net
+    change in this gateway's in-flight count since that report, never below 0 (optimistic
+    accounting: a burst between two scrapes counts at once, and requests that already finished
+    stop counting, so a fast replica is not taken for a loaded one). With metrics missing or
+    older than ``staleness`` seconds, the in-flight count. One list comprehension over the
+    fields (no method call per endpoint): the scheduler's hottest loop."""
+    oldest = now - staleness
+    return [
+        (q if (q := s.waiting + s.inflight - s.inflight_at_scrape) > 0 else 0.0)
+        if s.has_load_metrics and s.scraped_at and s.scraped_at >= oldest
+        else float(s.inflight)
+        for s in states
+    ]
 
 
 class EndpointRegistry:

@@ -18,11 +18,11 @@ def samples(m: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 
 def test_counters_and_histograms_render_cumulative_buckets():
     m = GatewayMetrics()
-    m.child(m.requests, "llama", "ModelRoute/default/r", "10.0.0.1:8000", "200").inc()
-    m.child(m.requests, "llama", "ModelRoute/default/r", "10.0.0.1:8000", "200").inc()
-    m.child(m.prompt_tokens, "llama").inc(12)
+    m.requests.labels("llama", "ModelRoute/default/r", "10.0.0.1:8000", "200").inc()
+    m.requests.labels("llama", "ModelRoute/default/r", "10.0.0.1:8000", "200").inc()
+    m.prompt_tokens.labels("llama").inc(12)
     for v in (0.004, 0.01, 0.3, 500.0):  # a bound itself falls in its own bucket (le)
-        m.child(m.e2e, "llama").observe(v)
+        m.e2e.labels("llama").observe(v)
     m.scheduling.observe(0.00012)
     got = samples(m)
     labels = (("endpoint", "10.0.0.1:8000"), ("model", "llama"), ("route", "ModelRoute/default/r"), ("status", "200"))  # fmt: skip

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from itertools import count
 
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.state import EndpointState, queue_estimates
 
 _random = random.random
 _sample = random.sample
@@ -22,18 +22,6 @@ def _min_max_inverse(values: list[float]) -> list[float]:
         return [1.0] * len(values)
     span = hi - lo
     return [(hi - v) / span for v in values]
-
-
-def queue_estimates(ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-    """``EndpointState.queue_estimate`` for each endpoint, inlined: the scheduler's hottest
-    loop (one method call per endpoint cost a third of a 64-endpoint pick)."""
-    oldest = ctx.now - ctx.staleness
-    return [
-        (q if (q := e.waiting + e.inflight - e.inflight_at_scrape) > 0 else 0.0)
-        if e.has_load_metrics and e.scraped_at >= oldest and e.scraped_at
-        else float(e.inflight)
-        for e in endpoints
-    ]
 
 
 # --- filters ------------------------------------------------------------------------------------
@@ -61,7 +49,7 @@ class LowQueueFilter:
 
     def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
         threshold = self.threshold
-        queues = queue_estimates(ctx, endpoints)
+        queues = queue_estimates(endpoints, ctx.staleness, ctx.now)
         return [e for e, q in zip(endpoints, queues, strict=True) if q < threshold]
 
 
@@ -76,7 +64,7 @@ class QueueScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        return _min_max_inverse(queue_estimates(ctx, endpoints))
+        return _min_max_inverse(queue_estimates(endpoints, ctx.staleness, ctx.now))
 
 
 class KVCacheScorer:
@@ -86,7 +74,7 @@ class KVCacheScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        oldest = ctx.now - ctx.staleness
+        oldest = ctx.now - ctx.staleness  # EndpointState.metrics_fresh, inlined
         return [
             (1.0 if (u := e.kv_usage) <= 0.0 else 0.0 if u >= 1.0 else 1.0 - u)
             if e.has_kv and e.has_load_metrics and e.scraped_at >= oldest and e.scraped_at
