@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "docs" / "benchmarks.md"
@@ -283,3 +284,24 @@ def gateway_proc(
     if tree is None:
         return Proc(name, argv)
     return Proc(name, argv, env={"PYTHONPATH": str(tree)}, cwd=tree)
+
+
+def upstream_proc(*extra: str) -> Proc:
+    """``bench/gateway_upstream.py`` (model ``bench``, no modelled delay) on a free port."""
+    return Proc(
+        "upstream",
+        ["python", "-m", "bench.gateway_upstream", "--model", "bench", "--delay", "0",
+         "--port", "0", *extra],
+    )  # fmt: skip
+
+
+def store_objects(state_dir: str, *objects: dict[str, Any]) -> None:
+    """Apply ``objects`` (Endpoints, routes) to the store in ``state_dir`` for a gateway."""
+    from llmplane.store.paths import open_store
+
+    store = open_store(state_dir)
+    try:
+        for obj in objects:
+            store.apply(obj)
+    finally:
+        store.close()

@@ -24,7 +24,17 @@ from pathlib import Path
 
 import orjson
 
-from bench.common import Proc, cpu_seconds, gateway_proc, machine, machine_line, table, wrk
+from bench.common import (
+    Proc,
+    cpu_seconds,
+    gateway_proc,
+    machine,
+    machine_line,
+    store_objects,
+    table,
+    upstream_proc,
+    wrk,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +50,6 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     from llmplane.gateway.external import endpoint_object
-    from llmplane.store.paths import open_store
 
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))
@@ -53,26 +62,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     procs: list[Proc] = []
     try:
-        up = Proc(
-            "upstream",
-            [
-                "python",
-                "-m",
-                "bench.gateway_upstream",
-                "--model",
-                "bench",
-                "--delay",
-                "0",
-                "--port",
-                "0",
-            ],
-        )
+        up = upstream_proc()
         procs.append(up)
         address = up.listening()
         state = str(work / "state")
-        store = open_store(state)
-        store.apply(endpoint_object("bench", address, "bench", engine="vllm"))
-        store.close()
+        store_objects(state, endpoint_object("bench", address, "bench", engine="vllm"))
         builds = {"baseline": base_tree, "candidate": ROOT}
         gws = {name: gateway_proc(state, name=name, tree=tree) for name, tree in builds.items()}
         procs += gws.values()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import orjson
 
-from llmplane.gateway.testing import spawn
+from bench.common import gateway_proc, store_objects, upstream_proc
 
 BODY = orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 1})
 
@@ -112,28 +112,16 @@ def load(url: str, concurrency: int, duration: float) -> dict[str, float]:
 
 def proxy_benchmark(concurrencies: list[int], duration: float) -> list[dict[str, float]]:
     from llmplane.gateway.external import endpoint_object
-    from llmplane.store.paths import open_store
 
     state_dir = tempfile.mkdtemp(prefix="llmplane-bench-")
-    upstream = spawn(["-m", "bench.gateway_upstream", "--fixed"])
+    upstream = upstream_proc("--fixed")
     gateway = None
     try:
-        store = open_store(state_dir)
-        store.apply(endpoint_object("bench", upstream.address, "bench", engine="vllm"))
-        store.close()
-        gateway = spawn(
-            [
-                "-m",
-                "llmplane.gateway.server",
-                "--port",
-                "0",
-                "--state-dir",
-                state_dir,
-                "--no-access-log",
-            ]
-        )
-        direct_url = f"http://{upstream.address}/v1/completions"
-        gateway_url = f"http://{gateway.address}/v1/completions"
+        address = upstream.listening()
+        store_objects(state_dir, endpoint_object("bench", address, "bench", engine="vllm"))
+        gateway = gateway_proc(state_dir)
+        direct_url = f"http://{address}/v1/completions"
+        gateway_url = f"http://{gateway.listening()}/v1/completions"
         load(gateway_url, 8, 1.0)  # warm up both (connections, caches)
         rows = []
         for c in concurrencies:

@@ -39,6 +39,7 @@ from bench.common import (
     machine,
     machine_line,
     percentile,
+    store_objects,
     table,
     write_section,
 )
@@ -245,12 +246,10 @@ def main(argv: list[str] | None = None) -> None:
         procs += sims
         addrs = [s.listening() for s in sims]
         from llmplane.gateway.external import endpoint_object
-        from llmplane.store.paths import open_store
 
-        store = open_store(state)
-        for i, a in enumerate(addrs):
-            store.apply(endpoint_object(f"sim{i}", a, "sim-model"))
-        store.close()
+        store_objects(
+            state, *(endpoint_object(f"sim{i}", a, "sim-model") for i, a in enumerate(addrs))
+        )
         gw = gateway_proc(state)
         procs.append(gw)
         base = f"http://{gw.listening()}"

@@ -47,7 +47,9 @@ from bench.common import (
     gateway_proc,
     machine,
     machine_line,
+    store_objects,
     table,
+    upstream_proc,
     write_section,
     wrk,
 )
@@ -75,31 +77,15 @@ class Fleet:
         self.systems = systems
 
     def start(self) -> None:
-        up = Proc(
-            "upstream",
-            [
-                "python",
-                "-m",
-                "bench.gateway_upstream",
-                "--model",
-                "bench",
-                "--delay",
-                "0",
-                "--port",
-                "0",
-            ],
-        )
+        up = upstream_proc()
         self.procs["direct"] = up
         address = up.listening()
         self.urls["direct"] = f"http://{address}/v1/completions"
         probe = bodies(4)["unary"]
         if "llmplane" in self.systems:
             from llmplane.gateway.external import endpoint_object
-            from llmplane.store.paths import open_store
 
-            store = open_store(self.state_dir)
-            store.apply(endpoint_object("bench", address, "bench", engine="vllm"))
-            store.close()
+            store_objects(self.state_dir, endpoint_object("bench", address, "bench", engine="vllm"))
             gw = gateway_proc(self.state_dir)
             self.procs["llmplane"] = gw
             self.urls["llmplane"] = f"http://{gw.listening()}/v1/completions"

@@ -64,6 +64,7 @@ from bench.common import (
     machine,
     machine_line,
     percentile,
+    store_objects,
     table,
     write_section,
 )
@@ -226,15 +227,15 @@ class Fleet:
         ours = [p for p in policies if p in LLMPLANE_POLICIES]
         if ours:
             from llmplane.gateway.external import endpoint_object
-            from llmplane.store.paths import open_store
 
-            store = open_store(self.state_dir)
-            for i, addr in enumerate(self.sim_addrs):
-                store.apply(endpoint_object(f"sim{i}", addr, BASE_MODEL, labels={"app": "sim"}))
-            for p in ours:
-                for obj in route_objects(p):
-                    store.apply(obj)
-            store.close()
+            store_objects(
+                self.state_dir,
+                *(
+                    endpoint_object(f"sim{i}", addr, BASE_MODEL, labels={"app": "sim"})
+                    for i, addr in enumerate(self.sim_addrs)
+                ),
+                *(obj for p in ours for obj in route_objects(p)),
+            )
             cfg = os.path.join(self.state_dir, "scheduler.yaml")
             with open(cfg, "w") as f:
                 yaml.safe_dump(scheduler_config(), f)

@@ -6,6 +6,7 @@ behind the gateway a real ``llmplane.sim`` engine."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import orjson
@@ -223,14 +224,17 @@ async def test_close_lets_in_flight_requests_finish_and_refuses_new_ones(engine)
     gw = await _gateway(engine)
     port = gw.port
     async with aiohttp.ClientSession() as s:
-        body = {"model": MODEL, "prompt": "hi", "max_tokens": 40, "ignore_eos": True}
-        # time-scale 0.01: 40 tokens take well under a second, but not zero.
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 1500, "ignore_eos": True}
+        # time-scale 0.01: 1,500 tokens take about 0.1 s, so close() starts mid-request.
         slow = asyncio.ensure_future(s.post(f"http://127.0.0.1:{port}/v1/completions", json=body))
         while not any(st.inflight for st in gw.registry.states.values()):
             await asyncio.sleep(0.001)
+        t = time.monotonic()
         await gw.close()
+        waited = time.monotonic() - t
         r = await slow
-        assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 40
+        assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 1500
+        assert waited > 0.02  # close() waited for it rather than returning at once
         r.release()
         with pytest.raises(aiohttp.ClientConnectionError):
             await s.post(f"http://127.0.0.1:{port}/health")

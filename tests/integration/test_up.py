@@ -12,28 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.upprocess import Up, alive, cli, condition, http, status, wait_for
+from tests.integration.upprocess import (
+    Up,
+    alive,
+    cli,
+    condition,
+    http,
+    sim_fleet,
+    status,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SIM_FLEET = """
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {name: tiny}
-spec:
-  familyName: tiny
-  source: {uri: "host:///dev/null"}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {name: tiny}
-spec:
-  replicas: REPLICAS
-  modelClaim: {modelName: tiny}
-  backendRuntimeConfig:
-    backendName: sim
-    args: ["--time-scale", "0.01"]
-"""
+SIM_FLEET = sim_fleet("tiny", "REPLICAS")
 
 
 def fleet(tmp_path: Path, replicas: int) -> str:

@@ -15,61 +15,19 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.integration.upprocess import Up, http, status, wait_for
+from tests.integration.upprocess import Up, http, sim_fleet, status, wait_for
 
-FLEET = """
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {name: tiny-a}
-spec:
-  familyName: tiny
-  source: {uri: "host:///dev/null"}
----
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {name: tiny-b}
-spec:
-  familyName: tiny
-  source: {uri: "host:///dev/null"}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {name: a}
-spec:
-  replicas: 2
-  modelClaim: {modelName: tiny-a}
-  backendRuntimeConfig:
-    backendName: sim
-    args: ["--time-scale", "0.05"]
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {name: b}
-spec:
-  replicas: 1
-  modelClaim: {modelName: tiny-b}
-  backendRuntimeConfig:
-    backendName: sim
-    args: ["--time-scale", "0.05"]
----
+MODEL_SERVER = """
 apiVersion: networking.serving.volcano.sh/v1alpha1
 kind: ModelServer
-metadata: {name: servers-a}
+metadata: {{name: servers-{name}}}
 spec:
-  model: tiny-a
+  model: tiny-{name}
   inferenceEngine: vLLM
   workloadSelector:
-    matchLabels: {llmaz.io/model-name: tiny-a}
----
-apiVersion: networking.serving.volcano.sh/v1alpha1
-kind: ModelServer
-metadata: {name: servers-b}
-spec:
-  model: tiny-b
-  inferenceEngine: vLLM
-  workloadSelector:
-    matchLabels: {llmaz.io/model-name: tiny-b}
----
+    matchLabels: {{llmaz.io/model-name: tiny-{name}}}
+"""
+ROUTE = """
 apiVersion: networking.serving.volcano.sh/v1alpha1
 kind: ModelRoute
 metadata: {name: mix}
@@ -81,6 +39,14 @@ spec:
         - {modelServerName: servers-a, weight: 75}
         - {modelServerName: servers-b, weight: 25}
 """
+# Playgrounds a (2 replicas, model tiny-a) and b (1, tiny-b), a ModelServer each, a 75/25 route.
+FLEET = "---".join(
+    [
+        *(sim_fleet(f"tiny-{n}", r, "0.05", playground=n) for n, r in (("a", 2), ("b", 1))),
+        *(MODEL_SERVER.format(name=n) for n in "ab"),
+        ROUTE,
+    ]
+)
 
 
 @pytest.fixture
