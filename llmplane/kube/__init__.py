@@ -1,0 +1,1 @@
+"""Low-level Kubernetes pieces shared by every Kubernetes-facing module: kinds, client, metadata keys."""

@@ -1,0 +1,1 @@
+"""Test kit shared by tests and benchmarks: process launchers, the Kubernetes API emulator, model builders."""
