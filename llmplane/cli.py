@@ -396,6 +396,8 @@ def up(
         docs = [dump_resource(r) for r in parsed.resources]
     if port:
         with socket.socket() as probe:
+            # As the real listener binds: connections the last `up` left in TIME_WAIT are fine.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError:
@@ -433,7 +435,12 @@ def up(
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+    from llmplane.runtime.local import StateDirInUse
+
+    try:
+        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+    except StateDirInUse as e:
+        fail(str(e))
 
 
 def _workload(target: str, namespace: str | None) -> tuple[str, str]:

@@ -43,9 +43,10 @@ def cli(
 class Up:
     """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure."""
 
-    def __init__(self, state_dir: Path, *files: str):
+    def __init__(self, state_dir: Path, *files: str, port: int = 0):
         self.state_dir = state_dir
         self.files = files
+        self.requested_port = port
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
         self.output: list[str] = []
@@ -58,7 +59,7 @@ class Up:
             "llmplane.cli",
             "up",
             "--port",
-            "0",
+            str(self.requested_port),
             "--state-dir",
             str(self.state_dir),
         ]
