@@ -106,9 +106,7 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
     _warn(parsed.warnings)
     store = _store(state_dir)
     docs = [dump_resource(r) for r in parsed.resources]
-    before = [
-        store.get(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs
-    ]
+    before = [_get_or_none(store, d) for d in docs]
     after = store.apply_many(docs)
     for old, new, r in zip(before, after, parsed.resources, strict=True):
         if old is None:
@@ -118,6 +116,16 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
         else:
             verb = "configured"
         out.print(f"{_type_name(type(r))}/{r.name} {verb}")
+
+
+def _get_or_none(store: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored version of ``doc``; a corrupt row counts as none (applying replaces it)."""
+    from llmplane.store.base import CorruptObject
+
+    try:
+        return store.get(doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace"))
+    except CorruptObject:
+        return None
 
 
 def _kind(kind: str) -> type[Resource]:
@@ -165,6 +173,8 @@ def get(
             items = store.list(kind_name, ns, selector)
         except ValueError as e:
             fail(f"invalid label selector: {e}")
+        for message in store.corrupt(kind_name, ns):  # skipped by list: say so, by kind/name
+            err.print(f"[yellow]Warning:[/] skipped {escape(message)}")
     if output == "yaml":
         if name:
             out.print(to_yaml(items[0]), end="")
