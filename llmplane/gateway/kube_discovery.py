@@ -39,7 +39,8 @@ from typing import Any
 from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL
 from llmplane.gateway.discovery import Endpoint, _Subscribers
 from llmplane.gateway.watching import StoreFollower
-from llmplane.store.kube import POD, Informer
+from llmplane.kube.informer import Informer
+from llmplane.kube.kinds import POD
 
 log = logging.getLogger("llmplane.gateway")
 
