@@ -34,6 +34,7 @@ import aiohttp
 
 from llmplane.controlplane.plan import REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
+from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import LOCAL_HOST, free_port, missing_engine, rewrite_argv
 from llmplane.runtime.processes import (
     TOKEN_ENV,
@@ -64,18 +65,6 @@ LIVENESS_PROBE_FAILED = "LivenessProbeFailed"
 RESTART_REASONS = (CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED)
 
 LOG_TAIL_LINES = 10
-
-
-@dataclass
-class Endpoint:
-    """A ready replica the gateway may route to."""
-
-    address: str  # "127.0.0.1:PORT"
-    labels: dict[str, str]  # plan.labels + {"llmplane.io/replica-index": "0"}
-    workload: str  # plan.key, "namespace/name"
-    replica: int
-    model_name: str
-    backend: str
 
 
 @dataclass
@@ -471,13 +460,17 @@ class _Replica:
         return f"{LOCAL_HOST}:{self.port}"
 
     def endpoint(self) -> Endpoint:
+        plan = self.plan
         return Endpoint(
             address=self.address or "",
-            labels={**self.plan.labels, REPLICA_LABEL: str(self.index)},
-            workload=self.plan.key,
+            labels={**plan.labels, REPLICA_LABEL: str(self.index)},
+            model_name=plan.model_name,
+            backend=plan.backend,
+            namespace=plan.namespace or "default",
+            engine=(plan.backend or "vllm").lower(),
+            fixed_port=True,  # every process has a port of its own
+            workload=plan.key,
             replica=self.index,
-            model_name=self.plan.model_name,
-            backend=self.plan.backend,
         )
 
     def status(self) -> ReplicaStatus:

@@ -19,7 +19,7 @@ Every write (``apply``, ``apply_many``, ``delete``, ``update_status``) raises ``
 gateway only reads, and its RBAC grants only get / list / watch.
 
 ``Informer`` (one resource in one namespace or all, with callbacks) is also what
-``llmplane.gateway.kube_discovery.PodDiscovery`` uses to follow Pods.
+``llmplane.gateway.discovery.pods.PodDiscovery`` uses to follow Pods.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from llmplane.gateway.pd import (
     with_bootstrap,
 )
 from llmplane.gateway.routing import build_table
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 

@@ -24,7 +24,7 @@ from llmplane.gateway.scheduler.plugins import (
 )
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, PrefixIndex, block_hashes
 from llmplane.gateway.scraper import parse_metrics
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 
 NOW = 1000.0
 

@@ -21,7 +21,7 @@ from itertools import islice, repeat
 import xxhash
 
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 
 _xxh64 = xxhash.xxh64_intdigest
 
