@@ -30,18 +30,19 @@ import orjson
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.http_server import Handler, HttpServer, Request, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, log_access
+from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import serve_pd
 from llmplane.gateway.ratelimit import RateLimiter
+from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
-from llmplane.gateway.registry import EndpointRegistry, EndpointState
+from llmplane.gateway.store_follower import StoreFollower
 from llmplane.gateway.upstream_client import (
     RawHeaders,
     UpstreamPool,
@@ -49,7 +50,6 @@ from llmplane.gateway.upstream_client import (
     encode_request,
 )
 from llmplane.gateway.usage import StreamScanner, extract_usage
-from llmplane.gateway.store_follower import StoreFollower
 
 log = logging.getLogger("llmplane.gateway")
 

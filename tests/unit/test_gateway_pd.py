@@ -18,8 +18,8 @@ from llmplane.gateway.pd import (
     prefill_doc,
     with_bootstrap,
 )
-from llmplane.gateway.routing import build_table
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.routing import build_table
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 
