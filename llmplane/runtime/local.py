@@ -21,9 +21,10 @@ from typing import IO
 import aiohttp
 
 from llmplane.controlplane.plan import WorkloadPlan
+from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import free_port
 from llmplane.runtime.processes import ProcessTable, kill_leftovers
-from llmplane.runtime.status import READY, Endpoint, WorkloadStatus
+from llmplane.runtime.status import READY, WorkloadStatus
 from llmplane.runtime.workload import Workload
 
 log = logging.getLogger(__name__)

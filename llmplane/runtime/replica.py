@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from llmplane.controlplane.plan import REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
-from llmplane.runtime.launch import LOCAL_HOST, missing_engine, rewrite_argv
+from llmplane.runtime.endpoint import Endpoint
+from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
 from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, spawn, start_ticks, stop_group
 from llmplane.runtime.status import (
     CRASH_LOOP,
@@ -36,7 +37,6 @@ from llmplane.runtime.status import (
     STARTING,
     STARTUP_PROBE_FAILED,
     TERMINATING,
-    Endpoint,
     ReplicaStatus,
 )
 
@@ -87,13 +87,17 @@ class Replica:
         return f"{LOCAL_HOST}:{self.port}"
 
     def endpoint(self) -> Endpoint:
+        plan = self.plan
         return Endpoint(
             address=self.address or "",
-            labels={**self.plan.labels, REPLICA_LABEL: str(self.index)},
-            workload=self.plan.key,
+            labels={**plan.labels, REPLICA_LABEL: str(self.index)},
+            model_name=plan.model_name,
+            backend=plan.backend,
+            namespace=plan.namespace or "default",
+            engine=(plan.backend or "vllm").lower(),
+            fixed_port=True,  # every process has a port of its own
+            workload=plan.key,
             replica=self.index,
-            model_name=self.plan.model_name,
-            backend=self.plan.backend,
         )
 
     def status(self) -> ReplicaStatus:
@@ -138,7 +142,7 @@ class Replica:
         crashes = 0  # consecutive, for the back-off
         try:
             while True:
-                missing = await missing_engine(local.argv, env)
+                missing = await missing_engine(engine_argv(local.argv), env)
                 if missing:
                     hint = local.install_hint or f"install the {self.plan.backend} engine"
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{missing}. {hint}")
@@ -192,7 +196,7 @@ class Replica:
     async def _start_process(self, env: dict[str, str], port: int) -> None:
         local = self.plan.local
         assert local is not None
-        argv = rewrite_argv(local.argv, port)
+        argv = rewrite_argv(engine_argv(local.argv), port)
         token = uuid.uuid4().hex
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:

@@ -1,4 +1,7 @@
-"""What the local runtime reports: replica phases and reasons, workload status, endpoints."""
+"""What the local runtime reports: replica phases and reasons, replica and workload status.
+
+(Endpoints are ``llmplane.runtime.endpoint.Endpoint``, shared with the gateway.)
+"""
 
 from __future__ import annotations
 
@@ -20,18 +23,6 @@ STARTUP_PROBE_FAILED = "StartupProbeFailed"
 LIVENESS_PROBE_FAILED = "LivenessProbeFailed"
 # Reasons a replica waits out a restart back-off with.
 RESTART_REASONS = (CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED)
-
-
-@dataclass
-class Endpoint:
-    """A ready replica the gateway may route to."""
-
-    address: str  # "127.0.0.1:PORT"
-    labels: dict[str, str]  # plan.labels + {"llmplane.io/replica-index": "0"}
-    workload: str  # plan.key, "namespace/name"
-    replica: int
-    model_name: str
-    backend: str
 
 
 @dataclass

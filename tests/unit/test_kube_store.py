@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from llmplane.gateway.watching import StoreFollower
+from llmplane.gateway.store_follower import StoreFollower
 from llmplane.operator.testing import KubeEmulator, default_kinds
 from llmplane.store.base import Expired, StoreError
 from llmplane.store.kube import GATEWAY_KINDS, KubeStore, ReadOnly
