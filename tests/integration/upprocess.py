@@ -41,11 +41,24 @@ def cli(
 
 
 class Up:
-    """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure."""
+    """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure.
 
-    def __init__(self, state_dir: Path, *files: str, port: int = 0):
+    ``command`` replaces ``python -m llmplane.cli`` (e.g. the installed ``llmplane`` script);
+    ``env`` replaces the environment; ``port`` asks for a port (0: any free one).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *files: str,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        port: int = 0,
+    ):
         self.state_dir = state_dir
         self.files = files
+        self.command = command or [sys.executable, "-m", "llmplane.cli"]
+        self.env = env
         self.requested_port = port
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
@@ -54,9 +67,7 @@ class Up:
 
     def start(self, timeout: float = 60) -> Up:
         args = [
-            sys.executable,
-            "-m",
-            "llmplane.cli",
+            *self.command,
             "up",
             "--port",
             str(self.requested_port),
@@ -71,6 +82,7 @@ class Up:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            env=self.env,
         )
         found = threading.Event()
 
