@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-stream", action="store_true")
     args = p.parse_args(argv)
 
-    from llmplane.gateway.external import endpoint_object
+    from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))

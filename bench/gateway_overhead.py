@@ -111,7 +111,7 @@ def load(url: str, concurrency: int, duration: float) -> dict[str, float]:
 
 
 def proxy_benchmark(concurrencies: list[int], duration: float) -> list[dict[str, float]]:
-    from llmplane.gateway.external import endpoint_object
+    from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
     state_dir = tempfile.mkdtemp(prefix="llmplane-bench-")
     upstream = upstream_proc("--fixed")

@@ -83,7 +83,7 @@ class Fleet:
         self.urls["direct"] = f"http://{address}/v1/completions"
         probe = bodies(4)["unary"]
         if "llmplane" in self.systems:
-            from llmplane.gateway.external import endpoint_object
+            from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
             store_objects(self.state_dir, endpoint_object("bench", address, "bench", engine="vllm"))
             gw = gateway_proc(self.state_dir)

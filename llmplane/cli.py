@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import orjson
 import typer
@@ -21,6 +21,9 @@ from llmplane.api.base import Resource
 from llmplane.api.documents import InvalidResources, Parsed, dump_resource, parse_paths, parse_text
 from llmplane.api.registry import KINDS, resolve_kind
 from llmplane.printing import age, cell, jsonpath, to_yaml
+
+if TYPE_CHECKING:
+    from llmplane.store.base import Store
 
 app = typer.Typer(
     name="llmplane",
@@ -54,7 +57,7 @@ def fail(message: str) -> None:
     raise UserError(message)
 
 
-def _store(state_dir: Path | None) -> Any:
+def _store(state_dir: Path | None) -> Store:
     from llmplane.store.paths import open_store
 
     return open_store(state_dir)

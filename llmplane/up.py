@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llmplane.api.documents import dump_resource, parse_text
+from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.up")
 BUILTIN_LABEL = "llmplane.io/builtin"
@@ -32,7 +33,7 @@ def builtin_backends() -> list[dict[str, Any]]:
     return docs
 
 
-def install_builtins(store: Any) -> None:
+def install_builtins(store: Store) -> None:
     """Add or refresh the built-in BackendRuntimes; a user's own one of the same name wins."""
     for doc in builtin_backends():
         existing = store.get("BackendRuntime", doc["metadata"]["name"])

@@ -43,9 +43,9 @@ import aiohttp
 import orjson
 
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.http import Request, Response, StreamResponse
-from llmplane.gateway.state import EndpointState
-from llmplane.gateway.upstream import encode_request
+from llmplane.gateway.http_server import Request, Response, StreamResponse
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.upstream_client import encode_request
 
 log = logging.getLogger("llmplane.gateway")
 

@@ -44,7 +44,7 @@ import orjson
 
 from llmplane.api.kthena import UNIT_SECONDS, RateLimit, split_host_port
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.http import Response
+from llmplane.gateway.http_server import Response
 from llmplane.gateway.tokens import TokenCounter
 
 log = logging.getLogger("llmplane.gateway")

@@ -33,7 +33,7 @@ from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.pd import PDBackend, mode_of
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
 

@@ -30,21 +30,26 @@ import orjson
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.health import Outliers
 from llmplane.gateway.hooks import Usage
-from llmplane.gateway.http import Handler, HttpServer, Request, Response, StreamResponse
+from llmplane.gateway.http_server import Handler, HttpServer, Request, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, log_access
+from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import serve_pd
 from llmplane.gateway.ratelimit import RateLimiter
+from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
-from llmplane.gateway.state import EndpointRegistry, EndpointState
-from llmplane.gateway.upstream import RawHeaders, UpstreamPool, UpstreamResponse, encode_request
+from llmplane.gateway.store_follower import StoreFollower
+from llmplane.gateway.upstream_client import (
+    RawHeaders,
+    UpstreamPool,
+    UpstreamResponse,
+    encode_request,
+)
 from llmplane.gateway.usage import StreamScanner, extract_usage
-from llmplane.gateway.watching import StoreFollower
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -702,11 +707,11 @@ class StartupError(Exception):
 
 
 async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
-    from llmplane.gateway.external import StoreEndpoints
+    from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
     from llmplane.store.paths import open_store
 
     if getattr(args, "kubernetes", False):
-        from llmplane.gateway.kube_discovery import kubernetes_sources, parse_namespaces
+        from llmplane.gateway.discovery.pods import kubernetes_sources, parse_namespaces
 
         try:
             store, discovery = await kubernetes_sources(

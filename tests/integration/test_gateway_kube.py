@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmplane.gateway.kube_discovery import kubernetes_sources
+from llmplane.gateway.discovery.pods import kubernetes_sources
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.gateway.testing import Server, spawn
 from llmplane.operator.testing import KubeEmulator, pod

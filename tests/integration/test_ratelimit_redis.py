@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.external import endpoint_object
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError, RedisBuckets
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.testing import sim, spawn

@@ -18,8 +18,8 @@ from llmplane.gateway.pd import (
     prefill_doc,
     with_bootstrap,
 )
+from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.routing import build_table
-from llmplane.gateway.state import EndpointState
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 

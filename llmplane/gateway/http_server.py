@@ -33,7 +33,7 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
-log = logging.getLogger("llmplane.gateway.http")
+log = logging.getLogger("llmplane.gateway.http_server")
 
 MAX_HEADER_BYTES = 64 * 1024  # request line + headers; over it: 431
 MAX_QUEUED = 32  # pipelined requests waiting on one connection before reading pauses
