@@ -128,6 +128,20 @@ class Gateway:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        await self.start_routing()
+        self.http = HttpServer(
+            routes(self),
+            self.not_found,
+            max_body=self.config.max_body_bytes,
+            keepalive_timeout=self.config.client_keepalive_timeout,
+        )
+        self.host = host
+        self.port = await self.http.start(host, port)
+        log.info("gateway listening on %s:%d", host, self.port)
+
+    async def start_routing(self) -> None:
+        """The routing state without the HTTP server: follow the store and the endpoints,
+        scrape them. The endpoint picker (``llmplane/epp``) runs on this alone."""
         self._loop = asyncio.get_running_loop()
         # Proxied requests go through this lean keep-alive client (see upstream.py).
         self.pool = UpstreamPool(
@@ -145,15 +159,6 @@ class Gateway:
             start = getattr(source, "start", None)
             if start is not None and asyncio.iscoroutinefunction(start):
                 await start()
-        self.http = HttpServer(
-            routes(self),
-            self.not_found,
-            max_body=self.config.max_body_bytes,
-            keepalive_timeout=self.config.client_keepalive_timeout,
-        )
-        self.host = host
-        self.port = await self.http.start(host, port)
-        log.info("gateway listening on %s:%d", host, self.port)
 
     def _discovery_sources(self) -> list[Any]:
         sources = getattr(self.discovery, "sources", None)

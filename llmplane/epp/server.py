@@ -1,0 +1,142 @@
+"""The endpoint picker's lifecycle: the gateway's routing state plus a gRPC ext_proc server.
+
+The routing state is the gateway's own (``Gateway.start_routing``: the store or the Kubernetes
+API for routing objects, the discovered endpoints, the scraper, the rate limiter), so the
+picker and ``llmplane gateway`` decide alike from the same sources. ``/metrics`` and
+``/health`` are served over HTTP on a port of their own when asked (``metrics_port``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
+
+from llmplane.epp.picker import EndpointPickerService
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery import Discovery
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.http_server import HttpServer, Request, Response
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.routing import Decision
+from llmplane.gateway.server import Gateway
+
+log = logging.getLogger("llmplane.epp")
+
+
+class _GatewayRouting:
+    """The gateway's routing state seen through ``picker.RoutingState``."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.config = gateway.config
+        self.hooks = gateway.hooks
+        self.scheduler = gateway.scheduler
+        self.metrics = gateway.metrics
+        self.outliers = gateway.outliers
+
+    @property
+    def table(self) -> Any:  # swapped by the gateway on every change
+        return self.gateway.table
+
+    def admit(self, model: str, decision: Decision, now: float) -> Sequence[EndpointState]:
+        backend = decision.backend
+        if not backend.candidates:
+            raise GatewayError(
+                503,
+                f"model {model!r} has no ready endpoint ({backend.ref} selects none)",
+                "no_ready_endpoint",
+            )
+        candidates = self.outliers.available(backend.candidates, now)
+        if decision.criticality == "Sheddable" and all(
+            self.gateway.saturated(s, now) for s in candidates
+        ):
+            raise GatewayError(
+                429,
+                f"model {model!r} is overloaded: every endpoint is saturated and this "
+                "request is Sheddable; retry later",
+                "overloaded",
+                retry_after=self.config.shed_retry_after,
+            )
+        return candidates
+
+
+class EndpointPicker:
+    def __init__(
+        self,
+        store: Any,
+        discovery: Discovery,
+        config: GatewayConfig | None = None,
+        fallbacks: int = 0,
+    ) -> None:
+        self.gateway = Gateway(store, discovery, config)
+        self.service = EndpointPickerService(_GatewayRouting(self.gateway), fallbacks)
+        self.server: grpc.aio.Server | None = None
+        self.http: HttpServer | None = None
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, metrics_port: int | None = None
+    ) -> None:
+        await self.gateway.start_routing()
+        server = self.server = grpc.aio.server()
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self.service, server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if not bound:
+            raise OSError(f"cannot listen on {host}:{port}")
+        await server.start()
+        self.host, self.port = host, bound
+        if metrics_port is not None:
+            self.http = HttpServer(
+                {("GET", "/metrics"): self._metrics, ("GET", "/health"): self._health},
+                self._not_found,
+                max_body=1024,
+            )
+            self.metrics_port = await self.http.start(host, metrics_port)
+        log.info("endpoint picker listening on %s:%d", host, bound)
+
+    async def close(self, grace: float = 5.0) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+            self.server = None
+        if self.http is not None:
+            await self.http.close(0)
+            self.http = None
+        await self.gateway.close()
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(
+            body=self.gateway.metrics.render(),
+            headers={"Content-Type": "text/plain; version=0.0.4"},
+        )
+
+    async def _health(self, request: Request) -> Response:
+        return Response(body=b'{"status":"ok"}', content_type="application/json")
+
+    async def _not_found(self, request: Request) -> Response:
+        return GatewayError(404, f"no such path: {request.path}", "not_found").response()
+
+
+async def start_picker(
+    store: Any,
+    discovery: Discovery,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    config: GatewayConfig | None = None,
+    *,
+    fallbacks: int = 0,
+    metrics_port: int | None = None,
+) -> EndpointPicker:
+    """Start a picker on ``host:port`` (0 = any free port; see ``picker.port``)."""
+    picker = EndpointPicker(store, discovery, config, fallbacks)
+    try:
+        await picker.start(host, port, metrics_port)
+    except BaseException:
+        await picker.close(0)
+        raise
+    return picker
