@@ -80,13 +80,19 @@ class Platform:
         install_builtins(self.store)
         await self.runtime.start()
         self._tasks.append(asyncio.create_task(self.controller.run(), name="controller"))
+        from llmplane.console.api import Console
         from llmplane.gateway.discovery import RuntimeDiscovery
         from llmplane.gateway.server import start_gateway
 
         discovery = RuntimeDiscovery(self.runtime)
         self._listeners.append(discovery.notify)
         self.gateway = await start_gateway(
-            self.store, discovery, host=self.host, port=self.port, config=self.gateway_config
+            self.store,
+            discovery,
+            host=self.host,
+            port=self.port,
+            config=self.gateway_config,
+            extensions=[lambda gateway: Console(gateway, self.runtime)],
         )
         self.port = self.gateway.port
 
