@@ -96,6 +96,10 @@ class Platform:
         )
         self.port = self.gateway.port
 
+    def spawn(self, coroutine: Any, name: str) -> None:
+        """Run ``coroutine`` until the platform stops (``up``'s terminal status)."""
+        self._tasks.append(asyncio.get_running_loop().create_task(coroutine, name=name))
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

@@ -118,8 +118,9 @@ def snapshot(
     runtime: Any = None,
     gateway: Any = None,
     prefix_rate: Callable[[str], float | None] = lambda _a: None,
+    events: bool = True,
 ) -> dict[str, Any]:
-    """The fleet as plain JSON-ready data."""
+    """The fleet as plain JSON-ready data (``events=False``: without the recent events)."""
     now = time.monotonic()
     states: dict[str, Any] = dict(gateway.registry.states) if gateway is not None else {}
     staleness = gateway.config.metrics_staleness if gateway is not None else 1.0
@@ -192,7 +193,7 @@ def snapshot(
                 "ready": ready,
                 "replicas": replicas,
                 "conditions": _conditions(main),
-                "events": _events(store, pg, svc),
+                "events": _events(store, pg, svc) if events else [],
             }
         )
     models = []

@@ -162,6 +162,8 @@ class RequestStats:
             ring = self._prefix.get(address)
             if ring is None:
                 ring = self._prefix[address] = deque(maxlen=PREFIX_WINDOW + 1)
+            if ring and state.prefix_queries < ring[-1][1]:
+                ring.clear()  # the engine restarted: its counters start again from 0
             ring.append((state.prefix_hits, state.prefix_queries))
         for gone in [a for a in self._prefix if a not in seen]:
             del self._prefix[gone]
@@ -174,7 +176,7 @@ class RequestStats:
             return None
         hits = ring[-1][0] - ring[0][0]
         queries = ring[-1][1] - ring[0][1]
-        if queries <= 0 or hits < 0:  # no traffic, or the engine restarted (counters reset)
+        if queries <= 0:  # no prompt looked up lately
             return None
         return hits / queries
 

@@ -43,9 +43,10 @@ def cli(
 class Up:
     """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure."""
 
-    def __init__(self, state_dir: Path, *files: str):
+    def __init__(self, state_dir: Path, *files: str, args: tuple[str, ...] = ()):
         self.state_dir = state_dir
         self.files = files
+        self.args = args  # more ``up`` options (``--gateway-config``)
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
         self.output: list[str] = []
@@ -64,6 +65,7 @@ class Up:
         ]
         for f in self.files:
             args += ["-f", f]
+        args += self.args
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.PIPE,
