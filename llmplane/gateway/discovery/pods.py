@@ -40,8 +40,10 @@ from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL
 from llmplane.gateway.discovery.sources import CombinedDiscovery, Subscribers
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.store_follower import StoreFollower
+from llmplane.kube.informer import Informer
+from llmplane.kube.kinds import POD
 from llmplane.runtime.endpoint import Endpoint
-from llmplane.store.kube import POD, Informer, KubeStore
+from llmplane.store.kube import KubeStore
 
 log = logging.getLogger("llmplane.gateway")
 
