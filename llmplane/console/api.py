@@ -32,6 +32,7 @@ import orjson
 from llmplane.console.fleet import snapshot
 from llmplane.console.redact import redact
 from llmplane.console.stats import RequestStats
+from llmplane.gateway.http_server import Response
 from llmplane.printing import to_yaml
 
 PREFIX = "/console"
@@ -59,14 +60,8 @@ _SECURITY = {
 Authorize = Callable[[Any], str | None]
 
 
-def _response(**kwargs: Any) -> Any:
-    from llmplane.gateway.http import Response
-
-    return Response(**kwargs)
-
-
 def _json(data: Any, status: int = 200) -> Any:
-    return _response(
+    return Response(
         status=status,
         body=orjson.dumps(data),
         headers={"Content-Type": "application/json", "Cache-Control": "no-store"},
@@ -151,7 +146,7 @@ class Console:
 
     async def _static(self, request: Any) -> Any:
         body, content_type = self.files[request.path]
-        return _response(body=body, headers={**_SECURITY, "Content-Type": content_type})
+        return Response(body=body, headers={**_SECURITY, "Content-Type": content_type})
 
     def _refused(self, request: Any) -> Any:
         if self.authorize is None:

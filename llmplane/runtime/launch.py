@@ -5,7 +5,8 @@ Three small facts the local runtime needs before it starts an engine process:
 * a free TCP port on 127.0.0.1 (:func:`free_port`),
 * the plan's argv with ``--port``/``--host`` pointed at that port (:func:`rewrite_argv`),
 * whether the engine is installed at all (:func:`missing_engine`), so a missing engine is reported
-  once with its install hint instead of crash-looping.
+  once with its install hint instead of crash-looping,
+* which interpreter runs a Python-module engine (:func:`engine_argv`): the one running llmplane.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ import sys
 from collections.abc import Mapping, Sequence
 
 LOCAL_HOST = "127.0.0.1"
+_HOST_FLAGS = ("--host", "--hostname")  # the second is text-generation-inference's
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+# Interpreter names that mean "a Python", not a particular one: a local command starting with one
+# of these runs with the interpreter that runs llmplane. A path or a versioned name
+# (``/opt/venv/bin/python``, ``python3.12``) is the BackendRuntime asking for that one.
+_ANY_PYTHON = ("python", "python3")
 # Environment variables that change where a Python interpreter finds modules; when a plan sets
 # any of them the module check runs in a child interpreter with the plan's environment.
 _PYTHON_PATH_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH")
@@ -47,28 +53,28 @@ def free_port(preferred: int | None = None) -> int:
 def rewrite_argv(argv: Sequence[str], port: int) -> list[str]:
     """Point the engine's ``--port`` at ``port`` and its ``--host`` at 127.0.0.1.
 
-    ``--port X`` / ``--port=X`` become the replica's port and ``--host X`` / ``--host=X`` become
-    127.0.0.1. When the command has no ``--port`` flag at all, ``--port N --host 127.0.0.1`` is
-    appended (only ``--port N`` if it already names a ``--host``). A command that names a port but
-    no host is left binding wherever the engine binds by default: not every engine spells the
-    flag ``--host`` (text-generation-inference uses ``--hostname``).
+    ``--port X`` / ``--port=X`` become the replica's port and ``--host X`` / ``--host=X`` (or
+    text-generation-inference's ``--hostname``) become 127.0.0.1. When the command has no
+    ``--port`` flag at all, ``--port N --host 127.0.0.1`` is appended (only ``--port N`` if it
+    already names a host). A command that names a port but no host is left binding wherever the
+    engine binds by default: engines spell that flag differently.
     """
     out: list[str] = []
     has_port = has_host = False
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--port", "--host"):
+        if arg in ("--port", *_HOST_FLAGS):
             out += [arg, str(port) if arg == "--port" else LOCAL_HOST]
             has_port |= arg == "--port"
-            has_host |= arg == "--host"
+            has_host |= arg in _HOST_FLAGS
             i += 2  # skip the old value (if the flag is the last word, there is none)
             continue
         if arg.startswith("--port="):
             out.append(f"--port={port}")
             has_port = True
-        elif arg.startswith("--host="):
-            out.append(f"--host={LOCAL_HOST}")
+        elif arg.startswith(tuple(f"{f}=" for f in _HOST_FLAGS)):
+            out.append(f"{arg.split('=', 1)[0]}={LOCAL_HOST}")
             has_host = True
         else:
             out.append(arg)
@@ -77,6 +83,19 @@ def rewrite_argv(argv: Sequence[str], port: int) -> list[str]:
         out += ["--port", str(port)]
         if not has_host:
             out += ["--host", LOCAL_HOST]
+    return out
+
+
+def engine_argv(argv: Sequence[str]) -> list[str]:
+    """The command line to start: a bare ``python``/``python3`` becomes :data:`sys.executable`.
+
+    ``llmplane`` may run from a venv that is not on PATH (``~/venv/bin/llmplane up``, pipx, a
+    systemd unit); the engines it ships (the sim, the llama.cpp shim) and engines installed beside
+    it (vLLM) are importable by that interpreter, not by whatever ``python`` PATH finds first.
+    """
+    out = list(argv)
+    if out and out[0] in _ANY_PYTHON and sys.executable:
+        out[0] = sys.executable
     return out
 
 

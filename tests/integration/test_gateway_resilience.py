@@ -12,7 +12,7 @@ import pytest
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
-from llmplane.gateway.external import StoreEndpoints, endpoint_object
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
 from llmplane.gateway.server import start_gateway
 from llmplane.gateway.testing import upstream
 from llmplane.store.sqlite import SQLiteStore

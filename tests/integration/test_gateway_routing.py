@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from llmplane.gateway.external import StoreEndpoints, endpoint_object
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
 from llmplane.gateway.server import start_gateway
 from llmplane.gateway.testing import sim, upstream
 from llmplane.store.sqlite import SQLiteStore

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -337,3 +338,35 @@ def test_engine_missing_behind_a_launcher_is_not_a_crash_loop(tmp_path: Path, up
     time.sleep(2)
     assert not up.engine_pids()
     assert condition(state, "Playground", name, "Available")["reason"] == "EngineNotInstalled"
+
+
+def test_engines_run_with_the_interpreter_running_llmplane(tmp_path: Path, up_factory) -> None:
+    # `~/venv/bin/llmplane up` with the venv not on PATH (pipx, a systemd unit): the sim engine
+    # (`python -m llmplane.sim`) must start with llmplane's own interpreter, not whatever `python`
+    # PATH finds (here: none at all).
+    script = Path(sys.executable).parent / "llmplane"
+    assert script.is_file(), f"the llmplane script is not installed beside {sys.executable}"
+    path = "/usr/bin:/bin"
+    assert not any(os.path.exists(os.path.join(d, "python")) for d in path.split(":")), (
+        "this test needs a PATH with no `python` on it"
+    )
+    env = {"PATH": path, "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+    if "PYTHONPATH" in os.environ:  # running from a worktree
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    state = tmp_path / "state"
+    up = Up(state, fleet(tmp_path, 1), command=[str(script)], env=env)
+    try:
+        up.start()
+        wait_for(lambda: ready(state), 60, what="Playground ready")
+        code, _, body = http(
+            f"{up.url}/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
+        assert code == 200, body
+        assert body["usage"]["completion_tokens"] > 0
+        pid = next(iter(up.engine_pids()))
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            engine_python = f.read().split(b"\0")[0].decode()
+        assert os.path.samefile(engine_python, sys.executable)
+    finally:
+        up.kill_everything()

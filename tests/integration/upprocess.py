@@ -41,12 +41,28 @@ def cli(
 
 
 class Up:
-    """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure."""
+    """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure.
 
-    def __init__(self, state_dir: Path, *files: str, args: tuple[str, ...] = ()):
+    ``command`` replaces ``python -m llmplane.cli`` (e.g. the installed ``llmplane`` script);
+    ``env`` replaces the environment; ``port`` asks for a port (0: any free one); ``args``
+    are more ``up`` options (``--gateway-config``).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *files: str,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        port: int = 0,
+        args: tuple[str, ...] = (),
+    ):
         self.state_dir = state_dir
         self.files = files
-        self.args = args  # more ``up`` options (``--gateway-config``)
+        self.command = command or [sys.executable, "-m", "llmplane.cli"]
+        self.env = env
+        self.requested_port = port
+        self.args = args
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
         self.output: list[str] = []
@@ -54,12 +70,10 @@ class Up:
 
     def start(self, timeout: float = 60) -> Up:
         args = [
-            sys.executable,
-            "-m",
-            "llmplane.cli",
+            *self.command,
             "up",
             "--port",
-            "0",
+            str(self.requested_port),
             "--state-dir",
             str(self.state_dir),
         ]
@@ -72,6 +86,7 @@ class Up:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            env=self.env,
         )
         found = threading.Event()
 

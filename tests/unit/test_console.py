@@ -15,7 +15,7 @@ from llmplane.console.redact import MASK, redact, secret_key
 from llmplane.console.stats import RequestStats, quantile
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.observability import GatewayMetrics
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 from llmplane.upstatus import UpStatus, panel, settled, status_line
 
 
