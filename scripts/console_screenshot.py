@@ -92,10 +92,15 @@ def main() -> int:
         )
         try:
             assert up.stdout is not None
+            url = ""
+            seen = []
             for line in up.stdout:
+                seen.append(line)
                 if m := re.search(r"OpenAI API at (http://[\d.]+:\d+)/v1", line):
                     url = m.group(1)
                     break
+            if not url:
+                raise SystemExit("llmplane up did not start:\n" + "".join(seen))
             threading.Thread(target=lambda: [None for _ in up.stdout], daemon=True).start()
             while True:
                 with urllib.request.urlopen(f"{url}/console/api/fleet") as resp:
