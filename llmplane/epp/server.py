@@ -43,25 +43,7 @@ class _GatewayRouting:
         return self.gateway.table
 
     def admit(self, model: str, decision: Decision, now: float) -> Sequence[EndpointState]:
-        backend = decision.backend
-        if not backend.candidates:
-            raise GatewayError(
-                503,
-                f"model {model!r} has no ready endpoint ({backend.ref} selects none)",
-                "no_ready_endpoint",
-            )
-        candidates = self.outliers.available(backend.candidates, now)
-        if decision.criticality == "Sheddable" and all(
-            self.gateway.saturated(s, now) for s in candidates
-        ):
-            raise GatewayError(
-                429,
-                f"model {model!r} is overloaded: every endpoint is saturated and this "
-                "request is Sheddable; retry later",
-                "overloaded",
-                retry_after=self.config.shed_retry_after,
-            )
-        return candidates
+        return self.gateway.admission.admit(model, decision, now)
 
 
 class EndpointPicker:
