@@ -1,35 +1,32 @@
 """The ext_proc service: one gRPC stream per HTTP request, run through the gateway's stages.
 
 Envoy sends the request headers, then the whole body (BUFFERED), then the response headers and
-each response body chunk (STREAMED). On the body the picker runs what the gateway runs before
-it proxies: parse the body once (model, stream) -> resolve the route in the routing table
-(InferenceModel / ModelRoute rules, weighted splits, criticality) -> request hooks reserve
-(token rate limits) -> admission (no ready endpoint 503, Sheddable shed 429) -> scheduler pick
-(the prefix index learns the chosen endpoint) -> answer with the destination and, when the
-model was rewritten, the new body. Refusals are immediate responses. The response side reads
-the status and the usage (the last ``usage`` object of the body or of the SSE stream) so the
-hooks settle on real token counts; the endpoint's in-flight count is released when the stream
-ends, however it ends.
+each response body chunk (STREAMED). On the body the picker runs the gateway's own stages
+(``Gateway.route`` / ``admission.admit`` / ``Gateway.schedule`` / ``Gateway.finish`` on one
+``RequestContext``): parse the body once (model, stream) -> resolve the route (InferenceModel /
+ModelRoute rules, weighted splits, criticality) -> request hooks reserve (token rate limits) ->
+admission (no ready endpoint 503, Sheddable shed 429) -> scheduler pick (the prefix index
+learns the chosen endpoint) -> answer with the destination and, when the body changed (model
+rewrite, ``stream_options``), the new body. Refusals are immediate responses. The response
+side reads the status and the usage (the last ``usage`` object of the body or of the SSE
+stream) so the hooks settle on real token counts; the endpoint's in-flight count is released
+when the stream ends, however it ends.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
 from llmplane.epp import protocol
-from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.hooks import RequestHook, Usage
-from llmplane.gateway.observability import GatewayMetrics, log_access
-from llmplane.gateway.outliers import Outliers
+from llmplane.gateway.hooks import RequestHook
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import Decision, RoutingTable
-from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
+from llmplane.gateway.server import Gateway
 from llmplane.gateway.usage import StreamScanner, extract_usage
 
 log = logging.getLogger("llmplane.epp")
@@ -37,69 +34,49 @@ log = logging.getLogger("llmplane.epp")
 ENDPOINT_HEADER = "x-llmplane-endpoint"
 
 
-class RoutingState(Protocol):
-    """What the picker reads from the gateway's routing state (``Gateway`` provides it)."""
+class EnvoyRequest:
+    """The request line and headers as Envoy forwarded them (what ``RequestContext`` and the
+    access log read of a request)."""
 
-    config: GatewayConfig
-    table: RoutingTable
-    hooks: list[RequestHook]
-    scheduler: Scheduler
-    metrics: GatewayMetrics
-    outliers: Outliers
+    __slots__ = ("headers", "method", "path", "path_qs")
 
-    def admit(self, model: str, decision: Decision, now: float) -> Sequence[EndpointState]: ...
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+        self.method = headers.get(":method", "POST")
+        self.path_qs = headers.get(":path", "/")
+        self.path = self.path_qs.partition("?")[0]
 
 
 class _Exchange:
-    """One HTTP request as the picker follows it."""
+    """One HTTP request as the picker follows it over its ext_proc stream."""
 
     __slots__ = (
         "body",
-        "decision",
-        "endpoint",
-        "error",
-        "events",
-        "extra_headers",
+        "ctx",
         "finished",
-        "headers",
-        "inference",
-        "relay",
         "reservations",
         "response_body",
+        "routed",
         "scanner",
         "state",
-        "status",
-        "t0",
-        "ttft",
-        "usage",
     )
 
     def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.headers: dict[str, str] = {}
+        self.ctx: RequestContext | None = None
         self.body: list[bytes] = []
-        self.inference: InferenceRequest | None = None
-        self.decision: Decision | None = None
-        self.reservations: list[tuple[RequestHook, Any]] = []
-        self.extra_headers: dict[str, str] = {}
-        self.relay: Any = None  # a hook's stream filter
+        self.reservations: list[tuple[RequestHook, object]] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
-        self.endpoint: str | None = None
-        self.status = 0  # what the client got; 0 until known
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
-        self.usage: dict[str, Any] | None = None
-        self.ttft: float | None = None
-        self.events = 0
-        self.error: str | None = None
+        self.routed = False  # the body arrived and went through the stages
         self.finished = False
 
 
 class EndpointPickerService:
-    """``envoy.service.ext_proc.v3.ExternalProcessor`` over llmplane's routing state."""
+    """``envoy.service.ext_proc.v3.ExternalProcessor`` over a gateway's routing state."""
 
-    def __init__(self, state: RoutingState, fallbacks: int = 0) -> None:
-        self.state = state
+    def __init__(self, gateway: Gateway, fallbacks: int = 0) -> None:
+        self.gateway = gateway
         self.fallbacks = max(0, fallbacks)
 
     async def Process(  # the gRPC method's name
@@ -110,7 +87,9 @@ class EndpointPickerService:
             async for message in requests:
                 kind = message.WhichOneof("request")
                 if kind == "request_headers":
-                    ex.headers = protocol.headers_of(message.request_headers)
+                    ex.ctx = RequestContext(
+                        EnvoyRequest(protocol.headers_of(message.request_headers))  # type: ignore[arg-type]
+                    )
                     yield protocol.CONTINUE_REQUEST_HEADERS
                 elif kind == "request_body":
                     part = message.request_body
@@ -130,105 +109,82 @@ class EndpointPickerService:
                         await self._finish(ex)
                     yield reply
                 elif kind == "request_trailers":
-                    yield protocol.pb.ProcessingResponse(
-                        request_trailers=protocol.pb.TrailersResponse()
-                    )
+                    yield protocol.CONTINUE_REQUEST_TRAILERS
                 elif kind == "response_trailers":
-                    yield protocol.pb.ProcessingResponse(
-                        response_trailers=protocol.pb.TrailersResponse()
-                    )
+                    yield protocol.CONTINUE_RESPONSE_TRAILERS
         finally:
-            if not ex.finished:
-                if not ex.status:
-                    ex.status = 499  # Envoy ended the stream first (client went away)
+            ctx = ex.ctx
+            if ctx is not None and not ex.finished:
+                if ex.state is not None and ctx.upstream_status is None:
+                    ctx.status = 499  # Envoy ended the stream first (the client went away)
                 await self._finish(ex)
 
     # --- request -----------------------------------------------------------------------------
 
     async def _route(self, ex: _Exchange) -> Any:
-        s = self.state
+        gw = self.gateway
+        ctx = ex.ctx
+        if ctx is None:  # a body before any headers: not what Envoy does
+            return protocol.CONTINUE_REQUEST_BODY
+        body = ex.body[0] if len(ex.body) == 1 else b"".join(ex.body)
+        ex.body = []
+        ex.routed = True
         try:
-            path = ex.headers.get(":path", "/").partition("?")[0]
-            body = b"".join(ex.body) if len(ex.body) != 1 else ex.body[0]
-            ex.body = []
-            inference = ex.inference = InferenceRequest(path, ex.headers, body)
-            decision = ex.decision = s.table.resolve(inference.model, path, ex.headers)
-            for hook in s.hooks:
-                reservation = await hook.reserve(inference, decision)
-                ex.reservations.append((hook, reservation))
-                self._adopt(ex, reservation)
-            if decision.model != inference.model:
-                inference.rewrite_model(decision.model)
-            now = time.monotonic()
-            candidates = s.admit(inference.model, decision, now)
-            ts = time.perf_counter()
-            ctx = SchedulingContext(
-                decision.model,
-                lambda: inference.prompt,
-                ex.headers,
-                decision.lora,
-                s.config.metrics_staleness,
-                now,
+            inference = ctx.inference = InferenceRequest(
+                ctx.request.path, ctx.request.headers, body
             )
+            decision = await gw.route(ctx, ex.reservations)
+            now = time.monotonic()
+            candidates = gw.admission.admit(inference.model, decision, now)
+            sched = gw.scheduling_context(ctx, now)
             backend = decision.backend
-            n = min(len(candidates), 1 + self.fallbacks)
-            pick = s.scheduler.pick(ctx, candidates, n, backend.profile)
-            s.metrics.scheduling.observe(time.perf_counter() - ts)
-            chosen = pick.endpoints[0]
-            s.scheduler.profile(backend.profile).on_pick(ctx, chosen)  # the prefix index
-            chosen.inflight += 1
-            ex.state = chosen
-            ex.endpoint = backend.address(chosen)
-            addresses = [backend.address(e) for e in pick.endpoints]
-            sent = inference.final_body() if inference.dirty else None
-            return protocol.route_to(addresses, sent)
+            pick = gw.schedule(ctx, candidates, sched, min(len(candidates), 1 + self.fallbacks))
         except GatewayError as err:
-            ex.status = err.status
-            ex.error = err.message
-            if err.code == "overloaded" and ex.inference is not None:
-                s.metrics.shed.labels(ex.inference.model).inc()
+            gw.refused(ctx, err)
             return protocol.immediate(err)
-
-    @staticmethod
-    def _adopt(ex: _Exchange, reservation: Any) -> None:
-        extra = getattr(reservation, "response_headers", None)
-        if extra:
-            ex.extra_headers.update(extra)
-        relay = getattr(reservation, "stream_filter", None)
-        if relay is not None:
-            ex.relay = relay
+        chosen = pick.endpoints[0]
+        gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
+        chosen.inflight += 1
+        ex.state = chosen
+        ctx.endpoint = backend.address(chosen)
+        ctx.attempts = 1
+        sent = inference.final_body() if inference.dirty else None
+        return protocol.route_to([backend.address(e) for e in pick.endpoints], sent)
 
     # --- response ----------------------------------------------------------------------------
 
     def _response_headers(self, ex: _Exchange, message: Any) -> Any:
-        headers = protocol.headers_of(message)
-        try:
-            ex.status = int(headers.get(":status", "0"))
-        except ValueError:
-            ex.status = 0
-        if ex.state is None:  # not a request the picker routed (or refused)
+        ctx = ex.ctx
+        if ctx is None or ex.state is None:  # not a request the picker routed (or refused)
             return protocol.CONTINUE_RESPONSE_HEADERS
+        headers = protocol.headers_of(message)
+        status = headers.get(":status", "")
+        ctx.status = ctx.upstream_status = int(status) if status.isdigit() else 0
         if "text/event-stream" in headers.get("content-type", ""):
             ex.scanner = StreamScanner()
         else:
             ex.response_body = []
-        extra = dict(ex.extra_headers)
-        if ex.endpoint:
-            extra[ENDPOINT_HEADER] = ex.endpoint
+        extra = {ENDPOINT_HEADER: ctx.endpoint or ""}
+        if ctx.response_headers:
+            extra.update(ctx.response_headers)
         return protocol.response_headers(extra)
 
     def _response_chunk(self, ex: _Exchange, chunk: bytes, end: bool) -> Any:
-        scanner = ex.scanner
+        ctx, scanner = ex.ctx, ex.scanner
+        if ctx is None:
+            return protocol.CONTINUE_RESPONSE_BODY
         if scanner is not None:
-            if ex.ttft is None and chunk:
-                ex.ttft = time.perf_counter() - ex.t0
+            if ctx.ttft is None and chunk:
+                ctx.ttft = time.perf_counter() - ctx.t0
             scanner.feed(chunk)
             if end:
                 scanner.feed(b"\n\n")  # an unterminated last event still counts
-            if ex.relay is not None:
-                data = ex.relay.feed(chunk)
+                ctx.end = time.perf_counter()
+            relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
+            if relay is not None:
+                data = relay.feed(chunk)
                 if end:
-                    data += ex.relay.flush()
+                    data += relay.flush()
                 return protocol.response_chunk(data)
         elif ex.response_body is not None:
             ex.response_body.append(chunk)
@@ -238,67 +194,25 @@ class EndpointPickerService:
 
     async def _finish(self, ex: _Exchange) -> None:
         """Release the endpoint, settle the hooks on the usage seen, observe (once)."""
-        if ex.finished:
+        ctx = ex.ctx
+        if ex.finished or ctx is None:
             return
         ex.finished = True
-        s = self.state
+        gw = self.gateway
         state = ex.state
         if state is not None:
             state.inflight -= 1
-            if ex.status >= 500:
-                s.outliers.failure(state)
-            elif ex.status:
-                s.outliers.success(state)
+            if ctx.status >= 500:
+                gw.outliers.failure(state)
+            elif ctx.upstream_status:
+                gw.outliers.success(state)
         if ex.scanner is not None:
-            ex.usage = ex.scanner.usage
-            ex.events = ex.scanner.events
-        elif ex.response_body and ex.status < 400:
+            ctx.usage = ex.scanner.usage
+            ctx.events = ex.scanner.events
+        elif ex.response_body and ctx.status < 400:
             data = b"".join(ex.response_body)
             if b'"usage"' in data:
-                ex.usage = extract_usage(data)
-        usage = Usage.of(ex.usage)
-        for hook, reservation in ex.reservations:
-            try:
-                await asyncio.shield(
-                    hook.settle(ex.inference, ex.decision, reservation, usage, ex.status)  # type: ignore[arg-type]
-                )
-            except Exception:
-                log.exception("request hook settle failed")
-        self._observe(ex, usage)
-
-    def _observe(self, ex: _Exchange, usage: Usage | None) -> None:
-        elapsed = time.perf_counter() - ex.t0
-        m = self.state.metrics
-        model = ex.inference.model if ex.inference is not None else ""
-        route = ex.decision.route if ex.decision is not None else ""
-        status = str(ex.status)
-        m.requests.labels(model, route, ex.endpoint or "", status).inc()
-        if ex.inference is None:
+                ctx.usage = extract_usage(data)
+        if not ex.routed:  # a request without a body (GET /v1/models): Envoy's routes serve it
             return
-        m.e2e.labels(model).observe(elapsed)
-        if usage is not None:
-            if usage.prompt_tokens:
-                m.prompt_tokens.labels(model).inc(usage.prompt_tokens)
-            if usage.completion_tokens:
-                m.output_tokens.labels(model).inc(usage.completion_tokens)
-        if ex.ttft is not None:
-            m.ttft.labels(model).observe(ex.ttft)
-        record: dict[str, Any] = {
-            "path": ex.headers.get(":path", ""),
-            "model": model,
-            "stream": ex.inference.stream,
-            "route": route,
-            "status": ex.status,
-            "endpoint": ex.endpoint,
-            "total_ms": round(elapsed * 1000, 3),
-        }
-        if ex.decision is not None and ex.decision.model != model:
-            record["sent_model"] = ex.decision.model
-        if ex.ttft is not None:
-            record["ttft_ms"] = round(ex.ttft * 1000, 3)
-        if usage is not None:
-            record["prompt_tokens"] = usage.prompt_tokens
-            record["completion_tokens"] = usage.completion_tokens
-        if ex.error:
-            record["error"] = ex.error
-        log_access(record)
+        await gw.finish(ctx, ex.reservations)

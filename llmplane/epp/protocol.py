@@ -28,6 +28,8 @@ CONTINUE_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersRespo
 CONTINUE_REQUEST_BODY = pb.ProcessingResponse(request_body=pb.BodyResponse())
 CONTINUE_RESPONSE_HEADERS = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
 CONTINUE_RESPONSE_BODY = pb.ProcessingResponse(response_body=pb.BodyResponse())
+CONTINUE_REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+CONTINUE_RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
 def headers_of(message: pb.HttpHeaders) -> dict[str, str]:

@@ -9,7 +9,6 @@ picker and ``llmplane gateway`` decide alike from the same sources. ``/metrics``
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -19,31 +18,10 @@ from llmplane.epp.picker import EndpointPickerService
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.http_server import HttpServer, Request, Response
-from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import Decision
+from llmplane.gateway.http_server import HttpRequest, HttpServer, Response
 from llmplane.gateway.server import Gateway
 
 log = logging.getLogger("llmplane.epp")
-
-
-class _GatewayRouting:
-    """The gateway's routing state seen through ``picker.RoutingState``."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.config = gateway.config
-        self.hooks = gateway.hooks
-        self.scheduler = gateway.scheduler
-        self.metrics = gateway.metrics
-        self.outliers = gateway.outliers
-
-    @property
-    def table(self) -> Any:  # swapped by the gateway on every change
-        return self.gateway.table
-
-    def admit(self, model: str, decision: Decision, now: float) -> Sequence[EndpointState]:
-        return self.gateway.admission.admit(model, decision, now)
 
 
 class EndpointPicker:
@@ -55,7 +33,7 @@ class EndpointPicker:
         fallbacks: int = 0,
     ) -> None:
         self.gateway = Gateway(store, discovery, config)
-        self.service = EndpointPickerService(_GatewayRouting(self.gateway), fallbacks)
+        self.service = EndpointPickerService(self.gateway, fallbacks)
         self.server: grpc.aio.Server | None = None
         self.http: HttpServer | None = None
         self.host = "127.0.0.1"
@@ -91,16 +69,16 @@ class EndpointPicker:
             self.http = None
         await self.gateway.close()
 
-    async def _metrics(self, request: Request) -> Response:
+    async def _metrics(self, request: HttpRequest) -> Response:
         return Response(
             body=self.gateway.metrics.render(),
             headers={"Content-Type": "text/plain; version=0.0.4"},
         )
 
-    async def _health(self, request: Request) -> Response:
+    async def _health(self, request: HttpRequest) -> Response:
         return Response(body=b'{"status":"ok"}', content_type="application/json")
 
-    async def _not_found(self, request: Request) -> Response:
+    async def _not_found(self, request: HttpRequest) -> Response:
         return GatewayError(404, f"no such path: {request.path}", "not_found").response()
 
 
