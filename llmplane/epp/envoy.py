@@ -85,6 +85,7 @@ def bootstrap(
     fail_open: bool = True,
     admin: str = "127.0.0.1:0",
     message_timeout: str = "5s",
+    max_body: int = 16 * 1024 * 1024,
 ) -> dict[str, Any]:
     """The bootstrap as a dict (write it as JSON or YAML; Envoy reads both).
 
@@ -149,6 +150,8 @@ def bootstrap(
                 {
                     "name": "llm",
                     "address": _socket(listen),
+                    # The picker sees the whole body (BUFFERED): room for long prompts.
+                    "per_connection_buffer_limit_bytes": max_body,
                     "filter_chains": [
                         {
                             "filters": [

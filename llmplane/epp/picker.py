@@ -115,8 +115,10 @@ class EndpointPickerService:
         finally:
             ctx = ex.ctx
             if ctx is not None and not ex.finished:
-                if ex.state is not None and ctx.upstream_status is None:
-                    ctx.status = 499  # Envoy ended the stream first (the client went away)
+                if ex.state is not None:  # Envoy ended the stream before the response ended
+                    if ctx.upstream_status is None:
+                        ctx.status = 499
+                    ctx.error = "the stream ended early (client went away or upstream broke)"
                 await self._finish(ex)
 
     # --- request -----------------------------------------------------------------------------

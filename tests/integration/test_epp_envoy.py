@@ -405,3 +405,41 @@ async def test_llmplane_epp_command_behind_envoy(tmp_path, sims):
     )
     assert bad.returncode == 2
     assert bad.stderr.startswith("llmplane epp: ") and "Traceback" not in bad.stderr
+
+
+async def test_a_client_that_leaves_mid_stream_releases_the_endpoint(make_stack, sims):
+    busy = {"app": "busy"}
+    stack = await make_stack(
+        [pool("busy", busy), inference_model("chat", "busy", [{"name": "busy"}])],
+        {"busy": (sims["busy"], busy, "busy")},
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "chat" in gw.table.inference_models, "the InferenceModel")
+    [state] = gw.registry.states.values()
+    body = chat("chat", max_tokens=200, ignore_eos=True, stream=True)  # 4 s of tokens
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{stack.url}/v1/chat/completions", data=orjson.dumps(body))
+        assert resp.status == 200
+        await resp.content.readany()  # the stream has started
+        assert state.inflight == 1
+        resp.close()  # the client goes away
+    await stack.wait(lambda: state.inflight == 0, "the endpoint's in-flight count released")
+    # Counted once, with the status the client had seen (as the gateway does).
+    await stack.wait(
+        lambda: 'route="InferenceModel/default/chat",status="200"} 1.0'
+        in gw.metrics.render().decode(),
+        "the request counted",
+    )
+
+
+async def test_a_body_over_a_mebibyte_reaches_the_picker_and_the_engine(make_stack, sims):
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("only-a", "llama", [{"name": "llama-a"}])],
+        llama_endpoints(sims),
+    )
+    await stack.wait(lambda: "only-a" in stack.picker.gateway.table.inference_models, "model")
+    status, headers, body = await stack.post(chat("only-a", "word " * 400_000))  # 2 MB
+    # Envoy buffered it for the picker (no 413 from Envoy's default 1 MiB buffer), the picker
+    # routed it and the engine answered (the sim refuses bodies over 1 MiB itself).
+    assert headers.get("x-llmplane-endpoint") == sims["a"].address, (status, body[:200])
+    assert b"Maximum request body size 1048576 exceeded" in body
