@@ -34,36 +34,8 @@ Modules: ``limits`` (ModelRoute rateLimit -> ``RouteLimit``), ``buckets`` (token
 scripts) and ``limiter`` (``RateLimiter``, the hook).
 """
 
-from llmplane.gateway.ratelimit.buckets import (
-    BucketState,
-    TokenBucket,
-    duration,
-    rate_headers,
-    reserve_local,
-    retry_after,
-    settle_deltas,
-)
 from llmplane.gateway.ratelimit.error import RateLimitError
 from llmplane.gateway.ratelimit.limiter import RateLimiter, Reservation
-from llmplane.gateway.ratelimit.limits import RouteLimit, output_reservation, route_limits
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets
-from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
 
-__all__ = [
-    "BucketState",
-    "RateLimitError",
-    "RateLimiter",
-    "RedisBuckets",
-    "Reservation",
-    "RouteLimit",
-    "TokenBucket",
-    "UsageChunkFilter",
-    "duration",
-    "inject_include_usage",
-    "output_reservation",
-    "rate_headers",
-    "reserve_local",
-    "retry_after",
-    "route_limits",
-    "settle_deltas",
-]
+__all__ = ["RateLimitError", "RateLimiter", "RedisBuckets", "Reservation"]

@@ -7,76 +7,72 @@ import asyncio
 from llmplane.api.kthena import split_host_port
 from llmplane.gateway.ratelimit.limits import RouteLimit
 
-# KEYS: one hash per limited direction. ARGV: rate, burst, amount for each key.
-# Takes every amount or none. Returns {admitted, level_1, wait_1, level_2, wait_2, ...}.
-RESERVE_LUA = """
+# Both scripts: a bucket is a hash {level, stamp}, refilled at ``rate`` up to ``burst`` from
+# ``stamp`` to Redis' own clock; a missing one is full. It expires once it would be full again.
+_BUCKET_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local levels = {}
-local ok = 1
-for i, key in ipairs(KEYS) do
-  local rate = tonumber(ARGV[3 * i - 2])
-  local burst = tonumber(ARGV[3 * i - 1])
-  local want = tonumber(ARGV[3 * i])
+local function refilled(key, rate, burst)
   local v = redis.call('HMGET', key, 'level', 'stamp')
   local level = tonumber(v[1])
   local stamp = tonumber(v[2])
-  if level == nil or stamp == nil then
-    level = burst
-  elseif now > stamp then
-    level = math.min(burst, level + (now - stamp) * rate)
-  else
-    level = math.min(burst, level)
-  end
+  if level == nil or stamp == nil then return burst end
+  if now > stamp then level = level + (now - stamp) * rate end
+  return math.min(burst, level)
+end
+local function store(key, level, rate, burst)
+  redis.call('HSET', key, 'level', string.format('%.17g', level),
+             'stamp', string.format('%.17g', now))
+  redis.call('PEXPIRE', key, math.ceil((burst - level) / rate * 1000) + 1000)
+end
+"""
+
+# KEYS: one hash per limited direction. ARGV: rate, burst, amount for each key.
+# Takes every amount or none. Returns {admitted, level_1, wait_1, level_2, wait_2, ...}.
+RESERVE_LUA = (
+    _BUCKET_LUA
+    + """
+local levels = {}
+local ok = 1
+for i, key in ipairs(KEYS) do
+  local level = refilled(key, tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]))
   levels[i] = level
-  if level < want then ok = 0 end
+  if level < tonumber(ARGV[3 * i]) then ok = 0 end
 end
 local out = {tostring(ok)}
 for i, key in ipairs(KEYS) do
   local rate = tonumber(ARGV[3 * i - 2])
-  local burst = tonumber(ARGV[3 * i - 1])
   local want = tonumber(ARGV[3 * i])
   local level = levels[i]
   local wait = 0
   if level < want then wait = (want - level) / rate end
   if ok == 1 then
     level = level - want
-    redis.call('HSET', key, 'level', string.format('%.17g', level),
-               'stamp', string.format('%.17g', now))
-    redis.call('PEXPIRE', key, math.ceil((burst - level) / rate * 1000) + 1000)
+    store(key, level, rate, tonumber(ARGV[3 * i - 1]))
   end
   out[2 * i] = string.format('%.17g', level)
   out[2 * i + 1] = string.format('%.17g', wait)
 end
 return out
 """
+)
 
 # KEYS: one hash per direction. ARGV: rate, burst, delta for each key (delta > 0 gives back,
 # < 0 debits). Returns the levels after.
-SETTLE_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+SETTLE_LUA = (
+    _BUCKET_LUA
+    + """
 local out = {}
 for i, key in ipairs(KEYS) do
   local rate = tonumber(ARGV[3 * i - 2])
   local burst = tonumber(ARGV[3 * i - 1])
-  local delta = tonumber(ARGV[3 * i])
-  local v = redis.call('HMGET', key, 'level', 'stamp')
-  local level = tonumber(v[1])
-  local stamp = tonumber(v[2])
-  if level == nil or stamp == nil then
-    level = burst
-  elseif now > stamp then
-    level = level + (now - stamp) * rate
-  end
-  level = math.min(burst, math.min(burst, level) + delta)
-  redis.call('HSET', key, 'level', string.format('%.17g', level),
-             'stamp', string.format('%.17g', now))
-  redis.call('PEXPIRE', key, math.ceil((burst - level) / rate * 1000) + 1000)
+  local level = math.min(burst, refilled(key, rate, burst) + tonumber(ARGV[3 * i]))
+  store(key, level, rate, burst)
   out[i] = string.format('%.17g', level)
 end
 return out
 """
+)
 
 
 class RedisBuckets:
