@@ -1,6 +1,6 @@
 """The in-cluster gateway (``llmplane gateway --kubernetes``) against a Kubernetes API EMULATOR.
 
-No Kubernetes API server can run here, so the API is ``llmplane.operator.testing.KubeEmulator``,
+No Kubernetes API server can run here, so the API is ``llmplane.testing.kube_emulator.KubeEmulator``,
 an in-process aiohttp emulator of the REST endpoints used (list/watch with resourceVersion,
 label selectors, the status subresource). The gateway is the real one: ``KubeStore`` +
 ``PodDiscovery`` in-process, and once as the real ``python -m llmplane.gateway.server
@@ -30,7 +30,7 @@ import pytest
 from llmplane.gateway.kube_discovery import kubernetes_sources
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.gateway.testing import Server, spawn
-from llmplane.operator.testing import KubeEmulator, pod
+from llmplane.testing.kube_emulator import KubeEmulator, pod
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""``llmplane.store.kube.KubeStore`` against ``llmplane.operator.testing.KubeEmulator``, an
+"""``llmplane.store.kube.KubeStore`` against ``llmplane.testing.kube_emulator.KubeEmulator``, an
 in-process Kubernetes API EMULATOR (aiohttp), not an API server: none can run here.
 
 List/get from the watched cache, the Store watch (its own event sequence, Expired), relisting
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from llmplane.gateway.watching import StoreFollower
-from llmplane.operator.testing import KubeEmulator, default_kinds
+from llmplane.testing.kube_emulator import KubeEmulator, default_kinds
 from llmplane.store.base import Expired, StoreError
 from llmplane.store.kube import GATEWAY_KINDS, KubeStore, ReadOnly
 

@@ -18,7 +18,7 @@ from llmplane.gateway.kube_discovery import (
     pod_address,
     pod_ready,
 )
-from llmplane.operator.testing import KubeEmulator, pod
+from llmplane.testing.kube_emulator import KubeEmulator, pod
 from llmplane.store.kube import KubeStore
 
 pytestmark = pytest.mark.timeout(60)
