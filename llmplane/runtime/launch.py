@@ -5,7 +5,8 @@ Three small facts the local runtime needs before it starts an engine process:
 * a free TCP port on 127.0.0.1 (:func:`free_port`),
 * the plan's argv with ``--port``/``--host`` pointed at that port (:func:`rewrite_argv`),
 * whether the engine is installed at all (:func:`missing_engine`), so a missing engine is reported
-  once with its install hint instead of crash-looping.
+  once with its install hint instead of crash-looping,
+* which interpreter runs a Python-module engine (:func:`engine_argv`): the one running llmplane.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from collections.abc import Mapping, Sequence
 LOCAL_HOST = "127.0.0.1"
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+# Interpreter names that mean "a Python", not a particular one: a local command starting with one
+# of these runs with the interpreter that runs llmplane. A path or a versioned name
+# (``/opt/venv/bin/python``, ``python3.12``) is the BackendRuntime asking for that one.
+_ANY_PYTHON = ("python", "python3")
 # Environment variables that change where a Python interpreter finds modules; when a plan sets
 # any of them the module check runs in a child interpreter with the plan's environment.
 _PYTHON_PATH_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH")
@@ -77,6 +82,19 @@ def rewrite_argv(argv: Sequence[str], port: int) -> list[str]:
         out += ["--port", str(port)]
         if not has_host:
             out += ["--host", LOCAL_HOST]
+    return out
+
+
+def engine_argv(argv: Sequence[str]) -> list[str]:
+    """The command line to start: a bare ``python``/``python3`` becomes :data:`sys.executable`.
+
+    ``llmplane`` may run from a venv that is not on PATH (``~/venv/bin/llmplane up``, pipx, a
+    systemd unit); the engines it ships (the sim, the llama.cpp shim) and engines installed beside
+    it (vLLM) are importable by that interpreter, not by whatever ``python`` PATH finds first.
+    """
+    out = list(argv)
+    if out and out[0] in _ANY_PYTHON and sys.executable:
+        out[0] = sys.executable
     return out
 
 

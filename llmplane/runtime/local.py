@@ -34,7 +34,13 @@ import aiohttp
 
 from llmplane.controlplane.plan import REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
-from llmplane.runtime.launch import LOCAL_HOST, free_port, missing_engine, rewrite_argv
+from llmplane.runtime.launch import (
+    LOCAL_HOST,
+    engine_argv,
+    free_port,
+    missing_engine,
+    rewrite_argv,
+)
 from llmplane.runtime.processes import (
     TOKEN_ENV,
     ProcessRecord,
@@ -522,7 +528,7 @@ class _Replica:
         crashes = 0  # consecutive, for the back-off
         try:
             while True:
-                missing = await missing_engine(local.argv, env)
+                missing = await missing_engine(engine_argv(local.argv), env)
                 if missing:
                     hint = local.install_hint or f"install the {self.plan.backend} engine"
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{missing}. {hint}")
@@ -576,7 +582,7 @@ class _Replica:
     async def _start_process(self, env: dict[str, str], port: int) -> None:
         local = self.plan.local
         assert local is not None
-        argv = rewrite_argv(local.argv, port)
+        argv = rewrite_argv(engine_argv(local.argv), port)
         token = uuid.uuid4().hex
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:

@@ -13,12 +13,13 @@ from llmplane.testing.process import (
     upstream,
     upstream_process,
 )
-from llmplane.testing.wait import eventually, wait_for
+from llmplane.testing.wait import always, eventually, wait_for
 
 __all__ = [
     "Process",
     "Processes",
     "Up",
+    "always",
     "eventually",
     "gateway",
     "python",

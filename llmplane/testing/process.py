@@ -47,10 +47,12 @@ class Process:
         cwd: str | Path | None = None,
         ready: re.Pattern[str] = LISTENING,
         grace: float = 10.0,
+        inherit_env: bool = True,
     ) -> None:
         self.argv = list(argv)
         self.name = name or " ".join(self.argv[:3])
         self.env = env
+        self.inherit_env = inherit_env
         self.cwd = cwd
         self.ready_pattern = ready
         self.grace = grace
@@ -64,10 +66,13 @@ class Process:
 
     def launch(self) -> Process:
         """Start the process without waiting (``ready()`` waits); for starting several at once."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.update(self.env or {})
+        if self.inherit_env:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            env.update(self.env or {})
+        else:  # exactly ``env`` (a test of what the child finds on its own)
+            env = dict(self.env or {})
         self._log = tempfile.TemporaryFile(prefix="llmplane-")  # noqa: SIM115 (closed in stop)
         try:
             self.proc = subprocess.Popen(
@@ -255,14 +260,26 @@ def gateway(
 class Up(Process):
     """``llmplane up --port 0`` over ``state_dir``; ``engine_pids()`` reads the engines the
     local runtime recorded. ``stop()`` leaves the engines to ``up`` (tests check it stops
-    them); ``kill_everything()`` is the finalizer that also ends every engine it ever saw."""
+    them); ``kill_everything()`` is the finalizer that also ends every engine it ever saw.
+    ``command`` replaces ``python -m llmplane.cli`` (e.g. the installed ``llmplane`` script);
+    ``env``, if given, replaces the environment."""
 
-    def __init__(self, state_dir: Path, *files: str, args: Sequence[str] = (), **kw: Any) -> None:
-        argv = [sys.executable, "-m", "llmplane.cli", "up", "--port", "0"]
+    def __init__(
+        self,
+        state_dir: Path,
+        *files: str,
+        args: Sequence[str] = (),
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        **kw: Any,
+    ) -> None:
+        argv = [*(command or [sys.executable, "-m", "llmplane.cli"]), "up", "--port", "0"]
         argv += ["--state-dir", str(state_dir), *args]
         for f in files:
             argv += ["-f", f]
         kw.setdefault("grace", 60.0)
+        if env is not None:
+            kw.update(env=env, inherit_env=False)
         super().__init__(argv, name="llmplane up", ready=UP_READY, **kw)
         self.state_dir = state_dir
         self.seen_pids: set[int] = set()

@@ -82,3 +82,17 @@ async def eventually(
         if polls.expired():
             raise polls.failure()
         await asyncio.sleep(every)
+
+
+def always(
+    predicate: Callable[[], Any], duration: float, what: str = "", every: float = 0.02
+) -> None:
+    """The converse: ``predicate`` holds at every poll for ``duration`` seconds (something must
+    NOT happen, e.g. no restart); fails at the first poll where it does not."""
+    polls = _Polls(predicate, duration, what)
+    while not polls.expired():
+        polls.last = predicate()
+        if not polls.last:
+            name = what or getattr(predicate, "__qualname__", repr(predicate))
+            raise AssertionError(f"{name} stopped holding: {polls.last!r}")
+        time.sleep(every)

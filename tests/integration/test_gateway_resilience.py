@@ -13,6 +13,7 @@ from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.external import StoreEndpoints, endpoint_object
 from llmplane.gateway.server import start_gateway
 from llmplane.testing import eventually
+from tests.integration.openai_errors import assert_openai_error
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 GIE = "inference.networking.x-k8s.io/v1alpha2"
@@ -101,7 +102,7 @@ async def test_nothing_listening_gives_502(client):
     try:
         status, _, body = await post(client, gw, {"model": "m", "prompt": "x"})
         doc = orjson.loads(body)
-        assert status == 502 and doc["error"]["code"] == "bad_gateway"
+        assert_openai_error(status, doc, 502, "bad_gateway")
         assert "3 attempts" in doc["error"]["message"]
     finally:
         await gw.close()
@@ -144,12 +145,12 @@ async def test_traffic_policy_timeout_and_retry(store, processes, client):
         status, _, body = await post(client, gw, {"model": "slow", "prompt": "x"})
         elapsed = loop.time() - started
         doc = orjson.loads(body)
-        assert status == 504 and doc["error"]["code"] == "upstream_timeout"
+        assert_openai_error(status, doc, 504, "upstream_timeout")
         assert "2 attempts" in doc["error"]["message"]
         assert elapsed < 1.9  # two 0.3 s attempts, not the engine's 2 s
         # Streaming: the timeout bounds the time to the first byte.
         status, _, body = await post(client, gw, {"model": "slow", "prompt": "x", "stream": True})
-        assert status == 504
+        assert_openai_error(status, body, 504, "upstream_timeout")
     finally:
         await gw.close()
 
@@ -208,8 +209,7 @@ async def test_only_sheddable_traffic_is_shed(store, processes, client):
             what="both replicas saturated",
         )
         status, headers, body = await post(client, gw, {"model": "batch", "prompt": "x"})
-        assert status == 429, body
-        assert orjson.loads(body)["error"]["code"] == "overloaded"
+        assert_openai_error(status, body, 429, "overloaded")
         assert int(headers["Retry-After"]) >= 1
         critical = asyncio.create_task(post(client, gw, {"model": "chat", "prompt": "y"}))
         default = asyncio.create_task(post(client, gw, {"model": "std", "prompt": "z"}))

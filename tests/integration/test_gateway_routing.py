@@ -11,6 +11,7 @@ import pytest
 
 from llmplane.gateway.external import endpoint_object
 from llmplane.testing import Processes, eventually, sim_process
+from tests.integration.openai_errors import assert_openai_error
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 GIE = "inference.networking.x-k8s.io/v1alpha2"
@@ -220,7 +221,7 @@ async def test_header_uri_and_body_rules(routed, gateway, client):
         assert endpoint == gateway_address(gateway, "qwen-lora")
     # No rule matches "legal": 404 in the OpenAI shape.
     status, _, doc = await chat(client, gateway, "legal")
-    assert status == 404 and doc["error"]["code"] == "no_matching_route"
+    assert_openai_error(status, doc, 404, "no_matching_route")
     # Base model requests may go to either qwen replica.
     seen = {(await chat(client, gateway, "qwen"))[1] for _ in range(20)}
     assert len(seen) == 2

@@ -23,9 +23,9 @@ import yaml
 
 from llmplane.api.documents import dump_resource, parse_paths
 from llmplane.operator.main import Operator
-from llmplane.testing.kube_emulator import KubeEmulator
 from llmplane.render import builtin_backend_models
 from llmplane.runtime.kube import KubeOptions
+from llmplane.testing.kube_emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,6 +11,7 @@ import pytest
 
 from llmplane.controlplane.plan import HttpProbe
 from llmplane.runtime.launch import (
+    engine_argv,
     free_port,
     missing_engine,
     module_exists,
@@ -162,3 +163,25 @@ async def test_probe_schedule_honours_initial_delay_and_period() -> None:
         times.append(loop.time() - start)
         break
     assert times[0] == pytest.approx(0.1, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["python", "-m", "llmplane.sim"], [sys.executable, "-m", "llmplane.sim"]),
+        (
+            ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server"],
+        ),
+        # a named interpreter is the BackendRuntime's choice
+        (["/opt/venv/bin/python", "-m", "vllm"], ["/opt/venv/bin/python", "-m", "vllm"]),
+        (
+            ["python3.12", "-m", "sglang.launch_server"],
+            ["python3.12", "-m", "sglang.launch_server"],
+        ),
+        (["llama-server", "-m", "python"], ["llama-server", "-m", "python"]),
+        ([], []),
+    ],
+)
+def test_engine_argv_runs_python_engines_with_llmplanes_interpreter(argv, expected) -> None:
+    assert engine_argv(argv) == expected
