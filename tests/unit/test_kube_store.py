@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from llmplane.gateway.watching import StoreFollower
-from llmplane.testing.kube_emulator import KubeEmulator, default_kinds
 from llmplane.store.base import Expired, StoreError
 from llmplane.store.kube import GATEWAY_KINDS, KubeStore, ReadOnly
+from llmplane.testing.kube_emulator import KubeEmulator, default_kinds
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,8 +18,8 @@ from llmplane.gateway.kube_discovery import (
     pod_address,
     pod_ready,
 )
-from llmplane.testing.kube_emulator import KubeEmulator, pod
 from llmplane.store.kube import KubeStore
+from llmplane.testing.kube_emulator import KubeEmulator, pod
 
 pytestmark = pytest.mark.timeout(60)
 
