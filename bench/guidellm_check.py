@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         procs += sims
         addrs = [s.ready() for s in sims]
-        from llmplane.gateway.external import endpoint_object
+        from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
         store_objects(
             state, *(endpoint_object(f"sim{i}", a, "sim-model") for i, a in enumerate(addrs))

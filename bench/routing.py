@@ -227,7 +227,7 @@ class Fleet:
         self.sim_addrs = [s.ready() for s in self.sims]
         ours = [p for p in policies if p in LLMPLANE_POLICIES]
         if ours:
-            from llmplane.gateway.external import endpoint_object
+            from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
             store_objects(
                 self.state_dir,

@@ -31,10 +31,10 @@ from typing import Any
 
 from bench.common import RESULTS, machine, machine_line, percentile, table, write_section
 from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.request import prompt_text
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.state import EndpointState
 
 CELLS = [(8, 1_000), (8, 16_000), (64, 1_000), (64, 16_000), (256, 16_000)]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llmplane.api.documents import dump_resource, parse_text
+from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.up")
 BUILTIN_LABEL = "llmplane.io/builtin"
@@ -32,7 +33,7 @@ def builtin_backends() -> list[dict[str, Any]]:
     return docs
 
 
-def install_builtins(store: Any) -> None:
+def install_builtins(store: Store) -> None:
     """Add or refresh the built-in BackendRuntimes; a user's own one of the same name wins."""
     for doc in builtin_backends():
         existing = store.get("BackendRuntime", doc["metadata"]["name"])
@@ -111,6 +112,11 @@ async def run_up(
     gateway_config: Any = None,
 ) -> None:
     platform = Platform(state_dir, host, port, gateway_config=gateway_config)
+    try:
+        await platform.runtime.start()  # the state directory's lock, before anything is applied
+    except BaseException:
+        platform.store.close()
+        raise
     if files:
         platform.store.apply_many(files)
     stop = asyncio.Event()

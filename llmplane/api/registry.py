@@ -31,10 +31,6 @@ for _cls in (
     register(_cls)
 
 
-def kind_of(cls: type[Resource]) -> str:
-    return cls.model_fields["kind"].default
-
-
 def resolve_kind(name: str) -> type[Resource]:
     """``pl``, ``playground``, ``playgrounds``, ``Playground`` and ``playgrounds.inference.llmaz.io``."""
     wanted = name.lower()

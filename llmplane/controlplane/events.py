@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from llmplane.controlplane.conditions import now
+from llmplane.store.base import Store
 
 EVENT_KIND = "Event"
 MAX_EVENTS_PER_OBJECT = 20
@@ -14,7 +15,7 @@ _counter = itertools.count()
 
 
 def record_event(
-    store: Any, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal"
+    store: Store, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal"
 ) -> None:
     """Add an event (or bump the count of the same latest one) about ``obj``."""
     meta = obj["metadata"]
@@ -53,7 +54,7 @@ def record_event(
         store.delete(EVENT_KIND, old["metadata"]["name"], old["metadata"]["namespace"])
 
 
-def events_for(store: Any, obj: dict[str, Any]) -> list[dict[str, Any]]:
+def events_for(store: Store, obj: dict[str, Any]) -> list[dict[str, Any]]:
     """Events about ``obj``, oldest first."""
     meta = obj["metadata"]
     namespace = meta.get("namespace") or "default"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import orjson
 
-from llmplane.gateway.http import Response
+from llmplane.gateway.http_server import Response
 
 _TYPES = {
     400: "invalid_request_error",

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
 

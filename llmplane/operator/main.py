@@ -21,9 +21,8 @@ from typing import Any
 
 import kopf
 
-from llmplane.operator.client import KubeClient
-from llmplane.operator.reconcile import Reconciler
-from llmplane.operator.resources import (
+from llmplane.kube.client import KubeClient
+from llmplane.kube.kinds import (
     BACKENDRUNTIME,
     DEPLOYMENT,
     INFERENCE_SERVICE,
@@ -32,6 +31,7 @@ from llmplane.operator.resources import (
     PLAYGROUND,
     Kind,
 )
+from llmplane.operator.reconcile import Reconciler
 from llmplane.runtime.kube import DEFAULT_IMAGE, KubeOptions
 
 log = logging.getLogger("llmplane.operator")

@@ -19,8 +19,8 @@ from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane import planning
 from llmplane.controlplane.plan import BACKEND_LABEL
 from llmplane.controlplane.planning import PlanningError
-from llmplane.operator.client import KubeClient
-from llmplane.operator.resources import (
+from llmplane.kube.client import KubeClient
+from llmplane.kube.kinds import (
     BACKENDRUNTIME,
     CORE_SERVICE,
     DEPLOYMENT,
@@ -29,25 +29,12 @@ from llmplane.operator.resources import (
     LEADERWORKERSET,
     OPENMODEL,
     PLAYGROUND,
-    kind_for,
 )
+from llmplane.kube.metadata import slim
+from llmplane.operator.resources import kind_for
 from llmplane.runtime import kube
 
 log = logging.getLogger("llmplane.operator")
-
-_META_KEYS = (
-    "name",
-    "namespace",
-    "labels",
-    "annotations",
-    "uid",
-    "resourceVersion",
-    "generation",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "ownerReferences",
-    "finalizers",
-)
 
 
 def parse(cls: Any, obj: dict[str, Any]) -> Any:
@@ -56,8 +43,7 @@ def parse(cls: Any, obj: dict[str, Any]) -> Any:
 
     Raises InvalidResources with every violation.
     """
-    data = copy.deepcopy(obj)
-    data["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items() if k in _META_KEYS}
+    data = copy.deepcopy(slim(obj))
     resource, _warnings = parse_document(data)
     if not isinstance(resource, cls):
         raise InvalidResources([f"expected {cls.__name__}, got {type(resource).__name__}"])
@@ -391,17 +377,6 @@ class Reconciler:
             if (model and model in names) or (backend and backend == uses):
                 meta = obj["metadata"]
                 await self.playground(meta.get("namespace") or "default", meta["name"])
-
-    async def owner_of(self, obj: dict[str, Any]) -> None:
-        """A workload or Service changed: reconcile its controlling llmplane owner."""
-        meta = obj.get("metadata") or {}
-        for ref in meta.get("ownerReferences") or []:
-            if not ref.get("controller") or ref.get("apiVersion") != INFERENCE_SERVICE.api_version:
-                continue
-            if ref.get("kind") == "Service":
-                await self.service(meta.get("namespace") or "default", ref["name"])
-            elif ref.get("kind") == "Playground":
-                await self.playground(meta.get("namespace") or "default", ref["name"])
 
 
 __all__ = [

@@ -43,7 +43,6 @@ from llmplane.controlplane.plan import (
 from llmplane.controlplane.planning import CONTAINER_NAME, CONTAINER_PORT, PlanningError
 from llmplane.loader.locate import locate
 
-FIELD_MANAGER = "llmplane"
 MODELS_ROOT = "/workspace/models"
 MODEL_MOUNT_PATH = MODELS_ROOT + "/"
 MODEL_VOLUME = "model-volume"
@@ -177,10 +176,6 @@ def pod_model_path(model: OpenModel) -> str:
             return source.model_hub.model_id
         return source.uri or ""
     return str(locate(source, MODELS_ROOT).path)
-
-
-def _needs_loader(model: OpenModel) -> bool:
-    return source_kind(model) not in ("host", "ollama") and not skips_loader(model)
 
 
 # Playground -> Service + HPA ----------------------------------------------------------------
@@ -651,7 +646,6 @@ def objects_for(
 
 
 __all__ = [
-    "FIELD_MANAGER",
     "KubeOptions",
     "hpa_for_playground",
     "lb_service",

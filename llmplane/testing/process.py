@@ -262,7 +262,7 @@ class Up(Process):
     local runtime recorded. ``stop()`` leaves the engines to ``up`` (tests check it stops
     them); ``kill_everything()`` is the finalizer that also ends every engine it ever saw.
     ``command`` replaces ``python -m llmplane.cli`` (e.g. the installed ``llmplane`` script);
-    ``env``, if given, replaces the environment."""
+    ``env``, if given, replaces the environment; ``port`` asks for a port (0: any free one)."""
 
     def __init__(
         self,
@@ -271,9 +271,10 @@ class Up(Process):
         args: Sequence[str] = (),
         command: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
+        port: int = 0,
         **kw: Any,
     ) -> None:
-        argv = [*(command or [sys.executable, "-m", "llmplane.cli"]), "up", "--port", "0"]
+        argv = [*(command or [sys.executable, "-m", "llmplane.cli"]), "up", "--port", str(port)]
         argv += ["--state-dir", str(state_dir), *args]
         for f in files:
             argv += ["-f", f]

@@ -40,8 +40,8 @@ class _Polls:
 def wait_for(
     predicate: Callable[[], T],
     timeout: float = 10.0,
-    what: str = "",
     every: float = 0.02,
+    what: str = "",
     ignore: tuple[type[BaseException], ...] = (),
 ) -> T:
     """Call ``predicate`` until it returns something truthy and return that; exceptions of the
@@ -62,8 +62,8 @@ def wait_for(
 async def eventually(
     predicate: Callable[[], T | Awaitable[T]],
     timeout: float = 10.0,
-    what: str = "",
     every: float = 0.02,
+    what: str = "",
     ignore: tuple[type[BaseException], ...] = (),
 ) -> T:
     """``wait_for`` for coroutines: ``predicate`` may be sync or async; the loop keeps running
@@ -85,7 +85,7 @@ async def eventually(
 
 
 def always(
-    predicate: Callable[[], Any], duration: float, what: str = "", every: float = 0.02
+    predicate: Callable[[], Any], duration: float, every: float = 0.02, what: str = ""
 ) -> None:
     """The converse: ``predicate`` holds at every poll for ``duration`` seconds (something must
     NOT happen, e.g. no restart); fails at the first poll where it does not."""

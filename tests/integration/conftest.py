@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmplane.gateway.external import StoreEndpoints
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.store.sqlite import SQLiteStore
 from llmplane.testing import Processes

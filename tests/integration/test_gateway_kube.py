@@ -3,7 +3,7 @@
 No Kubernetes API server can run here, so the API is ``llmplane.testing.kube_emulator.KubeEmulator``,
 an in-process aiohttp emulator of the REST endpoints used (list/watch with resourceVersion,
 label selectors, the status subresource). The gateway is the real one: ``KubeStore`` +
-``PodDiscovery`` in-process, and once as the real ``python -m llmplane.gateway.server
+``PodDiscovery`` in-process, and once as the real ``python -m llmplane.gateway.cli
 --kubernetes`` process reading a kubeconfig that points at the emulator.
 
 Pods and ports: nothing runs pods, so each "pod" is a real simulated engine
@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from llmplane import testing
-from llmplane.gateway.kube_discovery import kubernetes_sources
+from llmplane.gateway.discovery.pods import kubernetes_sources
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.testing import Process, Processes, eventually, sim_process
 from llmplane.testing.kube_emulator import KubeEmulator, pod
@@ -253,7 +253,7 @@ async def test_model_server_selects_only_matching_pods_and_new_routes_are_follow
 async def test_the_gateway_process_with_kubernetes_flag(
     engines: dict[str, Process], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``python -m llmplane.gateway.server --kubernetes`` as the chart runs it, configured by a
+    """``python -m llmplane.gateway.cli --kubernetes`` as the chart runs it, configured by a
     kubeconfig (no in-cluster service account here)."""
     a = engines["a"]
     async with KubeEmulator() as kube:

@@ -10,7 +10,7 @@ import orjson
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
-from llmplane.gateway.external import StoreEndpoints, endpoint_object
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
 from llmplane.gateway.server import start_gateway
 from llmplane.testing import eventually
 from tests.integration.openai_errors import assert_openai_error

@@ -9,7 +9,7 @@ import asyncio
 import orjson
 import pytest
 
-from llmplane.gateway.external import endpoint_object
+from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.testing import Processes, eventually, sim_process
 from tests.integration.openai_errors import assert_openai_error
 

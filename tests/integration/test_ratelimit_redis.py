@@ -1,5 +1,5 @@
 """Global token rate limits (``rateLimit.global.redis``) against a real ``redis-server``:
-two gateway OS processes (``python -m llmplane.gateway.server``) in front of real simulated
+two gateway OS processes (``python -m llmplane.gateway.cli``) in front of real simulated
 engines share one bucket and together admit the configured number of tokens (within 1 %)
 under concurrent load; Redis killed mid-run: fail-open keeps serving and counts the errors,
 and limiting is back once Redis is."""
@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.external import endpoint_object
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError, RedisBuckets
 from llmplane.gateway.request import InferenceRequest
 from llmplane.store.paths import open_store

@@ -149,6 +149,8 @@ async def test_two_replicas_ready_with_own_ports_and_labels(runtime: LocalRuntim
         assert e.address.startswith("127.0.0.1:")
         assert e.labels == {MODEL_NAME_LABEL: "fake-model", REPLICA_LABEL: str(e.replica)}
         assert (e.workload, e.model_name, e.backend) == (KEY, "fake-model", "fake")
+        # What the gateway needs: the workload's namespace, the engine, a port of its own.
+        assert (e.namespace, e.engine, e.fixed_port) == ("default", "fake", True)
         code, body = await get(e.address, "/info")
         info = orjson.loads(body)
         assert code == 200 and info["host"] == "127.0.0.1"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from llmplane.api.documents import dump_resource, parse_document
-from llmplane.gateway.external import endpoint_from_object
+from llmplane.gateway.discovery.store_endpoints import endpoint_from_object
 from tests.unit.apihelpers import assert_error, errors_of
 
 

@@ -10,33 +10,17 @@ from llmplane.gateway.discovery import (
     RuntimeDiscovery,
     StaticDiscovery,
 )
-from llmplane.gateway.external import endpoint_from_object, endpoint_object
+from llmplane.gateway.discovery.store_endpoints import endpoint_from_object, endpoint_object
 
 
-def test_runtime_discovery_adapts_runtime_endpoints():
-    runtime = SimpleNamespace(
-        endpoints=lambda: [
-            SimpleNamespace(
-                address="127.0.0.1:4000",
-                labels={"llmaz.io/model-name": "m"},
-                workload="team/pg",
-                replica=0,
-                model_name="m",
-                backend="sim",
-            )
-        ]
-    )
+def test_runtime_discovery_passes_runtime_endpoints_on():
+    own = Endpoint("127.0.0.1:4000", {"llmaz.io/model-name": "m"}, "m", fixed_port=True)
+    runtime = SimpleNamespace(endpoints=lambda: [own])
     discovery = RuntimeDiscovery(runtime)
     calls = []
     discovery.subscribe(lambda: calls.append(1))
-    (e,) = discovery.endpoints()
-    assert (e.address, e.namespace, e.engine, e.fixed_port) == (
-        "127.0.0.1:4000",
-        "team",
-        "sim",
-        True,
-    )
-    assert e.with_port(8080) == "127.0.0.1:4000"  # its own port
+    assert discovery.endpoints() == [own]
+    assert RuntimeDiscovery().endpoints() == []
     discovery.notify()
     assert calls == [1]
 

@@ -7,8 +7,8 @@ import pytest
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.routing import build_table
-from llmplane.gateway.state import EndpointState
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.config import ConfigError, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.plugins import (
@@ -24,7 +25,6 @@ from llmplane.gateway.scheduler.plugins import (
 )
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, PrefixIndex, block_hashes
 from llmplane.gateway.scraper import parse_metrics
-from llmplane.gateway.state import EndpointState
 
 NOW = 1000.0
 

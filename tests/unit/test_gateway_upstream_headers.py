@@ -3,7 +3,7 @@ decoded only when looked up."""
 
 from __future__ import annotations
 
-from llmplane.gateway.upstream import RawHeaders
+from llmplane.gateway.upstream_client import RawHeaders
 
 
 def test_forward_keeps_bytes_and_drops_skipped_names_in_any_case():

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from llmplane.gateway.watching import StoreFollower
+from llmplane.gateway.store_follower import StoreFollower
 from llmplane.store.base import Expired, StoreError
 from llmplane.store.kube import GATEWAY_KINDS, KubeStore, ReadOnly
 from llmplane.testing.kube_emulator import KubeEmulator, default_kinds
@@ -185,7 +185,7 @@ async def test_history_is_bounded_and_an_old_since_is_expired() -> None:
 async def test_relists_after_410_gone_and_reports_the_difference(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "llmplane.store.kube")
+    caplog.set_level(logging.INFO, "llmplane.kube.informer")
     async with KubeEmulator() as kube:
         await kube.create(server("a"))
         await kube.create(server("b"))
@@ -280,7 +280,7 @@ def test_the_charts_gateway_role_grants_exactly_reads_of_what_it_follows() -> No
 
     import yaml
 
-    from llmplane.store.kube import POD, Resource
+    from llmplane.kube.kinds import POD, Kind
 
     text = (
         Path(__file__).resolve().parents[2] / "deploy/helm/llmplane/templates/gateway.yaml"
@@ -298,5 +298,5 @@ def test_the_charts_gateway_role_grants_exactly_reads_of_what_it_follows() -> No
         if {"get", "list", "watch"} <= set(rule["verbs"])
     }
     assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in role["rules"])
-    followed = {(r.group, r.plural) for r in [*map(Resource.of, GATEWAY_KINDS), POD]}
+    followed = {(r.group, r.plural) for r in [*map(Kind.of, GATEWAY_KINDS), POD]}
     assert followed <= granted, followed - granted

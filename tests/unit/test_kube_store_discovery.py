@@ -1,4 +1,4 @@
-"""``llmplane.gateway.kube_discovery.PodDiscovery`` against ``KubeEmulator`` (an in-process
+"""``llmplane.gateway.discovery.pods.PodDiscovery`` against ``KubeEmulator`` (an in-process
 Kubernetes API EMULATOR, not an API server; nothing runs the pods: the test plays the kubelet
 by setting podIP and the Ready condition), plus its pure helpers."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llmplane.gateway.kube_discovery import (
+from llmplane.gateway.discovery.pods import (
     PodDiscovery,
     engine_of,
     parse_namespaces,

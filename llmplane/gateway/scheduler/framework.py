@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 
 
 class SchedulingContext:

@@ -7,8 +7,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import count
 
+from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.state import EndpointState, queue_estimates
 
 _random = random.random
 _sample = random.sample

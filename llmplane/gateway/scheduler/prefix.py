@@ -20,8 +20,8 @@ from itertools import islice, repeat
 
 import xxhash
 
+from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.state import EndpointState
 
 _xxh64 = xxhash.xxh64_intdigest
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.state import EndpointState
+from llmplane.gateway.registry import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from llmplane.gateway.discovery import Endpoint, _Subscribers
-from llmplane.gateway.watching import StoreFollower
+from llmplane.gateway.discovery.sources import Subscribers
+from llmplane.gateway.store_follower import StoreFollower
+from llmplane.runtime.endpoint import Endpoint
 
 ENDPOINT_KIND = "Endpoint"
 ENDPOINT_API_VERSION = "llmplane.io/v1alpha1"
@@ -79,7 +80,7 @@ def endpoint_object(
     }
 
 
-class StoreEndpoints(_Subscribers):
+class StoreEndpoints(Subscribers):
     """``Discovery`` over the store's ``Endpoint`` objects; ``await start()`` to follow changes."""
 
     def __init__(self, store: Any) -> None:

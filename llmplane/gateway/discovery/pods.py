@@ -37,9 +37,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL
-from llmplane.gateway.discovery import Endpoint, _Subscribers
-from llmplane.gateway.watching import StoreFollower
-from llmplane.store.kube import POD, Informer
+from llmplane.gateway.discovery.sources import CombinedDiscovery, Subscribers
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
+from llmplane.gateway.store_follower import StoreFollower
+from llmplane.kube.informer import Informer
+from llmplane.kube.kinds import POD
+from llmplane.runtime.endpoint import Endpoint
+from llmplane.store.kube import KubeStore
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -143,7 +147,7 @@ def _served_names(objects: Mapping[Any, dict[str, Any]]) -> dict[str, str]:
     return names
 
 
-class PodDiscovery(_Subscribers):
+class PodDiscovery(Subscribers):
     """``Discovery`` over Pods (see the module docstring). ``store`` (a ``KubeStore``, or any
     store) provides the ModelServers, InferencePools and OpenModels; ``await start()`` lists
     and then follows pods; ``await close()`` stops."""
@@ -282,10 +286,6 @@ async def kubernetes_sources(
     """What ``llmplane gateway --kubernetes`` routes with: a started ``KubeStore`` (routing
     objects) and a Discovery of Pods plus the store's llmplane.io ``Endpoint`` objects.
     Close the store with ``await store.aclose()`` after the gateway."""
-    from llmplane.gateway.discovery import CombinedDiscovery
-    from llmplane.gateway.external import StoreEndpoints
-    from llmplane.store.kube import KubeStore
-
     store = await KubeStore.connect(namespaces, server, token)
     try:
         pods = PodDiscovery(store.api, namespaces, store)

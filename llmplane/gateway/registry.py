@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmplane.gateway.discovery import Endpoint
+from llmplane.runtime.endpoint import Endpoint
 
 
 @dataclass(eq=False, slots=True)

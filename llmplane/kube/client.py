@@ -1,25 +1,25 @@
 """A small async Kubernetes client over kubernetes_asyncio: raw paths, dicts in and out.
 
-Only what the operator needs: get, list, server-side apply (field manager ``llmplane``),
-status merge-patch and delete. Typed clients per kind would add nothing: objects are built
-as dicts by ``llmplane.runtime.kube`` and read back as dicts.
+Only what llmplane needs: get, list, server-side apply (field manager ``llmplane``), status
+merge-patch and delete. Typed clients per kind would add nothing: objects are built as dicts by
+``llmplane.runtime.kube`` and read back as dicts. ``connect_api`` is the one place that decides
+how to reach the API server (explicit server, in-cluster config, kubeconfig).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import quote
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from llmplane.operator.resources import Kind
-from llmplane.runtime.kube import FIELD_MANAGER
+from llmplane.kube.kinds import Kind
 
-log = logging.getLogger("llmplane.operator")
+log = logging.getLogger("llmplane.kube")
 
+FIELD_MANAGER = "llmplane"
 _JSON = {200: "object", 201: "object"}
 
 
@@ -27,14 +27,19 @@ class NotFound(Exception):
     pass
 
 
-def path_for(kind: Kind, namespace: str | None = None, name: str | None = None) -> str:
-    base = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
-    if kind.namespaced and namespace:
-        base += f"/namespaces/{quote(namespace)}"
-    base += f"/{kind.plural}"
-    if name:
-        base += f"/{quote(name)}"
-    return base
+async def connect_api(server: str | None = None, token: str | None = None) -> k8s.ApiClient:
+    """An API client: ``server`` (tests, local runs), else in-cluster config, else kubeconfig."""
+    if server:
+        configuration = k8s.Configuration(host=server)
+        configuration.verify_ssl = False
+        if token:
+            configuration.api_key = {"BearerToken": f"Bearer {token}"}
+        return k8s.ApiClient(configuration)
+    try:
+        k8s_config.load_incluster_config()
+    except k8s_config.ConfigException:
+        await k8s_config.load_kube_config()
+    return k8s.ApiClient()
 
 
 class KubeClient:
@@ -44,17 +49,7 @@ class KubeClient:
     @classmethod
     async def connect(cls, server: str | None = None, token: str | None = None) -> KubeClient:
         """In-cluster config, else kubeconfig; or an explicit server (tests, local runs)."""
-        if server:
-            configuration = k8s.Configuration(host=server)
-            configuration.verify_ssl = False
-            if token:
-                configuration.api_key = {"BearerToken": f"Bearer {token}"}
-            return cls(k8s.ApiClient(configuration))
-        try:
-            k8s_config.load_incluster_config()
-        except k8s_config.ConfigException:
-            await k8s_config.load_kube_config()
-        return cls(k8s.ApiClient())
+        return cls(await connect_api(server, token))
 
     async def close(self) -> None:
         await self.api.close()
@@ -88,7 +83,7 @@ class KubeClient:
             raise
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return await self._call("GET", path_for(kind, namespace, name))
+        return await self._call("GET", kind.path(namespace, name))
 
     async def get_or_none(
         self, kind: Kind, name: str, namespace: str | None = None
@@ -103,7 +98,7 @@ class KubeClient:
     ) -> list[dict[str, Any]]:
         query = [("labelSelector", label_selector)] if label_selector else None
         try:
-            data = await self._call("GET", path_for(kind, namespace), query=query)
+            data = await self._call("GET", kind.path(namespace), query=query)
         except NotFound:
             return []  # the resource (e.g. LeaderWorkerSet) is not installed
         return list(data.get("items") or [])
@@ -113,7 +108,7 @@ class KubeClient:
         meta = obj["metadata"]
         return await self._call(
             "PATCH",
-            path_for(kind, meta.get("namespace"), meta["name"]),
+            kind.path(meta.get("namespace"), meta["name"]),
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             body=obj,
             content_type="application/apply-patch+yaml",
@@ -124,7 +119,7 @@ class KubeClient:
     ) -> dict[str, Any]:
         return await self._call(
             "PATCH",
-            path_for(kind, namespace, name) + "/status",
+            kind.path(namespace, name) + "/status",
             query=[("fieldManager", FIELD_MANAGER)],
             body={"status": status},
             content_type="application/merge-patch+json",
@@ -134,7 +129,7 @@ class KubeClient:
         try:
             await self._call(
                 "DELETE",
-                path_for(kind, namespace, name),
+                kind.path(namespace, name),
                 body={"propagationPolicy": "Background"},
             )
         except NotFound:

@@ -1,0 +1,99 @@
+"""The ``Discovery`` protocol and the sources that need no watch of their own.
+
+A ``Discovery`` lists ready endpoints and calls subscribers when the list changes:
+
+- ``StaticDiscovery``: a fixed (or hand-updated) list, for tests and external servers;
+- ``RuntimeDiscovery``: the embedded runtime's ready replicas;
+- ``CombinedDiscovery``: several sources as one.
+
+The watching sources are ``pods.PodDiscovery`` (Kubernetes) and
+``store_endpoints.StoreEndpoints`` (``Endpoint`` objects registered in the store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from llmplane.runtime.endpoint import Endpoint
+
+Callback = Callable[[], None]
+
+
+@runtime_checkable
+class Discovery(Protocol):
+    def endpoints(self) -> list[Endpoint]: ...
+
+    def subscribe(self, callback: Callback) -> None: ...
+
+
+class Subscribers:
+    """The subscriber list every source keeps: ``_changed()`` calls them all."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callback] = []
+
+    def subscribe(self, callback: Callback) -> None:
+        self._callbacks.append(callback)
+
+    def _changed(self) -> None:
+        for callback in list(self._callbacks):
+            callback()
+
+
+class StaticDiscovery(Subscribers):
+    """A list of endpoints given by the caller; ``set()`` replaces it and notifies."""
+
+    def __init__(self, endpoints: Iterable[Endpoint] = ()) -> None:
+        super().__init__()
+        self._endpoints = list(endpoints)
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints)
+
+    def set(self, endpoints: Iterable[Endpoint]) -> None:
+        self._endpoints = list(endpoints)
+        self._changed()
+
+    def add(self, endpoint: Endpoint) -> None:
+        self.set([*self._endpoints, endpoint])
+
+    def remove(self, address: str) -> None:
+        self.set([e for e in self._endpoints if e.address != address])
+
+
+class RuntimeDiscovery(Subscribers):
+    """The embedded runtime's ready replicas (``runtime.endpoints()``, already ``Endpoint``s).
+
+    The runtime takes its ``on_change`` callback at construction, so pass
+    ``discovery.notify`` there (or call it yourself after a change).
+    """
+
+    def __init__(self, runtime: Any = None) -> None:
+        super().__init__()
+        self.runtime = runtime
+
+    def endpoints(self) -> list[Endpoint]:
+        if self.runtime is None:
+            return []
+        return list(self.runtime.endpoints())
+
+    def notify(self, *_args: Any, **_kwargs: Any) -> None:
+        self._changed()
+
+
+class CombinedDiscovery(Subscribers):
+    """Several sources as one (the first source wins for a duplicated address)."""
+
+    def __init__(self, *sources: Discovery) -> None:
+        super().__init__()
+        self.sources = sources
+        for source in sources:
+            source.subscribe(self._changed)
+
+    def endpoints(self) -> list[Endpoint]:
+        seen: dict[str, Endpoint] = {}
+        for source in self.sources:
+            for endpoint in source.endpoints():
+                seen.setdefault(endpoint.address, endpoint)
+        return list(seen.values())

@@ -1,0 +1,62 @@
+"""``Endpoint``: one ready model-server replica, as a runtime reports it and the gateway routes to it.
+
+The one type shared by the runtimes (``Runtime.endpoints()`` returns it) and the gateway's
+discovery sources (embedded runtime, Kubernetes pods, store-registered servers). It lives here,
+a leaf that imports nothing from llmplane but the label names of ``controlplane.plan`` (a pure
+module), because the runtime produces it and the gateway only consumes it: the gateway may
+depend on the runtime's output type, never the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmplane.controlplane.plan import MODEL_NAME_LABEL
+
+
+@dataclass
+class Endpoint:
+    """One ready model-server replica.
+
+    ``address`` is ``host:port`` (or a bare host that takes its port from the route).
+    ``labels`` are pod-like labels (``llmaz.io/model-name`` ...) that ModelServer and
+    InferencePool selectors match. ``model_name`` is the name the server serves (its
+    ``--served-model-name``). ``fixed_port`` marks endpoints whose port is their own (the
+    embedded runtime gives every process its own port), so ``workloadPort`` and
+    ``targetPortNumber``, which name a pod's container port in Kubernetes, do not replace it.
+    ``workload`` (``namespace/name`` of the plan) and ``replica`` (its index) are set by the
+    runtime that runs the replica; other sources leave them empty.
+    """
+
+    address: str
+    labels: dict[str, str] = field(default_factory=dict)
+    model_name: str = ""
+    backend: str = ""
+    namespace: str = "default"
+    engine: str = "vllm"
+    fixed_port: bool = False
+    workload: str = ""
+    replica: int = 0
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0] or self.address
+
+    def with_port(self, port: int | None) -> str:
+        """The address to send inference to when a route names a port (a ModelServer's
+        ``workloadPort``, an InferencePool's ``targetPortNumber``): it replaces the port unless
+        the endpoint's port is its own; an address without a port takes it (8080 if none)."""
+        host, sep, own = self.address.rpartition(":")
+        if not sep or not own.isdigit():
+            return f"{self.address}:{port or 8080}"
+        if port is None or self.fixed_port:
+            return self.address
+        return f"{host}:{port}"
+
+    def served_names(self) -> set[str]:
+        """Names a client may send that this endpoint serves without any route."""
+        names = {self.model_name} if self.model_name else set()
+        claimed = self.labels.get(MODEL_NAME_LABEL)
+        if claimed:
+            names.add(claimed)
+        return names
