@@ -109,9 +109,7 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
     _warn(parsed.warnings)
     store = _store(state_dir)
     docs = [dump_resource(r) for r in parsed.resources]
-    before = [
-        store.get(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs
-    ]
+    before = [_get_or_none(store, d) for d in docs]
     after = store.apply_many(docs)
     for old, new, r in zip(before, after, parsed.resources, strict=True):
         if old is None:
@@ -121,6 +119,16 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
         else:
             verb = "configured"
         out.print(f"{_type_name(type(r))}/{r.name} {verb}")
+
+
+def _get_or_none(store: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored version of ``doc``; a corrupt row counts as none (applying replaces it)."""
+    from llmplane.store.base import CorruptObject
+
+    try:
+        return store.get(doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace"))
+    except CorruptObject:
+        return None
 
 
 def _kind(kind: str) -> type[Resource]:
@@ -168,6 +176,8 @@ def get(
             items = store.list(kind_name, ns, selector)
         except ValueError as e:
             fail(f"invalid label selector: {e}")
+        for message in store.corrupt(kind_name, ns):  # skipped by list: say so, by kind/name
+            err.print(f"[yellow]Warning:[/] skipped {escape(message)}")
     if output == "yaml":
         if name:
             out.print(to_yaml(items[0]), end="")
@@ -399,6 +409,8 @@ def up(
         docs = [dump_resource(r) for r in parsed.resources]
     if port:
         with socket.socket() as probe:
+            # As the real listener binds: connections the last `up` left in TIME_WAIT are fine.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError:
@@ -436,7 +448,12 @@ def up(
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+    from llmplane.runtime.local import StateDirInUse
+
+    try:
+        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+    except StateDirInUse as e:
+        fail(str(e))
 
 
 def _workload(target: str, namespace: str | None) -> tuple[str, str]:
@@ -504,7 +521,7 @@ def load_model(ctx: typer.Context) -> None:
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)
 def gateway(ctx: typer.Context) -> None:
     """Run the gateway on its own, routing to registered endpoints (see: llmplane gateway --help)."""
-    from llmplane.gateway.server import main as gateway_main
+    from llmplane.gateway.cli import main as gateway_main
 
     raise typer.Exit(gateway_main(list(ctx.args)))
 

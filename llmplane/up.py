@@ -112,6 +112,11 @@ async def run_up(
     gateway_config: Any = None,
 ) -> None:
     platform = Platform(state_dir, host, port, gateway_config=gateway_config)
+    try:
+        await platform.runtime.start()  # the state directory's lock, before anything is applied
+    except BaseException:
+        platform.store.close()
+        raise
     if files:
         platform.store.apply_many(files)
     stop = asyncio.Event()

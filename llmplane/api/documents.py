@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from llmplane.api import safe_yaml
 from llmplane.api.base import Resource, join_path
 from llmplane.api.legacy import upgrade_legacy_fields
 from llmplane.api.registry import KINDS
@@ -206,11 +207,9 @@ def parse_document(doc: Any, where: str = "") -> tuple[Resource, list[str]]:
 def parse_text(text: str, source: str = "<stdin>") -> Parsed:
     """All documents in a YAML or JSON text; any invalid document fails the whole text."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in safe_yaml.load_all(text) if d is not None]
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(err, "problem", None) or str(err)
+        where, problem = safe_yaml.describe(err, source)
         raise InvalidResources([f"{where}: invalid YAML: {problem}"]) from None
     parsed = Parsed()
     errors: list[str] = []

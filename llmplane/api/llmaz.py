@@ -15,12 +15,17 @@ LLMAZ_GROUP = "llmaz.io"
 
 # llmaz's protocols plus llmplane's `package://` (a file shipped in an installed Python package).
 URI_PROTOCOLS = ("host", "ollama", "oss", "s3", "gcs", "package")
-_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.+)$")
+_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.+)")  # fullmatch: no trailing newline
+# ollama's model names: [host[:port]/][namespace/]model[:tag] (its server's name grammar).
+_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+OLLAMA_MODEL = re.compile(
+    rf"(?:{_PART}(?::[0-9]{{1,5}})?/)?(?:{_PART}/)?{_PART}(?::[A-Za-z0-9_][A-Za-z0-9._-]{{0,127}})?"
+)
 
 
 def split_uri(uri: str) -> tuple[str, str]:
     """``(protocol in lower case, address)``; raises ValueError naming the rule."""
-    match = _URI.match(uri)
+    match = _URI.fullmatch(uri)
     if not match:
         raise ValueError(f"{uri!r} must have the form protocol://address")
     proto, address = match.group(1).lower(), match.group(2)
@@ -35,6 +40,12 @@ def split_uri(uri: str) -> tuple[str, str]:
         bucket, _, path = address.partition("/")
         if not bucket or not path:
             raise ValueError(f"{uri!r}: {proto} address must be bucket/path")
+    elif proto == "ollama":
+        if not OLLAMA_MODEL.fullmatch(address) or len(address) > 255:
+            raise ValueError(
+                f"{uri!r}: ollama address must be a model name as `ollama pull` takes it: "
+                "[host/][namespace/]model[:tag] of letters, digits, '.', '_' and '-'"
+            )
     elif proto == "package":
         package, _, path = address.partition("/")
         if not package or not path:

@@ -88,8 +88,9 @@ class Controller:
         for obj in self.store.list(kind):
             try:
                 out.append(cls.model_validate(obj))
-            except Exception as err:  # stored by another version of llmplane
-                log.warning("skipping invalid %s/%s: %s", kind, obj["metadata"]["name"], err)
+            except Exception as err:  # stored by another version of llmplane, or damaged
+                name = (obj.get("metadata") or {}).get("name")
+                log.warning("skipping invalid %s/%s: %s", kind, name, err)
         return out
 
     async def reconcile(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -104,14 +105,38 @@ def served_model_name(model: OpenModel) -> str:
     """The name clients send: the OpenModel name, or the tag for ``ollama://TAG``."""
     uri = model.spec.source.uri
     if uri:
-        proto, address = split_uri(uri)
+        try:
+            proto, address = split_uri(uri)
+        except ValueError as err:  # a row stored before the rule existed
+            raise PlanningError(f"OpenModel/{model.name}: {err}") from None
         if proto == "ollama":
             return address
     return model.name
 
 
-def render(args: list[str], variables: dict[str, str], where: str) -> list[str]:
-    """Substitute ``{{ .Var }}``; an unknown or empty variable is an error naming it."""
+_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
+
+
+def script_index(command: list[str], args: list[str]) -> int | None:
+    """Which of ``args`` a shell runs as its script when the command is ``sh -c`` (or bash,
+    ...), else None: values rendered into a script must be quoted, everything else is argv."""
+    if not command or command[0].rsplit("/", 1)[-1] not in _SHELLS:
+        return None
+    line = [*command[1:], *args]
+    if "-c" not in line:
+        return None
+    position = line.index("-c") + 1 - (len(command) - 1)
+    return position if 0 <= position < len(args) else None
+
+
+def render(
+    args: list[str], variables: dict[str, str], where: str, script: int | None = None
+) -> list[str]:
+    """Substitute ``{{ .Var }}``; an unknown or empty variable is an error naming it.
+
+    In ``args[script]`` (a shell script) every value is shell-quoted, so nothing a resource
+    holds can become shell syntax; elsewhere values stay single argv entries untouched.
+    """
 
     def substitute(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -125,7 +150,13 @@ def render(args: list[str], variables: dict[str, str], where: str) -> list[str]:
             raise PlanningError(f"{where}: template variable {{{{ .{name} }}}} is empty")
         return value
 
-    return [_VARIABLE.sub(substitute, arg) for arg in args]
+    def quoted(match: re.Match[str]) -> str:
+        return shlex.quote(substitute(match))
+
+    return [
+        _VARIABLE.sub(quoted if index == script else substitute, arg)
+        for index, arg in enumerate(args)
+    ]
 
 
 def select_flavors(model: OpenModel, wanted: list[str] | None) -> list[Any]:
@@ -202,7 +233,10 @@ def service_for_playground(inputs: Inputs, locate: Locator) -> Service:
             variables[key] = params[key]
     runtime_config = pg.spec.backend_runtime_config
     where = f"BackendRuntime/{backend.name} recommendedConfig {cfg_name!r}"
-    args = render(list(config.args or []), variables, where)
+    config_args = list(config.args or [])
+    script = script_index(list(backend.spec.command or []), config_args)
+    args = render(config_args, variables, where, script)
+    # The Playground's args come after the script: a shell's positional parameters, not code.
     args += render(list(runtime_config.args or []), variables, f"Playground/{pg.name} args")
 
     envs: dict[str, dict[str, Any]] = {}

@@ -17,7 +17,8 @@ import sys
 from typing import Any
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The llama-server flags the shim understands (others are accepted and ignored)."""
     p = argparse.ArgumentParser(prog="llamacpp_server", description=__doc__)
     p.add_argument("-m", "--model", required=True)
     p.add_argument("-a", "--alias")
@@ -32,7 +33,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--draft-min", type=int, default=5)
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--seed", type=int)
-    return p.parse_known_args(argv)[0]
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_known_args(argv)[0]
 
 
 def build_app(args: argparse.Namespace) -> Any:

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from llmplane.api import safe_yaml
+
 
 @dataclass
 class GatewayConfig:
@@ -94,7 +96,7 @@ def load_config(path: str | Path | None) -> GatewayConfig:
     if path is None:
         return GatewayConfig()
     with open(path) as f:
-        doc = yaml.safe_load(f)
+        doc = safe_yaml.load(f)
     if doc is not None and not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a mapping (an EndpointPickerConfig)")
     return config_from_dict(doc)
@@ -115,7 +117,8 @@ def load_checked(path: str | Path) -> GatewayConfig:
     except OSError as e:
         raise ConfigFileError(f"{path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
-        raise ConfigFileError(f"{path}: not valid YAML: {e}") from None
+        where, problem = safe_yaml.describe(e, str(path))
+        raise ConfigFileError(f"{where}: not valid YAML: {problem}") from None
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ConfigFileError(f"{path}: invalid gateway config: {e}") from None
     return config

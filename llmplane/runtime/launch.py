@@ -23,6 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 LOCAL_HOST = "127.0.0.1"
+_HOST_FLAGS = ("--host", "--hostname")  # the second is text-generation-inference's
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Interpreter names that mean "a Python", not a particular one: a local command starting with one
@@ -52,28 +53,28 @@ def free_port(preferred: int | None = None) -> int:
 def rewrite_argv(argv: Sequence[str], port: int) -> list[str]:
     """Point the engine's ``--port`` at ``port`` and its ``--host`` at 127.0.0.1.
 
-    ``--port X`` / ``--port=X`` become the replica's port and ``--host X`` / ``--host=X`` become
-    127.0.0.1. When the command has no ``--port`` flag at all, ``--port N --host 127.0.0.1`` is
-    appended (only ``--port N`` if it already names a ``--host``). A command that names a port but
-    no host is left binding wherever the engine binds by default: not every engine spells the
-    flag ``--host`` (text-generation-inference uses ``--hostname``).
+    ``--port X`` / ``--port=X`` become the replica's port and ``--host X`` / ``--host=X`` (or
+    text-generation-inference's ``--hostname``) become 127.0.0.1. When the command has no
+    ``--port`` flag at all, ``--port N --host 127.0.0.1`` is appended (only ``--port N`` if it
+    already names a host). A command that names a port but no host is left binding wherever the
+    engine binds by default: engines spell that flag differently.
     """
     out: list[str] = []
     has_port = has_host = False
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--port", "--host"):
+        if arg in ("--port", *_HOST_FLAGS):
             out += [arg, str(port) if arg == "--port" else LOCAL_HOST]
             has_port |= arg == "--port"
-            has_host |= arg == "--host"
+            has_host |= arg in _HOST_FLAGS
             i += 2  # skip the old value (if the flag is the last word, there is none)
             continue
         if arg.startswith("--port="):
             out.append(f"--port={port}")
             has_port = True
-        elif arg.startswith("--host="):
-            out.append(f"--host={LOCAL_HOST}")
+        elif arg.startswith(tuple(f"{f}=" for f in _HOST_FLAGS)):
+            out.append(f"{arg.split('=', 1)[0]}={LOCAL_HOST}")
             has_host = True
         else:
             out.append(arg)

@@ -30,6 +30,10 @@ from llmplane.runtime.workload import Workload
 log = logging.getLogger(__name__)
 
 
+class StateDirInUse(RuntimeError):
+    """Another runtime holds the state directory's lock (one ``up`` per state directory)."""
+
+
 class LocalRuntime:
     """Supervised local engine processes for every workload of one ``llmplane up``.
 
@@ -88,8 +92,9 @@ class LocalRuntime:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise RuntimeError(
-                f"another llmplane runtime is using {self.state_dir}; stop it first"
+            raise StateDirInUse(
+                f"another llmplane runtime is running with the state directory {self.state_dir}: "
+                "stop it first, or pass --state-dir DIR"
             ) from None
         self._lock_file = lock
         leftovers = await kill_leftovers(self.table.load(), self.stop_timeout)

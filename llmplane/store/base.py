@@ -48,6 +48,14 @@ class InvalidObject(StoreError, ValueError):
     """The dict is not a storable object (missing kind or metadata.name, wrong types)."""
 
 
+class CorruptObject(StoreError):
+    """A stored row is not a readable object (damaged file, hand edits, a foreign writer).
+
+    Lists skip such rows (and report them); reading one by name raises this; deleting it or
+    applying the object again replaces it.
+    """
+
+
 class Expired(StoreError):
     """A watch asked to resume from a resourceVersion whose events were already compacted.
 

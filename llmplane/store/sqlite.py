@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -38,6 +39,7 @@ import orjson
 from llmplane.store.base import (
     SERVER_FIELDS,
     Conflict,
+    CorruptObject,
     Expired,
     InvalidObject,
     LabelSelector,
@@ -79,6 +81,30 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
            )""",
     ),
 }
+
+
+log = logging.getLogger("llmplane.store")
+
+
+def decode(body: str | bytes, key: tuple[str, str, str]) -> dict[str, Any]:
+    """A stored row as an object; ``CorruptObject`` naming it by kind/name when it is not one."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        problem = f"not JSON ({e})"
+    else:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict):
+            problem = "no metadata mapping"
+        elif meta.get("name") != key[2] or not isinstance(meta.get("resourceVersion"), str):
+            problem = "metadata.name or metadata.resourceVersion is missing or wrong"
+        else:
+            return obj
+    kind, namespace, name = key
+    raise CorruptObject(
+        f"{ref(kind, name, namespace)}: the stored object is corrupt: {problem}; delete it "
+        f"(llmplane delete {kind} {name}) or apply it again"
+    )
 
 
 def now_rfc3339() -> str:
@@ -150,6 +176,7 @@ class SQLiteStore:
         self.max_event_age = max_event_age
         self.compact_every = max(1, compact_every)
         self._lock = threading.RLock()
+        self._reported: set[tuple[str, str, str, int]] = set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._key = os.path.realpath(self.path)
         self._conn: sqlite3.Connection | None = self._connect()
@@ -302,7 +329,17 @@ class SQLiteStore:
         row = conn.execute(
             "SELECT object FROM objects WHERE kind = ? AND namespace = ? AND name = ?", key
         ).fetchone()
-        return orjson.loads(row[0]) if row else None
+        return decode(row[0], key) if row else None
+
+    def _load_or_none(
+        self, conn: sqlite3.Connection, key: tuple[str, str, str]
+    ) -> dict[str, Any] | None:
+        """As ``_load``, but a corrupt row counts as absent: writing over it repairs it."""
+        try:
+            return self._load(conn, key)
+        except CorruptObject as e:
+            log.warning("replacing %s", e)
+            return None
 
     # --- writes -------------------------------------------------------------------------------
 
@@ -314,7 +351,7 @@ class SQLiteStore:
         kind, namespace, name = key
         obj = _copy(obj)
         meta_in: dict[str, Any] = obj["metadata"]
-        current = self._load(conn, key)
+        current = self._load_or_none(conn, key)
         given_rv = meta_in.get("resourceVersion")
         if given_rv not in (None, ""):
             if current is None:
@@ -391,9 +428,16 @@ class SQLiteStore:
     def delete(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         key = (kind, namespace or "", name)
         with self._write() as conn:
-            current = self._load(conn, key)
-            if current is None:
+            exists = conn.execute(
+                "SELECT 1 FROM objects WHERE kind = ? AND namespace = ? AND name = ?", key
+            ).fetchone()
+            if exists is None:
                 return None
+            current = self._load_or_none(conn, key)
+            if current is None:  # a corrupt row: its tombstone carries what is known
+                current = {"kind": kind, "metadata": {"name": name}}
+                if namespace:
+                    current["metadata"]["namespace"] = namespace
             current["metadata"]["resourceVersion"] = str(self._next_rv(conn))
             self._record(conn, "DELETED", key, current)
         _notify(self._key)
@@ -453,18 +497,44 @@ class SQLiteStore:
         label_selector: LabelSelector = None,
     ) -> list[dict[str, Any]]:
         selector = as_selector(label_selector)
+        out = []
+        for obj in self._rows(kind, namespace):
+            if isinstance(obj, CorruptObject):
+                continue
+            if selector.matches(obj["metadata"].get("labels")):
+                out.append(obj)
+        return out
+
+    def corrupt(self, kind: str | None = None, namespace: str | None = None) -> list[str]:
+        """What ``list`` skipped: one message per corrupt row, naming it by kind/name."""
+        return [str(o) for o in self._rows(kind, namespace) if isinstance(o, CorruptObject)]
+
+    def _rows(
+        self, kind: str | None, namespace: str | None
+    ) -> Iterator[dict[str, Any] | CorruptObject]:
         where, params = self._filters(kind, namespace)
         with self._lock:
             rows = (
                 self._db()
                 .execute(
-                    f"SELECT object FROM objects WHERE 1{where} ORDER BY namespace, name, kind",
+                    "SELECT kind, namespace, name, rv, object FROM objects "
+                    f"WHERE 1{where} ORDER BY namespace, name, kind",
                     params,
                 )
                 .fetchall()
             )
-        objects = (orjson.loads(r[0]) for r in rows)
-        return [o for o in objects if selector.matches(o["metadata"].get("labels"))]
+        for row_kind, row_ns, row_name, rv, body in rows:
+            try:
+                yield decode(body, (row_kind, row_ns, row_name))
+            except CorruptObject as e:
+                self._report(e, (row_kind, row_ns, row_name, rv))
+                yield e
+
+    def _report(self, error: CorruptObject, row: tuple[str, str, str, int]) -> None:
+        """Log a corrupt row once per version of it, not on every list."""
+        if row not in self._reported:
+            self._reported.add(row)
+            log.warning("skipping %s", error)
 
     def resource_version(self) -> str:
         """The store's current (highest) resourceVersion."""
@@ -497,12 +567,20 @@ class SQLiteStore:
                 with self._read(conn):
                     after = self._counter(conn, "rv")
                     rows = conn.execute(
-                        f"SELECT object FROM objects WHERE 1{where} ORDER BY rv", params
+                        "SELECT kind, namespace, name, rv, object FROM objects "
+                        f"WHERE 1{where} ORDER BY rv",
+                        params,
                     ).fetchall()
                 # Ordered by resourceVersion, so resuming from any yielded object's
                 # resourceVersion misses nothing.
-                for (body,) in rows:
-                    yield WatchEvent("ADDED", orjson.loads(body))
+                for row_kind, row_ns, row_name, rv, body in rows:
+                    key = (row_kind, row_ns, row_name)
+                    try:
+                        obj = decode(body, key)
+                    except CorruptObject as e:
+                        self._report(e, (*key, rv))
+                        continue
+                    yield WatchEvent("ADDED", obj)
                 del rows
             while True:
                 waiter.event.clear()
@@ -520,13 +598,18 @@ class SQLiteStore:
                             f"({head}); it was probably recreated; watch again without since"
                         )
                     rows = conn.execute(
-                        "SELECT rv, type, object FROM events WHERE rv > ? AND rv <= ?"
-                        f"{where} ORDER BY rv LIMIT ?",
+                        "SELECT rv, type, kind, namespace, name, object FROM events "
+                        f"WHERE rv > ? AND rv <= ?{where} ORDER BY rv LIMIT ?",
                         [after, head, *params, batch],
                     ).fetchall()
                 after = rows[-1][0] if len(rows) == batch else head
-                for _rv, event_type, body in rows:
-                    yield WatchEvent(event_type, orjson.loads(body))
+                for rv, event_type, *key, body in rows:
+                    try:
+                        obj = decode(body, tuple(key))  # type: ignore[arg-type]
+                    except CorruptObject as e:
+                        self._report(e, (*key, rv))  # type: ignore[arg-type]
+                        continue
+                    yield WatchEvent(event_type, obj)
                 if len(rows) == batch:
                     continue
                 with contextlib.suppress(TimeoutError):

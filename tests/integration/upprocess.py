@@ -44,7 +44,7 @@ class Up:
     """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure.
 
     ``command`` replaces ``python -m llmplane.cli`` (e.g. the installed ``llmplane`` script);
-    ``env`` replaces the environment.
+    ``env`` replaces the environment; ``port`` asks for a port (0: any free one).
     """
 
     def __init__(
@@ -53,11 +53,13 @@ class Up:
         *files: str,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
+        port: int = 0,
     ):
         self.state_dir = state_dir
         self.files = files
         self.command = command or [sys.executable, "-m", "llmplane.cli"]
         self.env = env
+        self.requested_port = port
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
         self.output: list[str] = []
@@ -68,7 +70,7 @@ class Up:
             *self.command,
             "up",
             "--port",
-            "0",
+            str(self.requested_port),
             "--state-dir",
             str(self.state_dir),
         ]

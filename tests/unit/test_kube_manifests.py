@@ -11,6 +11,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
@@ -108,7 +109,7 @@ def test_opt_125m_matches_llmaz() -> None:
     assert labels["llmaz.io/model-family-name"] == "opt"
     assert pod["metadata"]["annotations"]["llmaz.io/inference-service-flavors"] == "default"
     runner = _runner(pod)
-    assert runner["image"] == "vllm/vllm-openai:v0.8.5"
+    assert runner["image"] == "vllm/vllm-openai:v0.32.0"
     assert runner["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert runner["args"][:4] == [
         "--model",
@@ -310,7 +311,8 @@ def test_speculative_decoding_has_one_loader_per_model() -> None:
         "AWS_SECRET_ACCESS_KEY": "aws-access-secret",
     }
     args = _runner(pod)["args"]
-    assert args[args.index("--speculative_model") + 1] == "/workspace/models/s3/models/llama3.2-1b"
+    spec = orjson.loads(args[args.index("--speculative-config") + 1])
+    assert spec["model"] == "/workspace/models/s3/models/llama3.2-1b"
     # One emptyDir shared by both loaders.
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["model-volume"]
 

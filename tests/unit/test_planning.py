@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from llmplane.api.documents import parse_document
@@ -81,7 +82,7 @@ def test_default_config_renders_model_path_and_name() -> None:
         "--port",
         "8080",
     ]
-    assert c["image"] == "vllm/vllm-openai:v0.8.5"
+    assert c["image"] == "vllm/vllm-openai:v0.32.0"
 
 
 def test_config_name_inference() -> None:
@@ -97,8 +98,12 @@ def test_speculative_decoding_renders_the_draft_path() -> None:
     claims = {"models": [{"name": "llama3-8b"}, {"name": "llama3-1b", "role": "draft"}]}
     pg = playground(modelClaim=None, modelClaims=claims)
     c = container(service(pg, model(), model("llama3-1b")))
-    assert "--speculative_model" in c["args"]
-    assert c["args"][c["args"].index("--speculative_model") + 1] == "/models/llama3-1b"
+    spec = orjson.loads(c["args"][c["args"].index("--speculative-config") + 1])
+    assert spec == {
+        "method": "draft_model",
+        "model": "/models/llama3-1b",
+        "num_speculative_tokens": 5,
+    }
 
 
 def test_playground_args_are_appended_and_rendered() -> None:

@@ -34,6 +34,31 @@ from llmplane.runtime.probes import parse_running_requests, schedule
             ["python3", "-m", "sglang.launch_server", "--port=8080", "--host=0.0.0.0"],
             ["python3", "-m", "sglang.launch_server", "--port=4321", "--host=127.0.0.1"],
         ),
+        # TGI names its host flag --hostname
+        (
+            [
+                "text-generation-launcher",
+                "--model-id",
+                "m",
+                "--hostname",
+                "0.0.0.0",
+                "--port",
+                "8080",
+            ],
+            [
+                "text-generation-launcher",
+                "--model-id",
+                "m",
+                "--hostname",
+                "127.0.0.1",
+                "--port",
+                "4321",
+            ],
+        ),
+        (
+            ["text-generation-launcher", "--hostname=0.0.0.0"],
+            ["text-generation-launcher", "--hostname=127.0.0.1", "--port", "4321"],
+        ),
         # no --port: both appended
         (
             ["llama-server", "-m", "x.gguf"],
@@ -41,10 +66,10 @@ from llmplane.runtime.probes import parse_running_requests, schedule
         ),
         # --host but no --port: only the port appended
         (["e", "--host", "::"], ["e", "--host", "127.0.0.1", "--port", "4321"]),
-        # --port but no --host: left alone (TGI spells it --hostname)
+        # --port but no host flag: left alone (an engine's own flag we do not know)
         (
-            ["text-generation-launcher", "--port", "8080", "--hostname", "0.0.0.0"],
-            ["text-generation-launcher", "--port", "4321", "--hostname", "0.0.0.0"],
+            ["e", "--port", "8080", "--bind", "0.0.0.0"],
+            ["e", "--port", "4321", "--bind", "0.0.0.0"],
         ),
         # a trailing flag without a value still gets one
         (["e", "--port"], ["e", "--port", "4321"]),

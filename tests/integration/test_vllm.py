@@ -1,0 +1,306 @@
+"""Real vLLM (the CPU build) behind ``llmplane up`` with ``backendName: vllm``.
+
+One ``llmplane up`` serves the whole module (vLLM's cold start is most of the cost): a Playground
+of two replicas of a tiny random Llama built offline (``llmplane.testing.tiny_model``), with a
+draft model (the built-in's speculative-decoding config) and a LoRA adapter. The tests run in file
+order; the last one stops ``up`` with SIGTERM and checks that no vLLM process survives.
+
+vLLM is installed by ``.ci/run`` (``scripts/install-vllm-cpu.sh``); without it these tests fail
+under CI and are skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from llmplane.runtime.launch import module_exists
+from llmplane.testing.tiny_model import build_lora_adapter, build_tiny_llama, corpus
+from tests.integration.upprocess import Up, alive, condition, http, status, wait_for
+
+if not module_exists("vllm"):
+    if os.environ.get("CI"):
+        raise RuntimeError("vLLM is not installed: .ci/run runs scripts/install-vllm-cpu.sh")
+    pytest.skip("vLLM is not installed (scripts/install-vllm-cpu.sh)", allow_module_level=True)
+
+NAME = "tiny-llama"
+ENGINE_START = 420  # two cold vLLM starts on a shared 2-core machine
+
+
+def playground_yaml(models: Path, replicas: int = 2) -> str:
+    args = [
+        "--dtype", "bfloat16",
+        "--max-model-len", "512",
+        "--max-num-seqs", "2",  # so concurrent requests queue (the gateway must see it)
+        "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
+        "--lora-modules", f"a1={models / 'lora-a1'}",
+    ]  # fmt: skip
+    envs = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    }
+    return f"""
+apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {{name: {NAME}}}
+spec:
+  familyName: llama
+  source: {{uri: "host://{models / "main"}"}}
+---
+apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {{name: tiny-draft}}
+spec:
+  familyName: llama
+  source: {{uri: "host://{models / "draft"}"}}
+---
+apiVersion: inference.llmaz.io/v1alpha1
+kind: Playground
+metadata: {{name: {NAME}}}
+spec:
+  replicas: {replicas}
+  modelClaims:
+    models:
+      - {{name: {NAME}, role: main}}
+      - {{name: tiny-draft, role: draft}}
+  backendRuntimeConfig:
+    backendName: vllm
+    args: {json.dumps(args)}
+    envs: {json.dumps([{"name": k, "value": v} for k, v in envs.items()])}
+"""
+
+
+class Fleet:
+    def __init__(self, up: Up, ready_after: float) -> None:
+        self.up = up
+        self.ready_after = ready_after
+
+    @property
+    def state(self) -> Path:
+        return self.up.state_dir
+
+    def replica_addresses(self) -> list[str]:
+        """The endpoints the gateway routes to (its /metrics lists each one)."""
+        return sorted(gateway_metric(self.up.url, "llmplane_gateway_endpoint_inflight"))
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("vllm")
+    models = root / "models"
+    main = build_tiny_llama(models / "main")
+    build_tiny_llama(models / "draft", layers=1, seed=3)
+    build_lora_adapter(models / "lora-a1", main)
+    (root / "fleet.yaml").write_text(playground_yaml(models))
+    up = Up(root / "state", str(root / "fleet.yaml"))
+    started = time.monotonic()
+    try:
+        up.start()
+        try:
+            wait_for(
+                lambda: (
+                    condition(up.state_dir, "Playground", NAME, "Available").get("status") == "True"
+                    and status(up.state_dir, "Playground", NAME).get("readyReplicas") == 2
+                ),
+                ENGINE_START,
+                every=1,
+                what="both vLLM replicas ready",
+            )
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nreplica 0 log:\n{_log_tail(up)}") from None
+        fleet = Fleet(up, time.monotonic() - started)
+        wait_for(lambda: len(fleet.replica_addresses()) == 2, 30, what="two gateway endpoints")
+        print(f"vLLM fleet ready after {fleet.ready_after:.1f}s")
+        yield fleet
+    finally:
+        up.kill_everything()
+
+
+def _log_tail(up: Up) -> str:
+    path = up.state_dir / "logs" / "default" / NAME / "replica-0.log"
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+    except OSError:
+        return "(none)"
+
+
+def engine_metric(address: str, name: str) -> float:
+    """Sum of a metric's samples on one vLLM replica's own /metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+    values = [float(v) for v in pattern.findall(text)]
+    assert values, f"{name} not in {address}/metrics"
+    return sum(values)
+
+
+def gateway_metric(url: str, name: str) -> dict[str, float]:
+    """The gateway's own /metrics: ``name``'s value per endpoint label."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(rf'^{re.escape(name)}{{endpoint="([^"]+)"}} (\S+)$', text, re.M)
+    }
+
+
+def completion(url: str, prompt: str, max_tokens: int = 8, model: str = NAME):
+    return http(
+        f"{url}/v1/completions",
+        {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
+    )
+
+
+def test_playground_of_two_vllm_replicas_becomes_ready(fleet: Fleet) -> None:
+    st = status(fleet.state, "Playground", NAME)
+    assert st["replicas"] == 2 and st["readyReplicas"] == 2
+    addresses = fleet.replica_addresses()
+    assert len(set(addresses)) == 2
+    for address in addresses:  # really vLLM, with the draft model loaded
+        assert engine_metric(address, "vllm:num_requests_running") == 0
+
+
+def test_chat_completions_and_streaming_with_usage_through_the_gateway(fleet: Fleet) -> None:
+    url = fleet.up.url
+    code, headers, body = http(
+        f"{url}/v1/chat/completions",
+        {
+            "model": NAME,
+            "messages": [{"role": "user", "content": "hello world"}],
+            "max_tokens": 12,
+            "ignore_eos": True,
+        },
+    )
+    assert code == 200, body
+    assert body["model"] == NAME and body["object"] == "chat.completion"
+    assert body["usage"]["completion_tokens"] == 12 and body["usage"]["prompt_tokens"] > 2
+    assert headers.get("x-llmplane-endpoint") in fleet.replica_addresses()
+
+    code, _, body = completion(url, "the model serves a token", 7)
+    assert code == 200, body
+    assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] == 7
+
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=orjson.dumps(
+            {
+                "model": NAME,
+                "messages": [{"role": "user", "content": "stream please"}],
+                "max_tokens": 10,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ),
+        headers={"content-type": "application/json"},
+    )
+    chunks = []
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp:
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                chunks.append(orjson.loads(line[6:]))
+    deltas = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(deltas) >= 2, chunks
+    assert chunks[-1]["usage"]["completion_tokens"] == 10
+
+
+def test_gateway_sees_vllms_queue_and_kv_cache_under_load(fleet: Fleet) -> None:
+    url = fleet.up.url
+    peak_waiting: dict[str, float] = {}
+    peak_kv: dict[str, float] = {}
+    results: list[int] = []
+
+    def one(i: int) -> None:
+        code, _, _ = completion(url, f"{' '.join(corpus(1, seed=100 + i))}", 48)
+        results.append(code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        for address, value in gateway_metric(url, "llmplane_gateway_endpoint_waiting").items():
+            peak_waiting[address] = max(peak_waiting.get(address, 0.0), value)
+        for address, value in gateway_metric(url, "llmplane_gateway_endpoint_kv_usage").items():
+            peak_kv[address] = max(peak_kv.get(address, 0.0), value)
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert results == [200] * 10
+    # vLLM runs two sequences at a time (--max-num-seqs 2): the rest wait in its queue, and the
+    # gateway reads that (and the KV blocks they hold) from vLLM's own /metrics.
+    assert max(peak_waiting.values(), default=0) >= 1, peak_waiting
+    assert max(peak_kv.values(), default=0) > 0, peak_kv
+    assert set(peak_waiting) == set(fleet.replica_addresses())
+
+
+def test_shared_prefixes_stick_to_one_replica_and_hit_vllms_prefix_cache(fleet: Fleet) -> None:
+    url = fleet.up.url
+    # ~300 tokens: two of vLLM's 128-token CPU blocks, far beyond the gateway's 64-byte blocks.
+    prefix = " ".join(" ".join(corpus(40, seed=7)).split()[:300])
+    addresses = fleet.replica_addresses()
+    before = {a: engine_metric(a, "vllm:prefix_cache_hits_total") for a in addresses}
+    served = []
+    for i in range(6):
+        code, headers, body = completion(url, f"{prefix} question {i}", 2)
+        assert code == 200, body
+        served.append(headers["x-llmplane-endpoint"])
+    assert len(set(served)) == 1, served
+    after = {a: engine_metric(a, "vllm:prefix_cache_hits_total") for a in addresses}
+    # The five requests after the first each reuse at least two cached blocks.
+    assert after[served[0]] - before[served[0]] >= 5 * 128, (before, after)
+
+
+def test_speculative_decoding_with_the_draft_model(fleet: Fleet) -> None:
+    url = fleet.up.url
+    addresses = fleet.replica_addresses()
+    before = sum(engine_metric(a, "vllm:spec_decode_num_drafts_total") for a in addresses)
+    code, _, body = completion(url, "draft tokens please", 16)
+    assert code == 200, body
+    after = sum(engine_metric(a, "vllm:spec_decode_num_drafts_total") for a in addresses)
+    assert after > before
+
+
+def test_sigterm_leaves_no_vllm_process(fleet: Fleet) -> None:
+    up = fleet.up
+    engines = up.engine_pids()
+    assert len(engines) == 2
+    tree = set(engines)
+    for pid in engines:
+        tree |= _descendants(pid)
+    assert len(tree) > len(engines), "vLLM's engine-core children were not found"
+    assert up.stop(signal.SIGTERM) == 0
+    wait_for(lambda: not any(alive(p) for p in tree), 30, what="every vLLM process to exit")
+    assert not up.engine_pids()
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
