@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -78,6 +79,9 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
+        # Extra GET pages with their own lifecycle (the web console): routes() -> {(method,
+        # path): handler} added beside the API's, start() / close() with the gateway.
+        self.extensions: list[Any] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -93,6 +97,8 @@ class Gateway:
             start = getattr(source, "start", None)
             if start is not None and asyncio.iscoroutinefunction(start):
                 await start()
+        for extension in self.extensions:
+            await extension.start()
         self.http = HttpServer(
             routes(self),
             self.not_found,
@@ -114,6 +120,8 @@ class Gateway:
         if self.http is not None:
             await self.http.close(self.config.shutdown_grace)
             self.http = None
+        for extension in self.extensions:
+            await extension.close()
         if self._follower is not None:
             await self._follower.close()
         for source in self._discovery_sources():
@@ -315,6 +323,9 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
     table[("GET", "/v1/models")] = gateway.models
     table[("GET", "/health")] = gateway.health
     table[("GET", "/metrics")] = gateway.prometheus
+    for extension in gateway.extensions:
+        for key, handler in extension.routes().items():
+            table.setdefault(key, handler)  # never in place of the API's own
     return table
 
 
@@ -324,9 +335,12 @@ async def start_gateway(
     host: str = "127.0.0.1",
     port: int = 0,
     config: GatewayConfig | None = None,
+    extensions: Sequence[Callable[[Gateway], Any]] = (),
 ) -> Gateway:
-    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``)."""
+    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
+    ``extensions`` made from it (``llmplane.console.Console``)."""
     gateway = Gateway(store, discovery, config)
+    gateway.extensions = [make(gateway) for make in extensions]
     try:
         await gateway.start(host, port)
     except BaseException:
