@@ -125,6 +125,11 @@ def test_console_chat_fleet_scale_logs_resources(up: Up, browser: Browser, tmp_p
         "chat shown with 2/2 ready after scaling",
         timeout=60,
     )
+    # ``up`` itself (no terminal: plain lines) said so too.
+    wait_for(
+        lambda: "playground default/chat: 2/2 replicas ready\n" in up.output,
+        what="up's status line for the scaled Playground",
+    )
     rows = d.find_elements(
         By.CSS_SELECTOR, '[data-workload="default/chat"] table.replicas tbody tr'
     )
