@@ -315,6 +315,9 @@ def test_model_load_failure_shows_on_the_model_and_the_playground(
         what="Playground shows the cause",
     )
     assert "failed to load" in pg["message"]
+    # The planning error is the Service's Progressing=False, as under the operator.
+    svc = condition(state, "Service", "tiny", "Progressing")
+    assert (svc["status"], svc["reason"]) == ("False", "NotFound")
     assert not up.engine_pids()  # nothing starts without its model
 
 
