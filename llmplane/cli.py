@@ -436,11 +436,15 @@ def up(
         logging.getLogger("llmplane.gateway.access").setLevel(logging.WARNING)
 
     def ready(platform: Any) -> None:
+        from llmplane.upstatus import UpStatus
+
         err.print(
             f"[bold green]llmplane is up[/]: OpenAI API at http://{host}:{platform.port}/v1 "
             f"(state in {directory}). Ctrl-C stops it.\n"
+            f"  console:   http://{host}:{platform.port}/console/\n"
             f"  watch it:  llmplane get playgrounds --state-dir {directory}"
         )
+        platform.spawn(UpStatus(platform, err).run(), "status")
 
     try:
         import uvloop
@@ -529,7 +533,7 @@ def load_model(ctx: typer.Context) -> None:
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)
 def gateway(ctx: typer.Context) -> None:
     """Run the gateway on its own, routing to registered endpoints (see: llmplane gateway --help)."""
-    from llmplane.gateway.server import main as gateway_main
+    from llmplane.gateway.cli import main as gateway_main
 
     raise typer.Exit(gateway_main(list(ctx.args)))
 

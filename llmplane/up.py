@@ -81,15 +81,25 @@ class Platform:
         install_builtins(self.store)
         await self.runtime.start()
         self._tasks.append(asyncio.create_task(self.controller.run(), name="controller"))
+        from llmplane.console.api import Console
         from llmplane.gateway.discovery import RuntimeDiscovery
         from llmplane.gateway.server import start_gateway
 
         discovery = RuntimeDiscovery(self.runtime)
         self._listeners.append(discovery.notify)
         self.gateway = await start_gateway(
-            self.store, discovery, host=self.host, port=self.port, config=self.gateway_config
+            self.store,
+            discovery,
+            host=self.host,
+            port=self.port,
+            config=self.gateway_config,
+            extensions=[lambda gateway: Console(gateway, self.runtime)],
         )
         self.port = self.gateway.port
+
+    def spawn(self, coroutine: Any, name: str) -> None:
+        """Run ``coroutine`` until the platform stops (``up``'s terminal status)."""
+        self._tasks.append(asyncio.get_running_loop().create_task(coroutine, name=name))
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -44,6 +44,9 @@ class MetricNames:
     running: tuple[bytes, ...] = ()
     kv: tuple[bytes, ...] = ()  # first one present wins (newer name first)
     lora: bytes | None = None
+    # Prefix-cache counters (prompt tokens looked up / found cached), for the console only.
+    prefix_hits: tuple[bytes, ...] = ()
+    prefix_queries: tuple[bytes, ...] = ()
 
 
 VLLM = MetricNames(
@@ -51,6 +54,8 @@ VLLM = MetricNames(
     running=(b"vllm:num_requests_running",),
     kv=(b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
     lora=b"vllm:lora_requests_info",
+    prefix_hits=(b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),
+    prefix_queries=(b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"),
 )
 SGLANG = MetricNames(
     waiting=(b"sglang:num_queue_reqs",),
@@ -144,6 +149,8 @@ class LoadMetrics:
     lora_running: frozenset[str] = frozenset()
     lora_waiting: frozenset[str] = frozenset()
     max_lora: int = 0
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
 
     @property
     def any(self) -> bool:
@@ -173,6 +180,9 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
                 with contextlib.suppress(ValueError):
                     m.max_lora = int(float(fields.get(b"max_lora", b"0") or 0))
         if m.any:
+            if table.prefix_queries:
+                m.prefix_hits = _sum(body, table.prefix_hits)
+                m.prefix_queries = _sum(body, table.prefix_queries)
             return m
     return LoadMetrics()
 
@@ -185,6 +195,9 @@ def apply_metrics(state: EndpointState, m: LoadMetrics, now: float) -> None:
     state.lora_running = m.lora_running
     state.lora_waiting = m.lora_waiting
     state.max_lora = m.max_lora
+    if m.prefix_queries is not None:
+        state.prefix_hits = m.prefix_hits or 0.0
+        state.prefix_queries = m.prefix_queries
     state.has_load_metrics = m.any
     state.scraped_at = now if m.any else 0.0
     state.inflight_at_scrape = state.inflight

@@ -44,7 +44,8 @@ class Up:
     """``llmplane up --port 0`` in its own process group; ``stop()`` also runs on test failure.
 
     ``command`` replaces ``python -m llmplane.cli`` (e.g. the installed ``llmplane`` script);
-    ``env`` replaces the environment; ``port`` asks for a port (0: any free one).
+    ``env`` replaces the environment; ``port`` asks for a port (0: any free one); ``args``
+    are more ``up`` options (``--gateway-config``).
     """
 
     def __init__(
@@ -54,12 +55,14 @@ class Up:
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
         port: int = 0,
+        args: tuple[str, ...] = (),
     ):
         self.state_dir = state_dir
         self.files = files
         self.command = command or [sys.executable, "-m", "llmplane.cli"]
         self.env = env
         self.requested_port = port
+        self.args = args
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
         self.output: list[str] = []
@@ -76,6 +79,7 @@ class Up:
         ]
         for f in self.files:
             args += ["-f", f]
+        args += self.args
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.PIPE,
