@@ -121,7 +121,7 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
         out.print(f"{_type_name(type(r))}/{r.name} {verb}")
 
 
-def _get_or_none(store: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+def _get_or_none(store: Store, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The stored version of ``doc``; a corrupt row counts as none (applying replaces it)."""
     from llmplane.store.base import CorruptObject
 
