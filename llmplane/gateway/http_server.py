@@ -234,9 +234,8 @@ Handler = Callable[[HttpRequest], Awaitable["Response | StreamResponse"]]
 
 
 def _error(status: int, message: str, code: str) -> Response:
-    body = orjson.dumps(
-        {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-    )
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
     return Response(status=status, body=body, content_type="application/json")
 
 

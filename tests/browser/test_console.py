@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from llmplane.testing import Up, wait_for
 from tests.browser.conftest import Browser
-from tests.integration.upprocess import Up, cli, http, sim_fleet, status, wait_for
+from tests.integration.upcli import cli, http, sim_fleet, status
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """``KubeRuntime`` (the ``Runtime`` on Kubernetes) against the Kubernetes API EMULATOR
-(``llmplane.operator.testing.KubeEmulator``), not an API server: none can run here. The test
+(``llmplane.testing.kube_emulator.KubeEmulator``), not an API server: none can run here. The test
 plays the LeaderWorkerSet controller and the kubelet by writing status.
 """
 
@@ -13,10 +13,10 @@ from llmplane.api.documents import parse_paths
 from llmplane.api.inference import BackendRuntime, Playground
 from llmplane.api.llmaz import OpenModel
 from llmplane.kube.client import KubeClient
-from llmplane.operator.testing import KubeEmulator, pod
 from llmplane.render import builtin_backend_models
 from llmplane.runtime.base import Runtime
 from llmplane.runtime.kube import KubeOptions, KubeRuntime, playground_objects
+from llmplane.testing.kube_emulator import KubeEmulator, pod
 
 pytestmark = pytest.mark.timeout(60)
 

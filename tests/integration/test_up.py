@@ -7,22 +7,13 @@ import shutil
 import signal
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.upprocess import (
-    Up,
-    alive,
-    cli,
-    condition,
-    http,
-    sim_fleet,
-    status,
-    wait_for,
-)
+from llmplane.testing import Processes, Up, always, eventually, wait_for
+from tests.integration.upcli import alive, cli, condition, http, sim_fleet, status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,17 +27,22 @@ def fleet(tmp_path: Path, replicas: int) -> str:
 
 
 @pytest.fixture
-def up_factory(tmp_path: Path) -> Iterator[type]:
-    started: list[Up] = []
+def up_factory(tmp_path: Path, processes: Processes) -> Iterator[type]:
+    """``up_factory(*files, state_dir=None)``: a started ``llmplane up``; every one, and every
+    engine it started, ends with the test."""
 
     def make(*files: str, state_dir: Path | None = None) -> Up:
-        up = Up(state_dir or tmp_path / "state", *files)
-        started.append(up)
-        return up.start()
+        return processes.up(state_dir or tmp_path / "state", *files)
 
     yield make  # type: ignore[misc]
-    for up in started:
-        up.kill_everything()
+
+
+def engine_ports(up: Up) -> list[int]:
+    """The ports of the engines ``up`` runs now (from their recorded command lines)."""
+    import orjson
+
+    data = orjson.loads((up.state_dir / "runtime" / "processes.json").read_bytes())
+    return [int(r["argv"][r["argv"].index("--port") + 1]) for r in data["processes"]]
 
 
 def ready(state_dir: Path, name: str = "tiny") -> bool:
@@ -217,12 +213,23 @@ def test_scale_down_drains_in_flight_requests(tmp_path: Path, up_factory) -> Non
     async def scenario() -> list[tuple[int, str, int]]:
         async with aiohttp.ClientSession() as session:
             tasks = [asyncio.create_task(long_request(session, i)) for i in range(2)]
-            await asyncio.sleep(0.5)  # both are running, one on each replica
+
+            async def running(port: int) -> bool:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+                    text = await r.text()
+                return any(
+                    line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= 1
+                    for line in text.splitlines()
+                )
+
+            async def one_on_each() -> bool:
+                return all([await running(port) for port in engine_ports(up)])
+
+            await eventually(one_on_each, 30, what="a request running on each replica")
             await asyncio.to_thread(cli, "apply", "-f", str(one), state_dir=state)
             return await asyncio.gather(*tasks)
 
     results = asyncio.run(scenario())
-    print("RESULTS", results, up.output[-5:])
     assert {r[1] for r in results} == set(results[0][1:2]) | set(results[1][1:2])
     assert len({r[1] for r in results}) == 2, (
         results
@@ -338,9 +345,16 @@ def test_engine_missing_behind_a_launcher_is_not_a_crash_loop(tmp_path: Path, up
         what="EngineNotInstalled",
     )
     assert "ollama.com/download" in cond["message"]
-    time.sleep(2)
-    assert not up.engine_pids()
-    assert condition(state, "Playground", name, "Available")["reason"] == "EngineNotInstalled"
+    # It stays so: no engine is started again (a crash loop would restart it within the
+    # first back-off, 1 s), and the condition does not flap.
+    always(
+        lambda: (
+            not up.engine_pids()
+            and condition(state, "Playground", name, "Available")["reason"] == "EngineNotInstalled"
+        ),
+        2.0,
+        what="no engine and EngineNotInstalled",
+    )
 
 
 def test_engines_run_with_the_interpreter_running_llmplane(tmp_path: Path, up_factory) -> None:
@@ -359,7 +373,7 @@ def test_engines_run_with_the_interpreter_running_llmplane(tmp_path: Path, up_fa
     state = tmp_path / "state"
     up = Up(state, fleet(tmp_path, 1), command=[str(script)], env=env)
     try:
-        up.start()
+        up.start()  # a failed start stops what it started
         wait_for(lambda: ready(state), 60, what="Playground ready")
         code, _, body = http(
             f"{up.url}/v1/chat/completions",
