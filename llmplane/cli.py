@@ -2,6 +2,10 @@
 
 User mistakes (invalid YAML, unknown kinds, missing objects) print a message and exit 1;
 tracebacks are for bugs only.
+
+Over 500 lines on purpose: it is only the typer app, one short function per command (argument
+parsing, calling the module that does the work, printing), and typer wants them on one ``app``;
+the work itself is in ``store/``, ``up.py``, ``printing.py`` and the subcommands' own modules.
 """
 
 from __future__ import annotations
