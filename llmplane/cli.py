@@ -484,6 +484,8 @@ def logs(
     state_dir: StateDir = None,
 ) -> None:
     """Show (and follow) an engine replica's log."""
+    import contextlib
+    import os
     import time
 
     from llmplane.store.paths import state_dir as resolve_state_dir
@@ -492,8 +494,12 @@ def logs(
     path = resolve_state_dir(state_dir) / "logs" / ns / name / f"replica-{replica}.log"
     if not path.exists():
         fail(f"no log for {target} replica {replica} (looked at {path})")
+    backup = path.with_name(path.name + ".1")  # the part cut off by size rotation
     with path.open("rb") as f:
         lines = f.readlines()
+        if tail < 0 or len(lines) < tail:
+            with contextlib.suppress(OSError):
+                lines = backup.read_bytes().splitlines(keepends=True) + lines
         if tail >= 0:
             lines = lines[-tail:] if tail else []
         sys.stdout.buffer.write(b"".join(lines))
@@ -504,6 +510,8 @@ def logs(
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
             else:
+                if f.tell() > os.fstat(f.fileno()).st_size:
+                    f.seek(0)  # rotated (copied away and truncated): read on from the start
                 time.sleep(0.25)
 
 

@@ -167,6 +167,7 @@ class RoutingTable:
     ] = field(default_factory=dict)
     defaults: dict[str, Backend] = field(default_factory=dict)
     placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
+    failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
 
     def model_names(self) -> list[str]:
@@ -198,9 +199,13 @@ class RoutingTable:
         if backend is not None:
             return Decision(backend.ref, backend, backend.model or model)
         if model in self.placeholders:
+            failing = self.failing.get(model)
             raise GatewayError(
                 503,
-                f"model {model!r} has no ready endpoint yet (its Playground is starting or scaled to zero)",
+                f"model {model!r} has no ready endpoint: {failing}"
+                if failing
+                else f"model {model!r} has no ready endpoint yet (its Playground is starting or "
+                "scaled to zero)",
                 "no_ready_endpoint",
             )
         known = self.model_names()
@@ -265,6 +270,35 @@ def _playground_models(spec: Mapping[str, Any]) -> list[str]:
             if isinstance(m, Mapping) and m.get("name") and m.get("role", "main") == "main"
         ]
     return []
+
+
+# Playground conditions that mean the engine cannot serve until someone acts (see runtime/status.py).
+_FAILING_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "StartupProbeFailed",
+        "LivenessProbeFailed",
+        "EngineNotInstalled",
+        "NoLocalCommand",
+    }
+)
+
+
+def _failing(playground: Mapping[str, Any]) -> str | None:
+    """Why a Playground's engine is failing, from its Available condition; None if it is not."""
+    conditions = (playground.get("status") or {}).get("conditions") or []
+    available = next(
+        (c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Available"), None
+    )
+    if available is None or available.get("reason") not in _FAILING_REASONS:
+        return None
+    meta = playground.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    where = f" -n {namespace}" if namespace != "default" else ""
+    first = str(available.get("message") or "").split("\n", 1)[0]
+    if "llmplane logs" not in first:
+        first += f"; see `llmplane logs pl/{meta.get('name')}{where}`"
+    return f"its engine is failing ({available['reason']}): {first}"
 
 
 def build_table(
@@ -427,9 +461,12 @@ def build_table(
             by_name.setdefault(name, []).append(state)
     profiles: dict[str, str | None] = {}
     for obj in by_kind["Playground"]:
+        failing = _failing(obj)
         for name in _playground_models(obj.get("spec") or {}):
             table.placeholders.add(name)
             profiles.setdefault(name, _profile(obj["metadata"]))
+            if failing:
+                table.failing.setdefault(name, failing)
     for name, members in by_name.items():
         served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
         rewrite = served.pop() if len(served) == 1 else None

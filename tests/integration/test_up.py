@@ -387,3 +387,43 @@ def test_engines_run_with_the_interpreter_running_llmplane(tmp_path: Path, up_fa
         assert os.path.samefile(engine_python, sys.executable)
     finally:
         up.kill_everything()
+
+
+def test_crash_loop_says_the_engine_fails_and_points_at_its_logs(
+    tmp_path: Path, up_factory
+) -> None:
+    # An engine that rejects its arguments (as vLLM did the old --speculative_model) exits at
+    # once: the condition and the gateway's 503 say it is failing, not "starting".
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        sim_fleet("tiny", 1).replace(
+            'args: ["--time-scale", "0.01"]', 'args: ["--no-such-flag", "1"]'
+        )
+    )
+    state = tmp_path / "state"
+    up = up_factory(str(path))
+    cond = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", "tiny", "Available")).get("reason")
+            == "CrashLoopBackOff"
+            and c
+        ),
+        60,
+        what="CrashLoopBackOff",
+    )
+    assert "the engine is failing" in cond["message"]
+    assert "`llmplane logs pl/tiny`" in cond["message"]
+    assert "--no-such-flag" in cond["message"]  # the engine's own complaint, from its log
+
+    def refused() -> tuple[int, dict]:
+        code, _, body = http(
+            f"{up.url}/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 1}
+        )
+        return (code, body) if "failing" in str(body) else None  # type: ignore[return-value]
+
+    code, body = wait_for(refused, 30, what="a 503 saying the engine fails")
+    assert code == 503
+    message = body["error"]["message"]
+    assert "its engine is failing (CrashLoopBackOff)" in message
+    assert "llmplane logs pl/tiny" in message
+    assert "starting or scaled to zero" not in message
