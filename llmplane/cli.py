@@ -2,6 +2,10 @@
 
 User mistakes (invalid YAML, unknown kinds, missing objects) print a message and exit 1;
 tracebacks are for bugs only.
+
+Over 500 lines on purpose: it is only the typer app, one short function per command (argument
+parsing, calling the module that does the work, printing), and typer wants them on one ``app``;
+the work itself is in ``store/``, ``up.py``, ``printing.py`` and the subcommands' own modules.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
         out.print(f"{_type_name(type(r))}/{r.name} {verb}")
 
 
-def _get_or_none(store: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+def _get_or_none(store: Store, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The stored version of ``doc``; a corrupt row counts as none (applying replaces it)."""
     from llmplane.store.base import CorruptObject
 
@@ -480,6 +484,8 @@ def logs(
     state_dir: StateDir = None,
 ) -> None:
     """Show (and follow) an engine replica's log."""
+    import contextlib
+    import os
     import time
 
     from llmplane.store.paths import state_dir as resolve_state_dir
@@ -488,8 +494,12 @@ def logs(
     path = resolve_state_dir(state_dir) / "logs" / ns / name / f"replica-{replica}.log"
     if not path.exists():
         fail(f"no log for {target} replica {replica} (looked at {path})")
+    backup = path.with_name(path.name + ".1")  # the part cut off by size rotation
     with path.open("rb") as f:
         lines = f.readlines()
+        if tail < 0 or len(lines) < tail:
+            with contextlib.suppress(OSError):
+                lines = backup.read_bytes().splitlines(keepends=True) + lines
         if tail >= 0:
             lines = lines[-tail:] if tail else []
         sys.stdout.buffer.write(b"".join(lines))
@@ -500,6 +510,8 @@ def logs(
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
             else:
+                if f.tell() > os.fstat(f.fileno()).st_size:
+                    f.seek(0)  # rotated (copied away and truncated): read on from the start
                 time.sleep(0.25)
 
 

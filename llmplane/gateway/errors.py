@@ -1,4 +1,6 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "code"}}`` with the right status."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the right
+status (``param`` is always there, null unless one request field is at fault, as OpenAI sends
+it)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ _TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
-    500: "internal_error",
+    500: "server_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",
@@ -30,6 +32,7 @@ class GatewayError(Exception):
         *,
         retry_after: float | None = None,
         endpoint: str | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -37,6 +40,7 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.endpoint = endpoint
+        self.param = param
 
     @property
     def type(self) -> str:
@@ -44,7 +48,14 @@ class GatewayError(Exception):
 
     def body(self) -> bytes:
         return orjson.dumps(
-            {"error": {"message": self.message, "type": self.type, "code": self.code}}
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
         )
 
     def response(self) -> Response:

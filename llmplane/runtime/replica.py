@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmplane.controlplane.plan import REPLICA_LABEL, HttpProbe, WorkloadPlan
+from llmplane.controlplane.plan import PLAYGROUND_LABEL, REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
@@ -301,14 +301,14 @@ class Replica:
 
     async def _startup(self, probe: HttpProbe, started: float) -> str | None:
         successes = failures = 0
-        async for _ in probes.schedule(probe, started, started):
+        async for counted in probes.schedule(probe, started, started, hurry=lambda: True):
             ok, detail = await self._check(probe)
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
                     return None
             else:
-                successes, failures = 0, failures + 1
+                successes, failures = 0, failures + counted
                 self._set(STARTING, None, f"startup probe: {detail}")
                 if failures >= max(probe.failure_threshold, 1):
                     return f"startup probe failed {failures} times ({detail})"
@@ -318,14 +318,15 @@ class Replica:
         self, probe: HttpProbe, started: float, not_before: float
     ) -> tuple[str, str]:
         successes = failures = 0
-        async for _ in probes.schedule(probe, started, not_before):
+        hurry = lambda: self.phase != READY  # noqa: E731
+        async for counted in probes.schedule(probe, started, not_before, hurry=hurry):
             ok, detail = await self._check(probe)
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
                     self._set(READY)
             else:
-                successes, failures = 0, failures + 1
+                successes, failures = 0, failures + counted
                 if self.phase == READY:
                     if failures >= max(probe.failure_threshold, 1):
                         self._set(NOT_READY, None, f"readiness probe: {detail}")
@@ -345,9 +346,10 @@ class Replica:
         return "", ""  # unreachable
 
     def _crash_message(self, cause: str, delay: float) -> str:
-        lines = [f"back-off {delay:g}s restarting failed engine: {cause}"]
+        lines = [f"the engine is failing: {cause}"]
         if self.last_exit_code is not None:
-            lines[0] += f"; last exit code {self.last_exit_code}"
+            lines[0] += f" (last exit code {self.last_exit_code})"
+        lines[0] += f"; restarting in {delay:g}s; see `{logs_command(self.plan, self.index)}`"
         tail = _tail(self.log_path, LOG_TAIL_LINES)
         if tail:
             lines.append(f"last lines of {self.log_path}:\n{tail}")
@@ -402,6 +404,14 @@ class Replica:
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0)))
         if proc is not None and proc.returncode is None and loop.time() >= deadline:
             log.warning("%s: grace period of %gs over with requests in flight", self.name, grace)
+
+
+def logs_command(plan: WorkloadPlan, index: int) -> str:
+    """The ``llmplane logs`` command that shows this replica's engine log."""
+    kind = "pl" if PLAYGROUND_LABEL in plan.labels else "isvc"
+    namespace = f" -n {plan.namespace}" if plan.namespace != "default" else ""
+    replica = f" -r {index}" if index else ""
+    return f"llmplane logs {kind}/{plan.name}{replica}{namespace}"
 
 
 def _describe_exit(code: int | None) -> str:

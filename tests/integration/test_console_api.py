@@ -18,8 +18,8 @@ from llmplane.controlplane.plan import MODEL_NAME_LABEL, SERVICE_LABEL
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.server import routes, start_gateway
-from llmplane.gateway.testing import sim
 from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import sim
 
 MODEL = "tiny"
 PLAYGROUND = {
@@ -32,9 +32,8 @@ PLAYGROUND = {
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    server = sim(MODEL, "--time-scale", "0.01")
-    yield server
-    server.stop()
+    with sim(MODEL, "--time-scale", "0.01") as server:
+        yield server
 
 
 @pytest.fixture

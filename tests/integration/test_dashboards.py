@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.upprocess import Up, http, sim_fleet, status, wait_for
+from llmplane.testing import Up, wait_for
+from tests.integration.upcli import http, sim_fleet, status
 
 pytestmark = pytest.mark.slow
 
