@@ -37,10 +37,10 @@ from typing import Any
 
 from bench.common import (
     RESULTS,
-    Proc,
     cpu_seconds,
     free_port,
     gateway_proc,
+    launch,
     machine,
     machine_line,
     store_objects,
@@ -71,7 +71,7 @@ def _envoy_only(listen: str, pool: list[str]) -> dict[str, Any]:
 class Fleet:
     def __init__(self, systems: list[str]) -> None:
         self.systems = systems
-        self.procs: dict[str, Proc] = {}
+        self.procs: dict[str, Any] = {}
         self.envoys: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
         self.state_dir = tempfile.mkdtemp(prefix="bench-epp-")
@@ -85,42 +85,44 @@ class Fleet:
 
     def start(self) -> None:
         from llmplane.epp.envoy import bootstrap
-        from llmplane.epp.testing import Envoy
         from llmplane.gateway.discovery.store_endpoints import endpoint_object
+        from llmplane.testing.envoy import Envoy
 
         up = upstream_proc()
         self.procs["direct"] = up
-        address = up.listening()
+        address = up.ready()
         self.urls["direct"] = f"http://{address}/v1/completions"
         store_objects(self.state_dir, endpoint_object("bench", address, "bench", engine="vllm"))
         if "llmplane" in self.systems:
             gw = gateway_proc(self.state_dir)
             self.procs["llmplane"] = gw
-            self.urls["llmplane"] = f"http://{gw.listening()}/v1/completions"
+            self.urls["llmplane"] = f"http://{gw.ready()}/v1/completions"
         if "envoy" in self.systems:
             envoy = Envoy(_envoy_only("127.0.0.1:0", [address]), concurrency=2)
             self.envoys["envoy"] = envoy
+            envoy.start()
             self.urls["envoy"] = f"http://{envoy.address}/v1/completions"
         if "envoy+epp" in self.systems:
-            epp = Proc(
+            epp = launch(
                 "epp",
                 ["python", "-m", "llmplane.epp.cli", "--port", "0", "--state-dir",
                  self.state_dir, "--no-access-log", "--log-level", "WARNING"],
             )  # fmt: skip
             self.procs["epp"] = epp
-            picker = epp.listening()
+            picker = epp.ready()
             envoy = Envoy(
                 bootstrap(listen="127.0.0.1:0", picker=picker, pool=[address], fail_open=False),
                 concurrency=2,
             )
             self.envoys["envoy+epp"] = envoy
+            envoy.start()
             self.urls["envoy+epp"] = f"http://{envoy.address}/v1/completions"
         if "vllm-router" in self.systems:
             if not shutil.which("vllm-router"):
                 print("skipping vllm-router: not installed (pip install vllm-router)")
             else:
                 port = free_port()
-                self.procs["vllm-router"] = Proc(
+                self.procs["vllm-router"] = launch(
                     "vllm-router",
                     ["vllm-router", "--host", "127.0.0.1", "--port", str(port), "--worker-urls",
                      f"http://{address}", "--policy", "round_robin", "--prometheus-port",
@@ -129,7 +131,7 @@ class Fleet:
                 self.urls["vllm-router"] = f"http://127.0.0.1:{port}/v1/completions"
         probe = bodies(4)["unary"]
         for name, url in self.urls.items():
-            proc = self.procs.get(name) or self.procs["direct"]  # Envoy: its own wait below
+            proc = self.procs.get(name) or self.envoys[name]
             proc.wait_http(url, probe, timeout=120)
 
     def stop(self) -> None:

@@ -9,7 +9,6 @@ runs in this process on the gateway's routing state, so the tests can look at th
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import orjson
@@ -17,11 +16,11 @@ import pytest
 
 from llmplane.epp.envoy import bootstrap
 from llmplane.epp.server import start_picker
-from llmplane.epp.testing import Envoy
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
-from llmplane.gateway.testing import sim
 from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import Processes, eventually, sim_process
+from llmplane.testing.envoy import Envoy
 
 GIE = "inference.networking.x-k8s.io/v1alpha2"
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
@@ -29,19 +28,18 @@ KTHENA = "networking.serving.volcano.sh/v1alpha1"
 
 @pytest.fixture(scope="module")
 def sims():
-    # Each serves its own name and "shared": the split's rewritten names each have one home,
-    # "shared" has two (prefix stickiness).
-    servers = {
-        "a": sim("llama-a", "--served-model-name", "llama-a", "shared", "--time-scale", "0"),
-        "b": sim("llama-b", "--served-model-name", "llama-b", "shared", "--time-scale", "0"),
-        # A short context: a stream without max_tokens ends at 128 tokens.
-        "rl": sim("rl-model", "--time-scale", "0", "--max-model-len", "128"),
-        # One running sequence at a time, 20 ms a token: a few requests make a queue.
-        "busy": sim("busy", "--max-num-seqs", "1", "--step-time", "0.02"),
-    }
-    yield servers
-    for s in servers.values():
-        s.stop()
+    with Processes() as group:  # all stopped, also when one fails to start
+        started = group.start(
+            # Each serves its own name and "shared": the split's rewritten names each have one
+            # home, "shared" has two (prefix stickiness).
+            sim_process("llama-a", "--served-model-name", "llama-a", "shared", "--time-scale", "0"),
+            sim_process("llama-b", "--served-model-name", "llama-b", "shared", "--time-scale", "0"),
+            # A short context: a stream without max_tokens ends at 128 tokens.
+            sim_process("rl-model", "--time-scale", "0", "--max-model-len", "128"),
+            # One running sequence at a time, 20 ms a token: a few requests make a queue.
+            sim_process("busy", "--max-num-seqs", "1", "--step-time", "0.02"),
+        )
+        yield dict(zip(("a", "b", "rl", "busy"), started, strict=True))
 
 
 def pool(name: str, selector: dict, failure_mode: str = "FailOpen") -> dict:
@@ -92,11 +90,7 @@ class Stack:
             return r.status, r.headers, await r.read()
 
     async def wait(self, predicate, what: str, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.02)
+        await eventually(predicate, timeout=timeout, what=what)
 
 
 @pytest.fixture
@@ -115,16 +109,16 @@ async def make_stack(tmp_path):
         )
         made.append((store, picker, None))
         addresses = [server.address for server, _, _ in endpoints.values()]
-        envoy = await asyncio.to_thread(
-            Envoy,
+        envoy = Envoy(
             bootstrap(
                 listen="127.0.0.1:0",
                 picker=f"127.0.0.1:{picker.port}",
                 pool=addresses,
                 fail_open=fail_open,
-            ),
+            )
         )
         made[-1] = (store, picker, envoy)
+        await asyncio.to_thread(envoy.start)
         stack = Stack(store, picker, envoy, session)
         states = picker.gateway.registry.states
         await stack.wait(
@@ -348,54 +342,51 @@ async def test_stream_usage_settles_the_rate_limit(make_stack, sims):
 
 async def test_llmplane_epp_command_behind_envoy(tmp_path, sims):
     """The ``llmplane epp`` process on a state directory, as a user runs it."""
-    import os
+    import re
     import subprocess
     import sys
 
     from llmplane.store.paths import open_store
+    from llmplane.testing import python
 
     store = open_store(tmp_path)
     store.apply(endpoint_object("a", sims["a"].address, "llama-a", labels=LLAMA))
     store.apply(pool("llama", LLAMA))
     store.apply(inference_model("chatbot", "llama", [{"name": "llama-a"}]))
     store.close()
-    picker = subprocess.Popen(
-        [sys.executable, "-m", "llmplane.cli", "epp", "--state-dir", str(tmp_path),
-         "--port", "0", "--metrics-port", "0", "--no-access-log"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ),
+    picker = python(
+        "-m", "llmplane.cli", "epp", "--state-dir", str(tmp_path), "--port", "0",
+        "--metrics-port", "0", "--no-access-log",
+        ready=re.compile(r"LISTENING (\S+) metrics \S+"),
     )  # fmt: skip
     envoy = None
     try:
-        assert picker.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(picker.stdout.readline), 60)
-        # "LISTENING host:port metrics host:port"
-        words = line.split()
-        assert words[0] == "LISTENING" and words[2] == "metrics", line
-        grpc_address, metrics_address = words[1], words[3]
-        envoy = await asyncio.to_thread(
-            Envoy, bootstrap(listen="127.0.0.1:0", picker=grpc_address, pool=[sims["a"].address])
+        await asyncio.to_thread(picker.start, 60)
+        grpc_address = picker.address
+        metrics_address = re.search(r"metrics (\S+)", picker.output()).group(1)
+        envoy = Envoy(
+            bootstrap(listen="127.0.0.1:0", picker=grpc_address, pool=[sims["a"].address])
         )
+        await asyncio.to_thread(envoy.start)
         async with aiohttp.ClientSession() as session:
-            deadline = time.monotonic() + 10
-            while True:  # the picker reads the store and the endpoint's models in the background
+
+            async def served() -> bool:  # the picker reads the store and models in the background
                 async with session.post(
                     f"http://{envoy.address}/v1/chat/completions",
                     data=orjson.dumps(chat("chatbot")),
                 ) as r:
-                    if r.status == 200:
-                        assert r.headers["x-llmplane-endpoint"] == sims["a"].address
-                        break
-                    assert time.monotonic() < deadline, (r.status, await r.text())
-                await asyncio.sleep(0.05)
+                    await r.read()
+                    return r.status == 200 and r.headers["x-llmplane-endpoint"] == sims["a"].address
+
+            await eventually(served, what="a request routed through Envoy by llmplane epp")
             async with session.get(f"http://{metrics_address}/metrics") as r:
                 text = await r.text()
         assert 'llmplane_gateway_requests_total{endpoint="' in text and 'status="200"' in text
     finally:
         if envoy is not None:
             envoy.stop()
-        picker.terminate()
-        picker.wait(10)
-    assert picker.returncode == 0  # SIGTERM: a clean stop
+        picker.stop()
+    assert picker.returncode == 0, picker.output()  # SIGTERM: a clean stop
     # A user mistake is one line and exit code 2.
     bad = subprocess.run(
         [sys.executable, "-m", "llmplane.cli", "epp", "--config", str(tmp_path / "missing.yaml")],
@@ -426,8 +417,9 @@ async def test_a_client_that_leaves_mid_stream_releases_the_endpoint(make_stack,
     await stack.wait(lambda: state.inflight == 0, "the endpoint's in-flight count released")
     # Counted once, with the status the client had seen (as the gateway does).
     await stack.wait(
-        lambda: 'route="InferenceModel/default/chat",status="200"} 1.0'
-        in gw.metrics.render().decode(),
+        lambda: (
+            'route="InferenceModel/default/chat",status="200"} 1.0' in gw.metrics.render().decode()
+        ),
         "the request counted",
     )
 

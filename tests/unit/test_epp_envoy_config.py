@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from llmplane.epp.envoy import DESTINATION_HEADER, bootstrap, fail_open
-from llmplane.epp.testing import envoy_binary
+from llmplane.testing.envoy import envoy_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "envoy" / "envoy.yaml"
