@@ -390,6 +390,18 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    autoscale_interval: Annotated[
+        float,
+        typer.Option(
+            "--autoscale-interval", min=0.05, help="Seconds between autoscaling decisions."
+        ),
+    ] = 1.0,
+    autoscale_window: Annotated[
+        float,
+        typer.Option(
+            "--autoscale-window", min=0.0, help="Seconds of load samples averaged per replica."
+        ),
+    ] = 15.0,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
@@ -455,7 +467,14 @@ def up(
     from llmplane.runtime.local import StateDirInUse
 
     try:
-        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+        from llmplane.controlplane.autoscaler import AutoscalerConfig
+
+        scaling = AutoscalerConfig(interval=autoscale_interval, window=autoscale_window)
+        asyncio.run(
+            run_up(
+                directory, docs, host, port, ready, gateway_config=config, autoscaler_config=scaling
+            )
+        )
     except StateDirInUse as e:
         fail(str(e))
 
