@@ -48,6 +48,7 @@ from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.store_follower import StoreFollower
+from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -56,7 +57,7 @@ INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 class Gateway:
     def __init__(
-        self, store: Any, discovery: Discovery, config: GatewayConfig | None = None
+        self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
     ) -> None:
         self.config = config or GatewayConfig()
         self.store = store
@@ -336,7 +337,7 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
 
 
 async def start_gateway(
-    store: Any,
+    store: Store | None,
     discovery: Discovery,
     host: str = "127.0.0.1",
     port: int = 0,
