@@ -390,6 +390,14 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="This host's NVIDIA GPUs to place replicas on (e.g. 0,1,2,3); "
+            "default: what nvidia-smi lists.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
@@ -402,6 +410,14 @@ def up(
     from llmplane.store.paths import state_dir as resolve_state_dir
     from llmplane.up import run_up
 
+    gpu_ids = None
+    if gpus is not None:
+        from llmplane.runtime.placement import parse_device_list
+
+        try:
+            gpu_ids = parse_device_list(gpus)
+        except ValueError as e:
+            fail(str(e))
     docs: list[dict[str, Any]] = []
     if files:
         parsed = _read(files)
@@ -455,7 +471,7 @@ def up(
     from llmplane.runtime.local import StateDirInUse
 
     try:
-        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config, gpus=gpu_ids))
     except StateDirInUse as e:
         fail(str(e))
 

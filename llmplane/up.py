@@ -53,6 +53,7 @@ class Platform:
         host: str = "127.0.0.1",
         port: int = 8000,
         gateway_config: Any = None,
+        gpus: list[str] | None = None,
     ):
         from llmplane.controlplane.controller import Controller
         from llmplane.runtime.local import LocalRuntime
@@ -62,7 +63,9 @@ class Platform:
         self.host, self.port = host, port
         self.store = open_store(state_dir)
         self._listeners: list[Callable[[], None]] = []
-        self.runtime = LocalRuntime(state_dir, on_change=self._changed, inflight=self._inflight)
+        self.runtime = LocalRuntime(
+            state_dir, on_change=self._changed, inflight=self._inflight, gpus=gpus
+        )
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
         self.gateway_config = gateway_config
@@ -120,8 +123,9 @@ async def run_up(
     port: int,
     ready: Callable[[Platform], None],
     gateway_config: Any = None,
+    gpus: list[str] | None = None,
 ) -> None:
-    platform = Platform(state_dir, host, port, gateway_config=gateway_config)
+    platform = Platform(state_dir, host, port, gateway_config=gateway_config, gpus=gpus)
     try:
         await platform.runtime.start()  # the state directory's lock, before anything is applied
     except BaseException:
