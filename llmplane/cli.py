@@ -2,6 +2,10 @@
 
 User mistakes (invalid YAML, unknown kinds, missing objects) print a message and exit 1;
 tracebacks are for bugs only.
+
+Over 500 lines on purpose: it is only the typer app, one short function per command (argument
+parsing, calling the module that does the work, printing), and typer wants them on one ``app``;
+the work itself is in ``store/``, ``up.py``, ``printing.py`` and the subcommands' own modules.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
         out.print(f"{_type_name(type(r))}/{r.name} {verb}")
 
 
-def _get_or_none(store: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+def _get_or_none(store: Store, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The stored version of ``doc``; a corrupt row counts as none (applying replaces it)."""
     from llmplane.store.base import CorruptObject
 

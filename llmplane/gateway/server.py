@@ -29,13 +29,7 @@ from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
-from llmplane.gateway.http_server import (
-    Handler,
-    HttpRequest,
-    HttpServer,
-    Response,
-    StreamResponse,
-)
+from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -48,6 +42,7 @@ from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.store_follower import StoreFollower
+from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -56,7 +51,7 @@ INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 class Gateway:
     def __init__(
-        self, store: Any, discovery: Discovery, config: GatewayConfig | None = None
+        self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
     ) -> None:
         self.config = config or GatewayConfig()
         self.store = store
@@ -336,7 +331,7 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
 
 
 async def start_gateway(
-    store: Any,
+    store: Store | None,
     discovery: Discovery,
     host: str = "127.0.0.1",
     port: int = 0,
