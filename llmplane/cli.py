@@ -394,6 +394,14 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="This host's NVIDIA GPUs to place replicas on (e.g. 0,1,2,3); "
+            "default: what nvidia-smi lists.",
+        ),
+    ] = None,
     autoscale_interval: Annotated[
         float,
         typer.Option(
@@ -418,6 +426,14 @@ def up(
     from llmplane.store.paths import state_dir as resolve_state_dir
     from llmplane.up import run_up
 
+    gpu_ids = None
+    if gpus is not None:
+        from llmplane.runtime.placement import parse_device_list
+
+        try:
+            gpu_ids = parse_device_list(gpus)
+        except ValueError as e:
+            fail(str(e))
     docs: list[dict[str, Any]] = []
     if files:
         parsed = _read(files)
@@ -476,7 +492,14 @@ def up(
         scaling = AutoscalerConfig(interval=autoscale_interval, window=autoscale_window)
         asyncio.run(
             run_up(
-                directory, docs, host, port, ready, gateway_config=config, autoscaler_config=scaling
+                directory,
+                docs,
+                host,
+                port,
+                ready,
+                gateway_config=config,
+                gpus=gpu_ids,
+                autoscaler_config=scaling,
             )
         )
     except StateDirInUse as e:

@@ -53,6 +53,7 @@ class Platform:
         host: str = "127.0.0.1",
         port: int = 8000,
         gateway_config: Any = None,
+        gpus: list[str] | None = None,
         autoscaler_config: Any = None,
     ):
         from llmplane.controlplane.autoscaler import AutoscalerConfig
@@ -64,7 +65,9 @@ class Platform:
         self.host, self.port = host, port
         self.store = open_store(state_dir)
         self._listeners: list[Callable[[], None]] = []
-        self.runtime = LocalRuntime(state_dir, on_change=self._changed, inflight=self._inflight)
+        self.runtime = LocalRuntime(
+            state_dir, on_change=self._changed, inflight=self._inflight, gpus=gpus
+        )
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
         self.gateway_config = gateway_config
@@ -131,10 +134,16 @@ async def run_up(
     port: int,
     ready: Callable[[Platform], None],
     gateway_config: Any = None,
+    gpus: list[str] | None = None,
     autoscaler_config: Any = None,
 ) -> None:
     platform = Platform(
-        state_dir, host, port, gateway_config=gateway_config, autoscaler_config=autoscaler_config
+        state_dir,
+        host,
+        port,
+        gateway_config=gateway_config,
+        gpus=gpus,
+        autoscaler_config=autoscaler_config,
     )
     try:
         await platform.runtime.start()  # the state directory's lock, before anything is applied

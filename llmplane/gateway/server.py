@@ -29,13 +29,7 @@ from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
-from llmplane.gateway.http_server import (
-    Handler,
-    HttpRequest,
-    HttpServer,
-    Response,
-    StreamResponse,
-)
+from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
