@@ -136,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         import grpc  # noqa: F401
+        import grpc_health  # noqa: F401
         from envoy.service.ext_proc.v3 import external_processor_pb2  # noqa: F401
     except ImportError as e:
         print(

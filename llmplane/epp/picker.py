@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from llmplane.epp import protocol
@@ -47,6 +47,21 @@ class EnvoyRequest:
         self.path = self.path_qs.partition("?")[0]
 
 
+def in_subset(
+    candidates: Sequence[EndpointState], subset: frozenset[str], address: Callable[[Any], str]
+) -> Sequence[EndpointState]:
+    """The candidates the data plane's subset hint allows; 503 when it allows none."""
+    kept = [s for s in candidates if address(s) in subset]
+    if not kept:
+        raise GatewayError(
+            503,
+            "no eligible endpoint in the data plane's subset hint "
+            f"({len(subset)} address{'es' if len(subset) != 1 else ''})",
+            "no_ready_endpoint",
+        )
+    return kept
+
+
 class _Exchange:
     """One HTTP request as the picker follows it over its ext_proc stream."""
 
@@ -59,6 +74,7 @@ class _Exchange:
         "routed",
         "scanner",
         "state",
+        "subset",
     )
 
     def __init__(self) -> None:
@@ -68,6 +84,7 @@ class _Exchange:
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
+        self.subset: frozenset[str] | None = None  # the data plane's subset hint
         self.routed = False  # the body arrived and went through the stages
         self.finished = False
 
@@ -90,6 +107,7 @@ class EndpointPickerService:
                     ex.ctx = RequestContext(
                         EnvoyRequest(protocol.headers_of(message.request_headers))  # type: ignore[arg-type]
                     )
+                    ex.subset = protocol.subset_hint(message)
                     yield protocol.CONTINUE_REQUEST_HEADERS
                 elif kind == "request_body":
                     part = message.request_body
@@ -138,8 +156,10 @@ class EndpointPickerService:
             decision = await gw.route(ctx, ex.reservations)
             now = time.monotonic()
             candidates = gw.admission.admit(inference.model, decision, now)
-            sched = gw.scheduling_context(ctx, now)
             backend = decision.backend
+            if ex.subset is not None:
+                candidates = in_subset(candidates, ex.subset, backend.address)
+            sched = gw.scheduling_context(ctx, now)
             pick = gw.schedule(ctx, candidates, sched, min(len(candidates), 1 + self.fallbacks))
         except GatewayError as err:
             gw.refused(ctx, err)

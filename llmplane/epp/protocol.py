@@ -17,7 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb  # type: igno
 from envoy.type.v3 import http_status_pb2  # type: ignore[import-not-found]
 from google.protobuf import struct_pb2
 
-from llmplane.epp.envoy import DESTINATION_HEADER, METADATA_NAMESPACE
+from llmplane.epp.envoy import DESTINATION_HEADER, METADATA_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE
 from llmplane.gateway.errors import GatewayError
 
 ProcessingRequest = pb.ProcessingRequest
@@ -40,6 +40,24 @@ def headers_of(message: pb.HttpHeaders) -> dict[str, str]:
         value = h.raw_value.decode("latin-1") if h.raw_value else h.value
         out[h.key] = value
     return out
+
+
+def subset_hint(message: pb.ProcessingRequest) -> frozenset[str] | None:
+    """The ``ip:port`` endpoints the data plane allows for this request (filter metadata
+    ``envoy.lb.subset_hint`` / ``x-gateway-destination-endpoint-subset``), None if it set
+    none."""
+    namespaces = message.metadata_context.filter_metadata
+    if SUBSET_NAMESPACE not in namespaces:
+        return None
+    fields = namespaces[SUBSET_NAMESPACE].fields
+    if SUBSET_KEY not in fields:
+        return None
+    value = fields[SUBSET_KEY]
+    if value.WhichOneof("kind") == "list_value":
+        return frozenset(v.string_value for v in value.list_value.values if v.string_value)
+    if value.WhichOneof("kind") == "string_value":  # tolerated: "ip:port,ip:port"
+        return frozenset(a.strip() for a in value.string_value.split(",") if a.strip())
+    return frozenset()
 
 
 def _header(key: str, value: str) -> base_pb2.HeaderValueOption:

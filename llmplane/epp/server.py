@@ -1,6 +1,8 @@
 """The endpoint picker's lifecycle: the gateway's routing state plus a gRPC ext_proc server.
 
-The routing state is the gateway's own (``Gateway.start_routing``: the store or the Kubernetes
+gRPC health checking (``grpc.health.v1``) answers for the process, ``liveness``, ``readiness``
+and the ext_proc service, as the endpoint-picker protocol asks. The routing state is the
+gateway's own (``Gateway.start_routing``: the store or the Kubernetes
 API for routing objects, the discovered endpoints, the scraper, the rate limiter), so the
 picker and ``llmplane gateway`` decide alike from the same sources. ``/metrics`` and
 ``/health`` are served over HTTP on a port of their own when asked (``metrics_port``).
@@ -13,6 +15,7 @@ from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from llmplane.epp.picker import EndpointPickerService
 from llmplane.gateway.config import GatewayConfig
@@ -22,6 +25,10 @@ from llmplane.gateway.http_server import HttpRequest, HttpServer, Response
 from llmplane.gateway.server import Gateway
 
 log = logging.getLogger("llmplane.epp")
+
+# gRPC health services (the endpoint-picker protocol's): the process, its readiness to pick,
+# and the ext_proc service itself. All SERVING once the routing state has its first view.
+HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
 
 
 class EndpointPicker:
@@ -35,6 +42,7 @@ class EndpointPicker:
         self.gateway = Gateway(store, discovery, config)
         self.service = EndpointPickerService(self.gateway, fallbacks)
         self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
         self.http: HttpServer | None = None
         self.host = "127.0.0.1"
         self.port = 0
@@ -46,10 +54,13 @@ class EndpointPicker:
         await self.gateway.start_routing()
         server = self.server = grpc.aio.server()
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         bound = server.add_insecure_port(f"{host}:{port}")
         if not bound:
             raise OSError(f"cannot listen on {host}:{port}")
         await server.start()
+        for name in HEALTH_SERVICES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.host, self.port = host, bound
         if metrics_port is not None:
             self.http = HttpServer(
@@ -62,6 +73,7 @@ class EndpointPicker:
 
     async def close(self, grace: float = 5.0) -> None:
         if self.server is not None:
+            await self.health.enter_graceful_shutdown()  # NOT_SERVING while draining
             await self.server.stop(grace)
             self.server = None
         if self.http is not None:

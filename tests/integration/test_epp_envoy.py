@@ -435,3 +435,69 @@ async def test_a_body_over_a_mebibyte_reaches_the_picker_and_the_engine(make_sta
     # routed it and the engine answered (the sim refuses bodies over 1 MiB itself).
     assert headers.get("x-llmplane-endpoint") == sims["a"].address, (status, body[:200])
     assert b"Maximum request body size 1048576 exceeded" in body
+
+
+async def test_subset_hint_and_grpc_health(make_stack, sims):
+    """The data plane's subset hint (filter metadata ``envoy.lb.subset_hint``, set here by
+    Envoy's set_metadata filter) restricts the pick; gRPC health answers per service."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def with_subset(doc, addresses):
+        hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        hcm["typed_config"]["http_filters"].insert(
+            0,
+            {
+                "name": "envoy.filters.http.set_metadata",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+                    "metadata": [
+                        {
+                            "metadata_namespace": "envoy.lb.subset_hint",
+                            "value": {"x-gateway-destination-endpoint-subset": addresses},
+                        }
+                    ],
+                },
+            },
+        )
+        return doc
+
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("shared", "llama", [{"name": "shared"}])],
+        llama_endpoints(sims),
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "shared" in gw.table.inference_models, "the InferenceModel")
+    for subset, expected in (([sims["b"].address], 200), (["10.9.9.9:1"], 503)):
+        envoy = Envoy(
+            with_subset(
+                bootstrap(
+                    listen="127.0.0.1:0",
+                    picker=f"127.0.0.1:{stack.picker.port}",
+                    pool=[sims["a"].address, sims["b"].address],
+                ),
+                subset,
+            )
+        )
+        try:
+            await asyncio.to_thread(envoy.start)
+            for i in range(6):
+                async with stack.session.post(
+                    f"http://{envoy.address}/v1/chat/completions",
+                    data=orjson.dumps(chat("shared", f"prompt {i}")),
+                ) as r:
+                    assert r.status == expected, await r.text()
+                    if expected == 200:
+                        assert r.headers["x-llmplane-endpoint"] == sims["b"].address
+                    else:
+                        assert (await r.json())["error"]["code"] == "no_ready_endpoint"
+        finally:
+            envoy.stop()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.picker.port}") as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        for service in ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            reply = await check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await check(health_pb2.HealthCheckRequest(service="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -247,7 +247,8 @@ def test_gateway_as_endpoint_picker() -> None:
     assert gw["args"][:2] == ["epp", "--kubernetes"]
     assert gw["args"][gw["args"].index("--port") + 1] == "9002"
     assert {p["name"]: p["containerPort"] for p in gw["ports"]} == {"grpc": 9002, "metrics": 9090}
-    assert gw["readinessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert gw["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    assert gw["livenessProbe"]["grpc"] == {"port": 9002, "service": "liveness"}
     service = _named(docs, "Service", "llmplane-gateway")
     grpc = service["spec"]["ports"][0]
     assert (grpc["port"], grpc["appProtocol"]) == (9002, "kubernetes.io/h2c")
