@@ -53,6 +53,11 @@ class GatewayConfig:
     # on shutdown, requests in flight get ``shutdown_grace`` seconds to finish.
     client_keepalive_timeout: float = 75.0
     shutdown_grace: float = 60.0
+    # A request head (request line and headers) must arrive within this many seconds of its
+    # first byte (or of connecting), else 408 and close; 0: no limit.
+    client_header_timeout: float = 10.0
+    # Client connections open at once; over it a new one gets 503 and is closed. 0: no cap.
+    max_client_connections: int = 0
     # EndpointPickerConfig as a dict; None = the built-in default profile.
     scheduler: dict[str, Any] | None = None
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).

@@ -150,6 +150,8 @@ class Gateway:
             self.not_found,
             max_body=self.config.max_body_bytes,
             keepalive_timeout=self.config.client_keepalive_timeout,
+            header_timeout=self.config.client_header_timeout,
+            max_connections=self.config.max_client_connections,
         )
         self.host = host
         self.port = await self.http.start(host, port)
