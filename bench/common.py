@@ -265,13 +265,17 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str =
 def gateway_proc(
     state_dir: str, *extra: str, name: str = "llmplane", tree: Path | None = None
 ) -> Proc:
-    """``python -m llmplane.gateway.server`` on a free port over ``state_dir`` (access log off,
+    """``python -m llmplane.gateway.cli`` on a free port over ``state_dir`` (access log off,
     warnings only); ``extra`` are more flags (``--config FILE``); ``tree`` runs another
-    checkout's code (bench/gateway_ab.py)."""
+    checkout's code (bench/gateway_ab.py; one from before the CLI had its own module runs
+    ``llmplane.gateway.server``)."""
+    module = "llmplane.gateway.cli"
+    if tree is not None and not (tree / "llmplane" / "gateway" / "cli.py").exists():
+        module = "llmplane.gateway.server"
     argv = [
         "python",
         "-m",
-        "llmplane.gateway.server",
+        module,
         "--port",
         "0",
         "--state-dir",

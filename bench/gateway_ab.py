@@ -4,7 +4,7 @@
                                [--stream-tokens 64] [--no-stream]
 
 The baseline is a git ref checked out into a temporary worktree; the candidate is this working
-tree. Both run as ``python -m llmplane.gateway.server`` (uvloop, default profile, access log
+tree. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
 off) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
 one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
 Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from

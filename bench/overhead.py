@@ -8,7 +8,7 @@ or an SSE stream of ``--stream-tokens`` chunks, nothing modelled). Systems, each
 process on 127.0.0.1:
 
 - ``direct``: the upstream itself (the floor);
-- ``llmplane``: ``python -m llmplane.gateway.server`` (uvloop, default scheduling profile,
+- ``llmplane``: ``python -m llmplane.gateway.cli`` (uvloop, default scheduling profile,
   metrics scraping on, access log off), the upstream registered as an external Endpoint;
 - ``vllm-router-rr`` / ``vllm-router-cache``: ``vllm-router`` (Rust, PyPI) with policy
   round_robin / cache_aware;

@@ -521,7 +521,7 @@ def load_model(ctx: typer.Context) -> None:
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)
 def gateway(ctx: typer.Context) -> None:
     """Run the gateway on its own, routing to registered endpoints (see: llmplane gateway --help)."""
-    from llmplane.gateway.server import main as gateway_main
+    from llmplane.gateway.cli import main as gateway_main
 
     raise typer.Exit(gateway_main(list(ctx.args)))
 

@@ -1,18 +1,18 @@
 """Hooks around each proxied request: the place token rate limits plug in.
 
 ``reserve`` runs after routing and before admission and scheduling: it may read (and change)
-``request.doc`` — for instance to inject ``stream_options.include_usage`` so the output tokens
-of a stream can be counted; call ``request.mark_dirty()`` after a change and the body is
-re-encoded once together with any model rewrite — and may refuse with
+``inference.doc`` — for instance to inject ``stream_options.include_usage`` so the output
+tokens of a stream can be counted; call ``inference.mark_dirty()`` after a change and the body
+is re-encoded once together with any model rewrite — and may refuse with
 ``GatewayError(429, ..., retry_after=seconds)``. Whatever it returns is handed back to
 ``settle`` when the response has ended (always called once per successful ``reserve``, also
 for failed requests), with the usage the engine reported (None if it reported none).
 
-The object ``reserve`` returns may carry two optional attributes the gateway applies:
-``response_headers`` (a dict added to the proxied response, e.g. ``x-ratelimit-*``) and
-``stream_filter`` (an object with ``feed(bytes) -> bytes`` and ``flush() -> bytes`` that the
-streamed body passes through, e.g. to drop a usage chunk the client did not ask for; usage is
-read from the bytes before the filter).
+A hook that shapes the response returns a ``Reservation`` (or a subclass): its
+``response_headers`` are added to the proxied response (e.g. ``x-ratelimit-*``) and the
+streamed body passes through its ``stream_filter`` (e.g. to drop a usage chunk the client did
+not ask for; usage is read from the bytes before the filter). Anything else it returns is only
+handed back to ``settle``.
 """
 
 from __future__ import annotations
@@ -43,13 +43,35 @@ class Usage:
         )
 
 
+class StreamFilter(Protocol):
+    """Rewrites a streamed body on its way to the client."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+class Reservation:
+    """What a hook returns when it adds response headers or filters the stream."""
+
+    __slots__ = ("response_headers", "stream_filter")
+
+    def __init__(
+        self,
+        response_headers: dict[str, str] | None = None,
+        stream_filter: StreamFilter | None = None,
+    ) -> None:
+        self.response_headers = response_headers
+        self.stream_filter = stream_filter
+
+
 @runtime_checkable
 class RequestHook(Protocol):
-    async def reserve(self, request: InferenceRequest, decision: Decision) -> Any: ...
+    async def reserve(self, inference: InferenceRequest, decision: Decision) -> object: ...
 
     async def settle(
         self,
-        request: InferenceRequest,
+        inference: InferenceRequest,
         decision: Decision,
         reservation: Any,
         usage: Usage | None,

@@ -13,7 +13,7 @@ routes, write back-pressure for streams, an idle keep-alive timeout, and a grace
 lets in-flight requests finish. A handler is cancelled when its client goes away (aiohttp's
 default is to let it run): its upstream connection closes and the engine aborts the request.
 
-The request/response classes keep the names of aiohttp's (``Request.headers``, ``path_qs``;
+The request/response classes keep the attribute names of aiohttp's (``headers``, ``path_qs``;
 ``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same.
 """
 
@@ -85,7 +85,9 @@ class Headers(dict[str, str]):
         return dict.__contains__(self, key.lower() if isinstance(key, str) else key)
 
 
-class Request:
+class HttpRequest:
+    """One request as read off the wire (the parsed body is an ``InferenceRequest``)."""
+
     __slots__ = (
         "_protocol",
         "body",
@@ -189,7 +191,7 @@ class StreamResponse:
         self._protocol: _Protocol | None = None
         self._chunked = True
 
-    async def prepare(self, request: Request) -> None:
+    async def prepare(self, request: HttpRequest) -> None:
         protocol = request._protocol
         self._protocol = protocol
         self.prepared = True
@@ -229,7 +231,7 @@ class StreamResponse:
             protocol.transport.write(b"0\r\n\r\n")
 
 
-Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
+Handler = Callable[[HttpRequest], Awaitable["Response | StreamResponse"]]
 
 
 def _error(status: int, message: str, code: str) -> Response:
@@ -270,7 +272,7 @@ class _Protocol(asyncio.Protocol):
         self.server = server
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
-        self.queue: collections.deque[Request | Response] = collections.deque()
+        self.queue: collections.deque[HttpRequest | Response] = collections.deque()
         self.task: asyncio.Task[None] | None = None
         self.closed = False
         self.write_paused = False
@@ -344,7 +346,7 @@ class _Protocol(asyncio.Protocol):
                 # The request that asked to upgrade (or CONNECT) is queued and will be
                 # answered; it is the connection's last: no second, unsolicited response.
                 last = self.queue[-1]
-                if isinstance(last, Request):
+                if isinstance(last, HttpRequest):
                     last.keep_alive = False
                 self._failed = True  # the parser stays paused: read nothing more
                 self.transport.pause_reading()
@@ -483,7 +485,7 @@ class _Protocol(asyncio.Protocol):
             if type(body) is not bytes:
                 body = bytes(body)
             self.queue.append(
-                Request(
+                HttpRequest(
                     self, method, path, raw, headers, body, version, keep_alive, self._too_large
                 )
             )
@@ -594,7 +596,7 @@ class HttpServer:
         self._server: asyncio.base_events.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
 
-    def dispatch(self, request: Request) -> Awaitable[Response | StreamResponse]:
+    def dispatch(self, request: HttpRequest) -> Awaitable[Response | StreamResponse]:
         handler = self.routes.get((request.method, request.path))
         if handler is None:
             allow = self.allowed.get(request.path)
@@ -604,7 +606,7 @@ class HttpServer:
         return handler(request)
 
     @staticmethod
-    async def _not_allowed(request: Request, allow: str) -> Response:
+    async def _not_allowed(request: HttpRequest, allow: str) -> Response:
         response = _error(
             405, f"{request.method} is not allowed on {request.path}", "method_not_allowed"
         )

@@ -36,21 +36,25 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.http_server import Request, Response, StreamResponse
+from llmplane.gateway.http_server import Response, StreamResponse
+from llmplane.gateway.observability import GatewayMetrics
+from llmplane.gateway.outliers import Outliers
+from llmplane.gateway.proxy import AttemptFailed, Proxy, forwarded_headers, relayed_headers
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.routing import SGLANG, PDBackend
+from llmplane.gateway.scheduler.framework import Profile, Scheduler, SchedulingContext
 from llmplane.gateway.upstream_client import encode_request
 
 log = logging.getLogger("llmplane.gateway")
 
 PREFILL_HEADER = "x-llmplane-prefill-endpoint"
-SGLANG = "sglang"
 # KV connectors whose decode request carries the prefill response's kv_transfer_params.
 KV_PARAMS_CONNECTORS = frozenset({"nixl", "mooncake"})
 MODES = frozenset({"http", "lmcache", "nixl", "mooncake", SGLANG})
@@ -58,26 +62,6 @@ MODES = frozenset({"http", "lmcache", "nixl", "mooncake", SGLANG})
 _PREFILL_DROP = ("stream", "stream_options", "min_tokens")
 
 _background: set[asyncio.Task[Any]] = set()
-
-
-@dataclass(frozen=True)
-class PDBackend:
-    """The prefill side of a disaggregated ModelServer (the decode replicas are the
-    backend's candidates)."""
-
-    group_key: str
-    prefill: tuple[EndpointState, ...]
-    mode: str  # http | lmcache | nixl | mooncake | sglang
-
-    def group_of(self, state: EndpointState) -> str | None:
-        return state.endpoint.labels.get(self.group_key) or None
-
-
-def mode_of(engine: str, connector: str | None) -> str:
-    """SGLang engines pair by bootstrap room; vLLM ones by their KV connector (default http)."""
-    if engine == "SGLang":
-        return SGLANG
-    return connector or "http"
 
 
 # --- bodies (pure) ----------------------------------------------------------------------------
@@ -133,11 +117,8 @@ def kv_params_of(data: bytes) -> Any:
 # --- serving --------------------------------------------------------------------------------
 
 
-class PrefillFailed(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(detail)
-        self.kind = kind  # connect | timeout | status
-        self.detail = detail
+class PrefillFailed(AttemptFailed):
+    """The prefill of an attempt failed (retried on the group's next prefill replica)."""
 
 
 class _Relayed(Exception):
@@ -147,198 +128,156 @@ class _Relayed(Exception):
         self.response = response
 
 
-def _groups(gw: Any, pd: PDBackend, now: float) -> dict[str, list[EndpointState]]:
-    by_group: dict[str, list[EndpointState]] = {}
-    for state in pd.prefill:
-        group = pd.group_of(state)
-        if group is not None:
-            by_group.setdefault(group, []).append(state)
-    # Ejection per group, failing open within a group.
-    return {g: gw.outliers.available(members, now) for g, members in by_group.items()}
-
-
-async def serve_pd(
-    gw: Any,
-    request: Request,
-    req: Any,
-    decision: Any,
-    candidates: Sequence[EndpointState],
-    ctx: Any,
-    record: dict[str, Any],
-    outcome: Any,
-    t0: float,
-) -> StreamResponse:
-    """Serve ``req`` on a prefill + decode pair (see the module docstring)."""
-    from llmplane.gateway.server import _Failed, forwarded_headers
-
-    backend = decision.backend
-    pd: PDBackend = backend.pd
-    groups = _groups(gw, pd, ctx.now)
-    decodes = [s for s in candidates if pd.group_of(s) in groups]
-    if not decodes:
-        raise GatewayError(
-            503,
-            f"model {req.model!r} has no prefill/decode pair ready ({backend.ref}: no decode "
-            f"endpoint has a prefill endpoint with the same {pd.group_key!r} label)",
-            "no_ready_endpoint",
-        )
-    attempts = max(0, backend.retry_attempts)
-    width = max(gw.config.fallbacks, attempts + 1)
-    ts = time.perf_counter()
-    pick = gw.scheduler.pick(ctx, decodes, min(len(decodes), width), backend.profile)
-    prefill_orders: dict[str, list[EndpointState]] = {}
-
-    def prefill_order(group: str) -> list[EndpointState]:
-        order = prefill_orders.get(group)
-        if order is None:
-            members = groups[group]
-            order = prefill_orders[group] = gw.scheduler.pick(
-                ctx, members, min(len(members), width), backend.profile
-            ).endpoints
-        return order
-
-    prefill_order(pd.group_of(pick.endpoints[0]) or "")
-    sched = time.perf_counter() - ts
-    gw.metrics.scheduling.observe(sched)
-    record["sched_ms"] = round(sched * 1000, 3)
-    record["profile"] = pick.profile
-    record["scores"] = pick.scores
-    record["pd"] = pd.mode
-    gw.metrics.pd_requests.labels(req.model, pd.mode).inc()
-    headers = forwarded_headers(request)
-    profile = gw.scheduler.profile(backend.profile)
-    timeout = backend.timeout
-    order = pick.endpoints
-    last: Any = None
-    tried = di = pi = 0
-    for attempt in range(attempts + 1):
-        if attempt:
-            gw.metrics.retries.labels(decision.route).inc()
-            if backend.retry_interval > 0:
-                await asyncio.sleep(backend.retry_interval)
-        tried += 1
-        decode = order[di % len(order)]
-        prefills = prefill_order(pd.group_of(decode) or "")
-        prefill = prefills[pi % len(prefills)]
-        pair = _Pair(gw, request, req, decision, ctx, profile, headers, outcome, record, t0)
-        try:
-            if pd.mode == SGLANG:
-                response = await pair.concurrent(prefill, decode, attempt < attempts)
-            else:
-                response = await pair.sequential(prefill, decode, attempt < attempts)
-        except _Relayed as relayed:
-            record["attempts"] = tried
-            return relayed.response
-        except PrefillFailed as failure:
-            last = failure
-            record.setdefault("failures", []).append(
-                f"prefill {backend.address(prefill)}: {failure.detail}"
-            )
-            pi += 1
-            if pi >= len(prefills) and len(order) > 1:
-                di, pi = di + 1, 0
-            continue
-        except _Failed as failure:
-            last = failure
-            gw.outliers.failure(decode)
-            record.setdefault("failures", []).append(f"{backend.address(decode)}: {failure.detail}")
-            di, pi = di + 1, 0
-            continue
-        if (outcome.status or 0) >= 500 or outcome.upstream_broken:
-            gw.outliers.failure(decode)
-        else:
-            gw.outliers.success(decode)
-        record["attempts"] = tried
-        return response
-    record["attempts"] = tried
-    assert last is not None
-    plural = "s" if tried > 1 else ""
-    if last.kind == "timeout":
-        raise GatewayError(
-            504,
-            f"model {req.model!r}: no response within {timeout} s ({tried} attempt{plural}); "
-            f"last: {last.detail}",
-            "upstream_timeout",
-            endpoint=outcome.endpoint,
-        )
-    raise GatewayError(
-        502,
-        f"model {req.model!r}: could not get a response from any prefill/decode pair "
-        f"({tried} attempt{plural}); last: {last.detail}",
-        "bad_gateway",
-        endpoint=outcome.endpoint,
-    )
-
-
-class _Pair:
-    """One attempt on a (prefill, decode) pair."""
+class PrefillDecode:
+    """Serves requests whose backend has a ``PDBackend`` (see the module docstring)."""
 
     def __init__(
         self,
-        gw: Any,
-        request: Request,
-        req: Any,
-        decision: Any,
-        ctx: Any,
-        profile: Any,
-        headers: dict[str, str],
-        outcome: Any,
-        record: dict[str, Any],
-        t0: float,
+        config: GatewayConfig,
+        proxy: Proxy,
+        scheduler: Scheduler,
+        outliers: Outliers,
+        metrics: GatewayMetrics,
     ) -> None:
-        self.gw = gw
-        self.request = request
-        self.req = req
-        self.backend = decision.backend
+        self.config = config
+        self.proxy = proxy
+        self.scheduler = scheduler
+        self.outliers = outliers
+        self.metrics = metrics
+
+    def _groups(self, pd: PDBackend, now: float) -> dict[str, list[EndpointState]]:
+        by_group: dict[str, list[EndpointState]] = {}
+        for state in pd.prefill:
+            group = pd.group_of(state)
+            if group is not None:
+                by_group.setdefault(group, []).append(state)
+        # Ejection per group, failing open within a group.
+        return {g: self.outliers.available(members, now) for g, members in by_group.items()}
+
+    async def serve(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], sched: SchedulingContext
+    ) -> StreamResponse:
+        """Serve the request on a prefill + decode pair."""
+        assert ctx.decision is not None and ctx.inference is not None
+        backend = ctx.decision.backend
+        pd = backend.pd
+        assert pd is not None
+        model = ctx.inference.model
+        groups = self._groups(pd, sched.now)
+        decodes = [s for s in candidates if pd.group_of(s) in groups]
+        if not decodes:
+            raise GatewayError(
+                503,
+                f"model {model!r} has no prefill/decode pair ready ({backend.ref}: no decode "
+                f"endpoint has a prefill endpoint with the same {pd.group_key!r} label)",
+                "no_ready_endpoint",
+            )
+        width = max(self.config.fallbacks, max(0, backend.retry_attempts) + 1)
+        scheduler = self.scheduler
+        ts = time.perf_counter()
+        pick = scheduler.pick(sched, decodes, min(len(decodes), width), backend.profile)
+        prefill_orders: dict[str, list[EndpointState]] = {}
+
+        def prefill_order(group: str) -> list[EndpointState]:
+            order = prefill_orders.get(group)
+            if order is None:
+                members = groups[group]
+                order = prefill_orders[group] = scheduler.pick(
+                    sched, members, min(len(members), width), backend.profile
+                ).endpoints
+            return order
+
+        prefill_order(pd.group_of(pick.endpoints[0]) or "")
+        elapsed = time.perf_counter() - ts
+        self.metrics.scheduling.observe(elapsed)
+        ctx.sched_ms = round(elapsed * 1000, 3)
+        ctx.profile = pick.profile
+        ctx.scores = pick.scores
+        ctx.pd = pd.mode
+        self.metrics.pd_requests.labels(model, pd.mode).inc()
+        pair = _Pair(self, ctx, sched, scheduler.profile(backend.profile))
+        order = pick.endpoints
+        di = pi = 0
+        attempts = self.proxy.attempts(ctx, "any prefill/decode pair")
+        async for _ in attempts:
+            decode = order[di % len(order)]
+            prefills = prefill_order(pd.group_of(decode) or "")
+            prefill = prefills[pi % len(prefills)]
+            try:
+                if pd.mode == SGLANG:
+                    response = await pair.concurrent(prefill, decode, attempts.may_retry)
+                else:
+                    response = await pair.sequential(prefill, decode, attempts.may_retry)
+            except _Relayed as relayed:
+                return relayed.response
+            except PrefillFailed as failure:
+                attempts.failed(failure, f"prefill {backend.address(prefill)}")
+                pi += 1
+                if pi >= len(prefills) and len(order) > 1:
+                    di, pi = di + 1, 0
+                continue
+            except AttemptFailed as failure:
+                self.outliers.failure(decode)
+                attempts.failed(failure, backend.address(decode))
+                di, pi = di + 1, 0
+                continue
+            self.proxy.judge(ctx, decode)
+            return response
+        raise attempts.exhausted()
+
+
+class _Pair:
+    """Attempts on (prefill, decode) pairs for one request."""
+
+    def __init__(
+        self, pd: PrefillDecode, ctx: RequestContext, sched: SchedulingContext, profile: Profile
+    ) -> None:
+        assert ctx.decision is not None and ctx.inference is not None
+        self.pd = pd
         self.ctx = ctx
+        self.inference = ctx.inference
+        self.backend = ctx.decision.backend
+        self.sched = sched
         self.profile = profile
-        self.headers = headers
-        self.outcome = outcome
-        self.record = record
-        self.t0 = t0
+        self.headers = forwarded_headers(ctx.request)
 
     async def prefill(self, state: EndpointState, body: dict[str, Any], last: bool) -> bytes:
         """Send the prefill request; its response body, or PrefillFailed / _Relayed."""
-        gw, backend = self.gw, self.backend
-        address = backend.address(state)
+        pd, ctx = self.pd, self.ctx
+        address = self.backend.address(state)
         wire = encode_request(
-            "POST", self.request.path_qs, address, self.headers, orjson.dumps(body)
+            "POST", ctx.request.path_qs, address, self.headers, orjson.dumps(body)
         )
-        self.profile.on_pick(self.ctx, state)
+        self.profile.on_pick(self.sched, state)
         state.inflight += 1
-        timeout = backend.timeout
         t = time.perf_counter()
         try:
-            try:
-                status, upstream_headers, data = await gw.pool.request(address, wire, timeout)
-            except TimeoutError:
-                gw.outliers.failure(state)
-                raise PrefillFailed("timeout", f"timed out after {timeout} s") from None
-            except (aiohttp.ClientError, OSError) as err:
-                gw.outliers.failure(state)
-                raise PrefillFailed("connect", f"{type(err).__name__}: {err}") from None
+            status, upstream_headers, data = await pd.proxy.fetch(
+                address, wire, self.backend.timeout, PrefillFailed
+            )
+        except PrefillFailed:
+            pd.outliers.failure(state)
+            raise
         finally:
             state.inflight -= 1
         elapsed = time.perf_counter() - t
-        gw.metrics.pd_prefill.labels(self.req.model).observe(elapsed)
-        self.record["prefill_endpoint"] = address
-        self.record["prefill_ms"] = round(elapsed * 1000, 3)
+        pd.metrics.pd_prefill.labels(self.inference.model).observe(elapsed)
+        ctx.prefill_endpoint = address
+        ctx.prefill_ms = round(elapsed * 1000, 3)
         if status >= 500:
-            gw.outliers.failure(state)
+            pd.outliers.failure(state)
             if not last:
                 raise PrefillFailed("status", f"HTTP {status}")
         else:
-            gw.outliers.success(state)
+            pd.outliers.success(state)
         if status >= 400:
-            from llmplane.gateway.server import _relayed
-
-            self.outcome.status = status
-            self.outcome.endpoint = address
+            ctx.upstream_status = status
+            ctx.endpoint = address
             raise _Relayed(
                 Response(
                     status=status,
                     body=data,
-                    **_relayed(upstream_headers, address, {PREFILL_HEADER: address}),
+                    **relayed_headers(upstream_headers, address, {PREFILL_HEADER: address}),
                 )
             )
         return data
@@ -346,30 +285,19 @@ class _Pair:
     async def decode(
         self, state: EndpointState, body: bytes, may_retry: bool, prefill_address: str
     ) -> StreamResponse:
-        """The decode request, relayed to the client by the gateway's own proxy paths."""
-        gw, outcome = self.gw, self.outcome
+        """The decode request, relayed to the client by the proxy like any other."""
+        self.profile.on_pick(self.sched, state)
+        self.ctx.add_headers({PREFILL_HEADER: prefill_address})
         address = self.backend.address(state)
-        self.profile.on_pick(self.ctx, state)
-        state.inflight += 1
-        outcome.endpoint = address
-        extra = {PREFILL_HEADER: prefill_address}
-        outcome.headers = {**outcome.headers, **extra} if outcome.headers else extra
-        wire = encode_request("POST", self.request.path_qs, address, self.headers, body)
-        timeout = self.backend.timeout
-        # Both release the in-flight count themselves, however they end.
-        if self.req.stream:
-            return await gw._stream(
-                self.request, address, wire, timeout, state, outcome, self.t0, may_retry
-            )
-        return await gw._unary(address, wire, timeout, state, outcome, may_retry)
+        return await self.pd.proxy.send(self.ctx, state, address, self.headers, body, may_retry)
 
     async def sequential(
         self, prefill: EndpointState, decode: EndpointState, may_retry: bool
     ) -> StreamResponse:
         """http / lmcache / nixl / mooncake: prefill, then decode."""
-        req = self.req
-        mode = self.backend.pd.mode
-        data = await self.prefill(prefill, prefill_doc(req.doc, mode), not may_retry)
+        inference = self.inference
+        mode = self.backend.pd.mode  # type: ignore[union-attr]
+        data = await self.prefill(prefill, prefill_doc(inference.doc, mode), not may_retry)
         if mode in KV_PARAMS_CONNECTORS:
             params = kv_params_of(data)
             if params is None:
@@ -377,9 +305,9 @@ class _Pair:
                     "prefill %s returned no kv_transfer_params: the decode computes the prompt",
                     self.backend.address(prefill),
                 )
-            body = orjson.dumps(decode_doc(req.doc, params))
+            body = orjson.dumps(decode_doc(inference.doc, params))
         else:
-            body = req.final_body()
+            body = inference.final_body()
         return await self.decode(decode, body, may_retry, self.backend.address(prefill))
 
     async def concurrent(
@@ -387,18 +315,18 @@ class _Pair:
     ) -> StreamResponse:
         """SGLang: both at once, paired by bootstrap room. A prefill failure before the decode
         response starts cancels the decode (it would wait for KV that never comes)."""
-        req, outcome = self.req, self.outcome
+        inference, ctx = self.inference, self.ctx
         prefill_address = self.backend.address(prefill)
         room, host = new_room(), host_of(prefill_address)
-        self.record["bootstrap_room"] = room
-        prefill_body = with_bootstrap(prefill_doc(req.doc, SGLANG), host, room)
-        decode_body = orjson.dumps(with_bootstrap(req.doc, host, room))
+        ctx.bootstrap_room = room
+        prefill_body = with_bootstrap(prefill_doc(inference.doc, SGLANG), host, room)
+        decode_body = orjson.dumps(with_bootstrap(inference.doc, host, room))
         p = asyncio.ensure_future(self.prefill(prefill, prefill_body, not may_retry))
         d = asyncio.ensure_future(self.decode(decode, decode_body, may_retry, prefill_address))
         ok = False
         try:
             await asyncio.wait((p, d), return_when=asyncio.FIRST_COMPLETED)
-            if p.done() and p.exception() is not None and outcome.ttft is None and not d.done():
+            if p.done() and p.exception() is not None and ctx.ttft is None and not d.done():
                 # Nothing has reached the client yet: abandon this pair.
                 raise p.exception()  # type: ignore[misc]
             if not d.done():

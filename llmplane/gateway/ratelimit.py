@@ -44,6 +44,7 @@ import orjson
 
 from llmplane.api.kthena import UNIT_SECONDS, RateLimit, split_host_port
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.hooks import Reservation as HookReservation
 from llmplane.gateway.http_server import Response
 from llmplane.gateway.tokens import TokenCounter
 
@@ -485,11 +486,11 @@ def redis_key(limit: RouteLimit, direction: str) -> str:
 # --- the hook -----------------------------------------------------------------------------------
 
 
-class Reservation:
-    """What ``reserve`` took; ``response_headers`` and ``stream_filter`` are read by the
-    gateway (see ``llmplane.gateway.hooks``)."""
+class Reservation(HookReservation):
+    """What ``reserve`` took (the gateway applies its ``response_headers`` and
+    ``stream_filter``, see ``llmplane.gateway.hooks``)."""
 
-    __slots__ = ("amounts", "limit", "mode", "response_headers", "stream_filter")
+    __slots__ = ("amounts", "limit", "mode")
 
     def __init__(
         self,
@@ -498,11 +499,10 @@ class Reservation:
         amounts: list[tuple[str, int]],
         response_headers: dict[str, str] | None = None,
     ) -> None:
+        super().__init__(response_headers)
         self.limit = limit
         self.mode = mode  # local | redis | none (Redis failed, admitted without a reservation)
         self.amounts = amounts
-        self.response_headers = response_headers
-        self.stream_filter: UsageChunkFilter | None = None
 
 
 def settle_deltas(

@@ -32,13 +32,33 @@ from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.pd import PDBackend, mode_of
 from llmplane.gateway.registry import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
 
 PROFILE_ANNOTATION = "llmplane.io/scheduling-profile"
 ROUTE_KINDS = ("ModelRoute", "ModelServer", "InferencePool", "InferenceModel", "Playground")
+SGLANG = "sglang"  # the prefill/decode mode of SGLang engines (paired by bootstrap room)
+
+
+@dataclass(frozen=True)
+class PDBackend:
+    """The prefill side of a disaggregated ModelServer (the decode replicas are the
+    backend's candidates); ``pd.py`` serves requests on it."""
+
+    group_key: str
+    prefill: tuple[EndpointState, ...]
+    mode: str  # http | lmcache | nixl | mooncake | sglang
+
+    def group_of(self, state: EndpointState) -> str | None:
+        return state.endpoint.labels.get(self.group_key) or None
+
+
+def mode_of(engine: str, connector: str | None) -> str:
+    """SGLang engines pair by bootstrap room; vLLM ones by their KV connector (default http)."""
+    if engine == "SGLang":
+        return SGLANG
+    return connector or "http"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The gateway's own HTTP/1.1 server (``llmplane/gateway/http.py``) on the wire: keep-alive,
+"""The gateway's own HTTP/1.1 server (``llmplane/gateway/http_server.py``) on the wire: keep-alive,
 pipelining, body limits, Expect, HEAD, HTTP/1.0, malformed input, idle timeout, a stream whose
 replica breaks, and a graceful close. Raw sockets where a client library would hide the bytes;
 behind the gateway a real ``llmplane.sim`` engine."""

@@ -3,7 +3,7 @@
 No Kubernetes API server can run here, so the API is ``llmplane.operator.testing.KubeEmulator``,
 an in-process aiohttp emulator of the REST endpoints used (list/watch with resourceVersion,
 label selectors, the status subresource). The gateway is the real one: ``KubeStore`` +
-``PodDiscovery`` in-process, and once as the real ``python -m llmplane.gateway.server
+``PodDiscovery`` in-process, and once as the real ``python -m llmplane.gateway.cli
 --kubernetes`` process reading a kubeconfig that points at the emulator.
 
 Pods and ports: nothing runs pods, so each "pod" is a real simulated engine
@@ -257,7 +257,7 @@ async def test_model_server_selects_only_matching_pods_and_new_routes_are_follow
 async def test_the_gateway_process_with_kubernetes_flag(
     engines: dict[str, Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``python -m llmplane.gateway.server --kubernetes`` as the chart runs it, configured by a
+    """``python -m llmplane.gateway.cli --kubernetes`` as the chart runs it, configured by a
     kubeconfig (no in-cluster service account here)."""
     a = engines["a"]
     async with KubeEmulator() as kube:
@@ -280,7 +280,7 @@ current-context: emulator
             spawn,
             [
                 "-m",
-                "llmplane.gateway.server",
+                "llmplane.gateway.cli",
                 "--kubernetes",
                 "--namespace",
                 "default",

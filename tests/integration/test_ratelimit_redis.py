@@ -1,5 +1,5 @@
 """Global token rate limits (``rateLimit.global.redis``) against a real ``redis-server``:
-two gateway OS processes (``python -m llmplane.gateway.server``) in front of real simulated
+two gateway OS processes (``python -m llmplane.gateway.cli``) in front of real simulated
 engines share one bucket and together admit the configured number of tokens (within 1 %)
 under concurrent load; Redis killed mid-run: fail-open keeps serving and counts the errors,
 and limiting is back once Redis is."""
@@ -142,7 +142,7 @@ def gateways(tmp_path_factory, redis_server, engines):
     procs = [
         spawn(
             [
-                *("-m", "llmplane.gateway.server", "--port", "0", "--state-dir", str(state)),
+                *("-m", "llmplane.gateway.cli", "--port", "0", "--state-dir", str(state)),
                 *("--config", str(config), "--no-access-log", "--log-level", "WARNING"),
             ]
         )

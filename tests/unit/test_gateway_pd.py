@@ -9,17 +9,15 @@ import orjson
 
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.pd import (
-    PDBackend,
     decode_doc,
     host_of,
     kv_params_of,
-    mode_of,
     new_room,
     prefill_doc,
     with_bootstrap,
 )
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import build_table
+from llmplane.gateway.routing import PDBackend, build_table, mode_of
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 

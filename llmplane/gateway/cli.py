@@ -1,0 +1,144 @@
+"""``llmplane gateway`` (also ``python -m llmplane.gateway.cli``): the gateway on its own.
+
+Routes come from the state directory's store (``--state-dir``), or in-cluster from the
+Kubernetes API (``--kubernetes``: Pods and routing objects). Prints ``LISTENING host:port``
+once it serves; SIGINT / SIGTERM close it gracefully. A problem the user can fix (a bad
+``--config``, a busy port, no usable Kubernetes API) is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
+from llmplane.gateway.server import start_gateway
+from llmplane.store.paths import open_store
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmplane gateway",
+        description="Serve the OpenAI API and route to the endpoints registered in the store.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--state-dir", default=None, help="state directory (default $LLMPLANE_HOME or ~/.llmplane)"
+    )
+    parser.add_argument(
+        "--config", default=None, help="scheduler.yaml (EndpointPickerConfig + gateway: settings)"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--no-access-log", action="store_true", help="do not print one JSON line per request"
+    )
+    kube = parser.add_argument_group("Kubernetes (in-cluster)")
+    kube.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="read routes from the Kubernetes API and route to ready Pods (in-cluster config, "
+        "else kubeconfig) instead of the state directory",
+    )
+    kube.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="with --kubernetes: namespace to read (repeatable; default 'all')",
+    )
+    kube.add_argument("--kube-server", help=argparse.SUPPRESS)  # API server URL (development)
+    return parser
+
+
+class StartupError(Exception):
+    """The gateway cannot start for a reason the user can fix (said in one line)."""
+
+
+async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
+    if args.kubernetes:
+        # Imported here: kubernetes_asyncio is an optional extra.
+        from llmplane.gateway.discovery.pods import kubernetes_sources, parse_namespaces
+
+        try:
+            store, discovery = await kubernetes_sources(
+                parse_namespaces(args.namespace), args.kube_server
+            )
+        except Exception as e:  # kubernetes_asyncio's config and connection errors
+            raise StartupError(
+                "--kubernetes: no usable Kubernetes API (in-cluster config, else kubeconfig): "
+                f"{type(e).__name__}: {e}"
+            ) from None
+    else:
+        store = open_store(args.state_dir)
+        discovery = StoreEndpoints(store)
+
+    async def close_store() -> None:
+        aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
+        await aclose() if aclose is not None else store.close()
+
+    try:
+        gateway = await start_gateway(store, discovery, args.host, args.port, config)
+    except OSError as e:
+        await close_store()
+        raise StartupError(
+            f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+            "(pass --port N, or --port 0 for any free port)"
+        ) from None
+    print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await gateway.close()
+        await close_store()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    config = GatewayConfig()
+    if args.config is not None:
+        try:
+            config = load_checked(args.config)
+        except ConfigFileError as e:
+            print(f"llmplane gateway: {e}", file=sys.stderr)
+            return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    access = logging.getLogger("llmplane.gateway.access")
+    access.propagate = False
+    if args.no_access_log:
+        access.setLevel(logging.WARNING)
+    else:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            runner(serve(args, config))
+    except StartupError as e:
+        print(f"llmplane gateway: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

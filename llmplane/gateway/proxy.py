@@ -1,0 +1,331 @@
+"""The proxy: attempts on the picked endpoints, and the upstream answer relayed to the client.
+
+A request's attempts run under one ``Attempts`` budget (the route's retry count): iterate it
+for the attempt numbers; it counts and spaces the retries, keeps the failures for the access
+log and, once spent, gives the 502 / 504 to answer with. An attempt fails (``AttemptFailed``,
+worth retrying on another endpoint) on a connect error, a timeout or a 5xx while more attempts
+are left; once a byte has been sent to the client it is never retried. Both the plain path
+(``Proxy.serve``) and the prefill/decode path (``pd.py``) send their attempts with
+``Proxy.send``: unary answers are relayed whole, streams chunk by chunk as they come, the
+upstream bytes untouched (a hook's stream filter aside) while usage is read on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.context import RequestContext
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
+from llmplane.gateway.observability import Counter
+from llmplane.gateway.outliers import Outliers
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scheduler.framework import Pick, Profile, SchedulingContext
+from llmplane.gateway.upstream_client import (
+    RawHeaders,
+    UpstreamPool,
+    UpstreamResponse,
+    encode_request,
+)
+from llmplane.gateway.usage import StreamScanner, extract_usage
+
+ENDPOINT_HEADER = "x-llmplane-endpoint"
+
+# Not forwarded in either direction (RFC 9110 7.6.1), plus what the upstream client sets itself.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+    }
+)
+_HOP_RESPONSE = frozenset(
+    name.encode() for name in (_HOP - {"accept-encoding"}) | {"server", "date"}
+)
+
+
+class AttemptFailed(Exception):
+    """One attempt failed in a way worth retrying elsewhere (nothing reached the client)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind  # connect | timeout | status
+        self.detail = detail
+
+
+def forwarded_headers(request: HttpRequest) -> dict[str, str]:
+    """The client's headers to send upstream: all but hop-by-hop ones (names are lower-case)."""
+    return {k: v for k, v in request.headers.items() if k not in _HOP}
+
+
+def relayed_headers(
+    upstream: RawHeaders, endpoint: str | None, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for a Response relaying an upstream one: its header lines as they
+    came (less hop-by-hop ones and those the gateway sets itself), plus the endpoint header
+    and any a hook added."""
+    headers = {ENDPOINT_HEADER: endpoint} if endpoint else {}
+    if extra:
+        headers.update(extra)
+    return {"raw_headers": upstream.forward(_HOP_RESPONSE), "headers": headers}
+
+
+class Attempts:
+    """The retry budget of one request: ``async for attempt in attempts`` gives 0, 1, ...
+    (waiting the route's retry interval before each retry); ``exhausted()`` is the error to
+    answer with when the loop ran out."""
+
+    __slots__ = ("budget", "ctx", "interval", "last", "retries", "what")
+
+    def __init__(self, ctx: RequestContext, retries: Counter, what: str = "any endpoint") -> None:
+        assert ctx.decision is not None
+        backend = ctx.decision.backend
+        self.ctx = ctx
+        self.budget = max(0, backend.retry_attempts)
+        self.interval = backend.retry_interval
+        self.retries = retries
+        self.what = what  # what was tried, for the 502 message
+        self.last: AttemptFailed | None = None
+
+    def __aiter__(self) -> Attempts:
+        return self
+
+    async def __anext__(self) -> int:
+        ctx = self.ctx
+        n = ctx.attempts
+        if n > self.budget:
+            raise StopAsyncIteration
+        if n:
+            self.retries.labels(ctx.decision.route).inc()  # type: ignore[union-attr]
+            if self.interval > 0:
+                await asyncio.sleep(self.interval)
+        ctx.attempts = n + 1
+        return n
+
+    @property
+    def may_retry(self) -> bool:
+        """Whether another attempt follows this one if it fails."""
+        return self.ctx.attempts <= self.budget
+
+    def failed(self, failure: AttemptFailed, where: str) -> None:
+        self.last = failure
+        self.ctx.failed(where, failure.detail)
+
+    def exhausted(self) -> GatewayError:
+        ctx = self.ctx
+        assert self.last is not None and ctx.decision is not None and ctx.inference is not None
+        model, tried, last = ctx.inference.model, ctx.attempts, self.last
+        plural = "s" if tried > 1 else ""
+        if last.kind == "timeout":
+            return GatewayError(
+                504,
+                f"model {model!r}: no response within {ctx.decision.backend.timeout} s "
+                f"({tried} attempt{plural}); last: {last.detail}",
+                "upstream_timeout",
+                endpoint=ctx.endpoint,
+            )
+        return GatewayError(
+            502,
+            f"model {model!r}: could not get a response from {self.what} "
+            f"({tried} attempt{plural}); last: {last.detail}",
+            "bad_gateway",
+            endpoint=ctx.endpoint,
+        )
+
+
+class Proxy:
+    """Sends attempts upstream over one keep-alive pool and relays the answers."""
+
+    def __init__(self, config: GatewayConfig, outliers: Outliers, retries: Counter) -> None:
+        self.config = config
+        self.outliers = outliers
+        self.retries = retries
+        self.pool: UpstreamPool | None = None
+
+    def start(self) -> None:
+        c = self.config
+        self.pool = UpstreamPool(
+            limit=c.connection_limit,
+            keepalive_timeout=c.keepalive_timeout,
+            connect_timeout=c.connect_timeout,
+        )
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    def attempts(self, ctx: RequestContext, what: str = "any endpoint") -> Attempts:
+        return Attempts(ctx, self.retries, what)
+
+    async def serve(
+        self, ctx: RequestContext, pick: Pick, profile: Profile, sched: SchedulingContext
+    ) -> StreamResponse:
+        """The plain path: the picked endpoints in order, one per attempt."""
+        assert ctx.decision is not None and ctx.inference is not None
+        backend = ctx.decision.backend
+        order = pick.endpoints
+        headers = forwarded_headers(ctx.request)
+        body = ctx.inference.final_body()
+        attempts = self.attempts(ctx)
+        async for attempt in attempts:
+            state = order[attempt % len(order)]
+            profile.on_pick(sched, state)
+            address = backend.address(state)
+            try:
+                response = await self.send(ctx, state, address, headers, body, attempts.may_retry)
+            except AttemptFailed as failure:
+                self.outliers.failure(state)
+                attempts.failed(failure, address)
+                continue
+            self.judge(ctx, state)
+            return response
+        raise attempts.exhausted()
+
+    def judge(self, ctx: RequestContext, state: EndpointState) -> None:
+        """Tell outlier ejection how an attempt that reached the client went."""
+        if (ctx.upstream_status or 0) >= 500 or ctx.upstream_broken:
+            self.outliers.failure(state)
+        else:
+            self.outliers.success(state)
+
+    async def send(
+        self,
+        ctx: RequestContext,
+        state: EndpointState,
+        address: str,
+        headers: dict[str, str],
+        body: bytes,
+        may_retry: bool,
+    ) -> StreamResponse:
+        """One attempt on ``state``, counted in flight until it ends however it ends."""
+        assert ctx.decision is not None and ctx.inference is not None
+        state.inflight += 1
+        ctx.endpoint = address
+        wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
+        timeout = ctx.decision.backend.timeout
+        if ctx.inference.stream:
+            return await self._stream(ctx, address, wire, timeout, state, may_retry)
+        return await self._unary(ctx, address, wire, timeout, state, may_retry)
+
+    async def fetch(
+        self,
+        address: str,
+        wire: bytes,
+        timeout: float | None,
+        failure: type[AttemptFailed] = AttemptFailed,
+    ) -> tuple[int, RawHeaders, bytes]:
+        """A whole upstream response; a connect error or timeout raises ``failure``."""
+        assert self.pool is not None
+        try:
+            return await self.pool.request(address, wire, timeout)
+        except TimeoutError:
+            raise failure("timeout", f"timed out after {timeout} s") from None
+        except (aiohttp.ClientError, OSError) as err:
+            raise failure("connect", f"{type(err).__name__}: {err}") from None
+
+    async def _unary(
+        self,
+        ctx: RequestContext,
+        address: str,
+        wire: bytes,
+        timeout: float | None,
+        state: EndpointState,
+        may_retry: bool,
+    ) -> Response:
+        try:
+            status, upstream_headers, data = await self.fetch(address, wire, timeout)
+        finally:
+            state.inflight -= 1
+        if status >= 500 and may_retry:
+            raise AttemptFailed("status", f"HTTP {status}")
+        # On the last attempt an engine's own 5xx goes to the client as it is.
+        ctx.upstream_status = status
+        if status < 400 and b'"usage"' in data:
+            ctx.usage = extract_usage(data)
+        return Response(
+            status=status,
+            body=data,
+            **relayed_headers(upstream_headers, ctx.endpoint, ctx.response_headers),
+        )
+
+    async def _stream(
+        self,
+        ctx: RequestContext,
+        address: str,
+        wire: bytes,
+        timeout: float | None,
+        state: EndpointState,
+        may_retry: bool,
+    ) -> StreamResponse:
+        """The timeout covers connect + response headers + first chunk (time to first byte);
+        once a byte has been sent to the client the request is never retried."""
+        assert self.pool is not None
+        resp: UpstreamResponse | None = None
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    resp = await self.pool.open(address, wire)
+                    if resp.status >= 500 and may_retry:
+                        await resp.read()
+                        raise AttemptFailed("status", f"HTTP {resp.status}")
+                    first = await resp.readany()
+            except TimeoutError:
+                raise AttemptFailed("timeout", f"no first byte within {timeout} s") from None
+            except (aiohttp.ClientError, OSError) as err:
+                raise AttemptFailed("connect", f"{type(err).__name__}: {err}") from None
+        except BaseException:
+            state.inflight -= 1
+            if resp is not None:
+                resp.release()
+            raise
+        try:
+            ctx.ttft = time.perf_counter() - ctx.t0
+            ctx.upstream_status = resp.status
+            out = StreamResponse(
+                status=resp.status,
+                **relayed_headers(resp.headers, ctx.endpoint, ctx.response_headers),
+            )
+            await out.prepare(ctx.request)
+            scanner = StreamScanner()
+            relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
+            chunk = first
+            while chunk:
+                scanner.feed(chunk)
+                data = chunk if relay is None else relay.feed(chunk)
+                if data:
+                    await out.write(data)  # a client that went away raises here
+                try:
+                    chunk = await resp.readany()
+                except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as err:
+                    # The replica broke mid-stream; the client sees a truncated stream.
+                    ctx.error = f"stream broken: {type(err).__name__}: {err}"
+                    ctx.upstream_broken = True
+                    break
+            if relay is not None and (rest := relay.flush()):
+                await out.write(rest)
+            ctx.usage = scanner.usage
+            ctx.events = scanner.events
+            if not ctx.upstream_broken:
+                await out.write_eof()
+            return out
+        except (ConnectionResetError, ConnectionError) as err:
+            ctx.error = f"client went away: {err}"
+            return out
+        finally:
+            state.inflight -= 1
+            ctx.end = time.perf_counter()
+            resp.release()
