@@ -8,9 +8,11 @@ from llmplane.gateway.http_server import Response
 
 _TYPES = {
     400: "invalid_request_error",
+    403: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     502: "upstream_error",
@@ -30,6 +32,7 @@ class GatewayError(Exception):
         *,
         retry_after: float | None = None,
         endpoint: str | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -37,15 +40,17 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.endpoint = endpoint
+        self.param = param  # the request field at fault, as OpenAI names it
 
     @property
     def type(self) -> str:
         return _TYPES.get(self.status, "error")
 
     def body(self) -> bytes:
-        return orjson.dumps(
-            {"error": {"message": self.message, "type": self.type, "code": self.code}}
-        )
+        error = {"message": self.message, "type": self.type, "code": self.code}
+        if self.param is not None:
+            error["param"] = self.param
+        return orjson.dumps({"error": error})
 
     def response(self) -> Response:
         headers = {}

@@ -511,7 +511,9 @@ class _Protocol(asyncio.Protocol):
                 request = item
                 head = request.method == "HEAD"
                 try:
-                    response = await server.dispatch(request)
+                    guard = server.guard
+                    refusal = guard(request) if guard is not None else None
+                    response = refusal or await server.dispatch(request)
                 except Exception:
                     log.exception("handler failed: %s %s", request.method, request.path)
                     response = _error(500, "internal error in the gateway", "internal_error")
@@ -572,6 +574,7 @@ class HttpServer:
         keepalive_timeout: float = 75.0,
         header_timeout: float = HEADER_TIMEOUT,
         max_connections: int = 0,
+        guard: Callable[[HttpRequest], Response | None] | None = None,
     ) -> None:
         self.routes = dict(routes)
         for (method, path), handler in routes.items():
@@ -587,6 +590,7 @@ class HttpServer:
         self.keepalive_timeout = keepalive_timeout
         self.header_timeout = header_timeout
         self.max_connections = max_connections  # 0: no cap
+        self.guard = guard  # checked before routing; a Response it returns is the answer
         self.refused = 0  # connections turned away by the cap
         self.timed_out = 0  # connections closed for sending a head too slowly
         self.connections: set[_Protocol] = set()
