@@ -7,14 +7,15 @@ import contextlib
 import os
 import platform
 import re
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from llmplane import testing
+from llmplane.testing import Process
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "docs" / "benchmarks.md"
@@ -98,87 +99,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Proc:
-    """A server process in its own session (stopped by its own id), its output in a file."""
-
-    def __init__(
-        self,
-        name: str,
-        argv: Sequence[str],
-        env: dict[str, str] | None = None,
-        cwd: str | Path | None = None,
-    ) -> None:
-        self.name = name
-        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
-        full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p
-        )
-        full_env.update(env or {})
-        self.proc = subprocess.Popen(
-            list(argv),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=str(cwd or ROOT),
-            env=full_env,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def output(self) -> str:
-        with open(self.log.name, errors="replace") as f:
-            return f.read()
-
-    def listening(self, timeout: float = 30.0) -> str:
-        """Wait for a ``LISTENING host:port`` line and return the address."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(r"LISTENING (\S+)", self.output())
-            if m:
-                return m.group(1)
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not start: {self.output()[-2000:]}")
-
-    def wait_http(self, url: str, body: bytes, timeout: float = 60.0) -> None:
-        """Wait until a POST of ``body`` to ``url`` answers 200."""
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                req = urllib.request.Request(
-                    url, data=body, headers={"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(req, timeout=5) as r:
-                    r.read()
-                    if r.status == 200:
-                        return
-            except Exception as err:
-                last = str(err)
-            time.sleep(0.25)
-        raise RuntimeError(f"{self.name} not ready ({last}): {self.output()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(8)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self.log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
+def launch(
+    name: str,
+    argv: Sequence[str],
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> Process:
+    """A launched server process (``llmplane.testing.Process``: its own session, output in a
+    file, ``stop()`` ends it); ``.ready()`` waits for its ``LISTENING host:port`` line."""
+    return Process(argv, name=name, env=env, cwd=cwd).launch()
 
 
 def _ms(text: str) -> float:
@@ -264,39 +193,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str =
 
 def gateway_proc(
     state_dir: str, *extra: str, name: str = "llmplane", tree: Path | None = None
-) -> Proc:
-    """``python -m llmplane.gateway.cli`` on a free port over ``state_dir`` (access log off,
-    warnings only); ``extra`` are more flags (``--config FILE``); ``tree`` runs another
-    checkout's code (bench/gateway_ab.py; one from before the CLI had its own module runs
-    ``llmplane.gateway.server``)."""
-    module = "llmplane.gateway.cli"
-    if tree is not None and not (tree / "llmplane" / "gateway" / "cli.py").exists():
-        module = "llmplane.gateway.server"
-    argv = [
-        "python",
-        "-m",
-        module,
-        "--port",
-        "0",
-        "--state-dir",
-        state_dir,
-        *extra,
-        "--no-access-log",
-        "--log-level",
-        "WARNING",
-    ]
-    if tree is None:
-        return Proc(name, argv)
-    return Proc(name, argv, env={"PYTHONPATH": str(tree)}, cwd=tree)
+) -> Process:
+    """``llmplane gateway`` on a free port over ``state_dir`` (access log off, warnings only),
+    launched; ``extra`` are more flags (``--config FILE``); ``tree`` runs another checkout's
+    code (bench/gateway_ab.py)."""
+    flags = (*extra, "--no-access-log", "--log-level", "WARNING")
+    return testing.gateway(*flags, state_dir=state_dir, tree=tree, name=name).launch()
 
 
-def upstream_proc(*extra: str) -> Proc:
-    """``bench/gateway_upstream.py`` (model ``bench``, no modelled delay) on a free port."""
-    return Proc(
-        "upstream",
-        ["python", "-m", "bench.gateway_upstream", "--model", "bench", "--delay", "0",
-         "--port", "0", *extra],
-    )  # fmt: skip
+def upstream_proc(*extra: str) -> Process:
+    """``bench/gateway_upstream.py`` (model ``bench``, no modelled delay) on a free port,
+    launched."""
+    return testing.upstream_process("bench", "--delay", "0", *extra).launch()
 
 
 def store_objects(state_dir: str, *objects: dict[str, Any]) -> None:

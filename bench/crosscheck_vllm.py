@@ -660,9 +660,9 @@ async def run(args: argparse.Namespace) -> int:
     dump: dict[str, Any] = {}
     rep = Report()
     sim_args = ["--max-model-len", str(MAX_MODEL_LEN), "--time-scale", "0", *args.sim_arg]
-    from llmplane.sim.process import SimProcess
+    from llmplane.testing import sim_process
 
-    with SimProcess(*sim_args, model=args.model) as sim:
+    with sim_process(args.model, *sim_args) as sim:
         vurl = args.vllm_url.rstrip("/")
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout) as s:

@@ -25,7 +25,6 @@ from pathlib import Path
 import orjson
 
 from bench.common import (
-    Proc,
     cpu_seconds,
     gateway_proc,
     machine,
@@ -35,6 +34,7 @@ from bench.common import (
     upstream_proc,
     wrk,
 )
+from llmplane.testing import Process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,17 +60,17 @@ def main(argv: list[str] | None = None) -> None:
         check=True,
         capture_output=True,
     )
-    procs: list[Proc] = []
+    procs: list[Process] = []
     try:
         up = upstream_proc()
         procs.append(up)
-        address = up.listening()
+        address = up.ready()
         state = str(work / "state")
         store_objects(state, endpoint_object("bench", address, "bench", engine="vllm"))
         builds = {"baseline": base_tree, "candidate": ROOT}
         gws = {name: gateway_proc(state, name=name, tree=tree) for name, tree in builds.items()}
         procs += gws.values()
-        urls = {name: f"http://{gw.listening()}/v1/completions" for name, gw in gws.items()}
+        urls = {name: f"http://{gw.ready()}/v1/completions" for name, gw in gws.items()}
         bodies = {
             "unary": orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 16})
         }

@@ -117,11 +117,11 @@ def proxy_benchmark(concurrencies: list[int], duration: float) -> list[dict[str,
     upstream = upstream_proc("--fixed")
     gateway = None
     try:
-        address = upstream.listening()
+        address = upstream.ready()
         store_objects(state_dir, endpoint_object("bench", address, "bench", engine="vllm"))
         gateway = gateway_proc(state_dir)
         direct_url = f"http://{address}/v1/completions"
-        gateway_url = f"http://{gateway.listening()}/v1/completions"
+        gateway_url = f"http://{gateway.ready()}/v1/completions"
         load(gateway_url, 8, 1.0)  # warm up both (connections, caches)
         rows = []
         for c in concurrencies:

@@ -34,8 +34,8 @@ import orjson
 from bench import workloads as wl
 from bench.common import (
     RESULTS,
-    Proc,
     gateway_proc,
+    launch,
     machine,
     machine_line,
     percentile,
@@ -44,6 +44,7 @@ from bench.common import (
     write_section,
 )
 from bench.routing import one_request
+from llmplane.testing import Process
 
 VENV = Path(os.environ.get("GUIDELLM_VENV", "/tmp/guidellm-venv"))
 
@@ -222,10 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     info = machine()
     build_tokenizer(args.tokenizer_dir)
     state = tempfile.mkdtemp(prefix="bench-guidellm-")
-    procs: list[Proc] = []
+    procs: list[Process] = []
     try:
         sims = [
-            Proc(
+            launch(
                 f"sim{i}",
                 [
                     "python",
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             for i in range(2)
         ]
         procs += sims
-        addrs = [s.listening() for s in sims]
+        addrs = [s.ready() for s in sims]
         from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
         store_objects(
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         gw = gateway_proc(state)
         procs.append(gw)
-        base = f"http://{gw.listening()}"
+        base = f"http://{gw.ready()}"
         gw.wait_http(
             f"{base}/v1/chat/completions",
             b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1}',

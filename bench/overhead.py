@@ -41,10 +41,10 @@ import orjson
 from bench.common import (
     IMG,
     RESULTS,
-    Proc,
     cpu_seconds,
     free_port,
     gateway_proc,
+    launch,
     machine,
     machine_line,
     store_objects,
@@ -53,6 +53,7 @@ from bench.common import (
     write_section,
     wrk,
 )
+from llmplane.testing import Process
 
 LITELLM = Path(os.environ.get("LITELLM_VENV", "/tmp/litellm-venv")) / "bin" / "litellm"
 SYSTEMS = ["direct", "llmplane", "vllm-router-rr", "vllm-router-cache", "litellm"]
@@ -71,7 +72,7 @@ class Fleet:
     """The upstream and every proxy in front of it."""
 
     def __init__(self, systems: list[str]) -> None:
-        self.procs: dict[str, Proc] = {}
+        self.procs: dict[str, Process] = {}
         self.urls: dict[str, str] = {}
         self.state_dir = tempfile.mkdtemp(prefix="bench-overhead-")
         self.systems = systems
@@ -79,7 +80,7 @@ class Fleet:
     def start(self) -> None:
         up = upstream_proc()
         self.procs["direct"] = up
-        address = up.listening()
+        address = up.ready()
         self.urls["direct"] = f"http://{address}/v1/completions"
         probe = bodies(4)["unary"]
         if "llmplane" in self.systems:
@@ -88,7 +89,7 @@ class Fleet:
             store_objects(self.state_dir, endpoint_object("bench", address, "bench", engine="vllm"))
             gw = gateway_proc(self.state_dir)
             self.procs["llmplane"] = gw
-            self.urls["llmplane"] = f"http://{gw.listening()}/v1/completions"
+            self.urls["llmplane"] = f"http://{gw.ready()}/v1/completions"
         for name, policy in (
             ("vllm-router-rr", "round_robin"),
             ("vllm-router-cache", "cache_aware"),
@@ -99,7 +100,7 @@ class Fleet:
                 print(f"skipping {name}: vllm-router not installed (pip install vllm-router)")
                 continue
             port = free_port()
-            p = Proc(
+            p = launch(
                 name,
                 [
                     "vllm-router",
@@ -130,7 +131,7 @@ class Fleet:
                     f"      model: openai/bench\n      api_base: http://{address}/v1\n"
                     "      api_key: none\nlitellm_settings:\n  telemetry: false\n"
                 )
-                p = Proc(
+                p = launch(
                     "litellm",
                     [
                         str(LITELLM),

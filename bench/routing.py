@@ -58,9 +58,9 @@ from bench import workloads as wl
 from bench.common import (
     IMG,
     RESULTS,
-    Proc,
     free_port,
     gateway_proc,
+    launch,
     machine,
     machine_line,
     percentile,
@@ -68,6 +68,7 @@ from bench.common import (
     table,
     write_section,
 )
+from llmplane.testing import Process
 
 LLMPLANE_POLICIES = [
     "rr",
@@ -190,9 +191,9 @@ def route_objects(policy: str) -> list[dict[str, Any]]:
 class Fleet:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.sims: list[Proc] = []
+        self.sims: list[Process] = []
         self.sim_addrs: list[str] = []
-        self.routers: dict[str, Proc] = {}
+        self.routers: dict[str, Process] = {}
         self.urls: dict[str, str] = {}  # policy -> chat completions URL
         self.models: dict[str, str] = {}  # policy -> model name to send
         self.state_dir = tempfile.mkdtemp(prefix="bench-routing-")
@@ -222,8 +223,8 @@ class Fleet:
                 "--lora-modules",
                 *loras,
             ]
-            self.sims.append(Proc(f"sim{i}", argv))
-        self.sim_addrs = [s.listening() for s in self.sims]
+            self.sims.append(launch(f"sim{i}", argv))
+        self.sim_addrs = [s.ready() for s in self.sims]
         ours = [p for p in policies if p in LLMPLANE_POLICIES]
         if ours:
             from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -241,7 +242,7 @@ class Fleet:
                 yaml.safe_dump(scheduler_config(), f)
             gw = gateway_proc(self.state_dir, "--config", cfg)
             self.routers["llmplane"] = gw
-            addr = gw.listening()
+            addr = gw.ready()
             for p in ours:
                 self.urls[p] = f"http://{addr}/v1/chat/completions"
                 self.models[p] = "m-" + re.sub(r"[^a-z0-9]+", "-", p.lower())
@@ -267,7 +268,7 @@ class Fleet:
                 "--worker-urls",
                 *[f"http://{s}" for s in self.sim_addrs],
             ]
-            self.routers[p] = Proc(f"vllm-router-{p}", argv)
+            self.routers[p] = launch(f"vllm-router-{p}", argv)
             self.urls[p] = f"http://127.0.0.1:{port}/v1/chat/completions"
             self.models[p] = BASE_MODEL
         probe = orjson.dumps(

@@ -234,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args.loadavg = os.getloadavg()[0]
     sys.path.insert(0, str(ROOT))
-    from llmplane.sim.process import SimProcess
+    from llmplane.testing import sim_process
 
-    with SimProcess("--time-scale", "0", *args.sim_arg, model="sim") as sim:
+    with sim_process("sim", "--time-scale", "0", *args.sim_arg) as sim:
         short = run_client(sim.url, "short", args)
         print(
             f"short non-streaming: {short['rps']:,.0f} req/s  p50 {short['p50_ms']:.1f} ms  "

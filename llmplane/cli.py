@@ -2,6 +2,10 @@
 
 User mistakes (invalid YAML, unknown kinds, missing objects) print a message and exit 1;
 tracebacks are for bugs only.
+
+Over 500 lines on purpose: it is only the typer app, one short function per command (argument
+parsing, calling the module that does the work, printing), and typer wants them on one ``app``;
+the work itself is in ``store/``, ``up.py``, ``printing.py`` and the subcommands' own modules.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
         out.print(f"{_type_name(type(r))}/{r.name} {verb}")
 
 
-def _get_or_none(store: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+def _get_or_none(store: Store, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The stored version of ``doc``; a corrupt row counts as none (applying replaces it)."""
     from llmplane.store.base import CorruptObject
 
@@ -390,6 +394,14 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="This host's NVIDIA GPUs to place replicas on (e.g. 0,1,2,3); "
+            "default: what nvidia-smi lists.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
@@ -402,6 +414,14 @@ def up(
     from llmplane.store.paths import state_dir as resolve_state_dir
     from llmplane.up import run_up
 
+    gpu_ids = None
+    if gpus is not None:
+        from llmplane.runtime.placement import parse_device_list
+
+        try:
+            gpu_ids = parse_device_list(gpus)
+        except ValueError as e:
+            fail(str(e))
     docs: list[dict[str, Any]] = []
     if files:
         parsed = _read(files)
@@ -436,11 +456,15 @@ def up(
         logging.getLogger("llmplane.gateway.access").setLevel(logging.WARNING)
 
     def ready(platform: Any) -> None:
+        from llmplane.upstatus import UpStatus
+
         err.print(
             f"[bold green]llmplane is up[/]: OpenAI API at http://{host}:{platform.port}/v1 "
             f"(state in {directory}). Ctrl-C stops it.\n"
+            f"  console:   http://{host}:{platform.port}/console/\n"
             f"  watch it:  llmplane get playgrounds --state-dir {directory}"
         )
+        platform.spawn(UpStatus(platform, err).run(), "status")
 
     try:
         import uvloop
@@ -451,7 +475,7 @@ def up(
     from llmplane.runtime.local import StateDirInUse
 
     try:
-        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config, gpus=gpu_ids))
     except StateDirInUse as e:
         fail(str(e))
 
@@ -476,6 +500,8 @@ def logs(
     state_dir: StateDir = None,
 ) -> None:
     """Show (and follow) an engine replica's log."""
+    import contextlib
+    import os
     import time
 
     from llmplane.store.paths import state_dir as resolve_state_dir
@@ -484,8 +510,12 @@ def logs(
     path = resolve_state_dir(state_dir) / "logs" / ns / name / f"replica-{replica}.log"
     if not path.exists():
         fail(f"no log for {target} replica {replica} (looked at {path})")
+    backup = path.with_name(path.name + ".1")  # the part cut off by size rotation
     with path.open("rb") as f:
         lines = f.readlines()
+        if tail < 0 or len(lines) < tail:
+            with contextlib.suppress(OSError):
+                lines = backup.read_bytes().splitlines(keepends=True) + lines
         if tail >= 0:
             lines = lines[-tail:] if tail else []
         sys.stdout.buffer.write(b"".join(lines))
@@ -496,6 +526,8 @@ def logs(
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
             else:
+                if f.tell() > os.fstat(f.fileno()).st_size:
+                    f.seek(0)  # rotated (copied away and truncated): read on from the start
                 time.sleep(0.25)
 
 

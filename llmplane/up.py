@@ -53,6 +53,7 @@ class Platform:
         host: str = "127.0.0.1",
         port: int = 8000,
         gateway_config: Any = None,
+        gpus: list[str] | None = None,
     ):
         from llmplane.controlplane.controller import Controller
         from llmplane.runtime.local import LocalRuntime
@@ -62,7 +63,9 @@ class Platform:
         self.host, self.port = host, port
         self.store = open_store(state_dir)
         self._listeners: list[Callable[[], None]] = []
-        self.runtime = LocalRuntime(state_dir, on_change=self._changed, inflight=self._inflight)
+        self.runtime = LocalRuntime(
+            state_dir, on_change=self._changed, inflight=self._inflight, gpus=gpus
+        )
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
         self.gateway_config = gateway_config
@@ -81,15 +84,25 @@ class Platform:
         install_builtins(self.store)
         await self.runtime.start()
         self._tasks.append(asyncio.create_task(self.controller.run(), name="controller"))
+        from llmplane.console.api import Console
         from llmplane.gateway.discovery import RuntimeDiscovery
         from llmplane.gateway.server import start_gateway
 
         discovery = RuntimeDiscovery(self.runtime)
         self._listeners.append(discovery.notify)
         self.gateway = await start_gateway(
-            self.store, discovery, host=self.host, port=self.port, config=self.gateway_config
+            self.store,
+            discovery,
+            host=self.host,
+            port=self.port,
+            config=self.gateway_config,
+            extensions=[lambda gateway: Console(gateway, self.runtime)],
         )
         self.port = self.gateway.port
+
+    def spawn(self, coroutine: Any, name: str) -> None:
+        """Run ``coroutine`` until the platform stops (``up``'s terminal status)."""
+        self._tasks.append(asyncio.get_running_loop().create_task(coroutine, name=name))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -110,8 +123,9 @@ async def run_up(
     port: int,
     ready: Callable[[Platform], None],
     gateway_config: Any = None,
+    gpus: list[str] | None = None,
 ) -> None:
-    platform = Platform(state_dir, host, port, gateway_config=gateway_config)
+    platform = Platform(state_dir, host, port, gateway_config=gateway_config, gpus=gpus)
     try:
         await platform.runtime.start()  # the state directory's lock, before anything is applied
     except BaseException:

@@ -19,14 +19,27 @@ from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane import conditions as cond
 from llmplane.controlplane.events import EVENT_KIND, record_event
 from llmplane.controlplane.loads import ModelLoads
-from llmplane.controlplane.plan import WorkloadPlan
+from llmplane.controlplane.plan import BACKEND_LABEL, WorkloadPlan
 from llmplane.controlplane.planning import (
     Inputs,
     PlanningError,
     claims_of,
+    missing_inputs,
     plan_service,
     service_for_playground,
 )
+from llmplane.controlplane.status import (
+    ABORT_PROCESSING,
+    PLAYGROUND_READY,
+    SERVICE_IN_PROGRESS,
+    SERVICE_NOT_READY,
+    WorkloadState,
+    model_status,
+    playground_status,
+    same_status,
+    service_status,
+)
+from llmplane.runtime.base import PROGRESS_REASONS, Runtime, RuntimeStatus
 from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.controller")
@@ -35,7 +48,9 @@ log = logging.getLogger("llmplane.controller")
 class Controller:
     """Reconciles the store's llmaz resources onto a runtime and writes their status."""
 
-    def __init__(self, store: Store, runtime: Any, cache_dir: Path, resync_seconds: float = 5.0):
+    def __init__(
+        self, store: Store, runtime: Runtime, cache_dir: Path, resync_seconds: float = 5.0
+    ):
         self.store = store
         self.runtime = runtime
         self.resync_seconds = resync_seconds
@@ -85,10 +100,12 @@ class Controller:
         playgrounds = self._objects("Playground", Playground)
         claimed: set[str] = set()
 
+        aborted = set()
         for pg in playgrounds:
             claims = claims_of(pg)
             claimed.update(m.name for m in claims.models)
-            self._reconcile_playground(pg, models, backends)
+            if not self._reconcile_playground(pg, models, backends):
+                aborted.add((pg.namespace, pg.name))
 
         pg_keys = {(p.namespace, p.name) for p in playgrounds}
         services = []
@@ -120,53 +137,56 @@ class Controller:
 
         # Playground status mirrors its Service (written after the Service pass).
         for pg in playgrounds:
-            self._write_playground_status(pg)
+            if (pg.namespace, pg.name) not in aborted:
+                self._write_playground_status(pg)
+
+    # --- writing status (the functions in status.py decide it; this only stores it) ---------
+
+    def _write_status(
+        self, obj: dict[str, Any], new: dict[str, Any], condition: str
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Store ``new`` as ``obj``'s status when it differs; (condition before, after) then,
+        else (None, None)."""
+        before = obj.get("status") or {}
+        if same_status(before, new):
+            return None, None
+        meta = obj["metadata"]
+        self.store.update_status(obj["kind"], meta["name"], meta.get("namespace"), new)
+        old = cond.get_condition(obj, condition)
+        return old, cond.get_condition({"status": new}, condition)
 
     # --- OpenModel ----------------------------------------------------------------------------
 
     def _write_model_status(self, model: OpenModel) -> None:
-        status, reason, message = self.loads.state(model)
         obj = self.store.get("OpenModel", model.name)
         if obj is None:
             return
-        before = obj.get("status") or {}
-        new = dict(before)
-        new["conditions"] = cond.set_condition(
-            before.get("conditions"),
-            cond.READY,
-            status,
-            reason,
-            message,
-            obj["metadata"].get("generation"),
-        )
-        if new != before:
-            self.store.update_status("OpenModel", model.name, None, new)
-            old = cond.get_condition(obj, cond.READY)
-            if old is None or old.get("reason") != reason:
-                record_event(
-                    self.store,
-                    obj,
-                    reason,
-                    message,
-                    "Warning" if status == "False" and reason != "Loading" else "Normal",
-                )
+        ready, reason, message = self.loads.state(model)
+        generation = obj["metadata"].get("generation")
+        new = model_status(obj.get("status"), generation, ready, reason, message)
+        old, now = self._write_status(obj, new, cond.READY)
+        if now is not None and (old is None or old.get("reason") != reason):
+            warn = ready == "False" and reason != "Loading"
+            record_event(self.store, obj, reason, message, "Warning" if warn else "Normal")
 
     # --- Playground ---------------------------------------------------------------------------
 
     def _reconcile_playground(
         self, pg: Playground, models: dict[str, OpenModel], backends: dict[str, BackendRuntime]
-    ) -> None:
-        name = pg.spec.backend_runtime_config.backend_name
-        backend = backends.get(name)
-        try:
-            if backend is None:
-                raise PlanningError(
-                    f"BackendRuntime {name!r} not found (known: {', '.join(sorted(backends)) or 'none'})"
+    ) -> bool:
+        """Create or update the Playground's Service; False when it cannot (status says why)."""
+        backend = backends.get(pg.spec.backend_runtime_config.backend_name)
+        abort = missing_inputs(pg, models, backend, known_backends=backends)
+        if abort is None and backend is not None:
+            try:
+                service = service_for_playground(
+                    Inputs(pg, models, backend), locate=self.loads.path
                 )
-            service = service_for_playground(Inputs(pg, models, backend), locate=self.loads.path)
-        except PlanningError as err:
-            self._set_playground_error(pg, err)
-            return
+            except PlanningError as err:
+                abort = str(err)
+        if abort is not None or backend is None:
+            self._write_playground_status(pg, abort=abort)
+            return False
         desired = service.to_dict()
         desired.pop("status", None)
         created = self.store.get("Service", pg.name, pg.namespace) is None
@@ -174,81 +194,19 @@ class Controller:
         owner = self.store.get("Playground", pg.name, pg.namespace)
         if created and owner is not None:
             record_event(self.store, owner, "ServiceCreated", f"Created Service {pg.name}")
+        return True
 
-    def _set_playground_error(self, pg: Playground, err: PlanningError) -> None:
+    def _write_playground_status(self, pg: Playground, abort: str | None = None) -> None:
         obj = self.store.get("Playground", pg.name, pg.namespace)
         if obj is None:
             return
-        before = obj.get("status") or {}
-        new = dict(before)
-        gen = obj["metadata"].get("generation")
-        conditions = cond.set_condition(
-            before.get("conditions"), cond.PROGRESSING, False, "AbortProcessing", str(err), gen
-        )
-        conditions = cond.set_condition(
-            conditions, cond.AVAILABLE, False, "PlaygroundNotReady", str(err), gen
-        )
-        new["conditions"] = conditions
-        new.setdefault("replicas", 0)
-        if new != before:
-            self.store.update_status("Playground", pg.name, pg.namespace, new)
-            record_event(self.store, obj, "AbortProcessing", str(err), "Warning")
-
-    def _write_playground_status(self, pg: Playground) -> None:
-        obj = self.store.get("Playground", pg.name, pg.namespace)
-        svc = self.store.get("Service", pg.name, pg.namespace)
-        if obj is None or svc is None:
-            return
-        before = obj.get("status") or {}
-        svc_status = svc.get("status") or {}
-        gen = obj["metadata"].get("generation")
-        available = cond.get_condition(svc, cond.AVAILABLE)
-        ready = bool(available and available.get("status") == "True")
-        svc_msg = (available or {}).get("message", "")
-        svc_reason = (available or {}).get("reason", "")
-        conditions = before.get("conditions")
-        if ready:
-            conditions = cond.set_condition(
-                conditions, cond.PROGRESSING, False, "PlaygroundReady", "Playground is ready", gen
-            )
-            conditions = cond.set_condition(
-                conditions, cond.AVAILABLE, True, "PlaygroundReady", "Playground is ready", gen
-            )
-        else:
-            reason = (
-                svc_reason
-                if svc_reason not in ("", "ServiceNotReady", "ServiceInProgress")
-                else "PlaygroundNotReady"
-            )
-            conditions = cond.set_condition(
-                conditions,
-                cond.PROGRESSING,
-                True,
-                "PlaygroundInProgress",
-                svc_msg or "Playground is progressing",
-                gen,
-            )
-            conditions = cond.set_condition(
-                conditions,
-                cond.AVAILABLE,
-                False,
-                reason,
-                svc_msg or "Waiting for the Service to be ready",
-                gen,
-            )
-        new = {
-            **before,
-            "conditions": conditions,
-            "replicas": svc_status.get("replicas", 0),
-            "selector": svc_status.get("selector", ""),
-        }
-        if "readyReplicas" in svc_status:
-            new["readyReplicas"] = svc_status["readyReplicas"]
-        if new != before:
-            self.store.update_status("Playground", pg.name, pg.namespace, new)
-            old = cond.get_condition(obj, cond.AVAILABLE)
-            if ready and not (old and old.get("status") == "True"):
-                record_event(self.store, obj, "PlaygroundReady", "All replicas are ready")
+        svc = None if abort else self.store.get("Service", pg.name, pg.namespace)
+        new = playground_status(obj.get("status"), obj["metadata"].get("generation"), svc, abort)
+        old, now = self._write_status(obj, new, cond.AVAILABLE)
+        if abort is not None and not same_status(obj.get("status"), new):
+            record_event(self.store, obj, ABORT_PROCESSING, abort, "Warning")
+        elif now and now.get("status") == "True" and not (old and old.get("status") == "True"):
+            record_event(self.store, obj, PLAYGROUND_READY, "All replicas are ready")
 
     # --- Service ------------------------------------------------------------------------------
 
@@ -256,13 +214,14 @@ class Controller:
         self, svc: Service, models: dict[str, OpenModel], backends: dict[str, BackendRuntime]
     ) -> None:
         key = f"{svc.namespace}/{svc.name}"
-        labels = (
-            (svc.spec.workload_template.worker_template.metadata.labels or {})
-            if svc.spec.workload_template.worker_template.metadata
-            else {}
-        )
-        backend = backends.get(labels.get("inference.llmaz.io/backend-name", ""))
+        labels = _template_labels(svc)
+        backend = backends.get(labels.get(BACKEND_LABEL, ""))
         local_command = list(backend.spec.local.command) if backend and backend.spec.local else None
+        selector = ",".join(
+            f"{k}={v}"
+            for k, v in sorted(labels.items())
+            if k.startswith("llmaz.io/") or k.startswith("inference.llmaz.io/service")
+        )
         waiting: list[str] = []
         try:
             plan = plan_service(
@@ -278,89 +237,52 @@ class Controller:
                     if failed:
                         raise PlanningError(f"Model {ref.name} failed to load: {message}", reason)
         except PlanningError as err:
-            self._write_service_status(svc, None, err.reason, str(err))
+            self._write_service_status(svc, None, (err.reason, str(err)))
             return
         if waiting:
-            self._write_service_status(svc, None, "ServiceInProgress", "; ".join(waiting))
+            state = WorkloadState(selector=selector, message="; ".join(waiting))
+            self._write_service_status(svc, state)
             return
         stamp = f"{plan.template_hash()}:{plan.replicas}"
         if self._realised.get(key) != stamp:
             self._realised[key] = stamp
             await self.runtime.realise(plan)
-        self._write_service_status(svc, plan, None, None)
+        self._write_service_status(svc, workload_state(plan, self.runtime.status(key), selector))
 
     def _write_service_status(
-        self, svc: Service, plan: WorkloadPlan | None, reason: str | None, message: str | None
+        self, svc: Service, state: WorkloadState | None, error: tuple[str, str] | None = None
     ) -> None:
         obj = self.store.get("Service", svc.name, svc.namespace)
         if obj is None:
             return
-        before = obj.get("status") or {}
-        gen = obj["metadata"].get("generation")
-        conditions = before.get("conditions")
-        replicas = ready = 0
-        if plan is None:
-            conditions = cond.set_condition(
-                conditions, cond.PROGRESSING, True, "ServiceInProgress", message or "", gen
+        new = service_status(obj.get("status"), obj["metadata"].get("generation"), state, error)
+        has_available = cond.get_condition({"status": new}, cond.AVAILABLE) is not None
+        headline = cond.AVAILABLE if error is None and has_available else cond.PROGRESSING
+        old, now = self._write_status(obj, new, headline)
+        if now is not None and (old is None or old.get("reason") != now["reason"]):
+            quiet = now["status"] == "True" or now["reason"] in (
+                SERVICE_IN_PROGRESS,
+                SERVICE_NOT_READY,
             )
-            conditions = cond.set_condition(
-                conditions, cond.AVAILABLE, False, reason or "ServiceNotReady", message or "", gen
+            record_event(
+                self.store, obj, now["reason"], now["message"], "Normal" if quiet else "Warning"
             )
-        else:
-            status = self.runtime.status(plan.key)
-            replicas = status.replicas if status else 0
-            ready = status.ready if status else 0
-            if status and ready >= plan.replicas and plan.replicas > 0:
-                conditions = cond.set_condition(
-                    conditions, cond.PROGRESSING, False, "ServiceReady", "", gen
-                )
-                conditions = cond.set_condition(
-                    conditions,
-                    cond.AVAILABLE,
-                    True,
-                    "ServiceReady",
-                    f"{ready}/{plan.replicas} replicas ready",
-                    gen,
-                )
-            else:
-                why = status.reason if status and status.reason else "ServiceNotReady"
-                text = (
-                    status.message
-                    if status and status.message
-                    else f"{ready}/{plan.replicas} replicas ready"
-                )
-                conditions = cond.set_condition(
-                    conditions, cond.PROGRESSING, True, "ServiceInProgress", text, gen
-                )
-                conditions = cond.set_condition(conditions, cond.AVAILABLE, False, why, text, gen)
-        labels = {}
-        tmpl = svc.spec.workload_template.worker_template
-        if tmpl.metadata and tmpl.metadata.labels:
-            labels = tmpl.metadata.labels
-        selector = ",".join(
-            f"{k}={v}"
-            for k, v in sorted(labels.items())
-            if k.startswith("llmaz.io/") or k.startswith("inference.llmaz.io/service")
-        )
-        new = {
-            **before,
-            "conditions": conditions,
-            "replicas": replicas,
-            "readyReplicas": ready,
-            "selector": selector,
-        }
-        if new != before:
-            self.store.update_status("Service", svc.name, svc.namespace, new)
-            old = cond.get_condition(obj, cond.AVAILABLE)
-            new_available = next(c for c in conditions if c["type"] == cond.AVAILABLE)
-            if old is None or old.get("reason") != new_available["reason"]:
-                record_event(
-                    self.store,
-                    obj,
-                    new_available["reason"],
-                    new_available["message"],
-                    "Normal"
-                    if new_available["status"] == "True"
-                    or new_available["reason"] in ("ServiceInProgress", "ServiceNotReady")
-                    else "Warning",
-                )
+
+
+def _template_labels(svc: Service) -> dict[str, str]:
+    meta = svc.spec.workload_template.worker_template.metadata
+    return dict(meta.labels or {}) if meta else {}
+
+
+def workload_state(
+    plan: WorkloadPlan, status: RuntimeStatus | None, selector: str | None = None
+) -> WorkloadState:
+    """What a runtime reports of a realised plan, as the status functions take it: available
+    once every wanted replica is ready; a cause only for a failure, not for progress."""
+    replicas = status.replicas if status else 0
+    ready = status.ready if status else 0
+    available = status is not None and plan.replicas > 0 and ready >= plan.replicas
+    reason = status.reason if status else None
+    cause = reason if reason and reason not in PROGRESS_REASONS else None
+    message = (status.message if status else "") or f"{ready}/{plan.replicas} replicas ready"
+    return WorkloadState(available, replicas, ready, selector, cause, message)

@@ -84,7 +84,11 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
         await aclose() if aclose is not None else store.close()
 
     try:
-        gateway = await start_gateway(store, discovery, args.host, args.port, config)
+        from llmplane.console.api import Console
+
+        gateway = await start_gateway(
+            store, discovery, args.host, args.port, config, extensions=[Console]
+        )
     except OSError as e:
         await close_store()
         raise StartupError(

@@ -1,4 +1,6 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "code"}}`` with the right status."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the right
+status (``param`` is always there, null unless one request field is at fault, as OpenAI sends
+it)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ _TYPES = {
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
-    500: "internal_error",
+    500: "server_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",
@@ -40,17 +42,23 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.endpoint = endpoint
-        self.param = param  # the request field at fault, as OpenAI names it
+        self.param = param
 
     @property
     def type(self) -> str:
         return _TYPES.get(self.status, "error")
 
     def body(self) -> bytes:
-        error = {"message": self.message, "type": self.type, "code": self.code}
-        if self.param is not None:
-            error["param"] = self.param
-        return orjson.dumps({"error": error})
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
+        )
 
     def response(self) -> Response:
         headers = {}

@@ -152,13 +152,36 @@ class _EndpointCollector:
             "1 while the endpoint is ejected",
             labels=["endpoint"],
         )
+        prefix_hits = CounterMetricFamily(
+            "llmplane_gateway_endpoint_prefix_cache_hits",
+            "Prompt tokens the endpoint's engine found in its prefix cache, as last scraped",
+            labels=["endpoint"],
+        )
+        prefix_queries = CounterMetricFamily(
+            "llmplane_gateway_endpoint_prefix_cache_queries",
+            "Prompt tokens the endpoint's engine looked up in its prefix cache, as last scraped",
+            labels=["endpoint"],
+        )
+        endpoints = GaugeMetricFamily(
+            "llmplane_gateway_model_endpoints",
+            "Ready endpoints (replicas) per served model name",
+            labels=["model"],
+        )
+        per_model: dict[str, int] = {}
         now = time.monotonic()
         for state in list(self.gateway.registry.states.values()):
             inflight.add_metric([state.address], state.inflight)
             queue.add_metric([state.address], state.waiting)
             kv.add_metric([state.address], state.kv_usage)
             ejected.add_metric([state.address], 1.0 if state.ejected(now) else 0.0)
-        yield from (inflight, queue, kv, ejected)
+            if state.prefix_queries:
+                prefix_hits.add_metric([state.address], state.prefix_hits)
+                prefix_queries.add_metric([state.address], state.prefix_queries)
+            model = state.endpoint.model_name
+            per_model[model] = per_model.get(model, 0) + 1
+        for model, n in sorted(per_model.items()):
+            endpoints.add_metric([model], n)
+        yield from (inflight, queue, kv, ejected, prefix_hits, prefix_queries, endpoints)
 
 
 class GatewayMetrics:

@@ -28,6 +28,9 @@ class EndpointState:
     has_load_metrics: bool | None = None  # None = not known yet
     scrape_ok: bool = True
     served_models: frozenset[str] | None = None  # from /v1/models; None = unknown
+    # The engine's prefix-cache counters in prompt tokens (console and /metrics only).
+    prefix_hits: float = 0.0
+    prefix_queries: float = 0.0
     # The gateway's own accounting.
     inflight: int = 0
     inflight_at_scrape: int = 0  # ``inflight`` when the last scrape was applied

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -29,13 +30,7 @@ from llmplane.gateway.discovery import CombinedDiscovery, Discovery
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
-from llmplane.gateway.http_server import (
-    Handler,
-    HttpRequest,
-    HttpServer,
-    Response,
-    StreamResponse,
-)
+from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -48,6 +43,7 @@ from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.store_follower import StoreFollower
+from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -57,7 +53,7 @@ UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
 
 class Gateway:
     def __init__(
-        self, store: Any, discovery: Discovery, config: GatewayConfig | None = None
+        self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
     ) -> None:
         self.config = config or GatewayConfig()
         self.store = store
@@ -86,6 +82,9 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
+        # Extra GET pages with their own lifecycle (the web console): routes() -> {(method,
+        # path): handler} added beside the API's, start() / close() with the gateway.
+        self.extensions: list[Any] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -101,6 +100,8 @@ class Gateway:
             start = getattr(source, "start", None)
             if start is not None and asyncio.iscoroutinefunction(start):
                 await start()
+        for extension in self.extensions:
+            await extension.start()
         self.http = HttpServer(
             routes(self),
             self.not_found,
@@ -125,6 +126,8 @@ class Gateway:
         if self.http is not None:
             await self.http.close(self.config.shutdown_grace)
             self.http = None
+        for extension in self.extensions:
+            await extension.close()
         if self._follower is not None:
             await self._follower.close()
         for source in self._discovery_sources():
@@ -332,18 +335,24 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
     table[("GET", "/v1/models")] = gateway.models
     table[("GET", "/health")] = gateway.health
     table[("GET", "/metrics")] = gateway.prometheus
+    for extension in gateway.extensions:
+        for key, handler in extension.routes().items():
+            table.setdefault(key, handler)  # never in place of the API's own
     return table
 
 
 async def start_gateway(
-    store: Any,
+    store: Store | None,
     discovery: Discovery,
     host: str = "127.0.0.1",
     port: int = 0,
     config: GatewayConfig | None = None,
+    extensions: Sequence[Callable[[Gateway], Any]] = (),
 ) -> Gateway:
-    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``)."""
+    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
+    ``extensions`` made from it (``llmplane.console.Console``)."""
     gateway = Gateway(store, discovery, config)
+    gateway.extensions = [make(gateway) for make in extensions]
     try:
         await gateway.start(host, port)
     except BaseException:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.integration.upprocess import cli
+from tests.integration.upcli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,8 @@ from llmplane.controlplane.planning import (
     served_model_name,
     service_for_playground,
 )
-from tests.integration.upprocess import cli, wait_for
+from llmplane.testing import wait_for
+from tests.integration.upcli import cli
 
 HOSTILE_TAG = 'qwen$(touch PWNED-1)`touch PWNED-2`;touch PWNED-3 "x'
 

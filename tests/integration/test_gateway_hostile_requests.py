@@ -13,8 +13,8 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import sim
 from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing.process import sim
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 MODEL = "hostile-model"

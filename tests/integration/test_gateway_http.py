@@ -16,7 +16,8 @@ from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import sim
+from llmplane.testing import eventually, sim
+from tests.integration.openai_errors import assert_openai_error
 
 MODEL = "m"
 BODY = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 3, "ignore_eos": True})
@@ -24,9 +25,8 @@ BODY = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 3, "ignore
 
 @pytest.fixture(scope="module")
 def engine():
-    server = sim(MODEL, "--time-scale", "0.01")
-    yield server
-    server.stop()
+    with sim(MODEL, "--time-scale", "0.01") as server:
+        yield server
 
 
 async def _gateway(engine, **config):
@@ -75,7 +75,7 @@ async def test_keep_alive_and_pipelined_requests_are_answered_in_order(gateway):
         responses = [await read_response(reader) for _ in range(3)]
         assert [r[0] for r in responses] == [200, 404, 200]
         assert orjson.loads(responses[0][2])["object"] == "text_completion"
-        assert orjson.loads(responses[1][2])["error"]["code"] == "not_found"
+        assert_openai_error(404, responses[1][2], 404, "not_found")
         assert responses[0][1]["x-llmplane-endpoint"] == gateway.registry.states.popitem()[0]
         # ... and the connection is still open for a fourth.
         writer.write(request())
@@ -90,9 +90,8 @@ async def test_body_over_the_limit_is_413_without_reading_it(gateway):
         big = b"x" * 10_000
         writer.write(request(body=big))
         status, _headers, body = await read_response(reader)
-        assert status == 413
-        error = orjson.loads(body)["error"]
-        assert error["code"] == "request_too_large" and "10000 bytes" in error["message"]
+        error = assert_openai_error(status, body, 413, "request_too_large")
+        assert "10000 bytes" in error["message"]
         # A chunked body over the limit too (no Content-Length to check up front).
         chunk = b"y" * 3000
         writer.write(
@@ -130,8 +129,8 @@ async def test_expect_100_continue_and_unknown_expectations(gateway):
     try:
         writer.write(request(Expect="something-else"))
         status, headers, body = await read_response(reader)
-        assert status == 417 and headers["connection"] == "close"
-        assert orjson.loads(body)["error"]["code"] == "expectation_failed"
+        assert headers["connection"] == "close"
+        assert_openai_error(status, body, 417, "expectation_failed")
     finally:
         writer.close()
 
@@ -169,7 +168,7 @@ async def test_malformed_request_and_oversized_headers(gateway):
     try:
         writer.write(b"NOT HTTP AT ALL\r\n\r\n")
         status, _headers, body = await read_response(reader)
-        assert status == 400 and orjson.loads(body)["error"]["code"] == "bad_request"
+        assert_openai_error(status, body, 400, "bad_request")
         assert await asyncio.wait_for(reader.read(), 10) == b""
     finally:
         writer.close()
@@ -177,7 +176,7 @@ async def test_malformed_request_and_oversized_headers(gateway):
     try:
         writer.write(request(X_Big="a" * 70_000))
         status, _, body = await read_response(reader)
-        assert status == 431 and orjson.loads(body)["error"]["code"] == "headers_too_large"
+        assert_openai_error(status, body, 431, "headers_too_large")
     finally:
         writer.close()
 
@@ -227,8 +226,11 @@ async def test_close_lets_in_flight_requests_finish_and_refuses_new_ones(engine)
         body = {"model": MODEL, "prompt": "hi", "max_tokens": 1500, "ignore_eos": True}
         # time-scale 0.01: 1,500 tokens take about 0.1 s, so close() starts mid-request.
         slow = asyncio.ensure_future(s.post(f"http://127.0.0.1:{port}/v1/completions", json=body))
-        while not any(st.inflight for st in gw.registry.states.values()):
-            await asyncio.sleep(0.001)
+        await eventually(
+            lambda: any(st.inflight for st in gw.registry.states.values()),
+            what="the request in flight",
+            every=0.001,
+        )
         t = time.monotonic()
         await gw.close()
         waited = time.monotonic() - t
@@ -240,8 +242,8 @@ async def test_close_lets_in_flight_requests_finish_and_refuses_new_ones(engine)
             await s.post(f"http://127.0.0.1:{port}/health")
 
 
-async def test_a_client_that_goes_away_aborts_its_request_on_the_engine():
-    slow = sim(MODEL, "--time-scale", "1")  # 2,000 tokens at ~6.5 ms a step: ~13 s to the end
+async def test_a_client_that_goes_away_aborts_its_request_on_the_engine(processes):
+    slow = processes.sim(MODEL, "--time-scale", "1")  # 2,000 tokens, ~6.5 ms a step: ~13 s
     gw = await _gateway(slow)
 
     async def aborts() -> float:
@@ -259,20 +261,20 @@ async def test_a_client_that_goes_away_aborts_its_request_on_the_engine():
         )
         writer.write(request(body=body))
         await writer.drain()
-        state = next(iter(gw.registry.states.values()))
-        for _ in range(500):
-            if state.inflight:
-                break
-            await asyncio.sleep(0.01)
+        state = await eventually(
+            lambda: next(iter(gw.registry.states.values()), None), what="the engine registered"
+        )
+        await eventually(lambda: state.inflight, 5, what="the request in flight")
         assert state.inflight == 1
         writer.close()  # the client gives up
-        for _ in range(250):
-            if state.inflight == 0 and await aborts() > before:
-                break
-            await asyncio.sleep(0.02)
-        assert state.inflight == 0
-        assert await aborts() == before + 1  # the engine stopped generating, within 5 s
+        # the engine stopped generating, within 5 s (not after the ~13 s of the whole answer)
+        await eventually(lambda: state.inflight == 0, 5, what="the request to end")
+
+        async def aborted() -> bool:
+            return await aborts() > before
+
+        await eventually(aborted, 5, what="an abort counted on the engine", every=0.05)
+        assert await aborts() == before + 1
         assert 'status="499"' in gw.metrics.render().decode()
     finally:
         await gw.close()
-        slow.stop()

@@ -1,6 +1,6 @@
 """The in-cluster gateway (``llmplane gateway --kubernetes``) against a Kubernetes API EMULATOR.
 
-No Kubernetes API server can run here, so the API is ``llmplane.operator.testing.KubeEmulator``,
+No Kubernetes API server can run here, so the API is ``llmplane.testing.kube_emulator.KubeEmulator``,
 an in-process aiohttp emulator of the REST endpoints used (list/watch with resourceVersion,
 label selectors, the status subresource). The gateway is the real one: ``KubeStore`` +
 ``PodDiscovery`` in-process, and once as the real ``python -m llmplane.gateway.cli
@@ -27,10 +27,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmplane import testing
 from llmplane.gateway.discovery.pods import kubernetes_sources
 from llmplane.gateway.server import Gateway, start_gateway
-from llmplane.gateway.testing import Server, spawn
-from llmplane.operator.testing import KubeEmulator, pod
+from llmplane.testing import Process, Processes, eventually, sim_process
+from llmplane.testing.kube_emulator import KubeEmulator, pod
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,33 +56,23 @@ def _free_loopback_prefix() -> str:
 
 
 @pytest.fixture(scope="module")
-def engines() -> Iterator[dict[str, Server]]:
+def engines() -> Iterator[dict[str, Process]]:
     """Three simulated engines serving ``llama`` at ``<ip>:8080``: name -> server."""
     prefix = _free_loopback_prefix()
-    servers: dict[str, Server] = {}
-    try:
-        for name, host in (("a", 2), ("b", 3), ("c", 4)):
-            servers[name] = spawn(
-                [
-                    "-m",
-                    "llmplane.sim",
-                    "--model",
-                    MODEL,
-                    "--host",
-                    f"{prefix}.{host}",
-                    "--port",
-                    "8080",
-                    "--time-scale",
-                    "0",
-                ]
+    with Processes() as group:
+        names = ("a", "b", "c")
+        started = group.start(
+            *(
+                sim_process(
+                    MODEL, "--host", f"{prefix}.{host}", "--port", "8080", "--time-scale", "0"
+                )
+                for host in (2, 3, 4)
             )
-        yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
+        )
+        yield dict(zip(names, started, strict=True))
 
 
-def ip(server: Server) -> str:
+def ip(server: Process) -> str:
     return server.address.rpartition(":")[0]
 
 
@@ -129,7 +120,7 @@ def model_route(model_name: str, server: str) -> dict[str, Any]:
     }
 
 
-def playground_pod(name: str, server: Server, ready: bool = True) -> dict[str, Any]:
+def playground_pod(name: str, server: Process, ready: bool = True) -> dict[str, Any]:
     return pod(name, {MODEL_LABEL: MODEL, BACKEND_LABEL: "sim"}, ip(server), ready=ready)
 
 
@@ -170,7 +161,7 @@ async def gateway_on(kube: KubeEmulator) -> AsyncIterator[Gateway]:
 
 
 async def test_playground_pod_is_routable_by_model_name_and_dropped_when_not_ready(
-    engines: dict[str, Server],
+    engines: dict[str, Process],
 ) -> None:
     a = engines["a"]
     async with KubeEmulator() as kube:
@@ -195,14 +186,19 @@ async def test_playground_pod_is_routable_by_model_name_and_dropped_when_not_rea
             await kube.set_pod_ready("llama-0", True)
             await until(gateway.port, MODEL, lambda s, e, b: s == 200)
 
-            # An unrelated ready pod in the namespace is never an endpoint.
+            # An unrelated ready pod in the namespace is never an endpoint: once a Playground
+            # pod created after it is one, the gateway has seen both events.
             await kube.create(pod("web", {"app": "web"}, ip(engines["c"])))
-            await asyncio.sleep(0.3)
-            assert set(gateway.registry.states) == {f"{ip(a)}:8080"}
+            await kube.create(playground_pod("llama-1", engines["b"]))
+            await eventually(
+                lambda: f"{ip(engines['b'])}:8080" in gateway.registry.states,
+                what="the later pod discovered",
+            )
+            assert set(gateway.registry.states) == {f"{ip(a)}:8080", f"{ip(engines['b'])}:8080"}
 
 
 async def test_model_server_selects_only_matching_pods_and_new_routes_are_followed(
-    engines: dict[str, Server],
+    engines: dict[str, Process],
 ) -> None:
     a, b, c = engines["a"], engines["b"], engines["c"]
     async with KubeEmulator() as kube:
@@ -255,7 +251,7 @@ async def test_model_server_selects_only_matching_pods_and_new_routes_are_follow
 
 
 async def test_the_gateway_process_with_kubernetes_flag(
-    engines: dict[str, Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engines: dict[str, Process], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``python -m llmplane.gateway.cli --kubernetes`` as the chart runs it, configured by a
     kubeconfig (no in-cluster service account here)."""
@@ -276,19 +272,8 @@ current-context: emulator
         await kube.create(openmodel(MODEL))
         await kube.create(playground(MODEL))
         await kube.create(playground_pod("llama-0", a))
-        process = await asyncio.to_thread(
-            spawn,
-            [
-                "-m",
-                "llmplane.gateway.cli",
-                "--kubernetes",
-                "--namespace",
-                "default",
-                "--port",
-                "0",
-                "--no-access-log",
-            ],
-        )
+        process = testing.gateway("--kubernetes", "--namespace", "default", "--no-access-log")
+        await asyncio.to_thread(process.start)
         try:
             port = process.port
             status, endpoint, body = await chat(port, MODEL)

@@ -11,8 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llmplane.gateway.testing import sim
-from tests.integration.gatewayprocess import GatewayProcess, wait_until
+from llmplane.testing.process import sim
+from llmplane.testing.wait import wait_for
+from tests.integration.gatewayprocess import GatewayProcess
 
 MODEL = "m"
 HEADER_TIMEOUT = 1.0
@@ -24,7 +25,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     gw = GatewayProcess(tmp_path_factory.mktemp("gw"), {"clientHeaderTimeout": HEADER_TIMEOUT})
     try:
         gw.register("sim", engine.address, MODEL)
-        wait_until(lambda: completion(gw.port)[0] == 200, 30, "the sim to be routable")
+        wait_for(lambda: completion(gw.port)[0] == 200, 30, 0.05, what="the sim to be routable")
         yield gw
     finally:
         gw.stop()
@@ -181,7 +182,7 @@ def test_the_connection_cap_turns_away_the_extra_connection(tmp_path: Path) -> N
                 again.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 return read_all(again).startswith(b"HTTP/1.1 200 ")
 
-        wait_until(served, 10, "a connection to be accepted once one closed")
+        wait_for(served, 10, 0.05, what="a connection to be accepted once one closed")
     finally:
         for conn in held:
             conn.close()

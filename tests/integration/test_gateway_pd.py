@@ -9,7 +9,6 @@ gateway sent and when; the sims' own metrics show what they did with them."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from contextlib import asynccontextmanager
 
@@ -21,8 +20,9 @@ from aiohttp import web
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.pd import PREFILL_HEADER
 from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import sim
 from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import Process, eventually
+from tests.integration.openai_errors import assert_openai_error
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 MODEL = "pd-model"
@@ -126,10 +126,10 @@ def sample(metrics: dict[str, float], name: str, **labels: str) -> float:
 class Pod:
     """One sim process (a prefill or decode replica) behind a Tap, labelled like a pod."""
 
-    def __init__(self, role: str, group: str, host: str = "127.0.0.1", *extra: str) -> None:
+    def __init__(self, server: Process, role: str, group: str, host: str = "127.0.0.1") -> None:
         self.role = role
         self.group = group
-        self.server = sim(MODEL, "--role", role, *extra)
+        self.server = server
         self.tap = Tap(self.server.address, host)
 
     @property
@@ -146,6 +146,17 @@ class Pod:
 
     async def metrics(self) -> dict[str, float]:
         return await metrics_of(self.sim_address)
+
+
+@pytest.fixture
+def pod(processes):
+    """``pod(role, group, host="127.0.0.1", *sim_args)``: a started sim behind a Tap (the sims
+    end with the test; ``pd_gateway`` closes the taps)."""
+
+    def make(role: str, group: str, host: str = "127.0.0.1", *extra: str) -> Pod:
+        return Pod(processes.sim(MODEL, "--role", role, *extra), role, group, host)
+
+    return make
 
 
 def objects(engine: str = "vLLM", connector: str | None = None, retry: int | None = None):
@@ -179,25 +190,24 @@ def objects(engine: str = "vLLM", connector: str | None = None, retry: int | Non
 
 @asynccontextmanager
 async def pd_gateway(tmp_path, pods, **spec):
-    for pod in pods:
-        await pod.tap.start()
+    for p in pods:
+        await p.tap.start()
     store = SQLiteStore(tmp_path / "db.sqlite")
     for obj in objects(**spec):
         store.apply(obj)
     gw = await start_gateway(store, StaticDiscovery([p.endpoint() for p in pods]))
     try:
-        for _ in range(200):  # the routing table follows the store
-            if gw.table.servers and all(gw.registry.states.values()):
-                break
-            await asyncio.sleep(0.02)
+        await eventually(  # the routing table follows the store
+            lambda: gw.table.servers and all(gw.registry.states.values()),
+            what="the routing table and endpoints",
+        )
         async with aiohttp.ClientSession() as client:
             yield gw, client
     finally:
         await gw.close()
         store.close()
-        for pod in pods:
-            await pod.tap.close()
-            pod.server.stop()
+        for p in pods:
+            await p.tap.close()
 
 
 def prompt(i: int, chars: int = 2000) -> list[dict]:
@@ -217,8 +227,8 @@ def by_address(pods):
 # --- nixl ---------------------------------------------------------------------------------
 
 
-async def test_nixl_hands_kv_transfer_params_to_decode(tmp_path):
-    prefill, decode = Pod("prefill", "0"), Pod("decode", "0")
+async def test_nixl_hands_kv_transfer_params_to_decode(tmp_path, pod):
+    prefill, decode = pod("prefill", "0"), pod("decode", "0")
     async with pd_gateway(tmp_path, [prefill, decode], connector="nixl") as (gw, client):
         body = {"model": "pd", "messages": prompt(1), "max_tokens": 5, "ignore_eos": True}
         status, headers, data = await post(client, gw, body)
@@ -258,8 +268,8 @@ async def test_nixl_hands_kv_transfer_params_to_decode(tmp_path):
         assert 'llmplane_gateway_pd_prefill_duration_seconds_count{model="pd"} 1.0' in text
 
 
-async def test_pairs_stay_within_their_group(tmp_path):
-    pods = [Pod(role, group) for group in ("0", "1") for role in ("prefill", "decode")]
+async def test_pairs_stay_within_their_group(tmp_path, pod):
+    pods = [pod(role, group) for group in ("0", "1") for role in ("prefill", "decode")]
     async with pd_gateway(tmp_path, pods, connector="nixl") as (gw, client):
         pods_by = by_address(pods)
         seen = set()
@@ -283,8 +293,8 @@ async def test_pairs_stay_within_their_group(tmp_path):
             )
 
 
-async def test_stream_comes_from_decode(tmp_path):
-    prefill, decode = Pod("prefill", "0"), Pod("decode", "0")
+async def test_stream_comes_from_decode(tmp_path, pod):
+    prefill, decode = pod("prefill", "0"), pod("decode", "0")
     async with pd_gateway(tmp_path, [prefill, decode], connector="nixl") as (gw, client):
         body = {
             "model": "pd",
@@ -320,8 +330,8 @@ async def test_stream_comes_from_decode(tmp_path):
 # --- http / lmcache -----------------------------------------------------------------------
 
 
-async def test_http_prefills_then_decodes_with_the_original_body(tmp_path):
-    prefill, decode = Pod("prefill", "0"), Pod("decode", "0")
+async def test_http_prefills_then_decodes_with_the_original_body(tmp_path, pod):
+    prefill, decode = pod("prefill", "0"), pod("decode", "0")
     async with pd_gateway(tmp_path, [prefill, decode], connector="http") as (gw, client):
         body = {
             "model": "pd",
@@ -351,15 +361,15 @@ async def test_http_prefills_then_decodes_with_the_original_body(tmp_path):
 # --- SGLang ---------------------------------------------------------------------------------
 
 
-async def test_sglang_sends_both_at_once_with_one_bootstrap_room(tmp_path):
+async def test_sglang_sends_both_at_once_with_one_bootstrap_room(tmp_path, pod):
     # A slow prefill (real time) makes the overlap visible; the prefill replicas listen on
     # their own loopback addresses so bootstrap_host names one of them.
     slow = ("--time-scale", "1", "--prefill-time-per-token", "0.0002")
     pods = [
-        Pod("prefill", "0", "127.0.0.2", *slow),
-        Pod("decode", "0"),
-        Pod("prefill", "1", "127.0.0.3", *slow),
-        Pod("decode", "1"),
+        pod("prefill", "0", "127.0.0.2", *slow),
+        pod("decode", "0"),
+        pod("prefill", "1", "127.0.0.3", *slow),
+        pod("decode", "1"),
     ]
     async with pd_gateway(tmp_path, pods, engine="SGLang") as (gw, client):
         pods_by = by_address(pods)
@@ -380,10 +390,10 @@ async def test_sglang_sends_both_at_once_with_one_bootstrap_room(tmp_path):
             # decode does not wait for the prefill, so the prefill may even outlast it)
             assert d_call["start"] < p_call.get("end", float("inf"))
             assert abs(d_call["start"] - p_call["start"]) < 0.1
-        for _ in range(200):  # prefills the decodes outran finish in the background
-            if all("end" in c for p in pods for c in p.tap.inference):
-                break
-            await asyncio.sleep(0.02)
+        await eventually(  # prefills the decodes outran finish in the background
+            lambda: all("end" in c for p in pods for c in p.tap.inference),
+            what="every prefill to finish",
+        )
         assert all(c["status"] == 200 for p in pods for c in p.tap.inference)
         rooms = [c["body"]["bootstrap_room"] for p in pods for c in p.tap.inference]
         assert len(rooms) == 12 and len(set(rooms)) == 6  # a new room per request
@@ -397,9 +407,9 @@ async def test_sglang_sends_both_at_once_with_one_bootstrap_room(tmp_path):
 # --- failures -------------------------------------------------------------------------------
 
 
-async def test_failed_prefill_is_retried_on_another_prefill(tmp_path):
-    bad = Pod("prefill", "0", "127.0.0.1", "--fault-error-rate", "1", "--fault-error-codes", "503")
-    good, decode = Pod("prefill", "0"), Pod("decode", "0")
+async def test_failed_prefill_is_retried_on_another_prefill(tmp_path, pod):
+    bad = pod("prefill", "0", "127.0.0.1", "--fault-error-rate", "1", "--fault-error-codes", "503")
+    good, decode = pod("prefill", "0"), pod("decode", "0")
     async with pd_gateway(tmp_path, [bad, good, decode], connector="nixl", retry=2) as (gw, client):
         for i in range(20):
             body = {"model": "pd", "messages": prompt(100 + i, 300), "max_tokens": 2}
@@ -418,18 +428,18 @@ async def test_failed_prefill_is_retried_on_another_prefill(tmp_path):
         assert "llmplane_gateway_retries_total" in text
 
 
-async def test_no_prefill_in_the_group_is_503(tmp_path):
-    prefill, decode = Pod("prefill", "0"), Pod("decode", "1")
+async def test_no_prefill_in_the_group_is_503(tmp_path, pod):
+    prefill, decode = pod("prefill", "0"), pod("decode", "1")
     async with pd_gateway(tmp_path, [prefill, decode], connector="nixl") as (gw, client):
         status, _, data = await post(client, gw, {"model": "pd", "messages": prompt(0, 50)})
-        assert status == 503
-        assert "no prefill/decode pair" in orjson.loads(data)["error"]["message"]
+        error = assert_openai_error(status, data, 503)
+        assert "no prefill/decode pair" in error["message"]
         assert not prefill.tap.inference and not decode.tap.inference
 
 
-async def test_all_prefills_failing_gives_the_engines_error(tmp_path):
-    bad = Pod("prefill", "0", "127.0.0.1", "--fault-error-rate", "1", "--fault-error-codes", "503")
-    decode = Pod("decode", "0")
+async def test_all_prefills_failing_gives_the_engines_error(tmp_path, pod):
+    bad = pod("prefill", "0", "127.0.0.1", "--fault-error-rate", "1", "--fault-error-codes", "503")
+    decode = pod("decode", "0")
     async with pd_gateway(tmp_path, [bad, decode], connector="nixl", retry=1) as (gw, client):
         status, _, _ = await post(client, gw, {"model": "pd", "messages": prompt(0, 50)})
         assert status == 503  # the prefill's own 5xx on the last attempt, as for whole requests
@@ -442,10 +452,10 @@ def _quiet_gateway_logs(caplog):
     caplog.set_level("WARNING", logger="llmplane.gateway.access")
 
 
-async def test_sglang_failed_prefill_abandons_the_pair_and_retries(tmp_path):
-    bad = Pod("prefill", "0", "127.0.0.2", "--fault-error-rate", "1", "--fault-error-codes", "500")
-    good = Pod("prefill", "0", "127.0.0.3")
-    decode = Pod("decode", "0", "127.0.0.1", "--time-scale", "1")
+async def test_sglang_failed_prefill_abandons_the_pair_and_retries(tmp_path, pod):
+    bad = pod("prefill", "0", "127.0.0.2", "--fault-error-rate", "1", "--fault-error-codes", "500")
+    good = pod("prefill", "0", "127.0.0.3")
+    decode = pod("decode", "0", "127.0.0.1", "--time-scale", "1")
     pods = [bad, good, decode]
     async with pd_gateway(tmp_path, pods, engine="SGLang", retry=2) as (gw, client):
         for i in range(20):

@@ -7,8 +7,8 @@ stands in for ``llmplane.sim`` where a test needs exact control of delays and fa
 from __future__ import annotations
 
 import asyncio
+import logging
 
-import aiohttp
 import openai
 import orjson
 import pytest
@@ -16,9 +16,9 @@ import pytest
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
-from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import upstream
-from llmplane.store.sqlite import SQLiteStore
+from llmplane.gateway.errors import GatewayError
+from llmplane.testing import Processes, upstream_process
+from tests.integration.openai_errors import assert_openai_error
 
 MODEL = "llama3-8b"
 
@@ -34,35 +34,22 @@ def playground(name: str, model: str) -> dict:
 
 @pytest.fixture(scope="module")
 def upstreams():
-    servers = [upstream(MODEL, "--tokens", "5") for _ in range(2)]
-    yield servers
-    for s in servers:
-        s.stop()
+    with Processes() as group:
+        yield group.start(*(upstream_process(MODEL, "--tokens", "5") for _ in range(2)))
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = SQLiteStore(tmp_path / "db.sqlite")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-async def gateway(store, upstreams):
-    store.apply(playground("llama", MODEL))
-    store.apply(playground("pending", "qwen-pending"))
-    discovery = StaticDiscovery(
+def discovery(upstreams) -> StaticDiscovery:
+    return StaticDiscovery(
         Endpoint(s.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True) for s in upstreams
     )
-    gw = await start_gateway(store, discovery, config=GatewayConfig(max_body_bytes=64 * 1024))
-    yield gw
-    await gw.close()
 
 
 @pytest.fixture
-async def client():
-    async with aiohttp.ClientSession() as session:
-        yield session
+async def gateway(store, upstreams, gateways):
+    store.apply(playground("llama", MODEL))
+    store.apply(playground("pending", "qwen-pending"))
+    config = GatewayConfig(max_body_bytes=64 * 1024)
+    return await gateways(store, discovery(upstreams), config=config)
 
 
 def url(gw, path: str) -> str:
@@ -75,16 +62,6 @@ async def post(client, gw, path, body, **kw):
         url(gw, path), data=data, headers={"Content-Type": "application/json"}, **kw
     ) as r:
         return r.status, r.headers, await r.read()
-
-
-def assert_openai_error(status, body, expected_status, code=None):
-    assert status == expected_status, body
-    doc = orjson.loads(body)
-    assert set(doc) == {"error"}
-    assert set(doc["error"]) == {"message", "type", "code"}
-    assert isinstance(doc["error"]["message"], str) and doc["error"]["message"]
-    if code is not None:
-        assert doc["error"]["code"] == code
 
 
 async def test_playground_model_is_routable_and_relayed(gateway, client, upstreams):
@@ -151,15 +128,26 @@ async def test_errors_have_the_openai_shape(gateway, client):
     assert_openai_error(status, body, 404)
 
 
-async def test_upstream_4xx_is_relayed_not_retried(gateway, client, upstreams):
-    # The upstream does not serve this LoRA name: its own 404 comes back as it is.
+async def test_upstream_4xx_is_relayed_after_exactly_one_attempt(gateway, client, caplog):
+    # The upstream does not serve this LoRA name: its own 404 comes back as it is, from the
+    # first replica tried - a client error is not retried on the other one.
     gateway.table.defaults["ghost"] = gateway.table.defaults[MODEL]
-    status, headers, body = await post(
-        client, gateway, "/v1/completions", {"model": "ghost", "prompt": "x"}
-    )
+    with caplog.at_level(logging.INFO, logger="llmplane.gateway.access"):
+        status, headers, body = await post(
+            client, gateway, "/v1/completions", {"model": "ghost", "prompt": "x"}
+        )
     assert status == 404
     assert "does not exist" in orjson.loads(body)["error"]["message"]
     assert headers["x-llmplane-endpoint"]
+    [line] = [orjson.loads(r.getMessage()) for r in caplog.records if r.name.endswith("access")]
+    assert line["attempts"] == 1 and line["status"] == 404, line
+    assert "failures" not in line, line
+    retried = [
+        sample
+        for sample in gateway.metrics.render().decode().splitlines()
+        if sample.startswith("llmplane_gateway_retries_total{")
+    ]
+    assert retried == [], retried
 
 
 async def test_streaming_is_relayed_with_usage(gateway, client):
@@ -251,35 +239,39 @@ class RecordingHook:
         )
 
 
-async def test_request_hooks_reserve_and_settle(store, upstreams, client):
-    from llmplane.gateway.errors import GatewayError
-
+async def test_request_hooks_reserve_and_settle(store, upstreams, client, gateways, caplog):
     hook = RecordingHook()
-    discovery = StaticDiscovery(
-        Endpoint(s.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True) for s in upstreams
+    gw = await gateways(store, discovery(upstreams), config=GatewayConfig(hooks=[hook]))
+    # The hook turned usage on for a stream the client sent without it.
+    async with client.post(
+        url(gw, "/v1/completions"), json={"model": MODEL, "prompt": "x", "stream": True}
+    ) as r:
+        raw = await r.read()
+    assert b'"usage":{' in raw
+    assert hook.events == [("reserve", MODEL), ("settle", "token", 5, 200)]
+
+    class Refuse:
+        async def reserve(self, request, decision):
+            raise GatewayError(429, "token budget exhausted", "rate_limited", retry_after=7)
+
+        async def settle(self, *args):
+            raise AssertionError("not reserved, not settled")
+
+    gw.hooks = [Refuse()]
+    status, headers, body = await post(
+        client, gw, "/v1/completions", {"model": MODEL, "prompt": "x"}
     )
-    gw = await start_gateway(store, discovery, config=GatewayConfig(hooks=[hook]))
-    try:
-        # The hook turned usage on for a stream the client sent without it.
-        async with client.post(
-            url(gw, "/v1/completions"), json={"model": MODEL, "prompt": "x", "stream": True}
-        ) as r:
-            raw = await r.read()
-        assert b'"usage":{' in raw
-        assert hook.events == [("reserve", MODEL), ("settle", "token", 5, 200)]
+    assert headers["Retry-After"] == "7"
+    assert_openai_error(status, body, 429, "rate_limited")
 
-        class Refuse:
-            async def reserve(self, request, decision):
-                raise GatewayError(429, "token budget exhausted", "rate_limited", retry_after=7)
+    class Broken:
+        async def reserve(self, request, decision):
+            raise RuntimeError("a bug in a hook")
 
-            async def settle(self, *args):
-                raise AssertionError("not reserved, not settled")
+        async def settle(self, *args):
+            raise AssertionError("not reserved, not settled")
 
-        gw.hooks = [Refuse()]
-        status, headers, body = await post(
-            client, gw, "/v1/completions", {"model": MODEL, "prompt": "x"}
-        )
-        assert status == 429 and headers["Retry-After"] == "7"
-        assert orjson.loads(body)["error"]["code"] == "rate_limited"
-    finally:
-        await gw.close()
+    gw.hooks = [Broken()]
+    with caplog.at_level(logging.CRITICAL, logger="llmplane.gateway"):  # the traceback it logs
+        status, _, body = await post(client, gw, "/v1/completions", {"model": MODEL, "prompt": "x"})
+    assert_openai_error(status, body, 500)

@@ -5,40 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import orjson
-import pytest
 
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
 from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import upstream
-from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import eventually
+from tests.integration.openai_errors import assert_openai_error
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 GIE = "inference.networking.x-k8s.io/v1alpha2"
-
-
-@pytest.fixture
-async def client():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-def servers():
-    started = []
-
-    def start(*args):
-        s = upstream(*args)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.stop()
 
 
 def static(model, servers):
@@ -54,8 +32,8 @@ async def post(client, gw, body, headers=None):
         return r.status, r.headers, await r.read()
 
 
-async def test_killing_a_replica_under_load_fails_no_request(servers, client):
-    replicas = [servers("m", "--delay", "0.02") for _ in range(3)]
+async def test_killing_a_replica_under_load_fails_no_request(processes, client):
+    replicas = [processes.upstream("m", "--delay", "0.02") for _ in range(3)]
     gw = await start_gateway(None, static("m", replicas))
     try:
         results = []
@@ -69,7 +47,9 @@ async def test_killing_a_replica_under_load_fails_no_request(servers, client):
                 results.append((status, headers.get("x-llmplane-endpoint")))
 
         tasks = [asyncio.create_task(one(i)) for i in range(300)]
-        await asyncio.sleep(0.25)
+        await eventually(
+            lambda: any(e == replicas[0].address for _, e in results), what="load on replica 0"
+        )
         replicas[0].kill()  # SIGKILL: connections reset, new ones refused
         await asyncio.gather(*tasks)
         assert [s for s, _ in results if s != 200] == []
@@ -85,8 +65,8 @@ async def test_killing_a_replica_under_load_fails_no_request(servers, client):
         await gw.close()
 
 
-async def test_5xx_is_retried_elsewhere_and_the_replica_ejected(servers, client):
-    bad, good = servers("m"), servers("m")
+async def test_5xx_is_retried_elsewhere_and_the_replica_ejected(processes, client):
+    bad, good = processes.upstream("m"), processes.upstream("m")
     async with client.post(f"http://{bad.address}/admin", json={"fail_status": 500}) as r:
         assert r.status == 200
     gw = await start_gateway(
@@ -102,8 +82,8 @@ async def test_5xx_is_retried_elsewhere_and_the_replica_ejected(servers, client)
         await gw.close()
 
 
-async def test_last_attempt_relays_the_engine_error(servers, client):
-    bad = servers("m")
+async def test_last_attempt_relays_the_engine_error(processes, client):
+    bad = processes.upstream("m")
     async with client.post(f"http://{bad.address}/admin", json={"fail_status": 503}) as r:
         assert r.status == 200
     gw = await start_gateway(None, static("m", [bad]))
@@ -122,15 +102,14 @@ async def test_nothing_listening_gives_502(client):
     try:
         status, _, body = await post(client, gw, {"model": "m", "prompt": "x"})
         doc = orjson.loads(body)
-        assert status == 502 and doc["error"]["code"] == "bad_gateway"
+        assert_openai_error(status, doc, 502, "bad_gateway")
         assert "3 attempts" in doc["error"]["message"]
     finally:
         await gw.close()
 
 
-async def test_traffic_policy_timeout_and_retry(tmp_path, servers, client):
-    slow = servers("m", "--delay", "2")
-    store = SQLiteStore(tmp_path / "db.sqlite")
+async def test_traffic_policy_timeout_and_retry(store, processes, client):
+    slow = processes.upstream("m", "--delay", "2")
     store.apply(endpoint_object("slow", slow.address, "m", labels={"app": "slow"}))
     store.apply(
         {
@@ -166,21 +145,21 @@ async def test_traffic_policy_timeout_and_retry(tmp_path, servers, client):
         status, _, body = await post(client, gw, {"model": "slow", "prompt": "x"})
         elapsed = loop.time() - started
         doc = orjson.loads(body)
-        assert status == 504 and doc["error"]["code"] == "upstream_timeout"
+        assert_openai_error(status, doc, 504, "upstream_timeout")
         assert "2 attempts" in doc["error"]["message"]
         assert elapsed < 1.9  # two 0.3 s attempts, not the engine's 2 s
         # Streaming: the timeout bounds the time to the first byte.
         status, _, body = await post(client, gw, {"model": "slow", "prompt": "x", "stream": True})
-        assert status == 504
+        assert_openai_error(status, body, 504, "upstream_timeout")
     finally:
         await gw.close()
-        store.close()
 
 
-async def test_only_sheddable_traffic_is_shed(tmp_path, servers, client):
+async def test_only_sheddable_traffic_is_shed(store, processes, client):
     # One running slot each: a running request puts KV use at 1.0 (> 0.8): saturated.
-    replicas = [servers("base", "--delay", "1.5", "--max-running", "1") for _ in range(2)]
-    store = SQLiteStore(tmp_path / "db.sqlite")
+    replicas = [
+        processes.upstream("base", "--delay", "1.5", "--max-running", "1") for _ in range(2)
+    ]
     for i, s in enumerate(replicas):
         store.apply(endpoint_object(f"r{i}", s.address, "base", labels={"pool": "p"}))
     store.apply(
@@ -211,12 +190,13 @@ async def test_only_sheddable_traffic_is_shed(tmp_path, servers, client):
         )
     gw = await start_gateway(store, StoreEndpoints(store))
     try:
-        for _ in range(100):
-            if len(gw.registry.states) == 2 and all(
-                s.has_load_metrics for s in gw.registry.states.values()
-            ):
-                break
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: (
+                len(gw.registry.states) == 2
+                and all(s.has_load_metrics for s in gw.registry.states.values())
+            ),
+            what="both replicas scraped",
+        )
         # Idle: sheddable traffic is served.
         status, _, _ = await post(client, gw, {"model": "batch", "prompt": "x"})
         assert status == 200
@@ -224,10 +204,12 @@ async def test_only_sheddable_traffic_is_shed(tmp_path, servers, client):
             asyncio.create_task(post(client, gw, {"model": "chat", "prompt": str(i)}))
             for i in range(4)
         ]
-        await asyncio.sleep(0.4)  # both replicas busy and scraped
+        await eventually(  # both replicas busy (KV full) and scraped
+            lambda: all(s.kv_usage >= 1.0 for s in gw.registry.states.values()),
+            what="both replicas saturated",
+        )
         status, headers, body = await post(client, gw, {"model": "batch", "prompt": "x"})
-        assert status == 429, body
-        assert orjson.loads(body)["error"]["code"] == "overloaded"
+        assert_openai_error(status, body, 429, "overloaded")
         assert int(headers["Retry-After"]) >= 1
         critical = asyncio.create_task(post(client, gw, {"model": "chat", "prompt": "y"}))
         default = asyncio.create_task(post(client, gw, {"model": "std", "prompt": "z"}))
@@ -237,4 +219,3 @@ async def test_only_sheddable_traffic_is_shed(tmp_path, servers, client):
         assert 'llmplane_gateway_shed_total{model="batch"} 1.0' in gw.metrics.render().decode()
     finally:
         await gw.close()
-        store.close()

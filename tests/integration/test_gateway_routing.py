@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import orjson
 import pytest
 
-from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
-from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import sim, upstream
-from llmplane.store.sqlite import SQLiteStore
+from llmplane.gateway.discovery.store_endpoints import endpoint_object
+from llmplane.testing import Processes, eventually, sim_process
+from tests.integration.openai_errors import assert_openai_error
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 GIE = "inference.networking.x-k8s.io/v1alpha2"
@@ -43,25 +41,24 @@ def model_route(name, spec):
 
 
 @pytest.fixture(scope="module")
-def sims():
-    servers = {
-        "stable": sim("llama-stable", "--time-scale", "0"),
-        "canary": sim("llama-canary", "--time-scale", "0"),
-        "qwen-lora": sim(
-            "qwen",
-            "--time-scale",
-            "0",
-            "--enable-lora",
-            "--max-loras",
-            "2",
-            "--lora-modules",
-            "sql=/tmp/sql",
-        ),
-        "qwen": sim("qwen", "--time-scale", "0"),
-    }
-    yield servers
-    for s in servers.values():
-        s.stop()
+def sims(tmp_path_factory):
+    adapter = tmp_path_factory.mktemp("lora") / "sql"
+    adapter.mkdir()
+    lora = ["--enable-lora", "--max-loras", "2", "--lora-modules", f"sql={adapter}"]
+    with Processes() as group:  # all stopped, also when one fails to start
+        servers = dict(
+            zip(
+                ("stable", "canary", "qwen-lora", "qwen"),
+                group.start(
+                    sim_process("llama-stable", "--time-scale", "0"),
+                    sim_process("llama-canary", "--time-scale", "0"),
+                    sim_process("qwen", "--time-scale", "0", *lora),
+                    sim_process("qwen", "--time-scale", "0"),
+                ),
+                strict=True,
+            )
+        )
+        yield servers
 
 
 LABELS = {
@@ -73,36 +70,28 @@ LABELS = {
 
 
 @pytest.fixture
-def store(tmp_path, sims):
-    s = SQLiteStore(tmp_path / "db.sqlite")
+def routed(store, sims):
+    """The store with the four sims as Endpoint objects and a ModelServer per model."""
     for name, server in sims.items():
         model = "qwen" if name.startswith("qwen") else f"llama-{name}"
-        s.apply(endpoint_object(name, server.address, model, labels=LABELS[name]))
-    s.apply(model_server("stable", "llama-stable", {"track": "stable"}))
-    s.apply(model_server("canary", "llama-canary", {"track": "canary"}))
-    s.apply(model_server("qwen", "qwen", {"app": "qwen"}))
-    yield s
-    s.close()
+        store.apply(endpoint_object(name, server.address, model, labels=LABELS[name]))
+    store.apply(model_server("stable", "llama-stable", {"track": "stable"}))
+    store.apply(model_server("canary", "llama-canary", {"track": "canary"}))
+    store.apply(model_server("qwen", "qwen", {"app": "qwen"}))
+    return store
 
 
 @pytest.fixture
-async def gateway(store):
-    gw = await start_gateway(store, StoreEndpoints(store))
-    # Wait for every endpoint's model list (the LoRA filter uses it).
-    for _ in range(100):
-        if len(gw.registry.states) == 4 and all(
-            s.served_models for s in gw.registry.states.values()
-        ):
-            break
-        await asyncio.sleep(0.05)
-    yield gw
-    await gw.close()
-
-
-@pytest.fixture
-async def client():
-    async with aiohttp.ClientSession() as session:
-        yield session
+async def gateway(routed, gateways):
+    gw = await gateways(routed)
+    await eventually(  # every endpoint's model list (the LoRA filter uses it)
+        lambda: (
+            len(gw.registry.states) == 4
+            and all(s.served_models for s in gw.registry.states.values())
+        ),
+        what="four endpoints with their served models",
+    )
+    return gw
 
 
 async def chat(client, gw, model, headers=None, path="/v1/chat/completions"):
@@ -117,16 +106,8 @@ async def chat(client, gw, model, headers=None, path="/v1/chat/completions"):
         return r.status, r.headers.get("x-llmplane-endpoint"), orjson.loads(await r.read())
 
 
-async def wait_for(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
-async def test_weighted_split_and_rewrite(store, gateway, client, sims):
-    store.apply(
+async def test_weighted_split_and_rewrite(routed, gateway, client, sims):
+    routed.apply(
         model_route(
             "llama",
             {
@@ -143,7 +124,7 @@ async def test_weighted_split_and_rewrite(store, gateway, client, sims):
             },
         )
     )
-    await wait_for(lambda: "llama" in gateway.table.routes_by_model)
+    await eventually(lambda: "llama" in gateway.table.routes_by_model)
     counts = {"llama-stable": 0, "llama-canary": 0}
     n = 300
     for _ in range(n):
@@ -156,8 +137,8 @@ async def test_weighted_split_and_rewrite(store, gateway, client, sims):
     assert abs(counts["llama-canary"] - 90) <= 36, counts
 
 
-async def test_header_uri_and_body_rules(store, gateway, client):
-    store.apply(
+async def test_header_uri_and_body_rules(routed, gateway, client):
+    routed.apply(
         model_route(
             "llama",
             {
@@ -174,6 +155,16 @@ async def test_header_uri_and_body_rules(store, gateway, client):
                         "targetModels": [{"modelServerName": "canary"}],
                     },
                     {
+                        "name": "prod",  # Kthena StringMatch.prefix: a prefix, not a substring
+                        "modelMatch": {"headers": {"x-env": {"prefix": "prod"}}},
+                        "targetModels": [{"modelServerName": "canary"}],
+                    },
+                    {
+                        "name": "gpu",  # StringMatch.regex is unanchored (Go's MatchString)
+                        "modelMatch": {"headers": {"x-hw": {"regex": "gpu-[0-9]+"}}},
+                        "targetModels": [{"modelServerName": "canary"}],
+                    },
+                    {
                         "name": "completions",
                         "modelMatch": {"uri": {"prefix": "/v1/completions"}},
                         "targetModels": [{"modelServerName": "canary"}],
@@ -183,7 +174,7 @@ async def test_header_uri_and_body_rules(store, gateway, client):
             },
         )
     )
-    store.apply(
+    routed.apply(
         model_route(
             "adapters",
             {
@@ -198,7 +189,7 @@ async def test_header_uri_and_body_rules(store, gateway, client):
             },
         )
     )
-    await wait_for(
+    await eventually(
         lambda: "sql" in gateway.table.routes_by_lora and "llama" in gateway.table.routes_by_model
     )
     assert (await chat(client, gateway, "llama", {"x-user-tier": "premium"}))[2][
@@ -211,6 +202,13 @@ async def test_header_uri_and_body_rules(store, gateway, client):
         "model"
     ] == "llama-canary"
     assert (await chat(client, gateway, "llama", {"x-team": "web"}))[2]["model"] == "llama-stable"
+    for headers, served in (
+        ({"x-env": "production"}, "llama-canary"),
+        ({"x-env": "preprod"}, "llama-stable"),  # contains "prod", does not start with it
+        ({"x-hw": "nvidia-gpu-100-sxm"}, "llama-canary"),  # matches in the middle
+        ({"x-hw": "gpu-x"}, "llama-stable"),
+    ):
+        assert (await chat(client, gateway, "llama", headers))[2]["model"] == served, headers
     assert (await chat(client, gateway, "llama", path="/v1/completions"))[2][
         "model"
     ] == "llama-canary"
@@ -223,7 +221,7 @@ async def test_header_uri_and_body_rules(store, gateway, client):
         assert endpoint == gateway_address(gateway, "qwen-lora")
     # No rule matches "legal": 404 in the OpenAI shape.
     status, _, doc = await chat(client, gateway, "legal")
-    assert status == 404 and doc["error"]["code"] == "no_matching_route"
+    assert_openai_error(status, doc, 404, "no_matching_route")
     # Base model requests may go to either qwen replica.
     seen = {(await chat(client, gateway, "qwen"))[1] for _ in range(20)}
     assert len(seen) == 2
@@ -236,8 +234,8 @@ def gateway_address(gw, name):
     raise KeyError(name)
 
 
-async def test_inference_pool_and_model(store, gateway, client, sims):
-    store.apply(
+async def test_inference_pool_and_model(routed, gateway, client, sims):
+    routed.apply(
         {
             "apiVersion": GIE,
             "kind": "InferencePool",
@@ -251,7 +249,7 @@ async def test_inference_pool_and_model(store, gateway, client, sims):
     )
     # Each sim serves one name; both pool members are candidates, so the served-model filter
     # (from /v1/models) sends each rewritten name to the replica that serves it.
-    store.apply(
+    routed.apply(
         {
             "apiVersion": GIE,
             "kind": "InferenceModel",
@@ -267,7 +265,7 @@ async def test_inference_pool_and_model(store, gateway, client, sims):
             },
         }
     )
-    await wait_for(lambda: "chatbot" in gateway.table.inference_models)
+    await eventually(lambda: "chatbot" in gateway.table.inference_models)
     counts = {"llama-stable": 0, "llama-canary": 0}
     for _ in range(200):
         status, endpoint, doc = await chat(client, gateway, "chatbot")
@@ -277,73 +275,58 @@ async def test_inference_pool_and_model(store, gateway, client, sims):
     assert abs(counts["llama-stable"] - 100) <= 32, counts  # sd 7.1
 
 
-async def test_workload_port_replaces_the_endpoint_port(tmp_path, sims, client):
-    store = SQLiteStore(tmp_path / "ports.sqlite")
-    try:
-        real = sims["stable"]
-        # Registered like a pod, at a port nothing listens on; the ModelServer names the real one.
-        store.apply(
-            endpoint_object(
-                "pod", "127.0.0.1:9", "llama-stable", labels={"app": "pod"}, fixed_port=False
-            )
+async def test_workload_port_replaces_the_endpoint_port(store, sims, client, gateways):
+    real = sims["stable"]
+    # Registered like a pod, at a port nothing listens on; the ModelServer names the real one.
+    store.apply(
+        endpoint_object(
+            "pod", "127.0.0.1:9", "llama-stable", labels={"app": "pod"}, fixed_port=False
         )
-        store.apply(endpoint_object("bare", "127.0.0.1", "llama-stable", labels={"app": "pod"}))
-        store.apply(
-            model_server("pod", "llama-stable", {"app": "pod"}, workloadPort={"port": real.port})
+    )
+    store.apply(endpoint_object("bare", "127.0.0.1", "llama-stable", labels={"app": "pod"}))
+    store.apply(
+        model_server("pod", "llama-stable", {"app": "pod"}, workloadPort={"port": real.port})
+    )
+    store.apply(
+        model_route(
+            "pod",
+            {"modelName": "pod-model", "rules": [{"targetModels": [{"modelServerName": "pod"}]}]},
         )
-        store.apply(
-            model_route(
-                "pod",
-                {
-                    "modelName": "pod-model",
-                    "rules": [{"targetModels": [{"modelServerName": "pod"}]}],
-                },
-            )
-        )
-        gw = await start_gateway(store, StoreEndpoints(store))
-        try:
-            for _ in range(6):  # both the pod-like and the bare-host endpoint
-                status, endpoint, doc = await chat(client, gw, "pod-model")
-                assert status == 200, doc
-                assert endpoint == real.address
-                assert doc["model"] == "llama-stable"
-        finally:
-            await gw.close()
-    finally:
-        store.close()
+    )
+    gw = await gateways(store)
+    for _ in range(6):  # both the pod-like and the bare-host endpoint
+        status, endpoint, doc = await chat(client, gw, "pod-model")
+        assert status == 200, doc
+        assert endpoint == real.address
+        assert doc["model"] == "llama-stable"
 
 
-async def test_live_reload_keeps_in_flight_requests(tmp_path, client):
-    slow = upstream("old-backend", "--delay", "1.0")
-    fast = upstream("new-backend")
-    store = SQLiteStore(tmp_path / "reload.sqlite")
-    try:
-        store.apply(endpoint_object("old", slow.address, "old-backend", labels={"v": "old"}))
-        store.apply(endpoint_object("new", fast.address, "new-backend", labels={"v": "new"}))
-        store.apply(model_server("old", "old-backend", {"v": "old"}))
-        store.apply(model_server("new", "new-backend", {"v": "new"}))
-        route = {"modelName": "app", "rules": [{"targetModels": [{"modelServerName": "old"}]}]}
-        store.apply(model_route("app", route))
-        gw = await start_gateway(store, StoreEndpoints(store))
-        try:
-            in_flight = asyncio.create_task(chat(client, gw, "app"))
-            await asyncio.sleep(0.3)  # the request is now waiting on the slow backend
-            route["rules"][0]["targetModels"][0]["modelServerName"] = "new"
-            store.apply(model_route("app", route))
-            await wait_for(
-                lambda: gw.table.routes_by_model["app"][0].rules[0].targets[0].server == "new"
-            )
-            status, endpoint, doc = await chat(client, gw, "app")
-            assert (status, doc["model"], endpoint) == (200, "new-backend", fast.address)
-            status, endpoint, doc = await in_flight
-            assert (status, doc["model"], endpoint) == (200, "old-backend", slow.address)
-            # Deleting the route: the name is gone.
-            store.delete("ModelRoute", "app", "default")
-            await wait_for(lambda: "app" not in gw.table.routes_by_model)
-            assert (await chat(client, gw, "app"))[0] == 404
-        finally:
-            await gw.close()
-    finally:
-        store.close()
-        slow.stop()
-        fast.stop()
+async def test_live_reload_keeps_in_flight_requests(store, processes, client, gateways):
+    slow = processes.upstream("old-backend", "--delay", "1.0")
+    fast = processes.upstream("new-backend")
+    store.apply(endpoint_object("old", slow.address, "old-backend", labels={"v": "old"}))
+    store.apply(endpoint_object("new", fast.address, "new-backend", labels={"v": "new"}))
+    store.apply(model_server("old", "old-backend", {"v": "old"}))
+    store.apply(model_server("new", "new-backend", {"v": "new"}))
+    route = {"modelName": "app", "rules": [{"targetModels": [{"modelServerName": "old"}]}]}
+    store.apply(model_route("app", route))
+    gw = await gateways(store)
+    in_flight = asyncio.create_task(chat(client, gw, "app"))
+    await eventually(  # the request is now waiting on the slow backend
+        lambda: slow.address in gw.registry.states and gw.registry.states[slow.address].inflight,
+        what="the request in flight on the slow backend",
+    )
+    route["rules"][0]["targetModels"][0]["modelServerName"] = "new"
+    store.apply(model_route("app", route))
+    await eventually(
+        lambda: gw.table.routes_by_model["app"][0].rules[0].targets[0].server == "new",
+        what="the route reloaded",
+    )
+    status, endpoint, doc = await chat(client, gw, "app")
+    assert (status, doc["model"], endpoint) == (200, "new-backend", fast.address)
+    status, endpoint, doc = await in_flight
+    assert (status, doc["model"], endpoint) == (200, "old-backend", slow.address)
+    # Deleting the route: the name is gone.
+    store.delete("ModelRoute", "app", "default")
+    await eventually(lambda: "app" not in gw.table.routes_by_model, what="the route deleted")
+    assert (await chat(client, gw, "app"))[0] == 404

@@ -11,36 +11,35 @@ import pytest
 
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
-from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import sim
+from llmplane.testing import Processes, eventually, sim_process
 
 MODEL = "llama-sim"
 
 
 @pytest.fixture(scope="module")
 def sims():
-    servers = [sim(MODEL, "--time-scale", "0.2") for _ in range(3)]
-    yield servers
-    for s in servers:
-        s.stop()
+    with Processes() as group:
+        yield group.start(*(sim_process(MODEL, "--time-scale", "0.2") for _ in range(3)))
 
 
 @pytest.fixture
-async def gateway(sims):
+async def gateway(sims, gateways):
     discovery = StaticDiscovery(
         Endpoint(s.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True) for s in sims
     )
-    gw = await start_gateway(None, discovery)
-    yield gw
-    await gw.close()
+    return await gateways(None, discovery)
 
 
 async def test_engine_metrics_are_scraped(gateway):
-    for _ in range(100):
-        states = list(gateway.registry.states.values())
-        if all(s.has_load_metrics and s.served_models for s in states):
-            break
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: (
+            len(gateway.registry.states) == 3
+            and all(
+                s.has_load_metrics and s.served_models for s in gateway.registry.states.values()
+            )
+        ),
+        what="three engines scraped",
+    )
     now = time.monotonic()
     for s in gateway.registry.states.values():
         assert s.has_load_metrics and s.has_kv

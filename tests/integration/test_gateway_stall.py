@@ -18,7 +18,7 @@ from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import sim
+from llmplane.testing.process import sim
 
 MODEL = "m"
 STALL = 1.0

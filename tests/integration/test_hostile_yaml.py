@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.upprocess import cli
+from tests.integration.upcli import cli
 
 # The CLI itself peaks around 80 MB; before the bounded loader the 7-level bomb took 1.2 GB in
 # `apply` and the 9-level one ran `validate` for minutes.

@@ -1,7 +1,7 @@
 """The real operator (kopf + kubernetes_asyncio, ``llmplane.operator.main.Operator``) against a
 Kubernetes API EMULATOR, not a Kubernetes API server.
 
-The emulator is ``llmplane.operator.testing.KubeEmulator``, a minimal in-process aiohttp
+The emulator is ``llmplane.testing.kube_emulator.KubeEmulator``, a minimal in-process aiohttp
 implementation of the REST endpoints the operator uses (discovery, list/watch, get, server-side
 apply, merge patch, status subresource, delete with garbage collection by ownerReferences).
 PyPI ``kmock`` was evaluated and is unusable here: its emulator merges dicts and has no
@@ -23,9 +23,9 @@ import yaml
 
 from llmplane.api.documents import dump_resource, parse_paths
 from llmplane.operator.main import Operator
-from llmplane.operator.testing import KubeEmulator
 from llmplane.render import builtin_backend_models
 from llmplane.runtime.kube import KubeOptions
+from llmplane.testing.kube_emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(120)
 

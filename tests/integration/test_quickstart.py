@@ -7,21 +7,18 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.integration.upprocess import Up, status, wait_for
+from llmplane.testing import Processes, Up, wait_for
+from tests.integration.upcli import status
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def quickstart_two_replicas(tmp_path: Path):
+def quickstart_two_replicas(tmp_path: Path, processes: Processes) -> Up:
     text = (ROOT / "examples" / "quickstart.yaml").read_text().replace("replicas: 1", "replicas: 2")
     path = tmp_path / "quickstart.yaml"
     path.write_text(text)
-    up = Up(tmp_path / "state", str(path))
-    try:
-        yield up.start()
-    finally:
-        up.kill_everything()
+    return processes.up(tmp_path / "state", str(path))
 
 
 def test_quickstart_answers_with_two_llamacpp_replicas(quickstart_two_replicas: Up) -> None:

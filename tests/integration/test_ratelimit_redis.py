@@ -7,12 +7,11 @@ and limiting is back once Redis is."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import re
 import shutil
-import signal
 import socket
-import subprocess
 import time
+from typing import Any
 
 import aiohttp
 import orjson
@@ -23,8 +22,8 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError, RedisBuckets
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.testing import sim, spawn
 from llmplane.store.paths import open_store
+from llmplane.testing import Process, Processes, eventually, gateway, sim_process
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 MODEL = "rl-redis-model"
@@ -40,11 +39,12 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """``redis-server`` on a fixed loopback port, without persistence; restartable."""
+    """``redis-server`` on a fixed loopback port, without persistence; restartable (on the
+    same port, which is why it does not take port 0)."""
 
     def __init__(self) -> None:
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: Process | None = None
 
     @property
     def address(self) -> str:
@@ -52,49 +52,33 @@ class RedisServer:
 
     def start(self) -> None:
         assert REDIS is not None
-        self.proc = subprocess.Popen(
-            [
-                *(REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""),
-                *("--appendonly", "no", "--protected-mode", "no"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2) as s,
-            ):
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer PING")
+        argv = [
+            *(REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""),
+            *("--appendonly", "no", "--protected-mode", "no"),
+        ]
+        ready = re.compile(r"(Ready) to accept connections")
+        self.process = Process(argv, name="redis-server", ready=ready).start(10)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(5)
-        self.proc = None
+        if self.process is not None:
+            self.process.kill()
+        self.process = None
 
 
 @pytest.fixture(scope="module")
 def redis_server():
     server = RedisServer()
     server.start()
-    yield server
-    server.kill()
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @pytest.fixture(scope="module")
 def engines():
-    servers = [sim(MODEL, "--time-scale", "0") for _ in range(2)]
-    yield servers
-    for s in servers:
-        s.stop()
+    with Processes() as group:
+        yield group.start(*(sim_process(MODEL, "--time-scale", "0") for _ in range(2)))
 
 
 def route(name: str, rate_limit: dict) -> dict:
@@ -111,7 +95,7 @@ def route(name: str, rate_limit: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def gateways(tmp_path_factory, redis_server, engines):
+def two_gateways(tmp_path_factory, redis_server, engines):
     """Two gateway processes on one store (SQLite) and one Redis."""
     state = tmp_path_factory.mktemp("state")
     store = open_store(state)
@@ -139,18 +123,9 @@ def gateways(tmp_path_factory, redis_server, engines):
     config.write_text(
         "gateway:\n  rateLimitRedisTimeout: 2.0\n  rateLimitRedisRetryInterval: 0.3\n"
     )
-    procs = [
-        spawn(
-            [
-                *("-m", "llmplane.gateway.cli", "--port", "0", "--state-dir", str(state)),
-                *("--config", str(config), "--no-access-log", "--log-level", "WARNING"),
-            ]
-        )
-        for _ in range(2)
-    ]
-    yield procs
-    for p in procs:
-        p.stop()
+    args = ("--config", str(config), "--no-access-log", "--log-level", "WARNING")
+    with Processes() as group:
+        yield group.start(*(gateway(*args, state_dir=state) for _ in range(2)))
 
 
 def completion(model: str, tokens: int) -> bytes:
@@ -178,7 +153,7 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-async def test_two_gateways_share_the_bucket_within_one_percent(gateways):
+async def test_two_gateways_share_the_bucket_within_one_percent(two_gateways):
     limit = 20_000
     sizes = (100, 37)  # input tokens per request; the engine reports the same counts
     admitted: list[tuple[int, int]] = []  # (gateway index, prompt tokens)
@@ -188,7 +163,7 @@ async def test_two_gateways_share_the_bucket_within_one_percent(gateways):
         for j in range(40):
             size = sizes[(k + j) % 2]
             status, headers, body = await send(
-                session, gateways[gw].address, completion("shared", size)
+                session, two_gateways[gw].address, completion("shared", size)
             )
             if status == 200:
                 admitted.append((gw, body["usage"]["prompt_tokens"]))
@@ -201,7 +176,7 @@ async def test_two_gateways_share_the_bucket_within_one_percent(gateways):
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
     ) as session:
         await asyncio.gather(*(worker(session, k % 2, k) for k in range(24)))
-        texts = [await scrape(session, g.address) for g in gateways]
+        texts = [await scrape(session, g.address) for g in two_gateways]
     elapsed = time.monotonic() - t0
     total = sum(tokens for _, tokens in admitted)
     refill = limit / 86400 * elapsed
@@ -221,13 +196,13 @@ async def test_two_gateways_share_the_bucket_within_one_percent(gateways):
     assert rejected == len(refused)
 
 
-async def test_redis_down_fails_open_and_limiting_returns_with_redis(gateways, redis_server):
+async def test_redis_down_fails_open_and_limiting_returns_with_redis(two_gateways, redis_server):
     body = completion("failover", 100)
     async with aiohttp.ClientSession() as session:
 
         async def until_refused(limit_requests: int) -> int:
             for n in range(limit_requests):
-                status, headers, _ = await send(session, gateways[n % 2].address, body)
+                status, headers, _ = await send(session, two_gateways[n % 2].address, body)
                 if status == 429:
                     assert "Retry-After" in headers
                     return n
@@ -238,9 +213,9 @@ async def test_redis_down_fails_open_and_limiting_returns_with_redis(gateways, r
 
         redis_server.kill()
         for n in range(20):  # fail-open: every request is served
-            status, _, answer = await send(session, gateways[n % 2].address, body)
+            status, _, answer = await send(session, two_gateways[n % 2].address, body)
             assert status == 200, answer
-        texts = [await scrape(session, g.address) for g in gateways]
+        texts = [await scrape(session, g.address) for g in two_gateways]
         for text in texts:
             assert metric(text, "llmplane_ratelimit_redis_errors_total", op="reserve") >= 1
             assert metric(text, "llmplane_ratelimit_degraded_total", policy="open") >= 1
@@ -249,7 +224,7 @@ async def test_redis_down_fails_open_and_limiting_returns_with_redis(gateways, r
         deadline = time.monotonic() + 15
         served = 0
         while True:
-            status, _, _ = await send(session, gateways[served % 2].address, body)
+            status, _, _ = await send(session, two_gateways[served % 2].address, body)
             if status == 429:
                 break
             assert status == 200
@@ -275,16 +250,16 @@ class _Decision:
     model = "m"
 
 
-def limiter_for(address: str, **config) -> RateLimiter:
+def limiter_for(address: str, unit: str = "minute", name: str = "inproc", **config) -> RateLimiter:
     limiter = RateLimiter(GatewayConfig(rate_limit_redis_retry_interval=0.2, **config))
     limiter.update(
         [
             route(
-                "inproc",
+                name,
                 {
                     "inputTokensPerUnit": 100,
                     "outputTokensPerUnit": 50,
-                    "unit": "minute",
+                    "unit": unit,
                     "global": {"redis": {"address": address}},
                 },
             )
@@ -326,6 +301,54 @@ async def test_redis_scripts_reserve_settle_and_refuse(redis_server):
     finally:
         await limiter.close()
         await client.aclose()
+
+
+async def test_a_per_second_bucket_refills_in_redis(redis_server):
+    """A short window: the Redis bucket refills at its rate (50 output tokens a second), so a
+    request refused now fits once enough has flowed back - not before, and not never."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis(host="127.0.0.1", port=redis_server.port)
+    for direction in ("input", "output"):
+        await client.delete(f"llmplane:ratelimit:{{default/persecond}}:{direction}")
+    await client.aclose()
+    limiter = limiter_for(redis_server.address, unit="second", name="persecond")
+
+    class Decision:
+        route = "ModelRoute/default/persecond#0"
+        model = "m"
+
+    async def remaining(want: int) -> int | None:
+        """Output tokens left as a refused reservation of ``want`` reports them (None: fitted)."""
+        try:
+            await limiter.reserve(chat("x", max_tokens=want), Decision())
+        except RateLimitError as err:
+            return int(err.headers["x-ratelimit-remaining-tokens-output"])
+        return None
+
+    try:
+        first = await limiter.reserve(chat("x", max_tokens=40), Decision())  # 40 of 50 output
+        assert first.mode == "redis"
+        assert (left := await remaining(45)) is not None and left < 20  # 10 left, 45 wanted
+        # Refilling at 50 a second, the level passes 20 within 0.2 s - long before the key
+        # expires (1.8 s) and would start a full bucket, which a broken refill would wait for.
+        await eventually(
+            lambda: _between(remaining(45), 20, 45), 5, what="the level to rise with the refill"
+        )
+        await eventually(  # and the refused request fits once it refilled (0.7 s)
+            lambda: _is_none(remaining(45)), 5, what="the request to fit after the refill"
+        )
+    finally:
+        await limiter.close()
+
+
+async def _between(value: Any, low: int, high: int) -> bool:
+    v = await value
+    return v is not None and low <= v < high
+
+
+async def _is_none(value: Any) -> bool:
+    return await value is None
 
 
 async def test_failure_policies_against_an_unreachable_redis():

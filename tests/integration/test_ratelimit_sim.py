@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import math
 
-import aiohttp
 import orjson
 import pytest
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
-from llmplane.gateway.server import start_gateway
-from llmplane.gateway.testing import sim
 from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import sim
+from tests.integration.openai_errors import assert_openai_error
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 MODEL = "rl-model"
@@ -24,9 +23,8 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def engine():
-    server = sim(MODEL, "--time-scale", "0", "--max-model-len", str(MAX_MODEL_LEN))
-    yield server
-    server.stop()
+    with sim(MODEL, "--time-scale", "0", "--max-model-len", str(MAX_MODEL_LEN)) as server:
+        yield server
 
 
 def objects(rate_limit: dict) -> list[dict]:
@@ -55,9 +53,16 @@ def objects(rate_limit: dict) -> list[dict]:
 
 
 @pytest.fixture
-async def make_gateway(tmp_path, engine):
-    stores, gateways = [], []
+def stores():
+    """Stores opened by the test, closed after its gateways (set up first, torn down last)."""
+    opened: list[SQLiteStore] = []
+    yield opened
+    for store in opened:
+        store.close()
 
+
+@pytest.fixture
+async def make_gateway(tmp_path, engine, stores, gateways):
     async def make(rate_limit: dict, **config):
         store = SQLiteStore(tmp_path / f"db{len(stores)}.sqlite")
         stores.append(store)
@@ -66,21 +71,9 @@ async def make_gateway(tmp_path, engine):
         discovery = StaticDiscovery(
             [Endpoint(engine.address, {"app": "rl"}, MODEL, fixed_port=True)]
         )
-        gw = await start_gateway(store, discovery, config=GatewayConfig(**config))
-        gateways.append(gw)
-        return gw
+        return await gateways(store, discovery, config=GatewayConfig(**config))
 
-    yield make
-    for gw in gateways:
-        await gw.close()
-    for store in stores:
-        store.close()
-
-
-@pytest.fixture
-async def client():
-    async with aiohttp.ClientSession() as session:
-        yield session
+    return make
 
 
 def chat(text: str, **extra) -> dict:
@@ -129,9 +122,7 @@ async def test_429_with_retry_after_and_headers_once_the_input_budget_is_spent(
     used2 = orjson.loads(body)["usage"]["prompt_tokens"]
     left = 300 - used1 - used2
     status, headers, body = await post(client, gw, chat(text, max_tokens=2))
-    assert status == 429
-    err = orjson.loads(body)["error"]
-    assert err["code"] == "rate_limit_exceeded" and err["type"] == "tokens"
+    err = assert_openai_error(status, body, 429, "rate_limit_exceeded")
     assert f"Limit 300, Used {300 - left}, Requested 100" in err["message"]
     # Whole seconds, rounded up, until the missing tokens have refilled at 300/hour.
     assert headers["Retry-After"] == str(math.ceil((100 - left) / (300 / 3600)))
@@ -151,9 +142,8 @@ async def test_429_with_retry_after_and_headers_once_the_input_budget_is_spent(
 async def test_a_request_that_can_never_fit_is_refused_at_once(make_gateway, client):
     gw = await make_gateway({"outputTokensPerUnit": 50, "unit": "minute"})
     status, headers, body = await post(client, gw, chat("hi", max_tokens=51))
-    assert status == 429
     assert "Retry-After" not in headers
-    err = orjson.loads(body)["error"]
+    err = assert_openai_error(status, body, 429, "rate_limit_exceeded")
     assert "Request too large" in err["message"] and "Requested 51" in err["message"]
     assert 'reason="too_large"' in await metrics(client, gw)
     # Without max_tokens the default reservation (256) is capped at the bucket: admitted.

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmplane.sim.process import SimProcess
+from llmplane.testing import sim_process
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 360  # ~4,000 tokens
 
@@ -36,7 +36,7 @@ async def timed_post(session: aiohttp.ClientSession, url: str, body: dict) -> tu
 
 @pytest.fixture(scope="module")
 def sim():
-    with SimProcess("--time-scale", "0.2", "--max-num-seqs", "4", model="m") as p:
+    with sim_process("m", "--time-scale", "0.2", "--max-num-seqs", "4") as p:
         yield p
 
 
@@ -77,8 +77,8 @@ async def test_requests_queue_beyond_max_num_seqs(sim):
 
 
 async def test_lora_metrics_show_running_and_waiting_adapters():
-    with SimProcess(
-        "--time-scale", "0.2", "--max-loras", "1", "--lora-modules", "a=/loras/a", model="m"
+    with sim_process(
+        "m", "--time-scale", "0.2", "--max-loras", "1", "--lora-modules", "a=/loras/a"
     ) as sim:
         async with aiohttp.ClientSession() as s:
             async with s.post(
@@ -131,8 +131,8 @@ async def test_prefill_decode_disaggregation():
     other = "A cold request of the same length that nobody prefilled before. " * 150
     args = ("--time-scale", "0.2")
     with (
-        SimProcess(*args, "--role", "prefill", model="m") as pre,
-        SimProcess(*args, "--role", "decode", model="m") as dec,
+        sim_process("m", *args, "--role", "prefill") as pre,
+        sim_process("m", *args, "--role", "decode") as dec,
     ):
         async with aiohttp.ClientSession() as s:
             _, pre_resp = await timed_post(

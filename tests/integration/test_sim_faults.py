@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 
 import aiohttp
 import pytest
 
-from llmplane.sim.process import SimProcess
+from llmplane.testing import eventually, sim_process
 
 
 @pytest.fixture
 def sim():
-    with SimProcess("--time-scale", "0.01", model="m") as p:
+    with sim_process("m", "--time-scale", "0.01") as p:
         yield p
 
 
@@ -81,24 +80,22 @@ async def test_mid_stream_disconnect_after_k_chunks(sim):
 
 
 async def test_slow_start_health():
-    with SimProcess("--fault-slow-start", "0.6", model="m") as sim:
+    with sim_process("m", "--fault-slow-start", "0.6") as sim:
         async with aiohttp.ClientSession() as s:
             async with s.get(f"{sim.url}/health") as r:
                 assert r.status == 503
             async with s.post(f"{sim.url}/v1/completions", json=BODY) as r:
                 assert r.status == 503
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
+
+            async def healthy() -> bool:
                 async with s.get(f"{sim.url}/health") as r:
-                    if r.status == 200:
-                        break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail("never became healthy")
+                    return r.status == 200
+
+            await eventually(healthy, 5, what="healthy after the slow start", every=0.05)
 
 
 async def test_crash_after_n_requests():
-    sim = SimProcess("--time-scale", "0", "--fault-crash-after", "2", model="m")
+    sim = sim_process("m", "--time-scale", "0", "--fault-crash-after", "2")
     with sim:
         async with aiohttp.ClientSession() as s:
             for _ in range(2):
@@ -113,12 +110,21 @@ async def test_crash_after_n_requests():
 
 
 async def test_sigterm_finishes_in_flight_requests_and_exits_zero():
-    sim = SimProcess("--time-scale", "1", model="m")
+    sim = sim_process("m", "--time-scale", "1")
     with sim:
         async with aiohttp.ClientSession() as s:
             body = {**BODY, "max_tokens": 40}  # ~0.3 s of decode
             task = asyncio.create_task(s.post(f"{sim.url}/v1/completions", json=body))
-            await asyncio.sleep(0.1)
+
+            async def running() -> bool:
+                async with s.get(f"{sim.url}/metrics") as r:
+                    text = await r.text()
+                return any(
+                    line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= 1
+                    for line in text.splitlines()
+                )
+
+            await eventually(running, 10, what="the request running")
             sim.proc.send_signal(signal.SIGTERM)
             r = await task
             assert r.status == 200

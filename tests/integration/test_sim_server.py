@@ -9,12 +9,12 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmplane.sim.process import SimProcess
+from llmplane.testing import sim_process
 
 
 @pytest.fixture(scope="module")
 def sim():
-    with SimProcess("--time-scale", "0.01", "--seed", "7", model="llama-8b") as p:
+    with sim_process("llama-8b", "--time-scale", "0.01", "--seed", "7") as p:
         yield p
 
 
@@ -106,7 +106,7 @@ async def test_errors_in_vllm_shape(sim):
 
 async def test_max_tokens_is_cut_to_the_context_left():
     # vLLM 0.32 cuts max_tokens to max_model_len - prompt instead of refusing the request.
-    with SimProcess("--time-scale", "0", "--max-model-len", "64", model="m") as sim:
+    with sim_process("m", "--time-scale", "0", "--max-model-len", "64") as sim:
         status, body = await post(
             f"{sim.url}/v1/completions",
             {"model": "m", "prompt": "abcd" * 10, "max_tokens": 60, "ignore_eos": True},
@@ -237,9 +237,9 @@ async def test_same_seed_same_text_across_processes(sim):
     body = {"model": "llama-8b", "messages": [{"role": "user", "content": "determinism"}],
             "max_tokens": 40, "n": 2}  # fmt: skip
     _, first = await post(f"{sim.url}/v1/chat/completions", body)
-    with SimProcess("--time-scale", "0", "--seed", "7", model="llama-8b") as other:
+    with sim_process("llama-8b", "--time-scale", "0", "--seed", "7") as other:
         _, second = await post(f"{other.url}/v1/chat/completions", body)
-    with SimProcess("--time-scale", "0", "--seed", "8", model="llama-8b") as third:
+    with sim_process("llama-8b", "--time-scale", "0", "--seed", "8") as third:
         _, different = await post(f"{third.url}/v1/chat/completions", body)
 
     def key(b):
@@ -286,7 +286,7 @@ METRICS = {
 
 
 async def test_per_request_histograms_count_each_choice():
-    with SimProcess("--time-scale", "0", "--max-model-len", "1000", model="m") as sim:
+    with sim_process("m", "--time-scale", "0", "--max-model-len", "1000") as sim:
         for _ in range(2):  # the second one hits the prefix cache
             await post(
                 f"{sim.url}/v1/completions",

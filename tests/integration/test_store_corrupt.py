@@ -8,7 +8,8 @@ import sqlite3
 from pathlib import Path
 
 from llmplane.store.paths import db_path
-from tests.integration.upprocess import Up, cli, condition, http, sim_fleet, wait_for
+from llmplane.testing import Up, wait_for
+from tests.integration.upcli import cli, condition, http, sim_fleet
 
 
 def corrupt(state: Path, kind: str, name: str, body: str, namespace: str = "default") -> None:
@@ -59,8 +60,8 @@ def test_a_corrupt_row_is_skipped_reported_and_the_rest_reconciles(tmp_path: Pat
             f"{up.url}/v1/completions", {"model": "good", "prompt": "hi", "max_tokens": 2}
         )
         assert status == 200, body
-        assert "Traceback" not in "".join(up.output), "".join(up.output)
-        log = "".join(up.output).replace("\n", " ")
+        assert "Traceback" not in up.output(), up.output()
+        log = up.output().replace("\n", " ")
         assert "Playground/broken" in log and "corrupt" in log  # reported by kind/name
     finally:
         up.kill_everything()

@@ -7,22 +7,13 @@ import shutil
 import signal
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.upprocess import (
-    Up,
-    alive,
-    cli,
-    condition,
-    http,
-    sim_fleet,
-    status,
-    wait_for,
-)
+from llmplane.testing import Processes, Up, always, eventually, wait_for
+from tests.integration.upcli import alive, cli, condition, http, sim_fleet, status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,17 +27,22 @@ def fleet(tmp_path: Path, replicas: int) -> str:
 
 
 @pytest.fixture
-def up_factory(tmp_path: Path) -> Iterator[type]:
-    started: list[Up] = []
+def up_factory(tmp_path: Path, processes: Processes) -> Iterator[type]:
+    """``up_factory(*files, state_dir=None)``: a started ``llmplane up``; every one, and every
+    engine it started, ends with the test."""
 
     def make(*files: str, state_dir: Path | None = None) -> Up:
-        up = Up(state_dir or tmp_path / "state", *files)
-        started.append(up)
-        return up.start()
+        return processes.up(state_dir or tmp_path / "state", *files)
 
     yield make  # type: ignore[misc]
-    for up in started:
-        up.kill_everything()
+
+
+def engine_ports(up: Up) -> list[int]:
+    """The ports of the engines ``up`` runs now (from their recorded command lines)."""
+    import orjson
+
+    data = orjson.loads((up.state_dir / "runtime" / "processes.json").read_bytes())
+    return [int(r["argv"][r["argv"].index("--port") + 1]) for r in data["processes"]]
 
 
 def ready(state_dir: Path, name: str = "tiny") -> bool:
@@ -217,12 +213,23 @@ def test_scale_down_drains_in_flight_requests(tmp_path: Path, up_factory) -> Non
     async def scenario() -> list[tuple[int, str, int]]:
         async with aiohttp.ClientSession() as session:
             tasks = [asyncio.create_task(long_request(session, i)) for i in range(2)]
-            await asyncio.sleep(0.5)  # both are running, one on each replica
+
+            async def running(port: int) -> bool:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+                    text = await r.text()
+                return any(
+                    line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= 1
+                    for line in text.splitlines()
+                )
+
+            async def one_on_each() -> bool:
+                return all([await running(port) for port in engine_ports(up)])
+
+            await eventually(one_on_each, 30, what="a request running on each replica")
             await asyncio.to_thread(cli, "apply", "-f", str(one), state_dir=state)
             return await asyncio.gather(*tasks)
 
     results = asyncio.run(scenario())
-    print("RESULTS", results, up.output[-5:])
     assert {r[1] for r in results} == set(results[0][1:2]) | set(results[1][1:2])
     assert len({r[1] for r in results}) == 2, (
         results
@@ -315,6 +322,9 @@ def test_model_load_failure_shows_on_the_model_and_the_playground(
         what="Playground shows the cause",
     )
     assert "failed to load" in pg["message"]
+    # The planning error is the Service's Progressing=False, as under the operator.
+    svc = condition(state, "Service", "tiny", "Progressing")
+    assert (svc["status"], svc["reason"]) == ("False", "NotFound")
     assert not up.engine_pids()  # nothing starts without its model
 
 
@@ -335,9 +345,16 @@ def test_engine_missing_behind_a_launcher_is_not_a_crash_loop(tmp_path: Path, up
         what="EngineNotInstalled",
     )
     assert "ollama.com/download" in cond["message"]
-    time.sleep(2)
-    assert not up.engine_pids()
-    assert condition(state, "Playground", name, "Available")["reason"] == "EngineNotInstalled"
+    # It stays so: no engine is started again (a crash loop would restart it within the
+    # first back-off, 1 s), and the condition does not flap.
+    always(
+        lambda: (
+            not up.engine_pids()
+            and condition(state, "Playground", name, "Available")["reason"] == "EngineNotInstalled"
+        ),
+        2.0,
+        what="no engine and EngineNotInstalled",
+    )
 
 
 def test_engines_run_with_the_interpreter_running_llmplane(tmp_path: Path, up_factory) -> None:
@@ -356,7 +373,7 @@ def test_engines_run_with_the_interpreter_running_llmplane(tmp_path: Path, up_fa
     state = tmp_path / "state"
     up = Up(state, fleet(tmp_path, 1), command=[str(script)], env=env)
     try:
-        up.start()
+        up.start()  # a failed start stops what it started
         wait_for(lambda: ready(state), 60, what="Playground ready")
         code, _, body = http(
             f"{up.url}/v1/chat/completions",
@@ -370,3 +387,93 @@ def test_engines_run_with_the_interpreter_running_llmplane(tmp_path: Path, up_fa
         assert os.path.samefile(engine_python, sys.executable)
     finally:
         up.kill_everything()
+
+
+def test_crash_loop_says_the_engine_fails_and_points_at_its_logs(
+    tmp_path: Path, up_factory
+) -> None:
+    # An engine that rejects its arguments (as vLLM did the old --speculative_model) exits at
+    # once: the condition and the gateway's 503 say it is failing, not "starting".
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        sim_fleet("tiny", 1).replace(
+            'args: ["--time-scale", "0.01"]', 'args: ["--no-such-flag", "1"]'
+        )
+    )
+    state = tmp_path / "state"
+    up = up_factory(str(path))
+    cond = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", "tiny", "Available")).get("reason")
+            == "CrashLoopBackOff"
+            and c
+        ),
+        60,
+        what="CrashLoopBackOff",
+    )
+    assert "the engine is failing" in cond["message"]
+    assert "`llmplane logs pl/tiny`" in cond["message"]
+    assert "--no-such-flag" in cond["message"]  # the engine's own complaint, from its log
+
+    def refused() -> tuple[int, dict]:
+        code, _, body = http(
+            f"{up.url}/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 1}
+        )
+        return (code, body) if "failing" in str(body) else None  # type: ignore[return-value]
+
+    code, body = wait_for(refused, 30, what="a 503 saying the engine fails")
+    assert code == 503
+    message = body["error"]["message"]
+    assert "its engine is failing (CrashLoopBackOff)" in message
+    assert "llmplane logs pl/tiny" in message
+    assert "starting or scaled to zero" not in message
+
+
+def test_gpus_are_placed_per_replica_and_an_unplaceable_one_stays_pending(
+    tmp_path: Path, processes
+) -> None:
+    # `up --gpus 0,1,2` (a configured device list: no GPU here). Flavors in priority order: a
+    # two-GPU one, then a one-GPU one. Three replicas: [0,1] on the first, [2] on the second,
+    # the third fits neither and waits Pending with the reason instead of sharing a GPU.
+    path = tmp_path / "gpus.yaml"
+    path.write_text(
+        sim_fleet("tiny", 3).replace(
+            '  source: {uri: "host:///dev/null"}',
+            '  source: {uri: "host:///dev/null"}\n'
+            "  inferenceConfig:\n"
+            "    flavors:\n"
+            "      - {name: a100x2, limits: {nvidia.com/gpu: 2}}\n"
+            "      - {name: t4, limits: {nvidia.com/gpu: 1}}",
+        )
+    )
+    state = tmp_path / "state"
+    up = processes.up(state, str(path), args=["--gpus", "0,1,2"])
+    wait_for(lambda: len(up.engine_pids()) == 2, 60, what="two engines placed")
+    cond = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", "tiny", "Available")).get("reason")
+            == "Unschedulable"
+            and c
+        ),
+        60,
+        what="the third replica Unschedulable",
+    )
+    assert "needs 2 nvidia.com/gpu (0 of 3 free)" in cond["message"], cond
+    assert "needs 1 nvidia.com/gpu (0 of 3 free)" in cond["message"], cond
+    devices = []
+    for pid in up.engine_pids():
+        env = dict(
+            item.split(b"=", 1)
+            for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if b"=" in item
+        )
+        devices.append(env[b"CUDA_VISIBLE_DEVICES"].decode())
+    assert sorted(devices) == ["0,1", "2"]
+    assert len(up.engine_pids()) == 2  # nothing overcommitted
+
+
+def test_a_bad_gpu_list_is_one_line(tmp_path: Path) -> None:
+    out = cli("up", "--gpus", "0,,1", state_dir=tmp_path / "s", check=False)
+    assert out.returncode != 0
+    assert "--gpus '0,,1': expected a comma-separated list" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -8,14 +8,14 @@ import math
 import os
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.integration.upprocess import Up, http, sim_fleet, status, wait_for
+from llmplane.testing import Processes, Up, wait_for
+from tests.integration.upcli import http, sim_fleet, status
 
 MODEL_SERVER = """
 apiVersion: networking.serving.volcano.sh/v1alpha1
@@ -50,22 +50,19 @@ FLEET = "---".join(
 
 
 @pytest.fixture
-def up(tmp_path: Path) -> Iterator[Up]:
+def up(tmp_path: Path, processes: Processes) -> Up:
     path = tmp_path / "fleet.yaml"
     path.write_text(FLEET)
-    up = Up(tmp_path / "state", str(path)).start()
-    try:
-        for name, replicas in (("a", 2), ("b", 1)):
-            wait_for(
-                lambda n=name, r=replicas: (
-                    status(up.state_dir, "Playground", n).get("readyReplicas") == r
-                ),
-                90,
-                what=f"Playground {name} ready",
-            )
-        yield up
-    finally:
-        up.kill_everything()
+    up = processes.up(tmp_path / "state", str(path))
+    for name, replicas in (("a", 2), ("b", 1)):
+        wait_for(
+            lambda n=name, r=replicas: (
+                status(up.state_dir, "Playground", n).get("readyReplicas") == r
+            ),
+            90,
+            what=f"Playground {name} ready",
+        )
+    return up
 
 
 def completion(up: Up, model: str, i: int) -> tuple[int, dict[str, str], dict]:

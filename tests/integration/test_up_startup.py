@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.upprocess import Up, cli, sim_fleet
+from llmplane.testing import Up
+from tests.integration.upcli import cli, sim_fleet
 
 
 @pytest.fixture

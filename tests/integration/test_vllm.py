@@ -25,8 +25,9 @@ import orjson
 import pytest
 
 from llmplane.runtime.launch import module_exists
+from llmplane.testing import Up, wait_for
 from llmplane.testing.tiny_model import build_lora_adapter, build_tiny_llama, corpus
-from tests.integration.upprocess import Up, alive, condition, http, status, wait_for
+from tests.integration.upcli import alive, condition, http, status
 
 if not module_exists("vllm"):
     if os.environ.get("CI"):

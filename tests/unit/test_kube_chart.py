@@ -171,6 +171,34 @@ def test_chart_renders_valid_objects(values: dict[str, Any]) -> None:
         validate(doc)
 
 
+def test_gateway_scraping_is_opt_in() -> None:
+    """Off by default; podAnnotations annotates the gateway pods (valid Deployment); the
+    ServiceMonitor selects the gateway Service's labels and its named port."""
+    default = render_chart()
+    pod = _named(default, "Deployment", "llmplane-gateway")["spec"]["template"]["metadata"]
+    assert "annotations" not in pod
+    assert not [d for d in default if d["kind"] == "ServiceMonitor"]
+
+    docs = render_chart(
+        {"gateway": {"metrics": {"podAnnotations": True, "serviceMonitor": {"enabled": True}}}}
+    )
+    deployment = _named(docs, "Deployment", "llmplane-gateway")
+    validate(deployment)
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8000",
+        "prometheus.io/path": "/metrics",
+    }
+    monitor = _named(docs, "ServiceMonitor", "llmplane-gateway")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    service = _named(docs, "Service", "llmplane-gateway")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"] and "http" in ports
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
 def test_default_chart_objects() -> None:
     docs = render_chart()
     kinds = sorted({d["kind"] for d in docs})

@@ -1,4 +1,4 @@
-"""``llmplane.store.kube.KubeStore`` against ``llmplane.operator.testing.KubeEmulator``, an
+"""``llmplane.store.kube.KubeStore`` against ``llmplane.testing.kube_emulator.KubeEmulator``, an
 in-process Kubernetes API EMULATOR (aiohttp), not an API server: none can run here.
 
 List/get from the watched cache, the Store watch (its own event sequence, Expired), relisting
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from llmplane.gateway.store_follower import StoreFollower
-from llmplane.operator.testing import KubeEmulator, default_kinds
 from llmplane.store.base import Expired, StoreError
 from llmplane.store.kube import GATEWAY_KINDS, KubeStore, ReadOnly
+from llmplane.testing.kube_emulator import KubeEmulator, default_kinds
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,8 +18,8 @@ from llmplane.gateway.discovery.pods import (
     pod_address,
     pod_ready,
 )
-from llmplane.operator.testing import KubeEmulator, pod
 from llmplane.store.kube import KubeStore
+from llmplane.testing.kube_emulator import KubeEmulator, pod
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -31,7 +31,6 @@ namespace=<pod namespace>, engine=..., fixed_port=False)``:
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,7 +41,9 @@ from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import POD
+from llmplane.kube.pods import pod_address, pod_ready
 from llmplane.runtime.endpoint import Endpoint
+from llmplane.store.base import Store
 from llmplane.store.kube import KubeStore
 
 log = logging.getLogger("llmplane.gateway")
@@ -75,29 +76,6 @@ def engine_of(backend: str | None) -> str:
         if key in name:  # "vllm-openai", "sglang-custom"
             return engine
     return name
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    """Running, with a podIP, Ready, and not terminating."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    if meta.get("deletionTimestamp") or not status.get("podIP"):
-        return False
-    if status.get("phase", "Running") != "Running":
-        return False
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-
-
-def pod_address(ip: str, port: int) -> str:
-    try:
-        if ipaddress.ip_address(ip).version == 6:
-            return f"[{ip}]:{port}"
-    except ValueError:
-        pass
-    return f"{ip}:{port}"
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +134,7 @@ class PodDiscovery(Subscribers):
         self,
         api: Any,
         namespaces: Sequence[str] | None = None,
-        store: Any = None,
+        store: Store | None = None,
         *,
         port: int = POD_PORT,
         watch_timeout: int = 300,

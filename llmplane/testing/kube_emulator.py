@@ -1,5 +1,6 @@
-"""An in-process Kubernetes API emulator (aiohttp) for testing the operator and the gateway's
-Kubernetes discovery without a cluster. It is NOT a Kubernetes API server.
+"""An in-process Kubernetes API emulator (aiohttp) for testing the operator, the Kubernetes store
+and the gateway's Kubernetes discovery without a cluster. It is NOT a Kubernetes API server:
+it implements only the few REST endpoints llmplane uses, with the semantics below.
 
 PyPI ``kmock`` (0.8) was evaluated first: its ``KubernetesEmulator`` stores objects as merged
 dicts, so a server-side apply to a missing object is a 404, and it has no uid / generation /

@@ -1,0 +1,229 @@
+"""The console's HTTP side: its static files and the JSON it reads, as gateway routes.
+
+``Console(gateway, runtime)`` is a gateway extension (``routes()``, ``start()``, ``close()``):
+the gateway adds these exact-path routes to its table at start, so the inference paths are not
+touched and cost nothing more. Everything here is read-only; chat goes to the gateway's own
+``/v1/chat/completions`` from the browser.
+
+``GET /console/`` (and the files beside it), and under ``/console/api/``:
+
+- ``models``: every name the gateway routes, with what makes it routable;
+- ``fleet``: workloads, replicas and live endpoint load (``fleet.snapshot``);
+- ``stats?since=T``: per-second request points for the charts (``stats.RequestStats``);
+- ``resources``: every stored object of every kind, as YAML (credentials masked);
+- ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only).
+
+Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). Without
+tenants everything is allowed, as the rest of the gateway is; when tenants and an admin key
+exist, pass a check of that key here (the static files carry no data and stay public).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from llmplane.console.fleet import snapshot
+from llmplane.console.redact import redact
+from llmplane.console.stats import RequestStats
+from llmplane.gateway.http_server import Response
+from llmplane.printing import to_yaml
+
+PREFIX = "/console"
+API = f"{PREFIX}/api"
+LOG_TAIL_BYTES = 64 * 1024
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+# Same-origin only: no inline script, nothing fetched from anywhere else.
+_SECURITY = {
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+Authorize = Callable[[Any], str | None]
+
+
+def _json(data: Any, status: int = 200) -> Any:
+    return Response(
+        status=status,
+        body=orjson.dumps(data),
+        headers={"Content-Type": "application/json", "Cache-Control": "no-store"},
+    )
+
+
+def _error(status: int, message: str) -> Any:
+    return _json({"error": {"message": message}}, status)
+
+
+def _query(request: Any) -> dict[str, str]:
+    return {k: v[-1] for k, v in parse_qs(urlsplit(request.path_qs).query).items()}
+
+
+def static_files() -> dict[str, tuple[bytes, str]]:
+    """path -> (body, content type) for every file shipped in ``llmplane/console/static``."""
+    folder = resources.files("llmplane.console") / "static"
+    files = {}
+    for entry in folder.iterdir():
+        suffix = "." + entry.name.rpartition(".")[2]
+        if entry.is_file() and suffix in _TYPES:
+            files[f"{PREFIX}/{entry.name}"] = (entry.read_bytes(), _TYPES[suffix])
+    index = files.get(f"{PREFIX}/index.html")
+    if index is not None:
+        files[PREFIX] = files[f"{PREFIX}/"] = index
+    return files
+
+
+def route_sources(table: Any) -> list[dict[str, str]]:
+    """Every model name the routing table answers, with what makes it routable."""
+    out = []
+    for name in table.model_names():
+        if name in getattr(table, "routes_by_model", {}):
+            via = "ModelRoute"
+        elif name in getattr(table, "routes_by_lora", {}):
+            via = "LoRA adapter"
+        elif name in getattr(table, "inference_models", {}):
+            via = "InferenceModel"
+        elif name in getattr(table, "defaults", {}):
+            via = "served model"
+        else:
+            via = "no ready endpoint"
+        out.append({"name": name, "via": via})
+    return out
+
+
+class Console:
+    """The console as a gateway extension."""
+
+    def __init__(
+        self, gateway: Any, runtime: Any = None, authorize: Authorize | None = None
+    ) -> None:
+        self.gateway = gateway
+        self.runtime = runtime
+        self.authorize = authorize
+        self.stats = RequestStats(
+            gateway.metrics, endpoints=lambda: list(gateway.registry.states.values())
+        )
+        self.files = static_files()
+
+    # --- the extension interface --------------------------------------------------------------
+
+    def routes(self) -> dict[tuple[str, str], Any]:
+        table: dict[tuple[str, str], Any] = {("GET", p): self._static for p in self.files}
+        handlers = {
+            "models": self.models,
+            "fleet": self.fleet,
+            "stats": self.series,
+            "resources": self.resources,
+            "logs": self.logs,
+        }
+        table.update({("GET", f"{API}/{name}"): h for name, h in handlers.items()})
+        return table
+
+    async def start(self) -> None:
+        self.stats.start()
+
+    async def close(self) -> None:
+        await self.stats.close()
+
+    # --- handlers ---------------------------------------------------------------------------------
+
+    async def _static(self, request: Any) -> Any:
+        body, content_type = self.files[request.path]
+        return Response(body=body, headers={**_SECURITY, "Content-Type": content_type})
+
+    def _refused(self, request: Any) -> Any:
+        if self.authorize is None:
+            return None
+        reason = self.authorize(request)
+        return None if reason is None else _error(401, reason)
+
+    async def models(self, request: Any) -> Any:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        return _json({"models": route_sources(self.gateway.table)})
+
+    async def fleet(self, request: Any) -> Any:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        data = snapshot(self.gateway.store, self.runtime, self.gateway, self.stats.prefix_hit_rate)
+        data["embedded"] = self.runtime is not None
+        return _json(data)
+
+    async def series(self, request: Any) -> Any:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        since = _query(request).get("since")
+        try:
+            after = float(since) if since else None
+        except ValueError:
+            return _error(400, f"since: not a number: {since!r}")
+        return _json({"points": self.stats.series(after)})
+
+    async def resources(self, request: Any) -> Any:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        from llmplane.api.registry import KINDS
+
+        store = self.gateway.store
+        kinds = []
+        for kind in KINDS:
+            items = [
+                {
+                    "namespace": obj["metadata"].get("namespace"),
+                    "name": obj["metadata"]["name"],
+                    "yaml": to_yaml(redact(obj)),
+                }
+                for obj in (store.list(kind) if store is not None else [])
+            ]
+            kinds.append({"kind": kind, "items": items})
+        return _json({"kinds": kinds})
+
+    async def logs(self, request: Any) -> Any:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if self.runtime is None:
+            return _error(404, "replica logs are kept by llmplane up; this gateway has none")
+        q = _query(request)
+        namespace, _, name = q.get("workload", "").partition("/")
+        replica = q.get("replica", "0")
+        if not (_NAME.match(namespace) and _NAME.match(name) and replica.isdigit()):
+            return _error(400, "give workload=NAMESPACE/NAME and replica=INDEX")
+        key = f"{namespace}/{name}"
+        if self.runtime.status(key) is None:
+            return _error(404, f"no workload {key} is running here")
+        path = self.runtime.log_path(key, int(replica))
+        try:
+            text = await asyncio.to_thread(_tail, path, LOG_TAIL_BYTES)
+        except FileNotFoundError:
+            text, note = "", f"replica {replica} of {key} has no log yet"
+        else:
+            note = ""
+        return _json({"workload": key, "replica": int(replica), "text": text, "note": note})
+
+
+def _tail(path: Any, limit: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - limit))
+        data = f.read()
+    if size > limit:
+        data = data.partition(b"\n")[2]  # drop the cut line
+    return data.decode("utf-8", "replace")

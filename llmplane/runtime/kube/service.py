@@ -1,0 +1,217 @@
+"""Playground -> inference Service (same name, owned) + HorizontalPodAutoscaler, as llmaz builds them."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from typing import Any
+
+from llmplane.api.documents import dump_resource
+from llmplane.api.inference import BackendRuntime, Playground, Service
+from llmplane.api.llmaz import OpenModel
+from llmplane.controlplane import planning
+from llmplane.controlplane.plan import (
+    MODEL_FAMILY_LABEL,
+    MODEL_NAME_LABEL,
+)
+from llmplane.controlplane.planning import PlanningError
+from llmplane.runtime.kube.base import (
+    object_metadata,
+    runner_container,
+)
+from llmplane.runtime.kube.models import (
+    pod_model_path,
+)
+
+# Multi-host commands for built-in engines whose BackendRuntime has no multiHostCommands.
+# vLLM: a Ray cluster across the group (the llmaz blog's scripts); the leader starts the server.
+_RAY_LEADER = """ray start --head --disable-usage-stats --include-dashboard false
+i=0
+while true; do
+  active_nodes=$(python3 -c 'import ray; ray.init(); print(sum(node["Alive"] for node in ray.nodes()))')
+  if [ "$active_nodes" -eq "$(LWS_GROUP_SIZE)" ]; then
+    echo "All ray workers are active and the ray cluster is initialized successfully."
+    break
+  fi
+  if [ $i -eq 60 ]; then
+    echo "Initialization failed. Exiting..."
+    exit 1
+  fi
+  echo "Wait for $active_nodes/$(LWS_GROUP_SIZE) workers to be active."
+  i=$((i+1))
+  sleep 5s
+done
+python3 -m vllm.entrypoints.openai.api_server"""
+_RAY_WORKER = """i=0
+while true; do
+  ray start --address=$(LWS_LEADER_ADDRESS):6379 --block
+  if [ $? -eq 0 ]; then
+    echo "Worker: Ray runtime started with head address $(LWS_LEADER_ADDRESS):6379"
+    break
+  fi
+  if [ $i -eq 60 ]; then
+    echo "Initialization failed. Exiting..."
+    exit 1
+  fi
+  echo "Waiting until the ray worker is active..."
+  sleep 5s
+done"""
+_SGLANG_DIST = [
+    "--nnodes",
+    "$(LWS_GROUP_SIZE)",
+    "--node-rank",
+    "$(LWS_WORKER_INDEX)",
+    "--dist-init-addr",
+    "$(LWS_LEADER_ADDRESS):20000",
+]
+
+
+def _first_flavor_params(pg: Playground, model: OpenModel) -> dict[str, str]:
+    claims = planning.claims_of(pg)
+    flavors = planning.select_flavors(model, claims.inference_flavors)
+    return dict(flavors[0].params or {}) if flavors else {}
+
+
+def _merge_into_command(command: list[str], args: list[str]) -> list[str]:
+    """A shell command cannot take args: append them to its script (llmaz's rule)."""
+    if not args:
+        return list(command)
+    if len(command) >= 3 and command[-2] == "-c":
+        return [*command[:-1], command[-1].rstrip() + " " + shlex.join(args)]
+    return [*command, *args]
+
+
+def _multi_host_commands(
+    backend: BackendRuntime, args: list[str], params: dict[str, str]
+) -> tuple[list[str], list[str] | None, list[str] | None]:
+    """(leader command, leader args, worker command or None meaning 'same as leader')."""
+    multi = backend.spec.multi_host_commands
+    if multi and multi.leader and multi.worker:
+        return _merge_into_command(list(multi.leader), args), None, list(multi.worker)
+    if backend.name == "vllm":
+        leader = ["sh", "-c", _RAY_LEADER]
+        return _merge_into_command(leader, args), None, ["sh", "-c", _RAY_WORKER]
+    if backend.name == "sglang":
+        extra = list(_SGLANG_DIST)
+        if "TP" in params and "--tp-size" not in args and "--tp" not in args:
+            extra += ["--tp-size", str(int(params["TP"]) * int(params.get("PP", "1") or 1))]
+        return list(backend.spec.command or []), [*args, *extra], None
+    raise PlanningError(
+        f"BackendRuntime/{backend.name} has no multiHostCommands (leader and worker) "
+        f"for a multi-host flavor (PP={params.get('PP')})"
+    )
+
+
+def service_for_playground(
+    pg: Playground, models: dict[str, OpenModel], backend: BackendRuntime
+) -> Service:
+    """The inference Service a Playground owns, as llmaz's Playground controller builds it.
+
+    Single-host: the planning result with a RollingUpdate rollout strategy. Multi-host (the
+    first flavor's ``PP`` > 1): ``size`` = PP, a leader template running the leader command with
+    the engine args, and a worker template running the worker command (no args, ports, probes
+    or lifecycle).
+    """
+    service = planning.service_for_playground(
+        planning.Inputs(pg, models, backend), locate=pod_model_path
+    )
+    data = dump_resource(service)
+    data["spec"].setdefault("rolloutStrategy", {"type": "RollingUpdate"})
+    template = data["spec"]["workloadTemplate"]
+    if template.get("size", 1) > 1:
+        main = planning.main_and_draft(planning.claims_of(pg))[0]
+        params = _first_flavor_params(pg, models[main])
+        worker = template["workerTemplate"]
+        runner = runner_container(worker["spec"])
+        leader_command, leader_args, worker_command = _multi_host_commands(
+            backend, list(runner.get("args") or []), params
+        )
+        leader = copy.deepcopy(worker)
+        leader_runner = runner_container(leader["spec"])
+        leader_runner["command"] = leader_command
+        if leader_args:
+            leader_runner["args"] = leader_args
+        else:
+            leader_runner.pop("args", None)
+        runner.pop("ports", None)
+        for key in ("startupProbe", "livenessProbe", "readinessProbe", "lifecycle"):
+            runner.pop(key, None)
+        if worker_command is not None:
+            runner["command"] = worker_command
+            runner.pop("args", None)
+        else:
+            runner["command"] = leader_command
+            runner["args"] = leader_args or []
+        # Model labels go to the leader only: it serves; workers hold shards.
+        worker_labels = worker.get("metadata", {}).get("labels") or {}
+        for key in (MODEL_NAME_LABEL, MODEL_FAMILY_LABEL):
+            worker_labels.pop(key, None)
+        template["leaderTemplate"] = leader
+    return Service.model_validate(data)
+
+
+def service_object(service: Service) -> dict[str, Any]:
+    """The Service as applied: spec and identifying metadata only (no status, no server fields)."""
+    data = dump_resource(service)
+    data.pop("status", None)
+    meta = data["metadata"]
+    keep = ("name", "namespace", "labels", "annotations", "ownerReferences")
+    data["metadata"] = {k: meta[k] for k in keep if meta.get(k)}
+    refs = data["metadata"].get("ownerReferences")
+    if refs is not None:
+        data["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid")]
+        if not data["metadata"]["ownerReferences"]:
+            del data["metadata"]["ownerReferences"]
+    return data
+
+
+def hpa_for_playground(
+    pg: Playground, backend: BackendRuntime, models: dict[str, OpenModel] | None = None
+) -> dict[str, Any] | None:
+    """autoscaling/v2 HPA on the Playground's scale subresource, as llmaz builds it.
+
+    Only with ``elasticConfig`` and a scale trigger: the Playground's, else the one of the
+    recommended config in use. ``maxReplicas`` defaults to 99999 (llmaz; the HPA requires one).
+    """
+    elastic = pg.spec.elastic_config
+    if elastic is None:
+        return None
+    trigger = elastic.scale_trigger
+    if trigger is None:
+        cfg = planning.chosen_config_name(planning.Inputs(pg, models or {}, backend))
+        for config in backend.spec.recommended_configs or []:
+            if config.name == cfg and config.scale_trigger is not None:
+                trigger = config.scale_trigger
+    if trigger is None:
+        return None
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {
+            "apiVersion": pg.api_version,
+            "kind": "Playground",
+            "name": pg.name,
+        },
+        "minReplicas": elastic.min_replicas,
+        "maxReplicas": elastic.max_replicas if elastic.max_replicas is not None else 99999,
+    }
+    if trigger.hpa.metrics:
+        spec["metrics"] = [m.to_dict() for m in trigger.hpa.metrics]
+    if trigger.hpa.behavior:
+        spec["behavior"] = trigger.hpa.behavior.to_dict()
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": object_metadata(pg.name, pg.namespace, pg),
+        "spec": spec,
+    }
+
+
+def playground_objects(
+    pg: Playground, models: dict[str, OpenModel], backend: BackendRuntime
+) -> tuple[Service, list[dict[str, Any]]]:
+    """(the Service model, [Service object, HPA object if any]) for one Playground."""
+    service = service_for_playground(pg, models, backend)
+    objects = [service_object(service)]
+    hpa = hpa_for_playground(pg, backend, models)
+    if hpa is not None:
+        objects.append(hpa)
+    return service, objects

@@ -1,0 +1,59 @@
+"""Fixtures shared by the integration tests: a store, an HTTP client, child processes and
+gateways that are always stopped (also when the test fails)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
+from llmplane.gateway.server import Gateway, start_gateway
+from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import Processes
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    """An empty SQLite store in the test's directory."""
+    s = SQLiteStore(tmp_path / "db.sqlite")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    """Start sims, upstreams and ``up`` with ``processes.sim(...)`` etc.; all end with the test."""
+    with Processes() as group:
+        yield group
+
+
+@pytest.fixture
+async def gateways() -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
+    """``await gateways(store, discovery=None, **kw)``: an in-process gateway (discovery from
+    the store's Endpoint objects unless given), closed with the test."""
+    started: list[Gateway] = []
+
+    async def start(store: Any = None, discovery: Any = None, **kw: Any) -> Gateway:
+        if discovery is None and store is not None:
+            discovery = StoreEndpoints(store)
+        gw = await start_gateway(store, discovery, **kw)
+        started.append(gw)
+        return gw
+
+    try:
+        yield start
+    finally:
+        for gw in reversed(started):
+            await gw.close()

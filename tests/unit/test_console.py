@@ -1,0 +1,162 @@
+"""The console's pieces without a browser: percentiles from histogram differences, the
+per-second ring fed by the gateway's real metrics objects, credential masking, and the terminal
+status of ``llmplane up`` in both its forms."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from llmplane.console.redact import MASK, redact, secret_key
+from llmplane.console.stats import RequestStats, quantile
+from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.observability import GatewayMetrics
+from llmplane.gateway.registry import EndpointState
+from llmplane.upstatus import UpStatus, panel, settled, status_line
+
+
+def test_quantile_interpolates_inside_the_bucket() -> None:
+    bounds = (0.1, 0.2, 0.4)
+    # 10 in (0, 0.1], 10 in (0.1, 0.2], none above.
+    assert quantile(0.5, bounds, [10, 10, 0, 0]) == pytest.approx(0.1)
+    assert quantile(0.75, bounds, [10, 10, 0, 0]) == pytest.approx(0.15)
+    assert quantile(0.25, bounds, [10, 10, 0, 0]) == pytest.approx(0.05)
+    assert quantile(0.99, bounds, [0, 0, 0, 5]) == 0.4  # +Inf: the highest bound known
+    assert quantile(0.5, bounds, [0, 0, 0, 0]) is None
+
+
+def test_ring_counts_each_second_from_the_gateway_metrics() -> None:
+    metrics = GatewayMetrics()
+    clock = iter(range(1000, 2000))
+    stats = RequestStats(metrics, clock=lambda: float(next(clock)))
+    metrics.requests.labels("m", "r", "e", "200").inc(5)  # before: not counted
+    stats = RequestStats(metrics, clock=lambda: float(next(clock)))
+
+    for _ in range(3):
+        metrics.requests.labels("m", "r", "e", "200").inc()
+    metrics.requests.labels("m", "r", "e", "503").inc()
+    metrics.output_tokens.labels("m").inc(40)
+    for v in (0.02, 0.02, 0.02, 0.3):
+        metrics.ttft.labels("m").observe(v)
+        metrics.e2e.labels("m").observe(v * 10)
+    first = stats.sample()
+    assert (first.requests, first.errors, first.output_tokens) == (4, 1, 40)
+    assert 0.01 < first.ttft[0] <= 0.025  # p50 inside the (0.01, 0.025] bucket
+    assert 0.25 < first.ttft[2] <= 0.5  # p99 in the slow request's bucket
+    assert first.latency[0] is not None and first.latency[0] > first.ttft[0]
+
+    second = stats.sample()  # nothing new this second
+    assert (second.requests, second.errors) == (0, 0)
+    assert second.ttft == first.ttft  # percentiles still cover the last WINDOW seconds
+    series = stats.series(since=first.t)
+    assert [p["t"] for p in series] == [second.t]
+    assert series[0]["ttft"][0] == pytest.approx(first.ttft[0] * 1000, abs=0.01)
+
+
+def test_prefix_hit_rate_is_recent_and_survives_nothing_odd() -> None:
+    state = EndpointState(Endpoint("127.0.0.1:1"))
+    stats = RequestStats(GatewayMetrics(), endpoints=lambda: [state])
+    stats.sample()
+    assert stats.prefix_hit_rate(state.address) is None  # one sample: no rate yet
+    state.prefix_queries, state.prefix_hits = 1000, 250
+    stats.sample()
+    assert stats.prefix_hit_rate(state.address) == pytest.approx(0.25)
+    state.prefix_queries, state.prefix_hits = 10, 0  # the engine restarted: counters reset
+    stats.sample()
+    assert stats.prefix_hit_rate(state.address) is None
+    stats.endpoints = list  # the endpoint went away
+    stats.sample()
+    assert stats.prefix_hit_rate(state.address) is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["apiKey", "api_key", "adminKey", "token", "bearerToken", "password", "key", "secret"],
+)
+def test_secret_looking_fields_are_masked(name: str) -> None:
+    assert secret_key(name)
+    doc = {"spec": {"tenants": [{"name": "a", name: "sk-123"}], "secretRef": {"name": "s"}}}
+    masked = redact(doc)
+    assert masked["spec"]["tenants"][0][name] == MASK
+    assert masked["spec"]["secretRef"] == {"name": "s"}  # a reference is no credential
+    assert doc["spec"]["tenants"][0][name] == "sk-123"  # the original is untouched
+
+
+@pytest.mark.parametrize("name", ["monkey", "keyName", "secretRef", "tokens", "replicas"])
+def test_ordinary_fields_stay(name: str) -> None:
+    assert not secret_key(name)
+
+
+def _fleet(ready: int, desired: int = 2, loading: bool = False) -> dict[str, Any]:
+    replicas = [
+        {
+            "index": i,
+            "phase": "Ready" if i < ready else "Starting",
+            "reason": None,
+            "message": "",
+            "restarts": 0,
+        }
+        for i in range(desired)
+    ]
+    model = (
+        {"name": "m", "status": "False", "reason": "Loading", "message": "Loading model files: 40%"}
+        if loading
+        else {"name": "m", "status": "True", "reason": "Loaded", "message": "Model files at /x"}
+    )
+    return {
+        "workloads": [
+            {
+                "kind": "Playground",
+                "namespace": "default",
+                "name": "chat",
+                "desired": desired,
+                "ready": ready,
+                "replicas": replicas,
+            }
+        ],
+        "models": [model],
+        "otherEndpoints": [],
+    }
+
+
+def _gateway() -> Any:
+    return SimpleNamespace(
+        registry=SimpleNamespace(states={}), metrics=GatewayMetrics(), extensions=[]
+    )
+
+
+def test_terminal_panel_shows_loading_and_starting_then_one_line() -> None:
+    gateway = _gateway()
+    starting = _fleet(ready=1, loading=True)
+    assert not settled(starting)
+    console = Console(record=True, width=140, file=io.StringIO())
+    console.print(panel(starting, gateway))
+    text = console.export_text()
+    assert "model m" in text and "40%" in text and "█" in text
+    assert "playground default/chat" in text and "1/2 ready" in text and "1 Starting" in text
+    assert settled(_fleet(ready=2))
+    assert status_line(_fleet(ready=2), gateway).startswith("1 workload · 2/2 replicas ready")
+
+
+def test_plain_lines_only_on_change() -> None:
+    out = io.StringIO()
+    platform = SimpleNamespace(gateway=_gateway())
+    status = UpStatus(platform, Console(file=out, width=200), interactive=False)
+    status.changes(_fleet(ready=1, loading=True))
+    status.changes(_fleet(ready=1, loading=True))  # nothing new: nothing printed
+    status.changes(_fleet(ready=2))
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "model m: Loading: Loading model files: 40%",
+        "playground default/chat replica 0: Ready",
+        "playground default/chat replica 1: Starting",
+        "playground default/chat: 1/2 replicas ready",
+        "model m: Loaded: Model files at /x",
+        "playground default/chat replica 1: Ready",
+        "playground default/chat: 2/2 replicas ready",
+    ]
+    assert "\x1b" not in out.getvalue()  # plain text for pipes and logs

@@ -1,0 +1,114 @@
+"""The scraper's pace: fast for busy endpoints, slow for idle ones, woken by the first request.
+
+Two small HTTP servers stand in for engines' /metrics pages (one reports a running request, one
+nothing) and count how often they are asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiohttp import web
+
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scraper import Scraper
+from llmplane.runtime.endpoint import Endpoint
+
+PAGE = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{}} {running}\n"
+PAGE += "vllm:num_requests_waiting{{}} 0\nvllm:kv_cache_usage_perc{{}} {kv}\n"
+
+
+class MetricsPage:
+    def __init__(self, running: int) -> None:
+        self.running = running
+        self.hits = 0
+        self.address = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if request.path == "/metrics":
+            self.hits += 1
+            kv = 0.1 * self.running
+            return web.Response(text=PAGE.format(running=self.running, kv=kv))
+        return web.json_response({"data": [{"id": "m"}]})
+
+
+@pytest.fixture
+async def pages() -> AsyncIterator[Callable[[int], object]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(running: int) -> MetricsPage:
+        page = MetricsPage(running)
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", page.handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        page.address = f"127.0.0.1:{port}"
+        runners.append(runner)
+        return page
+
+    yield start  # type: ignore[misc]
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def test_idle_endpoints_are_scraped_less_often_than_busy_ones(pages) -> None:
+    busy_page, idle_page = await pages(1), await pages(0)
+    scraper = Scraper(GatewayConfig())
+    busy = EndpointState(Endpoint(busy_page.address))
+    idle = EndpointState(Endpoint(idle_page.address))
+    try:
+        scraper.add(busy)
+        scraper.add(idle)
+        await asyncio.sleep(2.0)
+        # 50 ms while busy; idle backs off 50, 100, 200, 400, 800 ms ... up to 2 s.
+        assert busy_page.hits >= 15, busy_page.hits
+        assert idle_page.hits <= busy_page.hits / 3, (idle_page.hits, busy_page.hits)
+        # The idle endpoint's metrics stay fresh for admission and scoring meanwhile.
+        assert idle.metrics_fresh(GatewayConfig().metrics_staleness)
+        assert idle.has_load_metrics and idle.running == 0
+
+        # A request sent to the idle endpoint wakes its scraper long before its 2 s pause ends,
+        # and an engine that turned busy is scraped fast again.
+        await asyncio.sleep(0.3)  # into a long idle pause
+        before = idle_page.hits
+        idle_page.running = 1
+        idle.inflight += 1
+        await wait_until(lambda: idle_page.hits > before, 0.5, "the woken scrape")
+        assert idle.running == 1
+        await asyncio.sleep(0.5)
+        assert idle_page.hits - before >= 5
+    finally:
+        await scraper.close()
+
+
+async def test_a_change_in_signals_keeps_the_fast_pace(pages) -> None:
+    page = await pages(0)
+    scraper = Scraper(GatewayConfig())
+    state = EndpointState(Endpoint(page.address))
+    try:
+        scraper.add(state)
+        await wait_until(lambda: page.hits >= 3, 2, "first scrapes")
+        await asyncio.sleep(1.0)  # idle: backed off
+        slow = page.hits
+        page.running = 2  # the engine got work from elsewhere (another gateway)
+        await wait_until(lambda: state.running == 2, 3, "the change to be seen")
+        seen = page.hits
+        await asyncio.sleep(0.5)
+        assert page.hits - seen >= 5, (slow, seen, page.hits)
+    finally:
+        await scraper.close()
