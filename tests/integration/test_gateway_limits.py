@@ -100,11 +100,15 @@ def test_many_tiny_body_chunks_cost_the_body_not_an_object_per_chunk(
     gateway: GatewayProcess,
 ) -> None:
     """8 MB of JSON as 2-byte chunks: before, each chunk was its own object (~200 MB)."""
-    prompt = b"x" * (8 * 1024 * 1024)
-    body = b'{"model": "no-such-model", "prompt": "' + prompt + b'"}'
-    chunked = b"".join(b"2\r\n%b\r\n" % body[i : i + 2] for i in range(0, len(body) - 1, 2))
-    if len(body) % 2:
-        chunked += b"1\r\n%b\r\n" % body[-1:]
+    head, tail = b'{"model": "no-such-model", "prompt": "', b'"}'
+
+    def in_pairs(data: bytes) -> bytes:
+        return b"".join(
+            b"%x\r\n%b\r\n" % (len(p), p) for p in (data[i : i + 2] for i in range(0, len(data), 2))
+        )
+
+    # the prompt's 8 MiB of "x" as 2-byte chunks, built by repetition (cheap for the test)
+    chunked = in_pairs(head) + b"2\r\nxx\r\n" * (4 * 1024 * 1024) + in_pairs(tail)
     peak_before = gateway.rss_mb("VmHWM")
     with socket.create_connection(("127.0.0.1", gateway.port)) as s:
         s.sendall(
