@@ -424,15 +424,17 @@ async def test_a_client_that_leaves_mid_stream_releases_the_endpoint(make_stack,
     )
 
 
-async def test_a_body_over_a_mebibyte_reaches_the_picker_and_the_engine(make_stack, sims):
+async def test_a_large_body_reaches_the_picker_and_the_engine(make_stack, sims):
     stack = await make_stack(
-        [pool("llama", LLAMA), inference_model("only-a", "llama", [{"name": "llama-a"}])],
+        [pool("llama", LLAMA), inference_model("big", "llama", [{"name": "llama-a"}])],
         llama_endpoints(sims),
     )
-    await stack.wait(lambda: "only-a" in stack.picker.gateway.table.inference_models, "model")
-    status, headers, body = await stack.post(chat("only-a", "word " * 400_000))  # 2 MB
-    # Envoy buffered it for the picker (no 413 from Envoy's default 1 MiB buffer), the picker
-    # routed it and the engine answered (the sim refuses bodies over 1 MiB itself).
+    await stack.wait(lambda: "big" in stack.picker.gateway.table.inference_models, "model")
+    # 6 MB: over Envoy's default 1 MiB buffer and gRPC's default 4 MiB message, both ways (the
+    # model rewrite sends the whole body back as a body mutation).
+    status, headers, body = await stack.post(chat("big", "word " * 1_200_000))
+    # Envoy buffered it for the picker, the picker routed and rewrote it, the engine answered
+    # (the sim refuses bodies over 1 MiB itself).
     assert headers.get("x-llmplane-endpoint") == sims["a"].address, (status, body[:200])
     assert b"Maximum request body size 1048576 exceeded" in body
 
