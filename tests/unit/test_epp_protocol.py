@@ -97,3 +97,25 @@ def test_in_subset_keeps_the_allowed_and_refuses_an_empty_result() -> None:
     with pytest.raises(GatewayError) as err:
         in_subset(["a:1"], frozenset({"c:1"}), address)  # type: ignore[arg-type]
     assert err.value.status == 503
+
+
+def test_full_duplex_comes_from_the_protocol_configuration() -> None:
+    from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+
+    plain = pb.ProcessingRequest(request_headers=pb.HttpHeaders())
+    assert protocol.full_duplex(plain) == (False, False)  # an Envoy that does not say
+    message = pb.ProcessingRequest(request_headers=pb.HttpHeaders())
+    message.protocol_config.request_body_mode = ProcessingMode.FULL_DUPLEX_STREAMED
+    message.protocol_config.response_body_mode = ProcessingMode.STREAMED
+    assert protocol.full_duplex(message) == (True, False)
+
+
+def test_streamed_routing_holds_the_destination_for_the_headers_and_sends_the_body() -> None:
+    head, body = protocol.route_to_streamed(["10.0.0.1:8000"], b'{"model":"m"}')
+    headers = head.request_headers.response.header_mutation.set_headers
+    assert [(h.header.key, h.header.raw_value) for h in headers] == [
+        (DESTINATION_HEADER, b"10.0.0.1:8000")
+    ]
+    assert head.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION_HEADER]
+    streamed = body.request_body.response.body_mutation.streamed_response
+    assert (streamed.body, streamed.end_of_stream) == (b'{"model":"m"}', True)
