@@ -54,6 +54,13 @@ class GatewayConfig:
     # on shutdown, requests in flight get ``shutdown_grace`` seconds to finish.
     client_keepalive_timeout: float = 75.0
     shutdown_grace: float = 60.0
+    # Activator (gateway/activator.py): requests for a model without a ready replica wait up
+    # to this long (0: answer 503 at once), at most this many and this many bytes per model;
+    # a 503 then says Retry-After this many seconds.
+    activator_hold_timeout: float = 60.0
+    activator_max_queue: int = 100
+    activator_max_queue_bytes: int = 64 * 1024 * 1024
+    activator_retry_after: float = 5.0
     # EndpointPickerConfig as a dict; None = the built-in default profile.
     scheduler: dict[str, Any] | None = None
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).

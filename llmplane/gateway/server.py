@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from llmplane.gateway.activator import Activator
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
@@ -37,7 +38,7 @@ from llmplane.gateway.proxy import Proxy
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import ROUTE_KINDS, RoutingTable, build_table
+from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scraper import Scraper
@@ -65,6 +66,9 @@ class Gateway:
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
+        self.activator = Activator(self.config)
+        self.metrics.add(self.activator.metrics.all())
+        self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries)
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
@@ -175,6 +179,8 @@ class Gateway:
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
+        if self.activator.queues:
+            self.activator.release(self.table.activatable.__contains__)
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -185,9 +191,11 @@ class Gateway:
             inference = ctx.inference = InferenceRequest(
                 request.path, request.headers, self._body(request)
             )
-            decision = ctx.decision = self.table.resolve(
-                inference.model, request.path, request.headers
-            )
+            try:
+                decision = self.table.resolve(inference.model, request.path, request.headers)
+            except GatewayError as err:
+                decision = await self._activate(err, inference, request)
+            ctx.decision = decision
             for hook in self.hooks:
                 reservation = await hook.reserve(inference, decision)
                 reservations.append((hook, reservation))
@@ -223,6 +231,17 @@ class Gateway:
                 except Exception:
                     log.exception("request hook settle failed")
             self._observe(ctx, usage)
+
+    async def _activate(
+        self, err: GatewayError, inference: InferenceRequest, request: HttpRequest
+    ) -> Decision:
+        """A model without a ready replica: hold the request at the activator until one is
+        ready, then resolve again; anything else re-raises ``err``."""
+        workload = self.table.activatable.get(inference.model)
+        if err.code != "no_ready_endpoint" or workload is None:
+            raise err
+        await self.activator.hold(inference.model, workload, len(request.body))
+        return self.table.resolve(inference.model, request.path, request.headers)
 
     def _body(self, request: HttpRequest) -> bytes:
         """The body, or 413 if the HTTP server found it over the limit (and did not keep it)."""
