@@ -585,6 +585,14 @@ def gateway(ctx: typer.Context) -> None:
 
 
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def epp(ctx: typer.Context) -> None:
+    """Run the endpoint picker for Envoy's ext_proc filter (see: llmplane epp --help)."""
+    from llmplane.epp.cli import main as epp_main
+
+    raise typer.Exit(epp_main(list(ctx.args)))
+
+
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
 def render(ctx: typer.Context) -> None:
     """Print the Kubernetes objects the operator would create (see: llmplane render --help)."""
     from llmplane.render import main as render_main
