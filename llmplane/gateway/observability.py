@@ -228,6 +228,11 @@ class GatewayMetrics:
             "Requests sent again to another endpoint",
             ["model"],
         )
+        self.stalls = Counter(
+            "llmplane_gateway_stream_stalls",
+            "Streams ended because the upstream sent nothing for the stall timeout",
+            ["route"],
+        )
         self.ejections = Counter(
             "llmplane_gateway_ejections",
             "Endpoints ejected after repeated failures",

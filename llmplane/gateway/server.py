@@ -29,6 +29,7 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
@@ -48,6 +49,7 @@ from llmplane.store.base import Store
 log = logging.getLogger("llmplane.gateway")
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
 
 
 class Gateway:
@@ -69,7 +71,7 @@ class Gateway:
         self.activator = Activator(self.config)
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
-        self.proxy = Proxy(self.config, self.outliers, self.metrics.retries)
+        self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
@@ -100,6 +102,9 @@ class Gateway:
             self.not_found,
             max_body=self.config.max_body_bytes,
             keepalive_timeout=self.config.client_keepalive_timeout,
+            header_timeout=self.config.client_header_timeout,
+            max_connections=self.config.max_client_connections,
+            guard=make_guard(host, self.config.allowed_hosts),
         )
         self.host = host
         self.port = await self.http.start(host, port)
@@ -330,7 +335,13 @@ class Gateway:
     def _observe(self, ctx: RequestContext, usage: Usage | None) -> None:
         elapsed = time.perf_counter() - ctx.t0
         m = self.metrics
-        model = ctx.inference.model if ctx.inference is not None else ""
+        # Label values only from the routing table: a request that resolved names a model the
+        # table knows; every other name a client sends shares one value (no label per typo).
+        model = (
+            ctx.inference.model
+            if ctx.inference is not None and ctx.decision is not None
+            else UNKNOWN_MODEL
+        )
         route = ctx.decision.route if ctx.decision is not None else ""
         m.requests.labels(model, route, ctx.endpoint or "", str(ctx.status)).inc()
         m.e2e.labels(model).observe(elapsed)
