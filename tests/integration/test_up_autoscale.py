@@ -220,7 +220,7 @@ def test_hold_timeout_and_a_disconnecting_client(tmp_path: Path, processes: Proc
     body = orjson.dumps({"model": "tiny", "prompt": "x", "max_tokens": 1})
     with socket.create_connection((up.host, up.port)) as sock:
         sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         wait_for(
