@@ -132,7 +132,7 @@ def test_console_chat_fleet_scale_logs_resources(up: Up, browser: Browser, tmp_p
     )
     # ``up`` itself (no terminal: plain lines) said so too.
     wait_for(
-        lambda: "playground default/chat: 2/2 replicas ready\n" in up.output,
+        lambda: "playground default/chat: 2/2 replicas ready\n" in up.output(),
         what="up's status line for the scaled Playground",
     )
     # The Fleet page redraws every second: read (and click) inside the page, in one step.
