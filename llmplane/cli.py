@@ -2,6 +2,10 @@
 
 User mistakes (invalid YAML, unknown kinds, missing objects) print a message and exit 1;
 tracebacks are for bugs only.
+
+Over 500 lines on purpose: it is only the typer app, one short function per command (argument
+parsing, calling the module that does the work, printing), and typer wants them on one ``app``;
+the work itself is in ``store/``, ``up.py``, ``printing.py`` and the subcommands' own modules.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def apply(files: Files, state_dir: StateDir = None) -> None:
         out.print(f"{_type_name(type(r))}/{r.name} {verb}")
 
 
-def _get_or_none(store: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+def _get_or_none(store: Store, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The stored version of ``doc``; a corrupt row counts as none (applying replaces it)."""
     from llmplane.store.base import CorruptObject
 
@@ -390,6 +394,26 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="This host's NVIDIA GPUs to place replicas on (e.g. 0,1,2,3); "
+            "default: what nvidia-smi lists.",
+        ),
+    ] = None,
+    autoscale_interval: Annotated[
+        float,
+        typer.Option(
+            "--autoscale-interval", min=0.05, help="Seconds between autoscaling decisions."
+        ),
+    ] = 1.0,
+    autoscale_window: Annotated[
+        float,
+        typer.Option(
+            "--autoscale-window", min=0.0, help="Seconds of load samples averaged per replica."
+        ),
+    ] = 15.0,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
@@ -402,6 +426,14 @@ def up(
     from llmplane.store.paths import state_dir as resolve_state_dir
     from llmplane.up import run_up
 
+    gpu_ids = None
+    if gpus is not None:
+        from llmplane.runtime.placement import parse_device_list
+
+        try:
+            gpu_ids = parse_device_list(gpus)
+        except ValueError as e:
+            fail(str(e))
     docs: list[dict[str, Any]] = []
     if files:
         parsed = _read(files)
@@ -455,7 +487,21 @@ def up(
     from llmplane.runtime.local import StateDirInUse
 
     try:
-        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+        from llmplane.controlplane.autoscaler import AutoscalerConfig
+
+        scaling = AutoscalerConfig(interval=autoscale_interval, window=autoscale_window)
+        asyncio.run(
+            run_up(
+                directory,
+                docs,
+                host,
+                port,
+                ready,
+                gateway_config=config,
+                gpus=gpu_ids,
+                autoscaler_config=scaling,
+            )
+        )
     except StateDirInUse as e:
         fail(str(e))
 
@@ -480,6 +526,8 @@ def logs(
     state_dir: StateDir = None,
 ) -> None:
     """Show (and follow) an engine replica's log."""
+    import contextlib
+    import os
     import time
 
     from llmplane.store.paths import state_dir as resolve_state_dir
@@ -488,8 +536,12 @@ def logs(
     path = resolve_state_dir(state_dir) / "logs" / ns / name / f"replica-{replica}.log"
     if not path.exists():
         fail(f"no log for {target} replica {replica} (looked at {path})")
+    backup = path.with_name(path.name + ".1")  # the part cut off by size rotation
     with path.open("rb") as f:
         lines = f.readlines()
+        if tail < 0 or len(lines) < tail:
+            with contextlib.suppress(OSError):
+                lines = backup.read_bytes().splitlines(keepends=True) + lines
         if tail >= 0:
             lines = lines[-tail:] if tail else []
         sys.stdout.buffer.write(b"".join(lines))
@@ -500,6 +552,8 @@ def logs(
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
             else:
+                if f.tell() > os.fstat(f.fileno()).st_size:
+                    f.seek(0)  # rotated (copied away and truncated): read on from the start
                 time.sleep(0.25)
 
 
@@ -528,6 +582,14 @@ def gateway(ctx: typer.Context) -> None:
     from llmplane.gateway.cli import main as gateway_main
 
     raise typer.Exit(gateway_main(list(ctx.args)))
+
+
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def epp(ctx: typer.Context) -> None:
+    """Run the endpoint picker for Envoy's ext_proc filter (see: llmplane epp --help)."""
+    from llmplane.epp.cli import main as epp_main
+
+    raise typer.Exit(epp_main(list(ctx.args)))
 
 
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)

@@ -42,15 +42,30 @@ class ScaleTrigger(ApiModel):
 
 
 class ElasticConfig(ApiModel):
-    min_replicas: int = Field(default=1, ge=0)
+    """Replica bounds and the scale trigger, read by llmplane's autoscaler (embedded and in-cluster)."""
+
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        description="Fewest replicas the autoscaler keeps. 0 (an llmplane extension) scales to "
+        "zero: the last replica stops after scaleToZeroAfterSeconds without a request and the "
+        "gateway holds the next request while a replica starts.",
+    )
     max_replicas: int | None = Field(default=None, ge=0)
     scale_trigger: ScaleTrigger | None = None
+    scale_to_zero_after_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="llmplane extension, with minReplicas 0: seconds without any request before "
+        "the last replica stops (default: the scale-down stabilization window, 300).",
+    )
 
     def check(self, path: str) -> Iterator[Violation]:
-        if self.min_replicas < 1:
+        if self.scale_to_zero_after_seconds is not None and self.min_replicas > 0:
             yield Violation(
-                join_path(path, "minReplicas"),
-                "must be at least 1 (scale to zero is not supported yet)",
+                join_path(path, "scaleToZeroAfterSeconds"),
+                "only applies with minReplicas: 0",
             )
         if self.max_replicas is not None and self.min_replicas >= self.max_replicas:
             yield Violation(

@@ -24,6 +24,7 @@ from llmplane.controlplane.planning import (
     Inputs,
     PlanningError,
     claims_of,
+    missing_inputs,
     plan_service,
     service_for_playground,
 )
@@ -174,16 +175,17 @@ class Controller:
         self, pg: Playground, models: dict[str, OpenModel], backends: dict[str, BackendRuntime]
     ) -> bool:
         """Create or update the Playground's Service; False when it cannot (status says why)."""
-        name = pg.spec.backend_runtime_config.backend_name
-        backend = backends.get(name)
-        try:
-            if backend is None:
-                raise PlanningError(
-                    f"BackendRuntime {name!r} not found (known: {', '.join(sorted(backends)) or 'none'})"
+        backend = backends.get(pg.spec.backend_runtime_config.backend_name)
+        abort = missing_inputs(pg, models, backend, known_backends=backends)
+        if abort is None and backend is not None:
+            try:
+                service = service_for_playground(
+                    Inputs(pg, models, backend), locate=self.loads.path
                 )
-            service = service_for_playground(Inputs(pg, models, backend), locate=self.loads.path)
-        except PlanningError as err:
-            self._write_playground_status(pg, abort=str(err))
+            except PlanningError as err:
+                abort = str(err)
+        if abort is not None or backend is None:
+            self._write_playground_status(pg, abort=abort)
             return False
         desired = service.to_dict()
         desired.pop("status", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,6 +194,31 @@ class Inputs:
     playground: Playground
     models: dict[str, OpenModel]  # every claimed model by name
     backend: BackendRuntime
+
+
+def missing_inputs(
+    pg: Playground,
+    models: Mapping[str, OpenModel],
+    backend: BackendRuntime | None,
+    known_backends: Iterable[str] | None = None,
+) -> str | None:
+    """Why a Playground cannot be planned yet (llmaz's AbortProcessing message), or None.
+
+    Both substrates ask this before planning: a claimed OpenModel or the BackendRuntime does
+    not exist (yet). ``known_backends``, when the caller has them, are named in the message.
+    """
+    missing = [m.name for m in claims_of(pg).models if m.name not in models]
+    if missing:
+        return f"Waiting for model creation: OpenModel {', '.join(missing)} not found"
+    if backend is None:
+        name = pg.spec.backend_runtime_config.backend_name
+        known = (
+            ""
+            if known_backends is None
+            else f" (known: {', '.join(sorted(known_backends)) or 'none'})"
+        )
+        return f"Waiting for BackendRuntime {name}{known}"
+    return None
 
 
 def service_for_playground(inputs: Inputs, locate: Locator) -> Service:
@@ -423,6 +448,11 @@ def plan_service(
         worker_command=list(multi.worker) if multi and multi.worker else None,
         node_selectors=node_selectors,
         flavor_limits=flavor_limits,
+        flavor_options=[
+            {"name": n, "limits": dict(flavors[n].limits or {})}
+            for n in flavor_names
+            if n in flavors
+        ],
         local=local,
         termination_grace_seconds=30,
     )

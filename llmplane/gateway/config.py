@@ -30,7 +30,8 @@ class GatewayConfig:
     saturation_inflight: int = 64
     shed_retry_after: float = 1.0
     # Engine metrics scraping.
-    scrape_interval: float = 0.05
+    scrape_interval: float = 0.05  # while an endpoint is busy
+    scrape_idle_interval: float = 2.0  # at most, once it is idle (see gateway/scraper.py)
     scrape_timeout: float = 1.0
     models_refresh_interval: float = 5.0
     # Retries and timeouts for routes without a trafficPolicy (Playgrounds, InferencePools,

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -84,42 +85,19 @@ class Headers(dict[str, str]):
         return dict.__contains__(self, key.lower() if isinstance(key, str) else key)
 
 
+@dataclass(slots=True, eq=False)
 class HttpRequest:
     """One request as read off the wire (the parsed body is an ``InferenceRequest``)."""
 
-    __slots__ = (
-        "_protocol",
-        "body",
-        "headers",
-        "keep_alive",
-        "method",
-        "path",
-        "path_qs",
-        "too_large",
-        "version",
-    )
-
-    def __init__(
-        self,
-        protocol: _Protocol,
-        method: str,
-        path: str,
-        path_qs: str,
-        headers: Headers,
-        body: bytes,
-        version: str,
-        keep_alive: bool,
-        too_large: bool,
-    ) -> None:
-        self._protocol = protocol
-        self.method = method
-        self.path = path
-        self.path_qs = path_qs
-        self.headers = headers
-        self.body = body
-        self.version = version
-        self.keep_alive = keep_alive
-        self.too_large = too_large  # the body was over the limit and was not kept
+    _protocol: _Protocol
+    method: str
+    path: str
+    path_qs: str  # the request target as sent (path and query)
+    headers: Headers
+    body: bytes
+    version: str
+    keep_alive: bool
+    too_large: bool  # the body was over the limit and was not kept
 
     @property
     def content_length(self) -> int | None:

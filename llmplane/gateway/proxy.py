@@ -216,10 +216,9 @@ class Proxy:
         state.inflight += 1
         ctx.endpoint = address
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
-        timeout = ctx.decision.backend.timeout
         if ctx.inference.stream:
-            return await self._stream(ctx, address, wire, timeout, state, may_retry)
-        return await self._unary(ctx, address, wire, timeout, state, may_retry)
+            return await self._stream(ctx, address, wire, state, may_retry)
+        return await self._unary(ctx, address, wire, state, may_retry)
 
     async def fetch(
         self,
@@ -238,14 +237,9 @@ class Proxy:
             raise failure("connect", f"{type(err).__name__}: {err}") from None
 
     async def _unary(
-        self,
-        ctx: RequestContext,
-        address: str,
-        wire: bytes,
-        timeout: float | None,
-        state: EndpointState,
-        may_retry: bool,
+        self, ctx: RequestContext, address: str, wire: bytes, state: EndpointState, may_retry: bool
     ) -> Response:
+        timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         try:
             status, upstream_headers, data = await self.fetch(address, wire, timeout)
         finally:
@@ -263,17 +257,12 @@ class Proxy:
         )
 
     async def _stream(
-        self,
-        ctx: RequestContext,
-        address: str,
-        wire: bytes,
-        timeout: float | None,
-        state: EndpointState,
-        may_retry: bool,
+        self, ctx: RequestContext, address: str, wire: bytes, state: EndpointState, may_retry: bool
     ) -> StreamResponse:
         """The timeout covers connect + response headers + first chunk (time to first byte);
         once a byte has been sent to the client the request is never retried."""
         assert self.pool is not None
+        timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         resp: UpstreamResponse | None = None
         try:
             try:

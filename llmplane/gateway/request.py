@@ -29,13 +29,13 @@ def prompt_text(doc: dict[str, Any]) -> str:
     messages = doc.get("messages")
     if isinstance(messages, list):
         for message in messages:
-            if isinstance(message, dict):
-                role = message.get("role")
-                if isinstance(role, str):
-                    parts.append(role)
-                    parts.append(":")
-                _text_of(message.get("content"), parts)
-                parts.append("\n")
+            if not isinstance(message, dict):
+                continue
+            role = message.get("role")
+            if isinstance(role, str):
+                parts += (role, ":")
+            _text_of(message.get("content"), parts)
+            parts.append("\n")
         return "".join(parts)
     for key in ("prompt", "input"):
         value = doc.get(key)

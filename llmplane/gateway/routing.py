@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +167,7 @@ class RoutingTable:
     ] = field(default_factory=dict)
     defaults: dict[str, Backend] = field(default_factory=dict)
     placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
+    failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
 
     def model_names(self) -> list[str]:
@@ -198,9 +199,13 @@ class RoutingTable:
         if backend is not None:
             return Decision(backend.ref, backend, backend.model or model)
         if model in self.placeholders:
+            failing = self.failing.get(model)
             raise GatewayError(
                 503,
-                f"model {model!r} has no ready endpoint yet (its Playground is starting or scaled to zero)",
+                f"model {model!r} has no ready endpoint: {failing}"
+                if failing
+                else f"model {model!r} has no ready endpoint yet (its Playground is starting or "
+                "scaled to zero)",
                 "no_ready_endpoint",
             )
         known = self.model_names()
@@ -267,6 +272,51 @@ def _playground_models(spec: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _valid(
+    table: RoutingTable, by_kind: dict[str, list[dict[str, Any]]], kind: str, model: Any
+) -> Iterator[tuple[dict[str, Any], str, str, Any]]:
+    """(metadata, ref, namespace, parsed) of each ``kind`` object that validates against
+    ``model``; the others become the table's problems."""
+    for obj in by_kind[kind]:
+        meta = obj["metadata"]
+        ref = _ref(kind, meta)
+        try:
+            parsed = model.model_validate(obj)
+        except Exception as err:
+            table.problems[ref] = f"invalid: {err}"
+            continue
+        yield meta, ref, meta.get("namespace") or "default", parsed
+
+
+# Playground conditions that mean the engine cannot serve until someone acts (see runtime/status.py).
+_FAILING_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "StartupProbeFailed",
+        "LivenessProbeFailed",
+        "EngineNotInstalled",
+        "NoLocalCommand",
+    }
+)
+
+
+def _failing(playground: Mapping[str, Any]) -> str | None:
+    """Why a Playground's engine is failing, from its Available condition; None if it is not."""
+    conditions = (playground.get("status") or {}).get("conditions") or []
+    available = next(
+        (c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Available"), None
+    )
+    if available is None or available.get("reason") not in _FAILING_REASONS:
+        return None
+    meta = playground.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    where = f" -n {namespace}" if namespace != "default" else ""
+    first = str(available.get("message") or "").split("\n", 1)[0]
+    if "llmplane logs" not in first:
+        first += f"; see `llmplane logs pl/{meta.get('name')}{where}`"
+    return f"its engine is failing ({available['reason']}): {first}"
+
+
 def build_table(
     objects: Iterable[dict[str, Any]],
     states: Iterable[EndpointState],
@@ -281,21 +331,19 @@ def build_table(
             by_kind[obj["kind"]].append(obj)
     table = RoutingTable()
     default_retry = (config.default_retry_attempts, config.default_retry_interval)
+    # What a backend without a trafficPolicy of its own gets.
+    defaults: dict[str, Any] = {
+        "timeout": config.default_timeout,
+        "retry_attempts": default_retry[0],
+        "retry_interval": default_retry[1],
+    }
 
     def in_namespace(namespace: str) -> list[EndpointState]:
         return [s for s in states if s.endpoint.namespace == namespace]
 
     # ModelServers
-    for obj in by_kind["ModelServer"]:
-        meta = obj["metadata"]
-        ref = _ref("ModelServer", meta)
-        try:
-            server = ModelServer.model_validate(obj)
-        except Exception as err:
-            table.problems[ref] = f"invalid: {err}"
-            continue
+    for meta, ref, namespace, server in _valid(table, by_kind, "ModelServer", ModelServer):
         spec = server.spec
-        namespace = meta.get("namespace") or "default"
         selector = dict(spec.workload_selector.match_labels or {})
         group = spec.workload_selector.pd_group
         pd = None
@@ -330,14 +378,7 @@ def build_table(
 
     # ModelRoutes, oldest first within a name
     routes: list[_Route] = []
-    for obj in by_kind["ModelRoute"]:
-        meta = obj["metadata"]
-        ref = _ref("ModelRoute", meta)
-        try:
-            route = ModelRoute.model_validate(obj)
-        except Exception as err:
-            table.problems[ref] = f"invalid: {err}"
-            continue
+    for meta, ref, namespace, route in _valid(table, by_kind, "ModelRoute", ModelRoute):
         rules = []
         for i, rule in enumerate(route.spec.rules):
             match = rule.model_match
@@ -355,7 +396,6 @@ def build_table(
                     ),
                 )
             )
-        namespace = meta.get("namespace") or "default"
         routes.append(
             _Route(
                 ref=ref,
@@ -375,15 +415,7 @@ def build_table(
 
     # InferencePools and InferenceModels
     pools: dict[tuple[str, str], Backend] = {}
-    for obj in by_kind["InferencePool"]:
-        meta = obj["metadata"]
-        ref = _ref("InferencePool", meta)
-        try:
-            pool = InferencePool.model_validate(obj)
-        except Exception as err:
-            table.problems[ref] = f"invalid: {err}"
-            continue
-        namespace = meta.get("namespace") or "default"
+    for meta, ref, namespace, pool in _valid(table, by_kind, "InferencePool", InferencePool):
         pools[(namespace, meta["name"])] = Backend(
             ref=ref,
             candidates=tuple(
@@ -392,21 +424,11 @@ def build_table(
                 if _selects(pool.spec.selector, s.endpoint.labels)
             ),
             port=pool.spec.target_port_number,
-            timeout=config.default_timeout,
-            retry_attempts=default_retry[0],
-            retry_interval=default_retry[1],
             profile=_profile(meta),
+            **defaults,
         )
     models = []
-    for obj in by_kind["InferenceModel"]:
-        meta = obj["metadata"]
-        ref = _ref("InferenceModel", meta)
-        try:
-            im = InferenceModel.model_validate(obj)
-        except Exception as err:
-            table.problems[ref] = f"invalid: {err}"
-            continue
-        namespace = meta.get("namespace") or "default"
+    for meta, ref, namespace, im in _valid(table, by_kind, "InferenceModel", InferenceModel):
         backend = pools.get((namespace, im.spec.pool_ref.name))
         problem = f"{ref} names InferencePool {im.spec.pool_ref.name!r}, which does not exist"
         models.append(
@@ -427,9 +449,12 @@ def build_table(
             by_name.setdefault(name, []).append(state)
     profiles: dict[str, str | None] = {}
     for obj in by_kind["Playground"]:
+        failing = _failing(obj)
         for name in _playground_models(obj.get("spec") or {}):
             table.placeholders.add(name)
             profiles.setdefault(name, _profile(obj["metadata"]))
+            if failing:
+                table.failing.setdefault(name, failing)
     for name, members in by_name.items():
         served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
         rewrite = served.pop() if len(served) == 1 else None
@@ -437,10 +462,8 @@ def build_table(
             ref=f"Model/{name}",
             candidates=tuple(members),
             model=rewrite if rewrite != name else None,
-            timeout=config.default_timeout,
-            retry_attempts=default_retry[0],
-            retry_interval=default_retry[1],
             profile=profiles.get(name),
+            **defaults,
         )
     table.placeholders -= set(table.defaults)
     for ref, problem in table.problems.items():

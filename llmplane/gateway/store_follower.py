@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from llmplane.store.base import Expired
+from llmplane.store.base import Expired, Store
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -29,7 +29,7 @@ def _key(obj: dict[str, Any]) -> Key:
 class StoreFollower:
     def __init__(
         self,
-        store: Any,
+        store: Store,
         kinds: Iterable[str],
         on_change: Callable[[dict[Key, dict[str, Any]]], None],
         debounce: float = 0.005,

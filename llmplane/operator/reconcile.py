@@ -85,58 +85,39 @@ class Reconciler:
         obj = await self.client.get_or_none(kinds.PLAYGROUND, name, namespace)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return  # its Service, HPA and workload go with it (ownerReferences)
+        abort, service = await self._apply_playground(obj, namespace, name)
         generation = obj["metadata"].get("generation")
+        status = playground_status(obj.get("status"), generation, service, abort)
+        await self._write_status(kinds.PLAYGROUND, obj, status)
+
+    async def _apply_playground(
+        self, obj: dict[str, Any], namespace: str, name: str
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """Apply the Playground's Service (and HPA): (None, the Service), or (why not, None)."""
         try:
             pg = parse(Playground, obj)
         except InvalidResources as err:
-            await self._write_status(
-                kinds.PLAYGROUND,
-                obj,
-                playground_status(obj.get("status"), generation, None, str(err)),
-            )
-            return
+            return str(err), None
         existing = await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)
         if existing is not None and not _controlled_by(existing, obj):
-            abort = "Playground owns the same name with an existing Service"
-            await self._write_status(
-                kinds.PLAYGROUND, obj, playground_status(obj.get("status"), generation, None, abort)
-            )
-            return
-        claims = planning.claims_of(pg)
-        models, missing = await self._models([m.name for m in claims.models])
-        if missing:
-            abort = f"Waiting for model creation: OpenModel {', '.join(missing)} not found"
-            await self._write_status(
-                kinds.PLAYGROUND, obj, playground_status(obj.get("status"), generation, None, abort)
-            )
-            return
+            return "Playground owns the same name with an existing Service", None
+        models, _ = await self._models([m.name for m in planning.claims_of(pg).models])
         backend_name = pg.spec.backend_runtime_config.backend_name
         backend_obj = await self.client.get_or_none(kinds.BACKENDRUNTIME, backend_name)
-        if backend_obj is None:
-            abort = f"Waiting for BackendRuntime {backend_name}"
-            await self._write_status(
-                kinds.PLAYGROUND, obj, playground_status(obj.get("status"), generation, None, abort)
-            )
-            return
-        backend = parse(BackendRuntime, backend_obj)
+        backend = parse(BackendRuntime, backend_obj) if backend_obj is not None else None
+        abort = planning.missing_inputs(pg, models, backend)
+        if abort is not None or backend is None:
+            return abort, None
         try:
             _, objects = kube.playground_objects(pg, models, backend)
         except PlanningError as err:
-            await self._write_status(
-                kinds.PLAYGROUND,
-                obj,
-                playground_status(obj.get("status"), generation, None, str(err)),
-            )
-            return
+            return str(err), None
         await self._apply_all(objects)
         if not any(o["kind"] == "HorizontalPodAutoscaler" for o in objects):
             hpa = await self.client.get_or_none(kinds.HPA, name, namespace)
             if hpa is not None and _controlled_by(hpa, obj):
                 await self.client.delete(kinds.HPA, name, namespace)
-        service = await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)
-        await self._write_status(
-            kinds.PLAYGROUND, obj, playground_status(obj.get("status"), generation, service)
-        )
+        return None, await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)
 
     async def service(self, namespace: str, name: str) -> None:
         obj = await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)

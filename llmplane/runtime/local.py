@@ -14,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
 import aiohttp
 
 from llmplane.controlplane.plan import WorkloadPlan
+from llmplane.runtime import logs
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import free_port
+from llmplane.runtime.placement import NVIDIA_GPU, DevicePool, detect_nvidia_gpus
 from llmplane.runtime.processes import ProcessTable, kill_leftovers
 from llmplane.runtime.status import READY, WorkloadStatus
 from llmplane.runtime.workload import Workload
@@ -46,6 +48,10 @@ class LocalRuntime:
     ``backoff_base``/``backoff_cap``: restart delays ``base * 2**n`` capped at ``cap`` seconds,
     back to ``base`` once a replica has been ready for ``backoff_reset`` seconds.
     ``stop_timeout``: seconds between SIGTERM and SIGKILL.
+    ``log_max_bytes``: engine logs are rotated past this size (checked every
+    ``log_check_interval`` seconds, see ``logs.py``).
+    ``gpus``: the host's NVIDIA GPUs (``--gpus``); None asks ``nvidia-smi``. Replicas get
+    distinct devices per their flavors' limits (``placement.py``).
     """
 
     def __init__(
@@ -58,6 +64,9 @@ class LocalRuntime:
         backoff_cap: float = 300.0,
         backoff_reset: float = 600.0,
         stop_timeout: float = 10.0,
+        log_max_bytes: int = logs.DEFAULT_MAX_BYTES,
+        log_check_interval: float = logs.CHECK_INTERVAL,
+        gpus: Sequence[str] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.on_change = on_change
@@ -66,6 +75,12 @@ class LocalRuntime:
         self.backoff_cap = backoff_cap
         self.backoff_reset = backoff_reset
         self.stop_timeout = stop_timeout
+        self.log_max_bytes = log_max_bytes
+        self.log_check_interval = log_check_interval
+        self._log_keeper: asyncio.Task[None] | None = None
+        self.devices = DevicePool(
+            {NVIDIA_GPU: list(gpus) if gpus is not None else detect_nvidia_gpus()}
+        )
         self.table = ProcessTable(self.state_dir / "runtime" / "processes.json")
         self._workloads: dict[str, Workload] = {}
         self._removing: dict[str, Workload] = {}
@@ -101,6 +116,9 @@ class LocalRuntime:
         if leftovers:
             log.warning("stopped leftover engine processes %s", leftovers)
         self.table.clear()
+        self._log_keeper = asyncio.get_running_loop().create_task(
+            logs.keep_rotated(self.state_dir / "logs", self.log_max_bytes, self.log_check_interval)
+        )
         self._started = True
 
     async def shutdown(self) -> None:
@@ -108,6 +126,10 @@ class LocalRuntime:
         self._closed = True
         keys = set(self._workloads) | set(self._removing)
         await asyncio.gather(*(self.remove(k) for k in keys))
+        if self._log_keeper is not None:
+            self._log_keeper.cancel()
+            await asyncio.wait([self._log_keeper])
+            self._log_keeper = None
         if self._session is not None:
             await self._session.close()
             self._session = None

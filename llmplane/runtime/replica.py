@@ -21,10 +21,11 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmplane.controlplane.plan import REPLICA_LABEL, HttpProbe, WorkloadPlan
+from llmplane.controlplane.plan import PLAYGROUND_LABEL, REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
+from llmplane.runtime.placement import UNSCHEDULABLE, FlavorOption, Placement
 from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, spawn, start_ticks, stop_group
 from llmplane.runtime.status import (
     CRASH_LOOP,
@@ -68,6 +69,7 @@ class Replica:
         self.backoff_seconds: float | None = None
         self.port: int | None = None
         self.proc: asyncio.subprocess.Process | None = None
+        self.placement: Placement | None = None  # accelerators held while a process runs
         self.token: str | None = None
         self.started_at = 0.0  # event-loop time of the current process' start
         self.ready_since: float | None = None
@@ -147,7 +149,10 @@ class Replica:
                     hint = local.install_hint or f"install the {self.plan.backend} engine"
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{missing}. {hint}")
                     return
-                self.spawning = asyncio.get_running_loop().create_task(self._spawn(env))
+                placement = await self._place()
+                self.spawning = asyncio.get_running_loop().create_task(
+                    self._spawn({**env, **placement.env()})
+                )
                 try:
                     await asyncio.shield(self.spawning)
                 except FileNotFoundError as err:
@@ -191,7 +196,27 @@ class Replica:
             await self._start_process(env, port)
         except BaseException:
             self.runtime.release_port(port)
+            self._release_devices()
             raise
+
+    async def _place(self) -> Placement:
+        """Accelerators for the next process: the first flavor whose devices are free; waits
+        (Pending, Unschedulable) until another replica releases some."""
+        pool = self.runtime.devices
+        options = [
+            FlavorOption(o.get("name"), o.get("limits") or {}) for o in self.plan.flavor_options
+        ] or [FlavorOption(None, self.plan.resources.get("limits") or {})]
+        while True:
+            result = pool.place(options)
+            if isinstance(result, Placement):
+                self.placement = result
+                return result
+            self._set(PENDING, UNSCHEDULABLE, f"waiting for free accelerators: {result}")
+            await pool.wait_released()
+
+    def _release_devices(self) -> None:
+        self.runtime.devices.release(self.placement)
+        self.placement = None
 
     async def _start_process(self, env: dict[str, str], port: int) -> None:
         local = self.plan.local
@@ -256,6 +281,7 @@ class Replica:
         if self.token is not None:
             self.runtime.table.discard(self.token)
         self.runtime.release_port(self.port)
+        self._release_devices()
         self.proc = None
         self.token = None
 
@@ -301,14 +327,14 @@ class Replica:
 
     async def _startup(self, probe: HttpProbe, started: float) -> str | None:
         successes = failures = 0
-        async for _ in probes.schedule(probe, started, started):
+        async for counted in probes.schedule(probe, started, started, hurry=lambda: True):
             ok, detail = await self._check(probe)
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
                     return None
             else:
-                successes, failures = 0, failures + 1
+                successes, failures = 0, failures + counted
                 self._set(STARTING, None, f"startup probe: {detail}")
                 if failures >= max(probe.failure_threshold, 1):
                     return f"startup probe failed {failures} times ({detail})"
@@ -318,14 +344,15 @@ class Replica:
         self, probe: HttpProbe, started: float, not_before: float
     ) -> tuple[str, str]:
         successes = failures = 0
-        async for _ in probes.schedule(probe, started, not_before):
+        hurry = lambda: self.phase != READY  # noqa: E731
+        async for counted in probes.schedule(probe, started, not_before, hurry=hurry):
             ok, detail = await self._check(probe)
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
                     self._set(READY)
             else:
-                successes, failures = 0, failures + 1
+                successes, failures = 0, failures + counted
                 if self.phase == READY:
                     if failures >= max(probe.failure_threshold, 1):
                         self._set(NOT_READY, None, f"readiness probe: {detail}")
@@ -345,9 +372,10 @@ class Replica:
         return "", ""  # unreachable
 
     def _crash_message(self, cause: str, delay: float) -> str:
-        lines = [f"back-off {delay:g}s restarting failed engine: {cause}"]
+        lines = [f"the engine is failing: {cause}"]
         if self.last_exit_code is not None:
-            lines[0] += f"; last exit code {self.last_exit_code}"
+            lines[0] += f" (last exit code {self.last_exit_code})"
+        lines[0] += f"; restarting in {delay:g}s; see `{logs_command(self.plan, self.index)}`"
         tail = _tail(self.log_path, LOG_TAIL_LINES)
         if tail:
             lines.append(f"last lines of {self.log_path}:\n{tail}")
@@ -402,6 +430,14 @@ class Replica:
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0)))
         if proc is not None and proc.returncode is None and loop.time() >= deadline:
             log.warning("%s: grace period of %gs over with requests in flight", self.name, grace)
+
+
+def logs_command(plan: WorkloadPlan, index: int) -> str:
+    """The ``llmplane logs`` command that shows this replica's engine log."""
+    kind = "pl" if PLAYGROUND_LABEL in plan.labels else "isvc"
+    namespace = f" -n {plan.namespace}" if plan.namespace != "default" else ""
+    replica = f" -r {index}" if index else ""
+    return f"llmplane logs {kind}/{plan.name}{replica}{namespace}"
 
 
 def _describe_exit(code: int | None) -> str:

@@ -17,6 +17,10 @@ transaction, so the sync methods may be called from the event loop (while anothe
 holds the write lock, a write waits for it, up to ``busy_timeout``); ``watch`` is async, sleeps
 on an ``asyncio.Event`` that same-process writes set at once, and polls every ``poll_interval``
 for writes from other processes.
+
+Over 500 lines on purpose: it is one class whose every method keeps the same invariants (one
+write transaction per change with its event row, resourceVersions committed in order, the
+corrupt-row rules); the schema and the helpers around it are short.
 """
 
 from __future__ import annotations

@@ -45,13 +45,17 @@ def up(tmp_path: Path) -> Iterator[Up]:
 
 def until(browser: Browser, predicate: Any, what: str, timeout: float = 30) -> Any:
     """Wait on a condition in the page; a timeout fails naming it (and saves a screenshot)."""
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(browser.driver, timeout, poll_frequency=0.1).until(
-            lambda d: predicate(d)
-        )
+        # An element the page redrew between finding and reading it: look again.
+        return WebDriverWait(
+            browser.driver,
+            timeout,
+            poll_frequency=0.1,
+            ignored_exceptions=(StaleElementReferenceException,),
+        ).until(lambda d: predicate(d))
     except TimeoutException:
         shot = browser.screenshot("timeout")
         raise AssertionError(f"timed out waiting for {what} (screenshot {shot})") from None
@@ -126,12 +130,17 @@ def test_console_chat_fleet_scale_logs_resources(up: Up, browser: Browser, tmp_p
         "chat shown with 2/2 ready after scaling",
         timeout=60,
     )
-    rows = d.find_elements(
-        By.CSS_SELECTOR, '[data-workload="default/chat"] table.replicas tbody tr'
+    # ``up`` itself (no terminal: plain lines) said so too.
+    wait_for(
+        lambda: "playground default/chat: 2/2 replicas ready\n" in up.output(),
+        what="up's status line for the scaled Playground",
     )
-    assert len(rows) == 2 and all("Ready" in r.text and "sim" in r.text for r in rows), [
-        r.text for r in rows
-    ]
+    # The Fleet page redraws every second: read (and click) inside the page, in one step.
+    rows = d.execute_script(
+        "return [...document.querySelectorAll("
+        "'[data-workload=\"default/chat\"] table.replicas tbody tr')].map(r => r.innerText)"
+    )
+    assert len(rows) == 2 and all("Ready" in r and "sim" in r for r in rows), rows
     # Some traffic for the charts, then wait for the request-rate chart to draw a line.
     for _ in range(4):
         assert (
@@ -151,7 +160,7 @@ def test_console_chat_fleet_scale_logs_resources(up: Up, browser: Browser, tmp_p
     )
 
     # --- a replica's log ------------------------------------------------------------------------
-    d.find_element(By.CSS_SELECTOR, '[data-log="default/chat#1"]').click()
+    d.execute_script("document.querySelector('[data-log=\"default/chat#1\"]').click()")
     until(
         browser,
         lambda d: (

@@ -343,6 +343,34 @@ async def test_startup_probe_failure_restarts(runtime: LocalRuntime) -> None:
     await wait_for(lambda: runtime.status(KEY).items[0].restarts >= 1, what="restart")
 
 
+async def test_ready_follows_the_engine_long_before_the_next_probe_period(
+    runtime: LocalRuntime,
+) -> None:
+    # vLLM's built-in probes every 10 s; an engine healthy after 1 s is Ready well before the
+    # second 10 s tick (the runtime asks a starting replica every quarter second).
+    startup = HttpProbe(path="/health", port=8080, period_seconds=10, failure_threshold=30)
+    readiness = HttpProbe(path="/health", port=8080, period_seconds=10, failure_threshold=3)
+    await runtime.realise(engine_plan("--unhealthy-for", "1", startup=startup, readiness=readiness))
+    await wait_for(lambda: ready(runtime) == 1, timeout=8, what="Ready before the 10 s tick")
+
+
+async def test_frequent_startup_probing_keeps_the_failure_threshold_timing(
+    runtime: LocalRuntime,
+) -> None:
+    # period 1 s x threshold 3: the third failed tick is 2 s after the start, however many extra
+    # attempts ran in between.
+    startup = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=3)
+    begun = time.monotonic()
+    await runtime.realise(engine_plan("--unhealthy-for", "60", startup=startup))
+    await wait_for(
+        lambda: runtime.status(KEY).items[0].reason == "StartupProbeFailed",
+        timeout=10,
+        what="StartupProbeFailed",
+    )
+    assert time.monotonic() - begun >= 2.0
+    assert "startup probe failed 3 times" in runtime.status(KEY).items[0].message
+
+
 async def test_readiness_and_liveness_failures(runtime: LocalRuntime) -> None:
     liveness = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=3)
     await runtime.realise(engine_plan(liveness=liveness))
@@ -434,3 +462,37 @@ async def test_shutdown_stops_everything_and_kills_what_ignores_sigterm(tmp_path
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+async def test_engine_logs_are_rotated_by_size(tmp_path: Path) -> None:
+    # An engine that writes about 1 MB a second into its log; the runtime keeps the log under
+    # 64 KB plus what arrives between two checks, the older part in replica-0.log.1.
+    chatty = (
+        "import sys, time\n"
+        "i = 0\n"
+        "while True:\n"
+        "    i += 1\n"
+        "    sys.stdout.write(f'line {i} ' + 'x' * 990 + '\\n'); sys.stdout.flush()\n"
+        "    time.sleep(0.001)\n"
+    )
+    rt = LocalRuntime(tmp_path, stop_timeout=2, log_max_bytes=64 * 1024, log_check_interval=0.1)
+    plan = replace(engine_plan(argv=[sys.executable, "-c", chatty]), readiness_probe=None)
+    try:
+        await rt.realise(plan)
+        log_path = rt.log_path(KEY, 0)
+        backup = log_path.with_name("replica-0.log.1")
+        await wait_for(backup.exists, timeout=20, what="a rotated log")
+        await asyncio.sleep(0.5)  # a few more checks while the engine keeps writing
+        assert log_path.stat().st_size < 2 * 1024 * 1024
+        assert backup.stat().st_size > 64 * 1024
+        # The engine keeps appending to the emptied file: newer lines than the backup's last.
+        last_backup = int(backup.read_bytes().splitlines()[-1].split()[1])
+        await wait_for(lambda: b"line " in log_path.read_bytes(), timeout=5, what="new lines")
+        first_new = int(
+            next(
+                ln for ln in log_path.read_bytes().splitlines() if ln.startswith(b"line ")
+            ).split()[1]
+        )
+        assert first_new > last_backup
+    finally:
+        await rt.shutdown()

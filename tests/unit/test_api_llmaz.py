@@ -309,9 +309,20 @@ def test_resource_limits_must_cover_requests() -> None:
     assert errors_of(ok) == []
 
 
-def test_min_replicas_at_least_one() -> None:
+def test_min_replicas_zero_is_an_extension() -> None:
+    """llmaz refuses minReplicas 0; llmplane accepts it (scale to zero) and its idle period."""
+    ok = playground(
+        replicas=0,
+        elasticConfig={"minReplicas": 0, "maxReplicas": 2, "scaleToZeroAfterSeconds": 60},
+    )
+    assert errors_of(ok) == []
     assert_error(
-        playground(elasticConfig={"minReplicas": 0}), "spec.elasticConfig.minReplicas", "at least 1"
+        playground(elasticConfig={"minReplicas": -1}), "spec.elasticConfig.minReplicas", "0"
+    )
+    assert_error(
+        playground(elasticConfig={"minReplicas": 1, "scaleToZeroAfterSeconds": 60}),
+        "spec.elasticConfig.scaleToZeroAfterSeconds",
+        "only applies with minReplicas: 0",
     )
 
 

@@ -214,7 +214,8 @@ async def test_an_unknown_backend_is_named(store, controller) -> None:
     await controller.reconcile()
     progressing = condition(store, "Playground", "Progressing")
     assert progressing["reason"] == "AbortProcessing"
-    assert "BackendRuntime 'nope' not found" in progressing["message"]
+    assert "BackendRuntime nope" in progressing["message"]
+    assert "known: llamacpp" in progressing["message"]  # and what there is
     assert ("AbortProcessing", "Warning") in events(store)
 
 

@@ -14,6 +14,7 @@ from llmplane.controlplane.planning import (
     PlanningError,
     claims_of,
     config_name,
+    missing_inputs,
     plan_service,
     render,
     service_for_playground,
@@ -217,6 +218,19 @@ def test_missing_model_waits_with_abort_processing() -> None:
     with pytest.raises(PlanningError, match="Waiting for model creation") as info:
         service_for_playground(Inputs(playground(), {}, backend()), locate)
     assert info.value.reason == "AbortProcessing"
+
+
+def test_missing_inputs_names_what_is_missing() -> None:
+    pg = playground()
+    models = {"llama3-8b": model()}
+    assert missing_inputs(pg, models, backend()) is None
+    assert missing_inputs(pg, {}, backend()) == (
+        "Waiting for model creation: OpenModel llama3-8b not found"
+    )
+    assert missing_inputs(pg, models, None) == "Waiting for BackendRuntime vllm"
+    assert missing_inputs(pg, models, None, ["sim", "llamacpp"]) == (
+        "Waiting for BackendRuntime vllm (known: llamacpp, sim)"
+    )
 
 
 def test_missing_recommended_config() -> None:

@@ -190,6 +190,28 @@ async def test_probe_schedule_honours_initial_delay_and_period() -> None:
     assert times[0] == pytest.approx(0.1, abs=0.05)
 
 
+async def test_probe_schedule_hurries_between_ticks_without_counting_them() -> None:
+    loop = asyncio.get_running_loop()
+    probe = HttpProbe(path="/", port=1, period_seconds=0.5)  # type: ignore[arg-type]
+    start = loop.time()
+    seen: list[bool] = []
+    async for counted in schedule(probe, start, start, hurry=lambda: True, fast=0.05):
+        seen.append(counted)
+        if counted and loop.time() - start > 0.4:
+            break
+    assert seen[0] is True and seen[-1] is True and seen.count(True) == 2
+    assert seen.count(False) >= 4  # the extra attempts in between
+
+    hurry = False
+    seen.clear()
+    start = loop.time()
+    async for counted in schedule(probe, start, start, hurry=lambda: hurry, fast=0.05):
+        seen.append(counted)
+        if len(seen) == 2:
+            break
+    assert seen == [True, True]  # not hurried: only the probe's own ticks
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [

@@ -43,6 +43,7 @@ from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import POD
 from llmplane.kube.pods import pod_address, pod_ready
 from llmplane.runtime.endpoint import Endpoint
+from llmplane.store.base import Store
 from llmplane.store.kube import KubeStore
 
 log = logging.getLogger("llmplane.gateway")
@@ -133,7 +134,7 @@ class PodDiscovery(Subscribers):
         self,
         api: Any,
         namespaces: Sequence[str] | None = None,
-        store: Any = None,
+        store: Store | None = None,
         *,
         port: int = POD_PORT,
         watch_timeout: int = 300,

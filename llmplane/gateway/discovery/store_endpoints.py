@@ -26,6 +26,7 @@ from typing import Any
 from llmplane.gateway.discovery.sources import Subscribers
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.runtime.endpoint import Endpoint
+from llmplane.store.base import Store
 
 ENDPOINT_KIND = "Endpoint"
 ENDPOINT_API_VERSION = "llmplane.io/v1alpha1"
@@ -83,7 +84,7 @@ def endpoint_object(
 class StoreEndpoints(Subscribers):
     """``Discovery`` over the store's ``Endpoint`` objects; ``await start()`` to follow changes."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         super().__init__()
         self._endpoints: list[Endpoint] = []
         self._follower = StoreFollower(store, [ENDPOINT_KIND], self._rebuild, debounce=0.0)
