@@ -36,6 +36,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -128,22 +129,15 @@ class _Relayed(Exception):
         self.response = response
 
 
+@dataclass(eq=False)
 class PrefillDecode:
     """Serves requests whose backend has a ``PDBackend`` (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        proxy: Proxy,
-        scheduler: Scheduler,
-        outliers: Outliers,
-        metrics: GatewayMetrics,
-    ) -> None:
-        self.config = config
-        self.proxy = proxy
-        self.scheduler = scheduler
-        self.outliers = outliers
-        self.metrics = metrics
+    config: GatewayConfig
+    proxy: Proxy
+    scheduler: Scheduler
+    outliers: Outliers
+    metrics: GatewayMetrics
 
     def _groups(self, pd: PDBackend, now: float) -> dict[str, list[EndpointState]]:
         by_group: dict[str, list[EndpointState]] = {}

@@ -10,21 +10,18 @@ import pytest
 
 from llmplane.gateway.config import GatewayConfig, config_from_dict
 from llmplane.gateway.hooks import Usage
-from llmplane.gateway.ratelimit import (
+from llmplane.gateway.ratelimit import RateLimiter, RateLimitError
+from llmplane.gateway.ratelimit.buckets import (
     BucketState,
-    RateLimiter,
-    RateLimitError,
     TokenBucket,
-    UsageChunkFilter,
     duration,
-    inject_include_usage,
-    output_reservation,
     rate_headers,
     reserve_local,
     retry_after,
-    route_limits,
     settle_deltas,
 )
+from llmplane.gateway.ratelimit.limits import output_reservation, route_limits
+from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.tokens import TokenCounter, estimate_tokens
 

@@ -63,6 +63,9 @@ class SchedulingContext:
         return self._prompt
 
 
+Scores = Sequence[float]  # one total per candidate, in the candidates' order
+
+
 @runtime_checkable
 class Plugin(Protocol):
     name: str
@@ -83,11 +86,7 @@ class Scorer(Plugin, Protocol):
 @runtime_checkable
 class Picker(Plugin, Protocol):
     def pick(
-        self,
-        ctx: SchedulingContext,
-        endpoints: Sequence[EndpointState],
-        scores: Sequence[float],
-        n: int,
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], scores: Scores, n: int
     ) -> list[EndpointState]: ...
 
 

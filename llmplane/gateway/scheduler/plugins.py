@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from itertools import count
 
 from llmplane.gateway.registry import EndpointState, queue_estimates
-from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.framework import SchedulingContext, Scores
 
 _random = random.random
 _sample = random.sample
@@ -174,19 +174,29 @@ class RandomScorer:
 # --- pickers ------------------------------------------------------------------------------------
 
 
-class MaxScorePicker:
-    """Highest total score first; ties broken at random."""
+class _Picker:
+    """A picker that decides from the scores alone: ``order`` gives the indexes to take."""
 
-    def __init__(self, name: str = "max-score") -> None:
-        self.name = name
+    default_name = ""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or self.default_name
 
     def pick(
-        self,
-        ctx: SchedulingContext,
-        endpoints: Sequence[EndpointState],
-        scores: Sequence[float],
-        n: int,
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], scores: Scores, n: int
     ) -> list[EndpointState]:
+        return [endpoints[i] for i in self.order(scores, n)]
+
+    def order(self, scores: Scores, n: int) -> list[int]:
+        raise NotImplementedError
+
+
+class MaxScorePicker(_Picker):
+    """Highest total score first; ties broken at random."""
+
+    default_name = "max-score"
+
+    def order(self, scores: Scores, n: int) -> list[int]:
         # Sort indices by score (C speed), then shuffle only the runs of equal scores that
         # reach into the first n: 4x cheaper than a random key per endpoint.
         order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
@@ -203,40 +213,26 @@ class MaxScorePicker:
             else:
                 out.extend(_sample(order[i:j], min(j - i, n - len(out))))
             i = j
-        return [endpoints[k] for k in out]
+        return out
 
 
-class WeightedRandomPicker:
+class WeightedRandomPicker(_Picker):
     """At random, in proportion to the total score (without replacement for the fallbacks)."""
 
-    def __init__(self, name: str = "weighted-random") -> None:
-        self.name = name
+    default_name = "weighted-random"
 
-    def pick(
-        self,
-        ctx: SchedulingContext,
-        endpoints: Sequence[EndpointState],
-        scores: Sequence[float],
-        n: int,
-    ) -> list[EndpointState]:
+    def order(self, scores: Scores, n: int) -> list[int]:
         # Efraimidis-Spirakis: key = u ** (1 / w); zero weights go last, in random order.
         keyed = []
         for i, s in enumerate(scores):
             u = _random()
             keyed.append((u ** (1.0 / s) if s > 0 else u - 1.0, i))
         keyed.sort(reverse=True)
-        return [endpoints[i] for _, i in keyed[:n]]
+        return [i for _, i in keyed[:n]]
 
 
-class RandomPicker:
-    def __init__(self, name: str = "random-picker") -> None:
-        self.name = name
+class RandomPicker(_Picker):
+    default_name = "random-picker"
 
-    def pick(
-        self,
-        ctx: SchedulingContext,
-        endpoints: Sequence[EndpointState],
-        scores: Sequence[float],
-        n: int,
-    ) -> list[EndpointState]:
-        return random.sample(list(endpoints), min(n, len(endpoints)))
+    def order(self, scores: Scores, n: int) -> list[int]:
+        return _sample(range(len(scores)), min(n, len(scores)))

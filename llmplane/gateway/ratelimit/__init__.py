@@ -1,0 +1,41 @@
+"""Token rate limits for Kthena ``ModelRoute.spec.rateLimit`` (a request hook).
+
+One token bucket per ModelRoute (namespace/name) and direction (input, output): rate =
+limit / unit, burst = limit, unit second | minute | hour | day | month (30 days). Without
+``global`` the buckets live in this process (monotonic clock); with ``global.redis`` they
+live in Redis and every gateway process shares them: reserve and settle are Lua scripts,
+atomic over both directions, timed by Redis ``TIME`` (never a gateway's clock).
+
+A request on a limited route:
+
+1. **reserve** (before scheduling): input tokens counted by ``llmplane.gateway.tokens``
+   (the model's tokenizer, else ``ceil(chars / 4)``); output tokens reserved up to
+   ``max_completion_tokens`` / ``max_tokens`` times ``n`` (without either:
+   ``rate_limit_default_output_tokens``, never more than the bucket). Both buckets are taken
+   together or not at all. A reservation larger than a bucket can never fit: 429 at once,
+   without ``Retry-After``. Otherwise, when it does not fit now: 429 with ``Retry-After``
+   (whole seconds until it would fit) and OpenAI's ``x-ratelimit-*-tokens`` headers.
+   Streams get ``stream_options.include_usage=true`` when the client did not ask for usage,
+   and the usage-only chunk is then removed from what the client receives.
+2. **settle** (after the response): the engine's ``usage`` replaces the reservation in both
+   directions: unused tokens go back, overuse is debited (the bucket may go below zero and
+   later requests wait longer). A failed request (4xx/5xx, no usage) gets everything back;
+   a successful response without usage, or a client that went away, keeps the reservation.
+
+Redis unreachable (errors and timeouts are counted in ``llmplane_ratelimit_redis_errors_total``;
+the client reconnects lazily, each call is bounded by ``rate_limit_redis_timeout`` and after a
+failure Redis is not asked again for ``rate_limit_redis_retry_interval``):
+``rate_limit_redis_failure`` = ``open`` (default: admit unlimited), ``local`` (this process's
+own buckets) or ``closed`` (503 with Retry-After).
+
+Modules: ``limits`` (ModelRoute rateLimit -> ``RouteLimit``), ``buckets`` (token-bucket maths,
+``x-ratelimit-*`` headers, settlement), ``error`` (the 429), ``usage_filter`` (injecting
+``include_usage`` and dropping the usage chunk), ``redis_store`` (the shared buckets' Lua
+scripts) and ``limiter`` (``RateLimiter``, the hook).
+"""
+
+from llmplane.gateway.ratelimit.error import RateLimitError
+from llmplane.gateway.ratelimit.limiter import RateLimiter, Reservation
+from llmplane.gateway.ratelimit.redis_store import RedisBuckets
+
+__all__ = ["RateLimitError", "RateLimiter", "RedisBuckets", "Reservation"]

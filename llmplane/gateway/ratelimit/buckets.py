@@ -1,0 +1,138 @@
+"""Token-bucket maths: the local bucket, the state both kinds of bucket report, the
+``x-ratelimit-*`` headers and what settling a reservation gives back or debits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from llmplane.gateway.ratelimit.limits import INPUT
+
+
+class TokenBucket:
+    """``burst`` tokens at most, refilled at ``rate`` per second. ``level`` may go below zero
+    after an overuse debit: requests then wait until it has refilled far enough."""
+
+    __slots__ = ("burst", "level", "rate", "stamp")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.level = float(burst)
+        self.stamp = now
+
+    def refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
+            self.stamp = now
+        elif self.level > self.burst:  # the limit was lowered
+            self.level = float(self.burst)
+
+    def wait(self, amount: float) -> float:
+        """Seconds until ``amount`` tokens are there (0 now); call ``refill`` first."""
+        return 0.0 if self.level >= amount else (amount - self.level) / self.rate
+
+    def adjust(self, delta: float, now: float) -> None:
+        """Give back (``delta`` > 0, up to the burst) or debit (< 0, may go negative)."""
+        self.refill(now)
+        self.level = min(float(self.burst), self.level + delta)
+
+    def state(self, direction: str, wait: float = 0.0) -> BucketState:
+        return BucketState(direction, int(self.burst), self.rate, self.level, wait)
+
+
+@dataclass(frozen=True)
+class BucketState:
+    direction: str
+    limit: int  # the burst: tokens per unit
+    rate: float  # tokens per second
+    level: float  # tokens available now (after this reservation when it was admitted)
+    wait: float = 0.0  # seconds until the request's amount fits (0: it did)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, math.floor(self.level))
+
+    @property
+    def reset(self) -> float:
+        """Seconds until the bucket is full again (OpenAI's ``x-ratelimit-reset-tokens``)."""
+        return max(0.0, (self.limit - self.level) / self.rate)
+
+
+def reserve_local(
+    buckets: list[tuple[str, TokenBucket, int]], now: float
+) -> tuple[bool, list[BucketState]]:
+    """Take every amount or none: (admitted, the buckets' states)."""
+    for _, bucket, _ in buckets:
+        bucket.refill(now)
+    waits = [bucket.wait(amount) for _, bucket, amount in buckets]
+    ok = all(w == 0.0 for w in waits)
+    if ok:
+        for _, bucket, amount in buckets:
+            bucket.level -= amount
+    return ok, [b.state(d, w) for (d, b, _), w in zip(buckets, waits, strict=True)]
+
+
+def retry_after(states: Iterable[BucketState]) -> int:
+    """Whole seconds until the reservation fits in every bucket (at least 1)."""
+    return max(1, math.ceil(max((s.wait for s in states), default=0.0) - 1e-9))
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's (Go's) duration format for ``x-ratelimit-reset-tokens``: ``250ms``, ``6s``,
+    ``1.5s``, ``6m0s``, ``2h3m4s``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{secs:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours >= 1:
+        return f"{int(hours)}h{int(minutes)}m{text}"
+    if minutes >= 1:
+        return f"{int(minutes)}m{text}"
+    return text
+
+
+def rate_headers(states: list[BucketState], main: BucketState | None = None) -> dict[str, str]:
+    """``x-ratelimit-{limit,remaining,reset}-tokens`` for ``main`` (by default the direction
+    with the smallest share left) and the same with ``-input`` / ``-output`` per direction."""
+    if not states:
+        return {}
+    if main is None:
+        main = min(states, key=lambda s: s.level / s.limit)
+    headers = {
+        "x-ratelimit-limit-tokens": str(main.limit),
+        "x-ratelimit-remaining-tokens": str(main.remaining),
+        "x-ratelimit-reset-tokens": duration(main.reset),
+    }
+    for s in states:
+        headers[f"x-ratelimit-limit-tokens-{s.direction}"] = str(s.limit)
+        headers[f"x-ratelimit-remaining-tokens-{s.direction}"] = str(s.remaining)
+        headers[f"x-ratelimit-reset-tokens-{s.direction}"] = duration(s.reset)
+    return headers
+
+
+def settle_deltas(
+    amounts: list[tuple[str, int]], prompt: int | None, completion: int | None, status: int
+) -> list[tuple[str, int]]:
+    """Tokens to give back (> 0) or debit (< 0) per direction once the response is known.
+
+    With usage: reserved - used (input only when the engine reported prompt tokens). Without
+    usage: a failed request (status >= 400, not a client that went away) gets everything
+    back; otherwise the reservation stands."""
+    if prompt is None and completion is None:
+        if status >= 400 and status != 499:
+            return [(d, a) for d, a in amounts if a]
+        return []
+    deltas = []
+    for direction, amount in amounts:
+        used = prompt if direction == INPUT else completion
+        if direction == INPUT and not used:
+            continue
+        delta = amount - (used or 0)
+        if delta:
+            deltas.append((direction, delta))
+    return deltas

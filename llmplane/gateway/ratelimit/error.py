@@ -1,0 +1,44 @@
+"""The 429 of a token rate limit, in OpenAI's shape."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.http_server import Response
+
+
+class RateLimitError(GatewayError):
+    """429 in OpenAI's shape for token limits: ``{"error": {"message", "type": "tokens",
+    "param": null, "code": "rate_limit_exceeded"}}`` with ``Retry-After`` (whole seconds,
+    rounded up) and the ``x-ratelimit-*`` headers."""
+
+    def __init__(self, message: str, *, retry_after: float | None, headers: dict[str, str]) -> None:
+        super().__init__(429, message, "rate_limit_exceeded", retry_after=retry_after)
+        self.headers = headers
+
+    @property
+    def type(self) -> str:
+        return "tokens"
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": None,
+                    "code": self.code,
+                }
+            }
+        )
+
+    def response(self) -> Response:
+        headers = dict(self.headers)
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return Response(
+            status=429, body=self.body(), content_type="application/json", headers=headers
+        )
