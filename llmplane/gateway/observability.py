@@ -254,6 +254,10 @@ class GatewayMetrics:
         if gateway is not None:
             r.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
 
+    def add(self, metrics: list[Counter | Histogram]) -> None:
+        """Export request-path metrics kept by another module (the activator's)."""
+        self.registry.register(_FastCollector(metrics))  # type: ignore[arg-type]
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -173,6 +173,8 @@ class RoutingTable:
     defaults: dict[str, Backend] = field(default_factory=dict)
     placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
     failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
+    # Placeholders whose requests the activator may hold -> their workload (namespace/name).
+    activatable: dict[str, str] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
 
     def model_names(self) -> list[str]:
@@ -493,6 +495,10 @@ def build_table(
             limits.setdefault(name, _limits(obj["metadata"], config))
             if failing:
                 table.failing.setdefault(name, failing)
+            else:
+                meta = obj["metadata"]
+                workload = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+                table.activatable.setdefault(name, workload)
     for name, members in by_name.items():
         served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
         rewrite = served.pop() if len(served) == 1 else None
@@ -505,6 +511,10 @@ def build_table(
             **defaults,
         )
     table.placeholders -= set(table.defaults)
+    for name in set(table.activatable) - table.placeholders:
+        del table.activatable[name]
+    for name in table.failing:  # one failing Playground for the name: say so, do not hold
+        table.activatable.pop(name, None)
     for ref, problem in table.problems.items():
         log.warning("routing ignores %s: %s", ref, problem)
     return table

@@ -19,10 +19,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
+from llmplane.gateway.activator import Activator
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
@@ -51,6 +52,17 @@ INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
 
 
+class Extension(Protocol):
+    """More routes beside the API's, started and closed with the gateway (the web console,
+    ``llmplane.console.api.Console``). Its routes never replace the gateway's own."""
+
+    def routes(self) -> dict[tuple[str, str], Handler]: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Gateway:
     def __init__(
         self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
@@ -67,6 +79,9 @@ class Gateway:
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
+        self.activator = Activator(self.config)
+        self.metrics.add(self.activator.metrics.all())
+        self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
@@ -82,9 +97,7 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
-        # Extra GET pages with their own lifecycle (the web console): routes() -> {(method,
-        # path): handler} added beside the API's, start() / close() with the gateway.
-        self.extensions: list[Any] = []
+        self.extensions: list[Extension] = []  # the web console
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -185,6 +198,8 @@ class Gateway:
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
+        if self.activator.queues:
+            self.activator.release(self.table.activatable.__contains__)
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -217,9 +232,11 @@ class Gateway:
         rewrite the model the route sends."""
         inference = ctx.inference
         assert inference is not None
-        decision = ctx.decision = self.table.resolve(
-            inference.model, inference.path, ctx.request.headers
-        )
+        try:
+            decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
+        except GatewayError as err:
+            decision = await self._activate(err, inference, ctx.request.headers)
+        ctx.decision = decision
         for hook in self.hooks:
             reservation = await hook.reserve(inference, decision)
             reservations.append((hook, reservation))
@@ -255,6 +272,17 @@ class Gateway:
             except Exception:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)
+
+    async def _activate(
+        self, err: GatewayError, inference: InferenceRequest, headers: Any
+    ) -> Decision:
+        """A model without a ready replica: hold the request at the activator until one is
+        ready, then resolve again; anything else re-raises ``err``."""
+        workload = self.table.activatable.get(inference.model)
+        if err.code != "no_ready_endpoint" or workload is None:
+            raise err
+        await self.activator.hold(inference.model, workload, len(inference.body))
+        return self.table.resolve(inference.model, inference.path, headers)
 
     def _body(self, request: HttpRequest) -> bytes:
         """The body, or 413 if the HTTP server found it over the limit (and did not keep it)."""
@@ -391,7 +419,7 @@ async def start_gateway(
     host: str = "127.0.0.1",
     port: int = 0,
     config: GatewayConfig | None = None,
-    extensions: Sequence[Callable[[Gateway], Any]] = (),
+    extensions: Sequence[Callable[[Gateway], Extension]] = (),
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
     ``extensions`` made from it (``llmplane.console.Console``)."""
