@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from llmplane.runtime.base import Runtime
 from llmplane.runtime.endpoint import Endpoint
 
 Callback = Callable[[], None]
@@ -69,7 +70,7 @@ class RuntimeDiscovery(Subscribers):
     ``discovery.notify`` there (or call it yourself after a change).
     """
 
-    def __init__(self, runtime: Any = None) -> None:
+    def __init__(self, runtime: Runtime | None = None) -> None:
         super().__init__()
         self.runtime = runtime
 
