@@ -32,6 +32,7 @@ from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.playgrounds import failing_reason, playground_models
 from llmplane.gateway.registry import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
@@ -88,6 +89,16 @@ class Decision:
     model: str  # the model name sent upstream
     criticality: str = "Default"
     lora: bool = False
+    load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
+
+
+@dataclass(frozen=True)
+class DeclaredAdapter:
+    """A LoRA adapter declared on a Playground (``spec.loraAdapters``), loaded on demand."""
+
+    name: str
+    path: str  # what the engine reads (lora_path)
+    base: str  # the Playground's model
 
 
 # --- matching -------------------------------------------------------------------------------
@@ -168,11 +179,14 @@ class RoutingTable:
     defaults: dict[str, Backend] = field(default_factory=dict)
     placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
     failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
+    adapters: set[str] = field(default_factory=set)  # LoRA adapters among ``defaults``
+    declared: dict[str, tuple[DeclaredAdapter, Backend]] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
 
     def model_names(self) -> list[str]:
         names = set(self.routes_by_model) | set(self.routes_by_lora)
         names |= set(self.inference_models) | set(self.defaults) | self.placeholders
+        names |= set(self.declared)
         return sorted(names)
 
     def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> Decision:
@@ -197,7 +211,13 @@ class RoutingTable:
             return Decision(ref, backend, target, criticality)
         backend = self.defaults.get(model)
         if backend is not None:
-            return Decision(backend.ref, backend, backend.model or model)
+            return Decision(
+                backend.ref, backend, backend.model or model, lora=model in self.adapters
+            )
+        declared = self.declared.get(model)
+        if declared is not None:
+            adapter, backend = declared
+            return Decision(backend.ref, backend, model, lora=True, load=adapter)
         if model in self.placeholders:
             failing = self.failing.get(model)
             raise GatewayError(
@@ -258,20 +278,6 @@ def _profile(meta: Mapping[str, Any]) -> str | None:
     return (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
 
 
-def _playground_models(spec: Mapping[str, Any]) -> list[str]:
-    claim = spec.get("modelClaim")
-    if isinstance(claim, Mapping) and claim.get("modelName"):
-        return [claim["modelName"]]
-    claims = spec.get("modelClaims")
-    if isinstance(claims, Mapping):
-        return [
-            m["name"]
-            for m in claims.get("models") or []
-            if isinstance(m, Mapping) and m.get("name") and m.get("role", "main") == "main"
-        ]
-    return []
-
-
 def _valid(
     table: RoutingTable, by_kind: dict[str, list[dict[str, Any]]], kind: str, model: Any
 ) -> Iterator[tuple[dict[str, Any], str, str, Any]]:
@@ -288,33 +294,52 @@ def _valid(
         yield meta, ref, meta.get("namespace") or "default", parsed
 
 
-# Playground conditions that mean the engine cannot serve until someone acts (see runtime/status.py).
-_FAILING_REASONS = frozenset(
-    {
-        "CrashLoopBackOff",
-        "StartupProbeFailed",
-        "LivenessProbeFailed",
-        "EngineNotInstalled",
-        "NoLocalCommand",
-    }
-)
-
-
-def _failing(playground: Mapping[str, Any]) -> str | None:
-    """Why a Playground's engine is failing, from its Available condition; None if it is not."""
-    conditions = (playground.get("status") or {}).get("conditions") or []
-    available = next(
-        (c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Available"), None
-    )
-    if available is None or available.get("reason") not in _FAILING_REASONS:
-        return None
-    meta = playground.get("metadata") or {}
-    namespace = meta.get("namespace") or "default"
-    where = f" -n {namespace}" if namespace != "default" else ""
-    first = str(available.get("message") or "").split("\n", 1)[0]
-    if "llmplane logs" not in first:
-        first += f"; see `llmplane logs pl/{meta.get('name')}{where}`"
-    return f"its engine is failing ({available['reason']}): {first}"
+def _adapter_routes(
+    table: RoutingTable,
+    states: Iterable[EndpointState],
+    playgrounds: list[dict[str, Any]],
+    by_name: Mapping[str, list[EndpointState]],
+    profiles: Mapping[str, str | None],
+    defaults: Mapping[str, Any],
+) -> None:
+    """LoRA adapters need no YAML: those a replica reports in ``/v1/models`` route to the
+    replicas holding them; those declared on a Playground (``spec.loraAdapters``) and held by
+    none route to the Playground's replicas, marked for loading (``gateway/adapters.py``)."""
+    holders: dict[str, list[EndpointState]] = {}
+    for state in states:
+        own = state.endpoint.served_names()
+        for name in state.served_models or ():
+            if name not in own:
+                holders.setdefault(name, []).append(state)
+    for name, members in holders.items():
+        if name in table.defaults:
+            continue  # a model of that name is served: the name means the model
+        base = members[0].endpoint.model_name
+        table.defaults[name] = Backend(
+            ref=f"LoRA/{name}", candidates=tuple(members), profile=profiles.get(base), **defaults
+        )
+        table.adapters.add(name)
+    for obj in playgrounds:
+        spec = obj.get("spec") or {}
+        bases = playground_models(spec)
+        if not bases:
+            continue
+        for item in spec.get("loraAdapters") or []:
+            if not isinstance(item, Mapping):
+                continue
+            name, uri = item.get("name"), (item.get("source") or {}).get("uri") or ""
+            if not name or name in table.defaults or name in table.declared:
+                continue
+            if not uri.startswith("host:///"):
+                continue  # refused when applied; never reaches an engine
+            backend = Backend(
+                ref=f"LoRA/{name}",
+                candidates=tuple(by_name.get(bases[0], ())),
+                profile=profiles.get(bases[0]),
+                **defaults,
+            )
+            path = uri[len("host://") :]
+            table.declared[name] = (DeclaredAdapter(name, path, bases[0]), backend)
 
 
 def build_table(
@@ -449,8 +474,8 @@ def build_table(
             by_name.setdefault(name, []).append(state)
     profiles: dict[str, str | None] = {}
     for obj in by_kind["Playground"]:
-        failing = _failing(obj)
-        for name in _playground_models(obj.get("spec") or {}):
+        failing = failing_reason(obj)
+        for name in playground_models(obj.get("spec") or {}):
             table.placeholders.add(name)
             profiles.setdefault(name, _profile(obj["metadata"]))
             if failing:
@@ -465,6 +490,7 @@ def build_table(
             profile=profiles.get(name),
             **defaults,
         )
+    _adapter_routes(table, states, by_kind["Playground"], by_name, profiles, defaults)
     table.placeholders -= set(table.defaults)
     for ref, problem in table.problems.items():
         log.warning("routing ignores %s: %s", ref, problem)

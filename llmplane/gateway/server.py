@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
@@ -58,7 +59,8 @@ class Gateway:
         self.discovery = discovery
         self.registry = EndpointRegistry()
         self.scheduler = build_scheduler(self.config.scheduler)
-        self.scraper = Scraper(self.config)
+        self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
+        self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
@@ -157,6 +159,7 @@ class Gateway:
         added, removed = self.registry.sync(self.discovery.endpoints())
         for state in removed:
             self.scraper.remove(state)
+            self.adapters.forget(state.address)
             self.scheduler.on_remove(state)
             self._leaving[state.endpoint.address] = state  # still counted while draining
         for state in added:
@@ -243,6 +246,9 @@ class Gateway:
         backend = decision.backend
         now = time.monotonic()
         candidates = self.admission.admit(inference.model, decision, now)
+        if decision.load is not None:  # a declared LoRA adapter no replica holds yet
+            candidates = await self.adapters.ensure(decision.load, candidates)
+            self._rebuild()
         ts = time.perf_counter()
         sched = SchedulingContext(
             decision.model,
@@ -257,6 +263,8 @@ class Gateway:
             return await self.pd.serve(ctx, candidates, sched)
         n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
         pick = self.scheduler.pick(sched, candidates, n, backend.profile)
+        if decision.lora and pick.endpoints:
+            self.adapters.touch(pick.endpoints[0].address, decision.model)
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
