@@ -54,7 +54,9 @@ class Platform:
         port: int = 8000,
         gateway_config: Any = None,
         gpus: list[str] | None = None,
+        autoscaler_config: Any = None,
     ):
+        from llmplane.controlplane.autoscaler import AutoscalerConfig
         from llmplane.controlplane.controller import Controller
         from llmplane.runtime.local import LocalRuntime
         from llmplane.store.paths import open_store
@@ -69,6 +71,8 @@ class Platform:
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
         self.gateway_config = gateway_config
+        self.autoscaler_config = autoscaler_config or AutoscalerConfig()
+        self.autoscaler: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     def _changed(self) -> None:
@@ -99,6 +103,13 @@ class Platform:
             extensions=[lambda gateway: Console(gateway, self.runtime)],
         )
         self.port = self.gateway.port
+        from llmplane.controlplane.autoscaler import Autoscaler
+        from llmplane.gateway.signals import GatewaySignals
+
+        self.autoscaler = Autoscaler(
+            self.store, self.runtime, GatewaySignals(self.gateway), self.autoscaler_config
+        )
+        self._tasks.append(asyncio.create_task(self.autoscaler.run(), name="autoscaler"))
 
     def spawn(self, coroutine: Any, name: str) -> None:
         """Run ``coroutine`` until the platform stops (``up``'s terminal status)."""
@@ -124,8 +135,16 @@ async def run_up(
     ready: Callable[[Platform], None],
     gateway_config: Any = None,
     gpus: list[str] | None = None,
+    autoscaler_config: Any = None,
 ) -> None:
-    platform = Platform(state_dir, host, port, gateway_config=gateway_config, gpus=gpus)
+    platform = Platform(
+        state_dir,
+        host,
+        port,
+        gateway_config=gateway_config,
+        gpus=gpus,
+        autoscaler_config=autoscaler_config,
+    )
     try:
         await platform.runtime.start()  # the state directory's lock, before anything is applied
     except BaseException:
