@@ -32,17 +32,16 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from typing import Any
 
 from bench.common import (
     RESULTS,
-    cpu_seconds,
     free_port,
     gateway_proc,
     launch,
     machine,
     machine_line,
+    measured_wrk,
     store_objects,
     table,
     upstream_proc,
@@ -160,20 +159,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     order = names[turn % len(names) :] + names[: turn % len(names)]
                     turn += 1
                     for name in order:
-                        pids = fleet.pids(name)
-                        cpu0 = [cpu_seconds(p) for p in pids]
-                        t0 = time.monotonic()
                         try:
-                            r = wrk(fleet.urls[name], payloads[mode], c, args.duration)
+                            r = measured_wrk(
+                                fleet.urls[name], payloads[mode], c, args.duration, fleet.pids(name)
+                            )
                         except Exception as err:
                             print(f"{mode} c={c} {name}: FAILED {err}", flush=True)
                             continue
-                        wall = time.monotonic() - t0
-                        cpu = [cpu_seconds(p) - c0 for p, c0 in zip(pids, cpu0, strict=True)]
-                        n = r["requests"] or 1
-                        r.update(system=name, mode=mode, c=c, round=round_, wall=wall)
-                        r["cpu_per_1k"] = sum(cpu) * 1000 / n
-                        r["cpu_split_per_1k"] = [x * 1000 / n for x in cpu]
+                        r.update(system=name, mode=mode, c=c, round=round_)
                         cells.append(r)
                         print(
                             f"r{round_} {mode:6s} c={c:<3d} {name:12s} {r['rps']:8.0f} req/s "

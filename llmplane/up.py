@@ -109,6 +109,7 @@ class Platform:
         self.autoscaler = Autoscaler(
             self.store, self.runtime, GatewaySignals(self.gateway), self.autoscaler_config
         )
+        self.gateway.activator.wake = lambda workload: self.autoscaler.kick()
         self._tasks.append(asyncio.create_task(self.autoscaler.run(), name="autoscaler"))
 
     def spawn(self, coroutine: Any, name: str) -> None:

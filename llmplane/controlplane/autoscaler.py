@@ -113,6 +113,11 @@ class Autoscaler:
         self.config = config or AutoscalerConfig()
         self.clock = clock
         self._tracked: dict[str, _Tracked] = {}
+        self._kicked = asyncio.Event()
+
+    def kick(self) -> None:
+        """Decide now (a request is waiting for a model without a replica)."""
+        self._kicked.set()
 
     async def run(self) -> None:
         while True:
@@ -120,7 +125,9 @@ class Autoscaler:
                 self.step()
             except Exception:  # a bug must not stop autoscaling for good
                 log.exception("autoscaling pass failed")
-            await asyncio.sleep(self.config.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kicked.wait(), self.config.interval)
+            self._kicked.clear()
 
     def _objects(self, kind: str, cls: Any) -> list[Any]:
         out = []

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 import aiohttp
 
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.playgrounds import DeclaredAdapter
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import DeclaredAdapter
 
 log = logging.getLogger("llmplane.gateway")
 

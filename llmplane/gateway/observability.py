@@ -228,6 +228,11 @@ class GatewayMetrics:
             "Requests sent again to another endpoint",
             ["model"],
         )
+        self.stalls = Counter(
+            "llmplane_gateway_stream_stalls",
+            "Streams ended because the upstream sent nothing for the stall timeout",
+            ["route"],
+        )
         self.ejections = Counter(
             "llmplane_gateway_ejections",
             "Endpoints ejected after repeated failures",
@@ -248,6 +253,10 @@ class GatewayMetrics:
         r.register(_FastCollector(fast))  # type: ignore[arg-type]
         if gateway is not None:
             r.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
+
+    def add(self, metrics: list[Counter | Histogram]) -> None:
+        """Export request-path metrics kept by another module (the activator's)."""
+        self.registry.register(_FastCollector(metrics))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

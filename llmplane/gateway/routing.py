@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +32,22 @@ from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.playgrounds import failing_reason, playground_models
+from llmplane.gateway.playgrounds import (
+    DeclaredAdapter,
+    declared_adapters,
+    failing_reason,
+    playground_models,
+    reported_adapters,
+)
 from llmplane.gateway.registry import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
 
 PROFILE_ANNOTATION = "llmplane.io/scheduling-profile"
+# Seconds, on a ModelServer, InferencePool or Playground: see GatewayConfig.default_timeout
+# and stream_stall_timeout (a ModelServer's trafficPolicy.timeout wins over the first).
+TIMEOUT_ANNOTATION = "llmplane.io/upstream-timeout"
+STALL_ANNOTATION = "llmplane.io/stream-stall-timeout"
 ROUTE_KINDS = ("ModelRoute", "ModelServer", "InferencePool", "InferenceModel", "Playground")
 SGLANG = "sglang"  # the prefill/decode mode of SGLang engines (paired by bootstrap room)
 
@@ -71,6 +81,7 @@ class Backend:
     port: int | None = None
     model: str | None = None  # rewrite target; None keeps the request's model
     timeout: float | None = None
+    stall_timeout: float | None = None  # seconds without a stream byte before it is ended
     retry_attempts: int = 2
     retry_interval: float = 0.0
     profile: str | None = None
@@ -90,15 +101,6 @@ class Decision:
     criticality: str = "Default"
     lora: bool = False
     load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
-
-
-@dataclass(frozen=True)
-class DeclaredAdapter:
-    """A LoRA adapter declared on a Playground (``spec.loraAdapters``), loaded on demand."""
-
-    name: str
-    path: str  # what the engine reads (lora_path)
-    base: str  # the Playground's model
 
 
 # --- matching -------------------------------------------------------------------------------
@@ -181,6 +183,8 @@ class RoutingTable:
     failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
     adapters: set[str] = field(default_factory=set)  # LoRA adapters among ``defaults``
     declared: dict[str, tuple[DeclaredAdapter, Backend]] = field(default_factory=dict)
+    # Placeholders whose requests the activator may hold -> their workload (namespace/name).
+    activatable: dict[str, str] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
 
     def model_names(self) -> list[str]:
@@ -278,6 +282,35 @@ def _profile(meta: Mapping[str, Any]) -> str | None:
     return (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
 
 
+def _seconds(meta: Mapping[str, Any], annotation: str, default: float | None) -> float | None:
+    """A positive number of seconds from an annotation ("0" or "none": no limit), else
+    ``default``; a value that is not a number is logged and ignored."""
+    value = (meta.get("annotations") or {}).get(annotation)
+    if value is None:
+        return default
+    text = str(value).strip().lower().removesuffix("s")
+    if text in ("0", "none", "off"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        log.warning(
+            "ignoring %s=%r on %s: not a number of seconds", annotation, value, meta.get("name")
+        )
+        return default
+    return seconds
+
+
+def _limits(meta: Mapping[str, Any], config: GatewayConfig) -> dict[str, float | None]:
+    """The Backend fields an object's annotations set: timeout and stall_timeout."""
+    return {
+        "timeout": _seconds(meta, TIMEOUT_ANNOTATION, config.default_timeout),
+        "stall_timeout": _seconds(meta, STALL_ANNOTATION, config.stream_stall_timeout),
+    }
+
+
 def _valid(
     table: RoutingTable, by_kind: dict[str, list[dict[str, Any]]], kind: str, model: Any
 ) -> Iterator[tuple[dict[str, Any], str, str, Any]]:
@@ -299,47 +332,21 @@ def _adapter_routes(
     states: Iterable[EndpointState],
     playgrounds: list[dict[str, Any]],
     by_name: Mapping[str, list[EndpointState]],
-    profiles: Mapping[str, str | None],
-    defaults: Mapping[str, Any],
+    fields: Callable[[str], dict[str, Any]],
 ) -> None:
-    """LoRA adapters need no YAML: those a replica reports in ``/v1/models`` route to the
-    replicas holding them; those declared on a Playground (``spec.loraAdapters``) and held by
-    none route to the Playground's replicas, marked for loading (``gateway/adapters.py``)."""
-    holders: dict[str, list[EndpointState]] = {}
-    for state in states:
-        own = state.endpoint.served_names()
-        for name in state.served_models or ():
-            if name not in own:
-                holders.setdefault(name, []).append(state)
-    for name, members in holders.items():
-        if name in table.defaults:
-            continue  # a model of that name is served: the name means the model
-        base = members[0].endpoint.model_name
-        table.defaults[name] = Backend(
-            ref=f"LoRA/{name}", candidates=tuple(members), profile=profiles.get(base), **defaults
-        )
-        table.adapters.add(name)
-    for obj in playgrounds:
-        spec = obj.get("spec") or {}
-        bases = playground_models(spec)
-        if not bases:
-            continue
-        for item in spec.get("loraAdapters") or []:
-            if not isinstance(item, Mapping):
-                continue
-            name, uri = item.get("name"), (item.get("source") or {}).get("uri") or ""
-            if not name or name in table.defaults or name in table.declared:
-                continue
-            if not uri.startswith("host:///"):
-                continue  # refused when applied; never reaches an engine
-            backend = Backend(
-                ref=f"LoRA/{name}",
-                candidates=tuple(by_name.get(bases[0], ())),
-                profile=profiles.get(bases[0]),
-                **defaults,
-            )
-            path = uri[len("host://") :]
-            table.declared[name] = (DeclaredAdapter(name, path, bases[0]), backend)
+    """LoRA adapters need no YAML: those a replica reports route to the replicas holding them;
+    those declared on a Playground and held by none route to its replicas, marked for loading
+    (``gateway/adapters.py``). ``fields(base_model)``: the base model's Backend settings."""
+    for name, members in reported_adapters(states).items():
+        if name not in table.defaults:  # a model of that name is served: the name means it
+            base = members[0].endpoint.model_name
+            table.defaults[name] = Backend(f"LoRA/{name}", tuple(members), **fields(base))
+            table.adapters.add(name)
+    for adapter in declared_adapters(playgrounds):
+        if adapter.name not in table.defaults and adapter.name not in table.declared:
+            candidates = tuple(by_name.get(adapter.base, ()))
+            backend = Backend(f"LoRA/{adapter.name}", candidates, **fields(adapter.base))
+            table.declared[adapter.name] = (adapter, backend)
 
 
 def build_table(
@@ -357,8 +364,7 @@ def build_table(
     table = RoutingTable()
     default_retry = (config.default_retry_attempts, config.default_retry_interval)
     # What a backend without a trafficPolicy of its own gets.
-    defaults: dict[str, Any] = {
-        "timeout": config.default_timeout,
+    defaults: dict[str, Any] = {  # timeouts come from _limits (annotations, else config)
         "retry_attempts": default_retry[0],
         "retry_interval": default_retry[1],
     }
@@ -389,12 +395,14 @@ def build_table(
         if policy is not None and policy.retry is not None:
             retry = (policy.retry.attempts, policy.retry.retry_interval_seconds)
         timeout = policy.timeout_seconds if policy is not None else None
+        limits = _limits(meta, config)
         table.servers[(namespace, meta["name"])] = Backend(
             ref=ref,
             candidates=candidates,
             port=spec.workload_port.port if spec.workload_port else None,
             model=spec.model or None,
-            timeout=timeout if timeout is not None else config.default_timeout,
+            timeout=timeout if timeout is not None else limits["timeout"],
+            stall_timeout=limits["stall_timeout"],
             retry_attempts=retry[0],
             retry_interval=retry[1],
             profile=_profile(meta),
@@ -449,6 +457,7 @@ def build_table(
                 if _selects(pool.spec.selector, s.endpoint.labels)
             ),
             port=pool.spec.target_port_number,
+            **_limits(meta, config),
             profile=_profile(meta),
             **defaults,
         )
@@ -473,13 +482,19 @@ def build_table(
         for name in state.endpoint.served_names():
             by_name.setdefault(name, []).append(state)
     profiles: dict[str, str | None] = {}
+    limits: dict[str, dict[str, float | None]] = {}
     for obj in by_kind["Playground"]:
         failing = failing_reason(obj)
         for name in playground_models(obj.get("spec") or {}):
             table.placeholders.add(name)
             profiles.setdefault(name, _profile(obj["metadata"]))
+            limits.setdefault(name, _limits(obj["metadata"], config))
             if failing:
                 table.failing.setdefault(name, failing)
+            else:
+                meta = obj["metadata"]
+                workload = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+                table.activatable.setdefault(name, workload)
     for name, members in by_name.items():
         served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
         rewrite = served.pop() if len(served) == 1 else None
@@ -487,11 +502,26 @@ def build_table(
             ref=f"Model/{name}",
             candidates=tuple(members),
             model=rewrite if rewrite != name else None,
+            **(limits.get(name) or _limits({}, config)),
             profile=profiles.get(name),
             **defaults,
         )
-    _adapter_routes(table, states, by_kind["Playground"], by_name, profiles, defaults)
+    _adapter_routes(
+        table,
+        states,
+        by_kind["Playground"],
+        by_name,
+        lambda base: {
+            **(limits.get(base) or _limits({}, config)),
+            "profile": profiles.get(base),
+            **defaults,
+        },
+    )
     table.placeholders -= set(table.defaults)
+    for name in set(table.activatable) - table.placeholders:
+        del table.activatable[name]
+    for name in table.failing:  # one failing Playground for the name: say so, do not hold
+        table.activatable.pop(name, None)
     for ref, problem in table.problems.items():
         log.warning("routing ignores %s: %s", ref, problem)
     return table

@@ -23,12 +23,14 @@ from typing import Any
 
 import orjson
 
+from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
@@ -48,6 +50,7 @@ from llmplane.store.base import Store
 log = logging.getLogger("llmplane.gateway")
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
 
 
 class Gateway:
@@ -67,7 +70,10 @@ class Gateway:
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
-        self.proxy = Proxy(self.config, self.outliers, self.metrics.retries)
+        self.activator = Activator(self.config)
+        self.metrics.add(self.activator.metrics.all())
+        self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
+        self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
@@ -98,6 +104,9 @@ class Gateway:
             self.not_found,
             max_body=self.config.max_body_bytes,
             keepalive_timeout=self.config.client_keepalive_timeout,
+            header_timeout=self.config.client_header_timeout,
+            max_connections=self.config.max_client_connections,
+            guard=make_guard(host, self.config.allowed_hosts),
         )
         self.host = host
         self.port = await self.http.start(host, port)
@@ -183,6 +192,8 @@ class Gateway:
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
+        if self.activator.queues:
+            self.activator.release(self.table.activatable.__contains__)
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -215,9 +226,11 @@ class Gateway:
         rewrite the model the route sends."""
         inference = ctx.inference
         assert inference is not None
-        decision = ctx.decision = self.table.resolve(
-            inference.model, inference.path, ctx.request.headers
-        )
+        try:
+            decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
+        except GatewayError as err:
+            decision = await self._activate(err, inference, ctx.request.headers)
+        ctx.decision = decision
         for hook in self.hooks:
             reservation = await hook.reserve(inference, decision)
             reservations.append((hook, reservation))
@@ -253,6 +266,17 @@ class Gateway:
             except Exception:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)
+
+    async def _activate(
+        self, err: GatewayError, inference: InferenceRequest, headers: Any
+    ) -> Decision:
+        """A model without a ready replica: hold the request at the activator until one is
+        ready, then resolve again; anything else re-raises ``err``."""
+        workload = self.table.activatable.get(inference.model)
+        if err.code != "no_ready_endpoint" or workload is None:
+            raise err
+        await self.activator.hold(inference.model, workload, len(inference.body))
+        return self.table.resolve(inference.model, inference.path, headers)
 
     def _body(self, request: HttpRequest) -> bytes:
         """The body, or 413 if the HTTP server found it over the limit (and did not keep it)."""
@@ -319,7 +343,13 @@ class Gateway:
     def _observe(self, ctx: RequestContext, usage: Usage | None) -> None:
         elapsed = time.perf_counter() - ctx.t0
         m = self.metrics
-        model = ctx.inference.model if ctx.inference is not None else ""
+        # Label values only from the routing table: a request that resolved names a model the
+        # table knows; every other name a client sends shares one value (no label per typo).
+        model = (
+            ctx.inference.model
+            if ctx.inference is not None and ctx.decision is not None
+            else UNKNOWN_MODEL
+        )
         route = ctx.decision.route if ctx.decision is not None else ""
         m.requests.labels(model, route, ctx.endpoint or "", str(ctx.status)).inc()
         m.e2e.labels(model).observe(elapsed)
