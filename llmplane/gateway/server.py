@@ -26,7 +26,7 @@ import orjson
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.discovery import CombinedDiscovery, Discovery
+from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
@@ -94,10 +94,8 @@ class Gateway:
         if self.store is not None:
             self._follower = StoreFollower(self.store, ROUTE_KINDS, self._objects_changed)
             await self._follower.start()
-        for source in self._discovery_sources():
-            start = getattr(source, "start", None)
-            if start is not None and asyncio.iscoroutinefunction(start):
-                await start()
+        for source in self._following():
+            await source.start()
         for extension in self.extensions:
             await extension.start()
         self.http = HttpServer(
@@ -110,12 +108,11 @@ class Gateway:
         self.port = await self.http.start(host, port)
         log.info("gateway listening on %s:%d", host, self.port)
 
-    def _discovery_sources(self) -> list[Any]:
-        """The sources with a lifecycle of their own (``start`` / ``close`` coroutines)."""
+    def _following(self) -> list[Following]:
+        """The discovery sources that follow a watch of their own."""
         discovery = self.discovery
-        if isinstance(discovery, CombinedDiscovery):
-            return [*discovery.sources]
-        return [discovery]
+        sources = discovery.sources if isinstance(discovery, CombinedDiscovery) else (discovery,)
+        return [s for s in sources if isinstance(s, Following)]
 
     async def close(self) -> None:
         if self.http is not None:
@@ -125,10 +122,8 @@ class Gateway:
             await extension.close()
         if self._follower is not None:
             await self._follower.close()
-        for source in self._discovery_sources():
-            close = getattr(source, "close", None)
-            if close is not None and asyncio.iscoroutinefunction(close):
-                await close()
+        for source in self._following():
+            await source.close()
         await self.scraper.close()
         await self.ratelimiter.close()
         await self.proxy.close()
