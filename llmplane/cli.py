@@ -394,6 +394,26 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="This host's NVIDIA GPUs to place replicas on (e.g. 0,1,2,3); "
+            "default: what nvidia-smi lists.",
+        ),
+    ] = None,
+    autoscale_interval: Annotated[
+        float,
+        typer.Option(
+            "--autoscale-interval", min=0.05, help="Seconds between autoscaling decisions."
+        ),
+    ] = 1.0,
+    autoscale_window: Annotated[
+        float,
+        typer.Option(
+            "--autoscale-window", min=0.0, help="Seconds of load samples averaged per replica."
+        ),
+    ] = 15.0,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
@@ -406,6 +426,14 @@ def up(
     from llmplane.store.paths import state_dir as resolve_state_dir
     from llmplane.up import run_up
 
+    gpu_ids = None
+    if gpus is not None:
+        from llmplane.runtime.placement import parse_device_list
+
+        try:
+            gpu_ids = parse_device_list(gpus)
+        except ValueError as e:
+            fail(str(e))
     docs: list[dict[str, Any]] = []
     if files:
         parsed = _read(files)
@@ -459,7 +487,21 @@ def up(
     from llmplane.runtime.local import StateDirInUse
 
     try:
-        asyncio.run(run_up(directory, docs, host, port, ready, gateway_config=config))
+        from llmplane.controlplane.autoscaler import AutoscalerConfig
+
+        scaling = AutoscalerConfig(interval=autoscale_interval, window=autoscale_window)
+        asyncio.run(
+            run_up(
+                directory,
+                docs,
+                host,
+                port,
+                ready,
+                gateway_config=config,
+                gpus=gpu_ids,
+                autoscaler_config=scaling,
+            )
+        )
     except StateDirInUse as e:
         fail(str(e))
 
@@ -540,6 +582,14 @@ def gateway(ctx: typer.Context) -> None:
     from llmplane.gateway.cli import main as gateway_main
 
     raise typer.Exit(gateway_main(list(ctx.args)))
+
+
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def epp(ctx: typer.Context) -> None:
+    """Run the endpoint picker for Envoy's ext_proc filter (see: llmplane epp --help)."""
+    from llmplane.epp.cli import main as epp_main
+
+    raise typer.Exit(epp_main(list(ctx.args)))
 
 
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)

@@ -53,7 +53,10 @@ class Platform:
         host: str = "127.0.0.1",
         port: int = 8000,
         gateway_config: Any = None,
+        gpus: list[str] | None = None,
+        autoscaler_config: Any = None,
     ):
+        from llmplane.controlplane.autoscaler import AutoscalerConfig
         from llmplane.controlplane.controller import Controller
         from llmplane.runtime.local import LocalRuntime
         from llmplane.store.paths import open_store
@@ -62,10 +65,14 @@ class Platform:
         self.host, self.port = host, port
         self.store = open_store(state_dir)
         self._listeners: list[Callable[[], None]] = []
-        self.runtime = LocalRuntime(state_dir, on_change=self._changed, inflight=self._inflight)
+        self.runtime = LocalRuntime(
+            state_dir, on_change=self._changed, inflight=self._inflight, gpus=gpus
+        )
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
         self.gateway_config = gateway_config
+        self.autoscaler_config = autoscaler_config or AutoscalerConfig()
+        self.autoscaler: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     def _changed(self) -> None:
@@ -96,6 +103,14 @@ class Platform:
             extensions=[lambda gateway: Console(gateway, self.runtime)],
         )
         self.port = self.gateway.port
+        from llmplane.controlplane.autoscaler import Autoscaler
+        from llmplane.gateway.signals import GatewaySignals
+
+        self.autoscaler = Autoscaler(
+            self.store, self.runtime, GatewaySignals(self.gateway), self.autoscaler_config
+        )
+        self.gateway.activator.wake = lambda workload: self.autoscaler.kick()
+        self._tasks.append(asyncio.create_task(self.autoscaler.run(), name="autoscaler"))
 
     def spawn(self, coroutine: Any, name: str) -> None:
         """Run ``coroutine`` until the platform stops (``up``'s terminal status)."""
@@ -120,8 +135,17 @@ async def run_up(
     port: int,
     ready: Callable[[Platform], None],
     gateway_config: Any = None,
+    gpus: list[str] | None = None,
+    autoscaler_config: Any = None,
 ) -> None:
-    platform = Platform(state_dir, host, port, gateway_config=gateway_config)
+    platform = Platform(
+        state_dir,
+        host,
+        port,
+        gateway_config=gateway_config,
+        gpus=gpus,
+        autoscaler_config=autoscaler_config,
+    )
     try:
         await platform.runtime.start()  # the state directory's lock, before anything is applied
     except BaseException:

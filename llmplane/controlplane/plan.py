@@ -83,6 +83,8 @@ class WorkloadPlan:
     worker_command: list[str] | None = None
     node_selectors: list[dict[str, str]] = field(default_factory=list)  # flavor preference order
     flavor_limits: dict[str, Any] = field(default_factory=dict)
+    # Every claimed flavor in priority order: {"name": ..., "limits": {...}} (local GPU placement).
+    flavor_options: list[dict[str, Any]] = field(default_factory=list)
     local: LocalLaunch | None = None
     termination_grace_seconds: int = 30
 

@@ -448,6 +448,11 @@ def plan_service(
         worker_command=list(multi.worker) if multi and multi.worker else None,
         node_selectors=node_selectors,
         flavor_limits=flavor_limits,
+        flavor_options=[
+            {"name": n, "limits": dict(flavors[n].limits or {})}
+            for n in flavor_names
+            if n in flavors
+        ],
         local=local,
         termination_grace_seconds=30,
     )

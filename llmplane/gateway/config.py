@@ -38,7 +38,12 @@ class GatewayConfig:
     # ModelServers without trafficPolicy.retry).
     default_retry_attempts: int = 2
     default_retry_interval: float = 0.0
-    default_timeout: float | None = None
+    # Upstream time to first byte (a unary answer: the whole answer) for routes without a
+    # trafficPolicy.timeout or a llmplane.io/upstream-timeout annotation; None: no limit.
+    default_timeout: float | None = 300.0
+    # A stream whose upstream sends nothing for this many seconds ends with an SSE error event
+    # (and counts against the replica); per route: llmplane.io/stream-stall-timeout. None: off.
+    stream_stall_timeout: float | None = 60.0
     connect_timeout: float = 5.0
     # Outlier ejection: a replica failing this many times in a row is skipped for
     # ``ejection_base`` seconds, doubling on each repeat up to ``ejection_max``.
@@ -54,6 +59,21 @@ class GatewayConfig:
     # on shutdown, requests in flight get ``shutdown_grace`` seconds to finish.
     client_keepalive_timeout: float = 75.0
     shutdown_grace: float = 60.0
+    # A request head (request line and headers) must arrive within this many seconds of its
+    # first byte (or of connecting), else 408 and close; 0: no limit.
+    client_header_timeout: float = 10.0
+    # Client connections open at once; over it a new one gets 503 and is closed. 0: no cap.
+    max_client_connections: int = 0
+    # Host names requests may name (port ignored) besides the loopback names a gateway on a
+    # loopback address always accepts; "*" accepts any. See gateway/exposure.py.
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Activator (gateway/activator.py): requests for a model without a ready replica wait up
+    # to this long (0: answer 503 at once), at most this many and this many bytes per model;
+    # a 503 then says Retry-After this many seconds.
+    activator_hold_timeout: float = 60.0
+    activator_max_queue: int = 100
+    activator_max_queue_bytes: int = 64 * 1024 * 1024
+    activator_retry_after: float = 5.0
     # EndpointPickerConfig as a dict; None = the built-in default profile.
     scheduler: dict[str, Any] | None = None
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).

@@ -10,9 +10,11 @@ from llmplane.gateway.http_server import Response
 
 _TYPES = {
     400: "invalid_request_error",
+    403: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     502: "upstream_error",

@@ -40,6 +40,7 @@ log = logging.getLogger("llmplane.gateway.http_server")
 
 MAX_HEADER_BYTES = 64 * 1024  # request line + headers; over it: 431
 MAX_QUEUED = 32  # pipelined requests waiting on one connection before reading pauses
+HEADER_TIMEOUT = 10.0  # seconds from a head's first byte (or from connecting) to its end
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _STATUS_LINES: dict[int, bytes] = {}
@@ -222,15 +223,21 @@ def _error(status: int, message: str, code: str) -> Response:
 class _Protocol(asyncio.Protocol):
     __slots__ = (
         "_body",
+        "_complete",
         "_drain",
+        "_failed",
+        "_head_left",
         "_header_bytes",
         "_headers",
+        "_heads",
+        "_in_body",
         "_read_paused",
         "_refusal",
         "_size",
         "_too_large",
         "_url",
         "closed",
+        "head_since",
         "idle_since",
         "parser",
         "queue",
@@ -253,17 +260,38 @@ class _Protocol(asyncio.Protocol):
         self.idle_since = time.monotonic()  # when its last request finished
         self._url = b""
         self._headers = Headers()
-        self._body: list[bytes] = []
+        # One piece (the usual case) or a bytearray: never a list of pieces, so a body sent
+        # in 1-byte chunks costs its length, not an object per chunk.
+        self._body: bytes | bytearray = b""
         self._size = 0
         self._header_bytes = 0
         self._too_large = False
         self._refusal: Response | None = None  # answered instead of the request (417)
+        self._complete = False  # the last message ended (an upgrade after it needs no reply)
+        # Raw bytes a head may still take; counted as they arrive, because httptools keeps
+        # an unfinished header line to itself (growing it by copying) until the line ends.
+        self._head_left = MAX_HEADER_BYTES
+        self._heads = 0  # heads completed: tells data_received a head ended inside a piece
+        self._in_body = False  # between a head's end and its message's end
+        self._failed = False  # a parse error is queued: read nothing more
+        # When the head being read began (None: between requests, where the keep-alive idle
+        # timeout applies instead); a new connection must send its first head in time too.
+        self.head_since: float | None = time.monotonic()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server.connections.add(self)
+        server = self.server
+        if server.max_connections and len(server.connections) >= server.max_connections:
+            server.refused += 1
+            response = _error(503, "too many connections to the gateway", "server_busy")
+            response.headers = {**(response.headers or {}), "Retry-After": "1"}
+            transport.write(response.encode(False, False, server.date))  # type: ignore[attr-defined]
+            transport.close()
+            self.closed = self._failed = True
+            return
+        server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -278,10 +306,31 @@ class _Protocol(asyncio.Protocol):
         self.queue.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self._failed:
+            return
         try:
-            self.parser.feed_data(data)
+            if self._in_body:
+                self.parser.feed_data(data)
+            elif len(data) < self._head_left:  # the usual case: a whole head in one read
+                if self.head_since is None:
+                    self.head_since = time.monotonic()
+                heads = self._heads
+                self.parser.feed_data(data)
+                if self._heads == heads:
+                    self._head_left -= len(data)
+            else:
+                self._feed_head(data)
         except httptools.HttpParserUpgrade:
-            self._fail(_error(400, "protocol upgrades are not supported", "bad_request"))
+            if self._complete and self.queue:
+                # The request that asked to upgrade (or CONNECT) is queued and will be
+                # answered; it is the connection's last: no second, unsolicited response.
+                last = self.queue[-1]
+                if isinstance(last, HttpRequest):
+                    last.keep_alive = False
+                self._failed = True  # the parser stays paused: read nothing more
+                self.transport.pause_reading()
+            else:
+                self._fail(_error(400, "protocol upgrades are not supported", "bad_request"))
         except httptools.HttpParserCallbackError as err:
             cause = err.__context__
             if isinstance(cause, _TooLarge):
@@ -291,6 +340,26 @@ class _Protocol(asyncio.Protocol):
                 self._fail(_error(400, "malformed request", "bad_request"))
         except httptools.HttpParserError as err:
             self._fail(_error(400, f"malformed HTTP request: {err}", "bad_request"))
+
+    def _feed_head(self, data: bytes) -> None:
+        """Feed a head no more than its remaining budget at a time: 431 once it is spent."""
+        if self.head_since is None:
+            self.head_since = time.monotonic()
+        view = memoryview(data)
+        while view and not self._failed:
+            if self._in_body:
+                self.parser.feed_data(view)
+                return
+            piece = view[: self._head_left]
+            heads = self._heads
+            self.parser.feed_data(piece)
+            if self._heads == heads:
+                self._head_left -= len(piece)
+                if self._head_left <= 0:
+                    message = f"the request line and headers are over {MAX_HEADER_BYTES} bytes"
+                    self._fail(_error(431, message, "headers_too_large"))
+                    return
+            view = view[len(piece) :]
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -313,11 +382,12 @@ class _Protocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = Headers()
-        self._body = []
+        self._body = b""
         self._size = 0
         self._header_bytes = 0
         self._too_large = False
         self._refusal = None
+        self._complete = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -338,6 +408,10 @@ class _Protocol(asyncio.Protocol):
             dict.__setitem__(headers, key, text)
 
     def on_headers_complete(self) -> None:
+        self._heads += 1
+        self._head_left = MAX_HEADER_BYTES
+        self.head_since = None
+        self._in_body = True
         headers = self._headers
         length = dict.get(headers, "content-length")
         limit = self.server.max_body
@@ -356,9 +430,15 @@ class _Protocol(asyncio.Protocol):
         self._size += len(body)
         if self._size > self.server.max_body:
             self._too_large = True
-            self._body = []
+            self._body = b""
             return
-        self._body.append(body)
+        collected = self._body
+        if not collected:
+            self._body = body  # one piece: kept as it came, no copy
+        elif isinstance(collected, bytearray):
+            collected += body
+        else:
+            self._body = bytearray(collected) + body
 
     def on_message_complete(self) -> None:
         parser = self.parser
@@ -367,6 +447,11 @@ class _Protocol(asyncio.Protocol):
         version = parser.get_http_version()
         keep_alive = parser.should_keep_alive()
         headers = self._headers
+        self._complete = True
+        self._in_body = False
+        if method == "CONNECT":  # a proxy request: not for us; one answer, then close
+            self._refusal = _error(405, "CONNECT is not supported", "method_not_allowed")
+            self._refusal.headers = {**(self._refusal.headers or {}), "Allow": "GET, HEAD, POST"}
         if self._refusal is not None:
             self.queue.append(self._refusal)
         else:
@@ -375,13 +460,15 @@ class _Protocol(asyncio.Protocol):
             path = raw if q < 0 else raw[:q]
             if "%" in path:
                 path = unquote(path)
-            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+            body = self._body
+            if type(body) is not bytes:
+                body = bytes(body)
             self.queue.append(
                 HttpRequest(
                     self, method, path, raw, headers, body, version, keep_alive, self._too_large
                 )
             )
-        self._body = []
+        self._body = b""
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._serve())
         elif len(self.queue) > MAX_QUEUED and not self._read_paused:
@@ -403,7 +490,9 @@ class _Protocol(asyncio.Protocol):
                 request = item
                 head = request.method == "HEAD"
                 try:
-                    response = await server.dispatch(request)
+                    guard = server.guard
+                    refusal = guard(request) if guard is not None else None
+                    response = refusal or await server.dispatch(request)
                 except Exception:
                     log.exception("handler failed: %s %s", request.method, request.path)
                     response = _error(500, "internal error in the gateway", "internal_error")
@@ -440,6 +529,8 @@ class _Protocol(asyncio.Protocol):
 
     def _fail(self, response: Response) -> None:
         """A request we cannot parse: answer it after the ones before it, then close."""
+        self._failed = True
+        self.head_since = None
         self.queue.append(response)
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._serve())
@@ -460,14 +551,27 @@ class HttpServer:
         *,
         max_body: int,
         keepalive_timeout: float = 75.0,
+        header_timeout: float = HEADER_TIMEOUT,
+        max_connections: int = 0,
+        guard: Callable[[HttpRequest], Response | None] | None = None,
     ) -> None:
         self.routes = dict(routes)
         for (method, path), handler in routes.items():
             if method == "GET":
                 self.routes.setdefault(("HEAD", path), handler)
+        # A known path asked with another method: 405 naming the methods it takes.
+        self.allowed: dict[str, str] = {}
+        for method, path in sorted(self.routes):
+            known = self.allowed.get(path)
+            self.allowed[path] = f"{known}, {method}" if known else method
         self.fallback = fallback
         self.max_body = max_body
         self.keepalive_timeout = keepalive_timeout
+        self.header_timeout = header_timeout
+        self.max_connections = max_connections  # 0: no cap
+        self.guard = guard  # checked before routing; a Response it returns is the answer
+        self.refused = 0  # connections turned away by the cap
+        self.timed_out = 0  # connections closed for sending a head too slowly
         self.connections: set[_Protocol] = set()
         self.closing = False
         self.idle = asyncio.Event()
@@ -476,8 +580,21 @@ class HttpServer:
         self._ticker: asyncio.Task[None] | None = None
 
     def dispatch(self, request: HttpRequest) -> Awaitable[Response | StreamResponse]:
-        handler = self.routes.get((request.method, request.path), self.fallback)
+        handler = self.routes.get((request.method, request.path))
+        if handler is None:
+            allow = self.allowed.get(request.path)
+            if allow is not None:
+                return self._not_allowed(request, allow)
+            handler = self.fallback
         return handler(request)
+
+    @staticmethod
+    async def _not_allowed(request: HttpRequest, allow: str) -> Response:
+        response = _error(
+            405, f"{request.method} is not allowed on {request.path}", "method_not_allowed"
+        )
+        response.headers = {**(response.headers or {}), "Allow": allow}
+        return response
 
     def busy(self) -> bool:
         return any(c.task is not None for c in self.connections)
@@ -496,12 +613,20 @@ class HttpServer:
         while True:
             await asyncio.sleep(1.0)
             self.date = _date_header()
-            timeout = self.keepalive_timeout
-            if timeout:
-                oldest = time.monotonic() - timeout
-                for conn in list(self.connections):
-                    if conn.task is None and not conn.queue and conn.idle_since < oldest:
-                        conn.transport.close()
+            now = time.monotonic()
+            idle_limit = now - self.keepalive_timeout if self.keepalive_timeout else None
+            head_limit = now - self.header_timeout if self.header_timeout else None
+            for conn in list(self.connections):
+                if conn.task is not None or conn.queue:
+                    continue
+                since = conn.head_since
+                if since is not None and head_limit is not None and since < head_limit:
+                    self.timed_out += 1
+                    timeout = _error(408, "the request head took too long", "request_timeout")
+                    conn.transport.write(timeout.encode(False, False, self.date))
+                    conn.transport.close()
+                elif since is None and idle_limit is not None and conn.idle_since < idle_limit:
+                    conn.transport.close()
 
     async def close(self, grace: float = 60.0) -> None:
         """Stop accepting, close idle connections, let in-flight requests finish (up to

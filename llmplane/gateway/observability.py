@@ -185,6 +185,7 @@ _REQUEST_METRICS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...] |
     "scheduling": ("llmplane_gateway_scheduling_duration_seconds", "Time to pick an endpoint (filters, scorers, picker)", (), SCHED_BUCKETS),
     "shed": ("llmplane_gateway_shed", "Sheddable requests refused (429)", ("model",), None),
     "retries": ("llmplane_gateway_retries", "Requests sent again to another endpoint", ("model",), None),
+    "stalls": ("llmplane_gateway_stream_stalls", "Streams ended because the upstream sent nothing for the stall timeout", ("route",), None),
     "ejections": ("llmplane_gateway_ejections", "Endpoints ejected after repeated failures", ("endpoint",), None),
     "pd_requests": ("llmplane_gateway_pd_requests", "Requests served by a prefill/decode pair, by model and KV connector", ("model", "connector"), None),
     "pd_prefill": ("llmplane_gateway_pd_prefill_duration_seconds", "Prefill request latency (sent to response read) in prefill/decode serving", ("model",), LATENCY_BUCKETS),
@@ -205,6 +206,7 @@ class GatewayMetrics:
     scheduling: Histogram
     shed: Counter
     retries: Counter
+    stalls: Counter
     ejections: Counter
     pd_requests: Counter
     pd_prefill: Histogram
@@ -223,6 +225,10 @@ class GatewayMetrics:
         self.registry.register(_FastCollector(fast))  # type: ignore[arg-type]
         if gateway is not None:
             self.registry.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
+
+    def add(self, metrics: list[Counter | Histogram]) -> None:
+        """Export request-path metrics kept by another module (the activator's)."""
+        self.registry.register(_FastCollector(metrics))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
@@ -55,6 +56,36 @@ _HOP = frozenset(
 _HOP_RESPONSE = frozenset(
     name.encode() for name in (_HOP - {"accept-encoding"}) | {"server", "date"}
 )
+
+
+class StreamStalled(TimeoutError):
+    """The upstream sent nothing for the route's stall timeout in the middle of a stream."""
+
+
+class _StreamWatch:
+    """One stream the watchdog looks at: ``chunks`` moves while the upstream sends, and
+    ``waiting`` is True only while the relay waits on the upstream (not on a slow client)."""
+
+    __slots__ = ("chunks", "resp", "seen", "since", "stall", "stalled", "waiting")
+
+    def __init__(self, resp: UpstreamResponse, stall: float, now: float) -> None:
+        self.resp = resp
+        self.stall = stall
+        self.chunks = 0
+        self.seen = 0
+        self.since = now
+        self.waiting = False
+        self.stalled = False
+
+
+def stall_event(seconds: float) -> bytes:
+    """The SSE events that end a stalled stream: an OpenAI-style error, then ``[DONE]``."""
+    error = {
+        "message": f"the model server sent nothing for {seconds:g} s; the stream was ended",
+        "type": "timeout_error",
+        "code": "upstream_stalled",
+    }
+    return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n"
 
 
 class AttemptFailed(Exception):
@@ -149,11 +180,22 @@ class Attempts:
 class Proxy:
     """Sends attempts upstream over one keep-alive pool and relays the answers."""
 
-    def __init__(self, config: GatewayConfig, outliers: Outliers, retries: Counter) -> None:
+    WATCH_INTERVAL = 0.25  # how often the watchdog looks at the streams in flight
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        outliers: Outliers,
+        retries: Counter,
+        stalls: Counter | None = None,
+    ) -> None:
         self.config = config
         self.outliers = outliers
         self.retries = retries
+        self.stalls = stalls  # streams ended by the stall timeout, by route
         self.pool: UpstreamPool | None = None
+        self._streams: set[_StreamWatch] = set()
+        self._watchdog: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         c = self.config
@@ -162,11 +204,30 @@ class Proxy:
             keepalive_timeout=c.keepalive_timeout,
             connect_timeout=c.connect_timeout,
         )
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
+
+    async def _watch(self) -> None:
+        """End streams whose upstream went quiet: one sweep for all of them, instead of a
+        timer armed and cancelled per chunk on the relay's hot loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.WATCH_INTERVAL)
+            now = loop.time()
+            for watch in list(self._streams):
+                if not watch.waiting or watch.chunks != watch.seen:
+                    watch.seen = watch.chunks
+                    watch.since = now
+                elif now - watch.since >= watch.stall and not watch.stalled:
+                    watch.stalled = True
+                    watch.resp.abort(StreamStalled(f"no bytes for {watch.stall:g} s"))
 
     def attempts(self, ctx: RequestContext, what: str = "any endpoint") -> Attempts:
         return Attempts(ctx, self.retries, what)
@@ -281,6 +342,7 @@ class Proxy:
             if resp is not None:
                 resp.release()
             raise
+        watch: _StreamWatch | None = None
         try:
             ctx.ttft = time.perf_counter() - ctx.t0
             ctx.upstream_status = resp.status
@@ -291,6 +353,10 @@ class Proxy:
             await out.prepare(ctx.request)
             scanner = StreamScanner()
             relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
+            stall = ctx.decision.backend.stall_timeout  # type: ignore[union-attr]
+            if stall:
+                watch = _StreamWatch(resp, stall, asyncio.get_running_loop().time())
+                self._streams.add(watch)
             chunk = first
             while chunk:
                 scanner.feed(chunk)
@@ -298,7 +364,13 @@ class Proxy:
                 if data:
                     await out.write(data)  # a client that went away raises here
                 try:
-                    chunk = await resp.readany()
+                    if watch is not None:
+                        watch.chunks += 1
+                        watch.waiting = True
+                        chunk = await resp.readany()
+                        watch.waiting = False
+                    else:
+                        chunk = await resp.readany()
                 except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as err:
                     # The replica broke mid-stream; the client sees a truncated stream.
                     ctx.error = f"stream broken: {type(err).__name__}: {err}"
@@ -308,13 +380,22 @@ class Proxy:
                 await out.write(rest)
             ctx.usage = scanner.usage
             ctx.events = scanner.events
-            if not ctx.upstream_broken:
+            if watch is not None and watch.stalled:
+                # A frozen replica: the client gets an error event and a complete response.
+                ctx.error = f"stream stalled: no bytes for {watch.stall:g} s"
+                if self.stalls is not None:
+                    self.stalls.labels(ctx.decision.route).inc()  # type: ignore[union-attr]
+                await out.write(stall_event(watch.stall))
+                await out.write_eof()
+            elif not ctx.upstream_broken:
                 await out.write_eof()
             return out
         except (ConnectionResetError, ConnectionError) as err:
             ctx.error = f"client went away: {err}"
             return out
         finally:
+            if watch is not None:
+                self._streams.discard(watch)
             state.inflight -= 1
             ctx.end = time.perf_counter()
             resp.release()

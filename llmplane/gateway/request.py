@@ -55,6 +55,59 @@ def prompt_text(doc: dict[str, Any]) -> str:
     return ""
 
 
+# Fields whose type the gateway (or the engine behind it) acts on; checked before routing, so
+# a value an engine would coerce (``"stream": "true"``) cannot slip past what the gateway
+# decides from it (streaming, usage injection, token reservations).
+_BOOLEANS = ("stream", "echo", "logprobs", "ignore_eos")
+_INTEGERS = ("max_tokens", "max_completion_tokens", "n", "best_of", "top_logprobs", "seed")
+_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_MINIMUM = {"n": 1, "best_of": 1, "max_tokens": 0, "max_completion_tokens": 0, "top_logprobs": 0}
+
+
+def _invalid(param: str, message: str) -> GatewayError:
+    return GatewayError(400, message, "invalid_type", param=param)
+
+
+def check_fields(doc: dict[str, Any]) -> None:
+    """400 (OpenAI's shape, ``param`` naming the field) for a field of the wrong type."""
+    get = doc.get
+    for key in _BOOLEANS:
+        value = get(key)
+        if value is not None and value is not True and value is not False:
+            raise _invalid(key, f"{value!r} is not of type 'boolean' - '{key}'")
+    for key in _INTEGERS:
+        value = get(key)
+        if value is None:
+            continue
+        if type(value) is not int:
+            raise _invalid(key, f"{value!r} is not of type 'integer' - '{key}'")
+        low = _MINIMUM.get(key)
+        if low is not None and value < low:
+            raise _invalid(key, f"{value} is less than the minimum of {low} - '{key}'")
+    for key in _NUMBERS:
+        value = get(key)
+        if value is not None and (type(value) is not int and type(value) is not float):
+            raise _invalid(key, f"{value!r} is not of type 'number' - '{key}'")
+    options = get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _invalid(
+                "stream_options", f"{options!r} is not of type 'object' - 'stream_options'"
+            )
+        usage = options.get("include_usage")
+        if usage is not None and usage is not True and usage is not False:
+            raise _invalid(
+                "stream_options.include_usage",
+                f"{usage!r} is not of type 'boolean' - 'stream_options.include_usage'",
+            )
+    messages = get("messages")
+    if messages is not None and not isinstance(messages, list):
+        raise _invalid("messages", f"{messages!r} is not of type 'array' - 'messages'")
+    prompt = get("prompt")
+    if prompt is not None and not isinstance(prompt, str | list):
+        raise _invalid("prompt", f"{prompt!r} is not of type 'string' or 'array' - 'prompt'")
+
+
 class InferenceRequest:
     """What routing and scheduling read from a request."""
 
@@ -75,8 +128,11 @@ class InferenceRequest:
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise GatewayError(
-                400, 'the request has no model: set "model" to a model name', "missing_model"
+                400,
+                'the request has no model: set "model" to a model name',
+                "missing_model",
             )
+        check_fields(doc)
         self.doc: dict[str, Any] = doc
         self.model: str = model
         self.stream = doc.get("stream") is True

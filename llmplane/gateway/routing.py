@@ -37,6 +37,10 @@ from llmplane.gateway.registry import EndpointState
 log = logging.getLogger("llmplane.gateway")
 
 PROFILE_ANNOTATION = "llmplane.io/scheduling-profile"
+# Seconds, on a ModelServer, InferencePool or Playground: see GatewayConfig.default_timeout
+# and stream_stall_timeout (a ModelServer's trafficPolicy.timeout wins over the first).
+TIMEOUT_ANNOTATION = "llmplane.io/upstream-timeout"
+STALL_ANNOTATION = "llmplane.io/stream-stall-timeout"
 ROUTE_KINDS = ("ModelRoute", "ModelServer", "InferencePool", "InferenceModel", "Playground")
 SGLANG = "sglang"  # the prefill/decode mode of SGLang engines (paired by bootstrap room)
 
@@ -70,6 +74,7 @@ class Backend:
     port: int | None = None
     model: str | None = None  # rewrite target; None keeps the request's model
     timeout: float | None = None
+    stall_timeout: float | None = None  # seconds without a stream byte before it is ended
     retry_attempts: int = 2
     retry_interval: float = 0.0
     profile: str | None = None
@@ -168,6 +173,8 @@ class RoutingTable:
     defaults: dict[str, Backend] = field(default_factory=dict)
     placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
     failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
+    # Placeholders whose requests the activator may hold -> their workload (namespace/name).
+    activatable: dict[str, str] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
 
     def model_names(self) -> list[str]:
@@ -258,6 +265,35 @@ def _profile(meta: Mapping[str, Any]) -> str | None:
     return (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
 
 
+def _seconds(meta: Mapping[str, Any], annotation: str, default: float | None) -> float | None:
+    """A positive number of seconds from an annotation ("0" or "none": no limit), else
+    ``default``; a value that is not a number is logged and ignored."""
+    value = (meta.get("annotations") or {}).get(annotation)
+    if value is None:
+        return default
+    text = str(value).strip().lower().removesuffix("s")
+    if text in ("0", "none", "off"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        log.warning(
+            "ignoring %s=%r on %s: not a number of seconds", annotation, value, meta.get("name")
+        )
+        return default
+    return seconds
+
+
+def _limits(meta: Mapping[str, Any], config: GatewayConfig) -> dict[str, float | None]:
+    """The Backend fields an object's annotations set: timeout and stall_timeout."""
+    return {
+        "timeout": _seconds(meta, TIMEOUT_ANNOTATION, config.default_timeout),
+        "stall_timeout": _seconds(meta, STALL_ANNOTATION, config.stream_stall_timeout),
+    }
+
+
 def _playground_models(spec: Mapping[str, Any]) -> list[str]:
     claim = spec.get("modelClaim")
     if isinstance(claim, Mapping) and claim.get("modelName"):
@@ -332,8 +368,7 @@ def build_table(
     table = RoutingTable()
     default_retry = (config.default_retry_attempts, config.default_retry_interval)
     # What a backend without a trafficPolicy of its own gets.
-    defaults: dict[str, Any] = {
-        "timeout": config.default_timeout,
+    defaults: dict[str, Any] = {  # timeouts come from _limits (annotations, else config)
         "retry_attempts": default_retry[0],
         "retry_interval": default_retry[1],
     }
@@ -364,12 +399,14 @@ def build_table(
         if policy is not None and policy.retry is not None:
             retry = (policy.retry.attempts, policy.retry.retry_interval_seconds)
         timeout = policy.timeout_seconds if policy is not None else None
+        limits = _limits(meta, config)
         table.servers[(namespace, meta["name"])] = Backend(
             ref=ref,
             candidates=candidates,
             port=spec.workload_port.port if spec.workload_port else None,
             model=spec.model or None,
-            timeout=timeout if timeout is not None else config.default_timeout,
+            timeout=timeout if timeout is not None else limits["timeout"],
+            stall_timeout=limits["stall_timeout"],
             retry_attempts=retry[0],
             retry_interval=retry[1],
             profile=_profile(meta),
@@ -424,6 +461,7 @@ def build_table(
                 if _selects(pool.spec.selector, s.endpoint.labels)
             ),
             port=pool.spec.target_port_number,
+            **_limits(meta, config),
             profile=_profile(meta),
             **defaults,
         )
@@ -448,13 +486,19 @@ def build_table(
         for name in state.endpoint.served_names():
             by_name.setdefault(name, []).append(state)
     profiles: dict[str, str | None] = {}
+    limits: dict[str, dict[str, float | None]] = {}
     for obj in by_kind["Playground"]:
         failing = _failing(obj)
         for name in _playground_models(obj.get("spec") or {}):
             table.placeholders.add(name)
             profiles.setdefault(name, _profile(obj["metadata"]))
+            limits.setdefault(name, _limits(obj["metadata"], config))
             if failing:
                 table.failing.setdefault(name, failing)
+            else:
+                meta = obj["metadata"]
+                workload = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+                table.activatable.setdefault(name, workload)
     for name, members in by_name.items():
         served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
         rewrite = served.pop() if len(served) == 1 else None
@@ -462,10 +506,15 @@ def build_table(
             ref=f"Model/{name}",
             candidates=tuple(members),
             model=rewrite if rewrite != name else None,
+            **(limits.get(name) or _limits({}, config)),
             profile=profiles.get(name),
             **defaults,
         )
     table.placeholders -= set(table.defaults)
+    for name in set(table.activatable) - table.placeholders:
+        del table.activatable[name]
+    for name in table.failing:  # one failing Playground for the name: say so, do not hold
+        table.activatable.pop(name, None)
     for ref, problem in table.problems.items():
         log.warning("routing ignores %s: %s", ref, problem)
     return table

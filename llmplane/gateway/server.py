@@ -23,11 +23,13 @@ from typing import Any
 
 import orjson
 
+from llmplane.gateway.activator import Activator
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
@@ -37,9 +39,9 @@ from llmplane.gateway.proxy import Proxy
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import ROUTE_KINDS, RoutingTable, build_table
+from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
 from llmplane.gateway.scheduler.config import build_scheduler
-from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.store.base import Store
@@ -47,6 +49,7 @@ from llmplane.store.base import Store
 log = logging.getLogger("llmplane.gateway")
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
 
 
 class Gateway:
@@ -65,7 +68,10 @@ class Gateway:
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
-        self.proxy = Proxy(self.config, self.outliers, self.metrics.retries)
+        self.activator = Activator(self.config)
+        self.metrics.add(self.activator.metrics.all())
+        self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
+        self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
@@ -87,15 +93,8 @@ class Gateway:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._loop = asyncio.get_running_loop()
+        await self.start_routing()
         self.proxy.start()
-        self.discovery.subscribe(self._endpoints_changed)
-        self._sync_endpoints()
-        if self.store is not None:
-            self._follower = StoreFollower(self.store, ROUTE_KINDS, self._objects_changed)
-            await self._follower.start()
-        for source in self._following():
-            await source.start()
         for extension in self.extensions:
             await extension.start()
         self.http = HttpServer(
@@ -103,10 +102,25 @@ class Gateway:
             self.not_found,
             max_body=self.config.max_body_bytes,
             keepalive_timeout=self.config.client_keepalive_timeout,
+            header_timeout=self.config.client_header_timeout,
+            max_connections=self.config.max_client_connections,
+            guard=make_guard(host, self.config.allowed_hosts),
         )
         self.host = host
         self.port = await self.http.start(host, port)
         log.info("gateway listening on %s:%d", host, self.port)
+
+    async def start_routing(self) -> None:
+        """The routing state without the HTTP server: follow the store and the endpoints,
+        scrape them. The endpoint picker (``llmplane/epp``) runs on this alone."""
+        self._loop = asyncio.get_running_loop()
+        self.discovery.subscribe(self._endpoints_changed)
+        self._sync_endpoints()
+        if self.store is not None:
+            self._follower = StoreFollower(self.store, ROUTE_KINDS, self._objects_changed)
+            await self._follower.start()
+        for source in self._following():
+            await source.start()
 
     def _following(self) -> list[Following]:
         """The discovery sources that follow a watch of their own."""
@@ -170,6 +184,8 @@ class Gateway:
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
+        if self.activator.queues:
+            self.activator.release(self.table.activatable.__contains__)
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -177,47 +193,82 @@ class Gateway:
         ctx = RequestContext(request)
         reservations: list[tuple[RequestHook, object]] = []
         try:
-            inference = ctx.inference = InferenceRequest(
-                request.path, request.headers, self._body(request)
-            )
-            decision = ctx.decision = self.table.resolve(
-                inference.model, request.path, request.headers
-            )
-            for hook in self.hooks:
-                reservation = await hook.reserve(inference, decision)
-                reservations.append((hook, reservation))
-                if isinstance(reservation, Reservation):
-                    ctx.adopt(reservation)
-            if decision.model != inference.model:
-                inference.rewrite_model(decision.model)
-                ctx.sent_model = decision.model
+            ctx.inference = InferenceRequest(request.path, request.headers, self._body(request))
+            await self.route(ctx, reservations)
             response = await self._serve(ctx)
             ctx.status = response.status
             return response
         except GatewayError as err:
-            ctx.status = err.status
-            if ctx.error is None:
-                ctx.error = err.message
-            if err.code == "overloaded" and ctx.inference is not None:
-                self.metrics.shed.labels(ctx.inference.model).inc()
+            self.refused(ctx, err)
             return err.response()
         except asyncio.CancelledError:
             ctx.status = 499
             raise
         finally:
-            usage = Usage.of(ctx.usage)
-            for hook, reservation in reservations:
-                try:
-                    await hook.settle(
-                        ctx.inference,  # type: ignore[arg-type]
-                        ctx.decision,  # type: ignore[arg-type]
-                        reservation,
-                        usage,
-                        ctx.status,
-                    )
-                except Exception:
-                    log.exception("request hook settle failed")
-            self._observe(ctx, usage)
+            await self.finish(ctx, reservations)
+
+    # The stages below are shared with the endpoint picker (llmplane/epp), which runs them on
+    # Envoy's ext_proc stream instead of an HTTP request.
+
+    async def route(
+        self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
+    ) -> Decision:
+        """Resolve ``ctx.inference`` in the routing table (404 / 503), let the request hooks
+        reserve (429 from a rate limit; each reservation is appended for ``finish``), and
+        rewrite the model the route sends."""
+        inference = ctx.inference
+        assert inference is not None
+        try:
+            decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
+        except GatewayError as err:
+            decision = await self._activate(err, inference, ctx.request.headers)
+        ctx.decision = decision
+        for hook in self.hooks:
+            reservation = await hook.reserve(inference, decision)
+            reservations.append((hook, reservation))
+            if isinstance(reservation, Reservation):
+                ctx.adopt(reservation)
+        if decision.model != inference.model:
+            inference.rewrite_model(decision.model)
+            ctx.sent_model = decision.model
+        return decision
+
+    def refused(self, ctx: RequestContext, err: GatewayError) -> None:
+        """Note a request answered with ``err`` instead of being served."""
+        ctx.status = err.status
+        if ctx.error is None:
+            ctx.error = err.message
+        if err.code == "overloaded" and ctx.inference is not None:
+            self.metrics.shed.labels(ctx.inference.model).inc()
+
+    async def finish(
+        self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
+    ) -> None:
+        """Settle the hooks on the usage the engine reported, then metrics and the access log."""
+        usage = Usage.of(ctx.usage)
+        for hook, reservation in reservations:
+            try:
+                await hook.settle(
+                    ctx.inference,  # type: ignore[arg-type]
+                    ctx.decision,  # type: ignore[arg-type]
+                    reservation,
+                    usage,
+                    ctx.status,
+                )
+            except Exception:
+                log.exception("request hook settle failed")
+        self._observe(ctx, usage)
+
+    async def _activate(
+        self, err: GatewayError, inference: InferenceRequest, headers: Any
+    ) -> Decision:
+        """A model without a ready replica: hold the request at the activator until one is
+        ready, then resolve again; anything else re-raises ``err``."""
+        workload = self.table.activatable.get(inference.model)
+        if err.code != "no_ready_endpoint" or workload is None:
+            raise err
+        await self.activator.hold(inference.model, workload, len(inference.body))
+        return self.table.resolve(inference.model, inference.path, headers)
 
     def _body(self, request: HttpRequest) -> bytes:
         """The body, or 413 if the HTTP server found it over the limit (and did not keep it)."""
@@ -238,8 +289,18 @@ class Gateway:
         backend = decision.backend
         now = time.monotonic()
         candidates = self.admission.admit(inference.model, decision, now)
-        ts = time.perf_counter()
-        sched = SchedulingContext(
+        sched = self.scheduling_context(ctx, now)
+        if backend.pd is not None and not inference.path.endswith("/embeddings"):
+            # Prefill/decode disaggregation: a prefill replica, then a decode replica.
+            return await self.pd.serve(ctx, candidates, sched)
+        n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
+        pick = self.schedule(ctx, candidates, sched, n)
+        return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
+
+    def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
+        return SchedulingContext(
             decision.model,
             lambda: inference.prompt,
             ctx.request.headers,
@@ -247,22 +308,35 @@ class Gateway:
             self.config.metrics_staleness,
             now,
         )
-        if backend.pd is not None and not inference.path.endswith("/embeddings"):
-            # Prefill/decode disaggregation: a prefill replica, then a decode replica.
-            return await self.pd.serve(ctx, candidates, sched)
-        n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
-        pick = self.scheduler.pick(sched, candidates, n, backend.profile)
+
+    def schedule(
+        self,
+        ctx: RequestContext,
+        candidates: Sequence[EndpointState],
+        sched: SchedulingContext,
+        n: int,
+    ) -> Pick:
+        """The scheduler's ordered pick of ``n`` of the admitted candidates (timed)."""
+        assert ctx.decision is not None
+        ts = time.perf_counter()
+        pick = self.scheduler.pick(sched, candidates, n, ctx.decision.backend.profile)
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
         ctx.profile = pick.profile
         ctx.scores = pick.scores
-        return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
+        return pick
 
     def _observe(self, ctx: RequestContext, usage: Usage | None) -> None:
         elapsed = time.perf_counter() - ctx.t0
         m = self.metrics
-        model = ctx.inference.model if ctx.inference is not None else ""
+        # Label values only from the routing table: a request that resolved names a model the
+        # table knows; every other name a client sends shares one value (no label per typo).
+        model = (
+            ctx.inference.model
+            if ctx.inference is not None and ctx.decision is not None
+            else UNKNOWN_MODEL
+        )
         route = ctx.decision.route if ctx.decision is not None else ""
         m.requests.labels(model, route, ctx.endpoint or "", str(ctx.status)).inc()
         m.e2e.labels(model).observe(elapsed)

@@ -106,6 +106,10 @@ class UpstreamResponse:
         """Give the connection back (complete response) or close it (anything else)."""
         self._conn.finish()
 
+    def abort(self, err: Exception) -> None:
+        """Close the connection now: a ``readany`` waiting (or the next one) raises ``err``."""
+        self._conn._fail(err)
+
 
 class _Connection(asyncio.Protocol):
     __slots__ = (

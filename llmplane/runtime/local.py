@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -24,6 +24,7 @@ from llmplane.controlplane.plan import WorkloadPlan
 from llmplane.runtime import logs
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import free_port
+from llmplane.runtime.placement import NVIDIA_GPU, DevicePool, detect_nvidia_gpus
 from llmplane.runtime.processes import ProcessTable, kill_leftovers
 from llmplane.runtime.status import READY, WorkloadStatus
 from llmplane.runtime.workload import Workload
@@ -49,6 +50,8 @@ class LocalRuntime:
     ``stop_timeout``: seconds between SIGTERM and SIGKILL.
     ``log_max_bytes``: engine logs are rotated past this size (checked every
     ``log_check_interval`` seconds, see ``logs.py``).
+    ``gpus``: the host's NVIDIA GPUs (``--gpus``); None asks ``nvidia-smi``. Replicas get
+    distinct devices per their flavors' limits (``placement.py``).
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class LocalRuntime:
         stop_timeout: float = 10.0,
         log_max_bytes: int = logs.DEFAULT_MAX_BYTES,
         log_check_interval: float = logs.CHECK_INTERVAL,
+        gpus: Sequence[str] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.on_change = on_change
@@ -74,6 +78,9 @@ class LocalRuntime:
         self.log_max_bytes = log_max_bytes
         self.log_check_interval = log_check_interval
         self._log_keeper: asyncio.Task[None] | None = None
+        self.devices = DevicePool(
+            {NVIDIA_GPU: list(gpus) if gpus is not None else detect_nvidia_gpus()}
+        )
         self.table = ProcessTable(self.state_dir / "runtime" / "processes.json")
         self._workloads: dict[str, Workload] = {}
         self._removing: dict[str, Workload] = {}

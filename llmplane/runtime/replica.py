@@ -25,6 +25,7 @@ from llmplane.controlplane.plan import PLAYGROUND_LABEL, REPLICA_LABEL, HttpProb
 from llmplane.runtime import probes
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
+from llmplane.runtime.placement import UNSCHEDULABLE, FlavorOption, Placement
 from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, spawn, start_ticks, stop_group
 from llmplane.runtime.status import (
     CRASH_LOOP,
@@ -68,6 +69,7 @@ class Replica:
         self.backoff_seconds: float | None = None
         self.port: int | None = None
         self.proc: asyncio.subprocess.Process | None = None
+        self.placement: Placement | None = None  # accelerators held while a process runs
         self.token: str | None = None
         self.started_at = 0.0  # event-loop time of the current process' start
         self.ready_since: float | None = None
@@ -147,7 +149,10 @@ class Replica:
                     hint = local.install_hint or f"install the {self.plan.backend} engine"
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{missing}. {hint}")
                     return
-                self.spawning = asyncio.get_running_loop().create_task(self._spawn(env))
+                placement = await self._place()
+                self.spawning = asyncio.get_running_loop().create_task(
+                    self._spawn({**env, **placement.env()})
+                )
                 try:
                     await asyncio.shield(self.spawning)
                 except FileNotFoundError as err:
@@ -191,7 +196,27 @@ class Replica:
             await self._start_process(env, port)
         except BaseException:
             self.runtime.release_port(port)
+            self._release_devices()
             raise
+
+    async def _place(self) -> Placement:
+        """Accelerators for the next process: the first flavor whose devices are free; waits
+        (Pending, Unschedulable) until another replica releases some."""
+        pool = self.runtime.devices
+        options = [
+            FlavorOption(o.get("name"), o.get("limits") or {}) for o in self.plan.flavor_options
+        ] or [FlavorOption(None, self.plan.resources.get("limits") or {})]
+        while True:
+            result = pool.place(options)
+            if isinstance(result, Placement):
+                self.placement = result
+                return result
+            self._set(PENDING, UNSCHEDULABLE, f"waiting for free accelerators: {result}")
+            await pool.wait_released()
+
+    def _release_devices(self) -> None:
+        self.runtime.devices.release(self.placement)
+        self.placement = None
 
     async def _start_process(self, env: dict[str, str], port: int) -> None:
         local = self.plan.local
@@ -256,6 +281,7 @@ class Replica:
         if self.token is not None:
             self.runtime.table.discard(self.token)
         self.runtime.release_port(self.port)
+        self._release_devices()
         self.proc = None
         self.token = None
 

@@ -44,7 +44,7 @@ async def gateway(engine):
 
 
 def request(path: str = "/v1/completions", body: bytes = BODY, **headers: str) -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {len(body)}\r\n"
     head += "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
     return head.encode() + b"\r\n" + body
@@ -95,7 +95,7 @@ async def test_body_over_the_limit_is_413_without_reading_it(gateway):
         # A chunked body over the limit too (no Content-Length to check up front).
         chunk = b"y" * 3000
         writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
             + b"%x\r\n%b\r\n" % (len(chunk), chunk) * 2
             + b"0\r\n\r\n"
         )
@@ -103,7 +103,7 @@ async def test_body_over_the_limit_is_413_without_reading_it(gateway):
         # ... while a chunked body under the limit is reassembled and served.
         half = len(BODY) // 2
         writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
             + b"%x\r\n%b\r\n" % (half, BODY[:half])
             + b"%x\r\n%b\r\n" % (len(BODY) - half, BODY[half:])
             + b"0\r\n\r\n"
@@ -139,7 +139,7 @@ async def test_head_get_routes_and_http10(gateway):
     reader, writer = await connect(gateway)
     try:
         writer.write(
-            b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         )
         status_line = await reader.readline()
         assert status_line.startswith(b"HTTP/1.1 200")

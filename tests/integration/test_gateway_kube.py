@@ -28,6 +28,7 @@ import aiohttp
 import pytest
 
 from llmplane import testing
+from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.pods import kubernetes_sources
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.testing import Process, Processes, eventually, sim_process
@@ -150,9 +151,9 @@ async def until(port: int, model: str, predicate: Any, timeout: float = 10.0) ->
 
 
 @contextlib.asynccontextmanager
-async def gateway_on(kube: KubeEmulator) -> AsyncIterator[Gateway]:
+async def gateway_on(kube: KubeEmulator, **config: Any) -> AsyncIterator[Gateway]:
     store, discovery = await kubernetes_sources(None, kube.url)
-    gateway = await start_gateway(store, discovery)
+    gateway = await start_gateway(store, discovery, config=GatewayConfig(**config))
     try:
         yield gateway
     finally:
@@ -168,7 +169,8 @@ async def test_playground_pod_is_routable_by_model_name_and_dropped_when_not_rea
         await kube.create(openmodel(MODEL))
         await kube.create(playground(MODEL))
         await kube.create(playground_pod("llama-0", a))
-        async with gateway_on(kube) as gateway:
+        # Requests for a model without a ready pod are held this long by the activator.
+        async with gateway_on(kube, activator_hold_timeout=0.2) as gateway:
             status, endpoint, body = await chat(gateway.port, MODEL)
             assert (status, endpoint) == (200, f"{ip(a)}:8080"), body
             assert body["choices"][0]["message"]["content"]

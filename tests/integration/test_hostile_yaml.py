@@ -3,11 +3,9 @@ error (exit 1; 2 for ``llmplane gateway``), no traceback, nothing stored."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -51,23 +49,34 @@ def recursive() -> str:
     return "apiVersion: llmaz.io/v1alpha1\nkind: OpenModel\nmetadata: &m {name: x, loop: *m}\n"
 
 
+# Runs the CLI as ``python -m llmplane.cli`` would, and on the way out writes the process's own
+# peak RSS (VmHWM of its fresh address space). wait4's ru_maxrss is no use here: Linux carries
+# the parent's peak over exec, so a child of a big pytest process reports pytest's.
+_MEASURED = """
+import atexit, runpy, sys
+PEAK_FILE = sys.argv.pop(1)
+def peak():
+    with open(PEAK_FILE, "w") as out:
+        out.write(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")))
+atexit.register(peak)
+sys.argv[0] = "llmplane"
+runpy.run_module("llmplane.cli", run_name="__main__", alter_sys=True)
+"""
+
+
 def run_measured(*args: str) -> tuple[int, str, float]:
-    """(exit status, stderr, peak RSS in MB) of one ``llmplane`` process (wait4's rusage)."""
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llmplane.cli", *args], stdout=subprocess.DEVNULL, stderr=err
+    """(exit status, stderr, peak RSS in MB) of one ``llmplane`` process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peak_file = Path(tmp) / "peak"
+        proc = subprocess.run(
+            [sys.executable, "-c", _MEASURED, str(peak_file), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=KILL_AFTER_S,
         )
-        timer = threading.Timer(KILL_AFTER_S, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        stderr = err.read()
-    assert proc.returncode != -9, f"llmplane {' '.join(args)} ran for over {KILL_AFTER_S} s"
-    return proc.returncode, stderr, usage.ru_maxrss / 1024
+        peak_kb = int(peak_file.read_text().split()[1])
+    return proc.returncode, proc.stderr, peak_kb / 1024
 
 
 @pytest.mark.parametrize(

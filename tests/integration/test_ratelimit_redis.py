@@ -134,7 +134,9 @@ def completion(model: str, tokens: int) -> bytes:
 
 
 async def send(session, address: str, body: bytes) -> tuple[int, dict, dict]:
-    async with session.post(f"http://{address}/v1/completions", data=body) as resp:
+    async with session.post(
+        f"http://{address}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    ) as resp:
         return resp.status, dict(resp.headers), orjson.loads(await resp.read())
 
 

@@ -18,6 +18,7 @@ from tests.integration.openai_errors import assert_openai_error
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 MODEL = "rl-model"
 MAX_MODEL_LEN = 128
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def chat(text: str, **extra) -> dict:
 
 async def post(client, gw, body):
     async with client.post(
-        f"http://127.0.0.1:{gw.port}/v1/chat/completions", data=orjson.dumps(body)
+        f"http://127.0.0.1:{gw.port}/v1/chat/completions", data=orjson.dumps(body), headers=JSON
     ) as resp:
         return resp.status, resp.headers, await resp.read()
 
@@ -89,7 +90,7 @@ async def post(client, gw, body):
 async def stream(client, gw, body):
     """(headers, the SSE events' data payloads)."""
     async with client.post(
-        f"http://127.0.0.1:{gw.port}/v1/chat/completions", data=orjson.dumps(body)
+        f"http://127.0.0.1:{gw.port}/v1/chat/completions", data=orjson.dumps(body), headers=JSON
     ) as resp:
         assert resp.status == 200, await resp.text()
         raw = await resp.read()
@@ -210,6 +211,7 @@ async def test_unlimited_routes_are_untouched(make_gateway, client, engine):
     async with client.post(
         f"http://127.0.0.1:{gw.port}/v1/chat/completions",
         data=orjson.dumps({**chat("x" * 400, max_tokens=1), "model": MODEL}),
+        headers=JSON,
     ) as resp:
         assert resp.status == 200
         assert "x-ratelimit-limit-tokens" not in resp.headers

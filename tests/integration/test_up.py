@@ -427,3 +427,53 @@ def test_crash_loop_says_the_engine_fails_and_points_at_its_logs(
     assert "its engine is failing (CrashLoopBackOff)" in message
     assert "llmplane logs pl/tiny" in message
     assert "starting or scaled to zero" not in message
+
+
+def test_gpus_are_placed_per_replica_and_an_unplaceable_one_stays_pending(
+    tmp_path: Path, processes
+) -> None:
+    # `up --gpus 0,1,2` (a configured device list: no GPU here). Flavors in priority order: a
+    # two-GPU one, then a one-GPU one. Three replicas: [0,1] on the first, [2] on the second,
+    # the third fits neither and waits Pending with the reason instead of sharing a GPU.
+    path = tmp_path / "gpus.yaml"
+    path.write_text(
+        sim_fleet("tiny", 3).replace(
+            '  source: {uri: "host:///dev/null"}',
+            '  source: {uri: "host:///dev/null"}\n'
+            "  inferenceConfig:\n"
+            "    flavors:\n"
+            "      - {name: a100x2, limits: {nvidia.com/gpu: 2}}\n"
+            "      - {name: t4, limits: {nvidia.com/gpu: 1}}",
+        )
+    )
+    state = tmp_path / "state"
+    up = processes.up(state, str(path), args=["--gpus", "0,1,2"])
+    wait_for(lambda: len(up.engine_pids()) == 2, 60, what="two engines placed")
+    cond = wait_for(
+        lambda: (
+            (c := condition(state, "Playground", "tiny", "Available")).get("reason")
+            == "Unschedulable"
+            and c
+        ),
+        60,
+        what="the third replica Unschedulable",
+    )
+    assert "needs 2 nvidia.com/gpu (0 of 3 free)" in cond["message"], cond
+    assert "needs 1 nvidia.com/gpu (0 of 3 free)" in cond["message"], cond
+    devices = []
+    for pid in up.engine_pids():
+        env = dict(
+            item.split(b"=", 1)
+            for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if b"=" in item
+        )
+        devices.append(env[b"CUDA_VISIBLE_DEVICES"].decode())
+    assert sorted(devices) == ["0,1", "2"]
+    assert len(up.engine_pids()) == 2  # nothing overcommitted
+
+
+def test_a_bad_gpu_list_is_one_line(tmp_path: Path) -> None:
+    out = cli("up", "--gpus", "0,,1", state_dir=tmp_path / "s", check=False)
+    assert out.returncode != 0
+    assert "--gpus '0,,1': expected a comma-separated list" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -161,8 +161,9 @@ def test_renderer_handles_the_subset() -> None:
         {"useLeaderWorkerSet": False},
         {"gateway": {"enabled": False}, "installBuiltinBackends": False},
         {"gateway": {"service": {"type": "LoadBalancer"}, "replicas": 5}},
+        {"gateway": {"endpointPicker": {"enabled": True}}},
     ],
-    ids=["defaults", "deployments", "operator-only", "loadbalancer"],
+    ids=["defaults", "deployments", "operator-only", "loadbalancer", "endpoint-picker"],
 )
 def test_chart_renders_valid_objects(values: dict[str, Any]) -> None:
     docs = render_chart(values)
@@ -238,6 +239,19 @@ def test_values_switch_workloads_and_gateway() -> None:
     docs = render_chart({"gateway": {"enabled": False}, "installBuiltinBackends": False})
     assert not [d for d in docs if "gateway" in d["metadata"]["name"]]
     assert not [d for d in docs if d["kind"] == "BackendRuntime"]
+
+
+def test_gateway_as_endpoint_picker() -> None:
+    docs = render_chart({"gateway": {"endpointPicker": {"enabled": True}}})
+    gw = _named(docs, "Deployment", "llmplane-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert gw["args"][:2] == ["epp", "--kubernetes"]
+    assert gw["args"][gw["args"].index("--port") + 1] == "9002"
+    assert {p["name"]: p["containerPort"] for p in gw["ports"]} == {"grpc": 9002, "metrics": 9090}
+    assert gw["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    assert gw["livenessProbe"]["grpc"] == {"port": 9002, "service": "liveness"}
+    service = _named(docs, "Service", "llmplane-gateway")
+    grpc = service["spec"]["ports"][0]
+    assert (grpc["port"], grpc["appProtocol"]) == (9002, "kubernetes.io/h2c")
 
 
 def _rules(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, str]]:

@@ -276,20 +276,14 @@ async def test_start_fails_when_the_api_cannot_be_reached() -> None:
 def test_the_charts_gateway_role_grants_exactly_reads_of_what_it_follows() -> None:
     """The gateway's ClusterRole (deploy/helm/llmplane/templates/gateway.yaml) lets it get /
     list / watch every resource the store and PodDiscovery follow, and nothing more than read."""
-    from pathlib import Path
-
-    import yaml
-
     from llmplane.kube.kinds import POD, Kind
+    from tests.unit.test_kube_chart import render_chart
 
-    text = (
-        Path(__file__).resolve().parents[2] / "deploy/helm/llmplane/templates/gateway.yaml"
-    ).read_text()
-    docs = [
-        yaml.safe_load("\n".join(line for line in doc.splitlines() if "{{" not in line))
-        for doc in text.split("\n---")
+    [role] = [
+        d
+        for d in render_chart()
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-gateway")
     ]
-    [role] = [d for d in docs if d and d.get("kind") == "ClusterRole"]
     granted = {
         (group, resource)
         for rule in role["rules"]

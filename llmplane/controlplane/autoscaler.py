@@ -1,0 +1,209 @@
+"""The embedded autoscaler: samples the gateway's signals, runs ``autoscaling.decide`` for every
+Playground with ``elasticConfig`` and writes the result to the Playground's ``spec.replicas``
+(as an HPA writes the scale subresource). The controller then scales the workload through its
+usual paths (new replicas started, removed ones drained before they stop).
+
+Signals come through ``SignalSource`` (the gateway implements it: ``gateway/signals.py``): per
+ready replica the values it has now; the autoscaler averages them over ``window`` seconds,
+sampled every ``interval`` seconds. Every change is an Event (``SuccessfulRescale``, the
+HPA's reason) whose message says why, so ``describe pl`` explains it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from llmplane.api.inference import BackendRuntime, Playground, ScaleTrigger
+from llmplane.api.llmaz import OpenModel
+from llmplane.controlplane import autoscaling
+from llmplane.controlplane.events import record_event
+from llmplane.controlplane.planning import Inputs, PlanningError, chosen_config_name
+from llmplane.store.base import Conflict, Store
+
+log = logging.getLogger("llmplane.autoscaler")
+
+RESCALE = "SuccessfulRescale"
+
+
+class SignalSource(Protocol):
+    """What the autoscaler reads of the data plane, per workload (``namespace/name``)."""
+
+    def replica_signals(self, workload: str) -> Mapping[str, Mapping[str, float]]:
+        """Ready replicas' signals now, by address (keys: ``autoscaling.WAITING`` ...)."""
+        ...
+
+    def requests_seen(self, workload: str) -> float:
+        """A count that grows with every request sent to the workload (activity detection)."""
+        ...
+
+    def held(self, workload: str) -> int:
+        """Requests held for want of a ready replica (the activator's queue)."""
+        ...
+
+
+@dataclass
+class AutoscalerConfig:
+    interval: float = 1.0  # seconds between samples (and decisions)
+    window: float = 15.0  # seconds of samples averaged per replica
+
+
+@dataclass
+class _Tracked:
+    samples: deque[tuple[float, Mapping[str, Mapping[str, float]]]] = field(default_factory=deque)
+    history: autoscaling.History = field(default_factory=autoscaling.History)
+    seen: float = -1.0
+    last_request_at: float | None = None
+    reason: str = ""
+
+
+def recommended_trigger(
+    pg: Playground, backend: BackendRuntime | None, models: Mapping[str, OpenModel]
+) -> ScaleTrigger | None:
+    """The scaleTrigger of the BackendRuntime's recommended config this Playground runs with."""
+    if backend is None:
+        return None
+    try:
+        name = chosen_config_name(Inputs(pg, dict(models), backend))
+    except PlanningError:
+        return None
+    for config in backend.spec.recommended_configs or []:
+        if config.name == name:
+            return config.scale_trigger
+    return None
+
+
+def average(
+    samples: deque[tuple[float, Mapping[str, Mapping[str, float]]]], addresses: set[str]
+) -> dict[str, dict[str, float]]:
+    """Per address, each signal's mean over the samples that have it."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for _, sample in samples:
+        for address, values in sample.items():
+            if address not in addresses:
+                continue
+            slot = sums.setdefault(address, {})
+            for key, value in values.items():
+                acc = slot.setdefault(key, [0.0, 0.0])
+                acc[0] += value
+                acc[1] += 1
+    return {a: {k: s / n for k, (s, n) in v.items()} for a, v in sums.items()}
+
+
+class Autoscaler:
+    """Decides replicas for every elastic Playground of the store, every ``config.interval``."""
+
+    def __init__(
+        self,
+        store: Store,
+        runtime: Any,
+        signals: SignalSource,
+        config: AutoscalerConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.runtime = runtime
+        self.signals = signals
+        self.config = config or AutoscalerConfig()
+        self.clock = clock
+        self._tracked: dict[str, _Tracked] = {}
+        self._kicked = asyncio.Event()
+
+    def kick(self) -> None:
+        """Decide now (a request is waiting for a model without a replica)."""
+        self._kicked.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.step()
+            except Exception:  # a bug must not stop autoscaling for good
+                log.exception("autoscaling pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kicked.wait(), self.config.interval)
+            self._kicked.clear()
+
+    def _objects(self, kind: str, cls: Any) -> list[Any]:
+        out = []
+        for obj in self.store.list(kind):
+            with contextlib.suppress(Exception):  # the controller reports invalid objects
+                out.append(cls.model_validate(obj))
+        return out
+
+    def step(self) -> None:
+        """One pass: sample, decide, write."""
+        now = self.clock()
+        playgrounds = [p for p in self._objects("Playground", Playground) if p.spec.elastic_config]
+        if not playgrounds:
+            self._tracked.clear()
+            return
+        models = {m.name: m for m in self._objects("OpenModel", OpenModel)}
+        backends = {b.name: b for b in self._objects("BackendRuntime", BackendRuntime)}
+        live = set()
+        for pg in playgrounds:
+            key = f"{pg.namespace}/{pg.name}"
+            live.add(key)
+            backend = backends.get(pg.spec.backend_runtime_config.backend_name)
+            self._one(pg, key, recommended_trigger(pg, backend, models), now)
+        for key in set(self._tracked) - live:
+            del self._tracked[key]
+
+    def _one(self, pg: Playground, key: str, recommended: ScaleTrigger | None, now: float) -> None:
+        elastic = pg.spec.elastic_config
+        assert elastic is not None
+        trigger = autoscaling.effective_trigger(elastic, recommended)
+        assert trigger is not None
+        tracked = self._tracked.setdefault(key, _Tracked())
+        sample = self.signals.replica_signals(key)
+        tracked.samples.append((now, sample))
+        while tracked.samples and tracked.samples[0][0] < now - self.config.window:
+            tracked.samples.popleft()
+        seen = self.signals.requests_seen(key)
+        busy = any(v.get(autoscaling.INFLIGHT, 0) > 0 for v in sample.values())
+        if busy or (tracked.seen >= 0 and seen > tracked.seen):  # a replica leaving lowers it
+            tracked.last_request_at = now
+        tracked.seen = seen
+
+        current = pg.spec.replicas
+        averaged = average(tracked.samples, set(sample))
+        signals = [autoscaling.ReplicaSignals(values=v) for v in averaged.values()]
+        signals += [autoscaling.ReplicaSignals(ready=False)] * max(0, current - len(signals))
+        decision = autoscaling.decide(
+            current,
+            signals[: max(current, 0)] if current else [],
+            elastic,
+            trigger,
+            tracked.history,
+            now,
+            demand=self.signals.held(key),
+            last_request_at=tracked.last_request_at,
+        )
+        tracked.history = decision.history
+        tracked.reason = decision.reason
+        if decision.desired != current:
+            self._scale(pg, decision.desired, decision.reason, current)
+
+    def _scale(self, pg: Playground, desired: int, reason: str, current: int) -> None:
+        obj = self.store.get("Playground", pg.name, pg.namespace)
+        if obj is None or (obj.get("spec") or {}).get("replicas", 1) != current:
+            return  # changed meanwhile: decide again on the next pass
+        obj["spec"]["replicas"] = desired
+        obj.pop("status", None)
+        try:
+            stored = self.store.apply(obj)  # resourceVersion kept: a concurrent edit wins
+        except Conflict:
+            return
+        message = f"New size: {desired}; reason: {reason}"
+        log.info("Playground %s/%s: %d -> %d (%s)", pg.namespace, pg.name, current, desired, reason)
+        record_event(self.store, stored, RESCALE, message)
+
+    def reason(self, key: str) -> str:
+        """The last decision's reason for a workload (for status displays)."""
+        tracked = self._tracked.get(key)
+        return tracked.reason if tracked else ""

@@ -1,0 +1,115 @@
+"""``llmplane epp``: the endpoint picker on its own, for Envoy's ext_proc filter.
+
+Routes and endpoints come from the state directory's store (``--state-dir``) or, in-cluster,
+from the Kubernetes API (``--kubernetes``), exactly as for ``llmplane gateway``. Prints
+``LISTENING host:port`` once it serves; SIGINT / SIGTERM stop it gracefully. A problem the user
+can fix (missing extra, bad ``--config``, busy port, no Kubernetes API) is one line on stderr
+and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import Sequence
+
+from llmplane.gateway.cli import (
+    StartupError,
+    add_routing_arguments,
+    close_store,
+    configure,
+    open_sources,
+    until_signalled,
+)
+from llmplane.gateway.config import ConfigFileError, GatewayConfig
+
+DEFAULT_PORT = 9002  # InferencePool.spec.extensionRef's default port
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmplane epp",
+        description="Serve Envoy's ext_proc protocol as a Gateway API Inference Extension "
+        "endpoint picker, routing with llmplane's routing state and scheduler.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port (0: any free)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve /metrics and /health on this port"
+    )
+    parser.add_argument(
+        "--fallbacks",
+        type=int,
+        default=0,
+        help="endpoints to name after the chosen one (comma-separated) for data planes that "
+        "retry down the list; an ORIGINAL_DST cluster follows one address: keep 0 there",
+    )
+    add_routing_arguments(parser)  # the gateway's: --state-dir | --kubernetes, --config, logs
+    return parser
+
+
+async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
+    from llmplane.epp.server import start_picker
+
+    store, discovery = await open_sources(args)
+    try:
+        picker = await start_picker(
+            store,
+            discovery,
+            args.host,
+            args.port,
+            config,
+            fallbacks=args.fallbacks,
+            metrics_port=args.metrics_port,
+        )
+    except (OSError, RuntimeError) as e:  # grpc reports a busy port as RuntimeError
+        await close_store(store)
+        raise StartupError(
+            f"cannot listen on {args.host}:{args.port} (or --metrics-port): "
+            f"{getattr(e, 'strerror', None) or e} (pass --port N, or --port 0 for any free port)"
+        ) from None
+    line = f"LISTENING {picker.host}:{picker.port}"
+    if picker.metrics_port is not None:
+        line += f" metrics {picker.host}:{picker.metrics_port}"
+    print(line, flush=True)
+    try:
+        await until_signalled()
+    finally:
+        await picker.close()
+        await close_store(store)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.fallbacks < 0:
+        print("llmplane epp: --fallbacks must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        import grpc  # noqa: F401
+        import grpc_health  # noqa: F401
+        from envoy.service.ext_proc.v3 import external_processor_pb2  # noqa: F401
+    except ImportError as e:
+        print(
+            f"llmplane epp: needs the 'epp' extra ({e.name} is missing): "
+            "pip install 'llmplane[epp]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        config = configure(args)
+    except ConfigFileError as e:
+        print(f"llmplane epp: {e}", file=sys.stderr)
+        return 2
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(args, config))
+    except StartupError as e:
+        print(f"llmplane epp: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

