@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -50,6 +50,17 @@ log = logging.getLogger("llmplane.gateway")
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
+
+
+class Extension(Protocol):
+    """More routes beside the API's, started and closed with the gateway (the web console,
+    ``llmplane.console.api.Console``). Its routes never replace the gateway's own."""
+
+    def routes(self) -> dict[tuple[str, str], Handler]: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Gateway:
@@ -86,9 +97,7 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
-        # Extra GET pages with their own lifecycle (the web console): routes() -> {(method,
-        # path): handler} added beside the API's, start() / close() with the gateway.
-        self.extensions: list[Any] = []
+        self.extensions: list[Extension] = []  # the web console
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -405,7 +414,7 @@ async def start_gateway(
     host: str = "127.0.0.1",
     port: int = 0,
     config: GatewayConfig | None = None,
-    extensions: Sequence[Callable[[Gateway], Any]] = (),
+    extensions: Sequence[Callable[[Gateway], Extension]] = (),
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
     ``extensions`` made from it (``llmplane.console.Console``)."""
