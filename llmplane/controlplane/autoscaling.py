@@ -154,10 +154,15 @@ def effective_trigger(
     elastic: ElasticConfig | None, recommended: ScaleTrigger | None
 ) -> ScaleTrigger | None:
     """The trigger in force: the Playground's, else the recommended config's, else the default.
-    None without elasticConfig (a fixed number of replicas)."""
+    A trigger with ``behavior`` but no metrics gets the default's metric. None without
+    elasticConfig (a fixed number of replicas)."""
     if elastic is None:
         return None
-    return elastic.scale_trigger or recommended or DEFAULT_TRIGGER
+    trigger = elastic.scale_trigger or recommended or DEFAULT_TRIGGER
+    if not trigger.hpa.metrics:  # like an HPA without metrics (CPU 80 %): a default metric
+        hpa = trigger.hpa.model_copy(update={"metrics": DEFAULT_TRIGGER.hpa.metrics})
+        trigger = ScaleTrigger(hpa=hpa)
+    return trigger
 
 
 def bounds(elastic: ElasticConfig) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -28,7 +28,7 @@ from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.discovery import CombinedDiscovery, Discovery
+from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
@@ -51,6 +51,17 @@ log = logging.getLogger("llmplane.gateway")
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
+
+
+class Extension(Protocol):
+    """More routes beside the API's, started and closed with the gateway (the web console,
+    ``llmplane.console.api.Console``). Its routes never replace the gateway's own."""
+
+    def routes(self) -> dict[tuple[str, str], Handler]: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Gateway:
@@ -88,9 +99,7 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
-        # Extra GET pages with their own lifecycle (the web console): routes() -> {(method,
-        # path): handler} added beside the API's, start() / close() with the gateway.
-        self.extensions: list[Any] = []
+        self.extensions: list[Extension] = []  # the web console
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -121,17 +130,14 @@ class Gateway:
         if self.store is not None:
             self._follower = StoreFollower(self.store, ROUTE_KINDS, self._objects_changed)
             await self._follower.start()
-        for source in self._discovery_sources():
-            start = getattr(source, "start", None)
-            if start is not None and asyncio.iscoroutinefunction(start):
-                await start()
+        for source in self._following():
+            await source.start()
 
-    def _discovery_sources(self) -> list[Any]:
-        """The sources with a lifecycle of their own (``start`` / ``close`` coroutines)."""
+    def _following(self) -> list[Following]:
+        """The discovery sources that follow a watch of their own."""
         discovery = self.discovery
-        if isinstance(discovery, CombinedDiscovery):
-            return [*discovery.sources]
-        return [discovery]
+        sources = discovery.sources if isinstance(discovery, CombinedDiscovery) else (discovery,)
+        return [s for s in sources if isinstance(s, Following)]
 
     async def close(self) -> None:
         if self.http is not None:
@@ -141,10 +147,8 @@ class Gateway:
             await extension.close()
         if self._follower is not None:
             await self._follower.close()
-        for source in self._discovery_sources():
-            close = getattr(source, "close", None)
-            if close is not None and asyncio.iscoroutinefunction(close):
-                await close()
+        for source in self._following():
+            await source.close()
         await self.scraper.close()
         await self.ratelimiter.close()
         await self.proxy.close()
@@ -418,7 +422,7 @@ async def start_gateway(
     host: str = "127.0.0.1",
     port: int = 0,
     config: GatewayConfig | None = None,
-    extensions: Sequence[Callable[[Gateway], Any]] = (),
+    extensions: Sequence[Callable[[Gateway], Extension]] = (),
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
     ``extensions`` made from it (``llmplane.console.Console``)."""
