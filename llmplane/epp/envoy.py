@@ -89,13 +89,16 @@ def bootstrap(
     admin: str = "127.0.0.1:0",
     message_timeout: str = "5s",
     max_body: int = 16 * 1024 * 1024,
+    full_duplex: bool = False,
 ) -> dict[str, Any]:
     """The bootstrap as a dict (write it as JSON or YAML; Envoy reads both).
 
     ``listen``, ``picker`` and ``admin`` are ``host:port`` (port 0: any free port, which
     Envoy reports on its admin ``/listeners``); ``pool`` is the replicas' ``ip:port`` list the
     FailOpen route balances over. A host name (the picker's Service) makes a STRICT_DNS
-    cluster.
+    cluster. ``full_duplex``: bodies FULL_DUPLEX_STREAMED both ways (with trailers), the mode
+    the Inference Extension's Gateway implementations configure, instead of the request body
+    BUFFERED and the response body STREAMED.
     """
     ext_proc = {
         "@type": _EXT_PROC,
@@ -106,11 +109,11 @@ def bootstrap(
         "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
         "processing_mode": {
             "request_header_mode": "SEND",
-            "request_body_mode": "BUFFERED",
-            "request_trailer_mode": "SKIP",
+            "request_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "BUFFERED",
+            "request_trailer_mode": "SEND" if full_duplex else "SKIP",
             "response_header_mode": "SEND",
-            "response_body_mode": "STREAMED",
-            "response_trailer_mode": "SKIP",
+            "response_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "STREAMED",
+            "response_trailer_mode": "SEND" if full_duplex else "SKIP",
         },
     }
     # Before the route is chosen: a client-sent destination never selects the picked route.

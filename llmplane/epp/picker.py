@@ -1,7 +1,10 @@
 """The ext_proc service: one gRPC stream per HTTP request, run through the gateway's stages.
 
-Envoy sends the request headers, then the whole body (BUFFERED), then the response headers and
-each response body chunk (STREAMED). On the body the picker runs the gateway's own stages
+Envoy sends the request headers, then the body, then the response headers and each response
+body chunk: the body BUFFERED and the response STREAMED (``llmplane.epp.envoy``'s default), or
+both FULL_DUPLEX_STREAMED (what Gateway API implementations configure; the picker then holds
+its answer to the headers until the body is in, and sends every body chunk back itself). On
+the whole body the picker runs the gateway's own stages
 (``Gateway.route`` / ``admission.admit`` / ``Gateway.schedule`` / ``Gateway.finish`` on one
 ``RequestContext``): parse the body once (model, stream) -> resolve the route (InferenceModel /
 ModelRoute rules, weighted splits, criticality) -> request hooks reserve (token rate limits) ->
@@ -68,6 +71,8 @@ class _Exchange:
     __slots__ = (
         "body",
         "ctx",
+        "duplex_request",
+        "duplex_response",
         "finished",
         "reservations",
         "response_body",
@@ -85,6 +90,9 @@ class _Exchange:
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
         self.subset: frozenset[str] | None = None  # the data plane's subset hint
+        # FULL_DUPLEX_STREAMED bodies (else request BUFFERED, response STREAMED).
+        self.duplex_request = False
+        self.duplex_response = False
         self.routed = False  # the body arrived and went through the stages
         self.finished = False
 
@@ -108,14 +116,24 @@ class EndpointPickerService:
                         EnvoyRequest(protocol.headers_of(message.request_headers))  # type: ignore[arg-type]
                     )
                     ex.subset = protocol.subset_hint(message)
-                    yield protocol.CONTINUE_REQUEST_HEADERS
+                    ex.duplex_request, ex.duplex_response = protocol.full_duplex(message)
+                    if not ex.duplex_request or message.request_headers.end_of_stream:
+                        yield protocol.CONTINUE_REQUEST_HEADERS
+                    # Full duplex: the headers' answer waits for the body (it carries the
+                    # destination), as the protocol allows.
                 elif kind == "request_body":
                     part = message.request_body
                     ex.body.append(part.body)
-                    if not part.end_of_stream:
+                    if part.end_of_stream:
+                        for reply in await self._route(ex):
+                            yield reply
+                    elif not ex.duplex_request:
                         yield protocol.CONTINUE_REQUEST_BODY
-                        continue
-                    yield await self._route(ex)
+                elif kind == "request_trailers":
+                    if ex.duplex_request and not ex.routed:  # the body ended with trailers
+                        for reply in await self._route(ex):
+                            yield reply
+                    yield protocol.CONTINUE_REQUEST_TRAILERS
                 elif kind == "response_headers":
                     yield self._response_headers(ex, message.response_headers)
                 elif kind == "response_body":
@@ -126,9 +144,9 @@ class EndpointPickerService:
                         # request sees this one's tokens counted.
                         await self._finish(ex)
                     yield reply
-                elif kind == "request_trailers":
-                    yield protocol.CONTINUE_REQUEST_TRAILERS
                 elif kind == "response_trailers":
+                    if ex.duplex_response and not ex.finished:
+                        await self._finish(ex)  # the body ended with trailers
                     yield protocol.CONTINUE_RESPONSE_TRAILERS
         finally:
             ctx = ex.ctx
@@ -141,11 +159,12 @@ class EndpointPickerService:
 
     # --- request -----------------------------------------------------------------------------
 
-    async def _route(self, ex: _Exchange) -> Any:
+    async def _route(self, ex: _Exchange) -> list[Any]:
+        """The answers that route the request (or refuse it) once its body is complete."""
         gw = self.gateway
         ctx = ex.ctx
         if ctx is None:  # a body before any headers: not what Envoy does
-            return protocol.CONTINUE_REQUEST_BODY
+            return [protocol.CONTINUE_REQUEST_BODY]
         body = ex.body[0] if len(ex.body) == 1 else b"".join(ex.body)
         ex.body = []
         ex.routed = True
@@ -163,15 +182,18 @@ class EndpointPickerService:
             pick = gw.schedule(ctx, candidates, sched, min(len(candidates), 1 + self.fallbacks))
         except GatewayError as err:
             gw.refused(ctx, err)
-            return protocol.immediate(err)
+            return [protocol.immediate(err)]
         chosen = pick.endpoints[0]
         gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
         chosen.inflight += 1
         ex.state = chosen
         ctx.endpoint = backend.address(chosen)
         ctx.attempts = 1
+        addresses = [backend.address(e) for e in pick.endpoints]
+        if ex.duplex_request:
+            return protocol.route_to_streamed(addresses, inference.final_body())
         sent = inference.final_body() if inference.dirty else None
-        return protocol.route_to([backend.address(e) for e in pick.endpoints], sent)
+        return [protocol.route_to(addresses, sent)]
 
     # --- response ----------------------------------------------------------------------------
 
@@ -193,9 +215,10 @@ class EndpointPickerService:
 
     def _response_chunk(self, ex: _Exchange, chunk: bytes, end: bool) -> Any:
         ctx, scanner = ex.ctx, ex.scanner
+        data: bytes | None = None  # the bytes to send on instead of ``chunk``
         if ctx is None:
-            return protocol.CONTINUE_RESPONSE_BODY
-        if scanner is not None:
+            pass
+        elif scanner is not None:
             if ctx.ttft is None and chunk:
                 ctx.ttft = time.perf_counter() - ctx.t0
             scanner.feed(chunk)
@@ -207,9 +230,13 @@ class EndpointPickerService:
                 data = relay.feed(chunk)
                 if end:
                     data += relay.flush()
-                return protocol.response_chunk(data)
         elif ex.response_body is not None:
             ex.response_body.append(chunk)
+        if ex.duplex_response:  # Envoy forwards only what comes back
+            body = chunk if data is None else data
+            return protocol.pb.ProcessingResponse(response_body=protocol.streamed_chunk(body, end))
+        if data is not None:
+            return protocol.response_chunk(data)
         return protocol.CONTINUE_RESPONSE_BODY
 
     # --- end ---------------------------------------------------------------------------------

@@ -52,7 +52,15 @@ class EndpointPicker:
         self, host: str = "127.0.0.1", port: int = 0, metrics_port: int | None = None
     ) -> None:
         await self.gateway.start_routing()
-        server = self.server = grpc.aio.server()
+        # A message carries a whole request body (BUFFERED) and the rewritten body back: room
+        # for the gateway's body limit (gRPC's default is 4 MiB).
+        limit = self.gateway.config.max_body_bytes + 65536
+        server = self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ]
+        )
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         bound = server.add_insecure_port(f"{host}:{port}")
