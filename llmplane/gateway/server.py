@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import orjson
 
 from llmplane.gateway.activator import Activator
+from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
@@ -72,7 +73,8 @@ class Gateway:
         self.discovery = discovery
         self.registry = EndpointRegistry()
         self.scheduler = build_scheduler(self.config.scheduler)
-        self.scraper = Scraper(self.config)
+        self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
+        self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
@@ -175,6 +177,7 @@ class Gateway:
         added, removed = self.registry.sync(self.discovery.endpoints())
         for state in removed:
             self.scraper.remove(state)
+            self.adapters.forget(state.address)
             self.scheduler.on_remove(state)
             self._leaving[state.endpoint.address] = state  # still counted while draining
         for state in added:
@@ -298,6 +301,9 @@ class Gateway:
         backend = decision.backend
         now = time.monotonic()
         candidates = self.admission.admit(inference.model, decision, now)
+        if decision.load is not None:  # a declared LoRA adapter no replica holds yet
+            candidates = await self.adapters.ensure(decision.load, candidates)
+            self._rebuild()
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
@@ -329,6 +335,8 @@ class Gateway:
         assert ctx.decision is not None
         ts = time.perf_counter()
         pick = self.scheduler.pick(sched, candidates, n, ctx.decision.backend.profile)
+        if ctx.decision.lora and pick.endpoints:
+            self.adapters.touch(pick.endpoints[0].address, ctx.decision.model)
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
