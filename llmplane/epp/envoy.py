@@ -24,6 +24,8 @@ METADATA_NAMESPACE = "envoy.lb"
 # The data plane may restrict the pick to a subset of the pool (endpoint-picker protocol).
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# The data plane reports which of the named endpoints served (after retries down the list).
+SERVED_KEY = "x-gateway-destination-endpoint-served"
 
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
@@ -105,8 +107,11 @@ def bootstrap(
         "grpc_service": {"envoy_grpc": {"cluster_name": "llmplane_epp"}},
         "failure_mode_allow": fail_open,
         "message_timeout": message_timeout,
-        # A subset hint another filter (or the Gateway implementation) sets reaches the picker.
-        "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
+        # A subset hint another filter (or the Gateway implementation) sets, and the endpoint
+        # that served (``envoy.lb``), reach the picker.
+        "metadata_options": {
+            "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE, METADATA_NAMESPACE]}
+        },
         "processing_mode": {
             "request_header_mode": "SEND",
             "request_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "BUFFERED",

@@ -74,6 +74,7 @@ class _Exchange:
         "duplex_request",
         "duplex_response",
         "finished",
+        "picked",
         "reservations",
         "response_body",
         "routed",
@@ -87,6 +88,7 @@ class _Exchange:
         self.body: list[bytes] = []
         self.reservations: list[tuple[RequestHook, object]] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
+        self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
         self.subset: frozenset[str] | None = None  # the data plane's subset hint
@@ -135,6 +137,7 @@ class EndpointPickerService:
                             yield reply
                     yield protocol.CONTINUE_REQUEST_TRAILERS
                 elif kind == "response_headers":
+                    self._served(ex, protocol.served_endpoint(message))
                     yield self._response_headers(ex, message.response_headers)
                 elif kind == "response_body":
                     part = message.response_body
@@ -189,13 +192,30 @@ class EndpointPickerService:
         ex.state = chosen
         ctx.endpoint = backend.address(chosen)
         ctx.attempts = 1
-        addresses = [backend.address(e) for e in pick.endpoints]
+        ex.picked = {backend.address(e): e for e in pick.endpoints}
+        addresses = list(ex.picked)
         if ex.duplex_request:
             return protocol.route_to_streamed(addresses, inference.final_body())
         sent = inference.final_body() if inference.dirty else None
         return [protocol.route_to(addresses, sent)]
 
     # --- response ----------------------------------------------------------------------------
+
+    def _served(self, ex: _Exchange, address: str | None) -> None:
+        """The data plane went down the list to ``address``: count that endpoint instead."""
+        ctx, state = ex.ctx, ex.state
+        if address is None or ctx is None or state is None or address == ctx.endpoint:
+            return
+        served = ex.picked.get(address)
+        if served is None:  # not one the picker named: keep the accounting as it is
+            return
+        state.inflight -= 1
+        self.gateway.outliers.failure(state)  # passed over: it failed to connect or answer
+        served.inflight += 1
+        ex.state = served
+        ctx.failed(ctx.endpoint or "", "the data plane went on to the next endpoint")
+        ctx.endpoint = address
+        ctx.attempts += 1
 
     def _response_headers(self, ex: _Exchange, message: Any) -> Any:
         ctx = ex.ctx
