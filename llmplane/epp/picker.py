@@ -70,6 +70,7 @@ class _Exchange:
 
     __slots__ = (
         "body",
+        "body_size",
         "ctx",
         "duplex_request",
         "duplex_response",
@@ -86,6 +87,7 @@ class _Exchange:
     def __init__(self) -> None:
         self.ctx: RequestContext | None = None
         self.body: list[bytes] = []
+        self.body_size = 0
         self.reservations: list[tuple[RequestHook, object]] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
         self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
@@ -125,8 +127,13 @@ class EndpointPickerService:
                     # destination), as the protocol allows.
                 elif kind == "request_body":
                     part = message.request_body
+                    if ex.routed:  # refused already (too large): nothing more to answer
+                        continue
                     ex.body.append(part.body)
-                    if part.end_of_stream:
+                    ex.body_size += len(part.body)
+                    if ex.body_size > self.gateway.config.max_body_bytes:
+                        yield self._too_large(ex)
+                    elif part.end_of_stream:
                         for reply in await self._route(ex):
                             yield reply
                     elif not ex.duplex_request:
@@ -161,6 +168,19 @@ class EndpointPickerService:
                 await self._finish(ex)
 
     # --- request -----------------------------------------------------------------------------
+
+    def _too_large(self, ex: _Exchange) -> Any:
+        """413 for a body over the gateway's limit (Envoy streams a FULL_DUPLEX_STREAMED body
+        without a limit of its own); what was read is dropped."""
+        limit = self.gateway.config.max_body_bytes
+        err = GatewayError(
+            413, f"the request body is over the limit of {limit} bytes", "request_too_large"
+        )
+        ex.body = []
+        ex.routed = True
+        if ex.ctx is not None:
+            self.gateway.refused(ex.ctx, err)
+        return protocol.immediate(err)
 
     async def _route(self, ex: _Exchange) -> list[Any]:
         """The answers that route the request (or refuse it) once its body is complete."""
