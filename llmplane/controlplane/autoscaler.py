@@ -25,7 +25,6 @@ from llmplane.api.llmaz import OpenModel
 from llmplane.api.units import parse_quantity
 from llmplane.controlplane import autoscaling
 from llmplane.controlplane.events import record_event
-from llmplane.controlplane.planning import Inputs, PlanningError, chosen_config_name
 from llmplane.store.base import Conflict, Store
 
 log = logging.getLogger("llmplane.autoscaler")
@@ -68,22 +67,6 @@ class _Tracked:
     seen: float = -1.0
     last_request_at: float | None = None
     reason: str = ""
-
-
-def recommended_trigger(
-    pg: Playground, backend: BackendRuntime | None, models: Mapping[str, OpenModel]
-) -> ScaleTrigger | None:
-    """The scaleTrigger of the BackendRuntime's recommended config this Playground runs with."""
-    if backend is None:
-        return None
-    try:
-        name = chosen_config_name(Inputs(pg, dict(models), backend))
-    except PlanningError:
-        return None
-    for config in backend.spec.recommended_configs or []:
-        if config.name == name:
-            return config.scale_trigger
-    return None
 
 
 def average(
@@ -159,7 +142,7 @@ class Autoscaler:
             key = f"{pg.namespace}/{pg.name}"
             live.add(key)
             backend = backends.get(pg.spec.backend_runtime_config.backend_name)
-            self._one(pg, key, recommended_trigger(pg, backend, models), now)
+            self._one(pg, key, autoscaling.recommended_trigger(pg, backend, models), now)
         for key in set(self._tracked) - live:
             del self._tracked[key]
 
