@@ -159,6 +159,7 @@ def snapshot(
                     claimed.add(item.address)
                 replicas.append(_replica_view(item, endpoint))
             ready = status.ready
+            desired = status.replicas  # what the runtime runs now (an autoscaler may move it)
         else:
             for address, state in sorted(states.items()):
                 if state.endpoint.labels.get(SERVICE_LABEL) != name or (

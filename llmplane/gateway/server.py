@@ -24,10 +24,11 @@ from typing import Any, Protocol
 import orjson
 
 from llmplane.gateway.activator import Activator
+from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.discovery import CombinedDiscovery, Discovery
+from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
@@ -72,7 +73,8 @@ class Gateway:
         self.discovery = discovery
         self.registry = EndpointRegistry()
         self.scheduler = build_scheduler(self.config.scheduler)
-        self.scraper = Scraper(self.config)
+        self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
+        self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
@@ -128,17 +130,14 @@ class Gateway:
         if self.store is not None:
             self._follower = StoreFollower(self.store, ROUTE_KINDS, self._objects_changed)
             await self._follower.start()
-        for source in self._discovery_sources():
-            start = getattr(source, "start", None)
-            if start is not None and asyncio.iscoroutinefunction(start):
-                await start()
+        for source in self._following():
+            await source.start()
 
-    def _discovery_sources(self) -> list[Any]:
-        """The sources with a lifecycle of their own (``start`` / ``close`` coroutines)."""
+    def _following(self) -> list[Following]:
+        """The discovery sources that follow a watch of their own."""
         discovery = self.discovery
-        if isinstance(discovery, CombinedDiscovery):
-            return [*discovery.sources]
-        return [discovery]
+        sources = discovery.sources if isinstance(discovery, CombinedDiscovery) else (discovery,)
+        return [s for s in sources if isinstance(s, Following)]
 
     async def close(self) -> None:
         if self.http is not None:
@@ -148,10 +147,8 @@ class Gateway:
             await extension.close()
         if self._follower is not None:
             await self._follower.close()
-        for source in self._discovery_sources():
-            close = getattr(source, "close", None)
-            if close is not None and asyncio.iscoroutinefunction(close):
-                await close()
+        for source in self._following():
+            await source.close()
         await self.scraper.close()
         await self.ratelimiter.close()
         await self.proxy.close()
@@ -180,6 +177,7 @@ class Gateway:
         added, removed = self.registry.sync(self.discovery.endpoints())
         for state in removed:
             self.scraper.remove(state)
+            self.adapters.forget(state.address)
             self.scheduler.on_remove(state)
             self._leaving[state.endpoint.address] = state  # still counted while draining
         for state in added:
@@ -303,6 +301,9 @@ class Gateway:
         backend = decision.backend
         now = time.monotonic()
         candidates = self.admission.admit(inference.model, decision, now)
+        if decision.load is not None:  # a declared LoRA adapter no replica holds yet
+            candidates = await self.adapters.ensure(decision.load, candidates)
+            self._rebuild()
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
@@ -334,6 +335,8 @@ class Gateway:
         assert ctx.decision is not None
         ts = time.perf_counter()
         pick = self.scheduler.pick(sched, candidates, n, ctx.decision.backend.profile)
+        if ctx.decision.lora and pick.endpoints:
+            self.adapters.touch(pick.endpoints[0].address, ctx.decision.model)
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)

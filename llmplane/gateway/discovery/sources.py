@@ -28,6 +28,15 @@ class Discovery(Protocol):
     def subscribe(self, callback: Callback) -> None: ...
 
 
+@runtime_checkable
+class Following(Protocol):
+    """A source that follows a watch of its own: the gateway starts and closes it."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Subscribers:
     """The subscriber list every source keeps: ``_changed()`` calls them all."""
 
