@@ -4,12 +4,11 @@ Envoy sends the request headers, then the body, then the response headers and ea
 body chunk: the body BUFFERED and the response STREAMED (``llmplane.epp.envoy``'s default), or
 both FULL_DUPLEX_STREAMED (what Gateway API implementations configure; the picker then holds
 its answer to the headers until the body is in, and sends every body chunk back itself). On
-the whole body the picker runs the gateway's own stages
-(``Gateway.route`` / ``admission.admit`` / ``Gateway.schedule`` / ``Gateway.finish`` on one
-``RequestContext``): parse the body once (model, stream) -> resolve the route (InferenceModel /
-ModelRoute rules, weighted splits, criticality) -> request hooks reserve (token rate limits) ->
-admission (no ready endpoint 503, Sheddable shed 429) -> scheduler pick (the prefix index
-learns the chosen endpoint) -> answer with the destination and, when the body changed (model
+the whole body the picker runs the gateway's own stages (``Gateway.route`` / ``admit`` /
+``schedule`` / ``finish`` on one ``RequestContext``): parse the body once (model, stream) ->
+resolve the route (InferenceModel / ModelRoute rules, weighted splits, criticality) -> request
+hooks reserve (token rate limits) -> admission (no ready endpoint 503, Sheddable shed 429, a
+declared LoRA adapter loaded) -> scheduler pick (the prefix index learns the chosen endpoint) -> answer with the destination and, when the body changed (model
 rewrite, ``stream_options``), the new body. Refusals are immediate responses. The response
 side reads the status and the usage (the last ``usage`` object of the body or of the SSE
 stream) so the hooks settle on real token counts; the endpoint's in-flight count is released
@@ -197,7 +196,7 @@ class EndpointPickerService:
             )
             decision = await gw.route(ctx, ex.reservations)
             now = time.monotonic()
-            candidates = gw.admission.admit(inference.model, decision, now)
+            candidates = await gw.admit(ctx, now)
             backend = decision.backend
             if ex.subset is not None:
                 candidates = in_subset(candidates, ex.subset, backend.address)
