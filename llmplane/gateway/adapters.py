@@ -26,6 +26,7 @@ import aiohttp
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.playgrounds import DeclaredAdapter
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scraper import MODELS_CHANGED_AT
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -78,8 +79,10 @@ class Adapters:
                 "/v1/load_lora_adapter",
                 {"lora_name": adapter.name, "lora_path": adapter.path},
                 f"loading LoRA adapter {adapter.name!r}",
+                already="already been loaded",  # our model list was behind the engine's
             )
             target.served_models = frozenset({*(target.served_models or ()), adapter.name})
+            target.extra[MODELS_CHANGED_AT] = time.monotonic()
             self.loaded.setdefault(target.address, {})[adapter.name] = time.monotonic()
             log.info("loaded LoRA adapter %s on %s", adapter.name, target.address)
             return [target]
@@ -110,12 +113,18 @@ class Adapters:
             "/v1/unload_lora_adapter",
             {"lora_name": victim},
             f"unloading LoRA adapter {victim!r}",
+            already="cannot be found",
         )
         self.loaded[target.address].pop(victim, None)
         target.served_models = frozenset(set(target.served_models or ()) - {victim})
+        target.extra[MODELS_CHANGED_AT] = time.monotonic()
         log.info("unloaded LoRA adapter %s from %s (least recently used)", victim, target.address)
 
-    async def _post(self, target: EndpointState, path: str, body: dict, what: str) -> None:
+    async def _post(
+        self, target: EndpointState, path: str, body: dict, what: str, already: str = ""
+    ) -> None:
+        """POST to the engine's adapter API; an error whose text contains ``already`` (the
+        engine is already in the wanted state) counts as done."""
         try:
             async with self._session().post(
                 f"http://{target.address}{path}",
@@ -124,6 +133,8 @@ class Adapters:
             ) as resp:
                 if resp.status >= 400:
                     text = (await resp.text())[:300]
+                    if already and already in text:
+                        return
                     raise GatewayError(
                         502, f"{what} on {target.address} failed: HTTP {resp.status} {text}",
                         "adapter_load_failed",

@@ -204,6 +204,10 @@ def apply_metrics(state: EndpointState, m: LoadMetrics, now: float) -> None:
     state.scrape_ok = True
 
 
+# EndpointState.extra key: when the gateway itself changed the endpoint's model list (LoRA).
+MODELS_CHANGED_AT = "models_changed_at"
+
+
 class Scraper:
     """One background task per endpoint, started and stopped as endpoints come and go."""
 
@@ -283,6 +287,7 @@ class Scraper:
         return True
 
     async def refresh_models(self, state: EndpointState) -> None:
+        started = time.monotonic()
         try:
             async with self._session().get(f"http://{state.address}/v1/models") as resp:
                 if resp.status != 200:
@@ -295,6 +300,8 @@ class Scraper:
             served = frozenset(
                 str(m["id"]) for m in data if isinstance(m, dict) and m.get("id") is not None
             )
+            if state.extra.get(MODELS_CHANGED_AT, 0.0) > started:
+                return  # an adapter was loaded or unloaded meanwhile: this list may predate it
             if served != state.served_models:
                 state.served_models = served
                 if self.on_models_changed is not None:
