@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from llmplane.api import safe_yaml
+from llmplane.gateway.scheduler.config import build_scheduler
 
 
 @dataclass
@@ -130,8 +131,6 @@ class ConfigFileError(ValueError):
 def load_checked(path: str | Path) -> GatewayConfig:
     """``load_config`` plus building its scheduling profiles, so that a bad file is refused
     before anything starts, with one line saying why (no traceback)."""
-    from llmplane.gateway.scheduler.config import build_scheduler
-
     try:
         config = load_config(path)
         build_scheduler(config.scheduler)

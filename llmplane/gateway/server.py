@@ -300,10 +300,7 @@ class Gateway:
         assert inference is not None and decision is not None
         backend = decision.backend
         now = time.monotonic()
-        candidates = self.admission.admit(inference.model, decision, now)
-        if decision.load is not None:  # a declared LoRA adapter no replica holds yet
-            candidates = await self.adapters.ensure(decision.load, candidates)
-            self._rebuild()
+        candidates = await self.admit(ctx, now)
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
@@ -311,6 +308,17 @@ class Gateway:
         n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
         pick = self.schedule(ctx, candidates, sched, n)
         return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
+
+    async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
+        """The candidates admission lets the request use (503 none ready, 429 Sheddable shed),
+        with a declared LoRA adapter loaded first where no replica holds it yet."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
+        candidates = self.admission.admit(inference.model, decision, now)
+        if decision.load is not None:
+            candidates = await self.adapters.ensure(decision.load, candidates)
+            self._rebuild()
+        return candidates
 
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision

@@ -238,3 +238,30 @@ def test_hold_timeout_and_a_disconnecting_client(tmp_path: Path, processes: Proc
         metric(up.url, 'llmplane_gateway_activator_refused_total{model="tiny",reason="timeout"}')
         == 1
     )
+
+
+def test_resource_memory_metric_reads_the_replica_process(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """A Resource metric reads the replica's process group from /proc: an engine resident in
+    tens of MB against a 1 MiB average target wants more replicas, up to maxReplicas."""
+    fleet = elastic_fleet(
+        tmp_path,
+        """    minReplicas: 1
+    maxReplicas: 2
+    scaleTrigger:
+      hpa:
+        metrics:
+        - type: Resource
+          resource:
+            name: memory
+            target: {type: AverageValue, averageValue: 1Mi}
+""",
+        time_scale="0.01",
+    )
+    state = tmp_path / "state"
+    up: Up = processes.up(state, fleet, args=FAST)
+    wait_for(lambda: spec_replicas(state) == 2, 60, what="scale up on the replica's memory")
+    described = cli("describe", "pl", "tiny", state_dir=state).stdout
+    assert "memory" in described and "target 1.05e+06" in described
+    wait_for(lambda: len(up.engine_pids()) == 2, 60, what="the second replica")
