@@ -66,8 +66,11 @@ class Controller:
         watcher = asyncio.create_task(self._watch())
         try:
             while True:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that arrives as the event is set, and the loop never stops.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), self.resync_seconds)
+                    async with asyncio.timeout(self.resync_seconds):
+                        await self._dirty.wait()
                 self._dirty.clear()
                 await asyncio.sleep(0.02)  # coalesce bursts of events
                 try:
