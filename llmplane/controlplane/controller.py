@@ -293,5 +293,7 @@ def workload_state(
     available = status is not None and plan.replicas > 0 and ready >= plan.replicas
     reason = status.reason if status else None
     cause = reason if reason and reason not in PROGRESS_REASONS else None
-    message = (status.message if status else "") or f"{ready}/{plan.replicas} replicas ready"
+    message = (status.message if status else "") or (
+        f"{ready}/{plan.replicas} replicas ready" if plan.replicas else "scaled to zero: no replica"
+    )
     return WorkloadState(available, replicas, ready, selector, cause, message)
