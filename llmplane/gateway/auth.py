@@ -18,11 +18,12 @@ network is never the silent default). The admin key (``gateway.adminKeyHash``) g
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any
 
 from llmplane.gateway import apikeys
@@ -32,24 +33,42 @@ from llmplane.gateway.observability import Counter
 log = logging.getLogger("llmplane.gateway")
 
 KIND = "Tenant"
+VERDICTS = 4096  # model names a Tenant remembers its verdict on
+_GLOB = re.compile(r"[*?\[]")
 INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer <key>'."
 
 
-@dataclass(frozen=True, slots=True)
 class Tenant:
-    name: str  # namespace/name outside "default", else name
-    models: tuple[str, ...]
-    criticality: str
+    """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded)."""
+
+    __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name")
+
+    def __init__(self, name: str, models: tuple[str, ...], criticality: str) -> None:
+        self.name = name  # namespace/name outside "default", else name
+        self.models = models
+        self.criticality = criticality
+        self._exact = frozenset(m for m in models if not _GLOB.search(m))
+        globs = [fnmatch.translate(m) for m in models if _GLOB.search(m)]
+        self._pattern = re.compile("|".join(globs)) if globs else None
+        self._verdicts: dict[str, bool] = {}
 
     def allows(self, model: str) -> bool:
-        return any(p == model or fnmatchcase(model, p) for p in self.models)
+        verdict = self._verdicts.get(model)
+        if verdict is None:
+            pattern = self._pattern
+            verdict = model in self._exact or (
+                pattern is not None and pattern.match(model) is not None
+            )
+            if len(self._verdicts) < VERDICTS:  # names come from clients: never unbounded
+                self._verdicts[model] = verdict
+        return verdict
 
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     tenant: Tenant
-    salt: str
-    hash: str
+    salt: bytes
+    hash: bytes
 
 
 class TenantTable:
@@ -70,17 +89,21 @@ class TenantTable:
             name = meta["name"] if ns == "default" else f"{ns}/{meta['name']}"
             names.append(name)
             spec = obj.get("spec") or {}
-            tenant = Tenant(
-                name, tuple(spec.get("models") or ("*",)), spec.get("criticality") or "Default"
-            )
+            models = spec.get("models", ("*",)) or ()  # an empty list allows nothing
+            tenant = Tenant(name, tuple(models), spec.get("criticality") or "Default")
             for key in spec.get("keys") or ():
+                try:
+                    key_id, salt, digest = key["id"], bytes.fromhex(key["salt"]), key["hash"]
+                    record = KeyRecord(tenant, salt, bytes.fromhex(digest))
+                except (KeyError, TypeError, ValueError):  # a hand-written object, unvalidated
+                    log.warning("Tenant %s: a key without a valid id, salt and hash; ignored", name)
+                    continue
                 if key.get("revoked"):
                     continue
-                if key["id"] in keys:  # two tenants claim one id: neither key is trusted
-                    log.warning("API key id %s appears in two Tenants; both refused", key["id"])
-                    keys[key["id"]] = KeyRecord(tenant, "", "")
-                    continue
-                keys[key["id"]] = KeyRecord(tenant, key["salt"], key["hash"])
+                if key_id in keys:  # two tenants claim one id: neither key is trusted
+                    log.warning("API key id %s appears in two Tenants; both refused", key_id)
+                    record = KeyRecord(tenant, b"", b"")
+                keys[key_id] = record
         self.keys = keys
         self.tenants = tenants
         self.names = frozenset(names)
@@ -102,7 +125,7 @@ def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
         return None
     key_id = apikeys.key_id(key)
     record = keys.get(key_id) if key_id is not None else None
-    if record is None or not record.hash or not apikeys.matches(key, record.salt, record.hash):
+    if record is None or not record.hash or not apikeys.matches_raw(key, record.salt, record.hash):
         return None
     return record
 

@@ -143,3 +143,18 @@ def test_keys_create_list_revoke_on_sqlite(tmp_path: Path) -> None:
         with pytest.raises(KeyError_, match="not found"):
             list_keys(store, "nobody")
     assert made.key.encode() not in (tmp_path / "state.db").read_bytes()
+
+
+def test_unvalidated_objects_cannot_break_the_table() -> None:
+    """A Tenant written around validation (a hand-made custom resource) costs its bad key
+    only; an empty model list allows nothing."""
+    good = apikeys.new_key()
+    auth = Authenticator()
+    auth.update(
+        [
+            tenant("bad", [{"id": "x", "salt": "not hex", "hash": 3}, {"salt": "00"}], []),
+            tenant("a", [stored(good)], []),
+        ]
+    )
+    found = auth.authenticate({"x-api-key": good.key})
+    assert found is not None and found.name == "a" and not found.allows("anything")
