@@ -66,8 +66,11 @@ class Controller:
         watcher = asyncio.create_task(self._watch())
         try:
             while True:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that arrives as the event is set, and the loop never stops.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), self.resync_seconds)
+                    async with asyncio.timeout(self.resync_seconds):
+                        await self._dirty.wait()
                 self._dirty.clear()
                 await asyncio.sleep(0.02)  # coalesce bursts of events
                 try:
@@ -290,5 +293,7 @@ def workload_state(
     available = status is not None and plan.replicas > 0 and ready >= plan.replicas
     reason = status.reason if status else None
     cause = reason if reason and reason not in PROGRESS_REASONS else None
-    message = (status.message if status else "") or f"{ready}/{plan.replicas} replicas ready"
+    message = (status.message if status else "") or (
+        f"{ready}/{plan.replicas} replicas ready" if plan.replicas else "scaled to zero: no replica"
+    )
     return WorkloadState(available, replicas, ready, selector, cause, message)

@@ -242,8 +242,10 @@ async def running(ctl: Controller) -> AsyncIterator[asyncio.Task[None]]:
         yield task
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # A lost cancellation (Python 3.11's wait_for swallowed one that arrived as the loop
+        # was woken) would keep the loop running: up's shutdown would never end.
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert done, "the control loop did not stop when cancelled"
 
 
 async def test_the_loop_follows_store_changes_and_survives_a_failing_pass(store, tmp_path) -> None:
