@@ -19,7 +19,6 @@ network is never the silent default). The admin key (``gateway.adminKeyHash``) g
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -128,15 +127,6 @@ def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
     if record is None or not record.hash or not apikeys.matches_raw(key, record.salt, record.hash):
         return None
     return record
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class Authenticator:

@@ -9,9 +9,10 @@ import pytest
 
 from llmplane.api.documents import InvalidResources, parse_document
 from llmplane.gateway import apikeys
-from llmplane.gateway.auth import Authenticator, TenantTable, is_loopback, presented_key
+from llmplane.gateway.auth import Authenticator, TenantTable, presented_key
 from llmplane.gateway.config import ConfigFileError, load_checked
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.exposure import is_loopback
 from llmplane.keys import KeyError_, create_key, list_keys, revoke_key
 from llmplane.store.sqlite import SQLiteStore
 
