@@ -41,7 +41,7 @@ def test_keys_are_random_salted_and_checked() -> None:
     assert not apikeys.matches(b.key, a.salt, a.hash)
     # The same key under another salt has another hash.
     assert apikeys.digest(a.key, b.salt) != a.hash
-    assert a.key not in a.hash and a.key.split("-")[2] not in repr(stored(a))
+    assert a.key not in a.hash and a.key.split("-", 2)[2] not in repr(stored(a))
     for bad in ("", "llmp-", "sk-" + a.key[3:], a.key.replace("-", "_"), "llmp-short-x"):
         assert apikeys.key_id(bad) is None, bad
 
