@@ -46,8 +46,16 @@ from llmplane.api.core import (
     MetricTarget,
     PodsMetricSource,
 )
-from llmplane.api.inference import ElasticConfig, HPATrigger, ScaleTrigger
+from llmplane.api.inference import (
+    BackendRuntime,
+    ElasticConfig,
+    HPATrigger,
+    Playground,
+    ScaleTrigger,
+)
+from llmplane.api.llmaz import OpenModel
 from llmplane.api.units import parse_quantity
+from llmplane.controlplane.planning import Inputs, PlanningError, chosen_config_name
 
 DEFAULT_TOLERANCE = 0.1
 DEFAULT_SCALE_UP_WINDOW = 0
@@ -148,6 +156,22 @@ class _Rules:
     select: str
     policies: tuple[HPAScalingPolicy, ...]
     tolerance: float
+
+
+def recommended_trigger(
+    pg: Playground, backend: BackendRuntime | None, models: Mapping[str, OpenModel]
+) -> ScaleTrigger | None:
+    """The scaleTrigger of the BackendRuntime's recommended config this Playground runs with."""
+    if backend is None:
+        return None
+    try:
+        name = chosen_config_name(Inputs(pg, dict(models), backend))
+    except PlanningError:
+        return None
+    for config in backend.spec.recommended_configs or []:
+        if config.name == name:
+            return config.scale_trigger
+    return None
 
 
 def effective_trigger(

@@ -4,12 +4,11 @@ Envoy sends the request headers, then the body, then the response headers and ea
 body chunk: the body BUFFERED and the response STREAMED (``llmplane.epp.envoy``'s default), or
 both FULL_DUPLEX_STREAMED (what Gateway API implementations configure; the picker then holds
 its answer to the headers until the body is in, and sends every body chunk back itself). On
-the whole body the picker runs the gateway's own stages
-(``Gateway.route`` / ``admission.admit`` / ``Gateway.schedule`` / ``Gateway.finish`` on one
-``RequestContext``): parse the body once (model, stream) -> resolve the route (InferenceModel /
-ModelRoute rules, weighted splits, criticality) -> request hooks reserve (token rate limits) ->
-admission (no ready endpoint 503, Sheddable shed 429) -> scheduler pick (the prefix index
-learns the chosen endpoint) -> answer with the destination and, when the body changed (model
+the whole body the picker runs the gateway's own stages (``Gateway.route`` / ``admit`` /
+``schedule`` / ``finish`` on one ``RequestContext``): parse the body once (model, stream) ->
+resolve the route (InferenceModel / ModelRoute rules, weighted splits, criticality) -> request
+hooks reserve (token rate limits) -> admission (no ready endpoint 503, Sheddable shed 429, a
+declared LoRA adapter loaded) -> scheduler pick (the prefix index learns the chosen endpoint) -> answer with the destination and, when the body changed (model
 rewrite, ``stream_options``), the new body. Refusals are immediate responses. The response
 side reads the status and the usage (the last ``usage`` object of the body or of the SSE
 stream) so the hooks settle on real token counts; the endpoint's in-flight count is released
@@ -70,10 +69,12 @@ class _Exchange:
 
     __slots__ = (
         "body",
+        "body_size",
         "ctx",
         "duplex_request",
         "duplex_response",
         "finished",
+        "picked",
         "reservations",
         "response_body",
         "routed",
@@ -85,8 +86,10 @@ class _Exchange:
     def __init__(self) -> None:
         self.ctx: RequestContext | None = None
         self.body: list[bytes] = []
+        self.body_size = 0
         self.reservations: list[tuple[RequestHook, object]] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
+        self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
         self.subset: frozenset[str] | None = None  # the data plane's subset hint
@@ -123,8 +126,13 @@ class EndpointPickerService:
                     # destination), as the protocol allows.
                 elif kind == "request_body":
                     part = message.request_body
+                    if ex.routed:  # refused already (too large): nothing more to answer
+                        continue
                     ex.body.append(part.body)
-                    if part.end_of_stream:
+                    ex.body_size += len(part.body)
+                    if ex.body_size > self.gateway.config.max_body_bytes:
+                        yield self._too_large(ex)
+                    elif part.end_of_stream:
                         for reply in await self._route(ex):
                             yield reply
                     elif not ex.duplex_request:
@@ -135,6 +143,7 @@ class EndpointPickerService:
                             yield reply
                     yield protocol.CONTINUE_REQUEST_TRAILERS
                 elif kind == "response_headers":
+                    self._served(ex, protocol.served_endpoint(message))
                     yield self._response_headers(ex, message.response_headers)
                 elif kind == "response_body":
                     part = message.response_body
@@ -159,6 +168,19 @@ class EndpointPickerService:
 
     # --- request -----------------------------------------------------------------------------
 
+    def _too_large(self, ex: _Exchange) -> Any:
+        """413 for a body over the gateway's limit (Envoy streams a FULL_DUPLEX_STREAMED body
+        without a limit of its own); what was read is dropped."""
+        limit = self.gateway.config.max_body_bytes
+        err = GatewayError(
+            413, f"the request body is over the limit of {limit} bytes", "request_too_large"
+        )
+        ex.body = []
+        ex.routed = True
+        if ex.ctx is not None:
+            self.gateway.refused(ex.ctx, err)
+        return protocol.immediate(err)
+
     async def _route(self, ex: _Exchange) -> list[Any]:
         """The answers that route the request (or refuse it) once its body is complete."""
         gw = self.gateway
@@ -174,7 +196,7 @@ class EndpointPickerService:
             )
             decision = await gw.route(ctx, ex.reservations)
             now = time.monotonic()
-            candidates = gw.admission.admit(inference.model, decision, now)
+            candidates = await gw.admit(ctx, now)
             backend = decision.backend
             if ex.subset is not None:
                 candidates = in_subset(candidates, ex.subset, backend.address)
@@ -189,13 +211,30 @@ class EndpointPickerService:
         ex.state = chosen
         ctx.endpoint = backend.address(chosen)
         ctx.attempts = 1
-        addresses = [backend.address(e) for e in pick.endpoints]
+        ex.picked = {backend.address(e): e for e in pick.endpoints}
+        addresses = list(ex.picked)
         if ex.duplex_request:
             return protocol.route_to_streamed(addresses, inference.final_body())
         sent = inference.final_body() if inference.dirty else None
         return [protocol.route_to(addresses, sent)]
 
     # --- response ----------------------------------------------------------------------------
+
+    def _served(self, ex: _Exchange, address: str | None) -> None:
+        """The data plane went down the list to ``address``: count that endpoint instead."""
+        ctx, state = ex.ctx, ex.state
+        if address is None or ctx is None or state is None or address == ctx.endpoint:
+            return
+        served = ex.picked.get(address)
+        if served is None:  # not one the picker named: keep the accounting as it is
+            return
+        state.inflight -= 1
+        self.gateway.outliers.failure(state)  # passed over: it failed to connect or answer
+        served.inflight += 1
+        ex.state = served
+        ctx.failed(ctx.endpoint or "", "the data plane went on to the next endpoint")
+        ctx.endpoint = address
+        ctx.attempts += 1
 
     def _response_headers(self, ex: _Exchange, message: Any) -> Any:
         ctx = ex.ctx

@@ -20,7 +20,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb  # type: igno
 from envoy.type.v3 import http_status_pb2  # type: ignore[import-not-found]
 from google.protobuf import struct_pb2
 
-from llmplane.epp.envoy import DESTINATION_HEADER, METADATA_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE
+from llmplane.epp.envoy import (
+    DESTINATION_HEADER,
+    METADATA_NAMESPACE,
+    SERVED_KEY,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+)
 from llmplane.gateway.errors import GatewayError
 
 ProcessingRequest = pb.ProcessingRequest
@@ -72,6 +78,16 @@ def subset_hint(message: pb.ProcessingRequest) -> frozenset[str] | None:
     if value.WhichOneof("kind") == "string_value":  # tolerated: "ip:port,ip:port"
         return frozenset(a.strip() for a in value.string_value.split(",") if a.strip())
     return frozenset()
+
+
+def served_endpoint(message: pb.ProcessingRequest) -> str | None:
+    """The endpoint the data plane says served the request (``envoy.lb`` /
+    ``x-gateway-destination-endpoint-served``, with the response), None if it does not say."""
+    namespaces = message.metadata_context.filter_metadata
+    if METADATA_NAMESPACE not in namespaces:
+        return None
+    value = namespaces[METADATA_NAMESPACE].fields.get(SERVED_KEY)
+    return value.string_value or None if value is not None else None
 
 
 def _header(key: str, value: str) -> base_pb2.HeaderValueOption:

@@ -17,6 +17,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from llmplane.epp.envoy import BOOTSTRAP_MAX_BODY
 from llmplane.epp.picker import EndpointPickerService
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Discovery
@@ -53,8 +54,10 @@ class EndpointPicker:
     ) -> None:
         await self.gateway.start_routing()
         # A message carries a whole request body (BUFFERED) and the rewritten body back: room
-        # for the gateway's body limit (gRPC's default is 4 MiB).
-        limit = self.gateway.config.max_body_bytes + 65536
+        # for the gateway's body limit, and at least for the 16 MiB Envoy buffers with the
+        # bootstrap's defaults, so a body over a lower limit still gets the picker's 413
+        # (gRPC's own default, 4 MiB, would end the stream instead).
+        limit = max(self.gateway.config.max_body_bytes, BOOTSTRAP_MAX_BODY) + 65536
         server = self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),

@@ -1,15 +1,16 @@
 """The activator: requests for a model with no ready replica wait here instead of failing.
 
-A Playground's model that has no ready endpoint (scaled to zero, starting, replicas
-restarting after a probe failure) is *activatable* in the routing table. A request for it is
+A Playground's model that has no ready endpoint (scaled to zero, starting, replicas not
+ready) is *activatable* in the routing table. A request for it is
 held in a per-model FIFO queue bounded by count and bytes (``activator_max_queue``,
 ``activator_max_queue_bytes``), and ``wake(workload)`` is called at once so the autoscaler
 scales from zero without waiting for its next pass. When the routing table changes and the
 model is no longer activatable (a replica became ready, or the Playground is gone or failing)
 the held requests are released in arrival order and resolve again. Past
 ``activator_hold_timeout`` seconds a held request gets a 503 with ``Retry-After``; a client
-that disconnects is cancelled and leaves the queue. A model whose engine is failing for good
-(``CrashLoopBackOff``, engine not installed ...) is not held: its 503 says why at once.
+that disconnects is cancelled and leaves the queue. A model whose engine the runtime reports
+failing (``CrashLoopBackOff``, a failed startup or liveness probe, engine not installed) is not
+held: its 503 says why at once.
 
 Only the error path of routing reaches this module: a request with a ready replica never
 touches it.

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
@@ -129,8 +130,6 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
 async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     store, discovery = await open_sources(args)
     try:
-        from llmplane.console.api import Console
-
         gateway = await start_gateway(
             store, discovery, args.host, args.port, config, extensions=[Console]
         )

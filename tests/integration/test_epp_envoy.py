@@ -517,3 +517,19 @@ async def test_subset_hint_and_grpc_health(make_stack, sims):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await check(health_pb2.HealthCheckRequest(service="nope"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_a_body_over_the_limit_is_refused_by_the_picker(make_stack, sims, duplex):
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("only-a", "llama", [{"name": "llama-a"}])],
+        llama_endpoints(sims),
+        config=GatewayConfig(max_body_bytes=1024 * 1024),
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "only-a" in gw.table.inference_models, "the InferenceModel")
+    status, headers, body = await stack.post(chat("only-a", "word " * 400_000))  # 2 MB
+    assert status == 413, body[:200]
+    assert orjson.loads(body)["error"]["code"] == "request_too_large"
+    assert "x-llmplane-endpoint" not in headers
+    assert all(s.inflight == 0 for s in gw.registry.states.values())

@@ -1,5 +1,8 @@
 """The in-cluster gateway (``llmplane gateway --kubernetes``) against a Kubernetes API EMULATOR.
 
+The endpoint picker (``llmplane epp --kubernetes``, the chart's other mode) is run once the
+same way, behind a real Envoy.
+
 No Kubernetes API server can run here, so the API is ``llmplane.testing.kube_emulator.KubeEmulator``,
 an in-process aiohttp emulator of the REST endpoints used (list/watch with resourceVersion,
 label selectors, the status subresource). The gateway is the real one: ``KubeStore`` +
@@ -290,6 +293,78 @@ current-context: emulator
         paths = {p for _, p in kube.requests}
         assert "/api/v1/namespaces/default/pods" in paths
         assert "/apis/llmaz.io/v1alpha1/openmodels" in paths
+
+
+async def test_the_endpoint_picker_process_with_kubernetes_flag(
+    engines: dict[str, Process], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``llmplane epp --kubernetes`` (the chart's endpoint-picker mode) behind a real Envoy:
+    the InferencePool / InferenceModel and the Pod come from the API, as for the gateway."""
+    from llmplane.epp.envoy import bootstrap
+    from llmplane.testing.envoy import Envoy
+
+    a = engines["a"]
+    async with KubeEmulator() as kube:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            f"""apiVersion: v1
+kind: Config
+clusters: [{{name: emulator, cluster: {{server: "{kube.url}"}}}}]
+users: [{{name: tester, user: {{token: not-checked}}}}]
+contexts: [{{name: emulator, context: {{cluster: emulator, user: tester}}}}]
+current-context: emulator
+"""
+        )
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        gie = "inference.networking.x-k8s.io/v1alpha2"
+        await kube.create(pod("llama-0", {"app": "llama"}, ip(a)))
+        await kube.create(
+            {
+                "apiVersion": gie,
+                "kind": "InferencePool",
+                "metadata": {"name": "llama", "namespace": "default"},
+                "spec": {
+                    "selector": {"app": "llama"},
+                    "targetPortNumber": 8080,
+                    "extensionRef": {"name": "llmplane-gateway", "failureMode": "FailClose"},
+                },
+            }
+        )
+        await kube.create(
+            {
+                "apiVersion": gie,
+                "kind": "InferenceModel",
+                "metadata": {"name": "chatbot", "namespace": "default"},
+                "spec": {
+                    "modelName": "chatbot",
+                    "poolRef": {"name": "llama"},
+                    "targetModels": [{"name": MODEL}],
+                },
+            }
+        )
+        picker = testing.python(
+            "-m", "llmplane.cli", "epp", "--kubernetes", "--namespace", "default", "--port", "0",
+            "--no-access-log",
+        )  # fmt: skip
+        envoy: Envoy | None = None
+        try:
+            await asyncio.to_thread(picker.start)
+            envoy = Envoy(
+                bootstrap(
+                    listen="127.0.0.1:0",
+                    picker=picker.address,
+                    pool=[f"{ip(a)}:8080"],
+                    fail_open=False,
+                )
+            )
+            await asyncio.to_thread(envoy.start)
+            await until(envoy.port, "chatbot", lambda s, e, b: s == 200 and e == f"{ip(a)}:8080")
+        finally:
+            if envoy is not None:
+                await asyncio.to_thread(envoy.stop)
+            await asyncio.to_thread(picker.stop)
+        assert picker.returncode == 0, picker.output()
 
 
 if sys.platform != "linux":  # pragma: no cover

@@ -166,6 +166,11 @@ def test_scale_to_zero_and_the_first_request_is_held_then_answered(
     # replicas: 0 with minReplicas: 0 starts with no replica and stays so while idle.
     always(lambda: not up.engine_pids(), 1.5, what="no replica before the first request")
     assert spec_replicas(state) == 0
+    wait_for(
+        lambda: "scaled to zero" in cli("describe", "isvc", "tiny", state_dir=state).stdout,
+        30,
+        what="the Service's condition to say it is scaled to zero",
+    )
 
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 5}
     code, _, data = http(f"{up.url}/v1/completions", body)  # held while a replica starts
@@ -238,3 +243,30 @@ def test_hold_timeout_and_a_disconnecting_client(tmp_path: Path, processes: Proc
         metric(up.url, 'llmplane_gateway_activator_refused_total{model="tiny",reason="timeout"}')
         == 1
     )
+
+
+def test_resource_memory_metric_reads_the_replica_process(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """A Resource metric reads the replica's process group from /proc: an engine resident in
+    tens of MB against a 1 MiB average target wants more replicas, up to maxReplicas."""
+    fleet = elastic_fleet(
+        tmp_path,
+        """    minReplicas: 1
+    maxReplicas: 2
+    scaleTrigger:
+      hpa:
+        metrics:
+        - type: Resource
+          resource:
+            name: memory
+            target: {type: AverageValue, averageValue: 1Mi}
+""",
+        time_scale="0.01",
+    )
+    state = tmp_path / "state"
+    up: Up = processes.up(state, fleet, args=FAST)
+    wait_for(lambda: spec_replicas(state) == 2, 60, what="scale up on the replica's memory")
+    described = cli("describe", "pl", "tiny", state_dir=state).stdout
+    assert "memory" in described and "target 1.05e+06" in described
+    wait_for(lambda: len(up.engine_pids()) == 2, 60, what="the second replica")
