@@ -18,7 +18,6 @@ network is never the silent default). The admin key (``gateway.adminKeyHash``) g
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -105,15 +104,6 @@ def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
     if record is None or not record.hash or not apikeys.matches(key, record.salt, record.hash):
         return None
     return record
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class Authenticator:

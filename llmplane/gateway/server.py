@@ -27,12 +27,12 @@ from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
-from llmplane.gateway.auth import Authenticator, is_loopback
+from llmplane.gateway.auth import Authenticator
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.exposure import make_guard
+from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access

@@ -9,9 +9,10 @@ import pytest
 
 from llmplane.api.documents import InvalidResources, parse_document
 from llmplane.gateway import apikeys
-from llmplane.gateway.auth import Authenticator, TenantTable, is_loopback, presented_key
+from llmplane.gateway.auth import Authenticator, TenantTable, presented_key
 from llmplane.gateway.config import ConfigFileError, load_checked
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.exposure import is_loopback
 from llmplane.keys import KeyError_, create_key, list_keys, revoke_key
 from llmplane.store.sqlite import SQLiteStore
 
@@ -40,7 +41,7 @@ def test_keys_are_random_salted_and_checked() -> None:
     assert not apikeys.matches(b.key, a.salt, a.hash)
     # The same key under another salt has another hash.
     assert apikeys.digest(a.key, b.salt) != a.hash
-    assert a.key not in a.hash and a.key.split("-")[2] not in repr(stored(a))
+    assert a.key not in a.hash and a.key.split("-", 2)[2] not in repr(stored(a))
     for bad in ("", "llmp-", "sk-" + a.key[3:], a.key.replace("-", "_"), "llmp-short-x"):
         assert apikeys.key_id(bad) is None, bad
 
