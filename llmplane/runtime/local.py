@@ -96,8 +96,15 @@ class LocalRuntime:
     async def start(self) -> None:
         """Take the state directory and stop engine processes left over from a previous run."""
         async with self._start_lock:
+            if self._closed:
+                raise RuntimeError("the local runtime has been shut down")
             if not self._started:
                 await self._take_state_dir()
+
+    @property
+    def closed(self) -> bool:
+        """Shutdown has begun: nothing may start an engine process any more."""
+        return self._closed
 
     async def _take_state_dir(self) -> None:
         runtime_dir = self.state_dir / "runtime"
@@ -122,10 +129,20 @@ class LocalRuntime:
         self._started = True
 
     async def shutdown(self) -> None:
-        """Drain and stop every replica of every workload (concurrently), then let go."""
+        """Drain and stop every replica of every workload (concurrently), then let go.
+
+        Once it begins no replica starts a process; any process still recorded after the
+        replicas stopped (a start that raced the stop) is killed with its group before the
+        record is cleared.
+        """
         self._closed = True
-        keys = set(self._workloads) | set(self._removing)
-        await asyncio.gather(*(self.remove(k) for k in keys))
+        async with self._start_lock:  # a start() under way finishes first
+            keys = set(self._workloads) | set(self._removing)
+            await asyncio.gather(*(self.remove(k) for k in keys))
+            if self._started and self.table.records():
+                left = await kill_leftovers(self.table.records(), self.stop_timeout)
+                if left:
+                    log.error("killed engine processes that outlived their replicas: %s", left)
         if self._log_keeper is not None:
             self._log_keeper.cancel()
             await asyncio.wait([self._log_keeper])
@@ -152,6 +169,8 @@ class LocalRuntime:
         if self._closed:
             raise RuntimeError("the local runtime has been shut down")
         await self.start()
+        if self._closed:  # shutdown() began while start() took the state directory
+            raise RuntimeError("the local runtime has been shut down")
         workload = self._workloads.get(plan.key)
         if workload is None:
             workload = self._workloads[plan.key] = Workload(self, plan)

@@ -197,18 +197,24 @@ async def stop_group(proc: asyncio.subprocess.Process, pgid: int, timeout: float
     if proc.returncode is None or group_members(pgid):
         signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                if not group_members(pgid):
-                    break
-                await asyncio.sleep(0.05)  # the leader is gone; its children are not yet
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), 0.05)
-        else:
-            log.warning(
-                "process group %d did not exit %.0fs after SIGTERM; killing it", pgid, timeout
-            )
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            while time.monotonic() < deadline:
+                if proc.returncode is not None:
+                    if not group_members(pgid):
+                        break
+                    await asyncio.sleep(0.05)  # the leader is gone; its children are not yet
+                    continue
+                # asyncio.wait, not wait_for: Python 3.11's wait_for returns the result when a
+                # cancellation arrives as the process exits, and a supervisor told to stop
+                # would carry on restarting the engine.
+                await asyncio.wait([exited], timeout=0.05)
+            else:
+                log.warning(
+                    "process group %d did not exit %.0fs after SIGTERM; killing it", pgid, timeout
+                )
+        finally:
+            exited.cancel()
         if proc.returncode is None or group_members(pgid):
             signal_group(pgid, signal.SIGKILL)
     return await proc.wait()
@@ -233,6 +239,10 @@ class ProcessTable:
         except (OSError, ValueError, TypeError) as err:
             log.warning("ignoring unreadable %s: %s", self.path, err)
             return []
+
+    def records(self) -> list[ProcessRecord]:
+        """The processes recorded as running."""
+        return list(self._records.values())
 
     def add(self, record: ProcessRecord) -> None:
         self._records[record.token] = record

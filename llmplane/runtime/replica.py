@@ -77,6 +77,7 @@ class Replica:
         self.was_ready = False  # this process was an endpoint at some point (drain it)
         self.supervisor: asyncio.Task[None] | None = None
         self.spawning: asyncio.Task[None] | None = None
+        self.stopping = False  # terminating: nothing may start a process for this replica again
 
     @property
     def name(self) -> str:
@@ -133,6 +134,8 @@ class Replica:
     # -- supervision -------------------------------------------------------------------------------
 
     def run(self) -> None:
+        if self.stopping or self.runtime.closed:
+            return
         if self.supervisor is None or self.supervisor.done():
             self._set(PENDING, None, "checking the engine is installed")
             self.supervisor = asyncio.get_running_loop().create_task(self._supervise())
@@ -143,13 +146,19 @@ class Replica:
         env = {**os.environ, **self.plan.env}
         crashes = 0  # consecutive, for the back-off
         try:
-            while True:
+            # Checked at every step that leads to a start, not only through cancellation: a
+            # cancellation can be lost (Python 3.11's wait_for), and a supervisor that carries on
+            # after terminate() would start an engine nobody stops.
+            while not self._must_stop():
                 missing = await missing_engine(engine_argv(local.argv), env)
                 if missing:
                     hint = local.install_hint or f"install the {self.plan.backend} engine"
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{missing}. {hint}")
                     return
                 placement = await self._place()
+                if self._must_stop():
+                    self._release_devices()
+                    return
                 self.spawning = asyncio.get_running_loop().create_task(
                     self._spawn({**env, **placement.env()})
                 )
@@ -163,6 +172,8 @@ class Replica:
                     reason, cause = CRASH_LOOP, f"the engine could not be started: {err}"
                 else:
                     reason, cause = await self._watch()
+                    if self._must_stop():
+                        return
                     if self.last_exit_code == ENGINE_MISSING_EXIT and not self.was_ready:
                         # A launcher (sh -c, llmplane's engine shims) found no engine: the
                         # shell's "command not found" status. Restarting cannot help.
@@ -178,6 +189,8 @@ class Replica:
                 self._set(PENDING, reason, self._crash_message(cause, delay))
                 log.warning("%s: %s; restarting in %gs", self.name, cause, delay)
                 await asyncio.sleep(delay)
+                if self._must_stop():
+                    return
                 self.restarts += 1
         except asyncio.CancelledError:
             raise
@@ -188,9 +201,15 @@ class Replica:
                 await stop_group(self.proc, self.proc.pid, self.runtime.stop_timeout)
                 self._forget_process()
 
+    def _must_stop(self) -> bool:
+        return self.stopping or self.runtime.closed
+
     async def _spawn(self, env: dict[str, str]) -> None:
         local = self.plan.local
         assert local is not None
+        if self._must_stop():
+            self._release_devices()
+            return
         port = self.runtime.allocate_port(self.port)
         try:
             await self._start_process(env, port)
@@ -387,10 +406,12 @@ class Replica:
     # -- termination -------------------------------------------------------------------------------
 
     def begin_termination(self) -> None:
+        self.stopping = True
         self._set(TERMINATING, None, "draining" if self.was_ready else "stopping")
 
     async def terminate(self) -> None:
         """Stop supervising, drain (bounded by the grace period), SIGTERM, SIGKILL after 10 s."""
+        self.stopping = True
         if self.supervisor is not None:
             self.supervisor.cancel()
             await asyncio.wait([self.supervisor])

@@ -25,7 +25,7 @@ from llmplane.controlplane.plan import (
     WorkloadPlan,
 )
 from llmplane.runtime.local import LocalRuntime
-from llmplane.runtime.processes import is_alive
+from llmplane.runtime.processes import is_alive, spawn, stop_group
 from llmplane.testing import eventually, keeps
 
 FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))
@@ -500,3 +500,49 @@ async def test_engine_logs_are_rotated_by_size(tmp_path: Path) -> None:
         assert first_new > last_backup
     finally:
         await rt.shutdown()
+
+
+async def test_stop_group_obeys_a_cancellation_that_arrives_as_the_process_exits(
+    tmp_path: Path,
+) -> None:
+    # A replica's supervisor is cancelled by terminate() while it stops its engine. A
+    # cancellation landing in the loop iterations that deliver the engine's exit was lost
+    # (Python 3.11's wait_for returns the result then), and the supervisor carried on
+    # restarting the engine after shutdown. The loop sees the exit at a known point (returncode
+    # set, polled every iteration); cancelling 0..7 iterations later covers its delivery.
+    for k in range(8):
+        with open(tmp_path / "log", "ab") as log_file:
+            proc = await spawn(["sleep", "30"], dict(os.environ), log_file)
+        stopping = asyncio.ensure_future(stop_group(proc, proc.pid, 5))
+        try:
+            await eventually(lambda p=proc: p.returncode is not None, every=0, what="exit")
+            for _ in range(k):
+                await asyncio.sleep(0)
+            requested = stopping.cancel()
+            await asyncio.wait([stopping])
+            assert stopping.cancelled() or not requested, (
+                f"stop_group ran on after a cancellation {k} loop iterations after the exit"
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def test_realise_racing_shutdown_starts_no_engine(tmp_path: Path) -> None:
+    # ``up`` stopping while the controller's first realise() still takes the state directory:
+    # the realise must not start an engine after shutdown() returned.
+    seen: set[int] = set()
+    rt = LocalRuntime(tmp_path, lambda: seen.update(recorded_pids(tmp_path)), stop_timeout=2)
+    realising = asyncio.ensure_future(rt.realise(engine_plan()))
+    try:
+        await asyncio.sleep(0)  # realise() is inside start(), holding the start lock
+        await rt.shutdown()
+        done, _ = await asyncio.wait([realising], timeout=10)
+        assert done, "realise() did not return"
+        with pytest.raises(RuntimeError, match="shut down"):
+            realising.result()
+        assert rt.status(KEY) is None and not seen and recorded_pids(tmp_path) == []
+    finally:
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
