@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,25 @@ def wrk(
     finally:
         os.unlink(script.name)
     return parse_wrk(out)
+
+
+def measured_wrk(
+    url: str, body: bytes, concurrency: int, duration: float, pids: Sequence[int]
+) -> dict[str, Any]:
+    """One wrk cell (``wrk``'s figures) with the CPU the processes ``pids`` (and their children)
+    spent in it: ``cpu_per_1k`` seconds per 1,000 requests (NaN if none completed), its split
+    per pid (``cpu_split_per_1k``), ``cpu_util`` and the cell's ``wall`` seconds."""
+    cpu0 = [cpu_seconds(p) for p in pids]
+    t0 = time.monotonic()
+    r: dict[str, Any] = dict(wrk(url, body, concurrency, duration))
+    wall = time.monotonic() - t0
+    cpu = [cpu_seconds(p) - c0 for p, c0 in zip(pids, cpu0, strict=True)]
+    n = r["requests"]
+    r["wall"] = wall
+    r["cpu_per_1k"] = sum(cpu) * 1000 / n if n else float("nan")
+    r["cpu_split_per_1k"] = [x * 1000 / n if n else float("nan") for x in cpu]
+    r["cpu_util"] = sum(cpu) / wall
+    return r
 
 
 def write_section(name: str, text: str, path: Path = REPORT) -> Path:

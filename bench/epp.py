@@ -11,6 +11,8 @@ load, and in front of it, each its own process(es) on 127.0.0.1:
 - ``envoy+epp``: the same Envoy with the ext_proc filter calling ``llmplane epp`` (the
   bootstrap of ``llmplane.epp.envoy``: request headers and the buffered body to the picker,
   response headers and every body chunk back to it for usage and in-flight accounting);
+- ``envoy+epp-duplex``: the same with both bodies FULL_DUPLEX_STREAMED (the mode Gateway API
+  implementations configure for an InferencePool's picker), its own picker process;
 - ``llmplane``: ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log off);
 - ``vllm-router``: ``vllm-router`` (Rust, PyPI ``vllm-router``, the ``bench`` extra), policy
   round_robin.
@@ -32,17 +34,16 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from typing import Any
 
 from bench.common import (
     RESULTS,
-    cpu_seconds,
     free_port,
     gateway_proc,
     launch,
     machine,
     machine_line,
+    measured_wrk,
     store_objects,
     table,
     upstream_proc,
@@ -51,7 +52,7 @@ from bench.common import (
 )
 from bench.overhead import bodies
 
-SYSTEMS = ["direct", "envoy", "envoy+epp", "llmplane", "vllm-router"]
+SYSTEMS = ["direct", "envoy", "envoy+epp", "envoy+epp-duplex", "llmplane", "vllm-router"]
 
 
 def _envoy_only(listen: str, pool: list[str]) -> dict[str, Any]:
@@ -77,10 +78,10 @@ class Fleet:
         self.state_dir = tempfile.mkdtemp(prefix="bench-epp-")
 
     def pids(self, name: str) -> list[int]:
-        if name == "envoy+epp":
-            return [self.envoys[name].proc.pid, self.procs["epp"].pid]
+        if name.startswith("envoy+epp"):
+            return [self.envoys[name].pid, self.procs[f"{name}:picker"].pid]
         if name == "envoy":
-            return [self.envoys[name].proc.pid]
+            return [self.envoys[name].pid]
         return [self.procs[name].pid]
 
     def start(self) -> None:
@@ -102,21 +103,26 @@ class Fleet:
             self.envoys["envoy"] = envoy
             envoy.start()
             self.urls["envoy"] = f"http://{envoy.address}/v1/completions"
-        if "envoy+epp" in self.systems:
+        for name in ("envoy+epp", "envoy+epp-duplex"):
+            if name not in self.systems:
+                continue
             epp = launch(
-                "epp",
+                name,
                 ["python", "-m", "llmplane.epp.cli", "--port", "0", "--state-dir",
                  self.state_dir, "--no-access-log", "--log-level", "WARNING"],
             )  # fmt: skip
-            self.procs["epp"] = epp
-            picker = epp.ready()
-            envoy = Envoy(
-                bootstrap(listen="127.0.0.1:0", picker=picker, pool=[address], fail_open=False),
-                concurrency=2,
+            self.procs[f"{name}:picker"] = epp
+            config = bootstrap(
+                listen="127.0.0.1:0",
+                picker=epp.ready(),
+                pool=[address],
+                fail_open=False,
+                full_duplex=name.endswith("duplex"),
             )
-            self.envoys["envoy+epp"] = envoy
+            envoy = Envoy(config, concurrency=2)
+            self.envoys[name] = envoy
             envoy.start()
-            self.urls["envoy+epp"] = f"http://{envoy.address}/v1/completions"
+            self.urls[name] = f"http://{envoy.address}/v1/completions"
         if "vllm-router" in self.systems:
             if not shutil.which("vllm-router"):
                 print("skipping vllm-router: not installed (pip install vllm-router)")
@@ -160,20 +166,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     order = names[turn % len(names) :] + names[: turn % len(names)]
                     turn += 1
                     for name in order:
-                        pids = fleet.pids(name)
-                        cpu0 = [cpu_seconds(p) for p in pids]
-                        t0 = time.monotonic()
                         try:
-                            r = wrk(fleet.urls[name], payloads[mode], c, args.duration)
+                            r = measured_wrk(
+                                fleet.urls[name], payloads[mode], c, args.duration, fleet.pids(name)
+                            )
                         except Exception as err:
                             print(f"{mode} c={c} {name}: FAILED {err}", flush=True)
                             continue
-                        wall = time.monotonic() - t0
-                        cpu = [cpu_seconds(p) - c0 for p, c0 in zip(pids, cpu0, strict=True)]
-                        n = r["requests"] or 1
-                        r.update(system=name, mode=mode, c=c, round=round_, wall=wall)
-                        r["cpu_per_1k"] = sum(cpu) * 1000 / n
-                        r["cpu_split_per_1k"] = [x * 1000 / n for x in cpu]
+                        r.update(system=name, mode=mode, c=c, round=round_)
                         cells.append(r)
                         print(
                             f"r{round_} {mode:6s} c={c:<3d} {name:12s} {r['rps']:8.0f} req/s "
@@ -225,7 +225,7 @@ def report(res: dict[str, Any]) -> str:
                             diffs.append(r["p50"] - d[0]["p50"])
                     added = f"{statistics.median(diffs):+.2f}" if diffs else ""
                 cpu = f"{_median(mine, 'cpu_per_1k'):.3f}"
-                if s == "envoy+epp":
+                if s.startswith("envoy+epp"):
                     cpu += f" ({statistics.median(r['cpu_split_per_1k'][1] for r in mine):.3f})"
                 rows.append(
                     [

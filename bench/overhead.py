@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +40,12 @@ import orjson
 from bench.common import (
     IMG,
     RESULTS,
-    cpu_seconds,
     free_port,
     gateway_proc,
     launch,
     machine,
     machine_line,
+    measured_wrk,
     store_objects,
     table,
     upstream_proc,
@@ -174,18 +173,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 turn += 1
                 for name in order:
                     pid = fleet.procs[name].pid
-                    cpu0 = cpu_seconds(pid)
-                    t0 = time.monotonic()
                     try:
-                        r = wrk(fleet.urls[name], payloads[mode], c, args.duration)
+                        r = measured_wrk(fleet.urls[name], payloads[mode], c, args.duration, [pid])
                     except Exception as err:
                         print(f"{mode:6s} c={c:<4d} {name:18s} FAILED: {err}", flush=True)
                         continue
-                    wall = time.monotonic() - t0
-                    cpu = cpu_seconds(pid) - cpu0
-                    r.update(system=name, mode=mode, c=c, wall=wall)
-                    r["cpu_per_1k"] = cpu * 1000 / r["requests"] if r["requests"] else float("nan")
-                    r["cpu_util"] = cpu / wall
+                    r.update(system=name, mode=mode, c=c)
                     if mode == "stream":
                         r["tokens_per_s"] = r["rps"] * args.stream_tokens
                     cells.append(r)

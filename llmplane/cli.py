@@ -210,7 +210,15 @@ def _table(cls: type[Resource], items: list[dict[str, Any]], wide: bool, show_ns
         columns.append(("NAMESPACE", lambda o: o["metadata"].get("namespace")))
     columns.append(("NAME", lambda o: o["metadata"]["name"]))
     for title, _type, path in cls.printer_columns:
-        columns.append((title, lambda o, p=path: jsonpath(o, p)))
+        fallback = cls.printer_fallbacks.get(title)
+        columns.append(
+            (
+                title,
+                lambda o, p=path, f=fallback: (
+                    v if (v := jsonpath(o, p)) is not None or f is None else jsonpath(o, f)
+                ),
+            )
+        )
     columns.append(("AGE", lambda o: age(o["metadata"].get("creationTimestamp"))))
     if wide:
         columns.append(

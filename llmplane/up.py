@@ -105,10 +105,16 @@ class Platform:
         self.port = self.gateway.port
         from llmplane.controlplane.autoscaler import Autoscaler
         from llmplane.gateway.signals import GatewaySignals
+        from llmplane.runtime.usage import ProcessSignals
 
         self.autoscaler = Autoscaler(
-            self.store, self.runtime, GatewaySignals(self.gateway), self.autoscaler_config
+            self.store,
+            self.runtime,
+            GatewaySignals(self.gateway),
+            self.autoscaler_config,
+            extra=[ProcessSignals(self.runtime)],
         )
+        self.gateway.activator.wake = lambda workload: self.autoscaler.kick()
         self._tasks.append(asyncio.create_task(self.autoscaler.run(), name="autoscaler"))
 
     def spawn(self, coroutine: Any, name: str) -> None:

@@ -22,19 +22,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from llmplane.testing.browser import chromium
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama3-8b-sim"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1440,1000",
-]
 
 
 # One long system prompt shared by every request: the engines' prefix caches hit on it.
@@ -86,8 +77,6 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args()
 
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -124,14 +113,7 @@ def main() -> int:
             load(url, args.seconds, stop)
             time.sleep(args.seconds * 0.8)
 
-            options = webdriver.ChromeOptions()
-            options.binary_location = "/usr/bin/chromium"
-            for flag in FLAGS:
-                options.add_argument(flag)
-            options.add_argument(f"--user-data-dir={Path(tmp) / 'profile'}")
-            driver = webdriver.Chrome(
-                options=options, service=Service(executable_path="/usr/bin/chromedriver")
-            )
+            driver = chromium(Path(tmp) / "profile", height=1000)
             try:
                 wait = WebDriverWait(driver, 30)
                 driver.get(f"{url}/console/#chat")

@@ -181,6 +181,8 @@ class Resource(ApiModel):
     scale: ClassVar[tuple[str, str, str] | None] = None
     # kubectl-style printer columns: (name, type, jsonPath).
     printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    # Column title -> a JSONPath `llmplane get` shows when the column's own path finds nothing.
+    printer_fallbacks: ClassVar[dict[str, str]] = {}
 
     api_version: str
     kind: str

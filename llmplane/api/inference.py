@@ -84,16 +84,49 @@ class BackendRuntimeConfig(ApiModel):
     shared_memory_size: Quantity | None = None
 
 
+class AdapterSource(ApiModel):
+    """Where a LoRA adapter's files are: ``host:///abs/path`` (a directory the engine reads)."""
+
+    uri: str = Field(min_length=1)
+
+
+class LoraAdapter(ApiModel):
+    """llmplane extension (``Playground.spec.loraAdapters``): a LoRA adapter of the Playground's
+    model, routable by ``name``. The gateway loads it onto a replica through the engine's runtime
+    adapter API the first time a request names it and no replica holds it, and unloads the least
+    recently used adapter it loaded when a replica's adapter slots are full (vLLM needs
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    source: AdapterSource
+
+    def check(self, path: str) -> Iterator[Violation]:
+        uri = self.source.uri
+        if not uri.startswith("host:///"):
+            yield Violation(
+                join_path(join_path(path, "source"), "uri"),
+                "LoRA adapters load from host:///ABSOLUTE/PATH (a directory on the engine's host)",
+            )
+
+
 class PlaygroundSpec(ApiModel):
     replicas: int = Field(default=1, ge=0)
     model_claim: ModelClaim | None = None
     model_claims: ModelClaims | None = None
     backend_runtime_config: BackendRuntimeConfig = Field(default_factory=BackendRuntimeConfig)
     elastic_config: ElasticConfig | None = None
+    lora_adapters: list[LoraAdapter] | None = Field(default=None, max_length=256)
 
     def check(self, path: str) -> Iterator[Violation]:
         if (self.model_claim is None) == (self.model_claims is None):
             yield Violation(path, "exactly one of modelClaim or modelClaims must be set")
+        names = [a.name for a in self.lora_adapters or []]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                yield Violation(
+                    join_path(join_path(join_path(path, "loraAdapters"), i), "name"),
+                    f"adapter {name!r} is declared twice",
+                )
 
 
 class ScaleStatus(ApiModel):
@@ -120,6 +153,10 @@ class Playground(Resource):
         ("MODEL", "string", ".spec.modelClaim.modelName"),
         ("BACKEND", "string", ".spec.backendRuntimeConfig.backendName"),
     )
+    # `llmplane get` only (a CRD column has one path): MODEL for Playgrounds with modelClaims.
+    printer_fallbacks: ClassVar[dict[str, str]] = {
+        "MODEL": '.spec.modelClaims.models[?(@.role=="main")].name'
+    }
 
     api_version: Literal["inference.llmaz.io/v1alpha1"] = _API_VERSION
     kind: Literal["Playground"] = "Playground"

@@ -15,6 +15,7 @@ from typing import Any
 
 from llmplane.controlplane.events import events_for
 from llmplane.controlplane.plan import REPLICA_LABEL, SERVICE_LABEL
+from llmplane.store.base import Store
 
 MAX_EVENTS = 8
 
@@ -30,7 +31,7 @@ def _owned_by_playground(svc: dict[str, Any]) -> str | None:
     return None
 
 
-def _events(store: Any, *objs: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _events(store: Store, *objs: dict[str, Any] | None) -> list[dict[str, Any]]:
     found = []
     for obj in objs:
         if obj is None:
@@ -114,7 +115,7 @@ def _models_of(pg: dict[str, Any] | None, svc: dict[str, Any] | None) -> list[st
 
 
 def snapshot(
-    store: Any,
+    store: Store,
     runtime: Any = None,
     gateway: Any = None,
     prefix_rate: Callable[[str], float | None] = lambda _a: None,
@@ -158,6 +159,7 @@ def snapshot(
                     claimed.add(item.address)
                 replicas.append(_replica_view(item, endpoint))
             ready = status.ready
+            desired = status.replicas  # what the runtime runs now (an autoscaler may move it)
         else:
             for address, state in sorted(states.items()):
                 if state.endpoint.labels.get(SERVICE_LABEL) != name or (

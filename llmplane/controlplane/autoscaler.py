@@ -16,20 +16,26 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmplane.api.inference import BackendRuntime, Playground, ScaleTrigger
 from llmplane.api.llmaz import OpenModel
+from llmplane.api.units import parse_quantity
 from llmplane.controlplane import autoscaling
 from llmplane.controlplane.events import record_event
-from llmplane.controlplane.planning import Inputs, PlanningError, chosen_config_name
 from llmplane.store.base import Conflict, Store
 
 log = logging.getLogger("llmplane.autoscaler")
 
 RESCALE = "SuccessfulRescale"
+
+
+class ReplicaSource(Protocol):
+    """More per-replica signals (the local runtime's process CPU and memory)."""
+
+    def replica_signals(self, workload: str) -> Mapping[str, Mapping[str, float]]: ...
 
 
 class SignalSource(Protocol):
@@ -63,22 +69,6 @@ class _Tracked:
     reason: str = ""
 
 
-def recommended_trigger(
-    pg: Playground, backend: BackendRuntime | None, models: Mapping[str, OpenModel]
-) -> ScaleTrigger | None:
-    """The scaleTrigger of the BackendRuntime's recommended config this Playground runs with."""
-    if backend is None:
-        return None
-    try:
-        name = chosen_config_name(Inputs(pg, dict(models), backend))
-    except PlanningError:
-        return None
-    for config in backend.spec.recommended_configs or []:
-        if config.name == name:
-            return config.scale_trigger
-    return None
-
-
 def average(
     samples: deque[tuple[float, Mapping[str, Mapping[str, float]]]], addresses: set[str]
 ) -> dict[str, dict[str, float]]:
@@ -106,13 +96,20 @@ class Autoscaler:
         signals: SignalSource,
         config: AutoscalerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        extra: Sequence[ReplicaSource] = (),
     ) -> None:
         self.store = store
         self.runtime = runtime
         self.signals = signals
+        self.extra = list(extra)
         self.config = config or AutoscalerConfig()
         self.clock = clock
         self._tracked: dict[str, _Tracked] = {}
+        self._kicked = asyncio.Event()
+
+    def kick(self) -> None:
+        """Decide now (a request is waiting for a model without a replica)."""
+        self._kicked.set()
 
     async def run(self) -> None:
         while True:
@@ -120,7 +117,9 @@ class Autoscaler:
                 self.step()
             except Exception:  # a bug must not stop autoscaling for good
                 log.exception("autoscaling pass failed")
-            await asyncio.sleep(self.config.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kicked.wait(), self.config.interval)
+            self._kicked.clear()
 
     def _objects(self, kind: str, cls: Any) -> list[Any]:
         out = []
@@ -143,7 +142,7 @@ class Autoscaler:
             key = f"{pg.namespace}/{pg.name}"
             live.add(key)
             backend = backends.get(pg.spec.backend_runtime_config.backend_name)
-            self._one(pg, key, recommended_trigger(pg, backend, models), now)
+            self._one(pg, key, autoscaling.recommended_trigger(pg, backend, models), now)
         for key in set(self._tracked) - live:
             del self._tracked[key]
 
@@ -153,7 +152,11 @@ class Autoscaler:
         trigger = autoscaling.effective_trigger(elastic, recommended)
         assert trigger is not None
         tracked = self._tracked.setdefault(key, _Tracked())
-        sample = self.signals.replica_signals(key)
+        sample = {a: dict(v) for a, v in self.signals.replica_signals(key).items()}
+        for source in self.extra:
+            for address, values in source.replica_signals(key).items():
+                if address in sample:  # only replicas the gateway routes to
+                    sample[address].update(values)
         tracked.samples.append((now, sample))
         while tracked.samples and tracked.samples[0][0] < now - self.config.window:
             tracked.samples.popleft()
@@ -165,7 +168,10 @@ class Autoscaler:
 
         current = pg.spec.replicas
         averaged = average(tracked.samples, set(sample))
-        signals = [autoscaling.ReplicaSignals(values=v) for v in averaged.values()]
+        requests = self._requests(pg)
+        signals = [
+            autoscaling.ReplicaSignals(values=v, requests=requests) for v in averaged.values()
+        ]
         signals += [autoscaling.ReplicaSignals(ready=False)] * max(0, current - len(signals))
         decision = autoscaling.decide(
             current,
@@ -181,6 +187,21 @@ class Autoscaler:
         tracked.reason = decision.reason
         if decision.desired != current:
             self._scale(pg, decision.desired, decision.reason, current)
+
+    def _requests(self, pg: Playground) -> dict[str, float]:
+        """The replica's resource requests (cpu cores, memory bytes) from its Service."""
+        svc = self.store.get("Service", pg.name, pg.namespace) or {}
+        template = ((svc.get("spec") or {}).get("workloadTemplate") or {}).get("workerTemplate")
+        containers = ((template or {}).get("spec") or {}).get("containers") or []
+        wanted = (
+            ((containers[0].get("resources") or {}).get("requests") or {}) if containers else {}
+        )
+        out = {}
+        for name in ("cpu", "memory"):
+            if name in wanted:
+                with contextlib.suppress(ValueError):
+                    out[name] = float(parse_quantity(wanted[name]))
+        return out
 
     def _scale(self, pg: Playground, desired: int, reason: str, current: int) -> None:
         obj = self.store.get("Playground", pg.name, pg.namespace)

@@ -46,8 +46,16 @@ from llmplane.api.core import (
     MetricTarget,
     PodsMetricSource,
 )
-from llmplane.api.inference import ElasticConfig, HPATrigger, ScaleTrigger
+from llmplane.api.inference import (
+    BackendRuntime,
+    ElasticConfig,
+    HPATrigger,
+    Playground,
+    ScaleTrigger,
+)
+from llmplane.api.llmaz import OpenModel
 from llmplane.api.units import parse_quantity
+from llmplane.controlplane.planning import Inputs, PlanningError, chosen_config_name
 
 DEFAULT_TOLERANCE = 0.1
 DEFAULT_SCALE_UP_WINDOW = 0
@@ -150,14 +158,35 @@ class _Rules:
     tolerance: float
 
 
+def recommended_trigger(
+    pg: Playground, backend: BackendRuntime | None, models: Mapping[str, OpenModel]
+) -> ScaleTrigger | None:
+    """The scaleTrigger of the BackendRuntime's recommended config this Playground runs with."""
+    if backend is None:
+        return None
+    try:
+        name = chosen_config_name(Inputs(pg, dict(models), backend))
+    except PlanningError:
+        return None
+    for config in backend.spec.recommended_configs or []:
+        if config.name == name:
+            return config.scale_trigger
+    return None
+
+
 def effective_trigger(
     elastic: ElasticConfig | None, recommended: ScaleTrigger | None
 ) -> ScaleTrigger | None:
     """The trigger in force: the Playground's, else the recommended config's, else the default.
-    None without elasticConfig (a fixed number of replicas)."""
+    A trigger with ``behavior`` but no metrics gets the default's metric. None without
+    elasticConfig (a fixed number of replicas)."""
     if elastic is None:
         return None
-    return elastic.scale_trigger or recommended or DEFAULT_TRIGGER
+    trigger = elastic.scale_trigger or recommended or DEFAULT_TRIGGER
+    if not trigger.hpa.metrics:  # like an HPA without metrics (CPU 80 %): a default metric
+        hpa = trigger.hpa.model_copy(update={"metrics": DEFAULT_TRIGGER.hpa.metrics})
+        trigger = ScaleTrigger(hpa=hpa)
+    return trigger
 
 
 def bounds(elastic: ElasticConfig) -> tuple[int, int]:

@@ -245,8 +245,9 @@ class Controller:
             return
         stamp = f"{plan.template_hash()}:{plan.replicas}"
         if self._realised.get(key) != stamp:
-            self._realised[key] = stamp
+            self._realised[key] = ""  # the runtime may hold some of it: removed with the rest
             await self.runtime.realise(plan)
+            self._realised[key] = stamp  # only now: a realise that raised is tried again
         self._write_service_status(svc, workload_state(plan, self.runtime.status(key), selector))
 
     def _write_service_status(

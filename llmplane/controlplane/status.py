@@ -1,7 +1,7 @@
 """Status of OpenModel, Playground and Service: pure functions both substrates write with.
 
 The embedded controller (``controlplane/controller.py``) and the Kubernetes operator
-(``operator/reconcile.py``) observe different things (local replicas; LeaderWorkerSets and
+(``controlplane/kube_reconciler.py``, driven by ``operator/``) observe different things (local replicas; LeaderWorkerSets and
 Deployments) but turn them into a ``WorkloadState`` and then write exactly these statuses, so a
 resource reads the same on both. The conditions are llmaz's:
 

@@ -12,12 +12,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
-import signal
 import sys
 from collections.abc import Sequence
 
-from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
+from llmplane.gateway.cli import (
+    StartupError,
+    add_routing_arguments,
+    close_store,
+    configure,
+    open_sources,
+    until_signalled,
+)
+from llmplane.gateway.config import ConfigFileError, GatewayConfig
 
 DEFAULT_PORT = 9002  # InferencePool.spec.extensionRef's default port
 
@@ -40,63 +46,14 @@ def _parser() -> argparse.ArgumentParser:
         help="endpoints to name after the chosen one (comma-separated) for data planes that "
         "retry down the list; an ORIGINAL_DST cluster follows one address: keep 0 there",
     )
-    parser.add_argument(
-        "--state-dir", default=None, help="state directory (default $LLMPLANE_HOME or ~/.llmplane)"
-    )
-    parser.add_argument(
-        "--config", default=None, help="scheduler.yaml (EndpointPickerConfig + gateway: settings)"
-    )
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument(
-        "--no-access-log", action="store_true", help="do not print one JSON line per request"
-    )
-    kube = parser.add_argument_group("Kubernetes (in-cluster)")
-    kube.add_argument(
-        "--kubernetes",
-        action="store_true",
-        help="read routes from the Kubernetes API and route to ready Pods (in-cluster config, "
-        "else kubeconfig) instead of the state directory",
-    )
-    kube.add_argument(
-        "--namespace",
-        "-n",
-        action="append",
-        default=[],
-        help="with --kubernetes: namespace to read (repeatable; default 'all')",
-    )
-    kube.add_argument("--kube-server", help=argparse.SUPPRESS)  # API server URL (development)
+    add_routing_arguments(parser)  # the gateway's: --state-dir | --kubernetes, --config, logs
     return parser
-
-
-class StartupError(Exception):
-    """The picker cannot start for a reason the user can fix (said in one line)."""
 
 
 async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     from llmplane.epp.server import start_picker
-    from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
-    from llmplane.store.paths import open_store
 
-    if args.kubernetes:
-        from llmplane.gateway.discovery.pods import kubernetes_sources, parse_namespaces
-
-        try:
-            store, discovery = await kubernetes_sources(
-                parse_namespaces(args.namespace), args.kube_server
-            )
-        except Exception as e:  # kubernetes_asyncio's config and connection errors
-            raise StartupError(
-                "--kubernetes: no usable Kubernetes API (in-cluster config, else kubeconfig): "
-                f"{type(e).__name__}: {e}"
-            ) from None
-    else:
-        store = open_store(args.state_dir)
-        discovery = StoreEndpoints(store)
-
-    async def close_store() -> None:
-        aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
-        await aclose() if aclose is not None else store.close()
-
+    store, discovery = await open_sources(args)
     try:
         picker = await start_picker(
             store,
@@ -108,7 +65,7 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
             metrics_port=args.metrics_port,
         )
     except (OSError, RuntimeError) as e:  # grpc reports a busy port as RuntimeError
-        await close_store()
+        await close_store(store)
         raise StartupError(
             f"cannot listen on {args.host}:{args.port} (or --metrics-port): "
             f"{getattr(e, 'strerror', None) or e} (pass --port N, or --port 0 for any free port)"
@@ -117,16 +74,11 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     if picker.metrics_port is not None:
         line += f" metrics {picker.host}:{picker.metrics_port}"
     print(line, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         await picker.close()
-        await close_store()
+        await close_store(store)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,25 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    config = GatewayConfig()
-    if args.config is not None:
-        try:
-            config = load_checked(args.config)
-        except ConfigFileError as e:
-            print(f"llmplane epp: {e}", file=sys.stderr)
-            return 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    access = logging.getLogger("llmplane.gateway.access")
-    access.propagate = False
-    if args.no_access_log:
-        access.setLevel(logging.WARNING)
-    else:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)
-        access.setLevel(logging.INFO)
+    try:
+        config = configure(args)
+    except ConfigFileError as e:
+        print(f"llmplane epp: {e}", file=sys.stderr)
+        return 2
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(args, config))

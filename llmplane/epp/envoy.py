@@ -24,6 +24,10 @@ METADATA_NAMESPACE = "envoy.lb"
 # The data plane may restrict the pick to a subset of the pool (endpoint-picker protocol).
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# The data plane reports which of the named endpoints served (after retries down the list).
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+# The listener's buffer (a BUFFERED body must fit): the gateway's default body limit.
+BOOTSTRAP_MAX_BODY = 16 * 1024 * 1024
 
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
@@ -88,29 +92,35 @@ def bootstrap(
     fail_open: bool = True,
     admin: str = "127.0.0.1:0",
     message_timeout: str = "5s",
-    max_body: int = 16 * 1024 * 1024,
+    max_body: int = BOOTSTRAP_MAX_BODY,
+    full_duplex: bool = False,
 ) -> dict[str, Any]:
     """The bootstrap as a dict (write it as JSON or YAML; Envoy reads both).
 
     ``listen``, ``picker`` and ``admin`` are ``host:port`` (port 0: any free port, which
     Envoy reports on its admin ``/listeners``); ``pool`` is the replicas' ``ip:port`` list the
     FailOpen route balances over. A host name (the picker's Service) makes a STRICT_DNS
-    cluster.
+    cluster. ``full_duplex``: bodies FULL_DUPLEX_STREAMED both ways (with trailers), the mode
+    the Inference Extension's Gateway implementations configure, instead of the request body
+    BUFFERED and the response body STREAMED.
     """
     ext_proc = {
         "@type": _EXT_PROC,
         "grpc_service": {"envoy_grpc": {"cluster_name": "llmplane_epp"}},
         "failure_mode_allow": fail_open,
         "message_timeout": message_timeout,
-        # A subset hint another filter (or the Gateway implementation) sets reaches the picker.
-        "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
+        # A subset hint another filter (or the Gateway implementation) sets, and the endpoint
+        # that served (``envoy.lb``), reach the picker.
+        "metadata_options": {
+            "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE, METADATA_NAMESPACE]}
+        },
         "processing_mode": {
             "request_header_mode": "SEND",
-            "request_body_mode": "BUFFERED",
-            "request_trailer_mode": "SKIP",
+            "request_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "BUFFERED",
+            "request_trailer_mode": "SEND" if full_duplex else "SKIP",
             "response_header_mode": "SEND",
-            "response_body_mode": "STREAMED",
-            "response_trailer_mode": "SKIP",
+            "response_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "STREAMED",
+            "response_trailer_mode": "SEND" if full_duplex else "SKIP",
         },
     }
     # Before the route is chosen: a client-sent destination never selects the picked route.

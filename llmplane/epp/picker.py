@@ -1,12 +1,14 @@
 """The ext_proc service: one gRPC stream per HTTP request, run through the gateway's stages.
 
-Envoy sends the request headers, then the whole body (BUFFERED), then the response headers and
-each response body chunk (STREAMED). On the body the picker runs the gateway's own stages
-(``Gateway.route`` / ``admission.admit`` / ``Gateway.schedule`` / ``Gateway.finish`` on one
-``RequestContext``): parse the body once (model, stream) -> resolve the route (InferenceModel /
-ModelRoute rules, weighted splits, criticality) -> request hooks reserve (token rate limits) ->
-admission (no ready endpoint 503, Sheddable shed 429) -> scheduler pick (the prefix index
-learns the chosen endpoint) -> answer with the destination and, when the body changed (model
+Envoy sends the request headers, then the body, then the response headers and each response
+body chunk: the body BUFFERED and the response STREAMED (``llmplane.epp.envoy``'s default), or
+both FULL_DUPLEX_STREAMED (what Gateway API implementations configure; the picker then holds
+its answer to the headers until the body is in, and sends every body chunk back itself). On
+the whole body the picker runs the gateway's own stages (``Gateway.route`` / ``admit`` /
+``schedule`` / ``finish`` on one ``RequestContext``): parse the body once (model, stream) ->
+resolve the route (InferenceModel / ModelRoute rules, weighted splits, criticality) -> request
+hooks reserve (token rate limits) -> admission (no ready endpoint 503, Sheddable shed 429, a
+declared LoRA adapter loaded) -> scheduler pick (the prefix index learns the chosen endpoint) -> answer with the destination and, when the body changed (model
 rewrite, ``stream_options``), the new body. Refusals are immediate responses. The response
 side reads the status and the usage (the last ``usage`` object of the body or of the SSE
 stream) so the hooks settle on real token counts; the endpoint's in-flight count is released
@@ -67,8 +69,12 @@ class _Exchange:
 
     __slots__ = (
         "body",
+        "body_size",
         "ctx",
+        "duplex_request",
+        "duplex_response",
         "finished",
+        "picked",
         "reservations",
         "response_body",
         "routed",
@@ -80,11 +86,16 @@ class _Exchange:
     def __init__(self) -> None:
         self.ctx: RequestContext | None = None
         self.body: list[bytes] = []
+        self.body_size = 0
         self.reservations: list[tuple[RequestHook, object]] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
+        self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
         self.subset: frozenset[str] | None = None  # the data plane's subset hint
+        # FULL_DUPLEX_STREAMED bodies (else request BUFFERED, response STREAMED).
+        self.duplex_request = False
+        self.duplex_response = False
         self.routed = False  # the body arrived and went through the stages
         self.finished = False
 
@@ -108,15 +119,31 @@ class EndpointPickerService:
                         EnvoyRequest(protocol.headers_of(message.request_headers))  # type: ignore[arg-type]
                     )
                     ex.subset = protocol.subset_hint(message)
-                    yield protocol.CONTINUE_REQUEST_HEADERS
+                    ex.duplex_request, ex.duplex_response = protocol.full_duplex(message)
+                    if not ex.duplex_request or message.request_headers.end_of_stream:
+                        yield protocol.CONTINUE_REQUEST_HEADERS
+                    # Full duplex: the headers' answer waits for the body (it carries the
+                    # destination), as the protocol allows.
                 elif kind == "request_body":
                     part = message.request_body
-                    ex.body.append(part.body)
-                    if not part.end_of_stream:
-                        yield protocol.CONTINUE_REQUEST_BODY
+                    if ex.routed:  # refused already (too large): nothing more to answer
                         continue
-                    yield await self._route(ex)
+                    ex.body.append(part.body)
+                    ex.body_size += len(part.body)
+                    if ex.body_size > self.gateway.config.max_body_bytes:
+                        yield self._too_large(ex)
+                    elif part.end_of_stream:
+                        for reply in await self._route(ex):
+                            yield reply
+                    elif not ex.duplex_request:
+                        yield protocol.CONTINUE_REQUEST_BODY
+                elif kind == "request_trailers":
+                    if ex.duplex_request and not ex.routed:  # the body ended with trailers
+                        for reply in await self._route(ex):
+                            yield reply
+                    yield protocol.CONTINUE_REQUEST_TRAILERS
                 elif kind == "response_headers":
+                    self._served(ex, protocol.served_endpoint(message))
                     yield self._response_headers(ex, message.response_headers)
                 elif kind == "response_body":
                     part = message.response_body
@@ -126,9 +153,9 @@ class EndpointPickerService:
                         # request sees this one's tokens counted.
                         await self._finish(ex)
                     yield reply
-                elif kind == "request_trailers":
-                    yield protocol.CONTINUE_REQUEST_TRAILERS
                 elif kind == "response_trailers":
+                    if ex.duplex_response and not ex.finished:
+                        await self._finish(ex)  # the body ended with trailers
                     yield protocol.CONTINUE_RESPONSE_TRAILERS
         finally:
             ctx = ex.ctx
@@ -141,11 +168,25 @@ class EndpointPickerService:
 
     # --- request -----------------------------------------------------------------------------
 
-    async def _route(self, ex: _Exchange) -> Any:
+    def _too_large(self, ex: _Exchange) -> Any:
+        """413 for a body over the gateway's limit (Envoy streams a FULL_DUPLEX_STREAMED body
+        without a limit of its own); what was read is dropped."""
+        limit = self.gateway.config.max_body_bytes
+        err = GatewayError(
+            413, f"the request body is over the limit of {limit} bytes", "request_too_large"
+        )
+        ex.body = []
+        ex.routed = True
+        if ex.ctx is not None:
+            self.gateway.refused(ex.ctx, err)
+        return protocol.immediate(err)
+
+    async def _route(self, ex: _Exchange) -> list[Any]:
+        """The answers that route the request (or refuse it) once its body is complete."""
         gw = self.gateway
         ctx = ex.ctx
         if ctx is None:  # a body before any headers: not what Envoy does
-            return protocol.CONTINUE_REQUEST_BODY
+            return [protocol.CONTINUE_REQUEST_BODY]
         body = ex.body[0] if len(ex.body) == 1 else b"".join(ex.body)
         ex.body = []
         ex.routed = True
@@ -155,7 +196,7 @@ class EndpointPickerService:
             )
             decision = await gw.route(ctx, ex.reservations)
             now = time.monotonic()
-            candidates = gw.admission.admit(inference.model, decision, now)
+            candidates = await gw.admit(ctx, now)
             backend = decision.backend
             if ex.subset is not None:
                 candidates = in_subset(candidates, ex.subset, backend.address)
@@ -163,17 +204,37 @@ class EndpointPickerService:
             pick = gw.schedule(ctx, candidates, sched, min(len(candidates), 1 + self.fallbacks))
         except GatewayError as err:
             gw.refused(ctx, err)
-            return protocol.immediate(err)
+            return [protocol.immediate(err)]
         chosen = pick.endpoints[0]
         gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
         chosen.inflight += 1
         ex.state = chosen
         ctx.endpoint = backend.address(chosen)
         ctx.attempts = 1
+        ex.picked = {backend.address(e): e for e in pick.endpoints}
+        addresses = list(ex.picked)
+        if ex.duplex_request:
+            return protocol.route_to_streamed(addresses, inference.final_body())
         sent = inference.final_body() if inference.dirty else None
-        return protocol.route_to([backend.address(e) for e in pick.endpoints], sent)
+        return [protocol.route_to(addresses, sent)]
 
     # --- response ----------------------------------------------------------------------------
+
+    def _served(self, ex: _Exchange, address: str | None) -> None:
+        """The data plane went down the list to ``address``: count that endpoint instead."""
+        ctx, state = ex.ctx, ex.state
+        if address is None or ctx is None or state is None or address == ctx.endpoint:
+            return
+        served = ex.picked.get(address)
+        if served is None:  # not one the picker named: keep the accounting as it is
+            return
+        state.inflight -= 1
+        self.gateway.outliers.failure(state)  # passed over: it failed to connect or answer
+        served.inflight += 1
+        ex.state = served
+        ctx.failed(ctx.endpoint or "", "the data plane went on to the next endpoint")
+        ctx.endpoint = address
+        ctx.attempts += 1
 
     def _response_headers(self, ex: _Exchange, message: Any) -> Any:
         ctx = ex.ctx
@@ -193,9 +254,10 @@ class EndpointPickerService:
 
     def _response_chunk(self, ex: _Exchange, chunk: bytes, end: bool) -> Any:
         ctx, scanner = ex.ctx, ex.scanner
+        data: bytes | None = None  # the bytes to send on instead of ``chunk``
         if ctx is None:
-            return protocol.CONTINUE_RESPONSE_BODY
-        if scanner is not None:
+            pass
+        elif scanner is not None:
             if ctx.ttft is None and chunk:
                 ctx.ttft = time.perf_counter() - ctx.t0
             scanner.feed(chunk)
@@ -207,9 +269,13 @@ class EndpointPickerService:
                 data = relay.feed(chunk)
                 if end:
                     data += relay.flush()
-                return protocol.response_chunk(data)
         elif ex.response_body is not None:
             ex.response_body.append(chunk)
+        if ex.duplex_response:  # Envoy forwards only what comes back
+            body = chunk if data is None else data
+            return protocol.pb.ProcessingResponse(response_body=protocol.streamed_chunk(body, end))
+        if data is not None:
+            return protocol.response_chunk(data)
         return protocol.CONTINUE_RESPONSE_BODY
 
     # --- end ---------------------------------------------------------------------------------

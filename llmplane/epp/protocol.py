@@ -13,11 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from envoy.config.core.v3 import base_pb2  # type: ignore[import-not-found]
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import (  # type: ignore[import-not-found]
+    ProcessingMode,
+)
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb  # type: ignore[import-not-found]
 from envoy.type.v3 import http_status_pb2  # type: ignore[import-not-found]
 from google.protobuf import struct_pb2
 
-from llmplane.epp.envoy import DESTINATION_HEADER, METADATA_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE
+from llmplane.epp.envoy import (
+    DESTINATION_HEADER,
+    METADATA_NAMESPACE,
+    SERVED_KEY,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+)
 from llmplane.gateway.errors import GatewayError
 
 ProcessingRequest = pb.ProcessingRequest
@@ -42,6 +51,17 @@ def headers_of(message: pb.HttpHeaders) -> dict[str, str]:
     return out
 
 
+def full_duplex(message: pb.ProcessingRequest) -> tuple[bool, bool]:
+    """Whether the request and the response body come FULL_DUPLEX_STREAMED (the mode the
+    Inference Extension's Gateway implementations configure), from the protocol configuration
+    Envoy sends with the first message (absent before Envoy 1.3x: not full duplex)."""
+    if not message.HasField("protocol_config"):
+        return False, False
+    config = message.protocol_config
+    duplex = ProcessingMode.FULL_DUPLEX_STREAMED
+    return config.request_body_mode == duplex, config.response_body_mode == duplex
+
+
 def subset_hint(message: pb.ProcessingRequest) -> frozenset[str] | None:
     """The ``ip:port`` endpoints the data plane allows for this request (filter metadata
     ``envoy.lb.subset_hint`` / ``x-gateway-destination-endpoint-subset``), None if it set
@@ -60,6 +80,16 @@ def subset_hint(message: pb.ProcessingRequest) -> frozenset[str] | None:
     return frozenset()
 
 
+def served_endpoint(message: pb.ProcessingRequest) -> str | None:
+    """The endpoint the data plane says served the request (``envoy.lb`` /
+    ``x-gateway-destination-endpoint-served``, with the response), None if it does not say."""
+    namespaces = message.metadata_context.filter_metadata
+    if METADATA_NAMESPACE not in namespaces:
+        return None
+    value = namespaces[METADATA_NAMESPACE].fields.get(SERVED_KEY)
+    return value.string_value or None if value is not None else None
+
+
 def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key=key, raw_value=value.encode("latin-1"))
@@ -70,8 +100,14 @@ def _mutation(headers: Iterable[tuple[str, str]]) -> pb.HeaderMutation:
     return pb.HeaderMutation(set_headers=[_header(k, v) for k, v in headers])
 
 
+def _destination_metadata(value: str) -> struct_pb2.Struct:
+    metadata = struct_pb2.Struct()
+    metadata.fields[METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = value
+    return metadata
+
+
 def route_to(endpoints: Sequence[str], body: bytes | None) -> pb.ProcessingResponse:
-    """The answer to the buffered request body: where to send it, and the body to send when
+    """The answer to the BUFFERED request body: where to send it, and the body to send when
     the picker changed it (model rewrite, ``stream_options``)."""
     value = ",".join(endpoints)
     headers = [(DESTINATION_HEADER, value)]
@@ -80,11 +116,34 @@ def route_to(endpoints: Sequence[str], body: bytes | None) -> pb.ProcessingRespo
         headers.append(("content-length", str(len(body))))
         common.body_mutation.body = body
     common.header_mutation.CopyFrom(_mutation(headers))
-    metadata = struct_pb2.Struct()
-    metadata.fields[METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = value
     return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
+        request_body=pb.BodyResponse(response=common),
+        dynamic_metadata=_destination_metadata(value),
     )
+
+
+def route_to_streamed(endpoints: Sequence[str], body: bytes) -> list[pb.ProcessingResponse]:
+    """The answers in FULL_DUPLEX_STREAMED mode, sent once the whole body is in: the held
+    request-headers answer with the destination, then the body (Envoy forwards only what the
+    picker sends back; it drops ``content-length`` and sends the body chunked)."""
+    value = ",".join(endpoints)
+    head = pb.CommonResponse(clear_route_cache=True)
+    head.header_mutation.CopyFrom(_mutation([(DESTINATION_HEADER, value)]))
+    return [
+        pb.ProcessingResponse(
+            request_headers=pb.HeadersResponse(response=head),
+            dynamic_metadata=_destination_metadata(value),
+        ),
+        pb.ProcessingResponse(request_body=streamed_chunk(body, True)),
+    ]
+
+
+def streamed_chunk(body: bytes, end: bool) -> pb.BodyResponse:
+    """A body chunk sent back in FULL_DUPLEX_STREAMED mode."""
+    common = pb.CommonResponse()
+    common.body_mutation.streamed_response.body = body
+    common.body_mutation.streamed_response.end_of_stream = end
+    return pb.BodyResponse(response=common)
 
 
 def response_headers(extra: Mapping[str, str]) -> pb.ProcessingResponse:
@@ -99,7 +158,7 @@ def response_headers(extra: Mapping[str, str]) -> pb.ProcessingResponse:
 
 
 def response_chunk(body: bytes) -> pb.ProcessingResponse:
-    """The answer to one streamed response chunk, replacing it with ``body``."""
+    """The answer to one STREAMED response chunk, replacing it with ``body``."""
     common = pb.CommonResponse()
     common.body_mutation.body = body
     return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))

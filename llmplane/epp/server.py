@@ -17,6 +17,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from llmplane.epp.envoy import BOOTSTRAP_MAX_BODY
 from llmplane.epp.picker import EndpointPickerService
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Discovery
@@ -52,7 +53,17 @@ class EndpointPicker:
         self, host: str = "127.0.0.1", port: int = 0, metrics_port: int | None = None
     ) -> None:
         await self.gateway.start_routing()
-        server = self.server = grpc.aio.server()
+        # A message carries a whole request body (BUFFERED) and the rewritten body back: room
+        # for the gateway's body limit, and at least for the 16 MiB Envoy buffers with the
+        # bootstrap's defaults, so a body over a lower limit still gets the picker's 413
+        # (gRPC's own default, 4 MiB, would end the stream instead).
+        limit = max(self.gateway.config.max_body_bytes, BOOTSTRAP_MAX_BODY) + 65536
+        server = self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ]
+        )
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         bound = server.add_insecure_port(f"{host}:{port}")

@@ -15,8 +15,11 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
+from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.server import start_gateway
 from llmplane.store.paths import open_store
@@ -29,6 +32,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    add_routing_arguments(parser)
+    return parser
+
+
+# --- shared with ``llmplane epp`` (llmplane/epp/cli.py): same sources, config and logging ---
+
+
+def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the routing state comes from (state directory or Kubernetes), the scheduler
+    config and logging."""
     parser.add_argument(
         "--state-dir", default=None, help="state directory (default $LLMPLANE_HOME or ~/.llmplane)"
     )
@@ -54,69 +67,48 @@ def _parser() -> argparse.ArgumentParser:
         help="with --kubernetes: namespace to read (repeatable; default 'all')",
     )
     kube.add_argument("--kube-server", help=argparse.SUPPRESS)  # API server URL (development)
-    return parser
 
 
 class StartupError(Exception):
     """The gateway cannot start for a reason the user can fix (said in one line)."""
 
 
-async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
+async def open_sources(args: argparse.Namespace) -> tuple[Any, Discovery]:
+    """The store and the endpoint discovery ``add_routing_arguments`` chose."""
     if args.kubernetes:
         # Imported here: kubernetes_asyncio is an optional extra.
         from llmplane.gateway.discovery.pods import kubernetes_sources, parse_namespaces
 
         try:
-            store, discovery = await kubernetes_sources(
-                parse_namespaces(args.namespace), args.kube_server
-            )
+            return await kubernetes_sources(parse_namespaces(args.namespace), args.kube_server)
         except Exception as e:  # kubernetes_asyncio's config and connection errors
             raise StartupError(
                 "--kubernetes: no usable Kubernetes API (in-cluster config, else kubeconfig): "
                 f"{type(e).__name__}: {e}"
             ) from None
-    else:
-        store = open_store(args.state_dir)
-        discovery = StoreEndpoints(store)
+    store = open_store(args.state_dir)
+    return store, StoreEndpoints(store)
 
-    async def close_store() -> None:
-        aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
-        await aclose() if aclose is not None else store.close()
 
-    try:
-        from llmplane.console.api import Console
+async def close_store(store: Any) -> None:
+    aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
+    await aclose() if aclose is not None else store.close()
 
-        gateway = await start_gateway(
-            store, discovery, args.host, args.port, config, extensions=[Console]
-        )
-    except OSError as e:
-        await close_store()
-        raise StartupError(
-            f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
-            "(pass --port N, or --port 0 for any free port)"
-        ) from None
-    print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
+
+async def until_signalled() -> None:
+    """Return on SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await gateway.close()
-        await close_store()
+    await stop.wait()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    config = GatewayConfig()
-    if args.config is not None:
-        try:
-            config = load_checked(args.config)
-        except ConfigFileError as e:
-            print(f"llmplane gateway: {e}", file=sys.stderr)
-            return 2
+def configure(args: argparse.Namespace) -> GatewayConfig:
+    """``--config`` loaded and checked (``ConfigFileError`` says what is wrong), logging set
+    up: warnings and up on stderr, the JSON access log on stdout unless ``--no-access-log``."""
+    config = load_checked(args.config) if args.config is not None else GatewayConfig()
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -129,6 +121,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.setFormatter(logging.Formatter("%(message)s"))
         access.addHandler(handler)
         access.setLevel(logging.INFO)
+    return config
+
+
+# --- the gateway ------------------------------------------------------------------------------
+
+
+async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
+    store, discovery = await open_sources(args)
+    try:
+        gateway = await start_gateway(
+            store, discovery, args.host, args.port, config, extensions=[Console]
+        )
+    except OSError as e:
+        await close_store(store)
+        raise StartupError(
+            f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+            "(pass --port N, or --port 0 for any free port)"
+        ) from None
+    print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
+    try:
+        await until_signalled()
+    finally:
+        await gateway.close()
+        await close_store(store)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = configure(args)
+    except ConfigFileError as e:
+        print(f"llmplane gateway: {e}", file=sys.stderr)
+        return 2
     try:
         import uvloop
 

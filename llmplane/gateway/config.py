@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from llmplane.api import safe_yaml
+from llmplane.gateway.scheduler.config import build_scheduler
 
 
 @dataclass
@@ -67,6 +68,13 @@ class GatewayConfig:
     # Host names requests may name (port ignored) besides the loopback names a gateway on a
     # loopback address always accepts; "*" accepts any. See gateway/exposure.py.
     allowed_hosts: list[str] = field(default_factory=list)
+    # Activator (gateway/activator.py): requests for a model without a ready replica wait up
+    # to this long (0: answer 503 at once), at most this many and this many bytes per model;
+    # a 503 then says Retry-After this many seconds.
+    activator_hold_timeout: float = 60.0
+    activator_max_queue: int = 100
+    activator_max_queue_bytes: int = 64 * 1024 * 1024
+    activator_retry_after: float = 5.0
     # EndpointPickerConfig as a dict; None = the built-in default profile.
     scheduler: dict[str, Any] | None = None
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).
@@ -123,8 +131,6 @@ class ConfigFileError(ValueError):
 def load_checked(path: str | Path) -> GatewayConfig:
     """``load_config`` plus building its scheduling profiles, so that a bad file is refused
     before anything starts, with one line saying why (no traceback)."""
-    from llmplane.gateway.scheduler.config import build_scheduler
-
     try:
         config = load_config(path)
         build_scheduler(config.scheduler)

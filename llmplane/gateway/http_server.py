@@ -2,7 +2,7 @@
 
 Why not aiohttp's server: for every request it builds a header multidict, a Request with URL
 parsing, a payload stream, a response with a header multidict of its own, and runs the handler
-through several coroutine layers. With the upstream client already lean (upstream.py), py-spy
+through several coroutine layers. With the upstream client already lean (upstream_client.py), py-spy
 showed that as the largest share of the gateway's Python time per request. Here a request is
 parsed by httptools' callbacks into plain slotted objects, a response is one
 ``transport.write``, and a stream is chunked by hand.
@@ -14,7 +14,9 @@ lets in-flight requests finish. A handler is cancelled when its client goes away
 default is to let it run): its upstream connection closes and the engine aborts the request.
 
 The request/response classes keep the attribute names of aiohttp's (``headers``, ``path_qs``;
-``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same.
+``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same. Over 500
+lines on purpose: the parser callbacks, the per-connection queue and the response writers share
+one connection state.
 """
 
 from __future__ import annotations

@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from llmplane.gateway.registry import EndpointState
 
 access_log = logging.getLogger("llmplane.gateway.access")
 
@@ -127,132 +130,105 @@ class _FastCollector:
             yield metric.collect()
 
 
+# Per endpoint, from its state at ``now``: (family, metric name, help, value; None leaves the
+# endpoint out).
+# fmt: off
+_PER_ENDPOINT: tuple[tuple[Any, str, str, Callable[[EndpointState, float], float | None]], ...] = (
+    (GaugeMetricFamily, "llmplane_gateway_endpoint_inflight", "Requests in flight per endpoint", lambda s, now: s.inflight),
+    (GaugeMetricFamily, "llmplane_gateway_endpoint_waiting", "Waiting requests per endpoint, as last scraped", lambda s, now: s.waiting),
+    (GaugeMetricFamily, "llmplane_gateway_endpoint_kv_usage", "KV-cache utilisation per endpoint, as last scraped", lambda s, now: s.kv_usage),
+    (GaugeMetricFamily, "llmplane_gateway_endpoint_ejected", "1 while the endpoint is ejected", lambda s, now: 1.0 if s.ejected(now) else 0.0),
+    (CounterMetricFamily, "llmplane_gateway_endpoint_prefix_cache_hits", "Prompt tokens the endpoint's engine found in its prefix cache, as last scraped", lambda s, now: s.prefix_hits if s.prefix_queries else None),
+    (CounterMetricFamily, "llmplane_gateway_endpoint_prefix_cache_queries", "Prompt tokens the endpoint's engine looked up in its prefix cache, as last scraped", lambda s, now: s.prefix_queries or None),
+)
+# fmt: on
+
+
 class _EndpointCollector:
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
 
     def collect(self) -> Any:
-        inflight = GaugeMetricFamily(
-            "llmplane_gateway_endpoint_inflight",
-            "Requests in flight per endpoint",
-            labels=["endpoint"],
-        )
-        queue = GaugeMetricFamily(
-            "llmplane_gateway_endpoint_waiting",
-            "Waiting requests per endpoint, as last scraped",
-            labels=["endpoint"],
-        )
-        kv = GaugeMetricFamily(
-            "llmplane_gateway_endpoint_kv_usage",
-            "KV-cache utilisation per endpoint, as last scraped",
-            labels=["endpoint"],
-        )
-        ejected = GaugeMetricFamily(
-            "llmplane_gateway_endpoint_ejected",
-            "1 while the endpoint is ejected",
-            labels=["endpoint"],
-        )
-        prefix_hits = CounterMetricFamily(
-            "llmplane_gateway_endpoint_prefix_cache_hits",
-            "Prompt tokens the endpoint's engine found in its prefix cache, as last scraped",
-            labels=["endpoint"],
-        )
-        prefix_queries = CounterMetricFamily(
-            "llmplane_gateway_endpoint_prefix_cache_queries",
-            "Prompt tokens the endpoint's engine looked up in its prefix cache, as last scraped",
-            labels=["endpoint"],
-        )
+        now = time.monotonic()
+        states = list(self.gateway.registry.states.values())
+        for family_type, name, doc, value_of in _PER_ENDPOINT:
+            family = family_type(name, doc, labels=["endpoint"])
+            for state in states:
+                value = value_of(state, now)
+                if value is not None:
+                    family.add_metric([state.address], value)
+            yield family
         endpoints = GaugeMetricFamily(
             "llmplane_gateway_model_endpoints",
             "Ready endpoints (replicas) per served model name",
             labels=["model"],
         )
         per_model: dict[str, int] = {}
-        now = time.monotonic()
-        for state in list(self.gateway.registry.states.values()):
-            inflight.add_metric([state.address], state.inflight)
-            queue.add_metric([state.address], state.waiting)
-            kv.add_metric([state.address], state.kv_usage)
-            ejected.add_metric([state.address], 1.0 if state.ejected(now) else 0.0)
-            if state.prefix_queries:
-                prefix_hits.add_metric([state.address], state.prefix_hits)
-                prefix_queries.add_metric([state.address], state.prefix_queries)
+        for state in states:
             model = state.endpoint.model_name
             per_model[model] = per_model.get(model, 0) + 1
         for model, n in sorted(per_model.items()):
             endpoints.add_metric([model], n)
-        yield from (inflight, queue, kv, ejected, prefix_hits, prefix_queries, endpoints)
+        yield endpoints
+
+
+# The request path's metrics: attribute -> (metric name, help, label names, histogram buckets;
+# None for a counter).
+# fmt: off
+_REQUEST_METRICS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...] | None]] = {
+    "requests": ("llmplane_gateway_requests", "Requests by model, route, endpoint and status", ("model", "route", "endpoint", "status"), None),
+    "e2e": ("llmplane_gateway_request_duration_seconds", "End-to-end request latency at the gateway", ("model",), LATENCY_BUCKETS),
+    "ttft": ("llmplane_gateway_time_to_first_token_seconds", "Time to the first streamed chunk", ("model",), LATENCY_BUCKETS),
+    "tpot": ("llmplane_gateway_time_per_output_token_seconds", "Time per output token after the first (streaming)", ("model",), TPOT_BUCKETS),
+    "prompt_tokens": ("llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ("model",), None),
+    "output_tokens": ("llmplane_gateway_output_tokens", "Output tokens (from usage)", ("model",), None),
+    "scheduling": ("llmplane_gateway_scheduling_duration_seconds", "Time to pick an endpoint (filters, scorers, picker)", (), SCHED_BUCKETS),
+    "shed": ("llmplane_gateway_shed", "Sheddable requests refused (429)", ("model",), None),
+    "retries": ("llmplane_gateway_retries", "Requests sent again to another endpoint", ("model",), None),
+    "stalls": ("llmplane_gateway_stream_stalls", "Streams ended because the upstream sent nothing for the stall timeout", ("route",), None),
+    "ejections": ("llmplane_gateway_ejections", "Endpoints ejected after repeated failures", ("endpoint",), None),
+    "pd_requests": ("llmplane_gateway_pd_requests", "Requests served by a prefill/decode pair, by model and KV connector", ("model", "connector"), None),
+    "pd_prefill": ("llmplane_gateway_pd_prefill_duration_seconds", "Prefill request latency (sent to response read) in prefill/decode serving", ("model",), LATENCY_BUCKETS),
+}
+# fmt: on
 
 
 class GatewayMetrics:
+    """The request path's metrics (one attribute per ``_REQUEST_METRICS`` entry) and the
+    per-endpoint gauges, on one registry of the gateway's own."""
+
+    requests: Counter
+    e2e: Histogram
+    ttft: Histogram
+    tpot: Histogram
+    prompt_tokens: Counter
+    output_tokens: Counter
+    scheduling: Histogram
+    shed: Counter
+    retries: Counter
+    stalls: Counter
+    ejections: Counter
+    pd_requests: Counter
+    pd_prefill: Histogram
+
     def __init__(self, gateway: Any = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        r = self.registry
-        self.requests = Counter(
-            "llmplane_gateway_requests",
-            "Requests by model, route, endpoint and status",
-            ["model", "route", "endpoint", "status"],
-        )
-        self.e2e = Histogram(
-            "llmplane_gateway_request_duration_seconds",
-            "End-to-end request latency at the gateway",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-        )
-        self.ttft = Histogram(
-            "llmplane_gateway_time_to_first_token_seconds",
-            "Time to the first streamed chunk",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-        )
-        self.tpot = Histogram(
-            "llmplane_gateway_time_per_output_token_seconds",
-            "Time per output token after the first (streaming)",
-            ["model"],
-            buckets=TPOT_BUCKETS,
-        )
-        self.prompt_tokens = Counter(
-            "llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ["model"]
-        )
-        self.output_tokens = Counter(
-            "llmplane_gateway_output_tokens", "Output tokens (from usage)", ["model"]
-        )
-        self.scheduling = Histogram(
-            "llmplane_gateway_scheduling_duration_seconds",
-            "Time to pick an endpoint (filters, scorers, picker)",
-            buckets=SCHED_BUCKETS,
-        )
-        self.shed = Counter("llmplane_gateway_shed", "Sheddable requests refused (429)", ["model"])
-        self.retries = Counter(
-            "llmplane_gateway_retries",
-            "Requests sent again to another endpoint",
-            ["model"],
-        )
-        self.stalls = Counter(
-            "llmplane_gateway_stream_stalls",
-            "Streams ended because the upstream sent nothing for the stall timeout",
-            ["route"],
-        )
-        self.ejections = Counter(
-            "llmplane_gateway_ejections",
-            "Endpoints ejected after repeated failures",
-            ["endpoint"],
-        )
-        self.pd_requests = Counter(
-            "llmplane_gateway_pd_requests",
-            "Requests served by a prefill/decode pair, by model and KV connector",
-            ["model", "connector"],
-        )
-        self.pd_prefill = Histogram(
-            "llmplane_gateway_pd_prefill_duration_seconds",
-            "Prefill request latency (sent to response read) in prefill/decode serving",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-        )
-        fast = [v for v in vars(self).values() if isinstance(v, Counter | Histogram)]
-        r.register(_FastCollector(fast))  # type: ignore[arg-type]
+        fast: list[Counter | Histogram] = []
+        for attribute, (name, doc, labels, buckets) in _REQUEST_METRICS.items():
+            metric = (
+                Counter(name, doc, labels)
+                if buckets is None
+                else Histogram(name, doc, labels, buckets)
+            )
+            setattr(self, attribute, metric)
+            fast.append(metric)
+        self.registry.register(_FastCollector(fast))  # type: ignore[arg-type]
         if gateway is not None:
-            r.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
+            self.registry.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
+
+    def add(self, metrics: list[Counter | Histogram]) -> None:
+        """Export request-path metrics kept by another module (the activator's)."""
+        self.registry.register(_FastCollector(metrics))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

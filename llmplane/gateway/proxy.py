@@ -207,12 +207,12 @@ class Proxy:
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        if self.pool is not None:
-            await self.pool.close()
-            self.pool = None
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await pool.close()
 
     async def _watch(self) -> None:
         """End streams whose upstream went quiet: one sweep for all of them, instead of a

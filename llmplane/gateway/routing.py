@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,13 @@ from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.playgrounds import (
+    DeclaredAdapter,
+    declared_adapters,
+    failing_reason,
+    playground_models,
+    reported_adapters,
+)
 from llmplane.gateway.registry import EndpointState
 
 log = logging.getLogger("llmplane.gateway")
@@ -93,6 +100,7 @@ class Decision:
     model: str  # the model name sent upstream
     criticality: str = "Default"
     lora: bool = False
+    load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
 
 
 # --- matching -------------------------------------------------------------------------------
@@ -173,11 +181,16 @@ class RoutingTable:
     defaults: dict[str, Backend] = field(default_factory=dict)
     placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
     failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
+    adapters: set[str] = field(default_factory=set)  # LoRA adapters among ``defaults``
+    declared: dict[str, tuple[DeclaredAdapter, Backend]] = field(default_factory=dict)
+    # Placeholders whose requests the activator may hold -> their workload (namespace/name).
+    activatable: dict[str, str] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
 
     def model_names(self) -> list[str]:
         names = set(self.routes_by_model) | set(self.routes_by_lora)
         names |= set(self.inference_models) | set(self.defaults) | self.placeholders
+        names |= set(self.declared)
         return sorted(names)
 
     def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> Decision:
@@ -202,7 +215,13 @@ class RoutingTable:
             return Decision(ref, backend, target, criticality)
         backend = self.defaults.get(model)
         if backend is not None:
-            return Decision(backend.ref, backend, backend.model or model)
+            return Decision(
+                backend.ref, backend, backend.model or model, lora=model in self.adapters
+            )
+        declared = self.declared.get(model)
+        if declared is not None:
+            adapter, backend = declared
+            return Decision(backend.ref, backend, model, lora=True, load=adapter)
         if model in self.placeholders:
             failing = self.failing.get(model)
             raise GatewayError(
@@ -292,20 +311,6 @@ def _limits(meta: Mapping[str, Any], config: GatewayConfig) -> dict[str, float |
     }
 
 
-def _playground_models(spec: Mapping[str, Any]) -> list[str]:
-    claim = spec.get("modelClaim")
-    if isinstance(claim, Mapping) and claim.get("modelName"):
-        return [claim["modelName"]]
-    claims = spec.get("modelClaims")
-    if isinstance(claims, Mapping):
-        return [
-            m["name"]
-            for m in claims.get("models") or []
-            if isinstance(m, Mapping) and m.get("name") and m.get("role", "main") == "main"
-        ]
-    return []
-
-
 def _valid(
     table: RoutingTable, by_kind: dict[str, list[dict[str, Any]]], kind: str, model: Any
 ) -> Iterator[tuple[dict[str, Any], str, str, Any]]:
@@ -322,33 +327,26 @@ def _valid(
         yield meta, ref, meta.get("namespace") or "default", parsed
 
 
-# Playground conditions that mean the engine cannot serve until someone acts (see runtime/status.py).
-_FAILING_REASONS = frozenset(
-    {
-        "CrashLoopBackOff",
-        "StartupProbeFailed",
-        "LivenessProbeFailed",
-        "EngineNotInstalled",
-        "NoLocalCommand",
-    }
-)
-
-
-def _failing(playground: Mapping[str, Any]) -> str | None:
-    """Why a Playground's engine is failing, from its Available condition; None if it is not."""
-    conditions = (playground.get("status") or {}).get("conditions") or []
-    available = next(
-        (c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Available"), None
-    )
-    if available is None or available.get("reason") not in _FAILING_REASONS:
-        return None
-    meta = playground.get("metadata") or {}
-    namespace = meta.get("namespace") or "default"
-    where = f" -n {namespace}" if namespace != "default" else ""
-    first = str(available.get("message") or "").split("\n", 1)[0]
-    if "llmplane logs" not in first:
-        first += f"; see `llmplane logs pl/{meta.get('name')}{where}`"
-    return f"its engine is failing ({available['reason']}): {first}"
+def _adapter_routes(
+    table: RoutingTable,
+    states: Iterable[EndpointState],
+    playgrounds: list[dict[str, Any]],
+    by_name: Mapping[str, list[EndpointState]],
+    fields: Callable[[str], dict[str, Any]],
+) -> None:
+    """LoRA adapters need no YAML: those a replica reports route to the replicas holding them;
+    those declared on a Playground and held by none route to its replicas, marked for loading
+    (``gateway/adapters.py``). ``fields(base_model)``: the base model's Backend settings."""
+    for name, members in reported_adapters(states).items():
+        if name not in table.defaults:  # a model of that name is served: the name means it
+            base = members[0].endpoint.model_name
+            table.defaults[name] = Backend(f"LoRA/{name}", tuple(members), **fields(base))
+            table.adapters.add(name)
+    for adapter in declared_adapters(playgrounds):
+        if adapter.name not in table.defaults and adapter.name not in table.declared:
+            candidates = tuple(by_name.get(adapter.base, ()))
+            backend = Backend(f"LoRA/{adapter.name}", candidates, **fields(adapter.base))
+            table.declared[adapter.name] = (adapter, backend)
 
 
 def build_table(
@@ -486,13 +484,17 @@ def build_table(
     profiles: dict[str, str | None] = {}
     limits: dict[str, dict[str, float | None]] = {}
     for obj in by_kind["Playground"]:
-        failing = _failing(obj)
-        for name in _playground_models(obj.get("spec") or {}):
+        failing = failing_reason(obj)
+        for name in playground_models(obj.get("spec") or {}):
             table.placeholders.add(name)
             profiles.setdefault(name, _profile(obj["metadata"]))
             limits.setdefault(name, _limits(obj["metadata"], config))
             if failing:
                 table.failing.setdefault(name, failing)
+            else:
+                meta = obj["metadata"]
+                workload = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+                table.activatable.setdefault(name, workload)
     for name, members in by_name.items():
         served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
         rewrite = served.pop() if len(served) == 1 else None
@@ -504,7 +506,22 @@ def build_table(
             profile=profiles.get(name),
             **defaults,
         )
+    _adapter_routes(
+        table,
+        states,
+        by_kind["Playground"],
+        by_name,
+        lambda base: {
+            **(limits.get(base) or _limits({}, config)),
+            "profile": profiles.get(base),
+            **defaults,
+        },
+    )
     table.placeholders -= set(table.defaults)
+    for name in set(table.activatable) - table.placeholders:
+        del table.activatable[name]
+    for name in table.failing:  # one failing Playground for the name: say so, do not hold
+        table.activatable.pop(name, None)
     for ref, problem in table.problems.items():
         log.warning("routing ignores %s: %s", ref, problem)
     return table

@@ -26,7 +26,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -204,11 +204,18 @@ def apply_metrics(state: EndpointState, m: LoadMetrics, now: float) -> None:
     state.scrape_ok = True
 
 
+# EndpointState.extra key: when the gateway itself changed the endpoint's model list (LoRA).
+MODELS_CHANGED_AT = "models_changed_at"
+
+
 class Scraper:
     """One background task per endpoint, started and stopped as endpoints come and go."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(
+        self, config: GatewayConfig, on_models_changed: Callable[[], None] | None = None
+    ) -> None:
         self.config = config
+        self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
         self.scrapes: dict[str, int] = {}  # /metrics requests per endpoint (tests, debugging)
@@ -280,6 +287,7 @@ class Scraper:
         return True
 
     async def refresh_models(self, state: EndpointState) -> None:
+        started = time.monotonic()
         try:
             async with self._session().get(f"http://{state.address}/v1/models") as resp:
                 if resp.status != 200:
@@ -289,9 +297,19 @@ class Scraper:
             return
         data = doc.get("data") if isinstance(doc, dict) else None
         if isinstance(data, list):
-            state.served_models = frozenset(
+            served = frozenset(
                 str(m["id"]) for m in data if isinstance(m, dict) and m.get("id") is not None
             )
+            if state.extra.get(MODELS_CHANGED_AT, 0.0) > started:
+                return  # an adapter was loaded or unloaded meanwhile: this list may predate it
+            if served != state.served_models:
+                state.served_models = served
+                if self.on_models_changed is not None:
+                    self.on_models_changed()  # LoRA adapters came or went: routes change
+
+    def client(self) -> aiohttp.ClientSession:
+        """The scraper's HTTP session (engine-side admin calls share it)."""
+        return self._session()
 
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval

@@ -19,14 +19,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
+from llmplane.gateway.activator import Activator
+from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.discovery import CombinedDiscovery, Discovery
+from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
@@ -51,6 +53,17 @@ INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
 
 
+class Extension(Protocol):
+    """More routes beside the API's, started and closed with the gateway (the web console,
+    ``llmplane.console.api.Console``). Its routes never replace the gateway's own."""
+
+    def routes(self) -> dict[tuple[str, str], Handler]: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Gateway:
     def __init__(
         self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
@@ -60,13 +73,17 @@ class Gateway:
         self.discovery = discovery
         self.registry = EndpointRegistry()
         self.scheduler = build_scheduler(self.config.scheduler)
-        self.scraper = Scraper(self.config)
+        self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
+        self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
+        self.activator = Activator(self.config)
+        self.metrics.add(self.activator.metrics.all())
+        self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
@@ -82,9 +99,7 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
-        # Extra GET pages with their own lifecycle (the web console): routes() -> {(method,
-        # path): handler} added beside the API's, start() / close() with the gateway.
-        self.extensions: list[Any] = []
+        self.extensions: list[Extension] = []  # the web console
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -115,17 +130,14 @@ class Gateway:
         if self.store is not None:
             self._follower = StoreFollower(self.store, ROUTE_KINDS, self._objects_changed)
             await self._follower.start()
-        for source in self._discovery_sources():
-            start = getattr(source, "start", None)
-            if start is not None and asyncio.iscoroutinefunction(start):
-                await start()
+        for source in self._following():
+            await source.start()
 
-    def _discovery_sources(self) -> list[Any]:
-        """The sources with a lifecycle of their own (``start`` / ``close`` coroutines)."""
+    def _following(self) -> list[Following]:
+        """The discovery sources that follow a watch of their own."""
         discovery = self.discovery
-        if isinstance(discovery, CombinedDiscovery):
-            return [*discovery.sources]
-        return [discovery]
+        sources = discovery.sources if isinstance(discovery, CombinedDiscovery) else (discovery,)
+        return [s for s in sources if isinstance(s, Following)]
 
     async def close(self) -> None:
         if self.http is not None:
@@ -135,10 +147,8 @@ class Gateway:
             await extension.close()
         if self._follower is not None:
             await self._follower.close()
-        for source in self._discovery_sources():
-            close = getattr(source, "close", None)
-            if close is not None and asyncio.iscoroutinefunction(close):
-                await close()
+        for source in self._following():
+            await source.close()
         await self.scraper.close()
         await self.ratelimiter.close()
         await self.proxy.close()
@@ -167,6 +177,7 @@ class Gateway:
         added, removed = self.registry.sync(self.discovery.endpoints())
         for state in removed:
             self.scraper.remove(state)
+            self.adapters.forget(state.address)
             self.scheduler.on_remove(state)
             self._leaving[state.endpoint.address] = state  # still counted while draining
         for state in added:
@@ -185,6 +196,8 @@ class Gateway:
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
+        if self.activator.queues:
+            self.activator.release(self.table.activatable.__contains__)
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -217,9 +230,11 @@ class Gateway:
         rewrite the model the route sends."""
         inference = ctx.inference
         assert inference is not None
-        decision = ctx.decision = self.table.resolve(
-            inference.model, inference.path, ctx.request.headers
-        )
+        try:
+            decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
+        except GatewayError as err:
+            decision = await self._activate(err, inference, ctx.request.headers)
+        ctx.decision = decision
         for hook in self.hooks:
             reservation = await hook.reserve(inference, decision)
             reservations.append((hook, reservation))
@@ -256,6 +271,17 @@ class Gateway:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)
 
+    async def _activate(
+        self, err: GatewayError, inference: InferenceRequest, headers: Any
+    ) -> Decision:
+        """A model without a ready replica: hold the request at the activator until one is
+        ready, then resolve again; anything else re-raises ``err``."""
+        workload = self.table.activatable.get(inference.model)
+        if err.code != "no_ready_endpoint" or workload is None:
+            raise err
+        await self.activator.hold(inference.model, workload, len(inference.body))
+        return self.table.resolve(inference.model, inference.path, headers)
+
     def _body(self, request: HttpRequest) -> bytes:
         """The body, or 413 if the HTTP server found it over the limit (and did not keep it)."""
         if request.too_large:
@@ -274,7 +300,7 @@ class Gateway:
         assert inference is not None and decision is not None
         backend = decision.backend
         now = time.monotonic()
-        candidates = self.admission.admit(inference.model, decision, now)
+        candidates = await self.admit(ctx, now)
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
@@ -282,6 +308,17 @@ class Gateway:
         n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
         pick = self.schedule(ctx, candidates, sched, n)
         return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
+
+    async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
+        """The candidates admission lets the request use (503 none ready, 429 Sheddable shed),
+        with a declared LoRA adapter loaded first where no replica holds it yet."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
+        candidates = self.admission.admit(inference.model, decision, now)
+        if decision.load is not None:
+            candidates = await self.adapters.ensure(decision.load, candidates)
+            self._rebuild()
+        return candidates
 
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision
@@ -306,6 +343,8 @@ class Gateway:
         assert ctx.decision is not None
         ts = time.perf_counter()
         pick = self.scheduler.pick(sched, candidates, n, ctx.decision.backend.profile)
+        if ctx.decision.lora and pick.endpoints:
+            self.adapters.touch(pick.endpoints[0].address, ctx.decision.model)
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
@@ -391,7 +430,7 @@ async def start_gateway(
     host: str = "127.0.0.1",
     port: int = 0,
     config: GatewayConfig | None = None,
-    extensions: Sequence[Callable[[Gateway], Any]] = (),
+    extensions: Sequence[Callable[[Gateway], Extension]] = (),
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
     ``extensions`` made from it (``llmplane.console.Console``)."""

@@ -45,4 +45,4 @@ class GatewaySignals:
         return total + sum(s.inflight for s in self._states(workload))
 
     def held(self, workload: str) -> int:
-        return 0  # nothing is held until the gateway has an activator (issue 14, step 4)
+        return int(self.gateway.activator.held_for(workload))

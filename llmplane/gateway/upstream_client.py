@@ -11,6 +11,9 @@ body in one ``write`` and parses responses (Content-Length, chunked, or until cl
 Errors: ``UpstreamError`` (an ``OSError``: connection refused or reset, the server closing
 before a complete response, a malformed response) and ``TimeoutError``; a connection is reused
 only after a complete response that allows keep-alive, and closed when a request is abandoned.
+
+Over 500 lines on purpose: the connection's parser states (head, Content-Length, chunked, until
+close) and the pool that reuses connections only between complete responses are one piece.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``llmplane operator``: reconcile llmplane resources on a Kubernetes cluster (kopf).
 
 Watches OpenModels, BackendRuntimes, Playgrounds, inference Services and the LeaderWorkerSets /
-Deployments it creates, and reconciles level-based (``llmplane.operator.reconcile``): every event
+Deployments it creates, and triggers level-based passes of
+``llmplane.controlplane.kube_reconciler.Reconciler`` (this package decides only when): every event
 re-reads what it needs and server-side-applies the planned objects with field manager
 ``llmplane``. Only event handlers are used, so kopf puts no finalizers and no annotations on
 anyone's objects; deletion is the API server's garbage collection via ownerReferences. A resync
@@ -21,6 +22,7 @@ from typing import Any
 
 import kopf
 
+from llmplane.controlplane.kube_reconciler import Reconciler
 from llmplane.kube.client import KubeClient
 from llmplane.kube.kinds import (
     BACKENDRUNTIME,
@@ -31,7 +33,6 @@ from llmplane.kube.kinds import (
     PLAYGROUND,
     Kind,
 )
-from llmplane.operator.reconcile import Reconciler
 from llmplane.runtime.kube import DEFAULT_IMAGE, KubeOptions
 
 log = logging.getLogger("llmplane.operator")

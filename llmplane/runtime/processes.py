@@ -102,6 +102,22 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_usage(pgid: int) -> tuple[float, int] | None:
+    """(CPU seconds used, resident bytes) of a process group's live members (an engine and
+    the workers it started); None when the group is gone or /proc is missing."""
+    tick = os.sysconf("SC_CLK_TCK")
+    page = os.sysconf("SC_PAGE_SIZE")
+    cpu, rss, found = 0.0, 0, False
+    for pid in group_members(pgid) if PROC.is_dir() else []:
+        fields = _stat_fields(pid)
+        if not fields:
+            continue
+        found = True
+        cpu += (int(fields[11]) + int(fields[12])) / tick
+        rss += int(fields[21]) * page
+    return (cpu, rss) if found else None
+
+
 def _all_pids() -> Iterable[int]:
     try:
         names = os.listdir(PROC)

@@ -13,7 +13,7 @@ from llmplane.testing.process import (
     upstream,
     upstream_process,
 )
-from llmplane.testing.wait import always, eventually, wait_for
+from llmplane.testing.wait import always, eventually, keeps, wait_for
 
 __all__ = [
     "Process",
@@ -22,6 +22,7 @@ __all__ = [
     "always",
     "eventually",
     "gateway",
+    "keeps",
     "python",
     "sim",
     "sim_process",

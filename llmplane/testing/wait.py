@@ -4,6 +4,7 @@
 takes async predicates. Both return the first truthy value, so a test can wait for and use a
 result in one step, and both raise ``AssertionError`` naming what was awaited and the last value
 seen - never fall through silently, never a fixed sleep standing in for the condition.
+``always`` / ``keeps`` are the converse, for what must not happen during a time window.
 """
 
 from __future__ import annotations
@@ -96,3 +97,17 @@ def always(
             name = what or getattr(predicate, "__qualname__", repr(predicate))
             raise AssertionError(f"{name} stopped holding: {polls.last!r}")
         time.sleep(every)
+
+
+async def keeps(
+    predicate: Callable[[], Any], duration: float, every: float = 0.02, what: str = ""
+) -> None:
+    """``always`` for coroutines: the loop keeps running between polls (a request in flight
+    meanwhile)."""
+    polls = _Polls(predicate, duration, what)
+    while not polls.expired():
+        polls.last = predicate()
+        if not polls.last:
+            name = what or getattr(predicate, "__qualname__", repr(predicate))
+            raise AssertionError(f"{name} stopped holding: {polls.last!r}")
+        await asyncio.sleep(every)

@@ -7,26 +7,12 @@ logged anything at SEVERE level: a console error, an uncaught exception or a fai
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1440,960",
-)
+from llmplane.testing.browser import chromium
 
 
 class Browser:
@@ -49,21 +35,7 @@ class Browser:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Browser]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    for binary in (CHROMIUM, CHROMEDRIVER):
-        assert Path(binary).exists(), (
-            f"{binary} is missing: apt-get install chromium chromium-driver (.ci/run does)"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(options=options, service=service)
+    driver = chromium(tmp_path / "chromium-profile", log=tmp_path / "chromedriver.log")
     shots = tmp_path / "screenshots"
     shots.mkdir()
     wrapper = Browser(driver, shots)

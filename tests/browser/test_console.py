@@ -171,6 +171,24 @@ def test_console_chat_fleet_scale_logs_resources(up: Up, browser: Browser, tmp_p
     )
     assert d.find_element(By.ID, "log-title").text == "default/chat replica 1"
     browser.screenshot("fleet")
+    # Events stay expanded across the page's redraws.
+    d.execute_script(
+        "document.querySelector('[data-workload=\"default/chat\"] details.events summary').click()"
+    )
+    renders = int(d.find_element(By.ID, "fleet-workloads").get_attribute("data-renders"))
+    until(
+        browser,
+        lambda d: (
+            int(d.find_element(By.ID, "fleet-workloads").get_attribute("data-renders"))
+            >= renders + 2
+        ),
+        "two redraws of the Fleet page",
+    )
+    events = d.execute_script(
+        "const e = document.querySelector('[data-workload=\"default/chat\"] details.events');"
+        "return e && e.open ? e.innerText : null"
+    )
+    assert events is not None and "PlaygroundReady" in events, events
     d.find_element(By.ID, "log-close").click()
     until(browser, lambda d: not d.find_element(By.ID, "log-panel").is_displayed(), "log closed")
     browser.screenshot("fleet-charts")

@@ -94,11 +94,18 @@ class Stack:
 
 
 @pytest.fixture
-async def make_stack(tmp_path):
+async def make_stack(tmp_path, request):
+    """``make(objects, endpoints, ...)``; Envoy's bodies go FULL_DUPLEX_STREAMED when the test
+    is parametrized with ``duplex=True``."""
+    callspec = getattr(request.node, "callspec", None)
+    duplex_default = bool(callspec.params.get("duplex")) if callspec is not None else False
     made: list[tuple] = []
     session = aiohttp.ClientSession()
 
-    async def make(objects, endpoints, *, fail_open=True, config=None, **picker_args) -> Stack:
+    async def make(
+        objects, endpoints, *, fail_open=True, config=None, duplex=None, **picker_args
+    ) -> Stack:
+        duplex = duplex_default if duplex is None else duplex
         store = SQLiteStore(tmp_path / f"db{len(made)}.sqlite")
         for name, (server, labels, model) in endpoints.items():
             store.apply(endpoint_object(name, server.address, model, labels=labels))
@@ -115,6 +122,7 @@ async def make_stack(tmp_path):
                 picker=f"127.0.0.1:{picker.port}",
                 pool=addresses,
                 fail_open=fail_open,
+                full_duplex=duplex,
             )
         )
         made[-1] = (store, picker, envoy)
@@ -155,7 +163,8 @@ def llama_endpoints(sims):
     }
 
 
-async def test_weighted_split_and_model_rewrite_seen_by_the_engines(make_stack, sims):
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_weighted_split_and_model_rewrite_seen_by_the_engines(make_stack, sims, duplex):
     stack = await make_stack(
         [
             pool("llama", LLAMA),
@@ -189,7 +198,8 @@ async def test_weighted_split_and_model_rewrite_seen_by_the_engines(make_stack, 
     assert 'llmplane_gateway_requests_total{endpoint="' in metrics
 
 
-async def test_unknown_model_and_bad_body_are_answered_by_the_picker(make_stack, sims):
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_unknown_model_and_bad_body_are_answered_by_the_picker(make_stack, sims, duplex):
     stack = await make_stack([pool("llama", LLAMA)], llama_endpoints(sims))
     status, _, body = await stack.post(chat("nope"))
     assert status == 404, body
@@ -256,7 +266,8 @@ async def test_picker_down(make_stack, sims, failure_mode):
         assert status >= 500, body
 
 
-async def test_sheddable_is_shed_with_429_while_critical_is_served(make_stack, sims):
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_sheddable_is_shed_with_429_while_critical_is_served(make_stack, sims, duplex):
     busy = {"app": "busy"}
     stack = await make_stack(
         [
@@ -289,7 +300,8 @@ async def test_sheddable_is_shed_with_429_while_critical_is_served(make_stack, s
     assert 'llmplane_gateway_shed_total{model="batch"} 1.0' in gw.metrics.render().decode()
 
 
-async def test_stream_usage_settles_the_rate_limit(make_stack, sims):
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_stream_usage_settles_the_rate_limit(make_stack, sims, duplex):
     rl = {"app": "rl"}
     stack = await make_stack(
         [
@@ -398,7 +410,8 @@ async def test_llmplane_epp_command_behind_envoy(tmp_path, sims):
     assert bad.stderr.startswith("llmplane epp: ") and "Traceback" not in bad.stderr
 
 
-async def test_a_client_that_leaves_mid_stream_releases_the_endpoint(make_stack, sims):
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_a_client_that_leaves_mid_stream_releases_the_endpoint(make_stack, sims, duplex):
     busy = {"app": "busy"}
     stack = await make_stack(
         [pool("busy", busy), inference_model("chat", "busy", [{"name": "busy"}])],
@@ -424,15 +437,18 @@ async def test_a_client_that_leaves_mid_stream_releases_the_endpoint(make_stack,
     )
 
 
-async def test_a_body_over_a_mebibyte_reaches_the_picker_and_the_engine(make_stack, sims):
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_a_large_body_reaches_the_picker_and_the_engine(make_stack, sims, duplex):
     stack = await make_stack(
-        [pool("llama", LLAMA), inference_model("only-a", "llama", [{"name": "llama-a"}])],
+        [pool("llama", LLAMA), inference_model("big", "llama", [{"name": "llama-a"}])],
         llama_endpoints(sims),
     )
-    await stack.wait(lambda: "only-a" in stack.picker.gateway.table.inference_models, "model")
-    status, headers, body = await stack.post(chat("only-a", "word " * 400_000))  # 2 MB
-    # Envoy buffered it for the picker (no 413 from Envoy's default 1 MiB buffer), the picker
-    # routed it and the engine answered (the sim refuses bodies over 1 MiB itself).
+    await stack.wait(lambda: "big" in stack.picker.gateway.table.inference_models, "model")
+    # 6 MB: over Envoy's default 1 MiB buffer and gRPC's default 4 MiB message, both ways (the
+    # model rewrite sends the whole body back as a body mutation).
+    status, headers, body = await stack.post(chat("big", "word " * 1_200_000))
+    # Envoy buffered it for the picker, the picker routed and rewrote it, the engine answered
+    # (the sim refuses bodies over 1 MiB itself).
     assert headers.get("x-llmplane-endpoint") == sims["a"].address, (status, body[:200])
     assert b"Maximum request body size 1048576 exceeded" in body
 
@@ -501,3 +517,19 @@ async def test_subset_hint_and_grpc_health(make_stack, sims):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await check(health_pb2.HealthCheckRequest(service="nope"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_a_body_over_the_limit_is_refused_by_the_picker(make_stack, sims, duplex):
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("only-a", "llama", [{"name": "llama-a"}])],
+        llama_endpoints(sims),
+        config=GatewayConfig(max_body_bytes=1024 * 1024),
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "only-a" in gw.table.inference_models, "the InferenceModel")
+    status, headers, body = await stack.post(chat("only-a", "word " * 400_000))  # 2 MB
+    assert status == 413, body[:200]
+    assert orjson.loads(body)["error"]["code"] == "request_too_large"
+    assert "x-llmplane-endpoint" not in headers
+    assert all(s.inflight == 0 for s in gw.registry.states.values())

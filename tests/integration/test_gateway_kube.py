@@ -1,5 +1,8 @@
 """The in-cluster gateway (``llmplane gateway --kubernetes``) against a Kubernetes API EMULATOR.
 
+The endpoint picker (``llmplane epp --kubernetes``, the chart's other mode) is run once the
+same way, behind a real Envoy.
+
 No Kubernetes API server can run here, so the API is ``llmplane.testing.kube_emulator.KubeEmulator``,
 an in-process aiohttp emulator of the REST endpoints used (list/watch with resourceVersion,
 label selectors, the status subresource). The gateway is the real one: ``KubeStore`` +
@@ -28,6 +31,7 @@ import aiohttp
 import pytest
 
 from llmplane import testing
+from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.pods import kubernetes_sources
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.testing import Process, Processes, eventually, sim_process
@@ -150,9 +154,9 @@ async def until(port: int, model: str, predicate: Any, timeout: float = 10.0) ->
 
 
 @contextlib.asynccontextmanager
-async def gateway_on(kube: KubeEmulator) -> AsyncIterator[Gateway]:
+async def gateway_on(kube: KubeEmulator, **config: Any) -> AsyncIterator[Gateway]:
     store, discovery = await kubernetes_sources(None, kube.url)
-    gateway = await start_gateway(store, discovery)
+    gateway = await start_gateway(store, discovery, config=GatewayConfig(**config))
     try:
         yield gateway
     finally:
@@ -168,7 +172,8 @@ async def test_playground_pod_is_routable_by_model_name_and_dropped_when_not_rea
         await kube.create(openmodel(MODEL))
         await kube.create(playground(MODEL))
         await kube.create(playground_pod("llama-0", a))
-        async with gateway_on(kube) as gateway:
+        # Requests for a model without a ready pod are held this long by the activator.
+        async with gateway_on(kube, activator_hold_timeout=0.2) as gateway:
             status, endpoint, body = await chat(gateway.port, MODEL)
             assert (status, endpoint) == (200, f"{ip(a)}:8080"), body
             assert body["choices"][0]["message"]["content"]
@@ -288,6 +293,78 @@ current-context: emulator
         paths = {p for _, p in kube.requests}
         assert "/api/v1/namespaces/default/pods" in paths
         assert "/apis/llmaz.io/v1alpha1/openmodels" in paths
+
+
+async def test_the_endpoint_picker_process_with_kubernetes_flag(
+    engines: dict[str, Process], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``llmplane epp --kubernetes`` (the chart's endpoint-picker mode) behind a real Envoy:
+    the InferencePool / InferenceModel and the Pod come from the API, as for the gateway."""
+    from llmplane.epp.envoy import bootstrap
+    from llmplane.testing.envoy import Envoy
+
+    a = engines["a"]
+    async with KubeEmulator() as kube:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            f"""apiVersion: v1
+kind: Config
+clusters: [{{name: emulator, cluster: {{server: "{kube.url}"}}}}]
+users: [{{name: tester, user: {{token: not-checked}}}}]
+contexts: [{{name: emulator, context: {{cluster: emulator, user: tester}}}}]
+current-context: emulator
+"""
+        )
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        gie = "inference.networking.x-k8s.io/v1alpha2"
+        await kube.create(pod("llama-0", {"app": "llama"}, ip(a)))
+        await kube.create(
+            {
+                "apiVersion": gie,
+                "kind": "InferencePool",
+                "metadata": {"name": "llama", "namespace": "default"},
+                "spec": {
+                    "selector": {"app": "llama"},
+                    "targetPortNumber": 8080,
+                    "extensionRef": {"name": "llmplane-gateway", "failureMode": "FailClose"},
+                },
+            }
+        )
+        await kube.create(
+            {
+                "apiVersion": gie,
+                "kind": "InferenceModel",
+                "metadata": {"name": "chatbot", "namespace": "default"},
+                "spec": {
+                    "modelName": "chatbot",
+                    "poolRef": {"name": "llama"},
+                    "targetModels": [{"name": MODEL}],
+                },
+            }
+        )
+        picker = testing.python(
+            "-m", "llmplane.cli", "epp", "--kubernetes", "--namespace", "default", "--port", "0",
+            "--no-access-log",
+        )  # fmt: skip
+        envoy: Envoy | None = None
+        try:
+            await asyncio.to_thread(picker.start)
+            envoy = Envoy(
+                bootstrap(
+                    listen="127.0.0.1:0",
+                    picker=picker.address,
+                    pool=[f"{ip(a)}:8080"],
+                    fail_open=False,
+                )
+            )
+            await asyncio.to_thread(envoy.start)
+            await until(envoy.port, "chatbot", lambda s, e, b: s == 200 and e == f"{ip(a)}:8080")
+        finally:
+            if envoy is not None:
+                await asyncio.to_thread(envoy.stop)
+            await asyncio.to_thread(picker.stop)
+        assert picker.returncode == 0, picker.output()
 
 
 if sys.platform != "linux":  # pragma: no cover

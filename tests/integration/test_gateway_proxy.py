@@ -48,7 +48,8 @@ def discovery(upstreams) -> StaticDiscovery:
 async def gateway(store, upstreams, gateways):
     store.apply(playground("llama", MODEL))
     store.apply(playground("pending", "qwen-pending"))
-    config = GatewayConfig(max_body_bytes=64 * 1024)
+    # A Playground without a ready replica: the activator holds its requests this long.
+    config = GatewayConfig(max_body_bytes=64 * 1024, activator_hold_timeout=0.2)
     return await gateways(store, discovery(upstreams), config=config)
 
 
@@ -121,9 +122,12 @@ async def test_errors_have_the_openai_shape(gateway, client):
         client, gateway, "/v1/chat/completions", {"model": MODEL, "prompt": "x" * 70_000}
     )
     assert_openai_error(status, body, 413, "request_too_large")
-    status, _, body = await post(client, gateway, "/v1/chat/completions", {"model": "qwen-pending"})
-    assert_openai_error(status, body, 503, "no_ready_endpoint")
+    status, headers, body = await post(
+        client, gateway, "/v1/chat/completions", {"model": "qwen-pending"}
+    )
+    assert_openai_error(status, body, 503, "no_ready_endpoint")  # after the hold timeout
     assert "qwen-pending" in orjson.loads(body)["error"]["message"]
+    assert headers["retry-after"] == "5"
     status, _, body = await post(client, gateway, "/v2/nothing", {"model": MODEL})
     assert_openai_error(status, body, 404)
 

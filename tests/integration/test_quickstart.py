@@ -66,3 +66,43 @@ def test_quickstart_answers_with_two_llamacpp_replicas(quickstart_two_replicas: 
     assert all(answers), answers
     assert sum("Paris" in a for a in answers) >= 3, answers
     assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
+
+
+def test_quickstart_scaled_to_zero_answers_the_first_request(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """examples/quickstart-scale-to-zero.yaml with a 2 s idle period (and a 1 s scale-down
+    window): a replica serves, stops once idle, and the first request after that is held
+    while llama.cpp starts again, then answered."""
+    import time
+
+    text = (ROOT / "examples" / "quickstart-scale-to-zero.yaml").read_text()
+    text = text.replace("replicas: 0\n", "replicas: 1\n", 1).replace(
+        "scaleToZeroAfterSeconds: 120",
+        "scaleToZeroAfterSeconds: 2\n"
+        "    scaleTrigger: {hpa: {behavior: {scaleDown: {stabilizationWindowSeconds: 1}}}}",
+    )
+    path = tmp_path / "zero.yaml"
+    path.write_text(text)
+    up = processes.up(
+        tmp_path / "state",
+        str(path),
+        args=["--autoscale-interval", "0.2", "--autoscale-window", "1"],
+    )
+    state = up.state_dir
+    wait_for(lambda: len(up.engine_pids()) == 1, 120, what="the first replica")
+    wait_for(lambda: not up.engine_pids(), 60, what="scale to zero once idle")
+    assert status(state, "Playground", "smollm2-135m").get("replicas") == 0
+
+    client = OpenAI(base_url=f"{up.url}/v1", api_key="unused")
+    start = time.monotonic()
+    answer = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16,
+        temperature=0,
+    )
+    cold = time.monotonic() - start
+    assert answer.choices[0].message.content
+    print(f"cold start (first request after scale to zero, llama.cpp SmolLM2-135M): {cold:.2f} s")
+    assert len(up.engine_pids()) == 1

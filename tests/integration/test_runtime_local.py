@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from llmplane.controlplane.plan import (
 )
 from llmplane.runtime.local import LocalRuntime
 from llmplane.runtime.processes import is_alive
+from llmplane.testing import eventually, keeps
 
 FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))
 KEY = "default/chat"
@@ -68,14 +69,6 @@ def engine_plan(
         ),
         termination_grace_seconds=grace,
     )
-
-
-async def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
-        await asyncio.sleep(0.02)
 
 
 async def get(address: str, path: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -136,12 +129,12 @@ async def test_two_replicas_ready_with_own_ports_and_labels(runtime: LocalRuntim
     await runtime.realise(engine_plan("--unhealthy-for", "1.2", replicas=2))
     status = runtime.status(KEY)
     assert status is not None and status.replicas == 2 and status.ready == 0
-    await wait_for(lambda: all(i.pid for i in runtime.status(KEY).items), what="processes")
+    await eventually(lambda: all(i.pid for i in runtime.status(KEY).items), what="processes")
     assert {i.phase for i in runtime.status(KEY).items} == {"Starting"}
     assert runtime.endpoints() == []  # started but not ready: not routable
     assert runtime.status(KEY).reason == "Starting"
 
-    await wait_for(lambda: ready(runtime) == 2, what="2 ready replicas")
+    await eventually(lambda: ready(runtime) == 2, what="2 ready replicas")
     endpoints = runtime.endpoints()
     assert [e.replica for e in endpoints] == [0, 1]
     assert len({e.address for e in endpoints}) == 2
@@ -170,11 +163,11 @@ async def test_two_replicas_ready_with_own_ports_and_labels(runtime: LocalRuntim
 
 async def test_killed_replica_comes_back(runtime: LocalRuntime) -> None:
     await runtime.realise(engine_plan(replicas=2))
-    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    await eventually(lambda: ready(runtime) == 2, what="2 ready")
     victim = runtime.status(KEY).items[1]
     os.kill(victim.pid, signal.SIGKILL)
-    await wait_for(lambda: [e.replica for e in runtime.endpoints()] == [0], what="replica 1 out")
-    await wait_for(lambda: ready(runtime) == 2, what="replica 1 back")
+    await eventually(lambda: [e.replica for e in runtime.endpoints()] == [0], what="replica 1 out")
+    await eventually(lambda: ready(runtime) == 2, what="replica 1 back")
     back = runtime.status(KEY).items[1]
     assert back.restarts == 1 and back.pid != victim.pid and back.last_exit_code == -9
     assert runtime.status(KEY).items[0].restarts == 0
@@ -193,7 +186,7 @@ async def test_crash_loop_backs_off_exponentially(runtime: LocalRuntime) -> None
 
     runtime.on_change = watch
     await runtime.realise(engine_plan("--exit-after", "0", "--exit-code", "3"))
-    await wait_for(lambda: len(backoffs) >= 4, timeout=15, what="4 back-offs")
+    await eventually(lambda: len(backoffs) >= 4, timeout=15, what="4 back-offs")
     assert backoffs[:4] == [0.2, 0.4, 0.8, 1.6]
     item = runtime.status(KEY).items[0]
     assert item.phase == "Pending" and item.reason == "CrashLoopBackOff"
@@ -207,7 +200,7 @@ async def test_crash_loop_backs_off_exponentially(runtime: LocalRuntime) -> None
 
 async def test_scale_down_drains_in_flight_requests(runtime: LocalRuntime) -> None:
     await runtime.realise(engine_plan(replicas=2))
-    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    await eventually(lambda: ready(runtime) == 2, what="2 ready")
     leaving = runtime.status(KEY).items[1]
     inflight = runtime.test_inflight  # type: ignore[attr-defined]
 
@@ -219,7 +212,7 @@ async def test_scale_down_drains_in_flight_requests(runtime: LocalRuntime) -> No
             inflight[leaving.address] = 0
 
     request = asyncio.ensure_future(held_request())
-    await asyncio.sleep(0.2)
+    await eventually(lambda: inflight.get(leaving.address) == 1, what="the request counted")
     started = time.monotonic()
     await runtime.realise(replace(engine_plan(replicas=1)))
     # Out of the endpoints at once, but draining, not stopped.
@@ -228,10 +221,13 @@ async def test_scale_down_drains_in_flight_requests(runtime: LocalRuntime) -> No
         (0, "Ready"),
         (1, "Terminating"),
     ]
-    await asyncio.sleep(0.5)
-    assert is_alive(leaving.pid), "stopped while a request was in flight"
+    await keeps(
+        lambda: is_alive(leaving.pid) or request.done(),
+        0.5,
+        what="the leaving replica alive while its request is in flight",
+    )
     assert await request == (200, "done")
-    await wait_for(lambda: len(runtime.status(KEY).items) == 1, what="replica 1 gone")
+    await eventually(lambda: len(runtime.status(KEY).items) == 1, what="replica 1 gone")
     assert time.monotonic() - started >= 1.0
     assert not is_alive(leaving.pid)
     assert is_alive(runtime.status(KEY).items[0].pid)
@@ -241,10 +237,15 @@ async def test_drain_uses_engine_metrics_without_inflight_callback(tmp_path: Pat
     rt = LocalRuntime(tmp_path, backoff_base=0.2, stop_timeout=2)
     try:
         await rt.realise(engine_plan("--metrics"))
-        await wait_for(lambda: ready(rt) == 1, what="ready")
+        await eventually(lambda: ready(rt) == 1, what="ready")
         item = rt.status(KEY).items[0]
         request = asyncio.ensure_future(get(item.address, "/hold?seconds=1.5"))
-        await asyncio.sleep(0.3)
+
+        async def running() -> bool:
+            status, text = await get(item.address, "/metrics")
+            return status == 200 and 'running{model_name="fake"} 1.0' in text
+
+        await eventually(running, what="the engine reporting the request running")
         await rt.remove(KEY)
         assert request.done() and request.result() == (200, "done")
         assert not is_alive(item.pid)
@@ -256,7 +257,7 @@ async def test_drain_uses_engine_metrics_without_inflight_callback(tmp_path: Pat
 
 async def test_drain_is_bounded_by_the_grace_period(runtime: LocalRuntime) -> None:
     await runtime.realise(engine_plan(grace=1))
-    await wait_for(lambda: ready(runtime) == 1, what="ready")
+    await eventually(lambda: ready(runtime) == 1, what="ready")
     item = runtime.status(KEY).items[0]
     runtime.test_inflight[item.address] = 5  # type: ignore[attr-defined]  # never drains
     started = time.monotonic()
@@ -267,7 +268,7 @@ async def test_drain_is_bounded_by_the_grace_period(runtime: LocalRuntime) -> No
 
 async def test_remove_leaves_no_process(runtime: LocalRuntime) -> None:
     await runtime.realise(engine_plan(replicas=2))
-    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    await eventually(lambda: ready(runtime) == 2, what="2 ready")
     pids = [i.pid for i in runtime.status(KEY).items]
     assert all(is_alive(p) for p in pids)
     await runtime.remove(KEY)
@@ -280,8 +281,10 @@ async def test_remove_leaves_no_process(runtime: LocalRuntime) -> None:
 async def test_missing_engine_is_reported_once_with_the_hint(runtime: LocalRuntime) -> None:
     plan = engine_plan(argv=[sys.executable, "-m", "not_installed_module", "--port", "8080"])
     await runtime.realise(plan)
-    await wait_for(lambda: runtime.status(KEY).items[0].phase == "Failed", what="Failed")
-    await asyncio.sleep(0.6)  # more than the back-off: still no attempt to start
+    await eventually(lambda: runtime.status(KEY).items[0].phase == "Failed", what="Failed")
+    await keeps(  # longer than the back-off: still no attempt to start
+        lambda: runtime.status(KEY).items[0].restarts == 0, 0.6, what="no restart"
+    )
     item = runtime.status(KEY).items[0]
     assert item.reason == "EngineNotInstalled" and item.restarts == 0 and item.pid is None
     assert "not_installed_module" in item.message and "pip install fake-engine" in item.message
@@ -289,16 +292,16 @@ async def test_missing_engine_is_reported_once_with_the_hint(runtime: LocalRunti
     assert runtime.status(KEY).reason == "EngineNotInstalled"
 
     await runtime.realise(replace(plan, local=replace(plan.local, argv=["no-such-engine-x1"])))
-    await wait_for(lambda: "no-such-engine-x1" in runtime.status(KEY).items[0].message)
+    await eventually(lambda: "no-such-engine-x1" in runtime.status(KEY).items[0].message)
     assert runtime.status(KEY).items[0].reason == "EngineNotInstalled"
 
     await runtime.realise(engine_plan())  # installed now: starts
-    await wait_for(lambda: ready(runtime) == 1, what="ready after the fix")
+    await eventually(lambda: ready(runtime) == 1, what="ready after the fix")
 
 
 async def test_template_change_rolls_one_replica_at_a_time(runtime: LocalRuntime) -> None:
     await runtime.realise(engine_plan(replicas=2, env={"FAKE_VERSION": "1"}))
-    await wait_for(lambda: ready(runtime) == 2, what="2 ready")
+    await eventually(lambda: ready(runtime) == 2, what="2 ready")
     old = {i.index: i.pid for i in runtime.status(KEY).items}
     least_ready, most_starting = 2, 0
 
@@ -317,7 +320,7 @@ async def test_template_change_rolls_one_replica_at_a_time(runtime: LocalRuntime
         s = runtime.status(KEY)
         return s.updated == 2 and s.ready == 2 and len(s.items) == 2
 
-    await wait_for(rolled, timeout=15, what="rollout")
+    await eventually(rolled, timeout=15, what="rollout")
     assert least_ready >= 2, "a rolling update must keep every replica serving"
     assert most_starting == 1, "one replica at a time"
     for item in runtime.status(KEY).items:
@@ -333,14 +336,14 @@ async def test_template_change_rolls_one_replica_at_a_time(runtime: LocalRuntime
 async def test_startup_probe_failure_restarts(runtime: LocalRuntime) -> None:
     startup = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=2)
     await runtime.realise(engine_plan("--unhealthy-for", "60", startup=startup))
-    await wait_for(
+    await eventually(
         lambda: runtime.status(KEY).items[0].reason == "StartupProbeFailed",
         timeout=5,
         what="StartupProbeFailed",
     )
     item = runtime.status(KEY).items[0]
     assert "startup probe failed 2 times" in item.message and "HTTP 503" in item.message
-    await wait_for(lambda: runtime.status(KEY).items[0].restarts >= 1, what="restart")
+    await eventually(lambda: runtime.status(KEY).items[0].restarts >= 1, what="restart")
 
 
 async def test_ready_follows_the_engine_long_before_the_next_probe_period(
@@ -351,7 +354,7 @@ async def test_ready_follows_the_engine_long_before_the_next_probe_period(
     startup = HttpProbe(path="/health", port=8080, period_seconds=10, failure_threshold=30)
     readiness = HttpProbe(path="/health", port=8080, period_seconds=10, failure_threshold=3)
     await runtime.realise(engine_plan("--unhealthy-for", "1", startup=startup, readiness=readiness))
-    await wait_for(lambda: ready(runtime) == 1, timeout=8, what="Ready before the 10 s tick")
+    await eventually(lambda: ready(runtime) == 1, timeout=8, what="Ready before the 10 s tick")
 
 
 async def test_frequent_startup_probing_keeps_the_failure_threshold_timing(
@@ -362,7 +365,7 @@ async def test_frequent_startup_probing_keeps_the_failure_threshold_timing(
     startup = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=3)
     begun = time.monotonic()
     await runtime.realise(engine_plan("--unhealthy-for", "60", startup=startup))
-    await wait_for(
+    await eventually(
         lambda: runtime.status(KEY).items[0].reason == "StartupProbeFailed",
         timeout=10,
         what="StartupProbeFailed",
@@ -374,7 +377,7 @@ async def test_frequent_startup_probing_keeps_the_failure_threshold_timing(
 async def test_readiness_and_liveness_failures(runtime: LocalRuntime) -> None:
     liveness = HttpProbe(path="/health", port=8080, period_seconds=1, failure_threshold=3)
     await runtime.realise(engine_plan(liveness=liveness))
-    await wait_for(lambda: ready(runtime) == 1, what="ready")
+    await eventually(lambda: ready(runtime) == 1, what="ready")
     first = runtime.status(KEY).items[0]
     # Record every phase as it happens: on a loaded machine the NotReady window before the
     # liveness restart can be shorter than a polling interval.
@@ -389,13 +392,13 @@ async def test_readiness_and_liveness_failures(runtime: LocalRuntime) -> None:
 
     runtime.on_change = record
     await get(first.address, "/admin/health?ok=0")
-    await wait_for(lambda: any(p == "NotReady" for p, _, _ in seen), what="NotReady")
+    await eventually(lambda: any(p == "NotReady" for p, _, _ in seen), what="NotReady")
     not_ready = next(s for s in seen if s[0] == "NotReady")
     assert not_ready == ("NotReady", first.pid, False)  # same process, no longer an endpoint
-    await wait_for(
+    await eventually(
         lambda: runtime.status(KEY).items[0].restarts == 1, timeout=6, what="liveness restart"
     )
-    await wait_for(lambda: ready(runtime) == 1, what="ready again")
+    await eventually(lambda: ready(runtime) == 1, what="ready again")
     item = runtime.status(KEY).items[0]
     assert item.pid != first.pid and not is_alive(first.pid)
 
@@ -403,7 +406,7 @@ async def test_readiness_and_liveness_failures(runtime: LocalRuntime) -> None:
 async def test_health_path_overrides_probe_paths(runtime: LocalRuntime) -> None:
     probe = HttpProbe(path="/v1/not-served", port="http", period_seconds=1)
     await runtime.realise(engine_plan(readiness=probe, health_path="/health"))
-    await wait_for(lambda: ready(runtime) == 1, what="ready via health_path")
+    await eventually(lambda: ready(runtime) == 1, what="ready via health_path")
 
 
 async def test_plan_without_local_command(runtime: LocalRuntime) -> None:
@@ -434,7 +437,7 @@ async def test_backoff_resets_after_being_ready_long_enough(tmp_path: Path) -> N
         # Ready after ~1 s (first probe at 0 s comes too early), exits at 1.3 s: each run was
         # ready longer than backoff_reset, so the delay never grows.
         await rt.realise(engine_plan("--exit-after", "1.3"))
-        await wait_for(lambda: len(backoffs) >= 2, timeout=10, what="2 crashes")
+        await eventually(lambda: len(backoffs) >= 2, timeout=10, what="2 crashes")
         assert backoffs[:2] == [0.2, 0.2]
     finally:
         await rt.shutdown()
@@ -448,7 +451,7 @@ async def test_shutdown_stops_everything_and_kills_what_ignores_sigterm(tmp_path
             rt.realise(engine_plan("--ignore-sigterm", replicas=2)),
             rt.realise(engine_plan(name="other", replicas=1)),
         )
-        await wait_for(lambda: ready(rt) == 2 and ready(rt, "default/other") == 1, what="ready")
+        await eventually(lambda: ready(rt) == 2 and ready(rt, "default/other") == 1, what="ready")
         pids = [i.pid for k in (KEY, "default/other") for i in rt.status(k).items]
         started = time.monotonic()
         await rt.shutdown()
@@ -481,13 +484,14 @@ async def test_engine_logs_are_rotated_by_size(tmp_path: Path) -> None:
         await rt.realise(plan)
         log_path = rt.log_path(KEY, 0)
         backup = log_path.with_name("replica-0.log.1")
-        await wait_for(backup.exists, timeout=20, what="a rotated log")
-        await asyncio.sleep(0.5)  # a few more checks while the engine keeps writing
-        assert log_path.stat().st_size < 2 * 1024 * 1024
+        await eventually(backup.exists, timeout=20, what="a rotated log")
+        await keeps(  # a few more checks while the engine keeps writing
+            lambda: log_path.stat().st_size < 2 * 1024 * 1024, 0.5, what="the log kept small"
+        )
         assert backup.stat().st_size > 64 * 1024
         # The engine keeps appending to the emptied file: newer lines than the backup's last.
         last_backup = int(backup.read_bytes().splitlines()[-1].split()[1])
-        await wait_for(lambda: b"line " in log_path.read_bytes(), timeout=5, what="new lines")
+        await eventually(lambda: b"line " in log_path.read_bytes(), timeout=5, what="new lines")
         first_new = int(
             next(
                 ln for ln in log_path.read_bytes().splitlines() if ln.startswith(b"line ")

@@ -19,10 +19,12 @@ from tests.integration.upcli import cli, http, sim_fleet, status
 FAST = ["--autoscale-interval", "0.2", "--autoscale-window", "1"]
 
 
-def elastic_fleet(tmp_path: Path, elastic: str, name: str = "tiny") -> str:
+def elastic_fleet(
+    tmp_path: Path, elastic: str, name: str = "tiny", replicas: int = 1, time_scale: str = "5"
+) -> str:
     """The sim fleet of upcli with ``elastic`` (YAML lines under spec) added; the sim is slowed
     (time scale 5: about 2 s per 60-token request) so requests stay in flight."""
-    text = sim_fleet(name, 1, time_scale="5") + "  elasticConfig:\n" + elastic
+    text = sim_fleet(name, replicas, time_scale=time_scale) + "  elasticConfig:\n" + elastic
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
     return str(path)
@@ -126,3 +128,140 @@ def test_blog_example_scales_on_the_default_trigger(
     wait_for(lambda: spec_replicas(state) >= 2, 60, what="scale up on the default trigger")
     wait_for(lambda: spec_replicas(state) == 3, 60, what="up to maxReplicas")
     always(lambda: spec_replicas(state) <= 3, 1.0, what="never above maxReplicas")
+
+
+def metric(url: str, name: str) -> float:
+    """One sample's value from the gateway's /metrics (0 when absent)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+SCALE_TO_ZERO = """    minReplicas: 0
+    maxReplicas: 2
+    scaleToZeroAfterSeconds: 2
+    scaleTrigger:
+      hpa:
+        metrics:
+        - type: Pods
+          pods:
+            metric: {name: llmplane_gateway_endpoint_inflight}
+            target: {type: AverageValue, averageValue: 4}
+        behavior:
+          scaleDown: {stabilizationWindowSeconds: 1}
+"""
+
+
+def test_scale_to_zero_and_the_first_request_is_held_then_answered(
+    tmp_path: Path, processes: Processes
+) -> None:
+    fleet = elastic_fleet(tmp_path, SCALE_TO_ZERO, replicas=0, time_scale="0.01")
+    state = tmp_path / "state"
+    up: Up = processes.up(state, fleet, args=FAST)
+    # replicas: 0 with minReplicas: 0 starts with no replica and stays so while idle.
+    always(lambda: not up.engine_pids(), 1.5, what="no replica before the first request")
+    assert spec_replicas(state) == 0
+
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 5}
+    code, _, data = http(f"{up.url}/v1/completions", body)  # held while a replica starts
+    assert code == 200, data
+    assert data["choices"][0]["text"]
+    assert metric(up.url, 'llmplane_gateway_activator_held_total{model="tiny"}') == 1
+    assert metric(up.url, 'llmplane_gateway_activator_cold_start_seconds_count{model="tiny"}') == 1
+    assert spec_replicas(state) == 1
+    described = cli("describe", "pl", "tiny", state_dir=state).stdout
+    assert "scale from zero: 1 request(s) waiting" in described
+
+    # Idle for scaleToZeroAfterSeconds: the last replica stops.
+    wait_for(lambda: spec_replicas(state) == 0, 30, what="scale to zero once idle")
+    wait_for(lambda: not up.engine_pids(), 30, what="the last replica to stop")
+    assert (
+        "no request for 2 s: scale to zero" in cli("describe", "pl", "tiny", state_dir=state).stdout
+    )
+
+    # And again: the next request is answered after a second cold start.
+    code, _, data = http(f"{up.url}/v1/completions", body)
+    assert code == 200, data
+    assert metric(up.url, 'llmplane_gateway_activator_held_total{model="tiny"}') == 2
+
+
+def test_hold_timeout_and_a_disconnecting_client(tmp_path: Path, processes: Processes) -> None:
+    """A Playground with no replica and nothing to scale it (replicas: 0, no elasticConfig):
+    a held request ends in 503 + Retry-After after the configured hold timeout, and a client
+    that goes away while held leaves the queue."""
+    import socket
+
+    import orjson
+
+    fleet = tmp_path / "zero.yaml"
+    fleet.write_text(sim_fleet("tiny", 0))
+    config = tmp_path / "gateway.yaml"
+    config.write_text("gateway: {activatorHoldTimeout: 3, activatorRetryAfter: 2}\n")
+    state = tmp_path / "state"
+    up: Up = processes.up(state, str(fleet), args=[*FAST, "--gateway-config", str(config)])
+    wait_for(lambda: status(state, "Playground", "tiny").get("conditions"), 30)
+
+    code, headers, data = http(
+        f"{up.url}/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 1}
+    )
+    assert code == 503 and headers["Retry-After"] == "2", data
+    assert "no replica became ready within 3 s" in data["error"]["message"]
+    assert (
+        metric(up.url, 'llmplane_gateway_activator_refused_total{model="tiny",reason="timeout"}')
+        == 1
+    )
+
+    # A client that disconnects while held is dropped from the queue at once.
+    body = orjson.dumps({"model": "tiny", "prompt": "x", "max_tokens": 1})
+    with socket.create_connection((up.host, up.port)) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        wait_for(
+            lambda: metric(up.url, 'llmplane_gateway_activator_queue{model="tiny"}') == 1,
+            10,
+            what="the request held",
+        )
+    wait_for(
+        lambda: metric(up.url, 'llmplane_gateway_activator_queue{model="tiny"}') == 0,
+        2,
+        what="the disconnected request to leave the queue before its hold timeout",
+    )
+    # It was not answered with a timeout either: only the first request timed out.
+    assert (
+        metric(up.url, 'llmplane_gateway_activator_refused_total{model="tiny",reason="timeout"}')
+        == 1
+    )
+
+
+def test_resource_memory_metric_reads_the_replica_process(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """A Resource metric reads the replica's process group from /proc: an engine resident in
+    tens of MB against a 1 MiB average target wants more replicas, up to maxReplicas."""
+    fleet = elastic_fleet(
+        tmp_path,
+        """    minReplicas: 1
+    maxReplicas: 2
+    scaleTrigger:
+      hpa:
+        metrics:
+        - type: Resource
+          resource:
+            name: memory
+            target: {type: AverageValue, averageValue: 1Mi}
+""",
+        time_scale="0.01",
+    )
+    state = tmp_path / "state"
+    up: Up = processes.up(state, fleet, args=FAST)
+    wait_for(lambda: spec_replicas(state) == 2, 60, what="scale up on the replica's memory")
+    described = cli("describe", "pl", "tiny", state_dir=state).stdout
+    assert "memory" in described and "target 1.05e+06" in described
+    wait_for(lambda: len(up.engine_pids()) == 2, 60, what="the second replica")

@@ -79,6 +79,8 @@ spec:
     backendName: vllm
     args: {json.dumps(args)}
     envs: {json.dumps([{"name": k, "value": v} for k, v in envs.items()])}
+  loraAdapters:
+    - {{name: a2, source: {{uri: "host://{models / "lora-a2"}"}}}}
 """
 
 
@@ -103,6 +105,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     main = build_tiny_llama(models / "main")
     build_tiny_llama(models / "draft", layers=1, seed=3)
     build_lora_adapter(models / "lora-a1", main)
+    build_lora_adapter(models / "lora-a2", main, seed=2)
     (root / "fleet.yaml").write_text(playground_yaml(models))
     up = Up(root / "state", str(root / "fleet.yaml"))
     started = time.monotonic()
@@ -271,6 +274,24 @@ def test_speculative_decoding_with_the_draft_model(fleet: Fleet) -> None:
     assert code == 200, body
     after = sum(engine_metric(a, "vllm:spec_decode_num_drafts_total") for a in addresses)
     assert after > before
+
+
+def test_lora_adapters_are_routed_and_loaded_on_demand(fleet: Fleet) -> None:
+    url = fleet.up.url
+    # a1 came with the engines (--lora-modules): routable by name with no ModelRoute.
+    code, headers, body = completion(url, "adapter one", 4, model="a1")
+    assert code == 200, body
+    assert body["model"] == "a1" and body["usage"]["completion_tokens"] == 4
+    # a2 is declared on the Playground and held by no replica: loaded through vLLM's runtime
+    # adapter API onto one replica, then served there.
+    code, headers, body = completion(url, "adapter two", 4, model="a2")
+    assert code == 200, body
+    assert body["model"] == "a2"
+    with urllib.request.urlopen(f"http://{headers['x-llmplane-endpoint']}/v1/models") as resp:
+        served = {m["id"]: m.get("parent") for m in orjson.loads(resp.read())["data"]}
+    assert served.get("a2") == NAME
+    code, headers2, _ = completion(url, "adapter two again", 2, model="a2")
+    assert code == 200 and headers2["x-llmplane-endpoint"] == headers["x-llmplane-endpoint"]
 
 
 def test_sigterm_leaves_no_vllm_process(fleet: Fleet) -> None:

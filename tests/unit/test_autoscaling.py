@@ -376,6 +376,13 @@ def test_blog_example_without_trigger_scales_on_the_default() -> None:
     assert effective_trigger(el, own) is own  # the recommended config's trigger
     pg_trigger = elastic(1, 3, scaleTrigger={"hpa": {"metrics": [pods(INFLIGHT_METRIC, 2)]}})
     assert effective_trigger(pg_trigger, own) is pg_trigger.scale_trigger
+    # Behavior only: the default metric with that behavior (an HPA without metrics has one too).
+    behavior_only = elastic(
+        1, 3, scaleTrigger={"hpa": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 5}}}}
+    )
+    merged = effective_trigger(behavior_only, None)
+    assert merged is not None and merged.hpa.metrics == DEFAULT_TRIGGER.hpa.metrics
+    assert merged.hpa.behavior == behavior_only.scale_trigger.hpa.behavior  # type: ignore[union-attr]
 
 
 # --- scale from and to zero (llmplane extension) ------------------------------------------------

@@ -4,6 +4,7 @@ status of ``llmplane up`` in both its forms."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 from types import SimpleNamespace
 from typing import Any
@@ -160,3 +161,38 @@ def test_plain_lines_only_on_change() -> None:
         "playground default/chat: 2/2 replicas ready",
     ]
     assert "\x1b" not in out.getvalue()  # plain text for pipes and logs
+
+
+async def test_live_panel_on_a_terminal(tmp_path: Any) -> None:
+    """On a terminal the status redraws in place (rich Live) from the real store."""
+    import asyncio
+
+    from llmplane.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    store.apply(
+        {
+            "apiVersion": "inference.llmaz.io/v1alpha1",
+            "kind": "Playground",
+            "metadata": {"name": "chat", "namespace": "default"},
+            "spec": {"replicas": 2, "modelClaim": {"modelName": "m"}},
+        }
+    )
+    gateway = _gateway()
+    gateway.config = SimpleNamespace(metrics_staleness=1.0)
+    platform = SimpleNamespace(store=store, runtime=None, gateway=gateway)
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    task = asyncio.create_task(UpStatus(platform, console).run())
+    try:
+        async with asyncio.timeout(10):
+            while "0/2 ready" not in out.getvalue():
+                await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        store.close()
+    text = out.getvalue()
+    assert "playground default/chat" in text and "no replicas yet" in text
+    assert "\x1b[" in text  # drawn with terminal control sequences, not plain lines

@@ -39,9 +39,13 @@ def test_the_shipped_example_is_the_rendered_bootstrap() -> None:
     assert yaml.safe_load(EXAMPLE.read_text()) == bootstrap(**EXAMPLE_ARGS)
 
 
-@pytest.mark.parametrize("open_", [True, False], ids=["FailOpen", "FailClose"])
-def test_envoy_accepts_the_bootstrap(tmp_path: Path, open_: bool) -> None:
-    doc = bootstrap(**{**EXAMPLE_ARGS, "fail_open": open_})
+@pytest.mark.parametrize(
+    ("open_", "duplex"),
+    [(True, False), (False, False), (True, True)],
+    ids=["FailOpen", "FailClose", "full-duplex"],
+)
+def test_envoy_accepts_the_bootstrap(tmp_path: Path, open_: bool, duplex: bool) -> None:
+    doc = bootstrap(**{**EXAMPLE_ARGS, "fail_open": open_, "full_duplex": duplex})
     path = tmp_path / "envoy.yaml"
     path.write_text(yaml.safe_dump(doc))
     result = _validate(path)

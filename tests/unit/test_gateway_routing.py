@@ -219,3 +219,57 @@ def test_invalid_objects_are_ignored_not_fatal():
     objects = [route("bad", {"rules": []}), server("s", "m", {"matchLabels": {"app": "a"}})]
     table = build_table(objects, STATES)
     assert "ModelRoute/default/bad" in table.problems
+
+
+def _playground(name, model, **spec):
+    return {
+        "apiVersion": "inference.llmaz.io/v1alpha1",
+        "kind": "Playground",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"modelClaim": {"modelName": model}, **spec},
+    }
+
+
+def test_reported_and_declared_lora_adapters_need_no_routes():
+    holder, other = (
+        ep(1, {MODEL_NAME_LABEL: "base"}, "base"),
+        ep(2, {MODEL_NAME_LABEL: "base"}, "base"),
+    )
+    holder.served_models = frozenset({"base", "a1"})
+    other.served_models = frozenset({"base"})
+    declared = [
+        {"name": "a2", "source": {"uri": "host:///adapters/a2"}},
+        {"name": "a1", "source": {"uri": "host:///adapters/a1"}},  # already served: not loaded
+    ]
+    table = build_table([_playground("base", "base", loraAdapters=declared)], [holder, other])
+    d = table.resolve("a1", "/v1/completions", {})
+    assert d.lora and d.load is None and d.model == "a1"
+    assert d.backend.candidates == (holder,)
+    d = table.resolve("a2", "/v1/completions", {})
+    assert d.lora and d.load is not None
+    assert (d.load.name, d.load.path, d.load.base) == ("a2", "/adapters/a2", "base")
+    assert set(d.backend.candidates) == {holder, other}
+    assert "a2" in table.model_names() and "a1" in table.model_names()
+    # The base model stays a plain model.
+    assert not table.resolve("base", "/v1/completions", {}).lora
+
+
+def test_a_failing_playground_says_so_in_its_503():
+    pg = _playground("p", "m")
+    pg["status"] = {
+        "conditions": [
+            {
+                "type": "Available",
+                "status": "False",
+                "reason": "CrashLoopBackOff",
+                "message": "the engine is failing: exited with code 2; see `llmplane logs pl/p`\n"
+                "last lines ...",
+            }
+        ]
+    }
+    table = build_table([pg], [])
+    with pytest.raises(GatewayError) as err:
+        table.resolve("m", "/v1/completions", {})
+    assert err.value.status == 503
+    assert "its engine is failing (CrashLoopBackOff)" in err.value.message
+    assert "llmplane logs pl/p" in err.value.message and "last lines" not in err.value.message

@@ -7,7 +7,6 @@ nothing) and count how often they are asked.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -17,6 +16,7 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scraper import Scraper
 from llmplane.runtime.endpoint import Endpoint
+from llmplane.testing import eventually
 
 PAGE = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{}} {running}\n"
 PAGE += "vllm:num_requests_waiting{{}} 0\nvllm:kv_cache_usage_perc{{}} {kv}\n"
@@ -58,14 +58,6 @@ async def pages() -> AsyncIterator[Callable[[int], object]]:
         await runner.cleanup()
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def test_idle_endpoints_are_scraped_less_often_than_busy_ones(pages) -> None:
     busy_page, idle_page = await pages(1), await pages(0)
     scraper = Scraper(GatewayConfig())
@@ -88,7 +80,7 @@ async def test_idle_endpoints_are_scraped_less_often_than_busy_ones(pages) -> No
         before = idle_page.hits
         idle_page.running = 1
         idle.inflight += 1
-        await wait_until(lambda: idle_page.hits > before, 0.5, "the woken scrape")
+        await eventually(lambda: idle_page.hits > before, 0.5, what="the woken scrape")
         assert idle.running == 1
         await asyncio.sleep(0.5)
         assert idle_page.hits - before >= 5
@@ -102,11 +94,11 @@ async def test_a_change_in_signals_keeps_the_fast_pace(pages) -> None:
     state = EndpointState(Endpoint(page.address))
     try:
         scraper.add(state)
-        await wait_until(lambda: page.hits >= 3, 2, "first scrapes")
+        await eventually(lambda: page.hits >= 3, 2, what="first scrapes")
         await asyncio.sleep(1.0)  # idle: backed off
         slow = page.hits
         page.running = 2  # the engine got work from elsewhere (another gateway)
-        await wait_until(lambda: state.running == 2, 3, "the change to be seen")
+        await eventually(lambda: state.running == 2, 3, what="the change to be seen")
         seen = page.hits
         await asyncio.sleep(0.5)
         assert page.hits - seen >= 5, (slow, seen, page.hits)

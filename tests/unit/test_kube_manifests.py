@@ -595,3 +595,14 @@ def test_multiline_scripts_render_as_literal_blocks() -> None:
 def test_rendering_is_deterministic() -> None:
     paths = [str(EXAMPLES / "llama3-405b.yaml"), str(EXAMPLES / "speculative-decoding.yaml")]
     assert render_objects(paths) == render_objects(paths)
+
+
+def test_no_hpa_for_scale_to_zero() -> None:
+    """minReplicas 0 is llmplane's extension: an HPA cannot hold it (the HPAScaleToZero gate is
+    off by default), so none is rendered; the Service still is."""
+    text = ELASTIC.replace("minReplicas: 2", "minReplicas: 0").replace(
+        "replicas: 2", "replicas: 0", 1
+    )
+    objects = _render(text)
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    assert _one(objects, "InferenceService")["spec"]["replicas"] == 0

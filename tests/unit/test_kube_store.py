@@ -18,6 +18,7 @@ import pytest
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.store.base import Expired, StoreError
 from llmplane.store.kube import GATEWAY_KINDS, KubeStore, ReadOnly
+from llmplane.testing import eventually
 from llmplane.testing.kube_emulator import KubeEmulator, default_kinds
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,17 +60,6 @@ def openmodel(name: str):
         "metadata": {"name": name},
         "spec": {"familyName": "opt", "source": {"modelHub": {"modelID": "facebook/opt-125m"}}},
     }
-
-
-async def eventually(predicate: Any, timeout: float = 10.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager

@@ -4,10 +4,8 @@ by setting podIP and the Ready condition), plus its pure helpers."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -19,6 +17,7 @@ from llmplane.gateway.discovery.pods import (
     pod_ready,
 )
 from llmplane.store.kube import KubeStore
+from llmplane.testing import eventually
 from llmplane.testing.kube_emulator import KubeEmulator, pod
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,17 +59,6 @@ def test_parse_namespaces() -> None:
     assert parse_namespaces(["all"]) is None
     assert parse_namespaces(["a", "b,a"]) == ["a", "b"]
     assert parse_namespaces(["a", "all"]) is None
-
-
-async def eventually(predicate: Any, timeout: float = 10.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager

@@ -121,6 +121,32 @@ def test_apply_conflict_on_stale_resource_version(store):
     assert store.get("Playground", "b", "default") is None
 
 
+def test_resource_versions_compare_as_whole_values_past_one_digit(store):
+    """Optimistic concurrency at resourceVersions of two and more digits: a stale one ("9"
+    sorts after "12" as text) and one from the future are both refused, by apply and by
+    update_status, and the object stays as it was."""
+    for i in range(12):  # other objects move the global resourceVersion past 10
+        store.apply(pg(f"filler-{i}"))
+    current = store.apply(pg("a", spec={"replicas": 1}))
+    rv = current["metadata"]["resourceVersion"]
+    assert int(rv) >= 13
+    stale = str(int(rv) - 4)  # one digit shorter than rv, and larger as text
+    assert len(stale) < len(rv) or stale > rv
+    for given in (stale, "1", str(int(rv) + 1), str(int(rv) * 10), rv + "0"):
+        with pytest.raises(Conflict, match=f"resourceVersion {given} is stale"):
+            store.apply(pg("a", spec={"replicas": 7}, resourceVersion=given))
+        with pytest.raises(Conflict, match="Playground/a was modified"):
+            store.update_status("Playground", "a", "default", {"x": given}, resource_version=given)
+    assert store.get("Playground", "a", "default") == current
+    # The current one, two digits and all, is accepted.
+    updated = store.apply(pg("a", spec={"replicas": 7}, resourceVersion=rv))
+    assert updated["spec"] == {"replicas": 7}
+    assert int(updated["metadata"]["resourceVersion"]) == int(rv) + 1
+    new_rv = updated["metadata"]["resourceVersion"]
+    out = store.update_status("Playground", "a", "default", {"ok": True}, resource_version=new_rv)
+    assert out["status"] == {"ok": True}
+
+
 def test_update_status(store):
     created = store.apply(pg("a"))
     out = store.update_status(

@@ -5,6 +5,8 @@ import time
 import pytest
 
 from llmplane.store import Expired, SQLiteStore
+from llmplane.store import sqlite as sqlite_store
+from llmplane.testing import eventually
 
 
 def pg(name, ns="default", replicas=1):
@@ -98,18 +100,23 @@ async def test_filters(store):
         assert [e.object["kind"] for e in await take(watch, 2)] == ["OpenModel", "OpenModel"]
 
 
+def parked(store: SQLiteStore) -> bool:
+    """A watch of ``store`` has read everything and waits for a wakeup (or its next poll)."""
+    return any(w.event._waiters for w in sqlite_store._waiters.get(store._key, ()))
+
+
 async def test_same_process_writes_wake_watchers_immediately(tmp_path):
     # A long poll interval proves the wakeup, not the poll, delivers the event.
     with SQLiteStore(tmp_path / "s.db", poll_interval=30) as store:
         other = SQLiteStore(tmp_path / "s.db", poll_interval=30)  # same file, other instance
         async with contextlib.aclosing(store.watch(since="0")) as watch:
             waiting = asyncio.ensure_future(anext(watch))
-            await asyncio.sleep(0.05)
+            await eventually(lambda: parked(store), what="the watch waiting for a wakeup")
             started = time.monotonic()
             store.apply(pg("a"))
             assert (await asyncio.wait_for(waiting, 2)).type == "ADDED"
             waiting = asyncio.ensure_future(anext(watch))
-            await asyncio.sleep(0.05)
+            await eventually(lambda: parked(store), what="the watch waiting again")
             await asyncio.to_thread(other.apply, pg("b"))  # from another thread too
             assert (await asyncio.wait_for(waiting, 2)).object["metadata"]["name"] == "b"
             assert time.monotonic() - started < 1.0

@@ -215,6 +215,8 @@ pages.chat = chat;
 
 const fleet = {
   timer: null,
+  openEvents: new Set(), // workloads whose events the user expanded (kept across redraws)
+  renders: 0,
   points: [],
   log: null, // {workload, replica}
   logTimer: null,
@@ -272,6 +274,8 @@ const fleet = {
     const cards = data.workloads.map((w) => this.card(w, data.embedded));
     if (!cards.length) cards.push(h("div", { class: "empty" }, "No Playgrounds or Services yet: llmplane apply -f playground.yaml"));
     $("fleet-workloads").replaceChildren(...cards);
+    this.renders += 1;
+    $("fleet-workloads").dataset.renders = String(this.renders);
     const other = data.otherEndpoints;
     $("fleet-other").replaceChildren(...(other.length ? [h("div", { class: "card" },
       h("div", { class: "card-head" }, h("h3", {}, "Other endpoints"), h("span", { class: "muted" }, "registered Endpoint objects and servers no workload owns")),
@@ -288,7 +292,8 @@ const fleet = {
     const tone = (c) => (["Available", "Ready"].includes(c.type) ? (c.status === "True" ? "ok" : c.status === "False" ? "bad" : "muted") : "muted");
     const conditions = h("div", { class: "conditions" }, ...w.conditions.map((c) =>
       h("span", { class: `cond ${tone(c)}`, title: c.message || "" }, `${c.type}=${c.status}: ${c.reason || ""}${c.message && c.status !== "True" ? ` (${c.message})` : ""}`)));
-    const events = w.events.length ? h("details", { class: "events" }, h("summary", {}, `Events (${w.events.length})`),
+    const key = `${w.namespace}/${w.name}`;
+    const events = w.events.length ? h("details", { class: "events", open: this.openEvents.has(key), ontoggle: (ev) => (ev.target.open ? this.openEvents.add(key) : this.openEvents.delete(key)) }, h("summary", {}, `Events (${w.events.length})`),
       h("table", {}, h("tbody", {}, ...w.events.slice().reverse().map((e) => h("tr", { class: e.type === "Warning" ? "warning" : "" },
         h("td", {}, e.lastTimestamp.replace("T", " ").replace("Z", "")), h("td", {}, e.type), h("td", {}, e.reason),
         h("td", {}, e.count > 1 ? `${e.message} (x${e.count})` : e.message)))))) : null;
@@ -345,8 +350,11 @@ const fleet = {
       const data = await getJSON(`${API}/logs?workload=${encodeURIComponent(workload)}&replica=${replica}`);
       if (!this.log || this.log.workload !== workload || this.log.replica !== replica) return;
       const pre = $("log-text");
-      pre.textContent = data.text || data.note || "";
-      if ($("log-follow").checked) pre.scrollTop = pre.scrollHeight;
+      const text = data.text || data.note || "";
+      if (pre.textContent === text) return;
+      const top = pre.scrollTop;
+      pre.textContent = text;
+      pre.scrollTop = $("log-follow").checked ? pre.scrollHeight : top;
     } catch (err) {
       $("log-text").textContent = `cannot read the log: ${err.message}`;
     }

@@ -9,6 +9,7 @@ in the store: servers running elsewhere). The endpoint type itself is the runtim
 from llmplane.gateway.discovery.sources import (
     CombinedDiscovery,
     Discovery,
+    Following,
     RuntimeDiscovery,
     StaticDiscovery,
     Subscribers,
@@ -19,6 +20,7 @@ __all__ = [
     "CombinedDiscovery",
     "Discovery",
     "Endpoint",
+    "Following",
     "RuntimeDiscovery",
     "StaticDiscovery",
     "Subscribers",

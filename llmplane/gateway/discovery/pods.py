@@ -35,7 +35,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL
+from llmplane.controlplane.planning import served_model_name
 from llmplane.gateway.discovery.sources import CombinedDiscovery, Subscribers
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.store_follower import StoreFollower
@@ -111,9 +113,6 @@ def _selectors(objects: Mapping[Any, dict[str, Any]]) -> dict[str, list[dict[str
 
 def _served_names(objects: Mapping[Any, dict[str, Any]]) -> dict[str, str]:
     """OpenModel name -> the name its engine serves."""
-    from llmplane.api.llmaz import OpenModel
-    from llmplane.controlplane.planning import served_model_name
-
     names = {}
     for obj in objects.values():
         if obj.get("kind") != "OpenModel":

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from llmplane.runtime.base import Runtime
 from llmplane.runtime.endpoint import Endpoint
 
 Callback = Callable[[], None]
@@ -25,6 +26,15 @@ class Discovery(Protocol):
     def endpoints(self) -> list[Endpoint]: ...
 
     def subscribe(self, callback: Callback) -> None: ...
+
+
+@runtime_checkable
+class Following(Protocol):
+    """A source that follows a watch of its own: the gateway starts and closes it."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Subscribers:
@@ -69,7 +79,7 @@ class RuntimeDiscovery(Subscribers):
     ``discovery.notify`` there (or call it yourself after a change).
     """
 
-    def __init__(self, runtime: Any = None) -> None:
+    def __init__(self, runtime: Runtime | None = None) -> None:
         super().__init__()
         self.runtime = runtime
 

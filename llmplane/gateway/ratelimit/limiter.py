@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from prometheus_client import Counter
+
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.hooks import Reservation as HookReservation
 from llmplane.gateway.hooks import Usage
@@ -38,6 +40,15 @@ from llmplane.gateway.tokens import TokenCounter
 log = logging.getLogger("llmplane.gateway")
 
 FAILURE_POLICIES = ("open", "local", "closed")
+
+# attribute -> (metric name, help, label names)
+# fmt: off
+_METRICS = {
+    "rejections": ("llmplane_ratelimit_rejections", "Requests refused by a token rate limit (reason: exhausted = retry later, too_large = can never fit)", ("route", "direction", "reason")),
+    "redis_errors": ("llmplane_ratelimit_redis_errors", "Failed or timed-out Redis calls of global rate limits", ("op",)),
+    "degraded": ("llmplane_ratelimit_degraded", "Requests decided by the Redis failure policy (open, local, closed)", ("route", "policy")),
+}
+# fmt: on
 
 
 class Reservation(HookReservation):
@@ -84,27 +95,8 @@ class RateLimiter:
         self._children: dict[tuple[Any, ...], Any] = {}
         self.rejections = self.redis_errors = self.degraded = None
         if registry is not None:
-            from prometheus_client import Counter
-
-            self.rejections = Counter(
-                "llmplane_ratelimit_rejections",
-                "Requests refused by a token rate limit (reason: exhausted = retry later, "
-                "too_large = can never fit)",
-                ["route", "direction", "reason"],
-                registry=registry,
-            )
-            self.redis_errors = Counter(
-                "llmplane_ratelimit_redis_errors",
-                "Failed or timed-out Redis calls of global rate limits",
-                ["op"],
-                registry=registry,
-            )
-            self.degraded = Counter(
-                "llmplane_ratelimit_degraded",
-                "Requests decided by the Redis failure policy (open, local, closed)",
-                ["route", "policy"],
-                registry=registry,
-            )
+            for attribute, (name, doc, labels) in _METRICS.items():
+                setattr(self, attribute, Counter(name, doc, labels, registry=registry))
 
     # --- configuration ---------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Any
 from llmplane.api.documents import dump_resource
 from llmplane.api.inference import BackendRuntime, Playground, Service
 from llmplane.api.llmaz import OpenModel
-from llmplane.controlplane import planning
+from llmplane.controlplane import autoscaling, planning
 from llmplane.controlplane.plan import (
     MODEL_FAMILY_LABEL,
     MODEL_NAME_LABEL,
@@ -172,16 +172,12 @@ def hpa_for_playground(
 
     Only with ``elasticConfig`` and a scale trigger: the Playground's, else the one of the
     recommended config in use. ``maxReplicas`` defaults to 99999 (llmaz; the HPA requires one).
+    None with ``minReplicas: 0`` (llmplane's scale to zero; not done by the operator yet).
     """
     elastic = pg.spec.elastic_config
-    if elastic is None:
-        return None
-    trigger = elastic.scale_trigger
-    if trigger is None:
-        cfg = planning.chosen_config_name(planning.Inputs(pg, models or {}, backend))
-        for config in backend.spec.recommended_configs or []:
-            if config.name == cfg and config.scale_trigger is not None:
-                trigger = config.scale_trigger
+    if elastic is None or elastic.min_replicas == 0:
+        return None  # an HPA cannot scale to zero (without the HPAScaleToZero feature gate)
+    trigger = elastic.scale_trigger or autoscaling.recommended_trigger(pg, backend, models or {})
     if trigger is None:
         return None
     spec: dict[str, Any] = {

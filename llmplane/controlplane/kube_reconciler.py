@@ -1,5 +1,9 @@
 """Level-based reconciliation of Playgrounds and Services against the Kubernetes API.
 
+The Kubernetes counterpart of ``controller.py``: the operator (``llmplane/operator/``) only
+decides when a pass runs (kopf events, resync) and calls ``Reconciler.playground`` /
+``Reconciler.service``; the embedded controller runs its passes on store events.
+
 Each call reads the current objects, plans with the same pure code as the embedded substrate
 (``llmplane.controlplane.planning``, with pod paths from ``llmplane.runtime.kube``), realises
 the result through ``KubeRuntime`` (server-side apply) and writes the status that

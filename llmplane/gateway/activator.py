@@ -1,0 +1,194 @@
+"""The activator: requests for a model with no ready replica wait here instead of failing.
+
+A Playground's model that has no ready endpoint (scaled to zero, starting, replicas not
+ready) is *activatable* in the routing table. A request for it is
+held in a per-model FIFO queue bounded by count and bytes (``activator_max_queue``,
+``activator_max_queue_bytes``), and ``wake(workload)`` is called at once so the autoscaler
+scales from zero without waiting for its next pass. When the routing table changes and the
+model is no longer activatable (a replica became ready, or the Playground is gone or failing)
+the held requests are released in arrival order and resolve again. Past
+``activator_hold_timeout`` seconds a held request gets a 503 with ``Retry-After``; a client
+that disconnects is cancelled and leaves the queue. A model whose engine the runtime reports
+failing (``CrashLoopBackOff``, a failed startup or liveness probe, engine not installed) is not
+held: its 503 says why at once.
+
+Only the error path of routing reaches this module: a request with a ready replica never
+touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client.core import GaugeMetricFamily
+
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.observability import Counter, Histogram
+
+COLD_START_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    size: int
+    future: asyncio.Future[None]
+
+
+@dataclass
+class _Queue:
+    workload: str
+    waiters: deque[_Waiter] = field(default_factory=deque)
+    bytes: int = 0
+    since: float = 0.0  # monotonic time the first request of this cold start was held
+
+
+class ActivatorMetrics:
+    def __init__(self) -> None:
+        self.held = Counter(
+            "llmplane_gateway_activator_held",
+            "Requests held for a model without a ready replica",
+            ["model"],
+        )
+        self.refused = Counter(
+            "llmplane_gateway_activator_refused",
+            "Held requests answered 503: hold timeout, or queue full",
+            ["model", "reason"],
+        )
+        self.cold_start = Histogram(
+            "llmplane_gateway_activator_cold_start_seconds",
+            "From the first held request to the model's first ready replica",
+            ["model"],
+            buckets=COLD_START_BUCKETS,
+        )
+        self.hold = Histogram(
+            "llmplane_gateway_activator_hold_seconds",
+            "How long released requests were held",
+            ["model"],
+            buckets=COLD_START_BUCKETS,
+        )
+
+    def all(self) -> list[Counter | Histogram]:
+        return [self.held, self.refused, self.cold_start, self.hold]
+
+
+class _QueueCollector:
+    """``llmplane_gateway_activator_queue``: requests held now, per model."""
+
+    def __init__(self, activator: Activator) -> None:
+        self.activator = activator
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "llmplane_gateway_activator_queue",
+            "Requests held now for a model without a ready replica",
+            labels=["model"],
+        )
+        for model, queue in list(self.activator.queues.items()):
+            family.add_metric([model], len(queue.waiters))
+        return [family]
+
+
+class Activator:
+    """Per-model queues of held requests (see the module docstring)."""
+
+    def __init__(self, config: GatewayConfig, metrics: ActivatorMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or ActivatorMetrics()
+        self.queues: dict[str, _Queue] = {}
+        # Called with the workload (``namespace/name``) when a request starts waiting for it.
+        self.wake: Callable[[str], None] | None = None
+        self.collector = _QueueCollector(self)
+
+    def held_for(self, workload: str) -> int:
+        """Requests held now for models of ``workload`` (the autoscaler's demand)."""
+        return sum(len(q.waiters) for q in self.queues.values() if q.workload == workload)
+
+    def held(self, model: str) -> int:
+        queue = self.queues.get(model)
+        return len(queue.waiters) if queue else 0
+
+    async def hold(self, model: str, workload: str, size: int) -> None:
+        """Wait until ``model`` may be resolved again; GatewayError 503 when it may not."""
+        c = self.config
+        if c.activator_hold_timeout <= 0:
+            raise self._refuse(model, "disabled", "its Playground is starting or scaled to zero")
+        queue = self.queues.get(model)
+        if queue is None:
+            queue = self.queues[model] = _Queue(workload, since=time.monotonic())
+        if len(queue.waiters) >= c.activator_max_queue:
+            self._drop_if_empty(model, queue)
+            raise self._refuse(
+                model, "queue_full", f"{len(queue.waiters)} requests already wait for a replica"
+            )
+        if queue.bytes + size > c.activator_max_queue_bytes:
+            self._drop_if_empty(model, queue)
+            raise self._refuse(
+                model, "queue_full", f"{queue.bytes} bytes of requests already wait for a replica"
+            )
+        waiter = _Waiter(size, asyncio.get_running_loop().create_future())
+        queue.waiters.append(waiter)
+        queue.bytes += size
+        self.metrics.held.labels(model).inc()
+        start = time.monotonic()
+        if self.wake is not None:
+            self.wake(workload)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), c.activator_hold_timeout)
+        except TimeoutError:
+            raise self._refuse(
+                model,
+                "timeout",
+                f"no replica became ready within {_seconds(c.activator_hold_timeout)}",
+            ) from None
+        finally:
+            if not waiter.future.done():  # timed out or the client went away
+                waiter.future.cancel()
+                self._remove(model, waiter)
+        self.metrics.hold.labels(model).observe(time.monotonic() - start)
+
+    def _refuse(self, model: str, reason: str, detail: str) -> GatewayError:
+        self.metrics.refused.labels(model, reason).inc()
+        return GatewayError(
+            503,
+            f"model {model!r} has no ready endpoint: {detail}; retry later",
+            "no_ready_endpoint",
+            retry_after=self.config.activator_retry_after,
+        )
+
+    def _remove(self, model: str, waiter: _Waiter) -> None:
+        queue = self.queues.get(model)
+        if queue is None:
+            return
+        try:
+            queue.waiters.remove(waiter)
+        except ValueError:
+            return
+        queue.bytes -= waiter.size
+        self._drop_if_empty(model, queue)
+
+    def _drop_if_empty(self, model: str, queue: _Queue) -> None:
+        if not queue.waiters and self.queues.get(model) is queue:
+            del self.queues[model]
+
+    def release(self, still_waiting: Callable[[str], bool]) -> None:
+        """After a routing-table change: release, oldest first, every queue whose model
+        ``still_waiting(model)`` says no longer needs to wait."""
+        if not self.queues:
+            return
+        now = time.monotonic()
+        for model in [m for m in self.queues if not still_waiting(m)]:
+            queue = self.queues.pop(model)
+            self.metrics.cold_start.labels(model).observe(now - queue.since)
+            for waiter in queue.waiters:  # futures resume their awaiters in this order
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s" if value < 60 or not math.isfinite(value) else f"{value / 60:g} min"

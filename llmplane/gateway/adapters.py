@@ -1,0 +1,146 @@
+"""LoRA adapters as a lifecycle: loaded on demand, placed by affinity, unloaded least recently used.
+
+Routing (``routing.py``) sends a request that names an adapter to the replicas that report it in
+``/v1/models``. A request naming an adapter declared on a Playground (``spec.loraAdapters``) that
+no replica holds carries ``Decision.load``; ``Adapters.ensure`` then loads it onto one replica
+through the engine's runtime adapter API (vLLM's ``POST /v1/load_lora_adapter``, which the sim
+implements too) and the request goes there. The replica is chosen by LoRA affinity: one with a
+free adapter slot (fewer adapters than its ``max_lora`` from ``vllm:lora_requests_info``) first,
+the least busy among equals. When every replica is full, the adapter this gateway loaded and
+used least recently on the least busy replica is unloaded first (``/v1/unload_lora_adapter``);
+adapters an engine was started with (``--lora-modules``) are never unloaded.
+
+Loads of one adapter are serialised (concurrent first requests wait for one load). Off the hot
+path: only requests for an adapter that is not loaded anywhere come here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import aiohttp
+
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.playgrounds import DeclaredAdapter
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scraper import MODELS_CHANGED_AT
+
+log = logging.getLogger("llmplane.gateway")
+
+LOAD_TIMEOUT = 120.0  # loading reads the adapter's weights
+
+
+def adapters_on(state: EndpointState) -> set[str]:
+    """The LoRA adapters an endpoint reports (its /v1/models less its own model names)."""
+    return set(state.served_models or ()) - state.endpoint.served_names()
+
+
+class Adapters:
+    """What this gateway loaded where, and when each was last used."""
+
+    def __init__(self, session: Callable[[], aiohttp.ClientSession]) -> None:
+        self._session = session
+        self.loaded: dict[str, dict[str, float]] = {}  # address -> adapter -> last use
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def touch(self, address: str, adapter: str) -> None:
+        """A request for ``adapter`` was sent to ``address`` (keeps it off the LRU end)."""
+        used = self.loaded.get(address)
+        if used is not None and adapter in used:
+            used[adapter] = time.monotonic()
+
+    def forget(self, address: str) -> None:
+        self.loaded.pop(address, None)
+
+    async def ensure(
+        self, adapter: DeclaredAdapter, candidates: Sequence[EndpointState]
+    ) -> list[EndpointState]:
+        """The candidates that hold ``adapter``, loading it onto one of them if none does."""
+        holding = [s for s in candidates if adapter.name in (s.served_models or ())]
+        if holding:
+            return holding
+        if not candidates:
+            raise GatewayError(
+                503, f"no ready replica of {adapter.base!r} to load adapter {adapter.name!r} onto",
+                "no_ready_endpoint",
+            )  # fmt: skip
+        lock = self._locks.setdefault(adapter.name, asyncio.Lock())
+        async with lock:
+            holding = [s for s in candidates if adapter.name in (s.served_models or ())]
+            if holding:
+                return holding
+            target = self.place(candidates)
+            await self._make_room(target)
+            await self._post(
+                target,
+                "/v1/load_lora_adapter",
+                {"lora_name": adapter.name, "lora_path": adapter.path},
+                f"loading LoRA adapter {adapter.name!r}",
+                already="already been loaded",  # our model list was behind the engine's
+            )
+            target.served_models = frozenset({*(target.served_models or ()), adapter.name})
+            target.extra[MODELS_CHANGED_AT] = time.monotonic()
+            self.loaded.setdefault(target.address, {})[adapter.name] = time.monotonic()
+            log.info("loaded LoRA adapter %s on %s", adapter.name, target.address)
+            return [target]
+
+    @staticmethod
+    def place(candidates: Sequence[EndpointState]) -> EndpointState:
+        """LoRA affinity: a free adapter slot first, then the least busy."""
+
+        def key(s: EndpointState) -> tuple[int, float]:
+            full = bool(s.max_lora) and len(adapters_on(s)) >= s.max_lora
+            return (1 if full else 0, s.inflight + s.waiting + s.running)
+
+        return min(candidates, key=key)
+
+    async def _make_room(self, target: EndpointState) -> None:
+        if not target.max_lora or len(adapters_on(target)) < target.max_lora:
+            return
+        mine = {
+            a: t for a, t in self.loaded.get(target.address, {}).items() if a in adapters_on(target)
+        }
+        busy = target.lora_running | target.lora_waiting
+        idle = {a: t for a, t in mine.items() if a not in busy} or mine
+        if not idle:
+            return  # only adapters it was started with: vLLM evicts from its own cache
+        victim = min(idle, key=idle.__getitem__)
+        await self._post(
+            target,
+            "/v1/unload_lora_adapter",
+            {"lora_name": victim},
+            f"unloading LoRA adapter {victim!r}",
+            already="cannot be found",
+        )
+        self.loaded[target.address].pop(victim, None)
+        target.served_models = frozenset(set(target.served_models or ()) - {victim})
+        target.extra[MODELS_CHANGED_AT] = time.monotonic()
+        log.info("unloaded LoRA adapter %s from %s (least recently used)", victim, target.address)
+
+    async def _post(
+        self, target: EndpointState, path: str, body: dict, what: str, already: str = ""
+    ) -> None:
+        """POST to the engine's adapter API; an error whose text contains ``already`` (the
+        engine is already in the wanted state) counts as done."""
+        try:
+            async with self._session().post(
+                f"http://{target.address}{path}",
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT),
+            ) as resp:
+                if resp.status >= 400:
+                    text = (await resp.text())[:300]
+                    if already and already in text:
+                        return
+                    raise GatewayError(
+                        502, f"{what} on {target.address} failed: HTTP {resp.status} {text}",
+                        "adapter_load_failed",
+                    )  # fmt: skip
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise GatewayError(
+                502, f"{what} on {target.address} failed: {err or type(err).__name__}",
+                "adapter_load_failed",
+            ) from None  # fmt: skip

@@ -1,0 +1,101 @@
+"""The picker's ext_proc state machine driven message by message, in process, on a real
+Gateway routing state (a SQLite store with two registered endpoints; no engine and no Envoy
+is needed because the picker never connects to a replica): the destination list with a
+fallback, the data plane reporting that the fallback served, in-flight accounting following it,
+usage settling at the end of the stream."""
+
+from __future__ import annotations
+
+import orjson
+from envoy.config.core.v3 import base_pb2
+
+from llmplane.epp import protocol
+from llmplane.epp.envoy import DESTINATION_HEADER, SERVED_KEY
+from llmplane.epp.server import start_picker
+from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
+from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import eventually
+
+pb = protocol.pb
+A, B = "127.0.0.1:1", "127.0.0.1:2"  # never connected to
+
+
+def _headers(pairs: dict[str, str], end: bool = False) -> pb.HttpHeaders:
+    values = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+    return pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=end)
+
+
+async def test_fallback_that_served_takes_the_accounting(tmp_path) -> None:
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    store.apply(endpoint_object("a", A, "m"))
+    store.apply(endpoint_object("b", B, "m"))
+    picker = await start_picker(store, StoreEndpoints(store), fallbacks=1)
+    try:
+        gw = picker.gateway
+        await eventually(lambda: len(gw.registry.states) == 2, what="both endpoints")
+        states = gw.registry.states
+        seen: dict[str, dict[str, int]] = {}
+
+        def inflight() -> dict[str, int]:
+            return {a: s.inflight for a, s in states.items()}
+
+        order: list[str] = []
+
+        async def messages():
+            yield pb.ProcessingRequest(
+                request_headers=_headers({":method": "POST", ":path": "/v1/completions"})
+            )
+            body = orjson.dumps({"model": "m", "prompt": "hello", "max_tokens": 3})
+            yield pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+            seen["picked"] = inflight()
+            served = pb.ProcessingRequest(
+                response_headers=_headers({":status": "200", "content-type": "application/json"})
+            )
+            # The data plane tried the first named endpoint, then served from the second.
+            served.metadata_context.filter_metadata["envoy.lb"].fields[
+                SERVED_KEY
+            ].string_value = order[1]
+            yield served
+            seen["served"] = inflight()
+            usage = b'{"usage":{"prompt_tokens":2,"completion_tokens":3}}'
+            yield pb.ProcessingRequest(response_body=pb.HttpBody(body=usage, end_of_stream=True))
+
+        replies = []
+        stream = picker.service.Process(_Feeder(messages(), replies, order), None)
+        async for reply in stream:
+            replies.append(reply)
+        kinds = [r.WhichOneof("response") for r in replies]
+        assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
+        first, second = order
+        assert seen["picked"] == {first: 1, second: 0}  # counted on the primary
+        assert seen["served"] == {first: 0, second: 1}  # moved to the one that served
+        assert inflight() == {first: 0, second: 0}  # released at the end of the stream
+        added = {
+            h.header.key: h.header.raw_value.decode()
+            for h in replies[2].response_headers.response.header_mutation.set_headers
+        }
+        assert added["x-llmplane-endpoint"] == second
+        metrics = gw.metrics.render().decode()
+        assert f'endpoint="{second}",model="m"' in metrics and 'status="200"' in metrics
+        assert "llmplane_gateway_output_tokens_total" in metrics and "3.0" in metrics
+    finally:
+        await picker.close(0)
+        store.close()
+
+
+class _Feeder:
+    """The request stream: notes the picker's destination list as soon as it answers."""
+
+    def __init__(self, messages, replies, order) -> None:
+        self.messages, self.replies, self.order = messages, replies, order
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.replies and not self.order:
+            common = self.replies[-1].request_body.response
+            for h in common.header_mutation.set_headers:
+                if h.header.key == DESTINATION_HEADER:
+                    self.order.extend(h.header.raw_value.decode().split(","))
+        return await self.messages.__anext__()

@@ -1,0 +1,106 @@
+"""The activator's queue (gateway/activator.py): FIFO release, bounds by count and bytes, hold
+timeout with Retry-After, a cancelled (disconnected) request leaving the queue, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmplane.gateway.activator import Activator
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.errors import GatewayError
+
+
+def activator(**kw: float) -> Activator:
+    return Activator(GatewayConfig(**kw))  # type: ignore[arg-type]
+
+
+async def until(predicate, what: str, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+async def test_held_requests_are_released_in_arrival_order() -> None:
+    act = activator()
+    woken: list[str] = []
+    act.wake = woken.append
+    order: list[int] = []
+
+    async def request(i: int) -> None:
+        await act.hold("m", "default/pg", 10)
+        order.append(i)
+
+    tasks = [asyncio.create_task(request(i)) for i in range(5)]
+    await until(lambda: act.held("m") == 5, "five held")
+    assert act.held_for("default/pg") == 5 and act.held_for("default/other") == 0
+    assert woken == ["default/pg"] * 5  # the autoscaler is asked at once, for each
+    act.release(lambda model: True)  # still activatable: nothing moves
+    await asyncio.sleep(0.01)
+    assert order == []
+    act.release(lambda model: False)  # a replica is ready
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4]
+    assert act.queues == {}
+    assert act.metrics.held.labels("m").value == 5
+    assert sum(act.metrics.cold_start.labels("m").counts) == 1  # one cold start
+
+
+async def test_queue_bounded_by_count_and_bytes() -> None:
+    act = activator(activator_max_queue=2, activator_max_queue_bytes=100)
+    first = [asyncio.create_task(act.hold("m", "default/pg", 40)) for _ in range(2)]
+    await until(lambda: act.held("m") == 2, "two held")
+    with pytest.raises(GatewayError) as err:
+        await act.hold("m", "default/pg", 1)
+    assert err.value.status == 503 and "2 requests already wait" in err.value.message
+    assert err.value.retry_after == 5.0
+    other = asyncio.create_task(act.hold("n", "default/pg2", 60))
+    await until(lambda: act.held("n") == 1, "one held for n")
+    with pytest.raises(GatewayError) as err:
+        await act.hold("n", "default/pg2", 41)  # 60 + 41 > 100 bytes
+    assert "60 bytes of requests already wait" in err.value.message
+    assert act.metrics.refused.labels("m", "queue_full").value == 1
+    act.release(lambda model: False)
+    await asyncio.gather(*first, other)
+
+
+async def test_hold_timeout_is_a_503_with_retry_after() -> None:
+    act = activator(activator_hold_timeout=0.05, activator_retry_after=7)
+    with pytest.raises(GatewayError) as err:
+        await act.hold("m", "default/pg", 1)
+    assert err.value.status == 503 and err.value.code == "no_ready_endpoint"
+    assert "no replica became ready within 0.05 s" in err.value.message
+    assert err.value.response().headers["Retry-After"] == "7"
+    assert act.queues == {}  # left the queue
+    assert act.metrics.refused.labels("m", "timeout").value == 1
+
+
+async def test_disabled_hold_answers_at_once() -> None:
+    act = activator(activator_hold_timeout=0)
+    with pytest.raises(GatewayError) as err:
+        await act.hold("m", "default/pg", 1)
+    assert "starting or scaled to zero" in err.value.message and act.queues == {}
+
+
+async def test_a_cancelled_request_leaves_the_queue() -> None:
+    act = activator()
+    order: list[str] = []
+
+    async def request(name: str) -> None:
+        await act.hold("m", "default/pg", 5)
+        order.append(name)
+
+    a = asyncio.create_task(request("a"))
+    b = asyncio.create_task(request("b"))
+    c = asyncio.create_task(request("c"))
+    await until(lambda: act.held("m") == 3, "three held")
+    b.cancel()  # its client went away
+    await until(lambda: act.held("m") == 2, "b dropped")
+    assert act.queues["m"].bytes == 10
+    act.release(lambda model: False)
+    await asyncio.gather(a, c)
+    assert order == ["a", "c"]
+    assert b.cancelled()
