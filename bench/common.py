@@ -116,14 +116,15 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk_script(body: bytes) -> str:
-    """A wrk Lua script that POSTs ``body`` as JSON."""
+def wrk_script(body: bytes, headers: dict[str, str] | None = None) -> str:
+    """A wrk Lua script that POSTs ``body`` as JSON (with ``headers`` besides)."""
     text = body.decode()
+    extra = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items())
     return (
         'wrk.method = "POST"\n'
         f"wrk.body = [==[{text}]==]\n"
         'wrk.headers["Content-Type"] = "application/json"\n'
-    )
+    ) + extra
 
 
 def parse_wrk(out: str) -> dict[str, float]:
@@ -140,11 +141,16 @@ def parse_wrk(out: str) -> dict[str, float]:
 
 
 def wrk(
-    url: str, body: bytes, concurrency: int, duration: float, threads: int = 2
+    url: str,
+    body: bytes,
+    concurrency: int,
+    duration: float,
+    threads: int = 2,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """One wrk run (POST ``body``); latency in ms."""
+    """One wrk run (POST ``body``, with ``headers`` besides); latency in ms."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(wrk_script(body))
+        script.write(wrk_script(body, headers))
     try:
         out = subprocess.run(
             [

@@ -616,6 +616,12 @@ def operator(ctx: typer.Context) -> None:
     raise typer.Exit(operator_main(list(ctx.args)))
 
 
+from llmplane.keys import KeyError_  # noqa: E402
+from llmplane.keys import app as _keys_app  # noqa: E402
+
+app.add_typer(_keys_app, name="keys")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes become a message and exit status 1, never a traceback.
 
@@ -630,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         for message in e.messages:
             err.print(f"[red]error:[/] {escape(message)}")
         return 1
-    except (UserError, StoreError) as e:
+    except (UserError, StoreError, KeyError_) as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         return 1
     return 0

@@ -11,7 +11,8 @@
 #   1. the chart installs the CRDs, operator and gateway; LeaderWorkerSet is installed first;
 #   2. an OpenModel + Playground become a Service, a LeaderWorkerSet and a <name>-lb Service
 #      owned through ownerReferences, and the Playground reaches Available=True (PlaygroundReady);
-#   3. the gateway answers /v1/chat/completions for the model;
+#   3. the gateway refuses a request without a key (401) and, with a Tenant's key, answers
+#      /v1/chat/completions for the model;
 #   4. deleting the Playground garbage-collects everything it created.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -90,7 +91,18 @@ kubectl -n "$NS" port-forward svc/llmplane-gateway 18080:80 >/dev/null 2>&1 &
 PF=$!
 trap 'kill $PF 2>/dev/null || true; cleanup' EXIT
 wait_for "gateway reachable" 30 curl -sf http://127.0.0.1:18080/health
+# The gateway listens beyond loopback in its pod: it needs a Tenant's key. Make one in a
+# scratch state directory and apply the Tenant (without the scratch store's server fields).
+KEYS_DIR=$(mktemp -d)
+KEY=$(python -m llmplane.cli keys create e2e --state-dir "$KEYS_DIR" | tail -n 1)
+python -m llmplane.cli get tenant e2e -o yaml --state-dir "$KEYS_DIR" \
+  | grep -Ev '^  (uid|resourceVersion|generation|creationTimestamp):' | kubectl apply -f -
+rm -rf "$KEYS_DIR"
+code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18080/v1/models)
+[ "$code" = 401 ] || { echo "expected 401 without a key, got $code" >&2; exit 1; }
+wait_for "the key accepted" 30 curl -sf -H "Authorization: Bearer $KEY" http://127.0.0.1:18080/v1/models
 curl -sf http://127.0.0.1:18080/v1/chat/completions -H 'content-type: application/json' \
+  -H "Authorization: Bearer $KEY" \
   -d '{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":8}' | tee /dev/stderr \
   | grep -q '"choices"'
 echo "ok: chat completion through the gateway"

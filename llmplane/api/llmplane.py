@@ -2,12 +2,16 @@
 
 ``Endpoint`` registers a model server llmplane did not start (a vLLM already running
 elsewhere) so ModelServers and InferencePools can select it by label, like a pod.
+
+``Tenant`` is a caller of the gateway: its API keys (salted hashes only, see
+``llmplane/gateway/apikeys.py``), the models it may use and the criticality its requests get.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import datetime
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -20,6 +24,7 @@ from llmplane.api.base import (
     check_labels,
     join_path,
 )
+from llmplane.api.gie import Criticality
 
 LLMPLANE_GROUP = "llmplane.io"
 _ADDRESS = re.compile(
@@ -60,4 +65,74 @@ class Endpoint(Resource):
     api_version: Literal["llmplane.io/v1alpha1"] = "llmplane.io/v1alpha1"
     kind: Literal["Endpoint"] = "Endpoint"
     spec: EndpointSpec
+    status: ConditionedStatus | None = None
+
+
+# Tenant -----------------------------------------------------------------------------------------
+
+KEY_ID = re.compile(r"^[a-z0-9]{12}$")
+_HEX = re.compile(r"^[0-9a-f]+$")
+_MODEL_PATTERN = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable, no spaces
+
+
+class ApiKey(ApiModel):
+    """One key of a tenant, as stored: never the key itself, only its salted hash.
+
+    ``id`` is the key's public part (also inside the key, ``llmp-<id>-<secret>``): what
+    ``llmplane keys list`` shows and what the gateway indexes keys by.
+    """
+
+    id: str
+    name: str | None = Field(default=None, max_length=63)
+    salt: str = Field(description="hex, 16 random bytes")
+    hash: str = Field(description="hex HMAC-SHA256(salt, key)")
+    created: datetime | None = None
+    revoked: bool = False
+
+    def check(self, path: str) -> Iterator[Violation]:
+        if not KEY_ID.match(self.id):
+            yield Violation(join_path(path, "id"), "must be 12 lowercase letters or digits")
+        if len(self.salt) != 32 or not _HEX.match(self.salt):
+            yield Violation(join_path(path, "salt"), "must be 32 lowercase hex digits")
+        if len(self.hash) != 64 or not _HEX.match(self.hash):
+            yield Violation(join_path(path, "hash"), "must be 64 lowercase hex digits (SHA-256)")
+
+
+class TenantSpec(ApiModel):
+    # Model names or shell-style patterns (``llama-*``); the default allows every model.
+    models: list[str] = Field(default_factory=lambda: ["*"])
+    # The criticality of this tenant's requests unless their route says otherwise.
+    criticality: Criticality = "Default"
+    keys: list[ApiKey] = Field(default_factory=list)
+
+    def check(self, path: str) -> Iterator[Violation]:
+        for i, pattern in enumerate(self.models):
+            if not _MODEL_PATTERN.match(pattern):
+                yield Violation(
+                    join_path(join_path(path, "models"), i),
+                    "must be 1-256 printable characters without spaces",
+                )
+        seen: set[str] = set()
+        for i, key in enumerate(self.keys):
+            if key.id in seen:
+                yield Violation(
+                    join_path(join_path(join_path(path, "keys"), i), "id"),
+                    f"duplicate key id {key.id!r}",
+                )
+            seen.add(key.id)
+
+
+class Tenant(Resource):
+    group: ClassVar[str] = LLMPLANE_GROUP
+    version: ClassVar[str] = "v1alpha1"
+    plural: ClassVar[str] = "tenants"
+    short_names: ClassVar[tuple[str, ...]] = ("tn",)
+    printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("CRITICALITY", "string", ".spec.criticality"),
+        ("MODELS", "string", ".spec.models"),
+    )
+
+    api_version: Literal["llmplane.io/v1alpha1"] = "llmplane.io/v1alpha1"
+    kind: Literal["Tenant"] = "Tenant"
+    spec: TenantSpec = Field(default_factory=TenantSpec)
     status: ConditionedStatus | None = None

@@ -7,7 +7,7 @@ from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.inference import BackendRuntime, Playground, Service
 from llmplane.api.kthena import ModelRoute, ModelServer
 from llmplane.api.llmaz import OpenModel
-from llmplane.api.llmplane import Endpoint
+from llmplane.api.llmplane import Endpoint, Tenant
 
 KINDS: dict[str, type[Resource]] = {}
 
@@ -27,6 +27,7 @@ for _cls in (
     ModelRoute,
     ModelServer,
     Endpoint,
+    Tenant,
 ):
     register(_cls)
 

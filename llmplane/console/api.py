@@ -116,6 +116,9 @@ class Console:
     ) -> None:
         self.gateway = gateway
         self.runtime = runtime
+        auth = getattr(gateway, "auth", None)
+        if authorize is None and auth is not None:  # the gateway's admin key, if it has one
+            authorize = lambda request: auth.admin_refusal(request.headers)  # noqa: E731
         self.authorize = authorize
         self.stats = RequestStats(
             gateway.metrics, endpoints=lambda: list(gateway.registry.states.values())

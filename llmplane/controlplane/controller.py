@@ -25,6 +25,7 @@ from llmplane.controlplane.planning import (
     PlanningError,
     claims_of,
     missing_inputs,
+    name_taken,
     plan_service,
     service_for_playground,
 )
@@ -65,8 +66,11 @@ class Controller:
         watcher = asyncio.create_task(self._watch())
         try:
             while True:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that arrives as the event is set, and the loop never stops.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), self.resync_seconds)
+                    async with asyncio.timeout(self.resync_seconds):
+                        await self._dirty.wait()
                 self._dirty.clear()
                 await asyncio.sleep(0.02)  # coalesce bursts of events
                 try:
@@ -98,8 +102,17 @@ class Controller:
         models = {m.name: m for m in self._objects("OpenModel", OpenModel)}
         backends = {b.name: b for b in self._objects("BackendRuntime", BackendRuntime)}
         playgrounds = self._objects("Playground", Playground)
-        claimed: set[str] = set()
+        # Garbage-collect first, by owner uid as Kubernetes does: a Service whose Playground is
+        # gone (or was recreated) goes, so a new Playground of the same name finds none.
+        owners = {pg.metadata.uid for pg in playgrounds}
+        for svc in self._objects("Service", Service):
+            owner = next(
+                (o for o in svc.metadata.owner_references or [] if o.kind == "Playground"), None
+            )
+            if owner is not None and owner.uid not in owners:
+                self.store.delete("Service", svc.name, svc.namespace)
 
+        claimed: set[str] = set()
         aborted = set()
         for pg in playgrounds:
             claims = claims_of(pg)
@@ -107,16 +120,8 @@ class Controller:
             if not self._reconcile_playground(pg, models, backends):
                 aborted.add((pg.namespace, pg.name))
 
-        pg_keys = {(p.namespace, p.name) for p in playgrounds}
-        services = []
-        for svc in self._objects("Service", Service):
-            owner = next(
-                (o for o in svc.metadata.owner_references or [] if o.kind == "Playground"), None
-            )
-            if owner is not None and (svc.namespace, owner.name) not in pg_keys:
-                self.store.delete("Service", svc.name, svc.namespace)  # garbage-collect
-                continue
-            services.append(svc)
+        services = self._objects("Service", Service)
+        for svc in services:
             claimed.update(m.name for m in svc.spec.model_claims.models)
 
         for name in claimed:
@@ -176,7 +181,10 @@ class Controller:
     ) -> bool:
         """Create or update the Playground's Service; False when it cannot (status says why)."""
         backend = backends.get(pg.spec.backend_runtime_config.backend_name)
-        abort = missing_inputs(pg, models, backend, known_backends=backends)
+        existing = self.store.get("Service", pg.name, pg.namespace)
+        abort = name_taken(pg, existing) or missing_inputs(
+            pg, models, backend, known_backends=backends
+        )
         if abort is None and backend is not None:
             try:
                 service = service_for_playground(
@@ -189,7 +197,7 @@ class Controller:
             return False
         desired = service.to_dict()
         desired.pop("status", None)
-        created = self.store.get("Service", pg.name, pg.namespace) is None
+        created = existing is None
         self.store.apply(desired)  # a no-op when nothing changed
         owner = self.store.get("Playground", pg.name, pg.namespace)
         if created and owner is not None:
@@ -285,5 +293,7 @@ def workload_state(
     available = status is not None and plan.replicas > 0 and ready >= plan.replicas
     reason = status.reason if status else None
     cause = reason if reason and reason not in PROGRESS_REASONS else None
-    message = (status.message if status else "") or f"{ready}/{plan.replicas} replicas ready"
+    message = (status.message if status else "") or (
+        f"{ready}/{plan.replicas} replicas ready" if plan.replicas else "scaled to zero: no replica"
+    )
     return WorkloadState(available, replicas, ready, selector, cause, message)

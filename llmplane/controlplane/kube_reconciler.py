@@ -103,8 +103,9 @@ class Reconciler:
         except InvalidResources as err:
             return str(err), None
         existing = await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)
-        if existing is not None and not _controlled_by(existing, obj):
-            return "Playground owns the same name with an existing Service", None
+        taken = planning.name_taken(pg, existing)
+        if taken is not None:
+            return taken, None
         models, _ = await self._models([m.name for m in planning.claims_of(pg).models])
         backend_name = pg.spec.backend_runtime_config.backend_name
         backend_obj = await self.client.get_or_none(kinds.BACKENDRUNTIME, backend_name)

@@ -221,6 +221,17 @@ def missing_inputs(
     return None
 
 
+def name_taken(pg: Playground, service: Mapping[str, Any] | None) -> str | None:
+    """llmaz's rule on both substrates: a Playground never takes over a Service of its name
+    that it does not control (AbortProcessing with this message), else None."""
+    if service is None:
+        return None
+    refs = (service.get("metadata") or {}).get("ownerReferences") or []
+    if any(r.get("controller") and r.get("uid") == pg.metadata.uid for r in refs):
+        return None
+    return "Playground owns the same name with an existing Service"
+
+
 def service_for_playground(inputs: Inputs, locate: Locator) -> Service:
     """The Service a Playground owns (same name), with llmaz's merge rules applied.
 

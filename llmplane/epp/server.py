@@ -11,7 +11,6 @@ picker and ``llmplane gateway`` decide alike from the same sources. ``/metrics``
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
@@ -24,6 +23,7 @@ from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import HttpRequest, HttpServer, Response
 from llmplane.gateway.server import Gateway
+from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.epp")
 
@@ -35,7 +35,7 @@ HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.Exter
 class EndpointPicker:
     def __init__(
         self,
-        store: Any,
+        store: Store | None,
         discovery: Discovery,
         config: GatewayConfig | None = None,
         fallbacks: int = 0,
@@ -106,7 +106,7 @@ class EndpointPicker:
 
 
 async def start_picker(
-    store: Any,
+    store: Store | None,
     discovery: Discovery,
     host: str = "127.0.0.1",
     port: int = 0,

@@ -22,6 +22,7 @@ from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.server import start_gateway
+from llmplane.store.base import Store
 from llmplane.store.paths import open_store
 
 
@@ -90,7 +91,7 @@ async def open_sources(args: argparse.Namespace) -> tuple[Any, Discovery]:
     return store, StoreEndpoints(store)
 
 
-async def close_store(store: Any) -> None:
+async def close_store(store: Store) -> None:
     aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
     await aclose() if aclose is not None else store.close()
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from llmplane.api import safe_yaml
+from llmplane.gateway.apikeys import parse_admin_setting
 from llmplane.gateway.scheduler.config import build_scheduler
 
 
@@ -75,6 +76,9 @@ class GatewayConfig:
     activator_max_queue: int = 100
     activator_max_queue_bytes: int = 64 * 1024 * 1024
     activator_retry_after: float = 5.0
+    # ID:SALT:HASH of the admin key (`llmplane keys admin` makes one): with it, /metrics and
+    # the console's JSON API need that key (Authorization: Bearer or x-api-key). None: open.
+    admin_key_hash: str | None = None
     # EndpointPickerConfig as a dict; None = the built-in default profile.
     scheduler: dict[str, Any] | None = None
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).
@@ -134,6 +138,8 @@ def load_checked(path: str | Path) -> GatewayConfig:
     try:
         config = load_config(path)
         build_scheduler(config.scheduler)
+        if config.admin_key_hash is not None:
+            parse_admin_setting(config.admin_key_hash)
     except OSError as e:
         raise ConfigFileError(f"{path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:

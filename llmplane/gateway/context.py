@@ -41,6 +41,7 @@ class RequestContext:
         "status",
         "stream_filter",
         "t0",
+        "tenant",
         "ttft",
         "upstream_broken",
         "upstream_status",
@@ -53,6 +54,7 @@ class RequestContext:
         self.inference: InferenceRequest | None = None  # its body, parsed once
         self.decision: Decision | None = None
         self.status = 500  # what the client got (499: it went away first)
+        self.tenant: str | None = None  # the caller's Tenant (gateway/auth.py), never its key
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
         self.stream_filter: StreamFilter | None = None
@@ -105,6 +107,8 @@ class RequestContext:
             record["stream"] = inference.stream
         if self.decision is not None:
             record["route"] = self.decision.route
+        if self.tenant is not None:
+            record["tenant"] = self.tenant
         optional = (
             ("sent_model", self.sent_model),
             ("sched_ms", self.sched_ms),

@@ -10,6 +10,7 @@ from llmplane.gateway.http_server import Response
 
 _TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     403: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",

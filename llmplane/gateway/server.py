@@ -26,11 +26,13 @@ import orjson
 from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
+from llmplane.gateway.auth import KIND as TENANT_KIND
+from llmplane.gateway.auth import Authenticator
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.exposure import make_guard
+from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
@@ -81,6 +83,8 @@ class Gateway:
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
+        self.auth = Authenticator(self.config.admin_key_hash)
+        self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config)
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
@@ -118,8 +122,16 @@ class Gateway:
             guard=make_guard(host, self.config.allowed_hosts),
         )
         self.host = host
+        self.auth.loopback = is_loopback(host)
         self.port = await self.http.start(host, port)
         log.info("gateway listening on %s:%d", host, self.port)
+        if not self.auth.loopback and self.auth.table.tenants == 0:
+            log.warning(
+                "listening on %s, beyond loopback, and no Tenant exists: every inference "
+                "request is refused (401) until one has a key (`llmplane keys create TENANT`); "
+                "see docs/security.md",
+                host,
+            )
 
     async def start_routing(self) -> None:
         """The routing state without the HTTP server: follow the store and the endpoints,
@@ -128,7 +140,9 @@ class Gateway:
         self.discovery.subscribe(self._endpoints_changed)
         self._sync_endpoints()
         if self.store is not None:
-            self._follower = StoreFollower(self.store, ROUTE_KINDS, self._objects_changed)
+            self._follower = StoreFollower(
+                self.store, (*ROUTE_KINDS, TENANT_KIND), self._objects_changed
+            )
             await self._follower.start()
         for source in self._following():
             await source.start()
@@ -157,6 +171,7 @@ class Gateway:
 
     def _objects_changed(self, objects: dict[Any, dict[str, Any]]) -> None:
         self._objects = objects
+        self.auth.update(objects.values())
         self.ratelimiter.update(objects.values())
         self._rebuild()
 
@@ -225,11 +240,15 @@ class Gateway:
     async def route(
         self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
     ) -> Decision:
-        """Resolve ``ctx.inference`` in the routing table (404 / 503), let the request hooks
-        reserve (429 from a rate limit; each reservation is appended for ``finish``), and
-        rewrite the model the route sends."""
+        """Authenticate the caller (401 / 403, ``gateway/auth.py``), resolve ``ctx.inference``
+        in the routing table (404 / 503), let the request hooks reserve (429 from a rate limit;
+        each reservation is appended for ``finish``), and rewrite the model the route sends."""
         inference = ctx.inference
         assert inference is not None
+        tenant = self.auth.authenticate(ctx.request.headers)
+        if tenant is not None:
+            ctx.tenant = tenant.name
+            self.auth.permit(tenant, inference.model)
         try:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
         except GatewayError as err:
@@ -364,6 +383,8 @@ class Gateway:
         )
         route = ctx.decision.route if ctx.decision is not None else ""
         m.requests.labels(model, route, ctx.endpoint or "", str(ctx.status)).inc()
+        if ctx.tenant is not None:
+            self.auth.requests.labels(ctx.tenant, str(ctx.status)).inc()
         m.e2e.labels(model).observe(elapsed)
         if usage is not None:
             if usage.prompt_tokens:
@@ -388,9 +409,15 @@ class Gateway:
     # --- other endpoints ---------------------------------------------------------------------------
 
     async def models(self, request: HttpRequest) -> Response:
+        names = self.table.model_names()
+        if self.auth.enabled:  # a key sees the models it may use, and nothing else
+            try:
+                tenant = self.auth.caller(request.headers)
+            except GatewayError as err:
+                return err.response()
+            names = [n for n in names if tenant.allows(n)]
         data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "llmplane"}
-            for name in self.table.model_names()
+            {"id": name, "object": "model", "created": 0, "owned_by": "llmplane"} for name in names
         ]
         return Response(
             body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
@@ -400,6 +427,9 @@ class Gateway:
         return Response(body=b'{"status":"ok"}', content_type="application/json")
 
     async def prometheus(self, request: HttpRequest) -> Response:
+        refusal = self.auth.admin_refusal(request.headers)
+        if refusal is not None:
+            return GatewayError(401, refusal, "invalid_api_key").response()
         return Response(
             body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
         )

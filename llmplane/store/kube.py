@@ -39,7 +39,7 @@ from llmplane.kube.kinds import Kind
 from llmplane.store.base import Expired, LabelSelector, StoreError, WatchEvent
 from llmplane.store.selectors import as_selector
 
-# What the gateway reads: routing kinds, models (served names) and external endpoints.
+# What the gateway reads: routing kinds, models (served names), external endpoints, tenants.
 GATEWAY_KINDS = (
     "Playground",
     "OpenModel",
@@ -48,6 +48,7 @@ GATEWAY_KINDS = (
     "InferencePool",
     "InferenceModel",
     "Endpoint",
+    "Tenant",
 )
 
 

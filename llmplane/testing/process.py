@@ -179,16 +179,18 @@ class Process:
             offset += len(chunk)
         return b"".join(chunks).decode(errors="replace")
 
-    def wait_http(self, url: str, body: bytes, timeout: float = 60.0) -> None:
-        """Wait until a POST of ``body`` to ``url`` answers 200 (an engine that listens before
-        its model is loaded)."""
+    def wait_http(
+        self, url: str, body: bytes, timeout: float = 60.0, headers: dict[str, str] | None = None
+    ) -> None:
+        """Wait until a POST of ``body`` (with ``headers`` besides) to ``url`` answers 200 (an
+        engine that listens before its model is loaded)."""
         import urllib.request
 
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline and self.proc is not None and self.proc.poll() is None:
             req = urllib.request.Request(
-                url, data=body, headers={"Content-Type": "application/json"}
+                url, data=body, headers={"Content-Type": "application/json", **(headers or {})}
             )
             try:
                 with urllib.request.urlopen(req, timeout=5) as r:

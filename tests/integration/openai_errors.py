@@ -14,6 +14,8 @@ import orjson
 
 TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
     417: "invalid_request_error",

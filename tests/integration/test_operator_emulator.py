@@ -25,6 +25,7 @@ from llmplane.api.documents import dump_resource, parse_paths
 from llmplane.operator.main import Operator
 from llmplane.render import builtin_backend_models
 from llmplane.runtime.kube import KubeOptions
+from llmplane.testing import eventually, keeps
 from llmplane.testing.kube_emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(120)
@@ -205,9 +206,11 @@ async def test_reconcile_is_idempotent() -> None:
         writes = len(kube.events)
         await operator.resync_once()
         await operator.resync_once()
-        await asyncio.sleep(0.3)
-        assert _versions(kube) == versions
-        assert len(kube.events) == writes
+        await keeps(  # nor anything that follows from them
+            lambda: _versions(kube) == versions and len(kube.events) == writes,
+            0.3,
+            what="no write after the resyncs",
+        )
 
 
 async def test_drift_on_the_workload_is_repaired() -> None:
@@ -339,8 +342,13 @@ def _versions(kube: KubeEmulator) -> dict[Any, str]:
 
 
 async def _wait_settled(kube: KubeEmulator, quiet: float = 0.5) -> None:
+    """Until the operator's LeaderWorkerSet exists and then ``quiet`` seconds pass without a
+    write."""
     await kube.wait_for(lambda: kube.get(LWS, "LeaderWorkerSet", "opt-125m", "default"))
-    last = -1
-    while last != len(kube.events):
-        last = len(kube.events)
+
+    async def quiet_period() -> bool:
+        before = len(kube.events)
         await asyncio.sleep(quiet)
+        return len(kube.events) == before
+
+    await eventually(quiet_period, 30, every=0, what="the operator to stop writing")

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 from llmplane.runtime.local import LocalRuntime
 from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, ProcessTable, is_alive, start_ticks
+from llmplane.testing import eventually, keeps
 from tests.integration.test_runtime_local import get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,19 +87,10 @@ async def run_and_kill_runtime(
     return engine
 
 
-async def gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while is_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
-
-
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_engine_dies_with_its_runtime(tmp_path: Path, cleanup: list[int], loop: str) -> None:
     engine = await run_and_kill_runtime(tmp_path, cleanup, loop=loop)
-    assert await gone(engine["pid"], 5), "PDEATHSIG did not stop the engine"
+    await eventually(lambda: not is_alive(engine["pid"]), 5, what="PDEATHSIG to stop the engine")
     rt = LocalRuntime(tmp_path)
     await rt.start()  # nothing left to do; forgets the old records
     assert orjson.loads((tmp_path / "runtime" / "processes.json").read_bytes())["processes"] == []
@@ -110,7 +101,7 @@ async def test_next_start_kills_an_engine_that_ignored_sigterm(
     tmp_path: Path, cleanup: list[int]
 ) -> None:
     engine = await run_and_kill_runtime(tmp_path, cleanup, "--ignore-sigterm")
-    assert not await gone(engine["pid"], 1), "the engine ignores SIGTERM: still running"
+    await keeps(lambda: is_alive(engine["pid"]), 1, what="the engine ignoring SIGTERM, running")
     rt = LocalRuntime(tmp_path, stop_timeout=0.5)
     await rt.start()
     try:
@@ -121,7 +112,7 @@ async def test_next_start_kills_an_engine_that_ignored_sigterm(
 
 async def test_next_start_kills_the_engines_children(tmp_path: Path, cleanup: list[int]) -> None:
     engine = await run_and_kill_runtime(tmp_path, cleanup, "--spawn-child")
-    assert await gone(engine["pid"], 5), "PDEATHSIG did not stop the engine"
+    await eventually(lambda: not is_alive(engine["pid"]), 5, what="PDEATHSIG to stop the engine")
     child = engine["child"]
     assert is_alive(child), "no PDEATHSIG for the engine's own children"
     rt = LocalRuntime(tmp_path, stop_timeout=2)

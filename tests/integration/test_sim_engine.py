@@ -126,6 +126,18 @@ async def test_lora_metrics_show_running_and_waiting_adapters():
                 assert r.status == 404
 
 
+async def by_source(s: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """``vllm:prompt_tokens_by_source_total`` per source, from the engine's /metrics."""
+    async with s.get(f"{url}/metrics") as r:
+        text = await r.text()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:prompt_tokens_by_source_total{"):
+            source = line.split('source="', 1)[1].split('"', 1)[0]
+            out[source] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 async def test_prefill_decode_disaggregation():
     prompt = "Disaggregated serving moves the KV cache between instances. " * 160  # ~2.4k tok
     other = "A cold request of the same length that nobody prefilled before. " * 150
@@ -150,22 +162,37 @@ async def test_prefill_decode_disaggregation():
             assert kv["remote_port"] == pre.port and kv["remote_host"] == "127.0.0.1"
             assert kv["remote_engine_id"] and len(kv["remote_block_ids"]) >= 100
 
+            # What the decode instance computed itself and what it took over, by its own
+            # counters (not wall-clock time, which a loaded machine blurs).
             body = {"model": "m", "max_tokens": 5, "ignore_eos": True}
-            pd_time, pd_resp = await timed_post(
+            start = await by_source(s, dec.url)
+            _, pd_resp = await timed_post(
                 s, f"{dec.url}/v1/completions", {**body, "prompt": prompt, "kv_transfer_params": kv}
             )
-            cold_time, cold_resp = await timed_post(
+            after_pd = await by_source(s, dec.url)
+            _, cold_resp = await timed_post(
                 s, f"{dec.url}/v1/completions", {**body, "prompt": other}
             )
+            after_cold = await by_source(s, dec.url)
             assert pd_resp["usage"]["completion_tokens"] == 5
-            assert pd_resp["usage"]["prompt_tokens"] >= cold_resp["usage"]["prompt_tokens"] - 50
-            assert pd_time < cold_time, (pd_time, cold_time)
+            pd_prompt, cold_prompt = (r["usage"]["prompt_tokens"] for r in (pd_resp, cold_resp))
+            assert pd_prompt >= cold_prompt - 50
+            # Given the prefill's KV: all but the last prompt token transferred, none computed.
+            assert after_pd["external_kv_transfer"] - start["external_kv_transfer"] == pd_prompt - 1
+            assert after_pd["local_compute"] - start["local_compute"] <= 1
+            # The cold request: computed here, every token.
+            assert after_cold["local_compute"] - after_pd["local_compute"] == cold_prompt
+            assert after_cold["external_kv_transfer"] == after_pd["external_kv_transfer"]
 
             # SGLang style: the decode instance skips prefill given bootstrap parameters.
             third = "SGLang bootstrap rooms pair a prefill with a decode. " * 170
-            sg_time, _ = await timed_post(
+            _, sg_resp = await timed_post(
                 s,
                 f"{dec.url}/v1/completions",
                 {**body, "prompt": third, "bootstrap_room": 1234, "bootstrap_host": "127.0.0.1"},
             )
-            assert sg_time < cold_time, (sg_time, cold_time)
+            after_sg = await by_source(s, dec.url)
+            sg_prompt = sg_resp["usage"]["prompt_tokens"]
+            transferred = after_sg["external_kv_transfer"] - after_cold["external_kv_transfer"]
+            assert transferred == sg_prompt - 1
+            assert after_sg["local_compute"] - after_cold["local_compute"] <= 1

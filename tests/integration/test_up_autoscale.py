@@ -166,6 +166,11 @@ def test_scale_to_zero_and_the_first_request_is_held_then_answered(
     # replicas: 0 with minReplicas: 0 starts with no replica and stays so while idle.
     always(lambda: not up.engine_pids(), 1.5, what="no replica before the first request")
     assert spec_replicas(state) == 0
+    wait_for(
+        lambda: "scaled to zero" in cli("describe", "isvc", "tiny", state_dir=state).stdout,
+        30,
+        what="the Service's condition to say it is scaled to zero",
+    )
 
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 5}
     code, _, data = http(f"{up.url}/v1/completions", body)  # held while a replica starts

@@ -242,8 +242,10 @@ async def running(ctl: Controller) -> AsyncIterator[asyncio.Task[None]]:
         yield task
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # A lost cancellation (Python 3.11's wait_for swallowed one that arrived as the loop
+        # was woken) would keep the loop running: up's shutdown would never end.
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert done, "the control loop did not stop when cancelled"
 
 
 async def test_the_loop_follows_store_changes_and_survives_a_failing_pass(store, tmp_path) -> None:
@@ -260,3 +262,53 @@ async def test_the_loop_follows_store_changes_and_survives_a_failing_pass(store,
         await eventually(
             lambda: runtime.realised[-1].replicas == 3, what="the new replica count realised"
         )
+
+
+# Ownership between a Playground and its Service: the rules the operator follows on Kubernetes
+# (planning.name_taken; garbage collection by owner uid, before the Playgrounds are planned).
+
+
+def user_service() -> dict[str, Any]:
+    return {
+        "apiVersion": "inference.llmaz.io/v1alpha1",
+        "kind": "Service",
+        "metadata": {"name": "tiny", "namespace": "default"},
+        "spec": {
+            "modelClaims": {"models": [{"name": "tiny"}]},
+            "workloadTemplate": {
+                "workerTemplate": {"spec": {"containers": [{"name": "model-runner", "image": "x"}]}}
+            },
+        },
+    }
+
+
+async def test_a_playground_never_takes_over_a_service_it_does_not_own(store, controller) -> None:
+    store.apply(openmodel())
+    store.apply(user_service())
+    before = store.get("Service", "tiny", "default")
+    store.apply(playground())
+    await controller.reconcile()
+    aborted = condition(store, "Playground", "Progressing")
+    assert (aborted["status"], aborted["reason"]) == ("False", "AbortProcessing")
+    assert "existing Service" in aborted["message"]
+    after = store.get("Service", "tiny", "default")
+    assert after["spec"] == before["spec"] and "ownerReferences" not in after["metadata"]
+
+
+async def test_a_recreated_playground_gets_a_new_service(store, controller) -> None:
+    runtime: FakeRuntime = controller.runtime  # type: ignore[assignment]
+    store.apply(openmodel())
+    store.apply(playground())
+    await passes_until(controller, lambda: runtime.realised, "the plan realised")
+    old_uid = store.get("Playground", "tiny", "default")["metadata"]["uid"]
+    store.delete("Playground", "tiny", "default")
+    store.apply(playground())  # same name, new uid, before the controller saw the delete
+    await controller.reconcile()
+    service = store.get("Service", "tiny", "default")
+    assert service is not None
+    [owner] = service["metadata"]["ownerReferences"]
+    new_uid = store.get("Playground", "tiny", "default")["metadata"]["uid"]
+    assert owner["uid"] == new_uid != old_uid
+    progressing = condition(store, "Playground", "Progressing")
+    assert progressing["reason"] != "AbortProcessing"
+    assert runtime.removed == []  # the same plan: the engines keep running

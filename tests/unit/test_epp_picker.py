@@ -99,3 +99,62 @@ class _Feeder:
                 if h.header.key == DESTINATION_HEADER:
                     self.order.extend(h.header.raw_value.decode().split(","))
         return await self.messages.__anext__()
+
+
+async def test_the_picker_checks_api_keys_like_the_gateway(tmp_path) -> None:
+    """The picker runs the gateway's route stage, authentication included: once a Tenant
+    exists, no key gets the OpenAI 401 as Envoy's immediate response, a model outside the
+    Tenant's list 403, and the Tenant's key a destination."""
+    from llmplane.gateway import apikeys
+
+    made = apikeys.new_key()
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    store.apply(endpoint_object("a", A, "m"))
+    store.apply(endpoint_object("b", B, "other"))
+    store.apply(
+        {
+            "apiVersion": "llmplane.io/v1alpha1",
+            "kind": "Tenant",
+            "metadata": {"name": "team", "namespace": "default"},
+            "spec": {
+                "models": ["m"],
+                "keys": [{"id": made.id, "salt": made.salt, "hash": made.hash}],
+            },
+        }
+    )
+    picker = await start_picker(store, StoreEndpoints(store), fallbacks=1)
+    try:
+        gw = picker.gateway
+        await eventually(lambda: len(gw.registry.states) == 2, what="both endpoints")
+
+        async def answer(headers: dict[str, str], model: str) -> pb.ProcessingResponse:
+            async def messages():
+                yield pb.ProcessingRequest(
+                    request_headers=_headers(
+                        {":method": "POST", ":path": "/v1/completions", **headers}
+                    )
+                )
+                body = orjson.dumps({"model": model, "prompt": "hello", "max_tokens": 3})
+                yield pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+
+            replies: list[pb.ProcessingResponse] = []
+            async for reply in picker.service.Process(_Feeder(messages(), replies, []), None):
+                replies.append(reply)
+            return replies[-1]
+
+        for headers, model, status, code in (
+            ({}, "m", 401, "invalid_api_key"),
+            ({"authorization": "Bearer llmp-wrong"}, "m", 401, "invalid_api_key"),
+            ({"authorization": f"Bearer {made.key}"}, "other", 403, "model_not_allowed"),
+        ):
+            reply = await answer(headers, model)
+            assert reply.WhichOneof("response") == "immediate_response", reply
+            assert reply.immediate_response.status.code == status
+            assert orjson.loads(reply.immediate_response.body)["error"]["code"] == code
+        reply = await answer({"x-api-key": made.key}, "m")
+        assert reply.WhichOneof("response") == "request_body"
+        keys = {h.header.key for h in reply.request_body.response.header_mutation.set_headers}
+        assert DESTINATION_HEADER in keys
+    finally:
+        await picker.close(0)
+        store.close()

@@ -10,18 +10,11 @@ import pytest
 from llmplane.gateway.activator import Activator
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
+from llmplane.testing import eventually
 
 
 def activator(**kw: float) -> Activator:
     return Activator(GatewayConfig(**kw))  # type: ignore[arg-type]
-
-
-async def until(predicate, what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 async def test_held_requests_are_released_in_arrival_order() -> None:
@@ -35,7 +28,7 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
         order.append(i)
 
     tasks = [asyncio.create_task(request(i)) for i in range(5)]
-    await until(lambda: act.held("m") == 5, "five held")
+    await eventually(lambda: act.held("m") == 5, every=0.005, what="five held")
     assert act.held_for("default/pg") == 5 and act.held_for("default/other") == 0
     assert woken == ["default/pg"] * 5  # the autoscaler is asked at once, for each
     act.release(lambda model: True)  # still activatable: nothing moves
@@ -52,13 +45,13 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
 async def test_queue_bounded_by_count_and_bytes() -> None:
     act = activator(activator_max_queue=2, activator_max_queue_bytes=100)
     first = [asyncio.create_task(act.hold("m", "default/pg", 40)) for _ in range(2)]
-    await until(lambda: act.held("m") == 2, "two held")
+    await eventually(lambda: act.held("m") == 2, every=0.005, what="two held")
     with pytest.raises(GatewayError) as err:
         await act.hold("m", "default/pg", 1)
     assert err.value.status == 503 and "2 requests already wait" in err.value.message
     assert err.value.retry_after == 5.0
     other = asyncio.create_task(act.hold("n", "default/pg2", 60))
-    await until(lambda: act.held("n") == 1, "one held for n")
+    await eventually(lambda: act.held("n") == 1, every=0.005, what="one held for n")
     with pytest.raises(GatewayError) as err:
         await act.hold("n", "default/pg2", 41)  # 60 + 41 > 100 bytes
     assert "60 bytes of requests already wait" in err.value.message
@@ -96,9 +89,9 @@ async def test_a_cancelled_request_leaves_the_queue() -> None:
     a = asyncio.create_task(request("a"))
     b = asyncio.create_task(request("b"))
     c = asyncio.create_task(request("c"))
-    await until(lambda: act.held("m") == 3, "three held")
+    await eventually(lambda: act.held("m") == 3, every=0.005, what="three held")
     b.cancel()  # its client went away
-    await until(lambda: act.held("m") == 2, "b dropped")
+    await eventually(lambda: act.held("m") == 2, every=0.005, what="b dropped")
     assert act.queues["m"].bytes == 10
     act.release(lambda model: False)
     await asyncio.gather(a, c)

@@ -253,6 +253,7 @@ async def test_writes_are_refused_as_read_only() -> None:
             "InferencePool",
             "InferenceModel",
             "Endpoint",
+            "Tenant",
         }
 
 

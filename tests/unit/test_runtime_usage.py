@@ -19,15 +19,32 @@ from llmplane.testing import wait_for
 
 @pytest.fixture
 def procs() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
-    """A busy and an idle Python process, each leading its own process group like an engine."""
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-    idle = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    """A busy and an idle Python process, each leading its own process group like an engine.
+
+    Each says ``ready`` once its interpreter has started, and the fixture waits for that: read
+    earlier, /proc shows the forked child before exec (no resident memory yet), and on a loaded
+    machine the interpreter's own start-up CPU would land in the idle process's first rate.
+    """
+    ready = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); "
+    busy = subprocess.Popen(
+        [sys.executable, "-c", ready + "\nwhile True: pass"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
     )
+    idle = subprocess.Popen(
+        [sys.executable, "-c", ready + "import time; time.sleep(600)"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    for p in (busy, idle):
+        assert p.stdout is not None
+        assert p.stdout.readline() == b"ready\n", "a measured process did not start"
     yield {"busy": busy, "idle": idle}
     for p in (busy, idle):
         p.kill()
         p.wait()
+        assert p.stdout is not None
+        p.stdout.close()
 
 
 class Runtime:

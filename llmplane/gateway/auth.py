@@ -1,0 +1,188 @@
+"""Who is calling: API keys of Tenants, checked on every inference request and admin path.
+
+The tenant table (``TenantTable``) is built from the store's Tenant objects whenever they
+change, like the routing table, and swapped in whole: a request looks its key up by the
+key's public id (one dict lookup) and checks one HMAC-SHA256 in constant time
+(``apikeys.matches_raw``). Keys come as ``Authorization: Bearer <key>`` (what the ``openai``
+client sends) or ``x-api-key: <key>``.
+
+Answers, OpenAI-style: 401 ``invalid_api_key`` for a missing, unknown, malformed or revoked
+key (one message for all, so a caller learns nothing about which); 403 ``model_not_allowed``
+for a model outside the tenant's list, the same answer whether the model exists or not.
+
+Authentication is on when at least one Tenant exists, or when the gateway listens beyond
+loopback (then, without Tenants, every inference request is refused: an open gateway on a
+network is never the silent default). The admin key (``gateway.adminKeyHash``) guards
+``/metrics`` and the console's JSON API.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmplane.gateway import apikeys
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.observability import Counter
+
+log = logging.getLogger("llmplane.gateway")
+
+KIND = "Tenant"
+VERDICTS = 4096  # model names a Tenant remembers its verdict on
+_GLOB = re.compile(r"[*?\[]")
+INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer <key>'."
+
+
+class Tenant:
+    """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded)."""
+
+    __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name")
+
+    def __init__(self, name: str, models: tuple[str, ...], criticality: str) -> None:
+        self.name = name  # namespace/name outside "default", else name
+        self.models = models
+        self.criticality = criticality
+        self._exact = frozenset(m for m in models if not _GLOB.search(m))
+        globs = [fnmatch.translate(m) for m in models if _GLOB.search(m)]
+        self._pattern = re.compile("|".join(globs)) if globs else None
+        self._verdicts: dict[str, bool] = {}
+
+    def allows(self, model: str) -> bool:
+        verdict = self._verdicts.get(model)
+        if verdict is None:
+            pattern = self._pattern
+            verdict = model in self._exact or (
+                pattern is not None and pattern.match(model) is not None
+            )
+            if len(self._verdicts) < VERDICTS:  # names come from clients: never unbounded
+                self._verdicts[model] = verdict
+        return verdict
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    tenant: Tenant
+    salt: bytes
+    hash: bytes
+
+
+class TenantTable:
+    """Immutable: the live keys of every Tenant by key id."""
+
+    __slots__ = ("keys", "names", "tenants")
+
+    def __init__(self, objects: Iterable[Mapping[str, Any]] = ()) -> None:
+        keys: dict[str, KeyRecord] = {}
+        tenants = 0
+        names: list[str] = []
+        for obj in objects:
+            if obj.get("kind") != KIND:
+                continue
+            tenants += 1
+            meta = obj["metadata"]
+            ns = meta.get("namespace") or "default"
+            name = meta["name"] if ns == "default" else f"{ns}/{meta['name']}"
+            names.append(name)
+            spec = obj.get("spec") or {}
+            models = spec.get("models", ("*",)) or ()  # an empty list allows nothing
+            tenant = Tenant(name, tuple(models), spec.get("criticality") or "Default")
+            for key in spec.get("keys") or ():
+                try:
+                    key_id, salt, digest = key["id"], bytes.fromhex(key["salt"]), key["hash"]
+                    record = KeyRecord(tenant, salt, bytes.fromhex(digest))
+                except (KeyError, TypeError, ValueError):  # a hand-written object, unvalidated
+                    log.warning("Tenant %s: a key without a valid id, salt and hash; ignored", name)
+                    continue
+                if key.get("revoked"):
+                    continue
+                if key_id in keys:  # two tenants claim one id: neither key is trusted
+                    log.warning("API key id %s appears in two Tenants; both refused", key_id)
+                    record = KeyRecord(tenant, b"", b"")
+                keys[key_id] = record
+        self.keys = keys
+        self.tenants = tenants
+        self.names = frozenset(names)
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key from ``Authorization: Bearer`` or ``x-api-key`` (lower-case header names)."""
+    auth = dict.get(headers, "authorization")  # type: ignore[arg-type]
+    if auth is not None:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer":
+            return value.strip() or None
+    key = dict.get(headers, "x-api-key")  # type: ignore[arg-type]
+    return key.strip() if key else None
+
+
+def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
+    if key is None:
+        return None
+    key_id = apikeys.key_id(key)
+    record = keys.get(key_id) if key_id is not None else None
+    if record is None or not record.hash or not apikeys.matches_raw(key, record.salt, record.hash):
+        return None
+    return record
+
+
+class Authenticator:
+    """The gateway's key check; ``table`` is swapped by ``update``."""
+
+    def __init__(self, admin_key_hash: str | None = None) -> None:
+        self.table = TenantTable()
+        # Label values are tenant names from the table only (never anything a client sent).
+        self.requests = Counter(
+            "llmplane_gateway_tenant_requests",
+            "Requests by tenant and status",
+            ("tenant", "status"),
+        )
+        self.loopback = True  # set from the listening host at start
+        self.admin: tuple[str, str, str] | None = None
+        if admin_key_hash:
+            self.admin = apikeys.parse_admin_setting(admin_key_hash)
+
+    def update(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        self.table = TenantTable(objects)
+
+    @property
+    def enabled(self) -> bool:
+        return self.table.tenants > 0 or not self.loopback
+
+    def authenticate(self, headers: Mapping[str, str]) -> Tenant | None:
+        """The calling tenant (None while authentication is off); 401 without a live key."""
+        if self.table.tenants == 0 and self.loopback:
+            return None
+        return self.caller(headers)
+
+    @staticmethod
+    def permit(tenant: Tenant, model: str) -> None:
+        """403 unless ``tenant`` may use ``model``: the same answer whether the model exists
+        or not, so a key learns nothing about models beyond its own."""
+        if not tenant.allows(model):
+            raise GatewayError(
+                403,
+                f"The model {model!r} does not exist or this key may not use it.",
+                "model_not_allowed",
+                param="model",
+            )
+
+    def caller(self, headers: Mapping[str, str]) -> Tenant:
+        """The tenant whose live key was presented; 401 without one."""
+        record = lookup(self.table.keys, presented_key(headers))
+        if record is None:
+            raise GatewayError(401, INVALID_KEY, "invalid_api_key")
+        return record.tenant
+
+    def admin_refusal(self, headers: Mapping[str, str]) -> str | None:
+        """None when the admin key is not configured or was presented; else why not."""
+        if self.admin is None:
+            return None
+        key = presented_key(headers)
+        key_id, salt, digest = self.admin
+        if key is None or apikeys.key_id(key) != key_id or not apikeys.matches(key, salt, digest):
+            return "this path needs the admin key (Authorization: Bearer <key>)"
+        return None

@@ -1,0 +1,161 @@
+"""API keys, the tenant table and the gateway's key check (``gateway/apikeys.py``,
+``gateway/auth.py``), and ``llmplane keys`` on a real SQLite store (``keys.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmplane.api.documents import InvalidResources, parse_document
+from llmplane.gateway import apikeys
+from llmplane.gateway.auth import Authenticator, TenantTable, presented_key
+from llmplane.gateway.config import ConfigFileError, load_checked
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.exposure import is_loopback
+from llmplane.keys import KeyError_, create_key, list_keys, revoke_key
+from llmplane.store.sqlite import SQLiteStore
+
+
+def tenant(name: str, keys: list[dict], models: list[str] | None = None) -> dict:
+    spec: dict = {"keys": keys}
+    if models is not None:
+        spec["models"] = models
+    return {
+        "apiVersion": "llmplane.io/v1alpha1",
+        "kind": "Tenant",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def stored(made: apikeys.NewKey, **extra: object) -> dict:
+    return {"id": made.id, "salt": made.salt, "hash": made.hash, **extra}
+
+
+def test_keys_are_random_salted_and_checked() -> None:
+    a, b = apikeys.new_key(), apikeys.new_key()
+    assert a.key != b.key and a.salt != b.salt
+    assert apikeys.key_id(a.key) == a.id and len(a.id) == apikeys.ID_LENGTH
+    assert apikeys.matches(a.key, a.salt, a.hash)
+    assert not apikeys.matches(b.key, a.salt, a.hash)
+    # The same key under another salt has another hash.
+    assert apikeys.digest(a.key, b.salt) != a.hash
+    assert a.key not in a.hash and a.key.split("-", 2)[2] not in repr(stored(a))
+    for bad in ("", "llmp-", "sk-" + a.key[3:], a.key.replace("-", "_"), "llmp-short-x"):
+        assert apikeys.key_id(bad) is None, bad
+
+
+def test_presented_key_from_bearer_or_x_api_key() -> None:
+    assert presented_key({"authorization": "Bearer abc"}) == "abc"
+    assert presented_key({"authorization": "bearer  abc "}) == "abc"
+    assert presented_key({"x-api-key": "abc"}) == "abc"
+    assert presented_key({"authorization": "Basic abc"}) is None
+    assert presented_key({}) is None
+
+
+def test_authenticator_checks_keys_models_and_revocation() -> None:
+    good, revoked, other = apikeys.new_key(), apikeys.new_key(), apikeys.new_key()
+    auth = Authenticator()
+    assert auth.authenticate({}) is None  # no Tenant on loopback: open
+    auth.update(
+        [
+            tenant("a", [stored(good), stored(revoked, revoked=True)], ["llama-*", "exact"]),
+            {"kind": "ModelRoute", "metadata": {"name": "x"}},
+        ]
+    )
+    found = auth.authenticate({"authorization": f"Bearer {good.key}"})
+    assert found is not None and found.name == "a"
+    auth.permit(found, "llama-3")
+    auth.permit(found, "exact")
+    for model in ("exact2", "mistral", ""):
+        with pytest.raises(GatewayError) as refused:
+            auth.permit(found, model)
+        assert (refused.value.status, refused.value.code) == (403, "model_not_allowed")
+    for headers in (
+        {},
+        {"authorization": f"Bearer {revoked.key}"},
+        {"authorization": f"Bearer {other.key}"},
+        {"x-api-key": good.key[:-1] + "x"},
+    ):
+        with pytest.raises(GatewayError) as refused:
+            auth.authenticate(headers)
+        assert (refused.value.status, refused.value.code) == (401, "invalid_api_key")
+
+
+def test_beyond_loopback_without_tenants_refuses_everything() -> None:
+    auth = Authenticator()
+    auth.loopback = is_loopback("0.0.0.0")
+    assert not auth.loopback and auth.enabled
+    with pytest.raises(GatewayError) as refused:
+        auth.authenticate({"authorization": "Bearer llmp-aaaaaaaaaaaa-x"})
+    assert refused.value.status == 401
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
+
+
+def test_one_key_id_in_two_tenants_trusts_neither() -> None:
+    made = apikeys.new_key()
+    table = TenantTable([tenant("a", [stored(made)]), tenant("b", [stored(made)])])
+    auth = Authenticator()
+    auth.table = table
+    with pytest.raises(GatewayError):
+        auth.authenticate({"x-api-key": made.key})
+
+
+def test_admin_key(tmp_path: Path) -> None:
+    made = apikeys.new_key()
+    auth = Authenticator(apikeys.admin_setting(made))
+    assert auth.admin_refusal({"x-api-key": made.key}) is None
+    assert auth.admin_refusal({}) is not None
+    assert auth.admin_refusal({"x-api-key": apikeys.new_key().key}) is not None
+    assert Authenticator().admin_refusal({}) is None  # no admin key: open
+    config = tmp_path / "gateway.yaml"
+    config.write_text("gateway:\n  adminKeyHash: not-a-hash\n")
+    with pytest.raises(ConfigFileError, match="adminKeyHash"):
+        load_checked(config)
+
+
+def test_tenant_validation_names_the_field() -> None:
+    doc = tenant("a", [{"id": "UPPER", "salt": "zz", "hash": "00"}], ["has space"])
+    with pytest.raises(InvalidResources) as err:
+        parse_document(doc)
+    text = "\n".join(err.value.messages)
+    for path in ("spec.models[0]", "spec.keys[0].id", "spec.keys[0].salt", "spec.keys[0].hash"):
+        assert path in text
+    made = apikeys.new_key()
+    with pytest.raises(InvalidResources, match="duplicate key id"):
+        parse_document(tenant("a", [stored(made), stored(made)]))
+
+
+def test_keys_create_list_revoke_on_sqlite(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "state.db") as store:
+        made, created = create_key(store, "team", name="ci")
+        second, created_again = create_key(store, "team")
+        assert created and not created_again
+        rows = list_keys(store)
+        assert [r["id"] for r in rows] == [made.id, second.id]
+        assert all(set(r) == {"tenant", "id", "name", "created", "revoked"} for r in rows)
+        revoke_key(store, "team", made.id)
+        assert [r["revoked"] for r in list_keys(store, "team")] == [True, False]
+        obj = store.get("Tenant", "team", "default")
+        assert obj["spec"]["models"] == ["*"] and obj["spec"]["criticality"] == "Default"
+        with pytest.raises(KeyError_, match="no key"):
+            revoke_key(store, "team", "nope")
+        with pytest.raises(KeyError_, match="not found"):
+            list_keys(store, "nobody")
+    assert made.key.encode() not in (tmp_path / "state.db").read_bytes()
+
+
+def test_unvalidated_objects_cannot_break_the_table() -> None:
+    """A Tenant written around validation (a hand-made custom resource) costs its bad key
+    only; an empty model list allows nothing."""
+    good = apikeys.new_key()
+    auth = Authenticator()
+    auth.update(
+        [
+            tenant("bad", [{"id": "x", "salt": "not hex", "hash": 3}, {"salt": "00"}], []),
+            tenant("a", [stored(good)], []),
+        ]
+    )
+    found = auth.authenticate({"x-api-key": good.key})
+    assert found is not None and found.name == "a" and not found.allows("anything")
