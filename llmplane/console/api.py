@@ -11,7 +11,10 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
 - ``fleet``: workloads, replicas and live endpoint load (``fleet.snapshot``);
 - ``stats?since=T``: per-second request points for the charts (``stats.RequestStats``);
 - ``resources``: every stored object of every kind, as YAML (credentials masked);
-- ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only).
+- ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only);
+- ``whoami``: what the presented key may do (``admin``: read the console API; ``chat``: call
+  ``/v1``), always 200, so the page learns it needs a key without a 401 (which the browser
+  logs as a failed resource).
 
 Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). Without
 tenants everything is allowed, as the rest of the gateway is; when tenants and an admin key
@@ -32,6 +35,7 @@ import orjson
 from llmplane.console.fleet import snapshot
 from llmplane.console.redact import redact
 from llmplane.console.stats import RequestStats
+from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import Response
 from llmplane.printing import to_yaml
 
@@ -135,6 +139,7 @@ class Console:
             "stats": self.series,
             "resources": self.resources,
             "logs": self.logs,
+            "whoami": self.whoami,
         }
         table.update({("GET", f"{API}/{name}"): h for name, h in handlers.items()})
         return table
@@ -156,6 +161,20 @@ class Console:
             return None
         reason = self.authorize(request)
         return None if reason is None else _error(401, reason)
+
+    async def whoami(self, request: Any) -> Any:
+        """What the presented key (or none) may do here; never 401 (the page asks first)."""
+        admin = self.authorize is None or self.authorize(request) is None
+        auth = getattr(self.gateway, "auth", None)
+        chat, tenant = True, None
+        if auth is not None:
+            try:
+                caller = auth.authenticate(request.headers)
+            except GatewayError:
+                chat = False
+            else:
+                tenant = caller.name if caller is not None else None
+        return _json({"admin": admin, "chat": chat, "tenant": tenant})
 
     async def models(self, request: Any) -> Any:
         if (refused := self._refused(request)) is not None:

@@ -29,6 +29,9 @@ Metric names users know map onto the signals the gateway has (``SIGNAL_ALIASES``
 queue (``vllm:num_requests_waiting`` and the llama.cpp/SGLang/TGI equivalents), running
 requests, KV-cache usage (a 0..1 fraction), the gateway's own per-endpoint in-flight count,
 and ``cpu`` (cores) / ``memory`` (bytes) of the replica process for Resource metrics.
+
+Over 500 lines on purpose: one pure decision whose steps (per-metric proposal, tolerance,
+stabilization, policies, clamp) are read together, in the order the HPA controller applies them.
 """
 
 from __future__ import annotations

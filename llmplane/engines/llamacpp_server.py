@@ -65,11 +65,18 @@ def build_app(args: argparse.Namespace) -> Any:
         )
         model["draft_model"] = "prompt-lookup-decoding"
         model["draft_model_num_pred_tokens"] = args.draft_max
+    # interrupt_requests off: llama-cpp-python's default ends the stream in progress (with
+    # [DONE], as if it had finished) whenever another request takes the model lock -- a second
+    # client, or the gateway reading /v1/models. A served engine queues requests instead.
     app = create_app(
-        server_settings=ServerSettings(host=args.host, port=args.port),
+        server_settings=ServerSettings(host=args.host, port=args.port, interrupt_requests=False),
         model_settings=[ModelSettings(**model)],
     )
     state = {"processing": 0, "requests": 0}
+    served = {
+        "object": "list",
+        "data": [{"id": model["model_alias"], "object": "model", "owned_by": "llama.cpp"}],
+    }
 
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse
@@ -78,6 +85,10 @@ def build_app(args: argparse.Namespace) -> Any:
     async def count(request: Request, call_next: Any) -> Any:
         if not request.url.path.startswith("/v1/"):
             return await call_next(request)
+        if request.url.path == "/v1/models" and request.method == "GET":
+            # Answered here: llama-cpp-python's own /v1/models waits for the model lock, so a
+            # model list asked for during a long generation would wait for it to finish.
+            return JSONResponse(served)
         state["processing"] += 1
         state["requests"] += 1
         try:

@@ -3,7 +3,7 @@
 The tenant table (``TenantTable``) is built from the store's Tenant objects whenever they
 change, like the routing table, and swapped in whole: a request looks its key up by the
 key's public id (one dict lookup) and checks one HMAC-SHA256 in constant time
-(``apikeys.matches``). Keys come as ``Authorization: Bearer <key>`` (what the ``openai``
+(``apikeys.matches_raw``). Keys come as ``Authorization: Bearer <key>`` (what the ``openai``
 client sends) or ``x-api-key: <key>``.
 
 Answers, OpenAI-style: 401 ``invalid_api_key`` for a missing, unknown, malformed or revoked

@@ -17,6 +17,9 @@ Resolution order for the request's ``model``:
 3. Without extra YAML: endpoints serving it (label ``llmaz.io/model-name`` from a Playground,
    or the endpoint's own served model name); a Playground's claimed model with no ready
    endpoint yet gives 503, not 404.
+
+Over 500 lines on purpose: ``build_table`` and the lookups it serves share one set of route and
+backend types; Playground helpers and LoRA adapters already live in playgrounds.py / adapters.py.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ endpoints used, with those semantics:
   deleted at once (the real API server's garbage collector does both, asynchronously).
 
 No authentication, no admission, no defaulting, no validation, no strategic merge patch.
+
+Over 500 lines on purpose: one emulator whose list, watch, apply, status and garbage-collection
+paths share the same object store and resourceVersion clock.
 """
 
 from __future__ import annotations

@@ -138,6 +138,12 @@ async def test_admin_seam_refuses_every_api_call(console_gateway: Any) -> None:
         status, _, body = await get(console_gateway, f"/console/api/{name}")
         assert status == 401 and b"admin key" in body, name
     assert (await get(console_gateway, "/console/"))[0] == 200  # no data in the page itself
+    # whoami answers 200 and says the key is not enough (the page asks before it calls).
+    status, _, body = await get(console_gateway, "/console/api/whoami")
+    assert status == 200 and orjson.loads(body)["admin"] is False, body
+    console.authorize = lambda request: None
+    status, _, body = await get(console_gateway, "/console/api/whoami")
+    assert orjson.loads(body) == {"admin": True, "chat": True, "tenant": None}, body
 
 
 def test_an_extension_never_replaces_the_api() -> None:

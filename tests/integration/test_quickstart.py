@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,16 +47,20 @@ def test_quickstart_answers_with_two_llamacpp_replicas(quickstart_two_replicas: 
         .message.content
         for _ in range(4)
     ]
-    # Identical prompts stick to the replica that caches them; distinct ones spread out.
-    served_by = {
-        client.chat.completions.with_raw_response.create(
+
+    # Distinct prompts sent together spread over both replicas: the gateway counts its own
+    # in-flight requests, so the second of two concurrent requests goes to the idle replica.
+    # (Sent one at a time, both replicas are idle and the choice is a random tie-break.)
+    def colour(i: int) -> str:
+        return client.chat.completions.with_raw_response.create(
             model="smollm2-135m",
             messages=[{"role": "user", "content": f"{i}: name a colour."}],
-            max_tokens=4,
+            max_tokens=8,
         ).headers["x-llmplane-endpoint"]
-        for i in range(6)
-    }
-    assert len(served_by) == 2  # both replicas serve traffic
+
+    with ThreadPoolExecutor(6) as pool:
+        served_by = set(pool.map(colour, range(6)))
+    assert len(served_by) == 2, served_by  # both replicas serve traffic
 
     chunks = client.chat.completions.create(
         model="smollm2-135m", messages=question, max_tokens=24, temperature=0, stream=True

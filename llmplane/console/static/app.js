@@ -26,9 +26,103 @@ function h(tag, attrs, ...children) {
 
 function $(id) { return document.getElementById(id); }
 
+// --- keys ------------------------------------------------------------------------------------
+// Once a Tenant or an admin key exists, the console API wants the admin key and chat a tenant
+// key. The page asks whoami (always 200) before using a key, so a missing or wrong key shows
+// the key prompt instead of a 401 in the browser. Keys live in sessionStorage only (gone with
+// the tab), are sent as `Authorization: Bearer`, and never written into the page.
+
+const auth = {
+  storage: { admin: "llmplane.key.admin", chat: "llmplane.key.chat" },
+  ok: { admin: false, chat: false },
+  pending: { admin: null, chat: null },
+  waiters: [],
+
+  key(kind) {
+    const own = sessionStorage.getItem(this.storage[kind]) || "";
+    return own || (kind === "chat" ? sessionStorage.getItem(this.storage.admin) || "" : "");
+  },
+
+  headers(kind) {
+    const key = this.key(kind);
+    return key ? { Authorization: `Bearer ${key}` } : {};
+  },
+
+  async allows(kind, key) {
+    const resp = await fetch(`${API}/whoami`, {
+      headers: { Accept: "application/json", ...(key ? { Authorization: `Bearer ${key}` } : {}) },
+      credentials: "same-origin",
+    });
+    if (!resp.ok) throw new Error(`cannot check the key: HTTP ${resp.status}`);
+    const data = await resp.json();
+    return Boolean(data[kind]);
+  },
+
+  // Resolves once the key for `kind` is good: at once when it is, else after the user gives one.
+  ensure(kind) {
+    if (this.ok[kind]) return Promise.resolve();
+    if (!this.pending[kind]) {
+      this.pending[kind] = (async () => {
+        if (!(await this.allows(kind, this.key(kind)))) await this.prompt(kind);
+        this.ok[kind] = true;
+      })().finally(() => { this.pending[kind] = null; });
+    }
+    return this.pending[kind];
+  },
+
+  forget(kind) { this.ok[kind] = false; },
+
+  prompt(kind) {
+    return new Promise((resolve) => {
+      this.waiters.push({ kind, resolve });
+      if (this.waiters.length === 1) this.open();
+    });
+  },
+
+  open() {
+    const next = this.waiters[0];
+    if (!next) { $("key-panel").hidden = true; return; }
+    $("key-kind").textContent = next.kind === "admin"
+      ? "This console needs the admin key (llmplane keys admin) to read the fleet."
+      : "Chat needs a tenant API key (llmplane keys create TENANT).";
+    $("key-error").textContent = "";
+    $("key-input").value = "";
+    $("key-panel").hidden = false;
+    $("key-input").focus();
+  },
+
+  async submit() {
+    const next = this.waiters[0];
+    const key = $("key-input").value.trim();
+    $("key-input").value = "";
+    $("key-error").textContent = "";
+    if (!next || !key) return;
+    let good = false;
+    try {
+      good = await this.allows(next.kind, key);
+    } catch (err) {
+      $("key-error").textContent = err.message;
+      return;
+    }
+    if (!good) {
+      $("key-error").textContent = next.kind === "admin"
+        ? "That key was refused: it is not the admin key."
+        : "That key was refused: it is not a live API key of a tenant.";
+      return;
+    }
+    sessionStorage.setItem(this.storage[next.kind], key);
+    this.waiters.shift();
+    next.resolve();
+    this.open();
+  },
+};
+
 async function getJSON(path) {
-  const resp = await fetch(path, { headers: { Accept: "application/json" }, credentials: "same-origin" });
-  const data = await resp.json();
+  await auth.ensure("admin");
+  const resp = await fetch(path, { headers: { Accept: "application/json", ...auth.headers("admin") }, credentials: "same-origin" });
+  if (resp.status === 401) auth.forget("admin"); // the key went stale: ask again next time
+  let data = {};
+  try { data = await resp.json(); } catch (e) { /* not JSON */ }
   if (!resp.ok) throw new Error((data.error && data.error.message) || `HTTP ${resp.status}`);
   return data;
 }
@@ -139,14 +233,16 @@ const chat = {
     let endpoint = "";
     let note = "";
     try {
+      await auth.ensure("chat");
       const resp = await fetch("/v1/chat/completions", {
         method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        headers: { "Content-Type": "application/json", Accept: "text/event-stream", ...auth.headers("chat") },
         body: JSON.stringify(request),
         signal: this.controller.signal,
         credentials: "same-origin",
       });
       endpoint = resp.headers.get("x-llmplane-endpoint") || "";
+      if (resp.status === 401) auth.forget("chat");
       if (!resp.ok) {
         let message = `HTTP ${resp.status}`;
         try { const data = await resp.json(); message = (data.error && data.error.message) || message; } catch (e) { /* not JSON */ }
@@ -431,6 +527,14 @@ document.addEventListener("DOMContentLoaded", () => {
     $("chat-log").replaceChildren();
   });
   $("log-close").addEventListener("click", () => fleet.closeLog());
+  $("key-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    auth.submit();
+  });
+  $("chat-key").addEventListener("click", () => {
+    auth.forget("chat");
+    auth.prompt("chat").then(() => { auth.ok.chat = true; });
+  });
   $("res-filter").addEventListener("input", () => resourcesPage.data && resourcesPage.render());
   show(location.hash.slice(1) || "chat");
 });

@@ -1,0 +1,137 @@
+"""The console once keys are on: ``llmplane up`` with sim replicas, an admin key
+(``gateway.adminKeyHash``) and a Tenant with an API key. The page first asks for a key, a wrong
+one gets a clear message, the admin key shows the Fleet page, and chat streams with the
+tenant's key. The ``browser`` fixture fails the test on any browser console error, so the
+401 path must not reach the browser's network log either."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmplane.testing import Up, wait_for
+from tests.browser.conftest import Browser
+from tests.browser.test_console import until
+from tests.integration.upcli import cli, http, sim_fleet, status
+
+pytestmark = pytest.mark.slow
+
+TENANT = """
+apiVersion: llmplane.io/v1alpha1
+kind: Tenant
+metadata: {name: team-a}
+spec:
+  models: ["tiny"]
+"""
+
+
+@pytest.fixture
+def keyed(tmp_path: Path) -> Iterator[tuple[Up, str, str]]:
+    """``up`` with an admin key configured and a Tenant holding one key: (up, admin, tenant key)."""
+    lines = cli("keys", "admin", state_dir=None).stdout.splitlines()
+    admin = lines[1]
+    config = tmp_path / "gateway.yaml"
+    config.write_text("\n".join(lines[3:]) + "\n")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(sim_fleet("tiny", 1, time_scale="3", playground="chat"))
+    up = Up(tmp_path / "state", str(fleet), args=["--gateway-config", str(config)]).start()
+    try:
+        wait_for(
+            lambda: status(up.state_dir, "Playground", "chat").get("readyReplicas") == 1,
+            what="Playground chat ready",
+        )
+        tenant = tmp_path / "tenant.yaml"
+        tenant.write_text(TENANT)
+        cli("apply", "-f", str(tenant), state_dir=up.state_dir)
+        made = cli("keys", "create", "team-a", "--name", "console", state_dir=up.state_dir)
+        key = made.stdout.strip().splitlines()[-1]
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        bearer = {"Authorization": f"Bearer {key}"}
+        wait_for(
+            lambda: http(f"{up.url}/v1/chat/completions", body, bearer)[0] == 200,
+            30,
+            what="the gateway serving the new tenant key",
+        )
+        yield up, admin, key
+    finally:
+        up.kill_everything()
+
+
+def enter_key(browser: Browser, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser.driver
+    until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
+    d.find_element(By.ID, "key-input").send_keys(key)
+    d.find_element(By.ID, "key-save").click()
+
+
+def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    up, admin, tenant_key = keyed
+    d = browser.driver
+    d.get(f"{up.url}/console/#fleet")
+
+    # --- the prompt, a wrong key, then the admin key shows the fleet --------------------------
+    until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
+    assert "admin key" in d.find_element(By.ID, "key-kind").text
+    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
+    enter_key(browser, "llmp-wrong-key")
+    until(
+        browser,
+        lambda d: "refused" in d.find_element(By.ID, "key-error").text,
+        "the wrong-key message",
+    )
+    assert d.find_element(By.ID, "key-panel").is_displayed()
+    browser.screenshot("wrong-key")
+    enter_key(browser, admin)
+    badge = '[data-workload="default/chat"] [data-testid="replicas"]'
+    until(
+        browser,
+        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, badge)] == ["1/1 ready"],
+        "the fleet page with the admin key",
+    )
+    assert not d.find_element(By.ID, "key-panel").is_displayed()
+    # The key is kept for the tab only and never written into the page.
+    stored = d.execute_script("return sessionStorage.getItem('llmplane.key.admin')")
+    assert stored == admin
+    assert d.execute_script("return localStorage.length") == 0
+    assert admin not in d.page_source and admin not in d.current_url
+
+    # --- chat asks for a tenant key (the admin key is not one) and streams ---------------------
+    d.get(f"{up.url}/console/#chat")
+    until(
+        browser,
+        lambda d: (
+            "tiny" in [o.text for o in d.find_elements(By.CSS_SELECTOR, "#chat-model option")]
+        ),
+        "model tiny in the model list (the admin key kept across the reload)",
+    )
+    Select(d.find_element(By.ID, "chat-model")).select_by_value("tiny")
+    d.find_element(By.ID, "chat-text").send_keys("Tell me about llamas.")
+    d.find_element(By.ID, "chat-send").click()
+    until(
+        browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the chat key prompt"
+    )
+    assert "tenant API key" in d.find_element(By.ID, "key-kind").text
+    enter_key(browser, admin)
+    until(
+        browser,
+        lambda d: "not a live API key" in d.find_element(By.ID, "key-error").text,
+        "the admin key refused for chat",
+    )
+    enter_key(browser, tenant_key)
+    until(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .meta .tps"),
+        "the streamed answer with its tokens/s",
+    )
+    answer = d.find_element(By.CSS_SELECTOR, ".msg.assistant .body").text
+    assert len(answer.split()) >= 5, answer
+    assert not d.find_elements(By.CSS_SELECTOR, ".msg.assistant.error")
+    assert tenant_key not in d.page_source
+    browser.screenshot("chat-with-key")
