@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from llmplane.aio import wait_event
 from llmplane.api.inference import BackendRuntime, Playground, ScaleTrigger
 from llmplane.api.llmaz import OpenModel
 from llmplane.api.units import parse_quantity
@@ -117,8 +118,7 @@ class Autoscaler:
                 self.step()
             except Exception:  # a bug must not stop autoscaling for good
                 log.exception("autoscaling pass failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kicked.wait(), self.config.interval)
+            await wait_event(self._kicked, self.config.interval)
             self._kicked.clear()
 
     def _objects(self, kind: str, cls: Any) -> list[Any]:

@@ -9,11 +9,11 @@ it can never miss an edge.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 from typing import Any
 
+from llmplane.aio import wait_event
 from llmplane.api.inference import BackendRuntime, Playground, Service
 from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane import conditions as cond
@@ -66,11 +66,7 @@ class Controller:
         watcher = asyncio.create_task(self._watch())
         try:
             while True:
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
-                # cancellation that arrives as the event is set, and the loop never stops.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.resync_seconds):
-                        await self._dirty.wait()
+                await wait_event(self._dirty, self.resync_seconds)  # cancellation-safe
                 self._dirty.clear()
                 await asyncio.sleep(0.02)  # coalesce bursts of events
                 try:

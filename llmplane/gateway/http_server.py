@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -35,6 +34,8 @@ from urllib.parse import unquote
 
 import httptools
 import orjson
+
+from llmplane.aio import wait_event
 
 log = logging.getLogger("llmplane.gateway.http_server")
 
@@ -643,8 +644,7 @@ class HttpServer:
         deadline = time.monotonic() + grace
         while self.busy() and time.monotonic() < deadline:
             self.idle.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.idle.wait(), max(0.0, deadline - time.monotonic()))
+            await wait_event(self.idle, max(0.0, deadline - time.monotonic()))
         for conn in list(self.connections):
             if conn.task is not None:
                 conn.task.cancel()

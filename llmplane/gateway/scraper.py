@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from llmplane.aio import wait_event
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.registry import EndpointState
 
@@ -347,8 +348,7 @@ class Scraper:
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.create_task(self._keep_idle_fresh(), name="scrape idle keeper")
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), seconds)
+            await wait_event(wake, seconds)
         finally:
             if self._idle.get(state.key, (None,))[0] is state:
                 del self._idle[state.key]

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 
+from llmplane.aio import wait_event
 from llmplane.sim.config import SimConfig
 from llmplane.sim.metrics import SimMetrics
 from llmplane.sim.scheduler import Scheduler, Sequence
@@ -108,8 +109,7 @@ class Engine:
                 kick.clear()
                 t = sched.next_transfer_at()
                 timeout = 0.001 if t is None else max(0.0, t - clock())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(kick.wait(), timeout)
+                await wait_event(kick, timeout)
                 deadline = 0.0
                 continue
             delay = step.duration * scale

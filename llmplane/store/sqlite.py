@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from llmplane.aio import wait_event
 from llmplane.store.base import (
     SERVER_FIELDS,
     Conflict,
@@ -616,8 +617,7 @@ class SQLiteStore:
                     yield WatchEvent(event_type, obj)
                 if len(rows) == batch:
                     continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.event.wait(), self.poll_interval)
+                await wait_event(waiter.event, self.poll_interval)
         finally:
             with _waiters_lock:
                 waiters = _waiters.get(self._key)

@@ -47,6 +47,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from llmplane.aio import wait_event
+
 
 @dataclass(frozen=True)
 class EmulatedKind:
@@ -236,7 +238,9 @@ class KubeEmulator:
                         return value
                     await self._changed.wait()
 
-        return await asyncio.wait_for(loop(), timeout)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation.
+        async with asyncio.timeout(timeout):
+            return await loop()
 
     def compact(self) -> None:
         """etcd compaction plus the end of every open watch (as on an API server restart):
@@ -546,8 +550,7 @@ class KubeEmulator:
                 # server stopping) must not have to re-acquire a lock.
                 tick = self._tick
                 if position >= len(self.events):
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(tick.wait(), min(remaining, 1.0))
+                    await wait_event(tick, min(remaining, 1.0))
         return response
 
     def _discovery(self, path: str) -> dict[str, Any] | None:
