@@ -184,7 +184,8 @@ async def _module_exists_in(python: str, module: str, env: Mapping[str, str]) ->
     except OSError:
         return True  # cannot ask: let the start itself report what is wrong
     try:
-        code = await asyncio.wait_for(proc.wait(), 30)
+        async with asyncio.timeout(30):  # not wait_for: it can lose a cancellation on 3.11
+            code = await proc.wait()
     except TimeoutError:
         code = None
     finally:
