@@ -315,7 +315,10 @@ class Scraper:
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval
         idle_max = max(self.config.scrape_idle_interval, interval)
-        await asyncio.sleep(random.random() * interval)  # spread the endpoints over the period
+        # The first scrape is at once: until it the endpoint's load is unknown, which scorers
+        # treat as neutral and so rank a replica that just became Ready behind idle ones already
+        # scraped. The pause after it spreads the endpoints over the period.
+        spread = random.random() * interval
         next_models = 0.0
         pause = interval
         while True:
@@ -335,7 +338,8 @@ class Scraper:
                 continue
             busy = state.inflight or state.running or state.waiting or _signals(state) != before
             pause = interval if busy else min(pause * 2, idle_max)
-            wait = pause * random.uniform(0.8, 1.2) - (time.monotonic() - started)
+            wait = pause * random.uniform(0.8, 1.2) + spread - (time.monotonic() - started)
+            spread = 0.0
             if busy or pause <= interval:
                 await asyncio.sleep(max(0.0, wait))
             else:

@@ -275,16 +275,20 @@ def test_model_route_selects_playground_replicas_by_label(tmp_path: Path, up_fac
     up = up_factory(fleet(tmp_path, 2), str(routes))
     wait_for(lambda: status(state, "Playground", "tiny").get("readyReplicas") == 2, 60)
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-    served = set()
-    # Short prompts, one at a time: every score ties and the tie-break is random, so 16
-    # requests all landing on one of the two replicas has odds of 2^-15.
-    for i in range(16):
-        body["messages"][0]["content"] = f"hi {i}"
+    served: set[str] = set()
+    sent = iter(range(10_000))
+
+    def premium_request() -> int:
+        body["messages"][0]["content"] = f"hi {next(sent)}"
         code, headers, data = http(f"{up.url}/v1/chat/completions", body, {"x-tier": "premium"})
         assert code == 200, data
         assert data["model"] == "tiny"  # rewritten to ModelServer.spec.model
         served.add(headers["x-llmplane-endpoint"])
-    assert len(served) == 2
+        return len(served)
+
+    # Short prompts, one at a time: once both replicas' loads are scraped every score ties and
+    # the tie-break is random, so both replicas serve the route's requests.
+    wait_for(lambda: premium_request() == 2, 20, what="both replicas serving the route 'chat'")
     # the second rule matches but its ModelServer does not exist: no endpoint, a clear error
     code, _, data = http(f"{up.url}/v1/chat/completions", body)
     assert code in (404, 503) and data["error"]["message"]

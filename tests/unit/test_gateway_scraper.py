@@ -104,3 +104,17 @@ async def test_a_change_in_signals_keeps_the_fast_pace(pages) -> None:
         assert page.hits - seen >= 5, (slow, seen, page.hits)
     finally:
         await scraper.close()
+
+
+async def test_a_new_endpoint_is_scraped_at_once(pages) -> None:
+    """A replica that just became Ready must not wait out a jittered first pause: until its first
+    scrape its load is unknown and it ranks behind idle replicas already scraped."""
+    page = await pages(0)
+    scraper = Scraper(GatewayConfig(scrape_interval=60.0, scrape_idle_interval=60.0))
+    state = EndpointState(Endpoint(page.address))
+    try:
+        scraper.add(state)
+        await eventually(lambda: state.scraped_at > 0, timeout=2.0, what="the first scrape")
+        assert page.hits == 1
+    finally:
+        await scraper.close()
