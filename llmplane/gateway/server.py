@@ -47,6 +47,7 @@ from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.store_follower import StoreFollower
+from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.base import Store
 
 log = logging.getLogger("llmplane.gateway")
@@ -92,9 +93,14 @@ class Gateway:
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
-        # Token rate limits (ModelRoute.spec.rateLimit) run as the first request hook.
+        # Rate limits (ModelRoute and Tenant rateLimit) run as the first request hook, then
+        # the tenants' usage counters (what a rate limit refused is not usage).
         self.ratelimiter = RateLimiter(self.config, self.metrics.registry)
-        self.hooks: list[RequestHook] = [self.ratelimiter, *self.config.hooks]
+        self.usage = TenantUsage(
+            usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
+        )
+        self.metrics.add(self.usage.metrics())
+        self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -146,6 +152,7 @@ class Gateway:
             await self._follower.start()
         for source in self._following():
             await source.start()
+        self.usage.start()
 
     def _following(self) -> list[Following]:
         """The discovery sources that follow a watch of their own."""
@@ -165,6 +172,7 @@ class Gateway:
             await source.close()
         await self.scraper.close()
         await self.ratelimiter.close()
+        await self.usage.close()
         await self.proxy.close()
 
     # --- routing table -------------------------------------------------------------------------
