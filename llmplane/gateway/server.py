@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -49,6 +49,9 @@ from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.store.base import Store
 
+if TYPE_CHECKING:
+    from llmplane.gateway.workers.share import Seat
+
 log = logging.getLogger("llmplane.gateway")
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -68,12 +71,19 @@ class Extension(Protocol):
 
 class Gateway:
     def __init__(
-        self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
+        self,
+        store: Store | None,
+        discovery: Discovery,
+        config: GatewayConfig | None = None,
+        seat: Seat | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
         self.store = store
         self.discovery = discovery
-        self.registry = EndpointRegistry()
+        # One of several worker processes (llmplane/gateway/workers): in-flight counts, token
+        # buckets and /metrics shared with the others.
+        self.seat = seat
+        self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
         self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
         self.adapters = Adapters(self.scraper.client)
@@ -93,7 +103,9 @@ class Gateway:
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
         # Token rate limits (ModelRoute.spec.rateLimit) run as the first request hook.
-        self.ratelimiter = RateLimiter(self.config, self.metrics.registry)
+        self.ratelimiter = RateLimiter(
+            self.config, self.metrics.registry, make_bucket=seat.bucket if seat else None
+        )
         self.hooks: list[RequestHook] = [self.ratelimiter, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
@@ -123,7 +135,11 @@ class Gateway:
         )
         self.host = host
         self.auth.loopback = is_loopback(host)
-        self.port = await self.http.start(host, port)
+        if self.seat is not None:
+            await self.seat.metrics.start(self.metrics.render)
+        self.port = await self.http.start(
+            host, port, sock=self.seat.sock if self.seat is not None else None
+        )
         log.info("gateway listening on %s:%d", host, self.port)
         if not self.auth.loopback and self.auth.table.tenants == 0:
             log.warning(
@@ -159,6 +175,8 @@ class Gateway:
             self.http = None
         for extension in self.extensions:
             await extension.close()
+        if self.seat is not None:
+            await self.seat.metrics.close()
         if self._follower is not None:
             await self._follower.close()
         for source in self._following():
@@ -404,7 +422,10 @@ class Gateway:
             prompt = completion = None
             if usage is not None:
                 prompt, completion = usage.prompt_tokens, usage.completion_tokens
-            log_access(ctx.access_record(elapsed, prompt, completion))
+            record = ctx.access_record(elapsed, prompt, completion)
+            if self.seat is not None:
+                record["worker"] = self.seat.index
+            log_access(record)
 
     # --- other endpoints ---------------------------------------------------------------------------
 
@@ -430,9 +451,10 @@ class Gateway:
         refusal = self.auth.admin_refusal(request.headers)
         if refusal is not None:
             return GatewayError(401, refusal, "invalid_api_key").response()
-        return Response(
-            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
-        )
+        body = self.metrics.render()
+        if self.seat is not None:
+            body = await self.seat.metrics.aggregate(body)
+        return Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
@@ -461,10 +483,12 @@ async def start_gateway(
     port: int = 0,
     config: GatewayConfig | None = None,
     extensions: Sequence[Callable[[Gateway], Extension]] = (),
+    seat: Seat | None = None,
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
-    ``extensions`` made from it (``llmplane.console.Console``)."""
-    gateway = Gateway(store, discovery, config)
+    ``extensions`` made from it (``llmplane.console.Console``); as worker ``seat`` of several
+    on the supervisor's socket."""
+    gateway = Gateway(store, discovery, config, seat)
     gateway.extensions = [make(gateway) for make in extensions]
     try:
         await gateway.start(host, port)

@@ -79,9 +79,14 @@ class RateLimiter:
         config: Any,
         registry: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        make_bucket: Callable[[str, float, float, float], TokenBucket] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        # (key, rate, burst, now) -> a bucket; with several workers one they all share.
+        self.make_bucket = make_bucket or (
+            lambda key, rate, burst, now: TokenBucket(rate, burst, now)
+        )
         self.limits: dict[str, RouteLimit] = {}
         self.local: dict[tuple[str, str], TokenBucket] = {}
         self.redis: dict[str, RedisBuckets] = {}
@@ -126,8 +131,8 @@ class RateLimiter:
     def _bucket(self, limit: RouteLimit, direction: str, tokens: int) -> TokenBucket:
         bucket = self.local.get((limit.key, direction))
         if bucket is None:
-            bucket = self.local[(limit.key, direction)] = TokenBucket(
-                tokens / limit.period, tokens, self.clock()
+            bucket = self.local[(limit.key, direction)] = self.make_bucket(
+                f"{limit.key}\n{direction}", tokens / limit.period, tokens, self.clock()
             )
         return bucket
 
