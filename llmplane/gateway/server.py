@@ -85,6 +85,8 @@ class Gateway:
         self.seat = seat
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
+        if seat is not None:
+            seat.picks.attach(self.scheduler.plugins)
         self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
         self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)

@@ -14,6 +14,7 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.workers.buckets import SharedBuckets
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import MetricsPeer
+from llmplane.gateway.workers.picks import PickFeed, PickRings
 from llmplane.gateway.workers.shm import Locks
 from llmplane.runtime.endpoint import Endpoint
 
@@ -34,6 +35,7 @@ class Share:
         self.locks = Locks()
         self.inflight = InflightTable(workers, endpoint_capacity, self.locks)
         self.buckets = SharedBuckets(bucket_capacity, self.locks)
+        self.picks = PickRings(workers)
         self.dir = tempfile.mkdtemp(prefix="llmplane-workers-")  # 0700: ours alone
 
     def socket_path(self, index: int) -> str:
@@ -62,6 +64,7 @@ class Seat:
             share.socket_path(index),
             [share.socket_path(i) for i in range(share.workers) if i != index],
         )
+        self.picks: PickFeed = share.picks.feed(index)
 
     def endpoint_state(self, endpoint: Endpoint) -> EndpointState:
         return self.share.inflight.state(endpoint, self.index)
