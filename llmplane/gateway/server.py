@@ -261,8 +261,9 @@ class Gateway:
         self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
     ) -> Decision:
         """Authenticate the caller (401 / 403, ``gateway/auth.py``), resolve ``ctx.inference``
-        in the routing table (404 / 503), let the request hooks reserve (429 from a rate limit;
-        each reservation is appended for ``finish``), and rewrite the model the route sends."""
+        in the routing table (404 / 503; a route without a criticality takes the tenant's),
+        let the request hooks reserve (429 from a route's or the tenant's rate limit; each
+        reservation is appended for ``finish``), and rewrite the model the route sends."""
         inference = ctx.inference
         assert inference is not None
         tenant = self.auth.authenticate(ctx.request.headers)
@@ -274,6 +275,12 @@ class Gateway:
         except GatewayError as err:
             decision = await self._activate(err, inference, ctx.request.headers)
         ctx.decision = decision
+        if tenant is not None:
+            decision.tenant = tenant.name
+            if decision.criticality is None:
+                decision.criticality = tenant.criticality
+        elif decision.criticality is None:
+            decision.criticality = "Default"
         for hook in self.hooks:
             reservation = await hook.reserve(inference, decision)
             reservations.append((hook, reservation))
