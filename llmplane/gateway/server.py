@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -50,6 +50,9 @@ from llmplane.gateway.store_follower import StoreFollower
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.base import Store
 
+if TYPE_CHECKING:
+    from llmplane.gateway.workers.share import Seat
+
 log = logging.getLogger("llmplane.gateway")
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -69,13 +72,22 @@ class Extension(Protocol):
 
 class Gateway:
     def __init__(
-        self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
+        self,
+        store: Store | None,
+        discovery: Discovery,
+        config: GatewayConfig | None = None,
+        seat: Seat | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
         self.store = store
         self.discovery = discovery
-        self.registry = EndpointRegistry()
+        # One of several worker processes (llmplane/gateway/workers): in-flight counts, token
+        # buckets and /metrics shared with the others.
+        self.seat = seat
+        self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
+        if seat is not None:
+            seat.picks.attach(self.scheduler.plugins)
         self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
         self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)
@@ -95,7 +107,9 @@ class Gateway:
         )
         # Rate limits (ModelRoute and Tenant rateLimit) run as the first request hook, then
         # the tenants' usage counters (what a rate limit refused is not usage).
-        self.ratelimiter = RateLimiter(self.config, self.metrics.registry)
+        self.ratelimiter = RateLimiter(
+            self.config, self.metrics.registry, make_bucket=seat.bucket if seat else None
+        )
         self.usage = TenantUsage(
             usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
         )
@@ -129,7 +143,11 @@ class Gateway:
         )
         self.host = host
         self.auth.loopback = is_loopback(host)
-        self.port = await self.http.start(host, port)
+        if self.seat is not None:
+            await self.seat.metrics.start(self.metrics.render)
+        self.port = await self.http.start(
+            host, port, sock=self.seat.sock if self.seat is not None else None
+        )
         log.info("gateway listening on %s:%d", host, self.port)
         if not self.auth.loopback and self.auth.table.tenants == 0:
             log.warning(
@@ -166,6 +184,8 @@ class Gateway:
             self.http = None
         for extension in self.extensions:
             await extension.close()
+        if self.seat is not None:
+            await self.seat.metrics.close()
         if self._follower is not None:
             await self._follower.close()
         for source in self._following():
@@ -419,7 +439,10 @@ class Gateway:
             prompt = completion = None
             if usage is not None:
                 prompt, completion = usage.prompt_tokens, usage.completion_tokens
-            log_access(ctx.access_record(elapsed, prompt, completion))
+            record = ctx.access_record(elapsed, prompt, completion)
+            if self.seat is not None:
+                record["worker"] = self.seat.index
+            log_access(record)
 
     # --- other endpoints ---------------------------------------------------------------------------
 
@@ -445,9 +468,10 @@ class Gateway:
         refusal = self.auth.admin_refusal(request.headers)
         if refusal is not None:
             return GatewayError(401, refusal, "invalid_api_key").response()
-        return Response(
-            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
-        )
+        body = self.metrics.render()
+        if self.seat is not None:
+            body = await self.seat.metrics.aggregate(body)
+        return Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
@@ -476,10 +500,12 @@ async def start_gateway(
     port: int = 0,
     config: GatewayConfig | None = None,
     extensions: Sequence[Callable[[Gateway], Extension]] = (),
+    seat: Seat | None = None,
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
-    ``extensions`` made from it (``llmplane.console.Console``)."""
-    gateway = Gateway(store, discovery, config)
+    ``extensions`` made from it (``llmplane.console.Console``); as worker ``seat`` of several
+    on the supervisor's socket."""
+    gateway = Gateway(store, discovery, config, seat)
     gateway.extensions = [make(gateway) for make in extensions]
     try:
         await gateway.start(host, port)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS
@@ -15,6 +17,10 @@ class TokenBucket:
     after an overuse debit: requests then wait until it has refilled far enough."""
 
     __slots__ = ("burst", "level", "rate", "stamp")
+
+    # Held around a read-modify-write of the level: nothing for a bucket of one process; a
+    # record lock for one shared by worker processes (``llmplane/gateway/workers/buckets.py``).
+    lock: AbstractContextManager[None] = contextlib.nullcontext()
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
         self.rate = rate
@@ -64,14 +70,17 @@ def reserve_local(
     buckets: list[tuple[str, TokenBucket, int]], now: float
 ) -> tuple[bool, list[BucketState]]:
     """Take every amount or none: (admitted, the buckets' states)."""
-    for _, bucket, _ in buckets:
-        bucket.refill(now)
-    waits = [bucket.wait(amount) for _, bucket, amount in buckets]
-    ok = all(w == 0.0 for w in waits)
-    if ok:
-        for _, bucket, amount in buckets:
-            bucket.level -= amount
-    return ok, [b.state(d, w) for (d, b, _), w in zip(buckets, waits, strict=True)]
+    if not buckets:
+        return True, []
+    with buckets[0][1].lock:  # the buckets of one limiter share one lock (or none)
+        for _, bucket, _ in buckets:
+            bucket.refill(now)
+        waits = [bucket.wait(amount) for _, bucket, amount in buckets]
+        ok = all(w == 0.0 for w in waits)
+        if ok:
+            for _, bucket, amount in buckets:
+                bucket.level -= amount
+        return ok, [b.state(d, w) for (d, b, _), w in zip(buckets, waits, strict=True)]
 
 
 def retry_after(states: Iterable[BucketState]) -> int:

@@ -94,13 +94,18 @@ class RateLimiter:
         config: Any,
         registry: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        make_bucket: Callable[[str, float, float, float], TokenBucket] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        # (key, rate, burst, now) -> a bucket; with several workers one they all share.
+        self.make_bucket = make_bucket or (
+            lambda key, rate, burst, now: TokenBucket(rate, burst, now)
+        )
         self.limits: dict[str, RouteLimit] = {}  # ModelRoute ref -> limit
         self.tenant_limits: dict[str, RouteLimit] = {}  # tenant name -> limit
-        # Buckets of this process, by (limit key, direction): one interface (TokenBucket)
-        # whatever holds them.
+        # Buckets of this process (or shared by the workers, see make_bucket), by (limit key,
+        # direction): one interface (TokenBucket) whatever holds them.
         self.local: dict[tuple[str, str], TokenBucket] = {}
         self.redis: dict[str, RedisBuckets] = {}
         self.counter = TokenCounter(getattr(config, "rate_limit_tokenizers", None))
@@ -148,8 +153,11 @@ class RateLimiter:
     def _bucket(self, limit: RouteLimit, direction: str, tokens: int) -> TokenBucket:
         bucket = self.local.get((limit.key, direction))
         if bucket is None:
-            bucket = self.local[(limit.key, direction)] = TokenBucket(
-                tokens / limit.period_of(direction), tokens, self.clock()
+            bucket = self.local[(limit.key, direction)] = self.make_bucket(
+                f"{limit.key}\n{direction}",
+                tokens / limit.period_of(direction),
+                tokens,
+                self.clock(),
             )
         return bucket
 
