@@ -140,10 +140,17 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
             f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
             "(pass --port N, or --port 0 for any free port)"
         ) from None
+    scaler = None
+    if args.kubernetes:  # the activator asks the API for a Playground's first replica
+        from llmplane.gateway import kube_activation
+
+        scaler = kube_activation.attach(gateway, store)
     print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
     try:
         await until_signalled()
     finally:
+        if scaler is not None:
+            await scaler.close()
         await gateway.close()
         await close_store(store)
 
