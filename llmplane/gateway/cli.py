@@ -191,6 +191,11 @@ async def serve(
     except OSError as e:
         await close_store(store)
         raise _listen_error(args, e) from None
+    scaler = None
+    if args.kubernetes:  # the activator asks the API for a Playground's first replica
+        from llmplane.gateway import kube_activation
+
+        scaler = kube_activation.attach(gateway, store)
     if ready is None:
         print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
     else:
@@ -198,6 +203,8 @@ async def serve(
     try:
         await until_signalled(os.getppid() if seat is not None else None)
     finally:
+        if scaler is not None:
+            await scaler.close()
         await gateway.close()
         await close_store(store)
 

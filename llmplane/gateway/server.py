@@ -46,6 +46,7 @@ from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
+from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.base import Store
@@ -473,6 +474,14 @@ class Gateway:
             body = await self.seat.metrics.aggregate(body)
         return Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
+    async def autoscaling_signals(self, request: HttpRequest) -> Response:
+        """Per-workload load for the in-cluster autoscaler (``gateway/signals.py``)."""
+        refusal = self.auth.admin_refusal(request.headers)
+        if refusal is not None:
+            return GatewayError(401, refusal, "invalid_api_key").response()
+        body = orjson.dumps(GatewaySignals(self).snapshot())
+        return Response(body=body, content_type="application/json")
+
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
             404, f"no such path: {request.method} {request.path}", "not_found"
@@ -487,6 +496,7 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
     table[("GET", "/v1/models")] = gateway.models
     table[("GET", "/health")] = gateway.health
     table[("GET", "/metrics")] = gateway.prometheus
+    table[("GET", "/autoscaling/signals")] = gateway.autoscaling_signals
     for extension in gateway.extensions:
         for key, handler in extension.routes().items():
             table.setdefault(key, handler)  # never in place of the API's own
