@@ -249,15 +249,19 @@ class AccessSink:
         self.fd = fd
         self.lines: list[bytes] = []
         self.scheduled = False
+        # Kept: on Python 3.11 every asyncio.get_running_loop() is a getpid() system call.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, line: bytes) -> None:
         self.lines.append(line)
         if not self.scheduled:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-                return
+            loop = self.loop
+            if loop is None or loop.is_closed():
+                try:
+                    loop = self.loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    self.flush()
+                    return
             self.scheduled = True
             loop.call_soon(self.flush)
 
