@@ -267,3 +267,65 @@ async def test_waiting_requests_count_as_demand_on_the_endpoints_they_wait_for()
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert fc.queued_by_endpoint() == {}
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_settings_from_the_config_file_and_the_command_line(tmp_path) -> None:
+    from llmplane.gateway.cli import _parser, configure
+    from llmplane.gateway.config import ConfigFileError, load_checked
+
+    path = tmp_path / "gw.yaml"
+    path.write_text("gateway:\n  flowControl: false\n  flowControlTtl: 2.5\n")
+    config = load_checked(path)
+    assert (config.flow_control, config.flow_control_ttl) == (False, 2.5)
+    # The flag wins over the file; without it the file (or the default: on) decides.
+    on = configure(_parser().parse_args(["--config", str(path), "--flow-control"]))
+    assert on.flow_control is True
+    assert configure(_parser().parse_args(["--config", str(path)])).flow_control is False
+    assert configure(_parser().parse_args(["--no-flow-control"])).flow_control is False
+    assert configure(_parser().parse_args([])).flow_control is True
+    for bad, message in (
+        ("flowControl: 'yes'", "flowControl: must be true or false"),
+        ("flowControlTtl: 0", "flowControlTtl: must be a number of seconds above 0"),
+        ("flowControlBandRequests: -1", "flowControlBandRequests: must be a whole number"),
+        ("flowControlTotalBytes: 1.5", "flowControlTotalBytes: must be a whole number"),
+    ):
+        path.write_text(f"gateway:\n  {bad}\n")
+        with pytest.raises(ConfigFileError, match=message):
+            load_checked(path)
+
+
+def test_a_tenants_weight_reaches_the_gateway() -> None:
+    from llmplane.gateway.auth import TenantTable
+
+    def obj(name: str, spec: dict) -> dict:
+        return {"kind": "Tenant", "metadata": {"name": name}, "spec": spec}
+
+    made = {"id": "abcdefabcdef", "salt": "00" * 16, "hash": "11" * 32}
+    table = TenantTable(
+        [
+            obj("heavy", {"weight": 5, "keys": [made]}),
+            obj("plain", {"keys": [{**made, "id": "bcdefabcdefa"}]}),
+            obj("odd", {"weight": "x", "keys": [{**made, "id": "cdefabcdefab"}]}),
+        ]
+    )
+    weights = {r.tenant.name: r.tenant.weight for r in table.keys.values()}
+    assert weights == {"heavy": 5, "plain": 1, "odd": 1}
+
+
+@pytest.mark.parametrize("weight", [0, 1001, "heavy"])
+def test_a_tenant_weight_out_of_range_is_refused(weight: object) -> None:
+    from llmplane.api.documents import InvalidResources, parse_document
+
+    doc = {
+        "apiVersion": "llmplane.io/v1alpha1",
+        "kind": "Tenant",
+        "metadata": {"name": "t"},
+        "spec": {"weight": weight},
+    }
+    with pytest.raises(InvalidResources, match="weight"):
+        parse_document(doc)
+    doc["spec"]["weight"] = 7
+    assert parse_document(doc)[0].spec.weight == 7
