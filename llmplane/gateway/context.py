@@ -22,7 +22,6 @@ class RequestContext:
     __slots__ = (
         "attempts",
         "bootstrap_room",
-        "criticality",
         "decision",
         "end",
         "endpoint",
@@ -59,8 +58,6 @@ class RequestContext:
         self.status = 500  # what the client got (499: it went away first)
         self.tenant: str | None = None  # the caller's Tenant (gateway/auth.py), never its key
         self.weight = 1  # the tenant's flow-control weight
-        # The route's criticality, else the tenant's, else Default (set by Gateway.route).
-        self.criticality = "Default"
         self.waited: float | None = None  # seconds in the flow-control queue
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
