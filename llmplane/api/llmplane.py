@@ -4,7 +4,9 @@
 elsewhere) so ModelServers and InferencePools can select it by label, like a pod.
 
 ``Tenant`` is a caller of the gateway: its API keys (salted hashes only, see
-``llmplane/gateway/apikeys.py``), the models it may use and the criticality its requests get.
+``llmplane/gateway/apikeys.py``), the models it may use, the criticality its requests get and
+its limits: ``rateLimit`` has the shape of ``ModelRoute.spec.rateLimit`` (so one shape is
+learnt) plus ``requestsPerUnit`` and an optional token ``budget``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from llmplane.api.base import (
     join_path,
 )
 from llmplane.api.gie import Criticality
+from llmplane.api.kthena import UINT32_MAX, RateLimit, RateLimitUnit
 
 LLMPLANE_GROUP = "llmplane.io"
 _ADDRESS = re.compile(
@@ -98,12 +101,44 @@ class ApiKey(ApiModel):
             yield Violation(join_path(path, "hash"), "must be 64 lowercase hex digits (SHA-256)")
 
 
+class TokenBudget(ApiModel):
+    """At most ``tokens`` (input + output) over any ``unit``-long window: a token bucket of
+    ``tokens`` refilled at ``tokens`` per ``unit`` (so unused budget never piles up beyond
+    one period, and a spent budget comes back gradually, not all at once at a boundary)."""
+
+    tokens: int = Field(ge=1, le=2**53)
+    unit: RateLimitUnit = "day"
+
+
+class TenantRateLimit(RateLimit):
+    """``ModelRoute.spec.rateLimit`` plus requests per unit and a token budget; every limit
+    here holds the tenant's requests summed over all its keys and models."""
+
+    requests_per_unit: int | None = Field(default=None, ge=1, le=UINT32_MAX)
+    budget: TokenBudget | None = None
+
+    def check(self, path: str) -> Iterator[Violation]:
+        if (
+            self.requests_per_unit is None
+            and self.input_tokens_per_unit is None
+            and self.output_tokens_per_unit is None
+            and self.budget is None
+        ):
+            yield Violation(
+                path,
+                "set requestsPerUnit, inputTokensPerUnit, outputTokensPerUnit or budget (or "
+                "remove rateLimit): without any of them nothing is limited",
+            )
+
+
 class TenantSpec(ApiModel):
     # Model names or shell-style patterns (``llama-*``); the default allows every model.
     models: list[str] = Field(default_factory=lambda: ["*"])
     # The criticality of this tenant's requests unless their route says otherwise.
     criticality: Criticality = "Default"
     keys: list[ApiKey] = Field(default_factory=list)
+    # Limits on this tenant's requests (local, or shared by every gateway through Redis).
+    rate_limit: TenantRateLimit | None = None
 
     def check(self, path: str) -> Iterator[Violation]:
         for i, pattern in enumerate(self.models):

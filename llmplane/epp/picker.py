@@ -207,7 +207,7 @@ class EndpointPickerService:
             return [protocol.immediate(err)]
         chosen = pick.endpoints[0]
         gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
-        chosen.inflight += 1
+        chosen.add_inflight(1)
         ex.state = chosen
         ctx.endpoint = backend.address(chosen)
         ctx.attempts = 1
@@ -228,9 +228,9 @@ class EndpointPickerService:
         served = ex.picked.get(address)
         if served is None:  # not one the picker named: keep the accounting as it is
             return
-        state.inflight -= 1
+        state.add_inflight(-1)
         self.gateway.outliers.failure(state)  # passed over: it failed to connect or answer
-        served.inflight += 1
+        served.add_inflight(1)
         ex.state = served
         ctx.failed(ctx.endpoint or "", "the data plane went on to the next endpoint")
         ctx.endpoint = address
@@ -289,7 +289,7 @@ class EndpointPickerService:
         gw = self.gateway
         state = ex.state
         if state is not None:
-            state.inflight -= 1
+            state.add_inflight(-1)
             if ctx.status >= 500:
                 gw.outliers.failure(state)
             elif ctx.upstream_status:

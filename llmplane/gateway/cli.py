@@ -12,11 +12,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from llmplane.aio import wait_event
 from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
@@ -24,6 +27,12 @@ from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.server import start_gateway
 from llmplane.store.base import Store
 from llmplane.store.paths import open_store
+
+if TYPE_CHECKING:
+    from llmplane.gateway.workers.share import Seat
+
+DEFAULT_WORKERS = 1
+MAX_WORKERS = 64
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=DEFAULT_WORKERS,
+        help="worker processes serving the port, sharing one routing state (default "
+        f"{DEFAULT_WORKERS}; see docs/gateway.md)",
+    )
     add_routing_arguments(parser)
     return parser
 
@@ -96,14 +112,17 @@ async def close_store(store: Store) -> None:
     await aclose() if aclose is not None else store.close()
 
 
-async def until_signalled() -> None:
-    """Return on SIGINT or SIGTERM."""
+async def until_signalled(orphan_of: int | None = None) -> None:
+    """Return on SIGINT or SIGTERM (or, given the supervisor's pid ``orphan_of``, once that
+    process is gone: a worker never outlives its supervisor)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    while not await wait_event(stop, None if orphan_of is None else 1.0):
+        if os.getppid() != orphan_of:
+            return
 
 
 def configure(args: argparse.Namespace) -> GatewayConfig:
@@ -128,24 +147,96 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
 # --- the gateway ------------------------------------------------------------------------------
 
 
-async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= n <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{n} is not between 1 and {MAX_WORKERS}")
+    return n
+
+
+def _listen_error(args: argparse.Namespace, e: OSError) -> StartupError:
+    return StartupError(
+        f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+        "(pass --port N, or --port 0 for any free port)"
+    )
+
+
+async def serve(
+    args: argparse.Namespace,
+    config: GatewayConfig,
+    seat: Seat | None = None,
+    ready: Callable[[], None] | None = None,
+) -> None:
+    """One gateway: alone (prints LISTENING), or worker ``seat`` of a supervisor (calls
+    ``ready`` once it serves, stops with its supervisor)."""
     store, discovery = await open_sources(args)
     try:
         gateway = await start_gateway(
-            store, discovery, args.host, args.port, config, extensions=[Console]
+            store, discovery, args.host, args.port, config, extensions=[Console], seat=seat
         )
     except OSError as e:
         await close_store(store)
-        raise StartupError(
-            f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
-            "(pass --port N, or --port 0 for any free port)"
-        ) from None
-    print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
+        raise _listen_error(args, e) from None
+    scaler = None
+    if args.kubernetes:  # the activator asks the API for a Playground's first replica
+        from llmplane.gateway import kube_activation
+
+        scaler = kube_activation.attach(gateway, store)
+    if ready is None:
+        print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
+    else:
+        ready()
     try:
-        await until_signalled()
+        await until_signalled(os.getppid() if seat is not None else None)
     finally:
+        if scaler is not None:
+            await scaler.close()
         await gateway.close()
         await close_store(store)
+
+
+def _run(coro: Any) -> None:
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(coro)
+
+
+def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``--workers N`` > 1: bind the socket here, fork the workers onto it."""
+    from llmplane.gateway.workers.share import Share
+    from llmplane.gateway.workers.supervisor import Supervisor
+
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    try:
+        sock = socket.create_server((args.host, args.port), family=family, backlog=2048)
+    except OSError as e:
+        raise _listen_error(args, e) from None
+    host, port = sock.getsockname()[:2]
+
+    def worker(seat: Seat, ready: Callable[[], None]) -> int:
+        try:
+            _run(serve(args, config, seat, ready))
+        except StartupError as e:
+            print(f"llmplane gateway: {e}", file=sys.stderr)
+            return 2
+        return 0
+
+    def serving() -> None:
+        print(f"LISTENING {host}:{port}", flush=True)
+
+    share = Share(args.workers, sock)
+    try:
+        return Supervisor(share, worker, config.shutdown_grace).run(serving)
+    finally:
+        sock.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,14 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmplane gateway: {e}", file=sys.stderr)
         return 2
     try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            runner(serve(args, config))
+        if args.workers > 1:
+            return supervise(args, config)
+        _run(serve(args, config))
     except StartupError as e:
         print(f"llmplane gateway: {e}", file=sys.stderr)
         return 2

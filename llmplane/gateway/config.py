@@ -98,6 +98,12 @@ class GatewayConfig:
     # Model name -> tokenizer.json (or a directory holding one) for counting input tokens
     # exactly; needs the tokenizers package. Otherwise ceil(chars / 4), see gateway/tokens.py.
     rate_limit_tokenizers: dict[str, str] = field(default_factory=dict)
+    # Usage records per tenant, model and minute (gateway/tenant_usage.py, read by
+    # `llmplane usage`): a SQLite file path, "off", or None = usage.db beside a SQLite store
+    # (none on Kubernetes: use the Prometheus counters there). Written every
+    # usage_flush_interval seconds in one batch, off the request path.
+    usage_log: str | None = None
+    usage_flush_interval: float = 10.0
 
 
 def _snake(name: str) -> str:

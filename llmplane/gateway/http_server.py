@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -600,11 +601,20 @@ class HttpServer:
     def busy(self) -> bool:
         return any(c.task is not None for c in self.connections)
 
-    async def start(self, host: str, port: int, backlog: int = 2048) -> int:
+    async def start(
+        self, host: str, port: int, backlog: int = 2048, sock: socket.socket | None = None
+    ) -> int:
+        """Serve on ``host:port``, or on ``sock``, a listening socket a supervisor shares
+        between worker processes (``llmplane/gateway/workers``)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Protocol(self), host, port, backlog=backlog, reuse_address=True
-        )
+        if sock is not None:
+            self._server = await loop.create_server(
+                lambda: _Protocol(self), sock=sock, backlog=backlog
+            )
+        else:
+            self._server = await loop.create_server(
+                lambda: _Protocol(self), host, port, backlog=backlog, reuse_address=True
+            )
         self._ticker = loop.create_task(self._tick())
         return self._server.sockets[0].getsockname()[1]
 

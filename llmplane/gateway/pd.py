@@ -243,7 +243,7 @@ class _Pair:
             "POST", ctx.request.path_qs, address, self.headers, orjson.dumps(body)
         )
         self.profile.on_pick(self.sched, state)
-        state.inflight += 1
+        state.add_inflight(1)
         t = time.perf_counter()
         try:
             status, upstream_headers, data = await pd.proxy.fetch(
@@ -253,7 +253,7 @@ class _Pair:
             pd.outliers.failure(state)
             raise
         finally:
-            state.inflight -= 1
+            state.add_inflight(-1)
         elapsed = time.perf_counter() - t
         pd.metrics.pd_prefill.labels(self.inference.model).observe(elapsed)
         ctx.prefill_endpoint = address

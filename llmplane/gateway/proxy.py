@@ -274,7 +274,7 @@ class Proxy:
     ) -> StreamResponse:
         """One attempt on ``state``, counted in flight until it ends however it ends."""
         assert ctx.decision is not None and ctx.inference is not None
-        state.inflight += 1
+        state.add_inflight(1)
         ctx.endpoint = address
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         if ctx.inference.stream:
@@ -304,7 +304,7 @@ class Proxy:
         try:
             status, upstream_headers, data = await self.fetch(address, wire, timeout)
         finally:
-            state.inflight -= 1
+            state.add_inflight(-1)
         if status >= 500 and may_retry:
             raise AttemptFailed("status", f"HTTP {status}")
         # On the last attempt an engine's own 5xx goes to the client as it is.
@@ -338,7 +338,7 @@ class Proxy:
             except (aiohttp.ClientError, OSError) as err:
                 raise AttemptFailed("connect", f"{type(err).__name__}: {err}") from None
         except BaseException:
-            state.inflight -= 1
+            state.add_inflight(-1)
             if resp is not None:
                 resp.release()
             raise
@@ -396,6 +396,6 @@ class Proxy:
         finally:
             if watch is not None:
                 self._streams.discard(watch)
-            state.inflight -= 1
+            state.add_inflight(-1)
             ctx.end = time.perf_counter()
             resp.release()

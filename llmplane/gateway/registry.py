@@ -7,7 +7,7 @@ are rebuilt around the same objects, so counters survive a reload.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from llmplane.runtime.endpoint import Endpoint
@@ -61,6 +61,12 @@ class EndpointState:
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
 
+    def add_inflight(self, n: int) -> None:
+        """Count ``n`` more (or fewer) requests in flight to the endpoint: the one way to move
+        ``inflight`` (with several workers it is every worker's sum, see
+        ``llmplane/gateway/workers/inflight.py``)."""
+        self.inflight += n
+
 
 def queue_estimates(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:
     """Each endpoint's queue: the waiting requests its engine last reported, moved by the net
@@ -81,8 +87,9 @@ def queue_estimates(states: Sequence[EndpointState], staleness: float, now: floa
 class EndpointRegistry:
     """Endpoint states by address, synchronised with a discovery's list."""
 
-    def __init__(self) -> None:
+    def __init__(self, make_state: Callable[[Endpoint], EndpointState] = EndpointState) -> None:
         self.states: dict[str, EndpointState] = {}
+        self.make_state = make_state  # shared in-flight counts with several workers
 
     def sync(self, endpoints: list[Endpoint]) -> tuple[list[EndpointState], list[EndpointState]]:
         """Adopt the new list; returns (added, removed) states."""
@@ -91,7 +98,7 @@ class EndpointRegistry:
         for endpoint in endpoints:
             state = self.states.get(endpoint.address)
             if state is None:
-                state = EndpointState(endpoint)
+                state = self.make_state(endpoint)
                 added.append(state)
             else:
                 state.endpoint = endpoint  # labels may have changed

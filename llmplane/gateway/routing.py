@@ -101,9 +101,12 @@ class Decision:
     route: str  # what matched, for metrics and logs
     backend: Backend
     model: str  # the model name sent upstream
-    criticality: str = "Default"
+    # The route's criticality (InferenceModel); None when the route does not say: the
+    # gateway's route stage then sets the tenant's default, else Default.
+    criticality: str | None = None
     lora: bool = False
     load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
+    tenant: str | None = None  # the caller's Tenant name (set by the route stage)
 
 
 # --- matching -------------------------------------------------------------------------------

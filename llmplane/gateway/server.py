@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -46,8 +46,13 @@ from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
+from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
+from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.base import Store
+
+if TYPE_CHECKING:
+    from llmplane.gateway.workers.share import Seat
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -68,13 +73,22 @@ class Extension(Protocol):
 
 class Gateway:
     def __init__(
-        self, store: Store | None, discovery: Discovery, config: GatewayConfig | None = None
+        self,
+        store: Store | None,
+        discovery: Discovery,
+        config: GatewayConfig | None = None,
+        seat: Seat | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
         self.store = store
         self.discovery = discovery
-        self.registry = EndpointRegistry()
+        # One of several worker processes (llmplane/gateway/workers): in-flight counts, token
+        # buckets and /metrics shared with the others.
+        self.seat = seat
+        self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
+        if seat is not None:
+            seat.picks.attach(self.scheduler.plugins)
         self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
         self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)
@@ -92,9 +106,16 @@ class Gateway:
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
-        # Token rate limits (ModelRoute.spec.rateLimit) run as the first request hook.
-        self.ratelimiter = RateLimiter(self.config, self.metrics.registry)
-        self.hooks: list[RequestHook] = [self.ratelimiter, *self.config.hooks]
+        # Rate limits (ModelRoute and Tenant rateLimit) run as the first request hook, then
+        # the tenants' usage counters (what a rate limit refused is not usage).
+        self.ratelimiter = RateLimiter(
+            self.config, self.metrics.registry, make_bucket=seat.bucket if seat else None
+        )
+        self.usage = TenantUsage(
+            usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
+        )
+        self.metrics.add(self.usage.metrics())
+        self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -123,7 +144,11 @@ class Gateway:
         )
         self.host = host
         self.auth.loopback = is_loopback(host)
-        self.port = await self.http.start(host, port)
+        if self.seat is not None:
+            await self.seat.metrics.start(self.metrics.render)
+        self.port = await self.http.start(
+            host, port, sock=self.seat.sock if self.seat is not None else None
+        )
         log.info("gateway listening on %s:%d", host, self.port)
         if not self.auth.loopback and self.auth.table.tenants == 0:
             log.warning(
@@ -146,6 +171,7 @@ class Gateway:
             await self._follower.start()
         for source in self._following():
             await source.start()
+        self.usage.start()
 
     def _following(self) -> list[Following]:
         """The discovery sources that follow a watch of their own."""
@@ -159,12 +185,15 @@ class Gateway:
             self.http = None
         for extension in self.extensions:
             await extension.close()
+        if self.seat is not None:
+            await self.seat.metrics.close()
         if self._follower is not None:
             await self._follower.close()
         for source in self._following():
             await source.close()
         await self.scraper.close()
         await self.ratelimiter.close()
+        await self.usage.close()
         await self.proxy.close()
 
     # --- routing table -------------------------------------------------------------------------
@@ -241,8 +270,9 @@ class Gateway:
         self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
     ) -> Decision:
         """Authenticate the caller (401 / 403, ``gateway/auth.py``), resolve ``ctx.inference``
-        in the routing table (404 / 503), let the request hooks reserve (429 from a rate limit;
-        each reservation is appended for ``finish``), and rewrite the model the route sends."""
+        in the routing table (404 / 503; a route without a criticality takes the tenant's),
+        let the request hooks reserve (429 from a route's or the tenant's rate limit; each
+        reservation is appended for ``finish``), and rewrite the model the route sends."""
         inference = ctx.inference
         assert inference is not None
         tenant = self.auth.authenticate(ctx.request.headers)
@@ -254,6 +284,12 @@ class Gateway:
         except GatewayError as err:
             decision = await self._activate(err, inference, ctx.request.headers)
         ctx.decision = decision
+        if tenant is not None:
+            decision.tenant = tenant.name
+            if decision.criticality is None:
+                decision.criticality = tenant.criticality
+        elif decision.criticality is None:
+            decision.criticality = "Default"
         for hook in self.hooks:
             reservation = await hook.reserve(inference, decision)
             reservations.append((hook, reservation))
@@ -404,7 +440,10 @@ class Gateway:
             prompt = completion = None
             if usage is not None:
                 prompt, completion = usage.prompt_tokens, usage.completion_tokens
-            log_access(ctx.access_record(elapsed, prompt, completion))
+            record = ctx.access_record(elapsed, prompt, completion)
+            if self.seat is not None:
+                record["worker"] = self.seat.index
+            log_access(record)
 
     # --- other endpoints ---------------------------------------------------------------------------
 
@@ -430,9 +469,18 @@ class Gateway:
         refusal = self.auth.admin_refusal(request.headers)
         if refusal is not None:
             return GatewayError(401, refusal, "invalid_api_key").response()
-        return Response(
-            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
-        )
+        body = self.metrics.render()
+        if self.seat is not None:
+            body = await self.seat.metrics.aggregate(body)
+        return Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def autoscaling_signals(self, request: HttpRequest) -> Response:
+        """Per-workload load for the in-cluster autoscaler (``gateway/signals.py``)."""
+        refusal = self.auth.admin_refusal(request.headers)
+        if refusal is not None:
+            return GatewayError(401, refusal, "invalid_api_key").response()
+        body = orjson.dumps(GatewaySignals(self).snapshot())
+        return Response(body=body, content_type="application/json")
 
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
@@ -448,6 +496,7 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
     table[("GET", "/v1/models")] = gateway.models
     table[("GET", "/health")] = gateway.health
     table[("GET", "/metrics")] = gateway.prometheus
+    table[("GET", "/autoscaling/signals")] = gateway.autoscaling_signals
     for extension in gateway.extensions:
         for key, handler in extension.routes().items():
             table.setdefault(key, handler)  # never in place of the API's own
@@ -461,10 +510,12 @@ async def start_gateway(
     port: int = 0,
     config: GatewayConfig | None = None,
     extensions: Sequence[Callable[[Gateway], Extension]] = (),
+    seat: Seat | None = None,
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
-    ``extensions`` made from it (``llmplane.console.Console``)."""
-    gateway = Gateway(store, discovery, config)
+    ``extensions`` made from it (``llmplane.console.Console``); as worker ``seat`` of several
+    on the supervisor's socket."""
+    gateway = Gateway(store, discovery, config, seat)
     gateway.extensions = [make(gateway) for make in extensions]
     try:
         await gateway.start(host, port)

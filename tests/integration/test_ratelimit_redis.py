@@ -289,7 +289,7 @@ async def test_redis_scripts_reserve_settle_and_refuse(redis_server):
         d = _Decision()
         req = chat("x" * 156, max_tokens=40)  # 40 in, 40 out
         res = await limiter.reserve(req, d)
-        assert res.mode == "redis"
+        assert res.taken[0].mode == "redis"
         assert res.response_headers["x-ratelimit-remaining-tokens-input"] == "60"
         assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "10"
         # Output: 10 left, 40 wanted at 50/min -> 36 s; nothing was taken from input.
@@ -336,7 +336,7 @@ async def test_a_per_second_bucket_refills_in_redis(redis_server):
 
     try:
         first = await limiter.reserve(chat("x", max_tokens=40), Decision())  # 40 of 50 output
-        assert first.mode == "redis"
+        assert first.taken[0].mode == "redis"
         assert (left := await remaining(45)) is not None and left < 20  # 10 left, 45 wanted
         # Refilling at 50 a second, the level passes 20 within 0.2 s - long before the key
         # expires (1.8 s) and would start a full bucket, which a broken refill would wait for.
@@ -369,15 +369,17 @@ async def test_failure_policies_against_an_unreachable_redis():
             await closed.reserve(chat("hi", max_tokens=1), _Decision())
         assert err.value.status == 503 and err.value.code == "rate_limit_unavailable"
         res = await local.reserve(chat("hi", max_tokens=50), _Decision())
-        assert res.mode == "local"
+        assert res.taken[0].mode == "local"
         with pytest.raises(RateLimitError):  # this process's own bucket limits now
             await local.reserve(chat("hi", max_tokens=1), _Decision())
         t0 = time.monotonic()
         res = await opened.reserve(chat("hi", max_tokens=50), _Decision())
-        assert res.mode == "none"
+        assert res.taken[0].mode == "none"
         # Within the retry interval Redis is not asked again: no wait at all.
         for _ in range(100):
-            assert (await opened.reserve(chat("hi", max_tokens=50), _Decision())).mode == "none"
+            assert (await opened.reserve(chat("hi", max_tokens=50), _Decision())).taken[
+                0
+            ].mode == "none"
         assert time.monotonic() - t0 < 1.0
     finally:
         for limiter in (closed, local, opened):
@@ -393,7 +395,9 @@ async def test_a_blackholed_redis_costs_at_most_the_timeout_once_per_interval():
         limiter = limiter_for(address, rate_limit_redis_timeout=0.2)
         try:
             t0 = time.monotonic()
-            assert (await limiter.reserve(chat("hi", max_tokens=1), _Decision())).mode == "none"
+            assert (await limiter.reserve(chat("hi", max_tokens=1), _Decision())).taken[
+                0
+            ].mode == "none"
             first = time.monotonic() - t0
             assert 0.15 < first < 1.0
             t0 = time.monotonic()

@@ -265,9 +265,11 @@ def _rules(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, str]]:
     }
 
 
-def test_gateway_is_read_only() -> None:
+def test_gateway_only_reads_but_scales_from_zero() -> None:
     rules = _rules(render_chart(), "llmplane-gateway")
-    assert {verb for _, _, verb in rules} == {"get", "list", "watch"}
+    writes = {r for r in rules if r[2] not in ("get", "list", "watch")}
+    # Its one write: the activator asks for a Playground's first replica.
+    assert writes == {("inference.llmaz.io", "playgrounds/scale", "patch")}
     assert ("", "pods", "list") in rules
     assert ("discovery.k8s.io", "endpointslices", "watch") in rules
     assert not [r for r in rules if r[1] == "secrets"]

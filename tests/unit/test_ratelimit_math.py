@@ -272,7 +272,7 @@ async def test_limiter_admits_refuses_settles_and_refills():
     d = _Decision("ModelRoute/default/r#0")
     req = chat("x" * 156, max_tokens=40)  # ("user" + 156 chars) / 4 = 40 input tokens
     res = await limiter.reserve(req, d)
-    assert res.amounts == [("input", 40), ("output", 40)]
+    assert res.taken[0].amounts == [("input", 40), ("output", 40)]
     assert res.response_headers["x-ratelimit-remaining-tokens-input"] == "60"
     assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "20"
     with pytest.raises(RateLimitError) as err:
@@ -302,7 +302,7 @@ async def test_limiter_debits_overuse_and_input_from_usage():
     d = _Decision("ModelRoute/default/r#0")
     req = chat("hi")  # no max_tokens: 10 reserved
     res = await limiter.reserve(req, d)
-    assert dict(res.amounts)["output"] == 10
+    assert dict(res.taken[0].amounts)["output"] == 10
     await limiter.settle(req, d, res, Usage(500, 95), 200)  # real: 500 in, 95 out
     left = await limiter.reserve(chat("hi", max_tokens=1), d)
     assert left.response_headers["x-ratelimit-remaining-tokens-output"] == "4"  # 100-95-1

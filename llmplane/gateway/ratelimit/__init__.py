@@ -1,7 +1,11 @@
-"""Token rate limits for Kthena ``ModelRoute.spec.rateLimit`` (a request hook).
+"""Rate limits for Kthena ``ModelRoute.spec.rateLimit`` and ``Tenant.spec.rateLimit`` (one
+request hook).
 
-One token bucket per ModelRoute (namespace/name) and direction (input, output): rate =
-limit / unit, burst = limit, unit second | minute | hour | day | month (30 days). Without
+One token bucket per ModelRoute (namespace/name) or Tenant and direction (input, output; a
+Tenant also requests and budget = input + output tokens over the budget's own unit): rate =
+limit / unit, burst = limit, unit second | minute | hour | day | month (30 days). A tenant's
+request on a limited route takes from both limits or from neither (what the first took goes
+back when the second refuses). Without
 ``global`` the buckets live in this process (monotonic clock); with ``global.redis`` they
 live in Redis and every gateway process shares them: reserve and settle are Lua scripts,
 atomic over both directions, timed by Redis ``TIME`` (never a gateway's clock).
@@ -21,6 +25,7 @@ A request on a limited route:
    directions: unused tokens go back, overuse is debited (the bucket may go below zero and
    later requests wait longer). A failed request (4xx/5xx, no usage) gets everything back;
    a successful response without usage, or a client that went away, keeps the reservation.
+   A request counts as one request whatever it used.
 
 Redis unreachable (errors and timeouts are counted in ``llmplane_ratelimit_redis_errors_total``;
 the client reconnects lazily, each call is bounded by ``rate_limit_redis_timeout`` and after a
@@ -28,7 +33,7 @@ failure Redis is not asked again for ``rate_limit_redis_retry_interval``):
 ``rate_limit_redis_failure`` = ``open`` (default: admit unlimited), ``local`` (this process's
 own buckets) or ``closed`` (503 with Retry-After).
 
-Modules: ``limits`` (ModelRoute rateLimit -> ``RouteLimit``), ``buckets`` (token-bucket maths,
+Modules: ``limits`` (ModelRoute and Tenant rateLimit -> ``RouteLimit``), ``buckets`` (token-bucket maths,
 ``x-ratelimit-*`` headers, settlement), ``error`` (the 429), ``usage_filter`` (injecting
 ``include_usage`` and dropping the usage chunk), ``redis_store`` (the shared buckets' Lua
 scripts) and ``limiter`` (``RateLimiter``, the hook).

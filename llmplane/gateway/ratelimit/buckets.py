@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from llmplane.gateway.ratelimit.limits import INPUT
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS
 
 
 class TokenBucket:
@@ -15,6 +17,10 @@ class TokenBucket:
     after an overuse debit: requests then wait until it has refilled far enough."""
 
     __slots__ = ("burst", "level", "rate", "stamp")
+
+    # Held around a read-modify-write of the level: nothing for a bucket of one process; a
+    # record lock for one shared by worker processes (``llmplane/gateway/workers/buckets.py``).
+    lock: AbstractContextManager[None] = contextlib.nullcontext()
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
         self.rate = rate
@@ -64,14 +70,17 @@ def reserve_local(
     buckets: list[tuple[str, TokenBucket, int]], now: float
 ) -> tuple[bool, list[BucketState]]:
     """Take every amount or none: (admitted, the buckets' states)."""
-    for _, bucket, _ in buckets:
-        bucket.refill(now)
-    waits = [bucket.wait(amount) for _, bucket, amount in buckets]
-    ok = all(w == 0.0 for w in waits)
-    if ok:
-        for _, bucket, amount in buckets:
-            bucket.level -= amount
-    return ok, [b.state(d, w) for (d, b, _), w in zip(buckets, waits, strict=True)]
+    if not buckets:
+        return True, []
+    with buckets[0][1].lock:  # the buckets of one limiter share one lock (or none)
+        for _, bucket, _ in buckets:
+            bucket.refill(now)
+        waits = [bucket.wait(amount) for _, bucket, amount in buckets]
+        ok = all(w == 0.0 for w in waits)
+        if ok:
+            for _, bucket, amount in buckets:
+                bucket.level -= amount
+        return ok, [b.state(d, w) for (d, b, _), w in zip(buckets, waits, strict=True)]
 
 
 def retry_after(states: Iterable[BucketState]) -> int:
@@ -96,19 +105,38 @@ def duration(seconds: float) -> str:
     return text
 
 
+def _share(state: BucketState) -> float:
+    return state.level / state.limit
+
+
 def rate_headers(states: list[BucketState], main: BucketState | None = None) -> dict[str, str]:
-    """``x-ratelimit-{limit,remaining,reset}-tokens`` for ``main`` (by default the direction
-    with the smallest share left) and the same with ``-input`` / ``-output`` per direction."""
+    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-requests`` (when requests are limited)
+    and ``-tokens`` for ``main`` (by default the token bucket with the smallest share left),
+    and the same with ``-input`` / ``-output`` / ``-budget`` per direction. With a route's
+    and a tenant's limit in one direction, the scarcer one is reported."""
     if not states:
         return {}
-    if main is None:
-        main = min(states, key=lambda s: s.level / s.limit)
-    headers = {
-        "x-ratelimit-limit-tokens": str(main.limit),
-        "x-ratelimit-remaining-tokens": str(main.remaining),
-        "x-ratelimit-reset-tokens": duration(main.reset),
-    }
+    headers: dict[str, str] = {}
+    scarcest: dict[str, BucketState] = {}
     for s in states:
+        seen = scarcest.get(s.direction)
+        if seen is None or _share(s) < _share(seen) or s is main:
+            scarcest[s.direction] = s
+    requests = scarcest.pop(REQUESTS, None)
+    if requests is not None:
+        if main is not None and main.direction == REQUESTS:
+            requests = main
+        headers["x-ratelimit-limit-requests"] = str(requests.limit)
+        headers["x-ratelimit-remaining-requests"] = str(requests.remaining)
+        headers["x-ratelimit-reset-requests"] = duration(requests.reset)
+    if not scarcest:
+        return headers
+    if main is None or main.direction == REQUESTS:
+        main = min(scarcest.values(), key=_share)
+    headers["x-ratelimit-limit-tokens"] = str(main.limit)
+    headers["x-ratelimit-remaining-tokens"] = str(main.remaining)
+    headers["x-ratelimit-reset-tokens"] = duration(main.reset)
+    for s in scarcest.values():
         headers[f"x-ratelimit-limit-tokens-{s.direction}"] = str(s.limit)
         headers[f"x-ratelimit-remaining-tokens-{s.direction}"] = str(s.remaining)
         headers[f"x-ratelimit-reset-tokens-{s.direction}"] = duration(s.reset)
@@ -120,18 +148,24 @@ def settle_deltas(
 ) -> list[tuple[str, int]]:
     """Tokens to give back (> 0) or debit (< 0) per direction once the response is known.
 
-    With usage: reserved - used (input only when the engine reported prompt tokens). Without
-    usage: a failed request (status >= 400, not a client that went away) gets everything
-    back; otherwise the reservation stands."""
+    With usage: reserved - used (input and budget only when the engine reported prompt
+    tokens; a request counts as one whatever it used). Without usage: a failed request
+    (status >= 400, not a client that went away) gets everything back, its request too;
+    otherwise the reservation stands."""
     if prompt is None and completion is None:
         if status >= 400 and status != 499:
             return [(d, a) for d, a in amounts if a]
         return []
     deltas = []
     for direction, amount in amounts:
-        used = prompt if direction == INPUT else completion
-        if direction == INPUT and not used:
+        if direction == REQUESTS or (direction in (INPUT, BUDGET) and not prompt):
             continue
+        if direction == INPUT:
+            used = prompt
+        elif direction == BUDGET:
+            used = (prompt or 0) + (completion or 0)
+        else:
+            used = completion
         delta = amount - (used or 0)
         if delta:
             deltas.append((direction, delta))

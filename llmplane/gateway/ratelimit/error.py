@@ -11,17 +11,25 @@ from llmplane.gateway.http_server import Response
 
 
 class RateLimitError(GatewayError):
-    """429 in OpenAI's shape for token limits: ``{"error": {"message", "type": "tokens",
+    """429 in OpenAI's shape: ``{"error": {"message", "type": "tokens" | "requests",
     "param": null, "code": "rate_limit_exceeded"}}`` with ``Retry-After`` (whole seconds,
     rounded up) and the ``x-ratelimit-*`` headers."""
 
-    def __init__(self, message: str, *, retry_after: float | None, headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None,
+        headers: dict[str, str],
+        kind: str = "tokens",
+    ) -> None:
         super().__init__(429, message, "rate_limit_exceeded", retry_after=retry_after)
         self.headers = headers
+        self.kind = kind
 
     @property
     def type(self) -> str:
-        return "tokens"
+        return self.kind
 
     def body(self) -> bytes:
         return orjson.dumps(

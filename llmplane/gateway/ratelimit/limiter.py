@@ -1,5 +1,5 @@
-"""``RateLimiter``: the request hook that reserves tokens before scheduling and settles them
-with the engine's usage afterwards (see the package docstring)."""
+"""``RateLimiter``: the request hook that reserves requests and tokens before scheduling and
+settles them with the engine's usage afterwards (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ from llmplane.gateway.ratelimit.buckets import (
 )
 from llmplane.gateway.ratelimit.error import RateLimitError
 from llmplane.gateway.ratelimit.limits import (
+    BUDGET,
     INPUT,
     OUTPUT,
+    REQUESTS,
     RouteLimit,
     output_reservation,
     route_limits,
+    tenant_limits,
 )
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets, redis_key
 from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
@@ -44,48 +47,69 @@ FAILURE_POLICIES = ("open", "local", "closed")
 # attribute -> (metric name, help, label names)
 # fmt: off
 _METRICS = {
-    "rejections": ("llmplane_ratelimit_rejections", "Requests refused by a token rate limit (reason: exhausted = retry later, too_large = can never fit)", ("route", "direction", "reason")),
+    "rejections": ("llmplane_ratelimit_rejections", "Requests refused by a rate limit (route: the ModelRoute or Tenant; reason: exhausted = retry later, too_large = can never fit)", ("route", "direction", "reason")),
     "redis_errors": ("llmplane_ratelimit_redis_errors", "Failed or timed-out Redis calls of global rate limits", ("op",)),
     "degraded": ("llmplane_ratelimit_degraded", "Requests decided by the Redis failure policy (open, local, closed)", ("route", "policy")),
 }
 # fmt: on
 
 
-class Reservation(HookReservation):
-    """What ``reserve`` took (the gateway applies its ``response_headers`` and
-    ``stream_filter``, see ``llmplane.gateway.hooks``)."""
+class Taken:
+    """What one limit (a route's or a tenant's) took for a request."""
 
     __slots__ = ("amounts", "limit", "mode")
 
-    def __init__(
-        self,
-        limit: RouteLimit,
-        mode: str,
-        amounts: list[tuple[str, int]],
-        response_headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(response_headers)
+    def __init__(self, limit: RouteLimit, mode: str, amounts: list[tuple[str, int]]) -> None:
         self.limit = limit
         self.mode = mode  # local | redis | none (Redis failed, admitted without a reservation)
         self.amounts = amounts
 
 
+class Reservation(HookReservation):
+    """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` and
+    ``stream_filter``, see ``llmplane.gateway.hooks``)."""
+
+    __slots__ = ("taken",)
+
+    def __init__(self, taken: list[Taken], response_headers: dict[str, str] | None = None) -> None:
+        super().__init__(response_headers)
+        self.taken = taken
+
+
+def _what(direction: str) -> str:
+    if direction == REQUESTS:
+        return "requests"
+    if direction == BUDGET:
+        return "tokens (input + output, the token budget)"
+    return f"{direction} tokens"
+
+
 class RateLimiter:
-    """The ``RequestHook`` enforcing ModelRoute rate limits (the gateway installs one and
-    calls ``update`` with the store objects whenever they change)."""
+    """The ``RequestHook`` enforcing ModelRoute and Tenant rate limits (the gateway installs
+    one and calls ``update`` with the store objects whenever they change). A request of a
+    tenant on a limited route takes from both, or from neither."""
 
     def __init__(
         self,
         config: Any,
         registry: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        make_bucket: Callable[[str, float, float, float], TokenBucket] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
-        self.limits: dict[str, RouteLimit] = {}
+        # (key, rate, burst, now) -> a bucket; with several workers one they all share.
+        self.make_bucket = make_bucket or (
+            lambda key, rate, burst, now: TokenBucket(rate, burst, now)
+        )
+        self.limits: dict[str, RouteLimit] = {}  # ModelRoute ref -> limit
+        self.tenant_limits: dict[str, RouteLimit] = {}  # tenant name -> limit
+        # Buckets of this process (or shared by the workers, see make_bucket), by (limit key,
+        # direction): one interface (TokenBucket) whatever holds them.
         self.local: dict[tuple[str, str], TokenBucket] = {}
         self.redis: dict[str, RedisBuckets] = {}
         self.counter = TokenCounter(getattr(config, "rate_limit_tokenizers", None))
+        self.default_output = getattr(config, "rate_limit_default_output_tokens", 256)
         self.policy = getattr(config, "rate_limit_redis_failure", "open")
         if self.policy not in FAILURE_POLICIES:
             raise ValueError(
@@ -101,16 +125,19 @@ class RateLimiter:
     # --- configuration ---------------------------------------------------------------------
 
     def update(self, objects: Iterable[dict[str, Any]]) -> None:
-        """New store objects: re-read every ModelRoute's rateLimit. A changed limit keeps
-        the bucket's level (capped at the new burst)."""
+        """New store objects: re-read every ModelRoute's and Tenant's rateLimit. A changed
+        limit keeps the bucket's level (capped at the new burst)."""
+        objects = list(objects)
         self.limits = route_limits(objects)
-        for limit in self.limits.values():
+        self.tenant_limits = tenant_limits(objects)
+        every = [*self.limits.values(), *self.tenant_limits.values()]
+        for limit in every:
             for direction, tokens in limit.tokens:
                 bucket = self.local.get((limit.key, direction))
                 if bucket is not None:
-                    bucket.rate = tokens / limit.period
+                    bucket.rate = tokens / limit.period_of(direction)
                     bucket.burst = tokens
-        live = {(lim.key, d) for lim in self.limits.values() for d, _ in lim.tokens}
+        live = {(lim.key, d) for lim in every for d, _ in lim.tokens}
         for key in [k for k in self.local if k not in live]:
             del self.local[key]
 
@@ -126,8 +153,11 @@ class RateLimiter:
     def _bucket(self, limit: RouteLimit, direction: str, tokens: int) -> TokenBucket:
         bucket = self.local.get((limit.key, direction))
         if bucket is None:
-            bucket = self.local[(limit.key, direction)] = TokenBucket(
-                tokens / limit.period, tokens, self.clock()
+            bucket = self.local[(limit.key, direction)] = self.make_bucket(
+                f"{limit.key}\n{direction}",
+                tokens / limit.period_of(direction),
+                tokens,
+                self.clock(),
             )
         return bucket
 
@@ -145,65 +175,112 @@ class RateLimiter:
 
     # --- the hook ----------------------------------------------------------------------------
 
+    def applicable(self, decision: Decision) -> list[RouteLimit]:
+        """The tenant's limit, then the route's (either may be missing)."""
+        found = []
+        if self.tenant_limits:
+            tenant = getattr(decision, "tenant", None)
+            limit = self.tenant_limits.get(tenant) if tenant is not None else None
+            if limit is not None:
+                found.append(limit)
+        if self.limits:
+            limit = self.limits.get(decision.route.partition("#")[0])
+            if limit is not None:
+                found.append(limit)
+        return found
+
     async def reserve(self, inference: InferenceRequest, decision: Decision) -> Reservation | None:
-        if not self.limits:
+        if not self.limits and not self.tenant_limits:
             return None
-        ref = decision.route.partition("#")[0]
-        limit = self.limits.get(ref)
-        if limit is None:
+        limits = self.applicable(decision)
+        if not limits:
             return None
-        doc = inference.doc
         embeddings = inference.path.endswith("/embeddings")
-        amounts: list[tuple[str, int]] = []
-        for direction, tokens in limit.tokens:
-            if direction == INPUT:
-                amount = self.counter.count(doc, decision.model, inference.model)
-            elif embeddings:
-                continue
-            else:
-                amount = output_reservation(
-                    doc, getattr(self.config, "rate_limit_default_output_tokens", 256), tokens
-                )
-            if amount > tokens:
-                self._count(self.rejections, ref, direction, "too_large")
-                state = BucketState(direction, tokens, tokens / limit.period, tokens)
-                raise RateLimitError(
-                    f"Request too large for model {inference.model!r} on {direction} tokens per "
-                    f"{limit.unit} ({ref}): Limit {tokens}, Requested {amount}. The "
-                    f"{direction} tokens{' (max_tokens)' if direction == OUTPUT else ''} must be "
-                    "reduced for this request to ever be admitted.",
-                    retry_after=None,
-                    headers=rate_headers([state], state),
-                )
-            amounts.append((direction, amount))
-        if not amounts:
+        counted: list[int] = []  # the input count, once for every limit
+        taken: list[Taken] = []
+        states: list[BucketState] = []
+        try:
+            for limit in limits:
+                amounts = self._amounts(inference, decision, limit, embeddings, counted)
+                if amounts:
+                    part, part_states = await self._take(inference, limit, amounts)
+                    taken.append(part)
+                    states += part_states
+        except BaseException:
+            for part in taken:  # another limit refused: what the earlier ones took goes back
+                self._apply(part, [(d, a) for d, a in part.amounts if a])
+            raise
+        if not taken:
             return None
-        if limit.redis is not None:
-            reservation = await self._reserve_redis(inference, limit, amounts)
-        else:
-            reservation = self._reserve_local(inference, limit, amounts)
-        if inference.stream and not embeddings and inject_include_usage(doc):
+        reservation = Reservation(taken, rate_headers(states))
+        tokens = any(d != REQUESTS for part in taken for d, _ in part.amounts)
+        if tokens and inference.stream and not embeddings and inject_include_usage(inference.doc):
             inference.mark_dirty()
             reservation.stream_filter = UsageChunkFilter()
         return reservation
 
-    def _reserve_local(
+    def _amounts(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        limit: RouteLimit,
+        embeddings: bool,
+        counted: list[int],
+    ) -> list[tuple[str, int]]:
+        """What ``limit`` takes for this request per direction; 429 without Retry-After for
+        an amount larger than its bucket (it could never fit)."""
+        doc = inference.doc
+        amounts: list[tuple[str, int]] = []
+        for direction, tokens in limit.tokens:
+            if direction == REQUESTS:
+                amount = 1
+            else:
+                if direction == OUTPUT and embeddings:
+                    continue
+                if direction != OUTPUT and not counted:
+                    counted.append(self.counter.count(doc, decision.model, inference.model))
+                amount = counted[0] if direction != OUTPUT else 0
+                if direction != INPUT and not embeddings:
+                    amount += output_reservation(doc, self.default_output, tokens)
+            if amount > tokens:
+                self._count(self.rejections, limit.ref, direction, "too_large")
+                state = BucketState(direction, tokens, tokens / limit.period_of(direction), tokens)
+                reduce = " (max_tokens)" if direction in (OUTPUT, BUDGET) else ""
+                raise RateLimitError(
+                    f"Request too large for model {inference.model!r} on {_what(direction)} "
+                    f"per {limit.unit_of(direction)} ({limit.ref}): Limit {tokens}, Requested "
+                    f"{amount}. The tokens{reduce} must be reduced for this request to ever "
+                    "be admitted.",
+                    retry_after=None,
+                    headers=rate_headers([state], state),
+                )
+            amounts.append((direction, amount))
+        return amounts
+
+    async def _take(
         self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
-    ) -> Reservation:
+    ) -> tuple[Taken, list[BucketState]]:
+        if limit.redis is not None:
+            return await self._take_redis(inference, limit, amounts)
+        return self._take_local(inference, limit, amounts)
+
+    def _take_local(
+        self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
+    ) -> tuple[Taken, list[BucketState]]:
         buckets = [(d, self._bucket(limit, d, limit.limit(d) or 0), a) for d, a in amounts]
         ok, states = reserve_local(buckets, self.clock())
         return self._decide(inference, limit, "local", amounts, ok, states)
 
-    async def _reserve_redis(
+    async def _take_redis(
         self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
-    ) -> Reservation:
+    ) -> tuple[Taken, list[BucketState]]:
         assert limit.redis is not None
         client = self._redis(limit.redis)
         keys, args, limits = [], [], []
         for direction, amount in amounts:
             tokens = limit.limit(direction) or 0
             keys.append(redis_key(limit, direction))
-            args += [tokens / limit.period, tokens, amount]
+            args += [tokens / limit.period_of(direction), tokens, amount]
             limits.append(tokens)
         now = self.clock()
         if client.available(now):
@@ -213,22 +290,22 @@ class RateLimiter:
                 self._redis_failed(client, "reserve", err)
             else:
                 states = [
-                    BucketState(d, n, n / limit.period, level, wait)
+                    BucketState(d, n, n / limit.period_of(d), level, wait)
                     for (d, _), n, (level, wait) in zip(amounts, limits, pairs, strict=True)
                 ]
                 return self._decide(inference, limit, "redis", amounts, ok, states)
         self._count(self.degraded, limit.ref, self.policy)
         if self.policy == "local":
-            return self._reserve_local(inference, limit, amounts)
+            return self._take_local(inference, limit, amounts)
         if self.policy == "closed":
             raise GatewayError(
                 503,
-                f"the token rate limit of {limit.ref} cannot be checked (Redis at "
+                f"the rate limit of {limit.ref} cannot be checked (Redis at "
                 f"{limit.redis} is unreachable); retry later",
                 "rate_limit_unavailable",
                 retry_after=client.retry_interval,
             )
-        return Reservation(limit, "none", amounts)
+        return Taken(limit, "none", amounts), []
 
     def _redis_failed(self, client: RedisBuckets, op: str, err: BaseException) -> None:
         self._count(self.redis_errors, op)
@@ -252,9 +329,9 @@ class RateLimiter:
         amounts: list[tuple[str, int]],
         ok: bool,
         states: list[BucketState],
-    ) -> Reservation:
+    ) -> tuple[Taken, list[BucketState]]:
         if ok:
-            return Reservation(limit, mode, amounts, rate_headers(states))
+            return Taken(limit, mode, amounts), states
         blocking = max(states, key=lambda s: s.wait)
         for s in states:
             if s.wait > 0:
@@ -262,12 +339,15 @@ class RateLimiter:
         wait = retry_after(states)
         asked = dict(amounts)
         used = max(0, blocking.limit - blocking.remaining)
+        where = f"model {inference.model!r} on " if limit.ref.startswith("ModelRoute/") else ""
         raise RateLimitError(
-            f"Rate limit reached for model {inference.model!r} on {blocking.direction} tokens "
-            f"per {limit.unit} ({limit.ref}): Limit {blocking.limit}, Used {used}, Requested "
-            f"{asked[blocking.direction]}. Please try again in {duration(blocking.wait)}.",
+            f"Rate limit reached for {where}{_what(blocking.direction)} per "
+            f"{limit.unit_of(blocking.direction)} ({limit.ref}): Limit {blocking.limit}, Used "
+            f"{used}, Requested {asked[blocking.direction]}. Please try again in "
+            f"{duration(blocking.wait)}.",
             retry_after=wait,
             headers=rate_headers(states, blocking),
+            kind="requests" if blocking.direction == REQUESTS else "tokens",
         )
 
     async def settle(
@@ -278,16 +358,22 @@ class RateLimiter:
         usage: Usage | None,
         status: int,
     ) -> None:
-        if reservation is None or reservation.mode == "none":
+        if reservation is None:
             return
         prompt = completion = None
         if usage is not None:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        deltas = settle_deltas(reservation.amounts, prompt, completion, status)
-        if not deltas:
+        for part in reservation.taken:
+            deltas = settle_deltas(part.amounts, prompt, completion, status)
+            if deltas:
+                self._apply(part, deltas)
+
+    def _apply(self, part: Taken, deltas: list[tuple[str, int]]) -> None:
+        """Give back (> 0) or debit (< 0) tokens of what ``part`` took."""
+        limit = part.limit
+        if part.mode == "none":
             return
-        limit = reservation.limit
-        if reservation.mode == "local":
+        if part.mode == "local":
             now = self.clock()
             for direction, delta in deltas:
                 self._bucket(limit, direction, limit.limit(direction) or 0).adjust(delta, now)
@@ -304,7 +390,7 @@ class RateLimiter:
         for direction, delta in deltas:
             tokens = limit.limit(direction) or 0
             keys.append(redis_key(limit, direction))
-            args += [tokens / limit.period, tokens, delta]
+            args += [tokens / limit.period_of(direction), tokens, delta]
         try:
             await client.settle(keys, args)
         except Exception as err:

@@ -1,5 +1,5 @@
-"""ModelRoute ``rateLimit`` -> ``RouteLimit`` (tokens per period, per direction), and how many
-output tokens a request reserves."""
+"""ModelRoute and Tenant ``rateLimit`` -> ``RouteLimit`` (amounts per period, per direction),
+and how many output tokens a request reserves."""
 
 from __future__ import annotations
 
@@ -9,29 +9,76 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmplane.api.kthena import UNIT_SECONDS, RateLimit
+from llmplane.api.llmplane import TenantRateLimit
 
 log = logging.getLogger("llmplane.gateway")
 
+REQUESTS = "requests"  # one per request
 INPUT = "input"
 OUTPUT = "output"
+BUDGET = "budget"  # input + output tokens over the budget's own unit
+TOKEN_DIRECTIONS = (INPUT, OUTPUT, BUDGET)
 
 
 @dataclass(frozen=True)
 class RouteLimit:
-    """A ModelRoute's rateLimit: tokens per ``period`` seconds in each limited direction."""
+    """A ModelRoute's or a Tenant's rateLimit: amounts per ``period`` seconds in each limited
+    direction (a Tenant's budget per ``budget_period``)."""
 
-    ref: str  # ModelRoute/namespace/name (what Decision.route starts with)
-    key: str  # namespace/name
-    tokens: tuple[tuple[str, int], ...]  # (direction, tokens per unit), limited ones only
+    ref: str  # ModelRoute/namespace/name (what Decision.route starts with) or Tenant/name
+    key: str  # the buckets' key: namespace/name (routes), tenant/namespace/name (tenants)
+    tokens: tuple[tuple[str, int], ...]  # (direction, amount per unit), limited ones only
     unit: str
     period: float
     redis: str | None = None  # host:port of global.redis
+    budget_unit: str = "day"
+    budget_period: float = 86400.0
 
     def limit(self, direction: str) -> int | None:
         for d, n in self.tokens:
             if d == direction:
                 return n
         return None
+
+    def period_of(self, direction: str) -> float:
+        return self.budget_period if direction == BUDGET else self.period
+
+    def unit_of(self, direction: str) -> str:
+        return self.budget_unit if direction == BUDGET else self.unit
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def _build(
+    ref: str, key: str, rl: RateLimit, extra: tuple[tuple[str, int | None], ...] = ()
+) -> RouteLimit | None:
+    directions = (
+        *extra[:1],
+        (INPUT, rl.input_tokens_per_unit),
+        (OUTPUT, rl.output_tokens_per_unit),
+        *extra[1:],
+    )
+    tokens = tuple((d, n) for d, n in directions if n)
+    if not tokens:
+        return None
+    redis = rl.global_.redis.address if rl.global_ and rl.global_.redis else None
+    budget = getattr(rl, "budget", None)
+    return RouteLimit(
+        ref=ref,
+        key=key,
+        tokens=tokens,
+        unit=rl.unit,
+        period=float(UNIT_SECONDS[rl.unit]),
+        redis=redis,
+        **(
+            {"budget_unit": budget.unit, "budget_period": float(UNIT_SECONDS[budget.unit])}
+            if budget is not None
+            else {}
+        ),
+    )
 
 
 def route_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
@@ -44,30 +91,41 @@ def route_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
         raw = spec.get("rateLimit") if isinstance(spec, dict) else None
         if not raw:
             continue
-        meta = obj.get("metadata") or {}
-        namespace = meta.get("namespace") or "default"
-        key = f"{namespace}/{meta.get('name')}"
+        key = _key(obj)
         try:
             rl = RateLimit.model_validate(raw)
         except Exception as err:
             log.warning("rate limits: ModelRoute/%s: invalid rateLimit ignored: %s", key, err)
             continue
-        tokens = tuple(
-            (d, n)
-            for d, n in ((INPUT, rl.input_tokens_per_unit), (OUTPUT, rl.output_tokens_per_unit))
-            if n
-        )
-        if not tokens:
+        limit = _build(f"ModelRoute/{key}", key, rl)
+        if limit is not None:
+            limits[limit.ref] = limit
+    return limits
+
+
+def tenant_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
+    """Tenant name (as ``gateway/auth.py`` names it: ``name`` in namespace default, else
+    ``namespace/name``) -> its limit, for the Tenants in ``objects`` with a valid rateLimit."""
+    limits: dict[str, RouteLimit] = {}
+    for obj in objects:
+        if obj.get("kind") != "Tenant":
             continue
-        redis = rl.global_.redis.address if rl.global_ and rl.global_.redis else None
-        limits[f"ModelRoute/{key}"] = RouteLimit(
-            ref=f"ModelRoute/{key}",
-            key=key,
-            tokens=tokens,
-            unit=rl.unit,
-            period=float(UNIT_SECONDS[rl.unit]),
-            redis=redis,
-        )
+        spec = obj.get("spec") or {}
+        raw = spec.get("rateLimit") if isinstance(spec, dict) else None
+        if not raw:
+            continue
+        key = _key(obj)
+        name = key.removeprefix("default/")
+        try:
+            rl = TenantRateLimit.model_validate(raw)
+        except Exception as err:
+            log.warning("rate limits: Tenant/%s: invalid rateLimit ignored: %s", name, err)
+            continue
+        budget = rl.budget.tokens if rl.budget is not None else None
+        extra = ((REQUESTS, rl.requests_per_unit), (BUDGET, budget))
+        limit = _build(f"Tenant/{name}", f"tenant/{key}", rl, extra)
+        if limit is not None:
+            limits[name] = limit
     return limits
 
 

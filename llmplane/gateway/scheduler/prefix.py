@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
 from itertools import islice, repeat
+from typing import Any
 
 import xxhash
 
@@ -167,6 +168,9 @@ class PrefixCacheScorer:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.index = PrefixIndex(capacity)
+        # With several gateway workers: the picks shared with the others (workers/picks.py).
+        self.feed: Any = None
+        self.feed_id = 0
 
     def hashes(self, ctx: SchedulingContext) -> list[int]:
         key = ("prefix", self.block_size, self.max_blocks)
@@ -178,6 +182,8 @@ class PrefixCacheScorer:
         return cached
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        if self.feed is not None:
+            self.feed.apply()
         hashes = self.hashes(ctx)
         if not hashes:
             return [0.0] * len(endpoints)
@@ -195,6 +201,8 @@ class PrefixCacheScorer:
             matched = ctx.cache.get(self)  # from score(), when this request was scored
             held = matched.get(endpoint.key, 0) if matched is not None else None
             self.index.add(endpoint.key, hashes, held)
+            if self.feed is not None:
+                self.feed.publish(self.feed_id, endpoint.key, hashes)
 
     def on_remove(self, endpoint: EndpointState) -> None:
         self.index.remove(endpoint.key)

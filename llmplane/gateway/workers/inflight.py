@@ -1,0 +1,75 @@
+"""In-flight counts per endpoint seen by every worker: one row of counters per worker in shared
+memory, each row written only by its own worker, readers sum the column (no lock: each
+counter has one writer, and an 8-byte aligned store is atomic)."""
+
+from __future__ import annotations
+
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.workers.shm import LOCK_ENDPOINTS, Directory, Locks, region
+from llmplane.runtime.endpoint import Endpoint
+
+
+class InflightTable:
+    """``workers`` rows x ``capacity`` endpoint columns of int64 counters."""
+
+    def __init__(self, workers: int, capacity: int, locks: Locks) -> None:
+        self.workers = workers
+        self.capacity = capacity
+        self.directory = Directory(capacity, locks, LOCK_ENDPOINTS)
+        self.mem = region(workers * capacity * 8)
+        self.counts = memoryview(self.mem).cast("q")
+
+    def clear(self, worker: int) -> None:
+        """Zero ``worker``'s row: its requests died with it (the supervisor calls this when it
+        reaps a worker, the replacement when it starts)."""
+        start = worker * self.capacity
+        self.counts[start : start + self.capacity] = memoryview(bytes(self.capacity * 8)).cast("q")
+
+    def state(self, endpoint: Endpoint, worker: int) -> EndpointState:
+        """The registry's state for ``endpoint`` whose ``inflight`` is every worker's sum; a
+        plain (this worker only) state if the table is full."""
+        found = self.directory.row(endpoint.address)
+        if found is None:
+            return EndpointState(endpoint)
+        column = found[0]
+        return SharedEndpointState(
+            endpoint,
+            self.counts,
+            worker * self.capacity + column,
+            tuple(w * self.capacity + column for w in range(self.workers)),
+        )
+
+
+class SharedEndpointState(EndpointState):
+    """An ``EndpointState`` whose ``inflight`` is the sum of every worker's counter for the
+    endpoint; ``add_inflight`` moves this worker's own."""
+
+    __slots__ = ("_cells", "_counts", "_mine")
+
+    def __init__(
+        self, endpoint: Endpoint, counts: memoryview, mine: int, cells: tuple[int, ...]
+    ) -> None:
+        self._counts = counts
+        self._mine = mine
+        self._cells = cells
+        super().__init__(endpoint)
+
+    @property  # type: ignore[override]
+    def inflight(self) -> int:
+        counts = self._counts
+        total = 0
+        for cell in self._cells:
+            total += counts[cell]
+        return total
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        # Only the dataclass __init__ sets it (to 0): a fresh state adopts the shared count.
+        pass
+
+    def add_inflight(self, n: int) -> None:
+        self._counts[self._mine] += n
+
+    @property
+    def own_inflight(self) -> int:
+        return self._counts[self._mine]

@@ -1,0 +1,112 @@
+"""``/metrics`` as one view over every worker: each worker serves its own registry's text on a
+private Unix socket, and the worker that answers a scrape reads its peers' and adds them up.
+
+Counters, histograms and summaries are summed; gauges too, except those every worker computes
+from the shared routing state (per-endpoint gauges, endpoints per model), which are the
+answering worker's own. A worker that does not answer within ``timeout`` is left out (its
+counters drop out until it does: Prometheus reads the dip as a counter reset)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger("llmplane.gateway")
+
+_SHARED_GAUGE_PREFIXES = ("llmplane_gateway_endpoint_", "llmplane_gateway_model_endpoints")
+
+
+class MetricsPeer:
+    """This worker's side: serve our text on ``path``, read the peers' on theirs."""
+
+    def __init__(self, path: str, peers: Sequence[str], timeout: float = 2.0) -> None:
+        self.path = path
+        self.peers = list(peers)
+        self.timeout = timeout
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, render: Any) -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                writer.write(render())
+                await writer.drain()
+            finally:
+                writer.close()
+
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a replaced worker's socket file
+        self._server = await asyncio.start_unix_server(answer, self.path)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _read(self, path: str) -> bytes | None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_unix_connection(path)
+                try:
+                    return await reader.read()
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError) as err:
+            log.debug("metrics: worker socket %s: %s", path, err)
+            return None
+
+    async def aggregate(self, own: bytes) -> bytes:
+        texts = [own]
+        for text in await asyncio.gather(*(self._read(p) for p in self.peers)):
+            if text:
+                texts.append(text)
+        return merge(texts) if len(texts) > 1 else own
+
+
+def merge(texts: Sequence[bytes]) -> bytes:
+    """Prometheus text expositions added up as described above (the first text's gauges win
+    for the shared ones)."""
+    families: dict[str, tuple[Any, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+    for index, text in enumerate(texts):
+        for family in text_string_to_metric_families(text.decode()):
+            entry = families.get(family.name)
+            if entry is None:
+                entry = families[family.name] = (family, {})
+            first = entry[0]
+            samples = entry[1]
+            own_only = first.type == "gauge" and first.name.startswith(_SHARED_GAUGE_PREFIXES)
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in samples:
+                    if own_only and index:
+                        continue
+                    samples[key] = sample.value
+                elif own_only:
+                    continue
+                elif sample.name.endswith("_created"):
+                    samples[key] = min(samples[key], sample.value)
+                else:
+                    samples[key] += sample.value
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(families))  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+class _Merged:
+    def __init__(self, families: dict[str, Any]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for first, samples in self.families.values():
+            metric = Metric(first.name, first.documentation, first.type, first.unit)
+            for (name, labels), value in samples.items():
+                metric.add_sample(name, dict(labels), value)
+            yield metric

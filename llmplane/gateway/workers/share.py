@@ -1,0 +1,73 @@
+"""What the supervisor sets up before it forks (``Share``) and one worker's place in it
+(``Seat``): the listening socket, the in-flight table, the shared token buckets, the prefix
+picks and the private directory of the workers' metrics sockets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+
+from llmplane.gateway.ratelimit.buckets import TokenBucket
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.workers.buckets import SharedBuckets
+from llmplane.gateway.workers.inflight import InflightTable
+from llmplane.gateway.workers.metrics import MetricsPeer
+from llmplane.gateway.workers.picks import PickFeed, PickRings
+from llmplane.gateway.workers.shm import Locks
+from llmplane.runtime.endpoint import Endpoint
+
+ENDPOINT_CAPACITY = 16_384  # endpoint addresses one gateway run can see
+BUCKET_CAPACITY = 4_096  # rate-limit buckets (route x direction)
+
+
+class Share:
+    def __init__(
+        self,
+        workers: int,
+        sock: socket.socket,
+        endpoint_capacity: int = ENDPOINT_CAPACITY,
+        bucket_capacity: int = BUCKET_CAPACITY,
+    ) -> None:
+        self.workers = workers
+        self.sock = sock
+        self.locks = Locks()
+        self.inflight = InflightTable(workers, endpoint_capacity, self.locks)
+        self.buckets = SharedBuckets(bucket_capacity, self.locks)
+        self.picks = PickRings(workers)
+        self.dir = tempfile.mkdtemp(prefix="llmplane-workers-")  # 0700: ours alone
+
+    def socket_path(self, index: int) -> str:
+        return os.path.join(self.dir, f"metrics-{index}.sock")
+
+    def seat(self, index: int) -> Seat:
+        return Seat(self, index)
+
+    def reaped(self, index: int) -> None:
+        """Worker ``index`` is gone: its in-flight requests with it."""
+        self.inflight.clear(index)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Seat:
+    """Worker ``index``'s view of the share (what ``Gateway`` takes as ``seat``)."""
+
+    def __init__(self, share: Share, index: int) -> None:
+        self.share = share
+        self.index = index
+        self.workers = share.workers
+        self.sock = share.sock
+        self.metrics = MetricsPeer(
+            share.socket_path(index),
+            [share.socket_path(i) for i in range(share.workers) if i != index],
+        )
+        self.picks: PickFeed = share.picks.feed(index)
+
+    def endpoint_state(self, endpoint: Endpoint) -> EndpointState:
+        return self.share.inflight.state(endpoint, self.index)
+
+    def bucket(self, key: str, rate: float, burst: float, now: float) -> TokenBucket:
+        return self.share.buckets.bucket(key, rate, burst, now)

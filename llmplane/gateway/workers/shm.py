@@ -1,0 +1,90 @@
+"""Shared-memory building blocks for the gateway's worker processes.
+
+Every region is an anonymous ``MAP_SHARED`` mapping the supervisor creates before it forks, so
+each worker (and each replacement) sees the same pages. Locks are POSIX record locks
+(``fcntl.lockf``) on byte ranges of one unlinked temporary file: they exclude other processes
+and the kernel drops them when their holder dies, so a killed worker never leaves one held.
+Nothing here takes a lock on a request's hot path except a token-bucket reservation.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import tempfile
+
+# Byte offsets in the lock file, one per thing a lock protects.
+LOCK_ENDPOINTS = 0
+LOCK_BUCKET_KEYS = 1
+LOCK_BUCKETS = 2
+
+
+def key_hash(key: str) -> int:
+    """A stable 64-bit hash of ``key`` (the same in every process), never 0 (0 = free)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") | 1
+
+
+class Locks:
+    """Record locks on one unlinked file; ``held(byte)`` excludes every other process."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="llmplane-locks-")  # noqa: SIM115 (kept open)
+        self.fd = self.file.fileno()
+
+    def held(self, byte: int) -> RecordLock:
+        return RecordLock(self, byte)
+
+
+class RecordLock:
+    """A reusable ``with`` block holding a lock on one byte of the lock file."""
+
+    __slots__ = ("byte", "fd", "locks")
+
+    def __init__(self, locks: Locks, byte: int) -> None:
+        self.locks = locks  # keeps the file open
+        self.fd = locks.fd
+        self.byte = byte
+
+    def __enter__(self) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, self.byte, os.SEEK_SET)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self.byte, os.SEEK_SET)
+
+
+def region(size: int) -> mmap.mmap:
+    """``size`` zeroed bytes shared with every process forked after this call."""
+    return mmap.mmap(-1, max(size, mmap.PAGESIZE))
+
+
+class Directory:
+    """Key -> row number, the same in every process: an open-addressing table of key hashes
+    in shared memory. Inserting takes ``lock`` (it happens when an endpoint or a bucket
+    appears, never per request); rows are never freed (``capacity`` bounds the keys a
+    gateway run can see; past it ``row`` returns None and the caller keeps a local one)."""
+
+    def __init__(self, capacity: int, locks: Locks, lock_byte: int) -> None:
+        self.capacity = capacity
+        self.mem = region(capacity * 8)
+        self.hashes = memoryview(self.mem).cast("Q")
+        self.locks = locks
+        self.lock_byte = lock_byte
+
+    def row(self, key: str) -> tuple[int, bool] | None:
+        """(row, True if this call added the key), or None when the table is full."""
+        h = key_hash(key)
+        hashes = self.hashes
+        cap = self.capacity
+        with self.locks.held(self.lock_byte):
+            i = h % cap
+            for _ in range(cap):
+                v = hashes[i]
+                if v == h:
+                    return i, False
+                if v == 0:
+                    hashes[i] = h
+                    return i, True
+                i = (i + 1) % cap
+        return None

@@ -1,0 +1,97 @@
+"""The workers' shared-state pieces in one process (the multi-process behaviour is
+tests/integration/test_gateway_workers.py): prefix picks published by one worker reach the
+other's index, also across the ring's wrap and after an overrun; /metrics texts merge."""
+
+from __future__ import annotations
+
+import os
+
+from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, block_hashes
+from llmplane.gateway.workers.metrics import merge
+from llmplane.gateway.workers.picks import PickRings
+from llmplane.gateway.workers.shm import Directory, Locks
+
+
+def scorers(rings: PickRings) -> list[PrefixCacheScorer]:
+    out = []
+    for i in range(rings.workers):
+        scorer = PrefixCacheScorer()
+        rings.feed(i).attach({"prefix-cache-scorer": scorer, "other": object()})
+        out.append(scorer)
+    return out
+
+
+def test_picks_reach_the_peer_index():
+    rings = PickRings(2)
+    a, b = scorers(rings)
+    hashes = block_hashes(b"p" * 640, "m")
+    a.feed.publish(a.feed_id, "10.0.0.1:8000", hashes)
+    assert b.index.matches(hashes, ["10.0.0.1:8000"]) == {}
+    b.feed.apply()
+    assert b.index.matches(hashes, ["10.0.0.1:8000"]) == {"10.0.0.1:8000": 10}
+    a.feed.apply()  # its own picks do not come back to it
+    assert a.index.matches(hashes, ["10.0.0.1:8000"]) == {}
+
+
+def test_ring_wraps_and_a_reader_that_fell_behind_skips():
+    rings = PickRings(2, ring_bytes=4096)
+    a, b = scorers(rings)
+    for round_ in range(120):  # about 10 KB through a 4 KB ring, read as it goes
+        hashes = block_hashes(os.urandom(64 * 8), "m")
+        a.feed.publish(0, f"e{round_}", hashes)
+        b.feed.apply()
+        assert b.index.matches(hashes, [f"e{round_}"]) == {f"e{round_}": 8}
+    assert b.feed.lost == 0
+    for _ in range(100):  # now without reading: the ring laps the reader
+        a.feed.publish(0, "late", block_hashes(os.urandom(64 * 8), "m"))
+    b.feed.apply()
+    assert b.feed.lost == 1
+    fresh = block_hashes(os.urandom(64 * 8), "m")
+    a.feed.publish(0, "fresh", fresh)
+    b.feed.apply()
+    assert b.index.matches(fresh, ["fresh"]) == {"fresh": 8}
+
+
+def test_directory_rows_are_stable_and_bounded():
+    directory = Directory(4, Locks(), 0)
+    rows = [directory.row(f"k{i}") for i in range(4)]
+    assert sorted(r[0] for r in rows if r) == [0, 1, 2, 3]
+    assert all(r is not None and r[1] for r in rows)
+    assert directory.row("k2") == (rows[2][0], False)  # type: ignore[index]
+    assert directory.row("k4") is None
+
+
+def test_merge_sums_counters_and_histograms_keeps_shared_gauges():
+    one = b"""# HELP llmplane_gateway_requests_total r
+# TYPE llmplane_gateway_requests_total counter
+llmplane_gateway_requests_total{status="200"} 3.0
+# HELP d h
+# TYPE d histogram
+d_bucket{le="0.1"} 1.0
+d_bucket{le="+Inf"} 2.0
+d_count 2.0
+d_sum 0.5
+# HELP llmplane_gateway_endpoint_inflight i
+# TYPE llmplane_gateway_endpoint_inflight gauge
+llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0
+"""
+    two = b"""# HELP llmplane_gateway_requests_total r
+# TYPE llmplane_gateway_requests_total counter
+llmplane_gateway_requests_total{status="200"} 4.0
+llmplane_gateway_requests_total{status="429"} 1.0
+# HELP d h
+# TYPE d histogram
+d_bucket{le="0.1"} 0.0
+d_bucket{le="+Inf"} 1.0
+d_count 1.0
+d_sum 0.25
+# HELP llmplane_gateway_endpoint_inflight i
+# TYPE llmplane_gateway_endpoint_inflight gauge
+llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0
+"""
+    text = merge([one, two]).decode()
+    assert 'llmplane_gateway_requests_total{status="200"} 7.0' in text
+    assert 'llmplane_gateway_requests_total{status="429"} 1.0' in text
+    assert 'd_bucket{le="+Inf"} 3.0' in text
+    assert "d_sum 0.75" in text
+    assert 'llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0' in text
