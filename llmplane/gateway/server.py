@@ -27,7 +27,7 @@ from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
-from llmplane.gateway.auth import Authenticator
+from llmplane.gateway.auth import SECRET_KIND, Authenticator
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
@@ -47,6 +47,7 @@ from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
+from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.base import Store
@@ -182,7 +183,7 @@ class Gateway:
         self._sync_endpoints()
         if self.store is not None:
             self._follower = StoreFollower(
-                self.store, (*ROUTE_KINDS, TENANT_KIND), self._objects_changed
+                self.store, (*ROUTE_KINDS, TENANT_KIND, SECRET_KIND), self._objects_changed
             )
             await self._follower.start()
         for source in self._following():
@@ -520,6 +521,14 @@ class Gateway:
             body = await self.seat.metrics.aggregate(body)
         return Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
+    async def autoscaling_signals(self, request: HttpRequest) -> Response:
+        """Per-workload load for the in-cluster autoscaler (``gateway/signals.py``)."""
+        refusal = self.auth.admin_refusal(request.headers)
+        if refusal is not None:
+            return GatewayError(401, refusal, "invalid_api_key").response()
+        body = orjson.dumps(GatewaySignals(self).snapshot())
+        return Response(body=body, content_type="application/json")
+
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
             404, f"no such path: {request.method} {request.path}", "not_found"
@@ -534,6 +543,7 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
     table[("GET", "/v1/models")] = gateway.models
     table[("GET", "/health")] = gateway.health
     table[("GET", "/metrics")] = gateway.prometheus
+    table[("GET", "/autoscaling/signals")] = gateway.autoscaling_signals
     for extension in gateway.extensions:
         for key, handler in extension.routes().items():
             table.setdefault(key, handler)  # never in place of the API's own

@@ -5,6 +5,11 @@ in-flight counts; the request counter by endpoint; requests waiting in flow cont
 out over the endpoints they wait for and counted as in flight there, so that queueing in the
 gateway instead of the engines still scales the workload): nothing is added to the request
 path.
+
+In ``llmplane up`` the autoscaler reads ``GatewaySignals`` in process. In a cluster the operator
+reads them over HTTP: ``GET /autoscaling/signals`` (admin key, as ``/metrics``) answers
+``snapshot()`` as JSON, every workload the gateway knows at once, and ``RemoteSignals``
+(``operator/signals.py``) merges the answers of every gateway replica.
 """
 
 from __future__ import annotations
@@ -51,3 +56,20 @@ class GatewaySignals:
 
     def held(self, workload: str) -> int:
         return int(self.gateway.activator.held_for(workload))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every workload's signals now: ``{"workloads": {key: {"replicas": {address:
+        {signal: value}}, "requestsSeen": n, "held": n}}}`` (the ``/autoscaling/signals`` body)."""
+        keys = {s.endpoint.workload for s in self.gateway.registry.states.values()}
+        keys |= {q.workload for q in list(self.gateway.activator.queues.values())}
+        keys.discard("")
+        return {
+            "workloads": {
+                key: {
+                    "replicas": self.replica_signals(key),
+                    "requestsSeen": self.requests_seen(key),
+                    "held": self.held(key),
+                }
+                for key in sorted(keys)
+            }
+        }
