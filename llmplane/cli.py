@@ -402,6 +402,15 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    flow_control: Annotated[
+        bool | None,
+        typer.Option(
+            "--flow-control/--no-flow-control",
+            help="Queue requests in the gateway by priority and tenant while every replica is "
+            "saturated (default: on, or gateway.flowControl in --gateway-config).",
+            show_default=False,
+        ),
+    ] = None,
     gpus: Annotated[
         str | None,
         typer.Option(
@@ -465,6 +474,11 @@ def up(
             config = load_checked(gateway_config)  # a bad profile is refused now, not after start
         except ConfigFileError as e:
             fail(str(e))
+    if flow_control is not None:
+        from llmplane.gateway.config import GatewayConfig
+
+        config = config or GatewayConfig()
+        config.flow_control = flow_control
     directory = resolve_state_dir(state_dir)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -614,6 +628,69 @@ def operator(ctx: typer.Context) -> None:
     from llmplane.operator.main import main as operator_main
 
     raise typer.Exit(operator_main(list(ctx.args)))
+
+
+@app.command()
+def usage(
+    since: Annotated[
+        str, typer.Option("--since", help="Window back from now: 30m, 1h, 24h, 7d.")
+    ] = "1h",
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json.")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Requests and tokens per tenant and model over a time window (the gateways' usage
+    records in the state directory, written every few seconds; see docs/tenants.md)."""
+    import time
+
+    from llmplane.store.paths import state_dir as resolve_state_dir
+    from llmplane.store.usage import USAGE_FILENAME, UsageLog
+
+    if output not in (None, "json"):
+        fail(f"unknown output format {output!r}: use json (or nothing for a table)")
+    try:
+        window = _window(since)
+    except ValueError as e:
+        fail(f"--since: {e}")
+    rows = UsageLog(resolve_state_dir(state_dir) / USAGE_FILENAME).totals(
+        time.time() - window, tenant=tenant
+    )
+    if output == "json":
+        sys.stdout.write(orjson.dumps([r.__dict__ for r in rows]).decode() + "\n")
+        return
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for col in ("TENANT", "MODEL", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS"):
+        table.add_column(col, justify="left" if col in ("TENANT", "MODEL") else "right")
+    for r in rows:
+        table.add_row(
+            escape(r.tenant),
+            escape(r.model),
+            str(r.requests),
+            str(r.input_tokens),
+            str(r.output_tokens),
+        )
+    if len(rows) > 1:
+        sums = [
+            sum(getattr(r, f) for r in rows) for f in ("requests", "input_tokens", "output_tokens")
+        ]
+        table.add_row("TOTAL", "", *(str(n) for n in sums))
+    if not rows:
+        out.print(f"no usage recorded in the last {since}")
+        return
+    out.print(table)
+
+
+def _window(text: str) -> float:
+    """Seconds in ``7d`` or a Go duration (``90m``, ``1h30m``); positive."""
+    from llmplane.api.units import parse_duration
+
+    text = text.strip()
+    seconds = float(text[:-1]) * 86400 if text.endswith("d") and text[:-1].isdigit() else None
+    if seconds is None:
+        seconds = parse_duration(text)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} must be a positive duration such as 1h or 7d")
+    return seconds
 
 
 from llmplane.keys import KeyError_  # noqa: E402

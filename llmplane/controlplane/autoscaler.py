@@ -87,6 +87,89 @@ def average(
     return {a: {k: s / n for k, (s, n) in v.items()} for a, v in sums.items()}
 
 
+class Deciders:
+    """The per-workload memory of autoscaling (samples, decision history, activity) and one
+    decision from it: the part both substrates share. The embedded ``Autoscaler`` feeds it from
+    the store and the in-process gateway; the operator (``operator/autoscaler.py``) from the
+    Kubernetes API and the in-cluster gateways' signals."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._tracked: dict[str, _Tracked] = {}
+
+    def forget(self, live: set[str]) -> None:
+        """Drop the memory of workloads no longer autoscaled."""
+        for key in set(self._tracked) - live:
+            del self._tracked[key]
+
+    def decide(
+        self,
+        pg: Playground,
+        key: str,
+        trigger: ScaleTrigger,
+        sample: Mapping[str, Mapping[str, float]],
+        seen: float,
+        held: int,
+        requests: Mapping[str, float],
+        now: float,
+    ) -> autoscaling.Decision:
+        """Record this pass's ``sample`` (ready replicas' signals by address), ``seen`` (the
+        request counter) and ``held`` (activator queue), then decide for ``pg``."""
+        elastic = pg.spec.elastic_config
+        assert elastic is not None
+        tracked = self._tracked.setdefault(key, _Tracked())
+        tracked.samples.append((now, sample))
+        while tracked.samples and tracked.samples[0][0] < now - self.window:
+            tracked.samples.popleft()
+        busy = any(v.get(autoscaling.INFLIGHT, 0) > 0 for v in sample.values())
+        if busy or (tracked.seen >= 0 and seen > tracked.seen):  # a replica leaving lowers it
+            tracked.last_request_at = now
+        tracked.seen = seen
+
+        current = pg.spec.replicas
+        averaged = average(tracked.samples, set(sample))
+        signals = [
+            autoscaling.ReplicaSignals(values=v, requests=requests) for v in averaged.values()
+        ]
+        signals += [autoscaling.ReplicaSignals(ready=False)] * max(0, current - len(signals))
+        decision = autoscaling.decide(
+            current,
+            signals[: max(current, 0)] if current else [],
+            elastic,
+            trigger,
+            tracked.history,
+            now,
+            demand=held,
+            last_request_at=tracked.last_request_at,
+        )
+        tracked.history = decision.history
+        tracked.reason = decision.reason
+        return decision
+
+    def reason(self, key: str) -> str:
+        tracked = self._tracked.get(key)
+        return tracked.reason if tracked else ""
+
+
+def replica_requests(service: Mapping[str, Any] | None) -> dict[str, float]:
+    """A replica's resource requests (cpu cores, memory bytes) from its inference Service."""
+    svc = service or {}
+    template = ((svc.get("spec") or {}).get("workloadTemplate") or {}).get("workerTemplate")
+    containers = ((template or {}).get("spec") or {}).get("containers") or []
+    wanted = ((containers[0].get("resources") or {}).get("requests") or {}) if containers else {}
+    out = {}
+    for name in ("cpu", "memory"):
+        if name in wanted:
+            with contextlib.suppress(ValueError):
+                out[name] = float(parse_quantity(wanted[name]))
+    return out
+
+
+def rescale_message(desired: int, reason: str) -> str:
+    """The ``SuccessfulRescale`` Event's message (the HPA's wording)."""
+    return f"New size: {desired}; reason: {reason}"
+
+
 class Autoscaler:
     """Decides replicas for every elastic Playground of the store, every ``config.interval``."""
 
@@ -105,7 +188,7 @@ class Autoscaler:
         self.extra = list(extra)
         self.config = config or AutoscalerConfig()
         self.clock = clock
-        self._tracked: dict[str, _Tracked] = {}
+        self.deciders = Deciders(self.config.window)
         self._kicked = asyncio.Event()
 
     def kick(self) -> None:
@@ -133,7 +216,7 @@ class Autoscaler:
         now = self.clock()
         playgrounds = [p for p in self._objects("Playground", Playground) if p.spec.elastic_config]
         if not playgrounds:
-            self._tracked.clear()
+            self.deciders.forget(set())
             return
         models = {m.name: m for m in self._objects("OpenModel", OpenModel)}
         backends = {b.name: b for b in self._objects("BackendRuntime", BackendRuntime)}
@@ -143,65 +226,29 @@ class Autoscaler:
             live.add(key)
             backend = backends.get(pg.spec.backend_runtime_config.backend_name)
             self._one(pg, key, autoscaling.recommended_trigger(pg, backend, models), now)
-        for key in set(self._tracked) - live:
-            del self._tracked[key]
+        self.deciders.forget(live)
 
     def _one(self, pg: Playground, key: str, recommended: ScaleTrigger | None, now: float) -> None:
-        elastic = pg.spec.elastic_config
-        assert elastic is not None
-        trigger = autoscaling.effective_trigger(elastic, recommended)
+        trigger = autoscaling.effective_trigger(pg.spec.elastic_config, recommended)
         assert trigger is not None
-        tracked = self._tracked.setdefault(key, _Tracked())
         sample = {a: dict(v) for a, v in self.signals.replica_signals(key).items()}
         for source in self.extra:
             for address, values in source.replica_signals(key).items():
                 if address in sample:  # only replicas the gateway routes to
                     sample[address].update(values)
-        tracked.samples.append((now, sample))
-        while tracked.samples and tracked.samples[0][0] < now - self.config.window:
-            tracked.samples.popleft()
-        seen = self.signals.requests_seen(key)
-        busy = any(v.get(autoscaling.INFLIGHT, 0) > 0 for v in sample.values())
-        if busy or (tracked.seen >= 0 and seen > tracked.seen):  # a replica leaving lowers it
-            tracked.last_request_at = now
-        tracked.seen = seen
-
         current = pg.spec.replicas
-        averaged = average(tracked.samples, set(sample))
-        requests = self._requests(pg)
-        signals = [
-            autoscaling.ReplicaSignals(values=v, requests=requests) for v in averaged.values()
-        ]
-        signals += [autoscaling.ReplicaSignals(ready=False)] * max(0, current - len(signals))
-        decision = autoscaling.decide(
-            current,
-            signals[: max(current, 0)] if current else [],
-            elastic,
+        decision = self.deciders.decide(
+            pg,
+            key,
             trigger,
-            tracked.history,
+            sample,
+            self.signals.requests_seen(key),
+            self.signals.held(key),
+            replica_requests(self.store.get("Service", pg.name, pg.namespace)),
             now,
-            demand=self.signals.held(key),
-            last_request_at=tracked.last_request_at,
         )
-        tracked.history = decision.history
-        tracked.reason = decision.reason
         if decision.desired != current:
             self._scale(pg, decision.desired, decision.reason, current)
-
-    def _requests(self, pg: Playground) -> dict[str, float]:
-        """The replica's resource requests (cpu cores, memory bytes) from its Service."""
-        svc = self.store.get("Service", pg.name, pg.namespace) or {}
-        template = ((svc.get("spec") or {}).get("workloadTemplate") or {}).get("workerTemplate")
-        containers = ((template or {}).get("spec") or {}).get("containers") or []
-        wanted = (
-            ((containers[0].get("resources") or {}).get("requests") or {}) if containers else {}
-        )
-        out = {}
-        for name in ("cpu", "memory"):
-            if name in wanted:
-                with contextlib.suppress(ValueError):
-                    out[name] = float(parse_quantity(wanted[name]))
-        return out
 
     def _scale(self, pg: Playground, desired: int, reason: str, current: int) -> None:
         obj = self.store.get("Playground", pg.name, pg.namespace)
@@ -213,11 +260,10 @@ class Autoscaler:
             stored = self.store.apply(obj)  # resourceVersion kept: a concurrent edit wins
         except Conflict:
             return
-        message = f"New size: {desired}; reason: {reason}"
+        message = rescale_message(desired, reason)
         log.info("Playground %s/%s: %d -> %d (%s)", pg.namespace, pg.name, current, desired, reason)
         record_event(self.store, stored, RESCALE, message)
 
     def reason(self, key: str) -> str:
         """The last decision's reason for a workload (for status displays)."""
-        tracked = self._tracked.get(key)
-        return tracked.reason if tracked else ""
+        return self.deciders.reason(key)

@@ -66,6 +66,13 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", default=None, help="scheduler.yaml (EndpointPickerConfig + gateway: settings)"
     )
+    parser.add_argument(
+        "--flow-control",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="queue requests in the gateway by priority and tenant while every endpoint is "
+        "saturated (default: on, or gateway.flowControl in --config)",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
         "--no-access-log", action="store_true", help="do not print one JSON line per request"
@@ -84,6 +91,13 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="with --kubernetes: namespace to read (repeatable; default 'all')",
     )
+    kube.add_argument(
+        "--key-secrets",
+        action="store_true",
+        help="with --kubernetes: also read Tenant keys' salt and hash from the Secrets their "
+        "keys[].secretRef names (only Secrets labelled llmplane.io/api-key; needs get/list/"
+        "watch on secrets, the chart's gateway.keySecrets)",
+    )
     kube.add_argument("--kube-server", help=argparse.SUPPRESS)  # API server URL (development)
 
 
@@ -98,7 +112,11 @@ async def open_sources(args: argparse.Namespace) -> tuple[Any, Discovery]:
         from llmplane.gateway.discovery.pods import kubernetes_sources, parse_namespaces
 
         try:
-            return await kubernetes_sources(parse_namespaces(args.namespace), args.kube_server)
+            return await kubernetes_sources(
+                parse_namespaces(args.namespace),
+                args.kube_server,
+                key_secrets=getattr(args, "key_secrets", False),
+            )
         except Exception as e:  # kubernetes_asyncio's config and connection errors
             raise StartupError(
                 "--kubernetes: no usable Kubernetes API (in-cluster config, else kubeconfig): "
@@ -130,6 +148,8 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     """``--config`` loaded and checked (``ConfigFileError`` says what is wrong), logging set
     up: warnings and up on stderr, the JSON access log on stdout unless ``--no-access-log``."""
     config = load_checked(args.config) if args.config is not None else GatewayConfig()
+    if args.flow_control is not None:
+        config.flow_control = args.flow_control
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -180,6 +200,11 @@ async def serve(
     except OSError as e:
         await close_store(store)
         raise _listen_error(args, e) from None
+    scaler = None
+    if args.kubernetes:  # the activator asks the API for a Playground's first replica
+        from llmplane.gateway import kube_activation
+
+        scaler = kube_activation.attach(gateway, store)
     if ready is None:
         print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
     else:
@@ -187,6 +212,8 @@ async def serve(
     try:
         await until_signalled(os.getppid() if seat is not None else None)
     finally:
+        if scaler is not None:
+            await scaler.close()
         await gateway.close()
         await close_store(store)
         flush_access_log()

@@ -27,12 +27,13 @@ from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
-from llmplane.gateway.auth import Authenticator
+from llmplane.gateway.auth import SECRET_KIND, Authenticator
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback, make_guard
+from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
@@ -46,7 +47,9 @@ from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
+from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
+from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.base import Store
 
 if TYPE_CHECKING:
@@ -95,6 +98,22 @@ class Gateway:
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
+        c = self.config
+        self.flow = FlowControl(
+            self.admission.all_saturated,
+            enabled=c.flow_control,
+            ttl=c.flow_control_ttl,
+            limits=Limits(
+                c.flow_control_band_requests,
+                c.flow_control_band_bytes,
+                c.flow_control_total_requests,
+                c.flow_control_total_bytes,
+            ),
+            retry_after=c.shed_retry_after,
+        )
+        self.metrics.add(self.flow.metrics.all())
+        self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
+        self.scraper.on_scraped = self._capacity_changed
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config)
@@ -104,11 +123,16 @@ class Gateway:
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
-        # Token rate limits (ModelRoute.spec.rateLimit) run as the first request hook.
+        # Rate limits (ModelRoute and Tenant rateLimit) run as the first request hook, then
+        # the tenants' usage counters (what a rate limit refused is not usage).
         self.ratelimiter = RateLimiter(
             self.config, self.metrics.registry, make_bucket=seat.bucket if seat else None
         )
-        self.hooks: list[RequestHook] = [self.ratelimiter, *self.config.hooks]
+        self.usage = TenantUsage(
+            usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
+        )
+        self.metrics.add(self.usage.metrics())
+        self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -159,11 +183,12 @@ class Gateway:
         self._sync_endpoints()
         if self.store is not None:
             self._follower = StoreFollower(
-                self.store, (*ROUTE_KINDS, TENANT_KIND), self._objects_changed
+                self.store, (*ROUTE_KINDS, TENANT_KIND, SECRET_KIND), self._objects_changed
             )
             await self._follower.start()
         for source in self._following():
             await source.start()
+        self.usage.start()
 
     def _following(self) -> list[Following]:
         """The discovery sources that follow a watch of their own."""
@@ -185,6 +210,7 @@ class Gateway:
             await source.close()
         await self.scraper.close()
         await self.ratelimiter.close()
+        await self.usage.close()
         await self.proxy.close()
 
     # --- routing table -------------------------------------------------------------------------
@@ -233,6 +259,13 @@ class Gateway:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
         if self.activator.queues:
             self.activator.release(self.table.activatable.__contains__)
+        self._capacity_changed()
+
+    def _capacity_changed(self) -> None:
+        """A request finished, an endpoint was scraped or the endpoints changed: requests
+        waiting in flow control may go (one attribute read when none waits)."""
+        if self.flow.queues:
+            self.flow.pump()
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -269,6 +302,7 @@ class Gateway:
         tenant = self.auth.authenticate(ctx.request.headers)
         if tenant is not None:
             ctx.tenant = tenant.name
+            ctx.weight = tenant.weight
             self.auth.permit(tenant, inference.model)
         try:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
@@ -303,6 +337,8 @@ class Gateway:
         self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
     ) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
+        if self.flow.queues:  # a slot may have freed
+            self.flow.pump()
         usage = Usage.of(ctx.usage)
         for hook, reservation in reservations:
             try:
@@ -347,6 +383,8 @@ class Gateway:
         backend = decision.backend
         now = time.monotonic()
         candidates = await self.admit(ctx, now)
+        if ctx.waited is not None:
+            now = time.monotonic()
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
@@ -356,11 +394,29 @@ class Gateway:
         return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
 
     async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
-        """The candidates admission lets the request use (503 none ready, 429 Sheddable shed),
-        with a declared LoRA adapter loaded first where no replica holds it yet."""
+        """The candidates admission lets the request use (503 none ready; every one saturated:
+        wait in flow control, or 429 for Sheddable with it off), with a declared LoRA adapter
+        loaded first where no replica holds it yet."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
-        candidates = self.admission.admit(inference.model, decision, now)
+        flow = self.flow
+        criticality = decision.criticality or "Default"  # set by the route stage
+        candidates = self.admission.admit(
+            inference.model, decision, now, criticality, shed=not flow.enabled
+        )
+        if flow.enabled and flow.needed(decision.backend.ref, candidates, now):
+            ctx.waited = await flow.wait(
+                decision.backend.ref,
+                candidates,
+                criticality,
+                ctx.tenant,
+                ctx.weight,
+                len(inference.body),
+            )
+            # Ejections may have changed while it waited.
+            candidates = self.admission.admit(
+                inference.model, decision, time.monotonic(), criticality, shed=False
+            )
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
@@ -465,6 +521,14 @@ class Gateway:
             body = await self.seat.metrics.aggregate(body)
         return Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
+    async def autoscaling_signals(self, request: HttpRequest) -> Response:
+        """Per-workload load for the in-cluster autoscaler (``gateway/signals.py``)."""
+        refusal = self.auth.admin_refusal(request.headers)
+        if refusal is not None:
+            return GatewayError(401, refusal, "invalid_api_key").response()
+        body = orjson.dumps(GatewaySignals(self).snapshot())
+        return Response(body=body, content_type="application/json")
+
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
             404, f"no such path: {request.method} {request.path}", "not_found"
@@ -479,6 +543,7 @@ def routes(gateway: Gateway) -> dict[tuple[str, str], Handler]:
     table[("GET", "/v1/models")] = gateway.models
     table[("GET", "/health")] = gateway.health
     table[("GET", "/metrics")] = gateway.prometheus
+    table[("GET", "/autoscaling/signals")] = gateway.autoscaling_signals
     for extension in gateway.extensions:
         for key, handler in extension.routes().items():
             table.setdefault(key, handler)  # never in place of the API's own

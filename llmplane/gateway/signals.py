@@ -1,7 +1,15 @@
 """The gateway's view of load per workload, for the autoscaler (``controlplane/autoscaler.py``).
 
 Read off what the gateway keeps anyway (endpoint registry: scraped engine metrics and its own
-in-flight counts; the request counter by endpoint): nothing is added to the request path.
+in-flight counts; the request counter by endpoint; requests waiting in flow control, shared
+out over the endpoints they wait for and counted as in flight there, so that queueing in the
+gateway instead of the engines still scales the workload): nothing is added to the request
+path.
+
+In ``llmplane up`` the autoscaler reads ``GatewaySignals`` in process. In a cluster the operator
+reads them over HTTP: ``GET /autoscaling/signals`` (admin key, as ``/metrics``) answers
+``snapshot()`` as JSON, every workload the gateway knows at once, and ``RemoteSignals``
+(``operator/signals.py``) merges the answers of every gateway replica.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ class GatewaySignals:
         staleness = max(self.gateway.config.metrics_staleness, 5.0)
         now = time.monotonic()
         out: dict[str, dict[str, float]] = {}
+        queued = self.gateway.flow.queued_by_endpoint()
         for state in self._states(workload):
-            values: dict[str, float] = {INFLIGHT: float(state.inflight)}
+            values: dict[str, float] = {INFLIGHT: state.inflight + queued.get(state.address, 0.0)}
             if state.metrics_fresh(staleness, now):
                 values[WAITING] = state.waiting
                 values[RUNNING] = state.running
@@ -42,7 +51,25 @@ class GatewaySignals:
         for labels, child in list(self.gateway.metrics.requests.children.items()):
             if labels[2] in addresses:  # (model, route, endpoint, status)
                 total += child.value
-        return total + sum(s.inflight for s in self._states(workload))
+        queued = self.gateway.flow.queued_by_endpoint()
+        return total + sum(s.inflight + queued.get(s.address, 0.0) for s in self._states(workload))
 
     def held(self, workload: str) -> int:
         return int(self.gateway.activator.held_for(workload))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every workload's signals now: ``{"workloads": {key: {"replicas": {address:
+        {signal: value}}, "requestsSeen": n, "held": n}}}`` (the ``/autoscaling/signals`` body)."""
+        keys = {s.endpoint.workload for s in self.gateway.registry.states.values()}
+        keys |= {q.workload for q in list(self.gateway.activator.queues.values())}
+        keys.discard("")
+        return {
+            "workloads": {
+                key: {
+                    "replicas": self.replica_signals(key),
+                    "requestsSeen": self.requests_seen(key),
+                    "held": self.held(key),
+                }
+                for key in sorted(keys)
+            }
+        }

@@ -1,7 +1,7 @@
 """A small async Kubernetes client over kubernetes_asyncio: raw paths, dicts in and out.
 
-Only what llmplane needs: get, list, server-side apply (field manager ``llmplane``), status
-merge-patch and delete. Typed clients per kind would add nothing: objects are built as dicts by
+Only what llmplane needs: get, list, create, server-side apply (field manager ``llmplane``),
+status merge-patch, the scale subresource and delete. Typed clients per kind would add nothing: objects are built as dicts by
 ``llmplane.runtime.kube`` and read back as dicts. ``connect_api`` is the one place that decides
 how to reach the API server (explicit server, in-cluster config, kubeconfig).
 """
@@ -25,6 +25,10 @@ _JSON = {200: "object", 201: "object"}
 
 class NotFound(Exception):
     pass
+
+
+class Conflict(Exception):
+    """409: the object changed since it was read (a resourceVersion precondition failed)."""
 
 
 async def connect_api(server: str | None = None, token: str | None = None) -> k8s.ApiClient:
@@ -80,6 +84,8 @@ class KubeClient:
         except ApiException as err:
             if err.status == 404:
                 raise NotFound(path) from None
+            if err.status == 409:
+                raise Conflict(path) from None
             raise
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -122,6 +128,35 @@ class KubeClient:
             kind.path(namespace, name) + "/status",
             query=[("fieldManager", FIELD_MANAGER)],
             body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    async def create(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(
+            "POST",
+            kind.path(obj["metadata"].get("namespace")),
+            query=[("fieldManager", FIELD_MANAGER)],
+            body=obj,
+        )
+
+    async def scale(
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None,
+        replicas: int,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Set ``spec.replicas`` through the scale subresource, as an HPA does; with
+        ``resource_version``, only if the object is unchanged since (else ``Conflict``)."""
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return await self._call(
+            "PATCH",
+            kind.path(namespace, name) + "/scale",
+            query=[("fieldManager", FIELD_MANAGER)],
+            body=body,
             content_type="application/merge-patch+json",
         )
 

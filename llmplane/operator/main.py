@@ -6,7 +6,9 @@ Deployments it creates, and triggers level-based passes of
 re-reads what it needs and server-side-applies the planned objects with field manager
 ``llmplane``. Only event handlers are used, so kopf puts no finalizers and no annotations on
 anyone's objects; deletion is the API server's garbage collection via ownerReferences. A resync
-loop repairs drift (someone edited a LeaderWorkerSet) every ``--resync-seconds``.
+loop repairs drift (someone edited a LeaderWorkerSet) every ``--resync-seconds``. The
+autoscaler (``operator/autoscaler.py``) scales the elastic Playgrounds no HPA can scale, on the
+gateways' signals (``--gateway-selector`` / ``--gateway-url``; ``--no-autoscaler`` turns it off).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +25,7 @@ from typing import Any
 
 import kopf
 
+from llmplane.controlplane.autoscaler import AutoscalerConfig
 from llmplane.controlplane.kube_reconciler import Reconciler
 from llmplane.kube.client import KubeClient
 from llmplane.kube.kinds import (
@@ -33,6 +37,8 @@ from llmplane.kube.kinds import (
     PLAYGROUND,
     Kind,
 )
+from llmplane.operator.autoscaler import GATEWAY_SELECTOR, AutoscaleOptions, KubeAutoscaler
+from llmplane.operator.signals import RemoteSignals
 from llmplane.runtime.kube import DEFAULT_IMAGE, KubeOptions
 
 log = logging.getLogger("llmplane.operator")
@@ -47,8 +53,13 @@ class Operator:
         server: str | None = None,
         token: str | None = None,
         resync_seconds: float = 60.0,
+        autoscale: AutoscaleOptions | None = None,
     ):
         self.options = options
+        self.autoscale = autoscale or AutoscaleOptions()
+        self.autoscaler: KubeAutoscaler | None = None
+        self._autoscaling: asyncio.Task[None] | None = None
+        self.namespaces: list[str] = []
         self.server, self.token = server, token
         self.resync_seconds = resync_seconds
         self.client: KubeClient | None = None
@@ -108,13 +119,33 @@ class Operator:
             self.client = await KubeClient.connect(self.server, self.token)
             self.reconciler = Reconciler(self.client, self.options)
             self._resync = asyncio.create_task(self._resync_loop(), name="llmplane-resync")
+            if self.autoscale.enabled:
+                a = self.autoscale
+                signals = RemoteSignals(
+                    a.gateway_urls,
+                    client=self.client,
+                    selector=a.gateway_selector,
+                    port=a.gateway_port,
+                    namespaces=self.namespaces,
+                    admin_key=a.admin_key,
+                )
+                self.autoscaler = KubeAutoscaler(
+                    self.client,
+                    signals,
+                    AutoscalerConfig(interval=a.interval, window=a.window),
+                    self.namespaces,
+                )
+                self._autoscaling = asyncio.create_task(
+                    self.autoscaler.run(), name="llmplane-autoscaler"
+                )
 
         @kopf.on.cleanup(registry=registry)
         async def cleanup(**_: Any) -> None:
-            if self._resync is not None:
-                self._resync.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._resync
+            for task in (self._resync, self._autoscaling):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if self.client is not None:
                 await self.client.close()
 
@@ -182,6 +213,7 @@ class Operator:
         ready_flag: asyncio.Event | None = None,
     ) -> None:
         settings = kopf.OperatorSettings()
+        self.namespaces = list(namespaces)
         await kopf.operator(
             registry=self.registry,
             settings=settings,
@@ -213,6 +245,27 @@ def parser() -> argparse.ArgumentParser:
         help="create apps/v1 Deployments instead of LeaderWorkerSets (single-host only)",
     )
     p.add_argument("--resync-seconds", type=float, default=60.0)
+    scaling = p.add_argument_group(
+        "autoscaling",
+        "Playgrounds no HPA can scale (default trigger, gateway metrics, minReplicas 0) are "
+        "scaled by the operator on the gateways' signals (docs/autoscaling.md)",
+    )
+    scaling.add_argument(
+        "--no-autoscaler", action="store_true", help="do not run the operator's autoscaler"
+    )
+    scaling.add_argument(
+        "--gateway-selector",
+        default=GATEWAY_SELECTOR,
+        help="label selector of the gateway pods to read signals from ('' for none)",
+    )
+    scaling.add_argument("--gateway-port", type=int, default=8000, help="the gateway pods' port")
+    scaling.add_argument(
+        "--gateway-url", action="append", default=[], help="a gateway to read (repeatable)"
+    )
+    scaling.add_argument("--autoscale-interval", type=float, default=2.0, help="seconds")
+    scaling.add_argument(
+        "--autoscale-window", type=float, default=15.0, help="seconds of signals averaged"
+    )
     p.add_argument(
         "--liveness",
         default="http://0.0.0.0:8080/healthz",
@@ -230,7 +283,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     options = KubeOptions(image=args.loader_image, use_leader_worker_set=not args.deployment)
-    operator = Operator(options, args.server, args.token, args.resync_seconds)
+    if args.autoscale_interval <= 0 or args.autoscale_window <= 0:
+        print(
+            "llmplane operator: --autoscale-interval and --autoscale-window must be > 0",
+            file=sys.stderr,
+        )
+        return 2
+    autoscale = AutoscaleOptions(
+        enabled=not args.no_autoscaler,
+        gateway_urls=tuple(args.gateway_url),
+        gateway_selector=args.gateway_selector or None,
+        gateway_port=args.gateway_port,
+        admin_key=os.environ.get("LLMPLANE_GATEWAY_ADMIN_KEY") or None,
+        interval=args.autoscale_interval,
+        window=args.autoscale_window,
+    )
+    operator = Operator(options, args.server, args.token, args.resync_seconds, autoscale)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(operator.run(namespaces=args.namespace, liveness=args.liveness or None))
     return 0

@@ -32,6 +32,8 @@ WRITES = [
 ] + [
     ("inference.llmaz.io", "playgrounds/status"),
     ("inference.llmaz.io", "services/status"),
+    ("inference.llmaz.io", "playgrounds/scale"),  # the operator's autoscaler
+    ("", "events"),  # its SuccessfulRescale Events
 ]
 
 

@@ -20,7 +20,8 @@ endpoints used, with those semantics:
   apply, simplified: a manager's fields are replaced by its latest applied configuration -
   fields it applied before and no longer applies are removed; lists are atomic);
 - the ``status`` subresource (writes to the main resource keep status; ``/status`` writes change
-  only status); ``metadata.generation`` bumps when anything outside metadata/status changes;
+  only status); the ``scale`` subresource of any kind (an ``autoscaling/v1`` Scale over
+  ``spec.replicas``; a resourceVersion in the body is a precondition); ``metadata.generation`` bumps when anything outside metadata/status changes;
   a write that changes nothing keeps the resourceVersion and emits no event (like the real one);
 - garbage collection: deleting an object deletes, transitively, every object whose
   ``ownerReferences`` name its uid, and an object created with owners that no longer exist is
@@ -70,6 +71,7 @@ def default_kinds() -> list[EmulatedKind]:
     kinds = [
         EmulatedKind("", "v1", "services", "Service"),
         EmulatedKind("", "v1", "pods", "Pod"),
+        EmulatedKind("", "v1", "secrets", "Secret", status=False),
         EmulatedKind("", "v1", "events", "Event", status=False),
         EmulatedKind("", "v1", "namespaces", "Namespace", namespaced=False),
         EmulatedKind("apps", "v1", "deployments", "Deployment"),
@@ -450,6 +452,8 @@ class KubeEmulator:
                     )
                 return _error(405, "MethodNotAllowed", request.method)
             key = (kind.group, kind.plural, ns, name)
+            if sub == "scale":
+                return await self._scale(request, kind, key)
             if request.method == "GET":
                 stored = self.objects.get(key)
                 if stored is None:
@@ -483,6 +487,36 @@ class KubeEmulator:
             return _error(405, "MethodNotAllowed", request.method)
         except web.HTTPException as exc:
             return web.Response(status=exc.status, text=exc.text, content_type="application/json")
+
+    async def _scale(
+        self, request: web.Request, kind: EmulatedKind, key: tuple[str, str, str, str]
+    ) -> web.Response:
+        """The ``scale`` subresource (``autoscaling/v1`` Scale over ``spec.replicas``): GET,
+        merge PATCH and PUT; a ``metadata.resourceVersion`` in the body is a precondition
+        (409 Conflict when the object changed since)."""
+        stored = self.objects.get(key)
+        if stored is None:
+            return _error(404, "NotFound", f'{kind.plural} "{key[3]}" not found')
+        if request.method not in ("GET", "PATCH", "PUT"):
+            return _error(405, "MethodNotAllowed", request.method)
+        if request.method != "GET":
+            if request.method == "PATCH" and request.content_type != "application/merge-patch+json":
+                return _error(415, "UnsupportedMediaType", request.content_type)
+            body = json.loads(await request.text() or "{}")
+            current = _scale_of(stored.obj)
+            scale = merge_patch(current, body) if request.method == "PATCH" else body
+            wanted_rv = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted_rv and wanted_rv != stored.obj["metadata"]["resourceVersion"]:
+                return _error(409, "Conflict", "the object has been modified; apply again")
+            replicas = (scale.get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                return _error(422, "Invalid", "spec.replicas must be an integer >= 0")
+            await self._write(
+                kind,
+                key,
+                lambda cur: {**cur, "spec": {**(cur.get("spec") or {}), "replicas": replicas}},
+            )
+        return web.json_response(_scale_of(self.objects[key].obj))
 
     def _list(
         self, kind: EmulatedKind, namespace: str | None, selector: str | None
@@ -655,6 +689,25 @@ def pod(
         },
         "status": status,
     }
+
+
+def _scale_of(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    status = obj.get("status") or {}
+    scale: dict[str, Any] = {
+        "apiVersion": "autoscaling/v1",
+        "kind": "Scale",
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+            if k in meta
+        },
+        "spec": {"replicas": int((obj.get("spec") or {}).get("replicas", 1))},
+        "status": {"replicas": int(status.get("replicas") or 0)},
+    }
+    if status.get("selector"):
+        scale["status"]["selector"] = status["selector"]
+    return scale
 
 
 def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 OpenAI answers ``{"error": {"message", "type", "param", "code"}}``: ``param`` always present
 (null unless one request field is at fault), ``type`` ``invalid_request_error`` for what the
-client got wrong, ``server_error`` for a 500, and for token rate limits ``tokens`` with code
-``rate_limit_exceeded``. Gateway-only conditions (no upstream, upstream timeout, ...) have no
+client got wrong, ``server_error`` for a 500, and for rate limits ``tokens`` or ``requests``
+(which limit refused) with code ``rate_limit_exceeded``. Gateway-only conditions (no upstream, upstream timeout, ...) have no
 OpenAI equivalent; their types are the gateway's own, fixed here so they do not drift."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ TYPES = {
     504: "timeout_error",
 }
 # (status, code) whose type differs from the status's.
-SPECIAL = {(429, "rate_limit_exceeded"): "tokens"}
+SPECIAL = {(429, "rate_limit_exceeded"): ("tokens", "requests")}
 
 
 def assert_openai_error(
@@ -47,7 +47,7 @@ def assert_openai_error(
     assert isinstance(error["message"], str) and error["message"], error
     if code is not None:
         assert error["code"] == code, error
-    expected_type = SPECIAL.get((expected_status, error["code"]), TYPES[expected_status])
-    assert error["type"] == expected_type, error
+    expected = SPECIAL.get((expected_status, error["code"]), (TYPES[expected_status],))
+    assert error["type"] in expected, error
     assert error["param"] == param, error
     return error

@@ -265,12 +265,35 @@ def _rules(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, str]]:
     }
 
 
-def test_gateway_is_read_only() -> None:
+def test_gateway_only_reads_but_scales_from_zero() -> None:
     rules = _rules(render_chart(), "llmplane-gateway")
-    assert {verb for _, _, verb in rules} == {"get", "list", "watch"}
+    writes = {r for r in rules if r[2] not in ("get", "list", "watch")}
+    # Its one write: the activator asks for a Playground's first replica.
+    assert writes == {("inference.llmaz.io", "playgrounds/scale", "patch")}
     assert ("", "pods", "list") in rules
     assert ("discovery.k8s.io", "endpointslices", "watch") in rules
     assert not [r for r in rules if r[1] == "secrets"]
+
+
+def test_key_secrets_opt_in_grants_reading_secrets_and_passes_the_flag() -> None:
+    for endpoint_picker in (False, True):
+        values = {"gateway": {"keySecrets": True, "endpointPicker": {"enabled": endpoint_picker}}}
+        docs = render_chart(values)
+        rules = _rules(docs, "llmplane-gateway")
+        assert {r for r in rules if r[1] == "secrets"} == {
+            ("", "secrets", verb) for verb in ("get", "list", "watch")
+        }
+        [deployment] = [
+            d
+            for d in docs
+            if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("gateway")
+        ]
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[:3] == [
+            ("epp" if endpoint_picker else "gateway"),
+            "--kubernetes",
+            "--key-secrets",
+        ]
 
 
 def test_operator_rbac_is_least_privilege() -> None:

@@ -606,3 +606,53 @@ def test_no_hpa_for_scale_to_zero() -> None:
     objects = _render(text)
     assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
     assert _one(objects, "InferenceService")["spec"]["replicas"] == 0
+
+
+def test_blog_example_renders_the_operators_autoscaling() -> None:
+    """llmaz's blog opt-125m (elasticConfig 1..3, no scaleTrigger anywhere): no HPA can read the
+    built-in default trigger, so none is rendered; the Service says the operator scales it."""
+    objects = render_objects([str(EXAMPLES / "opt-125m.yaml")])
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    service = _one(objects, "InferenceService")
+    assert service["metadata"]["annotations"]["llmplane.io/autoscaler"] == (
+        "llmplane-operator: 1..3 replicas on llmplane_gateway_endpoint_inflight AverageValue 8"
+    )
+
+
+@pytest.mark.parametrize(
+    ("trigger", "hpa"),
+    [
+        # Resource metrics and engine metrics an adapter serves: a real HPA.
+        (
+            "metrics: [{type: Resource, resource: {name: cpu, target: {type: Utilization, "
+            "averageUtilization: 70}}}]",
+            True,
+        ),
+        (
+            "metrics: [{type: Pods, pods: {metric: {name: 'vllm:num_requests_waiting'}, "
+            "target: {type: AverageValue, averageValue: '5'}}}]",
+            True,
+        ),
+        # The gateway's own metric, alone or beside another: only llmplane reads it.
+        (
+            "metrics: [{type: Pods, pods: {metric: {name: llmplane_gateway_endpoint_inflight}, "
+            "target: {type: AverageValue, averageValue: '4'}}}]",
+            False,
+        ),
+        (
+            "metrics: [{type: Resource, resource: {name: cpu, target: {type: Utilization, "
+            "averageUtilization: 70}}}, {type: Pods, pods: {metric: {name: "
+            "llmplane_gateway_endpoint_waiting}, target: {type: AverageValue, averageValue: '2'}}}]",
+            False,
+        ),
+        # Behavior only: the built-in default metric with that behavior (as llmplane up does).
+        ("behavior: {scaleDown: {stabilizationWindowSeconds: 60}}", False),
+    ],
+)
+def test_hpa_only_for_metrics_an_hpa_reads(trigger: str, hpa: bool) -> None:
+    text = ELASTIC.split("    scaleTrigger:")[0] + f"    scaleTrigger:\n      hpa: {{{trigger}}}\n"
+    objects = _render(text)
+    hpas = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    annotations = _one(objects, "InferenceService")["metadata"].get("annotations") or {}
+    assert bool(hpas) is hpa
+    assert ("llmplane.io/autoscaler" in annotations) is not hpa

@@ -25,6 +25,9 @@ namespace=<pod namespace>, engine=..., fixed_port=False)``:
 - ``engine`` (which metrics to scrape) comes from ``inference.llmaz.io/backend-name``:
   vllm, sglang, llamacpp, tgi, sim or ollama; another name is kept as is (every metrics table
   is tried) and no label means vllm;
+- ``workload`` is ``<namespace>/<inference Service name>`` (the LeaderWorkerSet's name label,
+  else ``inference.llmaz.io/service-name``; a Playground's Service has its name), so the
+  autoscaling signals the gateway serves (``gateway/signals.py``) are per Playground;
 - Kthena ``pdGroup`` role labels are ordinary pod labels and become endpoint labels.
 """
 
@@ -36,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmplane.api.llmaz import OpenModel
-from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL
+from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL, SERVICE_LABEL
 from llmplane.controlplane.planning import served_model_name
 from llmplane.gateway.discovery.sources import CombinedDiscovery, Subscribers
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
@@ -51,6 +54,7 @@ from llmplane.store.kube import KubeStore
 log = logging.getLogger("llmplane.gateway")
 
 POD_PORT = 8080  # the model-runner container's "http" port
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 SELECTOR_KINDS = ("ModelServer", "InferencePool", "OpenModel")
 
 _ENGINES = {
@@ -220,6 +224,7 @@ class PodDiscovery(Subscribers):
             return None
         model = labels.get(MODEL_NAME_LABEL, "")
         backend = labels.get(BACKEND_LABEL, "")
+        service = labels.get(LWS_NAME_LABEL) or labels.get(SERVICE_LABEL)
         return Endpoint(
             address=pod_address(pod["status"]["podIP"], self.port),
             labels=labels,
@@ -228,6 +233,7 @@ class PodDiscovery(Subscribers):
             namespace=namespace,
             engine=engine_of(backend),
             fixed_port=False,
+            workload=f"{namespace}/{service}" if service else "",
         )
 
     def _recompute(self) -> None:
@@ -259,11 +265,13 @@ async def kubernetes_sources(
     namespaces: Sequence[str] | None = None,
     server: str | None = None,
     token: str | None = None,
+    key_secrets: bool = False,
 ) -> tuple[Any, Any]:
     """What ``llmplane gateway --kubernetes`` routes with: a started ``KubeStore`` (routing
-    objects) and a Discovery of Pods plus the store's llmplane.io ``Endpoint`` objects.
-    Close the store with ``await store.aclose()`` after the gateway."""
-    store = await KubeStore.connect(namespaces, server, token)
+    objects; with ``key_secrets`` also the Secrets Tenant keys name) and a Discovery of Pods
+    plus the store's llmplane.io ``Endpoint`` objects. Close the store with
+    ``await store.aclose()`` after the gateway."""
+    store = await KubeStore.connect(namespaces, server, token, key_secrets=key_secrets)
     try:
         pods = PodDiscovery(store.api, namespaces, store)
         discovery = CombinedDiscovery(pods, StoreEndpoints(store))

@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from llmplane.api.documents import dump_resource
-from llmplane.api.inference import BackendRuntime, Playground, Service
+from llmplane.api.inference import BackendRuntime, Playground, ScaleTrigger, Service
 from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane import autoscaling, planning
 from llmplane.controlplane.plan import (
@@ -22,6 +22,10 @@ from llmplane.runtime.kube.base import (
 from llmplane.runtime.kube.models import (
     pod_model_path,
 )
+
+# Metrics only the gateway has (no metrics adapter serves them): llmplane's autoscaler reads them.
+GATEWAY_METRIC_PREFIXES = ("llmplane_gateway_", "llmplane:")
+AUTOSCALER_ANNOTATION = "llmplane.io/autoscaler"
 
 # Multi-host commands for built-in engines whose BackendRuntime has no multiHostCommands.
 # vLLM: a Ray cluster across the group (the llmaz blog's scripts); the leader starts the server.
@@ -165,21 +169,45 @@ def service_object(service: Service) -> dict[str, Any]:
     return data
 
 
+def hpa_reads(trigger: ScaleTrigger | None) -> bool:
+    """Whether a real HPA can read every metric of ``trigger`` (with metrics-server or a metrics
+    adapter). The gateway's own metrics (``llmplane_gateway_*``, the built-in default trigger)
+    and a trigger without metrics are llmplane's to read."""
+    if trigger is None or not trigger.hpa.metrics:
+        return False
+    for metric in trigger.hpa.metrics:
+        source = metric.pods or metric.object or metric.external
+        if source is not None and source.metric.name.startswith(GATEWAY_METRIC_PREFIXES):
+            return False
+    return True
+
+
+def scaled_by_llmplane(
+    pg: Playground, backend: BackendRuntime | None, models: dict[str, OpenModel] | None = None
+) -> bool:
+    """An elastic Playground that gets no HPA: the operator's own autoscaler scales it
+    (``operator/autoscaler.py``), with the decision the embedded substrate runs."""
+    return pg.spec.elastic_config is not None and hpa_for_playground(pg, backend, models) is None
+
+
 def hpa_for_playground(
-    pg: Playground, backend: BackendRuntime, models: dict[str, OpenModel] | None = None
+    pg: Playground, backend: BackendRuntime | None, models: dict[str, OpenModel] | None = None
 ) -> dict[str, Any] | None:
     """autoscaling/v2 HPA on the Playground's scale subresource, as llmaz builds it.
 
-    Only with ``elasticConfig`` and a scale trigger: the Playground's, else the one of the
-    recommended config in use. ``maxReplicas`` defaults to 99999 (llmaz; the HPA requires one).
-    None with ``minReplicas: 0`` (llmplane's scale to zero; not done by the operator yet).
+    Only with ``elasticConfig``, ``minReplicas`` of 1 or more and a scale trigger whose metrics
+    an HPA reads (``hpa_reads``): the Playground's, else the one of the recommended config in
+    use. ``maxReplicas`` defaults to 99999 (llmaz; the HPA requires one). Otherwise (no trigger:
+    the built-in default; the gateway's in-flight metric; scale to zero) the operator's own
+    autoscaler scales the Playground (``scaled_by_llmplane``).
     """
     elastic = pg.spec.elastic_config
     if elastic is None or elastic.min_replicas == 0:
         return None  # an HPA cannot scale to zero (without the HPAScaleToZero feature gate)
     trigger = elastic.scale_trigger or autoscaling.recommended_trigger(pg, backend, models or {})
-    if trigger is None:
+    if not hpa_reads(trigger):
         return None
+    assert trigger is not None
     spec: dict[str, Any] = {
         "scaleTargetRef": {
             "apiVersion": pg.api_version,
@@ -189,8 +217,7 @@ def hpa_for_playground(
         "minReplicas": elastic.min_replicas,
         "maxReplicas": elastic.max_replicas if elastic.max_replicas is not None else 99999,
     }
-    if trigger.hpa.metrics:
-        spec["metrics"] = [m.to_dict() for m in trigger.hpa.metrics]
+    spec["metrics"] = [m.to_dict() for m in trigger.hpa.metrics or []]
     if trigger.hpa.behavior:
         spec["behavior"] = trigger.hpa.behavior.to_dict()
     return {
@@ -204,10 +231,39 @@ def hpa_for_playground(
 def playground_objects(
     pg: Playground, models: dict[str, OpenModel], backend: BackendRuntime
 ) -> tuple[Service, list[dict[str, Any]]]:
-    """(the Service model, [Service object, HPA object if any]) for one Playground."""
+    """(the Service model, [Service object, HPA object if any]) for one Playground. A
+    Playground the operator's autoscaler scales instead of an HPA says so on its Service
+    (``AUTOSCALER_ANNOTATION``), so ``llmplane render`` and ``kubectl get -o yaml`` show it."""
     service = service_for_playground(pg, models, backend)
     objects = [service_object(service)]
     hpa = hpa_for_playground(pg, backend, models)
     if hpa is not None:
         objects.append(hpa)
+    elif pg.spec.elastic_config is not None:
+        note = llmplane_autoscaling(pg, backend, models)
+        objects[0]["metadata"].setdefault("annotations", {})[AUTOSCALER_ANNOTATION] = note
     return service, objects
+
+
+def llmplane_autoscaling(
+    pg: Playground, backend: BackendRuntime | None, models: dict[str, OpenModel]
+) -> str:
+    """One line saying how the operator's autoscaler scales an elastic Playground."""
+    elastic = pg.spec.elastic_config
+    assert elastic is not None
+    trigger = autoscaling.effective_trigger(
+        elastic, autoscaling.recommended_trigger(pg, backend, models)
+    )
+    assert trigger is not None
+    low, high = autoscaling.bounds(elastic)
+    metrics = []
+    for metric in trigger.hpa.metrics or []:
+        source = metric.pods or metric.object or metric.external
+        if source is not None:
+            target = source.target
+            value = target.average_value if target.type == "AverageValue" else target.value
+            metrics.append(f"{source.metric.name} {target.type} {value}")
+        elif metric.resource is not None:
+            metrics.append(f"{metric.resource.name} {metric.resource.target.type}")
+    upper = str(high) if elastic.max_replicas is not None else "unbounded"
+    return f"llmplane-operator: {low}..{upper} replicas on {', '.join(metrics)}"

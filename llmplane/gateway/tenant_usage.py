@@ -1,0 +1,155 @@
+"""Usage per tenant and model: Prometheus counters and batched usage records (a request hook).
+
+For every request of a tenant that reached the hooks (authenticated, routed, admitted by the
+rate limits): ``llmplane_gateway_tenant_usage_requests_total{tenant,model}`` counts the
+answered ones (status < 400), ``llmplane_gateway_tenant_usage_tokens_total{tenant,model,
+direction}`` the engine's usage (input, output). Label values are our own names only: the
+tenant from the Tenant table, the model as the routing table resolved it.
+
+A stream of a tenant gets ``stream_options.include_usage`` when the client did not ask for it
+(and the usage-only chunk is removed from what the client receives, as for rate limits), so a
+stream's tokens are counted too.
+
+The same counts go to the usage log (``store/usage.py``) when there is one: added up in memory
+per (minute, tenant, model) on the request path (a dict update), written every
+``usage_flush_interval`` seconds in one transaction by a worker thread, and at close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from llmplane.gateway.hooks import Reservation, Usage
+from llmplane.gateway.observability import Counter
+from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
+from llmplane.gateway.request import InferenceRequest
+from llmplane.gateway.routing import Decision
+from llmplane.store.usage import USAGE_FILENAME, UsageLog
+
+log = logging.getLogger("llmplane.gateway")
+
+
+def usage_log_for(store: Any, setting: str | None) -> UsageLog | None:
+    """The usage log: ``setting`` (a path, or ``off``); by default ``usage.db`` beside a
+    SQLite store (``llmplane up``, ``llmplane gateway --state-dir``), none on Kubernetes
+    (Prometheus holds the counters there)."""
+    if setting == "off":
+        return None
+    if setting:
+        return UsageLog(setting)
+    path = getattr(store, "path", None)
+    if isinstance(path, Path):
+        return UsageLog(path.parent / USAGE_FILENAME)
+    return None
+
+
+class TenantUsage:
+    """The ``RequestHook`` counting each tenant's usage; ``start`` / ``close`` run the flusher."""
+
+    def __init__(
+        self,
+        usage_log: UsageLog | None,
+        flush_interval: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.log = usage_log
+        self.flush_interval = flush_interval
+        self.clock = clock
+        self.requests = Counter(
+            "llmplane_gateway_tenant_usage_requests",
+            "Answered requests (status < 400) by tenant and model",
+            ("tenant", "model"),
+        )
+        self.tokens = Counter(
+            "llmplane_gateway_tenant_usage_tokens",
+            "Tokens the engines reported by tenant, model and direction (input, output)",
+            ("tenant", "model", "direction"),
+        )
+        self.pending: dict[tuple[int, str, str], list[int]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # --- the hook ----------------------------------------------------------------------------
+
+    async def reserve(self, inference: InferenceRequest, decision: Decision) -> object:
+        if decision.tenant is None:
+            return None
+        if (
+            inference.stream
+            and not inference.path.endswith("/embeddings")
+            and inject_include_usage(inference.doc)
+        ):
+            inference.mark_dirty()
+            return Reservation(stream_filter=UsageChunkFilter())
+        return None
+
+    async def settle(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        reservation: object,
+        usage: Usage | None,
+        status: int,
+    ) -> None:
+        tenant = decision.tenant
+        if tenant is None:
+            return
+        model = inference.model
+        answered = 1 if status < 400 else 0
+        prompt = usage.prompt_tokens if usage is not None else 0
+        completion = usage.completion_tokens if usage is not None else 0
+        if answered:
+            self.requests.labels(tenant, model).inc()
+        if prompt:
+            self.tokens.labels(tenant, model, "input").inc(prompt)
+        if completion:
+            self.tokens.labels(tenant, model, "output").inc(completion)
+        if self.log is None or not (answered or prompt or completion):
+            return
+        key = (int(self.clock() // 60) * 60, tenant, model)
+        counts = self.pending.get(key)
+        if counts is None:
+            self.pending[key] = [answered, prompt, completion]
+        else:
+            counts[0] += answered
+            counts[1] += prompt
+            counts[2] += completion
+
+    # --- the flusher -------------------------------------------------------------------------
+
+    def metrics(self) -> list[Counter]:
+        return [self.requests, self.tokens]
+
+    def start(self) -> None:
+        if self.log is not None and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="usage-flusher")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is pending (in a worker thread); kept for the next flush on failure."""
+        if self.log is None or not self.pending:
+            return
+        batch, self.pending = self.pending, {}
+        try:
+            await asyncio.to_thread(self.log.add, batch)
+        except Exception as err:  # a full disk, a locked file: keep the counts, say so
+            log.warning("usage log %s: write failed (%s); will retry", self.log.path, err)
+            for key, counts in batch.items():
+                mine = self.pending.setdefault(key, [0, 0, 0])
+                for i in range(3):
+                    mine[i] += counts[i]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])  # our own cancellation still propagates
+            self._task = None
+        await self.flush()
