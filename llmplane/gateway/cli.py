@@ -24,6 +24,7 @@ from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
+from llmplane.gateway.observability import flush_access_log, install_access_sink
 from llmplane.gateway.server import start_gateway
 from llmplane.store.base import Store
 from llmplane.store.paths import open_store
@@ -64,6 +65,13 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--config", default=None, help="scheduler.yaml (EndpointPickerConfig + gateway: settings)"
+    )
+    parser.add_argument(
+        "--flow-control",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="queue requests in the gateway by priority and tenant while every endpoint is "
+        "saturated (default: on, or gateway.flowControl in --config)",
     )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
@@ -140,6 +148,8 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     """``--config`` loaded and checked (``ConfigFileError`` says what is wrong), logging set
     up: warnings and up on stderr, the JSON access log on stdout unless ``--no-access-log``."""
     config = load_checked(args.config) if args.config is not None else GatewayConfig()
+    if args.flow_control is not None:
+        config.flow_control = args.flow_control
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -148,9 +158,8 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     if args.no_access_log:
         access.setLevel(logging.WARNING)
     else:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)
+        sys.stdout.flush()
+        install_access_sink(sys.stdout.fileno())
         access.setLevel(logging.INFO)
     return config
 
@@ -207,6 +216,7 @@ async def serve(
             await scaler.close()
         await gateway.close()
         await close_store(store)
+        flush_access_log()
 
 
 def _run(coro: Any) -> None:
