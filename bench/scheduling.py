@@ -1,6 +1,7 @@
 """The scheduler alone: what one pick costs, by fleet size and prompt length.
 
     python -m bench.scheduling [--iterations 5000] [--repeats 5] [--profile default] [--no-write]
+                               [--cells 1000x16000,...]
 
 Each cell builds ``endpoints`` EndpointStates with fresh, varied engine metrics (waiting 0-8,
 KV use 0-1, 0-4 in flight) and a prefix index warmed with 256 earlier picks, then times,
@@ -36,7 +37,7 @@ from llmplane.gateway.request import prompt_text
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 
-CELLS = [(8, 1_000), (8, 16_000), (64, 1_000), (64, 16_000), (256, 16_000)]
+CELLS = [(8, 1_000), (8, 16_000), (64, 1_000), (64, 16_000), (256, 16_000), (1_000, 16_000)]
 
 
 def _states(n: int, rng: random.Random, now: float) -> list[EndpointState]:
@@ -136,11 +137,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--profile", default=None, help="scheduling profile (default: the default)")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument(
+        "--cells",
+        default=None,
+        help="only these cells, e.g. '1000x16000,64x16000' (default: all; not written)",
+    )
     args = p.parse_args(argv)
+    cells_run = CELLS
+    if args.cells:
+        cells_run = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
+        args.no_write = True
     info = machine()
     runs: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in range(args.repeats):
-        for endpoints, chars in CELLS:
+        for endpoints, chars in cells_run:
             c = cell(endpoints, chars, args.iterations, args.profile)
             runs.setdefault((endpoints, chars), []).append(c)
             print(

@@ -19,6 +19,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from llmplane.api.base import (
+    DNS1123_SUBDOMAIN,
     ApiModel,
     ConditionedStatus,
     Resource,
@@ -76,29 +77,61 @@ class Endpoint(Resource):
 KEY_ID = re.compile(r"^[a-z0-9]{12}$")
 _HEX = re.compile(r"^[0-9a-f]+$")
 _MODEL_PATTERN = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable, no spaces
+API_KEY_SECRET_LABEL = "llmplane.io/api-key"
+
+
+class SecretReference(ApiModel):
+    """A Secret in the Tenant's namespace holding a key's ``salt`` and ``hash`` (the CRD path:
+    the hash lives in a Secret, not in the Tenant). The Secret must carry the label
+    ``llmplane.io/api-key`` (any value): the gateway watches only Secrets with it."""
+
+    name: str = Field(min_length=1, max_length=253)
+
+    def check(self, path: str) -> Iterator[Violation]:
+        if not DNS1123_SUBDOMAIN.match(self.name):
+            yield Violation(
+                join_path(path, "name"),
+                "must be a Secret name (lowercase letters, digits, '-' and '.')",
+            )
 
 
 class ApiKey(ApiModel):
     """One key of a tenant, as stored: never the key itself, only its salted hash.
 
     ``id`` is the key's public part (also inside the key, ``llmp-<id>-<secret>``): what
-    ``llmplane keys list`` shows and what the gateway indexes keys by.
+    ``llmplane keys list`` shows and what the gateway indexes keys by. The salt and hash are
+    either here or, on Kubernetes, in a Secret named by ``secretRef``.
     """
 
     id: str
     name: str | None = Field(default=None, max_length=63)
-    salt: str = Field(description="hex, 16 random bytes")
-    hash: str = Field(description="hex HMAC-SHA256(salt, key)")
+    salt: str | None = Field(default=None, description="hex, 16 random bytes")
+    hash: str | None = Field(default=None, description="hex HMAC-SHA256(salt, key)")
+    secret_ref: SecretReference | None = None
     created: datetime | None = None
     revoked: bool = False
 
     def check(self, path: str) -> Iterator[Violation]:
         if not KEY_ID.match(self.id):
             yield Violation(join_path(path, "id"), "must be 12 lowercase letters or digits")
-        if len(self.salt) != 32 or not _HEX.match(self.salt):
-            yield Violation(join_path(path, "salt"), "must be 32 lowercase hex digits")
-        if len(self.hash) != 64 or not _HEX.match(self.hash):
-            yield Violation(join_path(path, "hash"), "must be 64 lowercase hex digits (SHA-256)")
+        if self.secret_ref is not None:
+            if self.salt is not None or self.hash is not None:
+                yield Violation(
+                    join_path(path, "secretRef"),
+                    "give either salt and hash or secretRef, not both",
+                )
+            return
+        if self.salt is None or self.hash is None:
+            yield Violation(path, "needs salt and hash (or secretRef naming a Secret with them)")
+            return
+        yield from check_salt_hash(self.salt, self.hash, path)
+
+
+def check_salt_hash(salt: str, hash_: str, path: str) -> Iterator[Violation]:
+    if len(salt) != 32 or not _HEX.match(salt):
+        yield Violation(join_path(path, "salt"), "must be 32 lowercase hex digits")
+    if len(hash_) != 64 or not _HEX.match(hash_):
+        yield Violation(join_path(path, "hash"), "must be 64 lowercase hex digits (SHA-256)")
 
 
 class TokenBudget(ApiModel):

@@ -18,6 +18,7 @@ network is never the silent default). The admin key (``gateway.adminKeyHash``) g
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import logging
 import re
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmplane.api.llmplane import API_KEY_SECRET_LABEL
 from llmplane.gateway import apikeys
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.observability import Counter
@@ -32,6 +34,7 @@ from llmplane.gateway.observability import Counter
 log = logging.getLogger("llmplane.gateway")
 
 KIND = "Tenant"
+SECRET_KIND = "Secret"
 VERDICTS = 4096  # model names a Tenant remembers its verdict on
 _GLOB = re.compile(r"[*?\[]")
 INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer <key>'."
@@ -71,7 +74,9 @@ class KeyRecord:
 
 
 class TenantTable:
-    """Immutable: the live keys of every Tenant by key id."""
+    """Immutable: the live keys of every Tenant by key id. A key with ``secretRef`` takes its
+    salt and hash from that Secret among ``objects`` (the Kubernetes store follows Secrets
+    labelled ``llmplane.io/api-key``); without it the key is refused."""
 
     __slots__ = ("keys", "names", "tenants")
 
@@ -79,6 +84,12 @@ class TenantTable:
         keys: dict[str, KeyRecord] = {}
         tenants = 0
         names: list[str] = []
+        objects = list(objects)
+        secrets = {
+            (obj["metadata"].get("namespace") or "default", obj["metadata"]["name"]): obj
+            for obj in objects
+            if obj.get("kind") == SECRET_KIND
+        }
         for obj in objects:
             if obj.get("kind") != KIND:
                 continue
@@ -91,14 +102,12 @@ class TenantTable:
             models = spec.get("models", ("*",)) or ()  # an empty list allows nothing
             tenant = Tenant(name, tuple(models), spec.get("criticality") or "Default")
             for key in spec.get("keys") or ():
-                try:
-                    key_id, salt, digest = key["id"], bytes.fromhex(key["salt"]), key["hash"]
-                    record = KeyRecord(tenant, salt, bytes.fromhex(digest))
-                except (KeyError, TypeError, ValueError):  # a hand-written object, unvalidated
-                    log.warning("Tenant %s: a key without a valid id, salt and hash; ignored", name)
+                if not isinstance(key, Mapping) or key.get("revoked"):
                     continue
-                if key.get("revoked"):
+                record = _record(tenant, ns, key, secrets)
+                if record is None:
                     continue
+                key_id = key["id"]
                 if key_id in keys:  # two tenants claim one id: neither key is trusted
                     log.warning("API key id %s appears in two Tenants; both refused", key_id)
                     record = KeyRecord(tenant, b"", b"")
@@ -106,6 +115,48 @@ class TenantTable:
         self.keys = keys
         self.tenants = tenants
         self.names = frozenset(names)
+
+
+def _record(
+    tenant: Tenant,
+    namespace: str,
+    key: Mapping[str, Any],
+    secrets: Mapping[tuple[str, str], Mapping[str, Any]],
+) -> KeyRecord | None:
+    """The key's record, or None (logged) when its id, salt or hash is unusable."""
+    salt, digest = key.get("salt"), key.get("hash")
+    ref = key.get("secretRef")
+    try:
+        if isinstance(ref, Mapping):
+            secret = secrets.get((namespace, str(ref.get("name"))))
+            if secret is None:
+                log.warning(
+                    "Tenant %s: key %s names Secret %s/%s, which does not exist or lacks the "
+                    "label %s; the key is refused until it does",
+                    tenant.name,
+                    key.get("id"),
+                    namespace,
+                    ref.get("name"),
+                    API_KEY_SECRET_LABEL,
+                )
+                return None
+            salt, digest = secret_value(secret, "salt"), secret_value(secret, "hash")
+        if not isinstance(key["id"], str):
+            raise TypeError("id")
+        return KeyRecord(tenant, bytes.fromhex(salt), bytes.fromhex(digest))  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):  # a hand-written object (or Secret), unvalidated
+        log.warning("Tenant %s: a key without a valid id, salt and hash; ignored", tenant.name)
+        return None
+
+
+def secret_value(secret: Mapping[str, Any], field: str) -> str:
+    """A Secret's ``field`` as text: ``stringData`` as written, ``data`` base64 (as the API
+    server keeps it); KeyError when absent, ValueError when not base64."""
+    plain = (secret.get("stringData") or {}).get(field)
+    if isinstance(plain, str):
+        return plain.strip()
+    encoded = (secret.get("data") or {})[field]
+    return base64.b64decode(encoded, validate=True).decode("ascii").strip()
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -83,6 +83,13 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="with --kubernetes: namespace to read (repeatable; default 'all')",
     )
+    kube.add_argument(
+        "--key-secrets",
+        action="store_true",
+        help="with --kubernetes: also read Tenant keys' salt and hash from the Secrets their "
+        "keys[].secretRef names (only Secrets labelled llmplane.io/api-key; needs get/list/"
+        "watch on secrets, the chart's gateway.keySecrets)",
+    )
     kube.add_argument("--kube-server", help=argparse.SUPPRESS)  # API server URL (development)
 
 
@@ -97,7 +104,11 @@ async def open_sources(args: argparse.Namespace) -> tuple[Any, Discovery]:
         from llmplane.gateway.discovery.pods import kubernetes_sources, parse_namespaces
 
         try:
-            return await kubernetes_sources(parse_namespaces(args.namespace), args.kube_server)
+            return await kubernetes_sources(
+                parse_namespaces(args.namespace),
+                args.kube_server,
+                key_secrets=getattr(args, "key_secrets", False),
+            )
         except Exception as e:  # kubernetes_asyncio's config and connection errors
             raise StartupError(
                 "--kubernetes: no usable Kubernetes API (in-cluster config, else kubeconfig): "

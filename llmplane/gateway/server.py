@@ -27,7 +27,7 @@ from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
-from llmplane.gateway.auth import Authenticator
+from llmplane.gateway.auth import SECRET_KIND, Authenticator
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
@@ -166,7 +166,7 @@ class Gateway:
         self._sync_endpoints()
         if self.store is not None:
             self._follower = StoreFollower(
-                self.store, (*ROUTE_KINDS, TENANT_KIND), self._objects_changed
+                self.store, (*ROUTE_KINDS, TENANT_KIND, SECRET_KIND), self._objects_changed
             )
             await self._follower.start()
         for source in self._following():

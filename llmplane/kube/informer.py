@@ -51,8 +51,10 @@ class Informer:
         watch_timeout: int = 300,
         retry: float = 1.0,
         missing_retry: float = 30.0,
+        label_selector: str | None = None,
     ) -> None:
         self.api = api
+        self.label_selector = label_selector  # only objects it selects (list and watch)
         self.resource = resource
         self.namespace = namespace if resource.namespaced else None
         self.on_event = on_event
@@ -97,12 +99,15 @@ class Informer:
         meta = obj["metadata"]
         return (meta.get("namespace") or "", meta["name"])
 
+    def _selector(self) -> list[tuple[str, str]]:
+        return [("labelSelector", self.label_selector)] if self.label_selector else []
+
     async def _relist(self) -> None:
         try:
             data = await self.api.call_api(
                 self.where,
                 "GET",
-                query_params=[],
+                query_params=self._selector(),
                 header_params={"Accept": "application/json"},
                 response_types_map={200: "object"},
                 auth_settings=["BearerToken"],
@@ -181,6 +186,7 @@ class Informer:
 
     async def _watch(self) -> None:
         query = [
+            *self._selector(),
             ("watch", "true"),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(self.watch_timeout)),

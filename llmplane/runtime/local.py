@@ -246,7 +246,8 @@ class LocalRuntime:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # A new connection per check, as the kubelet does: engines restart on the same port.
+            # A new connection per call: engines restart on the same port. (Probes use
+            # probes.http_ok, which needs no session.)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(force_close=True, limit=0)
             )

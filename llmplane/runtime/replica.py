@@ -345,7 +345,7 @@ class Replica:
 
     async def _check(self, probe: HttpProbe) -> tuple[bool, str]:
         timeout = probe.timeout_seconds if probe.timeout_seconds > 0 else 1
-        return await probes.http_ok(self.runtime.session, self._url(probe), timeout)
+        return await probes.http_ok(self._url(probe), timeout)
 
     async def _startup(self, probe: HttpProbe, started: float) -> str | None:
         successes = failures = 0

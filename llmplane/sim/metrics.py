@@ -1,27 +1,22 @@
-"""vLLM's Prometheus metrics, computed from the engine's state at every scrape.
+"""vLLM's Prometheus metrics, read from the engine's state at every scrape.
 
 Gauges are read live (no lag between a state change and a scrape); counters come from the
 scheduler's running totals; histograms are plain arrays updated in the engine loop (one
-bisect per observation, no locks, no label lookups). A custom collector on a per-process
-``CollectorRegistry`` turns all of it into families for ``prometheus_client`` to render.
+bisect per observation, no locks, no label lookups). The page is a template filled at a
+scrape, and only when a value on it changed (``exposition.py``): fleets of hundreds of
+replicas are scraped all the time, mostly while idle.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from llmplane.sim.exposition import HistogramText, Template, header, labels
 
 if TYPE_CHECKING:
     from llmplane.sim.engine import Engine
@@ -93,23 +88,11 @@ class Histogram:
         self.total += n
         self.sum += s
 
-    def family(self, name: str, doc: str, model: str, created: float) -> HistogramMetricFamily:
-        fam = HistogramMetricFamily(name, doc, labels=["engine", "model_name"])
-        buckets = []
-        acc = 0
-        for bound, c in zip(self.bounds, self.counts, strict=False):
-            acc += c
-            buckets.append((repr(float(bound)), acc))
-        buckets.append(("+Inf", self.total))
-        fam.add_metric([ENGINE, model], buckets, self.sum)
-        # prometheus_client's own histograms expose <name>_created (vLLM's do).
-        fam.samples.append(
-            Sample(name + "_created", {"engine": ENGINE, "model_name": model}, created)
-        )
-        return fam
 
+class SimMetrics:
+    """vLLM's metrics for one engine: histograms fed by the engine loop, the rest read from
+    the scheduler when a scrape finds something changed."""
 
-class SimMetrics(Collector):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.ttft = Histogram(TTFT_BUCKETS)
@@ -132,8 +115,12 @@ class SimMetrics(Collector):
         self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.created = time.time()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
+        self._base = {"engine": ENGINE, "model_name": engine.cfg.model_name}
+        self._lora_prefix = "vllm:lora_requests_info"
+        self._template, self._hist_texts = self._build_page()
+        self._hists = list({id(h.hist): h.hist for h in self._hist_texts}.values())
+        self._key: tuple | None = None
+        self._page = b""
 
     def request_arrived(self, n: int, prompts: int) -> None:
         for _ in range(prompts):
@@ -161,179 +148,181 @@ class SimMetrics(Collector):
         self.req_max_generation.observe(max(s.num_output for s in seqs))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
-
-    def collect(self) -> Iterator[Metric]:
+        """The page; reused as long as no value on it changed (see ``exposition.py``)."""
         eng = self.engine
-        cfg = eng.cfg
         sched = eng.sched
         stats = sched.stats
-        model = cfg.model_name
-        created = self.created
-        lab = ["engine", "model_name"]
-        values = [ENGINE, model]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=lab)
-            g.add_metric(values, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=lab)
-            c.add_metric(values, value, created=created)
-            return c
-
-        usage = sched.pool.usage()
-        yield gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.",
-            sched.num_running,
-        )  # fmt: skip
-        yield gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-            sched.num_waiting,
-        )  # fmt: skip
-        deferred = len(sched.transferring)
-        by_reason = GaugeMetricFamily(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
-            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
-            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
-            labels=["engine", "model_name", "reason"],
+        loras = (
+            (tuple(sorted(sched.lora_running)), tuple(sorted(sched.lora_waiting)))
+            if sched.lora_running or sched.lora_waiting
+            else ()
         )
-        by_reason.add_metric([ENGINE, model, "capacity"], sched.num_waiting - deferred)
-        by_reason.add_metric([ENGINE, model, "deferred"], deferred)
-        yield by_reason
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
-        yield gauge(
+        key = (
+            sched.num_running,
+            sched.num_waiting,
+            len(sched.transferring),
+            len(sched.pool.free),
+            stats.prefix_queries,
+            stats.prefix_hits,
+            stats.preemptions,
+            stats.prompt_tokens,
+            stats.generation_tokens,
+            stats.prompt_cached,
+            stats.prompt_transferred,
+            *self.success.values(),
+            loras,
+            *[h.total for h in self._hists],
+        )
+        if key == self._key:
+            return self._page
+        self._key = key
+        self._page = self._fill(loras).encode()
+        return self._page
+
+    def _fill(self, loras: tuple) -> str:
+        eng = self.engine
+        sched = eng.sched
+        stats = sched.stats
+        go = floatToGoString
+        usage = go(sched.pool.usage())
+        deferred = len(sched.transferring)
+        cached, transferred = stats.prompt_cached, stats.prompt_transferred
+        running, waiting = loras if loras else ((), ())
+        lora_line = self._lora_prefix + labels(
+            {
+                **self._base,
+                "max_lora": str(eng.cfg.max_loras),
+                "running_lora_adapters": ",".join(running),
+                "waiting_lora_adapters": ",".join(waiting),
+            }
+        )
+        values = [
+            go(sched.num_running),
+            go(sched.num_waiting),
+            go(sched.num_waiting - deferred),
+            go(deferred),
+            usage,
+            usage,
+            go(stats.prefix_queries),
+            go(stats.prefix_hits),
+            go(stats.prefix_queries),
+            go(stats.prefix_hits),
+            go(stats.preemptions),
+            go(stats.prompt_tokens),
+            go(stats.generation_tokens),
+            go(cached),
+            go(stats.prompt_tokens - cached - transferred),
+            go(cached),
+            go(transferred),
+            *[go(n) for n in self.success.values()],
+            f"{lora_line} {go(time.time())}\n",
+            *[h.text() for h in self._hist_texts],
+        ]
+        return self._template.format(*values)
+
+    def _build_page(self) -> tuple[str, list[HistogramText]]:
+        """The page's template (fixed text, ``{}`` for each value ``_fill`` supplies, in the
+        same order) and the histogram families, in vLLM's order."""
+        cfg = self.engine.cfg
+        base = self._base
+        lab = labels(base)
+        created = floatToGoString(self.created)
+        t = Template()
+
+        def gauge(name: str, doc: str) -> None:
+            t.text(header(name, doc, "gauge") + f"{name}{lab} ")
+            t.slot()
+            t.text("\n")
+
+        def counter(name: str, doc: str, series: Sequence[dict[str, str]] = ({},)) -> None:
+            sets = [labels({**base, **extra}) for extra in series]
+            t.text(header(name + "_total", doc, "counter"))
+            for ls in sets:
+                t.text(f"{name}_total{ls} ")
+                t.slot()
+                t.text("\n")
+            t.text(header(name + "_created", doc, "gauge"))
+            t.text("".join(f"{name}_created{ls} {created}\n" for ls in sets))
+
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        name = "vllm:num_requests_waiting_by_reason"
+        t.text(
+            header(
+                name,
+                "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+                "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA "
+                "budget, KV transfer, blocked status). Sum of all reasons equals "
+                "vllm:num_requests_waiting.",
+                "gauge",
+            )
+        )
+        for reason in ("capacity", "deferred"):
+            t.text(f"{name}{labels({**base, 'reason': reason})} ")
+            t.slot()
+            t.text("\n")
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        gauge(
             "vllm:gpu_cache_usage_perc",
             "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use "
             "vllm:kv_cache_usage_perc instead.",
-            usage,
         )
-        yield counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            stats.prefix_queries,
+        for name, doc in (
+            ("vllm:prefix_cache_queries",
+             "Prefix cache queries, in terms of number of queried tokens."),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+            ("vllm:gpu_prefix_cache_queries",
+             "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED."),
+            ("vllm:gpu_prefix_cache_hits",
+             "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED."),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed."),
+            ("vllm:generation_tokens", "Number of generation tokens processed."),
+            ("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."),
+        ):  # fmt: skip
+            counter(name, doc)
+        counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [{"source": s} for s in ("local_compute", "local_cache_hit", "external_kv_transfer")],
         )
-        yield counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            stats.prefix_hits,
-        )
-        yield counter(
-            "vllm:gpu_prefix_cache_queries",
-            "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED.",
-            stats.prefix_queries,
-        )
-        yield counter(
-            "vllm:gpu_prefix_cache_hits",
-            "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED.",
-            stats.prefix_hits,
-        )
-        yield counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-            stats.preemptions,
-        )  # fmt: skip
-        yield counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens
-        )
-        yield counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.",
-            stats.generation_tokens,
-        )  # fmt: skip
-        yield counter(
-            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
-            stats.prompt_cached,
-        )  # fmt: skip
-        cached, transferred = stats.prompt_cached, stats.prompt_transferred
-        by_source = CounterMetricFamily(
-            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-            labels=["engine", "model_name", "source"],
-        )  # fmt: skip
-        for source, n in (
-            ("local_compute", stats.prompt_tokens - cached - transferred),
-            ("local_cache_hit", cached),
-            ("external_kv_transfer", transferred),
-        ):
-            by_source.add_metric([ENGINE, model, source], n, created=created)
-        yield by_source
-        success = CounterMetricFamily(
+        counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
-            labels=["engine", "finished_reason", "model_name"],
+            [{"finished_reason": r} for r in self.success],
         )
-        for reason, n in self.success.items():
-            success.add_metric([ENGINE, reason, model], n, created=created)
-        yield success
+        t.text(header("vllm:lora_requests_info", "Running stats on lora requests.", "gauge"))
+        t.slot()  # labels name the adapters; the value is the time of the last change
+        info = {
+            "block_size": str(cfg.block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": str(cfg.enable_prefix_caching),
+            "gpu_memory_utilization": "0.9",
+            "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(cfg.num_blocks),
+        }
+        name = "vllm:cache_config_info"
+        t.text(
+            header(name, "Information of the LLMEngine CacheConfig", "gauge")
+            + f"{name}{labels({**base, **info})} 1.0\n"
+        )
+        texts = []
+        for hist, name, doc in self._histogram_families():
+            texts.append(HistogramText(hist, name, doc, hist.bounds, base, self.created))
+            t.slot()
+        return t.compile(), texts
 
-        lora = GaugeMetricFamily(
-            "vllm:lora_requests_info",
-            "Running stats on lora requests.",
-            labels=[
-                "engine", "max_lora", "model_name", "running_lora_adapters",
-                "waiting_lora_adapters",
-            ],
-        )  # fmt: skip
-        lora.add_metric(
-            [
-                ENGINE,
-                str(cfg.max_loras),
-                model,
-                ",".join(sorted(sched.lora_running)),
-                ",".join(sorted(sched.lora_waiting)),
-            ],
-            time.time(),
-        )
-        yield lora
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            labels=[
-                "block_size",
-                "cache_dtype",
-                "enable_prefix_caching",
-                "engine",
-                "gpu_memory_utilization",
-                "num_cpu_blocks",
-                "num_gpu_blocks",
-                "model_name",
-            ],
-        )
-        info.add_metric(
-            [
-                str(cfg.block_size),
-                "auto",
-                str(cfg.enable_prefix_caching),
-                ENGINE,
-                "0.9",
-                "None",
-                str(cfg.num_blocks),
-                model,
-            ],
-            1.0,
-        )
-        yield info
-
-        yield self.ttft.family(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            model, created,
-        )  # fmt: skip
-        yield self.itl.family(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            model, created,
-        )  # fmt: skip
-        yield self.itl.family(
-            "vllm:time_per_output_token_seconds",
-            "Histogram of time per output token in seconds. DEPRECATED: Use "
-            "vllm:inter_token_latency_seconds instead.",
-            model,
-            created,
-        )
-        yield self.e2e.family(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-            model, created,
-        )  # fmt: skip
-        for hist, name, doc in (
+    def _histogram_families(self) -> list[tuple[Histogram, str, str]]:
+        return [
+            (self.ttft, "vllm:time_to_first_token_seconds",
+             "Histogram of time to first token in seconds."),
+            (self.itl, "vllm:inter_token_latency_seconds",
+             "Histogram of inter-token latency in seconds."),
+            (self.itl, "vllm:time_per_output_token_seconds",
+             "Histogram of time per output token in seconds. DEPRECATED: Use "
+             "vllm:inter_token_latency_seconds instead."),
+            (self.e2e, "vllm:e2e_request_latency_seconds",
+             "Histogram of e2e request latency in seconds."),
             (self.queue_time, "vllm:request_queue_time_seconds",
              "Histogram of time spent in WAITING phase for request."),
             (self.inference_time, "vllm:request_inference_time_seconds",
@@ -359,5 +348,4 @@ class SimMetrics(Collector):
              "Histogram of the number of times a request was preempted."),
             (self.req_prefill_computed, "vllm:request_prefill_kv_computed_tokens",
              "Histogram of new KV tokens computed during prefill (excluding cached tokens)."),
-        ):  # fmt: skip
-            yield hist.family(name, doc, model, created)
+        ]  # fmt: skip

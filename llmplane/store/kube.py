@@ -15,6 +15,11 @@ from an in-memory cache that the watches keep current, like a client-go informer
   yields), not the API server's; a ``since`` older than the retained history raises
   ``Expired``.
 
+With ``key_secrets`` it also follows the Secrets labelled ``llmplane.io/api-key`` (kind
+``Secret``): those a Tenant's ``keys[].secretRef`` names, holding a key's salt and hash. Only
+labelled ones: the selector is sent to the API server, so no other Secret reaches the
+gateway's memory (its RBAC must still grant reading secrets: opt-in).
+
 Every write (``apply``, ``apply_many``, ``delete``, ``update_status``) raises ``ReadOnly``: the
 gateway only reads, and its RBAC grants only get / list / watch.
 
@@ -33,9 +38,10 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
+from llmplane.api.llmplane import API_KEY_SECRET_LABEL
 from llmplane.kube.client import connect_api
 from llmplane.kube.informer import Informer
-from llmplane.kube.kinds import Kind
+from llmplane.kube.kinds import SECRET, Kind
 from llmplane.store.base import Expired, LabelSelector, StoreError, WatchEvent
 from llmplane.store.selectors import as_selector
 
@@ -83,6 +89,7 @@ class KubeStore:
         history: int = 10_000,
         owns_api: bool = False,
         watch_timeout: int = 300,
+        key_secrets: bool = False,
     ) -> None:
         self.api = api
         self.namespaces = tuple(namespaces or ()) or None
@@ -99,6 +106,18 @@ class KubeStore:
             for namespace in scopes:
                 self.informers.append(
                     Informer(api, resource, namespace, self._record, watch_timeout=watch_timeout)
+                )
+        if key_secrets:  # Tenant keys' hashes (keys[].secretRef), labelled Secrets only
+            for namespace in self.namespaces or (None,):
+                self.informers.append(
+                    Informer(
+                        api,
+                        SECRET,
+                        namespace,
+                        self._record,
+                        watch_timeout=watch_timeout,
+                        label_selector=API_KEY_SECRET_LABEL,
+                    )
                 )
 
     @classmethod

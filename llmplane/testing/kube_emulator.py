@@ -71,6 +71,7 @@ def default_kinds() -> list[EmulatedKind]:
     kinds = [
         EmulatedKind("", "v1", "services", "Service"),
         EmulatedKind("", "v1", "pods", "Pod"),
+        EmulatedKind("", "v1", "secrets", "Secret", status=False),
         EmulatedKind("", "v1", "events", "Event", status=False),
         EmulatedKind("", "v1", "namespaces", "Namespace", namespaced=False),
         EmulatedKind("apps", "v1", "deployments", "Deployment"),

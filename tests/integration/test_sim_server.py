@@ -348,3 +348,47 @@ async def test_every_metric_has_vllm_name_type_and_model_label(sim):
     assert r.headers["Content-Type"] == "text/plain; version=1.0.0; charset=utf-8"
     usage = families["vllm:kv_cache_usage_perc"].samples[0].value
     assert 0.0 <= usage <= 1.0
+
+
+async def test_metrics_page_is_reused_while_idle_and_follows_every_change():
+    """The page is cached while nothing changes (an idle fleet's scrapes cost next to
+    nothing), yet a scrape during and after a request shows the request at once."""
+
+    def samples(text: str) -> dict[tuple[str, tuple], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+
+    def one(values: dict, name: str, **labels: str) -> float:
+        return next(
+            v for (n, ls), v in values.items() if n == name and set(labels.items()) <= set(ls)
+        )
+
+    with sim_process("m", "--time-scale", "1") as sim:
+        async with aiohttp.ClientSession() as s:
+
+            async def scrape() -> str:
+                async with s.get(f"{sim.url}/metrics") as r:
+                    return await r.text()
+
+            idle = await scrape()
+            assert await scrape() == idle
+            body = {"model": "m", "prompt": "hello", "max_tokens": 40, "ignore_eos": True,
+                    "stream": True}  # fmt: skip
+            async with s.post(f"{sim.url}/v1/completions", json=body) as r:
+                await r.content.readline()  # the first token is out: the request runs
+                during = samples(await scrape())
+                assert one(during, "vllm:num_requests_running") == 1
+                assert one(during, "vllm:time_to_first_token_seconds_count") == 1
+                await r.read()
+            after = samples(await scrape())
+            assert samples(await scrape()) == after
+    assert one(samples(idle), "vllm:num_requests_running") == 0
+    assert one(after, "vllm:num_requests_running") == 0
+    assert one(after, "vllm:request_success_total", finished_reason="length") == 1
+    assert one(after, "vllm:generation_tokens_total") == 40
+    assert one(after, "vllm:e2e_request_latency_seconds_count") == 1
+    assert one(after, "vllm:inter_token_latency_seconds_count") == 39
+    assert one(after, "vllm:kv_cache_usage_perc") == 0

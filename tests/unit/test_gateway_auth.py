@@ -9,7 +9,7 @@ import pytest
 
 from llmplane.api.documents import InvalidResources, parse_document
 from llmplane.gateway import apikeys
-from llmplane.gateway.auth import Authenticator, TenantTable, presented_key
+from llmplane.gateway.auth import Authenticator, TenantTable, lookup, presented_key
 from llmplane.gateway.config import ConfigFileError, load_checked
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback
@@ -159,3 +159,50 @@ def test_unvalidated_objects_cannot_break_the_table() -> None:
     )
     found = auth.authenticate({"x-api-key": good.key})
     assert found is not None and found.name == "a" and not found.allows("anything")
+
+
+def test_secret_ref_keys_validate_and_resolve_from_secrets() -> None:
+    import base64
+
+    made = apikeys.new_key()
+    ok, _ = parse_document(tenant("a", [{"id": made.id, "secretRef": {"name": "a-key"}}]))
+    assert ok.to_dict()["spec"]["keys"][0] == {
+        "id": made.id,
+        "secretRef": {"name": "a-key"},
+        "revoked": False,
+    }
+    for key, path, message in (
+        ({"id": made.id}, "spec.keys[0]", "needs salt and hash (or secretRef"),
+        (
+            {**stored(made), "secretRef": {"name": "a-key"}},
+            "spec.keys[0].secretRef",
+            "give either salt and hash or secretRef",
+        ),
+        (
+            {"id": made.id, "secretRef": {"name": "A_Key"}},
+            "spec.keys[0].secretRef.name",
+            "must be a Secret name",
+        ),
+    ):
+        with pytest.raises(InvalidResources) as err:
+            parse_document(tenant("a", [key]))
+        assert f"{path}: {message}" in "\n".join(err.value.messages)
+
+    def secret(name: str, namespace: str = "default", **fields: object) -> dict:
+        return {"kind": "Secret", "metadata": {"name": name, "namespace": namespace}, **fields}
+
+    b64 = {k: base64.b64encode(v.encode()).decode() for k, v in stored(made).items()}
+    ref = [{"id": made.id, "secretRef": {"name": "a-key"}}]
+    good = secret("a-key", data={"salt": b64["salt"], "hash": b64["hash"]})
+    plain = secret("a-key", stringData={"salt": made.salt, "hash": made.hash})
+    for secret_obj in (good, plain):
+        table = TenantTable([tenant("a", ref), secret_obj])
+        assert lookup(table.keys, made.key) is not None
+    # Missing, in another namespace, or not base64: refused (never an exception).
+    for objects in (
+        [tenant("a", ref)],
+        [tenant("a", ref), secret("a-key", "other", data=good["data"])],
+        [tenant("a", ref), secret("a-key", data={"salt": "!!", "hash": "??"})],
+        [tenant("a", ref), secret("a-key", data={"salt": b64["salt"]})],
+    ):
+        assert lookup(TenantTable(objects).keys, made.key) is None

@@ -275,6 +275,27 @@ def test_gateway_only_reads_but_scales_from_zero() -> None:
     assert not [r for r in rules if r[1] == "secrets"]
 
 
+def test_key_secrets_opt_in_grants_reading_secrets_and_passes_the_flag() -> None:
+    for endpoint_picker in (False, True):
+        values = {"gateway": {"keySecrets": True, "endpointPicker": {"enabled": endpoint_picker}}}
+        docs = render_chart(values)
+        rules = _rules(docs, "llmplane-gateway")
+        assert {r for r in rules if r[1] == "secrets"} == {
+            ("", "secrets", verb) for verb in ("get", "list", "watch")
+        }
+        [deployment] = [
+            d
+            for d in docs
+            if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("gateway")
+        ]
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[:3] == [
+            ("epp" if endpoint_picker else "gateway"),
+            "--kubernetes",
+            "--key-secrets",
+        ]
+
+
 def test_operator_rbac_is_least_privilege() -> None:
     rules = _rules(render_chart(), "llmplane-operator")
     wildcard = [r for r in rules if "*" in r]

@@ -265,11 +265,13 @@ async def kubernetes_sources(
     namespaces: Sequence[str] | None = None,
     server: str | None = None,
     token: str | None = None,
+    key_secrets: bool = False,
 ) -> tuple[Any, Any]:
     """What ``llmplane gateway --kubernetes`` routes with: a started ``KubeStore`` (routing
-    objects) and a Discovery of Pods plus the store's llmplane.io ``Endpoint`` objects.
-    Close the store with ``await store.aclose()`` after the gateway."""
-    store = await KubeStore.connect(namespaces, server, token)
+    objects; with ``key_secrets`` also the Secrets Tenant keys name) and a Discovery of Pods
+    plus the store's llmplane.io ``Endpoint`` objects. Close the store with
+    ``await store.aclose()`` after the gateway."""
+    store = await KubeStore.connect(namespaces, server, token, key_secrets=key_secrets)
     try:
         pods = PodDiscovery(store.api, namespaces, store)
         discovery = CombinedDiscovery(pods, StoreEndpoints(store))

@@ -113,17 +113,43 @@ class Profile:
             narrowed = f.filter(ctx, kept)
             if narrowed:
                 kept = narrowed
-        totals = [0.0] * len(kept)
-        if len(kept) > 1:
-            for scorer, weight in self.scorers:
-                scores = scorer.score(ctx, kept)
-                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        totals = (
+            weighted_sum([(scorer.score(ctx, kept), w) for scorer, w in self.scorers], len(kept))
+            if len(kept) > 1
+            else [0.0] * len(kept)
+        )
+        order = getattr(self.picker, "order", None)
+        if order is not None:  # a picker that decides from the scores alone: no index lookups
+            picked = order(totals, n)
+            return Pick(
+                [kept[i] for i in picked],
+                {kept[i].address: round(totals[i], 4) for i in picked},
+                self.name,
+            )
         chosen = self.picker.pick(ctx, kept, totals, n)
         return Pick(chosen, {s.address: round(totals[kept.index(s)], 4) for s in chosen}, self.name)
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         for plugin in self.observers:
             plugin.on_pick(ctx, endpoint)
+
+
+def weighted_sum(scored: Sequence[tuple[Sequence[float], float]], n: int) -> list[float]:
+    """sum(weight * score) per endpoint, in one pass over the endpoints for up to three
+    scorers (the default profile has three; at 1,000 endpoints a pass is tens of us)."""
+    if not scored:
+        return [0.0] * n
+    if len(scored) == 1:
+        ((a, wa),) = scored
+        return [wa * x for x in a]
+    if len(scored) == 2:
+        (a, wa), (b, wb) = scored
+        return [wa * x + wb * y for x, y in zip(a, b, strict=True)]
+    (a, wa), (b, wb), (c, wc) = scored[:3]
+    totals = [wa * x + wb * y + wc * z for x, y, z in zip(a, b, c, strict=True)]
+    for scores, w in scored[3:]:
+        totals = [t + w * x for t, x in zip(totals, scores, strict=True)]
+    return totals
 
 
 class Scheduler:

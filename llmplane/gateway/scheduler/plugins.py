@@ -91,7 +91,12 @@ class LeastRequestScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        return _min_max_inverse([float(e.inflight) for e in endpoints])
+        inflight = [e.inflight for e in endpoints]
+        lo, hi = min(inflight, default=0), max(inflight, default=0)
+        if hi <= lo:
+            return [1.0] * len(inflight)
+        span = float(hi - lo)
+        return [(hi - v) / span for v in inflight]
 
 
 class LoraAffinityScorer:

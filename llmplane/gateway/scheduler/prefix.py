@@ -15,7 +15,7 @@ is actually sent to.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from itertools import islice, repeat
 from typing import Any
 
@@ -55,6 +55,7 @@ class PrefixIndex:
         self.lrus: dict[str, dict[int, bool]] = {}
         self.holders: dict[int, int] = {}
         self.bits: dict[str, int] = {}
+        self.names: dict[int, str] = {}  # bit -> endpoint
         self._free: list[int] = []
 
     def _bit(self, endpoint: str) -> int:
@@ -62,6 +63,7 @@ class PrefixIndex:
         if bit is None:
             bit = self._free.pop() if self._free else len(self.bits)
             self.bits[endpoint] = bit
+            self.names[bit] = endpoint
         return bit
 
     def add(self, endpoint: str, hashes: Sequence[int], held: int | None = None) -> None:
@@ -104,6 +106,7 @@ class PrefixIndex:
         lru = self.lrus.pop(endpoint, None)
         if bit is None:
             return
+        del self.names[bit]
         keep = ~(1 << bit)
         holders = self.holders
         for h in lru or ():
@@ -114,33 +117,40 @@ class PrefixIndex:
                 holders.pop(h, None)
         self._free.append(bit)
 
-    def matches(self, hashes: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
-        """Consecutive leading blocks each endpoint holds (only endpoints with at least one)."""
-        bits = self.bits
-        candidates: list[tuple[int, str]] = []
-        alive = 0
-        for e in endpoints:
-            bit = bits.get(e)
-            if bit is not None:
-                candidates.append((bit, e))
-                alive |= 1 << bit
-        result: dict[str, int] = {}
+    def matches(
+        self, hashes: Sequence[int], endpoints: Container[str] | None = None
+    ) -> dict[str, int]:
+        """Consecutive leading blocks each endpoint holds (only endpoints with at least one,
+        and of those only the ones in ``endpoints`` if given).
+
+        The walk starts from the endpoints holding the first block (one lookup) and follows
+        them block by block, so its cost does not grow with the number of endpoints: at a
+        thousand endpoints, looking each one up was most of a pick."""
+        if not hashes:
+            return {}
         holders = self.holders
-        for i, h in enumerate(hashes):
-            now = alive & holders.get(h, 0)
+        alive = holders.get(hashes[0], 0)
+        if not alive:
+            return {}
+        names = self.names
+        result: dict[str, int] = {}
+
+        def record(bits: int, depth: int) -> None:
+            while bits:
+                low = bits & -bits
+                name = names[low.bit_length() - 1]
+                if endpoints is None or name in endpoints:
+                    result[name] = depth
+                bits ^= low
+
+        for i in range(1, len(hashes)):
+            now = alive & holders.get(hashes[i], 0)
             if now != alive:
-                if i:
-                    gone = alive & ~now
-                    for bit, e in candidates:
-                        if (gone >> bit) & 1:
-                            result[e] = i
+                record(alive & ~now, i)
                 alive = now
                 if not alive:
                     return result
-        if hashes:
-            for bit, e in candidates:
-                if (alive >> bit) & 1:
-                    result[e] = len(hashes)
+        record(alive, len(hashes))
         return result
 
 
@@ -177,13 +187,13 @@ class PrefixCacheScorer:
         hashes = self.hashes(ctx)
         if not hashes:
             return [0.0] * len(endpoints)
-        keys = [e.endpoint.address for e in endpoints]  # EndpointState.key, without the call
-        matched = ctx.cache[self] = self.index.matches(hashes, keys)
+        # Endpoints outside ``endpoints`` may be in ``matched``: only the candidates are read.
+        matched = ctx.cache[self] = self.index.matches(hashes)
         if not matched:
             return [0.0] * len(endpoints)
-        total = len(hashes)
+        total = float(len(hashes))
         get = matched.get
-        return [get(k, 0) / total for k in keys]
+        return [get(e.endpoint.address, 0) / total for e in endpoints]  # EndpointState.key
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         hashes = self.hashes(ctx)

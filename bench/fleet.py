@@ -1,0 +1,238 @@
+"""A fleet of simulated replicas behind ``llmplane up``: time to Ready, idle CPU, latency.
+
+    python -m bench.fleet [--playgrounds 4] [--replicas 50] [--idle 30] [--requests 200]
+                          [--write]
+
+Declares the fleet as a user would (``--playgrounds`` sim Playgrounds of ``--replicas``
+replicas each, one OpenModel each), runs ``llmplane up`` on it and measures:
+
+- **time to Ready**: from starting ``llmplane up`` to every Playground reporting all its
+  replicas ready in the store, and to the gateway routing to every replica (each replica
+  has served a request sent through the gateway is not required: the gateway's
+  ``llmplane_gateway_model_endpoints`` view is read instead);
+- **idle CPU**: after a settling pause, the CPU seconds of ``llmplane up`` (gateway and
+  control plane) and of every replica, per second of wall time over ``--idle`` seconds
+  (from /proc, including each process's descendants);
+- **one request's latency**: ``--requests`` sequential chat completions (keep-alive, one
+  output token) through the gateway to the idle fleet; median and p90.
+
+Then the same for a 1-replica fleet (one Playground of one replica) in the same run, for the
+latency comparison. The machine is shared: the load average is recorded before and after.
+``--write`` puts the table in docs/benchmarks.md (section ``fleet``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    RESULTS,
+    cpu_seconds,
+    machine,
+    machine_line,
+    percentile,
+    table,
+    write_section,
+)
+from llmplane.store.paths import open_store
+from llmplane.testing import process
+
+
+def fleet_yaml(playgrounds: int, replicas: int) -> str:
+    """``playgrounds`` sim Playgrounds of ``replicas`` replicas, each with its OpenModel."""
+    docs = []
+    for i in range(playgrounds):
+        name = f"sim-{i}"
+        docs.append(
+            f"""apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {{name: {name}}}
+spec:
+  familyName: sim
+  source: {{uri: "host:///dev/null"}}
+---
+apiVersion: inference.llmaz.io/v1alpha1
+kind: Playground
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  modelClaim: {{modelName: {name}}}
+  backendRuntimeConfig:
+    backendName: sim
+    args: ["--time-scale", "0.01"]
+"""
+        )
+    return "---\n".join(docs)
+
+
+def ready_replicas(state: Path, playgrounds: int) -> int:
+    with open_store(state) as store:
+        objs = [store.get("Playground", f"sim-{i}", "default") or {} for i in range(playgrounds)]
+    return sum(int((o.get("status") or {}).get("readyReplicas") or 0) for o in objs)
+
+
+def engine_pids(state: Path) -> list[int]:
+    try:
+        data = json.loads((state / "runtime" / "processes.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [r["pid"] for r in data.get("processes", [])]
+
+
+def gateway_endpoints(conn: http.client.HTTPConnection) -> int:
+    """Ready endpoints the gateway routes to (its own /metrics)."""
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    return int(
+        sum(
+            float(m.group(1))
+            for m in re.finditer(r"^llmplane_gateway_model_endpoints\{[^}]*\} (\S+)$", text, re.M)
+        )
+    )
+
+
+def latencies(conn: http.client.HTTPConnection, model: str, n: int) -> list[float]:
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    )
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        out.append((time.perf_counter() - t0) * 1000)
+        assert resp.status == 200, (resp.status, data[:300])
+    return out
+
+
+def run(work: Path, playgrounds: int, replicas: int, idle: float, requests: int) -> dict:
+    total = playgrounds * replicas
+    state = work / f"fleet-{total}"
+    files = work / f"fleet-{total}.yaml"
+    files.write_text(fleet_yaml(playgrounds, replicas))
+    load_before = os.getloadavg()
+    t0 = time.monotonic()
+    up = process.Up(state, str(files))
+    up.start(timeout=600)
+    try:
+        deadline = t0 + 600
+        while ready_replicas(state, playgrounds) < total:
+            assert time.monotonic() < deadline, "fleet never Ready"
+            time.sleep(0.2)
+        ready_store = time.monotonic() - t0
+        conn = http.client.HTTPConnection(up.host, up.port, timeout=30)
+        while gateway_endpoints(conn) < total:
+            assert time.monotonic() < deadline, "gateway never saw every replica"
+            time.sleep(0.2)
+        ready_gateway = time.monotonic() - t0
+        time.sleep(max(10.0, idle / 3))  # start-up work settles; scrapes back off
+        engines = engine_pids(state)
+        assert len(engines) == total, f"{len(engines)} engine processes recorded, not {total}"
+
+        def cpu_now() -> tuple[float, float]:
+            """(all of ``up`` with its engines, the engines alone): the engines are children
+            of ``up``, so ``cpu_seconds(up.pid)`` counts them too."""
+            return cpu_seconds(up.pid), sum(cpu_seconds(p) for p in engines)
+
+        (all0, eng0), w0 = cpu_now(), time.monotonic()
+        load_idle0 = os.getloadavg()
+        time.sleep(idle)
+        (all1, eng1), wall = cpu_now(), time.monotonic() - w0
+        cpu, cpu_engines = (all1 - all0) / wall, (eng1 - eng0) / wall
+        lat = latencies(conn, "sim-0", requests)
+        conn.close()
+        return {
+            "replicas": total,
+            "playgrounds": playgrounds,
+            "ready_store_s": ready_store,
+            "ready_gateway_s": ready_gateway,
+            "idle_cpu_cores": cpu,
+            "idle_cpu_up": cpu - cpu_engines,
+            "idle_cpu_replicas": cpu_engines,
+            "latency_p50_ms": statistics.median(lat),
+            "latency_p90_ms": percentile(lat, 90),
+            "load_before": list(load_before),
+            "load_idle_start": list(load_idle0),
+            "load_after": list(os.getloadavg()),
+        }
+    finally:
+        up.kill_everything()
+
+
+def report(res: dict[str, Any]) -> str:
+    a = res["args"]
+    rows = [
+        [
+            f"{r['replicas']} ({r['playgrounds']} Playground{'s' if r['playgrounds'] > 1 else ''})",
+            f"{r['ready_store_s']:.1f} s",
+            f"{r['ready_gateway_s']:.1f} s",
+            f"{r['idle_cpu_cores']:.3f}",
+            f"{r['idle_cpu_up']:.3f}",
+            f"{r['idle_cpu_replicas']:.3f}",
+            f"{r['latency_p50_ms']:.2f}",
+            f"{r['latency_p90_ms']:.2f}",
+            " / ".join(f"{x:.2f}" for x in r["load_idle_start"]),
+        ]
+        for r in res["rows"]
+    ]
+    return "\n".join(
+        [
+            f"Command: `python -m bench.fleet --playgrounds {a['playgrounds']} --replicas "
+            f"{a['replicas']} --idle {a['idle']:g} --requests {a['requests']}` "
+            f"({machine_line(res['machine'], res['load_after'])}).",
+            "",
+            table(
+                [
+                    "sim replicas",
+                    "all Ready (store)",
+                    "all routed (gateway)",
+                    "idle CPU, all (cores)",
+                    "gateway + control plane",
+                    "replicas",
+                    "1 request p50 ms",
+                    "p90 ms",
+                    "load avg at idle start",
+                ],
+                rows,
+            ),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--playgrounds", type=int, default=4)
+    p.add_argument("--replicas", type=int, default=50)
+    p.add_argument("--idle", type=float, default=30.0)
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--write", action="store_true")
+    args = p.parse_args(argv)
+    info = machine()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        rows = []
+        for pg, rep in ((args.playgrounds, args.replicas), (1, 1)):
+            r = run(work, pg, rep, args.idle, args.requests)
+            print(json.dumps(r), flush=True)
+            rows.append(r)
+    res = {"args": vars(args), "machine": info, "load_after": list(os.getloadavg()), "rows": rows}
+    text = report(res)
+    print(text)
+    if args.write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "fleet.json").write_text(json.dumps(res, indent=1))
+        print(f"wrote {write_section('fleet', text)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The local runtime's HTTP probe (``probes.http_ok``) against real servers on 127.0.0.1:
+kubelet semantics (200-399 succeed, redirects not followed), a new connection per attempt, and
+a clear reason for every failure."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from aiohttp import web
+
+from llmplane.runtime.probes import USER_AGENT, http_ok
+
+
+async def _app_server() -> tuple[web.AppRunner, str, list[tuple[web.Request, object]]]:
+    seen: list[tuple[web.Request, object]] = []  # (request, the client's address and port)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        seen.append((request, request.transport.get_extra_info("peername")))  # type: ignore[union-attr]
+        code = int(request.match_info["code"])
+        if code == 302:
+            raise web.HTTPFound("/elsewhere")
+        return web.Response(status=code, body=b"x" * 100_000)  # more than one read
+
+    app = web.Application()
+    app.router.add_get("/status/{code}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}", seen
+
+
+async def test_status_codes_decide_and_each_attempt_is_a_new_connection() -> None:
+    runner, base, seen = await _app_server()
+    try:
+        assert await http_ok(f"{base}/status/200", 1) == (True, "")
+        assert await http_ok(f"{base}/status/204", 1) == (True, "")
+        assert await http_ok(f"{base}/status/302", 1) == (True, "")  # not followed
+        ok, why = await http_ok(f"{base}/status/503", 1)
+        assert not ok and why == f"GET {base}/status/503: HTTP 503"
+        assert [r.path for r, _ in seen] == ["/status/200", "/status/204", "/status/302",
+                                             "/status/503"]  # fmt: skip
+        assert all(r.headers["User-Agent"] == USER_AGENT for r, _ in seen)
+        assert all(r.headers["Connection"] == "close" for r, _ in seen)
+        assert len({peer for _, peer in seen}) == len(seen)
+    finally:
+        await runner.cleanup()
+
+
+async def test_failures_say_why() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    ok, why = await http_ok(f"http://127.0.0.1:{closed}/health", 1)
+    assert not ok and why.startswith(f"GET http://127.0.0.1:{closed}/health: ") and len(why) > 40
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        await asyncio.sleep(5)
+        writer.close()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.close()
+
+    for handler, expected in (
+        (silent, "no answer within 0.2s"),
+        (garbage, "not an HTTP answer"),
+        (hang_up, "closed without an answer"),
+    ):
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            ok, why = await http_ok(f"http://127.0.0.1:{port}/health", 0.2)
+        finally:
+            server.close()
+        assert not ok and why == f"GET http://127.0.0.1:{port}/health: {expected}", why
