@@ -1,7 +1,7 @@
 """Before/after for the gateway's hot path: two builds, one upstream, alternating wrk cells.
 
     python -m bench.gateway_ab --baseline HEAD~1 [--rounds 8] [--duration 3] [--concurrency 8]
-                               [--stream-tokens 64] [--no-stream]
+                               [--stream-tokens 64] [--no-stream] [--upstream-max-running 1024]
 
 The baseline is a git ref checked out into a temporary worktree; the candidate is this working
 tree. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
@@ -47,6 +47,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--no-stream", action="store_true")
+    p.add_argument(
+        "--upstream-max-running",
+        type=int,
+        default=1024,
+        help="the upstream's running slots: KV use = running / this. At the default it is "
+        "never saturated (the hot path as such); at --concurrency or below every request "
+        "finds it saturated (flow control's queueing path)",
+    )
     args = p.parse_args(argv)
 
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -62,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     procs: list[Process] = []
     try:
-        up = upstream_proc()
+        up = upstream_proc("--max-running", str(args.upstream_max_running))
         procs.append(up)
         address = up.ready()
         state = str(work / "state")

@@ -402,6 +402,15 @@ def up(
             "--gateway-config", help="Gateway config: scheduling profiles, limits (YAML)."
         ),
     ] = None,
+    flow_control: Annotated[
+        bool | None,
+        typer.Option(
+            "--flow-control/--no-flow-control",
+            help="Queue requests in the gateway by priority and tenant while every replica is "
+            "saturated (default: on, or gateway.flowControl in --gateway-config).",
+            show_default=False,
+        ),
+    ] = None,
     gpus: Annotated[
         str | None,
         typer.Option(
@@ -465,6 +474,11 @@ def up(
             config = load_checked(gateway_config)  # a bad profile is refused now, not after start
         except ConfigFileError as e:
             fail(str(e))
+    if flow_control is not None:
+        from llmplane.gateway.config import GatewayConfig
+
+        config = config or GatewayConfig()
+        config.flow_control = flow_control
     directory = resolve_state_dir(state_dir)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

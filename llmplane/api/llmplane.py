@@ -169,6 +169,9 @@ class TenantSpec(ApiModel):
     models: list[str] = Field(default_factory=lambda: ["*"])
     # The criticality of this tenant's requests unless their route says otherwise.
     criticality: Criticality = "Default"
+    # This tenant's share of dispatches against other tenants waiting in the same priority
+    # band while the gateway queues (flow control): weight / sum of the waiting ones' weights.
+    weight: int = Field(default=1, ge=1, le=1000)
     keys: list[ApiKey] = Field(default_factory=list)
     # Limits on this tenant's requests (local, or shared by every gateway through Redis).
     rate_limit: TenantRateLimit | None = None

@@ -1,10 +1,11 @@
 """Admission: which candidates a request may use now, and whether it is shed.
 
 A backend without candidates is a 503. Ejected replicas are left out (failing open when all
-are). A ``Sheddable`` request (InferenceModel criticality) gets a 429 with ``Retry-After`` when
-every remaining candidate is saturated: its queue or KV use above the configured limits, its
-metrics stale, or (engines without load metrics) more than ``saturation_inflight`` requests in
-flight from this gateway.
+are). Every remaining candidate *saturated* means: its queue or KV use above the configured
+limits, its metrics stale, or (engines without load metrics, or whose metrics cannot be read now) more
+than ``saturation_inflight`` requests in flight from this gateway. Then, with flow control on, the request waits in the
+gateway (``gateway/flowcontrol/``); with it off, a ``Sheddable`` request (the route's
+criticality, else its tenant's) gets a 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ class Admission:
 
     def saturated(self, state: EndpointState, now: float) -> bool:
         c = self.config
-        if state.has_load_metrics is False or (
-            state.has_load_metrics is None and not state.scraped_at
+        if (
+            state.has_load_metrics is False
+            or (state.has_load_metrics is None and not state.scraped_at)
+            or not state.scrape_ok  # its metrics cannot be read now: our own count
         ):
             return state.inflight >= c.saturation_inflight
         if not state.metrics_fresh(c.metrics_staleness, now):
@@ -35,8 +38,19 @@ class Admission:
             state.has_kv and state.kv_usage > c.saturation_kv
         )
 
-    def admit(self, model: str, decision: Decision, now: float) -> Sequence[EndpointState]:
-        """The candidates to schedule over, or the GatewayError to answer with."""
+    def all_saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        saturated = self.saturated
+        # A loop, not all(genexpr): no generator per request on the fast path.
+        for state in candidates:  # noqa: SIM110 - the first one with room ends it
+            if not saturated(state, now):
+                return False
+        return True
+
+    def admit(
+        self, model: str, decision: Decision, now: float, criticality: str, shed: bool = True
+    ) -> Sequence[EndpointState]:
+        """The candidates to schedule over, or the GatewayError to answer with (a Sheddable
+        request over saturated candidates only when ``shed``)."""
         backend = decision.backend
         if not backend.candidates:
             raise GatewayError(
@@ -45,7 +59,7 @@ class Admission:
                 "no_ready_endpoint",
             )
         candidates = self.outliers.available(backend.candidates, now)
-        if decision.criticality == "Sheddable" and all(self.saturated(s, now) for s in candidates):
+        if shed and criticality == "Sheddable" and self.all_saturated(candidates, now):
             raise GatewayError(
                 429,
                 f"model {model!r} is overloaded: every endpoint is saturated and this "

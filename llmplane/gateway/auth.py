@@ -43,12 +43,15 @@ INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer 
 class Tenant:
     """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded)."""
 
-    __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name")
+    __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name", "weight")
 
-    def __init__(self, name: str, models: tuple[str, ...], criticality: str) -> None:
+    def __init__(
+        self, name: str, models: tuple[str, ...], criticality: str, weight: int = 1
+    ) -> None:
         self.name = name  # namespace/name outside "default", else name
         self.models = models
         self.criticality = criticality
+        self.weight = weight  # share of flow-control dispatches (gateway/flowcontrol/)
         self._exact = frozenset(m for m in models if not _GLOB.search(m))
         globs = [fnmatch.translate(m) for m in models if _GLOB.search(m)]
         self._pattern = re.compile("|".join(globs)) if globs else None
@@ -100,7 +103,9 @@ class TenantTable:
             names.append(name)
             spec = obj.get("spec") or {}
             models = spec.get("models", ("*",)) or ()  # an empty list allows nothing
-            tenant = Tenant(name, tuple(models), spec.get("criticality") or "Default")
+            tenant = Tenant(
+                name, tuple(models), spec.get("criticality") or "Default", _weight(spec)
+            )
             for key in spec.get("keys") or ():
                 if not isinstance(key, Mapping) or key.get("revoked"):
                     continue
@@ -115,6 +120,13 @@ class TenantTable:
         self.keys = keys
         self.tenants = tenants
         self.names = frozenset(names)
+
+
+def _weight(spec: Mapping[str, Any]) -> int:
+    weight = spec.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
+        return 1  # a hand-written object, unvalidated
+    return weight
 
 
 def _record(

@@ -65,6 +65,13 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", default=None, help="scheduler.yaml (EndpointPickerConfig + gateway: settings)"
     )
+    parser.add_argument(
+        "--flow-control",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="queue requests in the gateway by priority and tenant while every endpoint is "
+        "saturated (default: on, or gateway.flowControl in --config)",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
         "--no-access-log", action="store_true", help="do not print one JSON line per request"
@@ -140,6 +147,8 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     """``--config`` loaded and checked (``ConfigFileError`` says what is wrong), logging set
     up: warnings and up on stderr, the JSON access log on stdout unless ``--no-access-log``."""
     config = load_checked(args.config) if args.config is not None else GatewayConfig()
+    if args.flow_control is not None:
+        config.flow_control = args.flow_control
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

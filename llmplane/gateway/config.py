@@ -76,6 +76,19 @@ class GatewayConfig:
     activator_max_queue: int = 100
     activator_max_queue_bytes: int = 64 * 1024 * 1024
     activator_retry_after: float = 5.0
+    # Flow control (gateway/flowcontrol/): while every candidate of a backend is saturated
+    # (the rule above), requests wait in the gateway by priority band (Critical, Default,
+    # Sheddable) and fairly between tenants, instead of piling onto engine queues. A request
+    # waits at most ``flow_control_ttl`` seconds (then 429 + Retry-After
+    # ``shed_retry_after``); each band holds at most this many requests and bytes, the whole
+    # queue of a backend at most the total ones (full: lower bands are evicted first).
+    # Off: Sheddable requests get 429 at once and the others go to the engines' queues.
+    flow_control: bool = True
+    flow_control_ttl: float = 30.0
+    flow_control_band_requests: int = 1000
+    flow_control_band_bytes: int = 64 * 1024 * 1024
+    flow_control_total_requests: int = 2000
+    flow_control_total_bytes: int = 128 * 1024 * 1024
     # ID:SALT:HASH of the admin key (`llmplane keys admin` makes one): with it, /metrics and
     # the console's JSON API need that key (Authorization: Bearer or x-api-key). None: open.
     admin_key_hash: str | None = None
@@ -121,7 +134,21 @@ def config_from_dict(doc: dict[str, Any] | None) -> GatewayConfig:
             raise ValueError(f"gateway.{key}: unknown setting (known: {sorted(names)})")
         kwargs[name] = value
     scheduler = doc if (doc.get("plugins") or doc.get("schedulingProfiles")) else None
-    return GatewayConfig(scheduler=scheduler, **kwargs)
+    config = GatewayConfig(scheduler=scheduler, **kwargs)
+    _check_flow_control(config)
+    return config
+
+
+def _check_flow_control(config: GatewayConfig) -> None:
+    if not isinstance(config.flow_control, bool):
+        raise ValueError("gateway.flowControl: must be true or false")
+    if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
+        raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
+    for name in ("band_requests", "band_bytes", "total_requests", "total_bytes"):
+        value = getattr(config, f"flow_control_{name}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            camel = "flowControl" + "".join(w.title() for w in name.split("_"))
+            raise ValueError(f"gateway.{camel}: must be a whole number of at least 1")
 
 
 def load_config(path: str | Path | None) -> GatewayConfig:

@@ -46,6 +46,8 @@ class RequestContext:
         "upstream_broken",
         "upstream_status",
         "usage",
+        "waited",
+        "weight",
     )
 
     def __init__(self, request: HttpRequest) -> None:
@@ -55,6 +57,8 @@ class RequestContext:
         self.decision: Decision | None = None
         self.status = 500  # what the client got (499: it went away first)
         self.tenant: str | None = None  # the caller's Tenant (gateway/auth.py), never its key
+        self.weight = 1  # the tenant's flow-control weight
+        self.waited: float | None = None  # seconds in the flow-control queue
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
         self.stream_filter: StreamFilter | None = None
@@ -112,6 +116,7 @@ class RequestContext:
         optional = (
             ("sent_model", self.sent_model),
             ("sched_ms", self.sched_ms),
+            ("queued_ms", None if self.waited is None else round(self.waited * 1000, 3)),
             ("profile", self.profile),
             ("scores", self.scores),
             ("pd", self.pd),

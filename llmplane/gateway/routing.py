@@ -102,8 +102,8 @@ class Decision:
     route: str  # what matched, for metrics and logs
     backend: Backend
     model: str  # the model name sent upstream
-    # The route's criticality (InferenceModel); None when the route does not say: the
-    # gateway's route stage then sets the tenant's default, else Default.
+    # The route's criticality (an InferenceModel that names one); None when the route does
+    # not say: the gateway's route stage then sets the tenant's default, else Default.
     criticality: str | None = None
     lora: bool = False
     load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
@@ -283,6 +283,11 @@ def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> b
 
 def _ref(kind: str, meta: Mapping[str, Any]) -> str:
     return f"{kind}/{meta.get('namespace') or 'default'}/{meta['name']}"
+
+
+def _criticality(im: InferenceModel) -> str | None:
+    """The InferenceModel's criticality when it names one; else the tenant's applies."""
+    return im.spec.criticality if "criticality" in im.spec.model_fields_set else None
 
 
 def _profile(meta: Mapping[str, Any]) -> str | None:
@@ -482,7 +487,7 @@ def build_table(
             (
                 (meta.get("creationTimestamp") or "", namespace, meta["name"]),
                 im.spec.model_name,
-                (ref, im.spec.criticality, im.spec.target_shares(), backend, problem),
+                (ref, _criticality(im), im.spec.target_shares(), backend, problem),
             )
         )
     models.sort(key=lambda m: m[0])

@@ -217,6 +217,7 @@ class Scraper:
     ) -> None:
         self.config = config
         self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
+        self.on_scraped: Callable[[], None] | None = None  # after each scrape of an endpoint
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
         self.scrapes: dict[str, int] = {}  # /metrics requests per endpoint (tests, debugging)
@@ -331,6 +332,8 @@ class Scraper:
                 await self.scrape_once(state)
             except Exception:
                 log.exception("scraping %s failed", state.address)
+            if self.on_scraped is not None:
+                self.on_scraped()  # fresh load: flow control may dispatch
             if not (state.has_load_metrics and state.scrape_ok):
                 # Engines without load metrics (or unreachable ones) are asked again more slowly.
                 await asyncio.sleep(max(0.0, max(interval, 1.0) - (time.monotonic() - started)))

@@ -33,6 +33,7 @@ from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback, make_guard
+from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
@@ -97,6 +98,22 @@ class Gateway:
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
         )
         self.admission = Admission(self.config, self.outliers)
+        c = self.config
+        self.flow = FlowControl(
+            self.admission.all_saturated,
+            enabled=c.flow_control,
+            ttl=c.flow_control_ttl,
+            limits=Limits(
+                c.flow_control_band_requests,
+                c.flow_control_band_bytes,
+                c.flow_control_total_requests,
+                c.flow_control_total_bytes,
+            ),
+            retry_after=c.shed_retry_after,
+        )
+        self.metrics.add(self.flow.metrics.all())
+        self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
+        self.scraper.on_scraped = self._capacity_changed
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config)
@@ -242,6 +259,13 @@ class Gateway:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
         if self.activator.queues:
             self.activator.release(self.table.activatable.__contains__)
+        self._capacity_changed()
+
+    def _capacity_changed(self) -> None:
+        """A request finished, an endpoint was scraped or the endpoints changed: requests
+        waiting in flow control may go (one attribute read when none waits)."""
+        if self.flow.queues:
+            self.flow.pump()
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -278,6 +302,7 @@ class Gateway:
         tenant = self.auth.authenticate(ctx.request.headers)
         if tenant is not None:
             ctx.tenant = tenant.name
+            ctx.weight = tenant.weight
             self.auth.permit(tenant, inference.model)
         try:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
@@ -316,6 +341,8 @@ class Gateway:
         self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
     ) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
+        if self.flow.queues:  # a slot may have freed
+            self.flow.pump()
         usage = Usage.of(ctx.usage)
         for hook, reservation in reservations:
             try:
@@ -366,6 +393,8 @@ class Gateway:
         backend = decision.backend
         now = time.monotonic()
         candidates = await self.admit(ctx, now)
+        if ctx.waited is not None:
+            now = time.monotonic()
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
@@ -375,11 +404,29 @@ class Gateway:
         return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
 
     async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
-        """The candidates admission lets the request use (503 none ready, 429 Sheddable shed),
-        with a declared LoRA adapter loaded first where no replica holds it yet."""
+        """The candidates admission lets the request use (503 none ready; every one saturated:
+        wait in flow control, or 429 for Sheddable with it off), with a declared LoRA adapter
+        loaded first where no replica holds it yet."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
-        candidates = self.admission.admit(inference.model, decision, now)
+        flow = self.flow
+        criticality = decision.criticality or "Default"  # set by the route stage
+        candidates = self.admission.admit(
+            inference.model, decision, now, criticality, shed=not flow.enabled
+        )
+        if flow.enabled and flow.needed(decision.backend.ref, candidates, now):
+            ctx.waited = await flow.wait(
+                decision.backend.ref,
+                candidates,
+                criticality,
+                ctx.tenant,
+                ctx.weight,
+                len(inference.body),
+            )
+            # Ejections may have changed while it waited.
+            candidates = self.admission.admit(
+                inference.model, decision, time.monotonic(), criticality, shed=False
+            )
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()

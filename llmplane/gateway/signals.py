@@ -1,7 +1,10 @@
 """The gateway's view of load per workload, for the autoscaler (``controlplane/autoscaler.py``).
 
 Read off what the gateway keeps anyway (endpoint registry: scraped engine metrics and its own
-in-flight counts; the request counter by endpoint): nothing is added to the request path.
+in-flight counts; the request counter by endpoint; requests waiting in flow control, shared
+out over the endpoints they wait for and counted as in flight there, so that queueing in the
+gateway instead of the engines still scales the workload): nothing is added to the request
+path.
 
 In ``llmplane up`` the autoscaler reads ``GatewaySignals`` in process. In a cluster the operator
 reads them over HTTP: ``GET /autoscaling/signals`` (admin key, as ``/metrics``) answers
@@ -31,8 +34,9 @@ class GatewaySignals:
         staleness = max(self.gateway.config.metrics_staleness, 5.0)
         now = time.monotonic()
         out: dict[str, dict[str, float]] = {}
+        queued = self.gateway.flow.queued_by_endpoint()
         for state in self._states(workload):
-            values: dict[str, float] = {INFLIGHT: float(state.inflight)}
+            values: dict[str, float] = {INFLIGHT: state.inflight + queued.get(state.address, 0.0)}
             if state.metrics_fresh(staleness, now):
                 values[WAITING] = state.waiting
                 values[RUNNING] = state.running
@@ -47,7 +51,8 @@ class GatewaySignals:
         for labels, child in list(self.gateway.metrics.requests.children.items()):
             if labels[2] in addresses:  # (model, route, endpoint, status)
                 total += child.value
-        return total + sum(s.inflight for s in self._states(workload))
+        queued = self.gateway.flow.queued_by_endpoint()
+        return total + sum(s.inflight + queued.get(s.address, 0.0) for s in self._states(workload))
 
     def held(self, workload: str) -> int:
         return int(self.gateway.activator.held_for(workload))

@@ -276,7 +276,8 @@ async def test_sheddable_is_shed_with_429_while_critical_is_served(make_stack, s
             inference_model("chat", "busy", [{"name": "busy"}], criticality="Critical"),
         ],
         {"busy": (sims["busy"], busy, "busy")},
-        config=GatewayConfig(saturation_queue=1),
+        # Flow control off: a Sheddable request is refused at once instead of waiting.
+        config=GatewayConfig(saturation_queue=1, flow_control=False),
     )
     gw = stack.picker.gateway
     await stack.wait(lambda: "batch" in gw.table.inference_models, "the InferenceModels")

@@ -17,7 +17,7 @@ from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.errors import GatewayError
-from llmplane.testing import Processes, upstream_process
+from llmplane.testing import Processes, eventually, upstream_process
 from tests.integration.openai_errors import assert_openai_error
 
 MODEL = "llama3-8b"
@@ -144,6 +144,15 @@ async def test_errors_have_the_openai_shape(gateway, client):
 async def test_upstream_4xx_is_relayed_after_exactly_one_attempt(gateway, client, caplog):
     # The upstream does not serve this LoRA name: its own 404 comes back as it is, from the
     # first replica tried - a client error is not retried on the other one.
+    # The table is patched by hand, so only once the replicas' first /v1/models reads (each
+    # rebuilds the table, which would drop the patch) are in.
+    await eventually(
+        lambda: (
+            len(states := gateway.registry.states) == 2
+            and all(s.served_models is not None for s in states.values())
+        ),
+        what="both replicas' model lists read",
+    )
     gateway.table.defaults["ghost"] = gateway.table.defaults[MODEL]
     with caplog.at_level(logging.INFO, logger="llmplane.gateway.access"):
         status, headers, body = await post(

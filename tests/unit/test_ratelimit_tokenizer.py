@@ -67,4 +67,4 @@ async def test_the_limiter_uses_the_configured_tokenizer(tokenizer_dir):
     body = {"model": "r", "messages": [{"role": "user", "content": "hello " * 5}]}
     req = InferenceRequest("/v1/chat/completions", {}, orjson.dumps(body))
     res = await limiter.reserve(req, D())
-    assert res.amounts == [("input", 6)]
+    assert [a for part in res.taken for a in part.amounts] == [("input", 6)]

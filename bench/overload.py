@@ -1,0 +1,295 @@
+"""Overload: about 3x the fleet's capacity from two tenants (one sending 10x the other's rate)
+plus Critical and Sheddable traffic, with flow control off (today's behaviour) and on.
+
+    python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
+                             [--prompt-tokens 400] [--max-tokens 10] [--duration 30]
+                             [--load 3.0] [--ttl 10] [--seed 1] [--write]
+
+The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
+time slowed by ``--time-scale`` so the client and the gateway are far from the CPU limit).
+Each request is a streamed completion of ``--prompt-tokens`` fresh tokens (no prefix-cache
+hits) and exactly ``--max-tokens`` output tokens. Four Tenants with keys: ``big`` and
+``small`` (Default; big sends 10x small's rate), ``critical`` (Critical) and ``bulk``
+(Sheddable). Offered load per class, in units of the measured capacity C: small 0.1 C,
+big 1.0 C, critical 0.4 C, bulk 1.5 C (x ``--load`` / 3).
+
+Steps, one ``llmplane gateway`` process each over the same engines (``saturationQueue: 0``:
+an engine with any request waiting counts as saturated; ``flowControlTtl: --ttl``):
+1. capacity C: a closed loop keeping every replica's queue full, completions per second;
+2. unloaded: the small tenant alone at its rate (its TTFT is the goal's reference);
+3. flow control off, then on: Poisson arrivals per class for ``--duration`` seconds, every
+   request followed to its end (client timeout 300 s).
+Reported per class: success rate (200 and the whole stream), 429s, other failures, TTFT p50 /
+p99 of the successful ones. ``--write`` puts the table into docs/benchmarks.md ("Overload").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from bench.common import machine, machine_line, percentile, store_objects, table, write_section
+from llmplane import testing
+from llmplane.testing import Process
+
+MODEL = "overload"
+CLASSES = {  # tenant -> (criticality, share of the offered load in units of 0.1 C at 3x)
+    "small": ("Default", 1),
+    "big": ("Default", 10),
+    "critical": ("Critical", 4),
+    "bulk": ("Sheddable", 15),
+}
+WORDS = [c + v + d for c in "bcdfghjklmnprstvz" for v in "aeiou" for d in "bcdfghjklmnprstvz"]
+
+
+@dataclass
+class Outcome:
+    status: int = 0
+    ttft: float | None = None  # seconds to the first content chunk
+    complete: bool = False  # the stream ended with [DONE]
+    error: str = ""
+
+
+@dataclass
+class ClassResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def row(self, name: str, reference: float | None = None) -> list[object]:
+        n = len(self.outcomes)
+        ok = [o for o in self.outcomes if o.status == 200 and o.complete]
+        refused = sum(1 for o in self.outcomes if o.status == 429)
+        ttfts = [o.ttft for o in ok if o.ttft is not None]
+        p50 = percentile(ttfts, 50) * 1000 if ttfts else float("nan")
+        p99 = percentile(ttfts, 99) * 1000 if ttfts else float("nan")
+        ratio = f"{p99 / (reference * 1000):.2f}x" if reference and ttfts else ""
+        return [
+            name,
+            n,
+            f"{100 * len(ok) / n:.1f} %" if n else "-",
+            refused,
+            n - len(ok) - refused,
+            f"{p50:.0f}",
+            f"{p99:.0f}",
+            ratio,
+        ]
+
+
+def tenant_object(name: str, criticality: str, made: object) -> dict:
+    return {
+        "apiVersion": "llmplane.io/v1alpha1",
+        "kind": "Tenant",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "criticality": criticality,
+            "keys": [{"id": made.id, "salt": made.salt, "hash": made.hash}],  # type: ignore[attr-defined]
+        },
+    }
+
+
+def prompt(rng: random.Random, tokens: int) -> str:
+    """``tokens`` sim tokens (4 characters each) that no other request shares."""
+    return "".join(" " + rng.choice(WORDS) for _ in range(tokens))
+
+
+async def one(
+    session: aiohttp.ClientSession, url: str, key: str, body: bytes, out: list[Outcome]
+) -> None:
+    o = Outcome()
+    out.append(o)
+    t0 = time.perf_counter()
+    try:
+        async with session.post(
+            url,
+            data=body,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        ) as r:
+            o.status = r.status
+            if r.status != 200:
+                await r.read()
+                return
+            async for line in r.content:
+                if line.startswith(b"data: [DONE]"):
+                    o.complete = True
+                elif o.ttft is None and line.startswith(b"data: ") and b'"text"' in line:
+                    o.ttft = time.perf_counter() - t0
+    except (aiohttp.ClientError, TimeoutError) as err:
+        o.error = f"{type(err).__name__}: {err}"
+
+
+def request_body(rng: random.Random, args: argparse.Namespace) -> bytes:
+    return orjson.dumps(
+        {
+            "model": MODEL,
+            "prompt": prompt(rng, args.prompt_tokens),
+            "max_tokens": args.max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    )
+
+
+async def open_loop(
+    url: str, keys: dict[str, str], rates: dict[str, float], seconds: float, seed: int, args
+) -> dict[str, ClassResult]:
+    """Poisson arrivals per class at ``rates`` (req/s) for ``seconds``; every request to its end."""
+    results = {name: ClassResult() for name in rates}
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=timeout
+    ) as session:
+        tasks: list[asyncio.Task] = []
+
+        async def arrivals(name: str, rate: float) -> None:
+            rng = random.Random(f"{seed}-{name}")
+            end = time.monotonic() + seconds
+            next_at = time.monotonic()
+            while True:
+                next_at += rng.expovariate(rate)
+                if next_at >= end:
+                    return
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                body = request_body(rng, args)
+                out = results[name].outcomes
+                tasks.append(asyncio.create_task(one(session, url, keys[name], body, out)))
+
+        await asyncio.gather(*(arrivals(n, r) for n, r in rates.items() if r > 0))
+        await asyncio.gather(*tasks)
+    return results
+
+
+async def capacity(url: str, key: str, concurrency: int, seconds: float, args) -> float:
+    """Completions per second with ``concurrency`` requests always outstanding."""
+    done = 0
+    stop = time.monotonic() + seconds
+    rng = random.Random("capacity")
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            nonlocal done
+            out: list[Outcome] = []
+            while time.monotonic() < stop:
+                await one(session, url, key, request_body(rng, args), out)
+                if out[-1].complete and time.monotonic() < stop:
+                    done += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / seconds
+
+
+def gateway(state: str, work: Path, name: str, flow_control: bool, ttl: float) -> Process:
+    config = work / f"{name}.yaml"
+    config.write_text(f"gateway:\n  saturationQueue: 0\n  flowControlTtl: {ttl}\n")
+    flag = "--flow-control" if flow_control else "--no-flow-control"
+    return testing.gateway(
+        "--config", str(config), flag, "--no-access-log", "--log-level", "WARNING",
+        state_dir=state, name=name,
+    ).launch()  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--time-scale", type=float, default=10.0)
+    p.add_argument("--prompt-tokens", type=int, default=400)
+    p.add_argument("--max-tokens", type=int, default=10)
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--load", type=float, default=3.0, help="offered load / capacity")
+    p.add_argument("--ttl", type=float, default=10.0, help="flowControlTtl, seconds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--write", action="store_true", help="write docs/benchmarks.md's section")
+    args = p.parse_args(argv)
+
+    from llmplane.gateway import apikeys
+    from llmplane.gateway.discovery.store_endpoints import endpoint_object
+
+    info = machine()
+    work = Path(tempfile.mkdtemp(prefix="llmplane-overload-"))
+    state = str(work / "state")
+    procs: list[Process] = []
+    try:
+        sim_args = ("--max-num-seqs", str(args.max_num_seqs), "--time-scale", str(args.time_scale))
+        sims = [testing.sim_process(MODEL, *sim_args).launch() for _ in range(args.replicas)]
+        procs += sims
+        objects = [
+            endpoint_object(f"sim{i}", s.ready(), MODEL, engine="vllm") for i, s in enumerate(sims)
+        ]
+        keys = {}
+        for name, (criticality, _) in CLASSES.items():
+            made = apikeys.new_key()
+            keys[name] = made.key
+            objects.append(tenant_object(name, criticality, made))
+        store_objects(state, *objects)
+        gws = {
+            "off": gateway(state, work, "off", False, args.ttl),
+            "on": gateway(state, work, "on", True, args.ttl),
+        }
+        procs += gws.values()
+        urls = {n: f"http://{g.ready()}/v1/completions" for n, g in gws.items()}
+        time.sleep(1.0)  # both gateways have read the Tenants and scraped the engines
+
+        slots = args.replicas * args.max_num_seqs
+        cap = asyncio.run(capacity(urls["off"], keys["big"], 2 * slots, 10.0, args))
+        print(f"capacity: {cap:.1f} req/s ({slots} slots)", flush=True)
+        unit = cap * args.load / 30
+        rates = {name: share * unit for name, (_, share) in CLASSES.items()}
+        base = asyncio.run(
+            open_loop(urls["on"], keys, {"small": rates["small"]}, args.duration, args.seed, args)
+        )["small"]
+        ok = [o.ttft for o in base.outcomes if o.status == 200 and o.complete and o.ttft]
+        reference = percentile(ok, 99)
+        print(f"unloaded small tenant: TTFT p50 {percentile(ok, 50) * 1000:.0f} ms, "
+              f"p99 {reference * 1000:.0f} ms", flush=True)  # fmt: skip
+        runs = {}
+        for mode in ("off", "on"):
+            t0 = time.monotonic()
+            runs[mode] = asyncio.run(
+                open_loop(urls[mode], keys, rates, args.duration, args.seed, args)
+            )
+            print(f"flow control {mode}: {time.monotonic() - t0:.0f} s", flush=True)
+        load_after = os.getloadavg()
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    headers = ["class", "requests", "success", "429", "other", "TTFT p50 ms", "TTFT p99 ms",
+               "p99 / unloaded p99"]  # fmt: skip
+    rows = [["unloaded: small alone", *base.row("")[1:]]]
+    for mode in ("off", "on"):
+        for name, (criticality, _) in CLASSES.items():
+            label = f"flow control {mode}: {name} ({criticality})"
+            rows.append(runs[mode][name].row(label, reference))
+    rate_text = ", ".join(f"{n} {r:.1f}" for n, r in rates.items())
+    text = "\n".join(
+        [
+            f"`python -m bench.overload {' '.join(argv or [])}`".replace(" `", "`"),
+            "",
+            f"Fleet: {args.replicas} sim replicas x {args.max_num_seqs} sequences, time scale "
+            f"{args.time_scale:g}, {args.prompt_tokens} prompt + {args.max_tokens} output tokens "
+            f"per streamed request; measured capacity {cap:.1f} req/s. Offered for "
+            f"{args.duration:g} s at {args.load:g}x: {rate_text} req/s. Flow control TTL "
+            f"{args.ttl:g} s, saturationQueue 0.",
+            "",
+            table(headers, rows),
+            "",
+            machine_line(info, load_after),
+        ]
+    )
+    print(text)
+    if args.write:
+        write_section("overload", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Flow control in the gateway: requests wait here while every candidate is saturated.
+
+``FlowControl.needed`` is the fast path's question (nothing waits for this backend and one of
+its candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
+``FlowQueue`` (band from its criticality, flow from its tenant) until it is dispatched, and
+raises the 429 when its TTL ends, its band is full or it is evicted for a higher band. A
+client that goes away cancels its task and the waiter leaves the queue.
+
+Dispatch is event driven: ``pump`` runs when a request finishes (a slot freed), when an
+endpoint was scraped (fresh load), and when the endpoint list changes; never on a timer. One
+waiter per backend is dispatched at a time: the next one only after the dispatched request has
+taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
+burst of completions from releasing more requests than there is room for.
+
+The state is per gateway process (each worker of a multi-worker gateway keeps its own queues,
+over the load it sees on the shared engines): see docs/gateway.md, "Flow control".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from prometheus_client.core import GaugeMetricFamily
+
+from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.flowcontrol.queue import BAND, BANDS, FlowQueue, Full, Limits, Waiter
+from llmplane.gateway.observability import Counter, Histogram
+from llmplane.gateway.registry import EndpointState
+
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+ANONYMOUS = ""  # the flow of requests without a tenant (authentication off)
+
+Saturated = Callable[[Sequence[EndpointState], float], bool]
+
+
+class FlowMetrics:
+    def __init__(self) -> None:
+        # Label values: band names and tenant names from the tenant table (never client text).
+        self.wait = Histogram(
+            "llmplane_gateway_flow_wait_seconds",
+            "Time dispatched requests waited in the gateway's flow-control queue",
+            ["band", "tenant"],
+            buckets=WAIT_BUCKETS,
+        )
+        self.refused = Counter(
+            "llmplane_gateway_flow_refused",
+            "Queued or arriving requests answered 429: ttl, band_full, queue_full, evicted",
+            ["band", "tenant", "reason"],
+        )
+        self.left = Counter(
+            "llmplane_gateway_flow_left",
+            "Requests whose client went away while they waited",
+            ["band", "tenant"],
+        )
+
+    def all(self) -> list[Counter | Histogram]:
+        return [self.wait, self.refused, self.left]
+
+
+class _QueueCollector:
+    """``llmplane_gateway_flow_queue{band,tenant}``: requests waiting now."""
+
+    def __init__(self, flow: FlowControl) -> None:
+        self.flow = flow
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "llmplane_gateway_flow_queue",
+            "Requests waiting now in the gateway's flow-control queue",
+            labels=["band", "tenant"],
+        )
+        totals: dict[tuple[str, str], int] = {}
+        for queue in list(self.flow.queues.values()):
+            for key, n in queue.lengths().items():
+                totals[key] = totals.get(key, 0) + n
+        for (band, tenant), n in sorted(totals.items()):
+            family.add_metric([band, tenant], n)
+        return [family]
+
+
+class FlowControl:
+    """Per-backend queues of requests waiting for room (see the module docstring)."""
+
+    def __init__(
+        self,
+        saturated: Saturated,
+        *,
+        enabled: bool = True,
+        ttl: float = 30.0,
+        limits: Limits | None = None,
+        retry_after: float = 1.0,
+    ) -> None:
+        self.saturated = saturated  # every one of these endpoints is saturated now
+        self.enabled = enabled
+        self.ttl = ttl
+        self.limits = limits or Limits()
+        self.retry_after = retry_after
+        self.queues: dict[str, FlowQueue] = {}  # by backend; only while something waits
+        self.metrics = FlowMetrics()
+        self.collector = _QueueCollector(self)
+
+    def needed(self, key: str, candidates: Sequence[EndpointState], now: float) -> bool:
+        """Whether a request for backend ``key`` must wait: others wait already, or every
+        candidate is saturated."""
+        return key in self.queues or self.saturated(candidates, now)
+
+    async def wait(
+        self,
+        key: str,
+        candidates: Sequence[EndpointState],
+        criticality: str,
+        tenant: str | None,
+        weight: int,
+        size: int,
+    ) -> float:
+        """Wait for a dispatch; returns the seconds waited. GatewayError 429 when refused."""
+        loop = asyncio.get_running_loop()
+        band = BAND.get(criticality, 1)
+        flow = tenant if tenant is not None else ANONYMOUS
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = FlowQueue(self.limits)
+        queue.candidates = candidates
+        waiter = Waiter(band, flow, size, loop.time(), loop.create_future())
+        try:
+            evicted = queue.offer(waiter, weight)
+        except Full as full:
+            self._drop_if_idle(key, queue)
+            reason = "band_full" if "band" in full.reason else "queue_full"
+            raise self._refuse(waiter, reason, f"{full.reason}; retry later") from None
+        for victim in evicted:
+            self._fail(
+                victim, "evicted", "evicted from the gateway's queue by higher-priority requests"
+            )
+        waiter.timer = loop.call_later(self.ttl, self._expire, key, queue, waiter)
+        self._pump(key, queue)
+        try:
+            await waiter.future
+            return loop.time() - waiter.queued_at
+        except asyncio.CancelledError:
+            if not waiter.granted and queue.remove(waiter):
+                self.metrics.left.labels(BANDS[band], flow).inc()
+            raise
+        finally:
+            waiter.timer.cancel()
+            if waiter.granted:
+                # Dispatched: once this task has taken its endpoint (it runs on until its first
+                # upstream I/O), the next waiter may go.
+                loop.call_soon(self._taken, key, queue)
+            else:
+                self._drop_if_idle(key, queue)
+
+    def pump(self) -> None:
+        """Capacity may have freed (a request finished, a scrape, new endpoints): dispatch."""
+        for key, queue in list(self.queues.items()):
+            self._pump(key, queue)
+
+    def _pump(self, key: str, queue: FlowQueue) -> None:
+        if queue.granted or not queue.count:
+            return
+        if self.saturated(queue.candidates, time.monotonic()):
+            return
+        waiter = queue.pop()
+        assert waiter is not None
+        waiter.granted = True
+        queue.granted = True
+        waiter.future.set_result(None)
+        waited = asyncio.get_running_loop().time() - waiter.queued_at
+        self.metrics.wait.labels(BANDS[waiter.band], waiter.flow).observe(waited)
+
+    def _taken(self, key: str, queue: FlowQueue) -> None:
+        queue.granted = False
+        if not self._drop_if_idle(key, queue):
+            self._pump(key, queue)
+
+    def _drop_if_idle(self, key: str, queue: FlowQueue) -> bool:
+        if not queue.count and not queue.granted and self.queues.get(key) is queue:
+            del self.queues[key]
+            return True
+        return False
+
+    def _expire(self, key: str, queue: FlowQueue, waiter: Waiter) -> None:
+        if queue.remove(waiter):
+            self._fail(waiter, "ttl", f"waited {self.ttl:g} s in the gateway's queue")
+
+    def _fail(self, waiter: Waiter, reason: str, detail: str) -> None:
+        if not waiter.future.done():
+            waiter.future.set_exception(self._refuse(waiter, reason, detail + "; retry later"))
+
+    def _refuse(self, waiter: Waiter, reason: str, detail: str) -> GatewayError:
+        self.metrics.refused.labels(BANDS[waiter.band], waiter.flow, reason).inc()
+        return GatewayError(
+            429,
+            f"every endpoint is saturated and the request was not served: {detail}",
+            "overloaded",
+            retry_after=self.retry_after,
+        )
+
+    def waiting(self) -> int:
+        return sum(q.count for q in self.queues.values())
+
+    def queued_by_endpoint(self) -> dict[str, float]:
+        """Waiting requests shared out evenly over the endpoints each waits for (the
+        autoscaler's demand: ``gateway/signals.py``)."""
+        out: dict[str, float] = {}
+        for queue in list(self.queues.values()):
+            candidates = queue.candidates
+            if queue.count and candidates:
+                share = queue.count / len(candidates)
+                for state in candidates:
+                    out[state.address] = out.get(state.address, 0.0) + share
+        return out

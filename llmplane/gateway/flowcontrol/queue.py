@@ -1,0 +1,208 @@
+"""The flow-control queue as a data structure: priority bands, fair flows, bounds, eviction.
+
+No I/O and no clock of its own: ``FlowQueue`` holds ``Waiter`` objects (whatever the caller
+hangs on them) and answers three questions: may this one wait (``offer``: it may, and these
+lower-band waiters are evicted for it; or it may not), which one goes next (``pop``), and take
+this one out (``remove``: a TTL, a client that left).
+
+Order of dispatch: the highest band with a waiter (Critical, then Default, then Sheddable);
+inside a band, between flows (tenants), smooth weighted round-robin over the flows that have
+waiters: every flow with waiters gets ``weight / sum of weights`` of the dispatches and no flow
+waits more than one round, however many requests another flow queued. Inside a flow, arrival
+order.
+
+Bounds: each band holds at most ``band_requests`` waiters and ``band_bytes`` of bodies; the
+whole queue at most ``total_requests`` / ``total_bytes``. A band at its own bound refuses the
+newcomer. When only the total bound is hit, waiters of lower bands are evicted to make room,
+lowest band first and, inside it, the newest waiter of the flow with the most waiters (the one
+flooding the band pays); with nothing lower to evict the newcomer is refused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+BANDS = ("Critical", "Default", "Sheddable")  # highest priority first
+BAND = {name: index for index, name in enumerate(BANDS)}
+
+
+class Waiter:
+    """One request waiting: its band, flow (tenant), body size and arrival time."""
+
+    __slots__ = ("band", "flow", "future", "granted", "queued_at", "size", "timer")
+
+    def __init__(
+        self, band: int, flow: str, size: int, queued_at: float, future: Any = None
+    ) -> None:
+        self.band = band
+        self.flow = flow
+        self.size = size
+        self.queued_at = queued_at
+        self.future = future  # what the caller resumes the request with
+        self.timer: Any = None  # its TTL timer handle (the caller's)
+        self.granted = False  # popped for dispatch
+
+
+class Flow:
+    """One tenant's waiters inside a band, and its smooth-weighted-round-robin credit."""
+
+    __slots__ = ("current", "name", "waiters", "weight")
+
+    def __init__(self, name: str, weight: int) -> None:
+        self.name = name
+        self.weight = weight
+        self.current = 0
+        self.waiters: deque[Waiter] = deque()
+
+
+class Band:
+    __slots__ = ("bytes", "count", "flows")
+
+    def __init__(self) -> None:
+        self.flows: dict[str, Flow] = {}  # only flows with waiters
+        self.count = 0
+        self.bytes = 0
+
+    def push(self, waiter: Waiter, weight: int) -> None:
+        flow = self.flows.get(waiter.flow)
+        if flow is None:
+            flow = self.flows[waiter.flow] = Flow(waiter.flow, weight)
+        else:
+            flow.weight = weight  # the tenant's latest weight
+        flow.waiters.append(waiter)
+        self.count += 1
+        self.bytes += waiter.size
+
+    def pop(self) -> Waiter:
+        """The next waiter by smooth weighted round-robin between flows (nginx's: each flow
+        gains its weight, the richest goes and pays the total)."""
+        flows = self.flows
+        if len(flows) == 1:
+            flow = next(iter(flows.values()))
+        else:
+            total = 0
+            flow = None
+            for f in flows.values():
+                f.current += f.weight
+                total += f.weight
+                if flow is None or f.current > flow.current:
+                    flow = f
+            assert flow is not None
+            flow.current -= total
+        waiter = flow.waiters.popleft()
+        self._took(flow, waiter)
+        return waiter
+
+    def remove(self, waiter: Waiter) -> bool:
+        flow = self.flows.get(waiter.flow)
+        if flow is None:
+            return False
+        try:
+            flow.waiters.remove(waiter)
+        except ValueError:
+            return False
+        self._took(flow, waiter)
+        return True
+
+    def victim(self) -> Waiter:
+        """The waiter to evict: the newest of the flow with the most waiters."""
+        flow = max(self.flows.values(), key=lambda f: len(f.waiters))
+        waiter = flow.waiters.pop()
+        self._took(flow, waiter)
+        return waiter
+
+    def _took(self, flow: Flow, waiter: Waiter) -> None:
+        self.count -= 1
+        self.bytes -= waiter.size
+        if not flow.waiters:  # a flow that comes back starts a fresh round
+            del self.flows[flow.name]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    band_requests: int = 1000
+    band_bytes: int = 64 * 1024 * 1024
+    total_requests: int = 2000
+    total_bytes: int = 128 * 1024 * 1024
+
+
+class Full(Exception):
+    """The newcomer may not wait; ``reason`` says which bound."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class FlowQueue:
+    """Waiters of one backend, in bands (see the module docstring)."""
+
+    __slots__ = ("bands", "bytes", "candidates", "count", "granted", "limits")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.bands = tuple(Band() for _ in BANDS)
+        self.count = 0
+        self.bytes = 0
+        self.granted = False  # a popped waiter has not taken its endpoint yet (caller's)
+        self.candidates: Any = ()  # the endpoints the waiters wait for (caller's)
+
+    def offer(self, waiter: Waiter, weight: int = 1) -> list[Waiter]:
+        """Queue ``waiter`` (flow weight ``weight``); returns the waiters evicted for it.
+        Raises ``Full`` (and changes nothing) when it may not wait."""
+        lim = self.limits
+        band = self.bands[waiter.band]
+        if band.count >= lim.band_requests or band.bytes + waiter.size > lim.band_bytes:
+            raise Full(f"the {BANDS[waiter.band]} band is full")
+        if waiter.size > lim.total_bytes:
+            raise Full("the request is larger than the whole queue")
+        # How much has to go from lower bands; refuse before evicting anything.
+        need_count = self.count + 1 - lim.total_requests
+        need_bytes = self.bytes + waiter.size - lim.total_bytes
+        if need_count > 0 or need_bytes > 0:
+            lower = self.bands[waiter.band + 1 :]
+            if sum(b.count for b in lower) < need_count or sum(b.bytes for b in lower) < need_bytes:
+                raise Full("the queue is full")
+        evicted: list[Waiter] = []
+        for b in reversed(self.bands[waiter.band + 1 :]):
+            while b.count and (
+                self.count + 1 > lim.total_requests or self.bytes + waiter.size > lim.total_bytes
+            ):
+                victim = b.victim()
+                self.count -= 1
+                self.bytes -= victim.size
+                evicted.append(victim)
+        band.push(waiter, weight)
+        self.count += 1
+        self.bytes += waiter.size
+        return evicted
+
+    def pop(self) -> Waiter | None:
+        """The next waiter to dispatch, or None."""
+        if not self.count:
+            return None
+        for band in self.bands:
+            if band.count:
+                waiter = band.pop()
+                self.count -= 1
+                self.bytes -= waiter.size
+                return waiter
+        return None  # pragma: no cover - count says otherwise
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take ``waiter`` out (TTL, client gone); False if it is no longer queued."""
+        if self.bands[waiter.band].remove(waiter):
+            self.count -= 1
+            self.bytes -= waiter.size
+            return True
+        return False
+
+    def lengths(self) -> dict[tuple[str, str], int]:
+        """(band, flow) -> waiters, for the queue gauge."""
+        return {
+            (BANDS[i], flow.name): len(flow.waiters)
+            for i, band in enumerate(self.bands)
+            for flow in band.flows.values()
+        }

@@ -1,0 +1,210 @@
+"""Flow control end to end: a gateway in front of a real sim engine that saturates at once
+(one running sequence; ``saturationQueue: 0``: anything waiting in the engine saturates it),
+Tenants with real keys. Requests wait in the gateway by band and fairly between tenants; the
+TTL, a full band, eviction and a client that leaves are seen on the wire and in /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery.store_endpoints import endpoint_object
+from llmplane.gateway.server import Gateway
+from llmplane.keys import create_key
+from llmplane.testing import eventually
+from tests.integration.openai_errors import assert_openai_error
+
+MODEL = "m"
+TOKEN_TIME = 0.0067  # the sim's seconds per output token at --time-scale 1, one sequence
+
+
+def tenant(name: str, criticality: str = "Default", weight: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "llmplane.io/v1alpha1",
+        "kind": "Tenant",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"criticality": criticality, "weight": weight},
+    }
+
+
+@pytest.fixture
+def sim(processes):
+    return processes.sim(MODEL, "--max-num-seqs", "1")
+
+
+async def start(gateways, store, sim, tenants: dict[str, str], **config: Any):
+    """A gateway over the one sim with these tenants (name -> criticality); their keys."""
+    store.apply(endpoint_object("sim", sim.address, MODEL, engine="vllm"))
+    keys = {}
+    for name, criticality in tenants.items():
+        store.apply(tenant(name, criticality))
+        keys[name] = create_key(store, name)[0].key
+    gw: Gateway = await gateways(store, config=GatewayConfig(saturation_queue=0, **config))
+    await eventually(
+        lambda: (
+            gw.auth.table.tenants == len(tenants)
+            and all(s.has_load_metrics for s in gw.registry.states.values())
+            and gw.registry.states
+        ),
+        what="tenants loaded and the sim scraped",
+    )
+    return gw, keys
+
+
+async def complete(
+    client: aiohttp.ClientSession, gw: Gateway, key: str, tokens: int, tag: str = ""
+) -> tuple[int, Any, bytes, float]:
+    """POST a completion; (status, headers, body, monotonic time it ended)."""
+    async with client.post(
+        f"http://127.0.0.1:{gw.port}/v1/completions",
+        json={"model": MODEL, "prompt": f"hello {tag}", "max_tokens": tokens},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as r:
+        body = await r.read()
+        return r.status, r.headers, body, time.monotonic()
+
+
+def queued(gw: Gateway) -> dict[tuple[str, str], float]:
+    """``llmplane_gateway_flow_queue`` as /metrics renders it: (band, tenant) -> waiting."""
+    text = gw.metrics.render().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "llmplane_gateway_flow_queue":
+            for sample in family.samples:
+                out[(sample.labels["band"], sample.labels["tenant"])] = sample.value
+    return out
+
+
+def sample(gw: Gateway, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(gw.metrics.render().decode()):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+async def saturate(client, gw, key: str, seconds: float) -> list[asyncio.Task]:
+    """Two long requests: one running in the sim, one waiting in its queue (saturated)."""
+    tokens = int(seconds / TOKEN_TIME)
+    fillers = [asyncio.create_task(complete(client, gw, key, tokens, "filler")) for _ in range(2)]
+    state = next(iter(gw.registry.states.values()))
+    await eventually(lambda: state.inflight == 2, what="both fillers sent to the sim")
+    return fillers
+
+
+async def test_critical_is_dispatched_before_sheddable(gateways, store, sim, client):
+    gw, keys = await start(
+        gateways, store, sim, {"bulk": "Sheddable", "urgent": "Critical", "filler": "Default"}
+    )
+    fillers = await saturate(client, gw, keys["filler"], 0.6)
+    shed = [asyncio.create_task(complete(client, gw, keys["bulk"], 5)) for _ in range(3)]
+    await eventually(lambda: queued(gw).get(("Sheddable", "bulk")) == 3, what="3 Sheddable queued")
+    crit = [asyncio.create_task(complete(client, gw, keys["urgent"], 5)) for _ in range(3)]
+    await eventually(lambda: queued(gw).get(("Critical", "urgent")) == 3, what="3 Critical queued")
+    shed_done = await asyncio.gather(*shed)
+    crit_done = await asyncio.gather(*crit)
+    await asyncio.gather(*fillers)
+    assert [r[0] for r in shed_done + crit_done] == [200] * 6
+    # Queued after the Sheddable ones, served before every one of them.
+    assert max(r[3] for r in crit_done) < min(r[3] for r in shed_done)
+    assert sample(gw, "llmplane_gateway_flow_wait_seconds_count", band="Critical") == 3
+    await eventually(lambda: not gw.flow.queues, what="the queue empty again")
+
+
+async def test_a_small_tenant_is_not_starved_by_a_big_one(gateways, store, sim, client):
+    gw, keys = await start(gateways, store, sim, {"big": "Default", "small": "Default"})
+    fillers = await saturate(client, gw, keys["big"], 0.4)
+    big = [asyncio.create_task(complete(client, gw, keys["big"], 3, str(i))) for i in range(20)]
+    await eventually(lambda: queued(gw).get(("Default", "big")) == 20, what="20 big queued")
+    small = [asyncio.create_task(complete(client, gw, keys["small"], 3, str(i))) for i in range(3)]
+    await eventually(lambda: queued(gw).get(("Default", "small")) == 3, what="3 small queued")
+    big_done = await asyncio.gather(*big)
+    small_done = await asyncio.gather(*small)
+    await asyncio.gather(*fillers)
+    assert all(r[0] == 200 for r in big_done + small_done)
+    # Round-robin between the two: the small tenant's 3 go within the first 7 dispatches,
+    # although 20 of the big one's were queued before them (FIFO would serve them last).
+    last_small = max(r[3] for r in small_done)
+    big_before = sum(1 for r in big_done if r[3] < last_small)
+    assert big_before <= 4, f"{big_before} big requests finished before the small ones"
+
+
+async def test_ttl_ends_in_429_with_retry_after(gateways, store, sim, client):
+    gw, keys = await start(
+        gateways, store, sim, {"a": "Default"}, flow_control_ttl=0.3, shed_retry_after=2
+    )
+    fillers = await saturate(client, gw, keys["a"], 1.5)
+    started = time.monotonic()
+    status, headers, body, ended = await complete(client, gw, keys["a"], 3)
+    assert_openai_error(status, body, 429, "overloaded")
+    assert headers["Retry-After"] == "2"
+    assert b"waited 0.3 s" in body
+    assert 0.3 <= ended - started < 1.4  # the TTL ended it, not the fillers finishing
+    assert sample(gw, "llmplane_gateway_flow_refused_total", reason="ttl", tenant="a") == 1
+    await asyncio.gather(*fillers)
+
+
+async def test_a_client_that_disconnects_leaves_the_queue(gateways, store, sim, client):
+    gw, keys = await start(gateways, store, sim, {"a": "Default"})
+    fillers = await saturate(client, gw, keys["a"], 1.5)
+    dispatched = sample(gw, "llmplane_gateway_flow_wait_seconds_count")
+    gone = asyncio.create_task(complete(client, gw, keys["a"], 3))
+    await eventually(lambda: queued(gw).get(("Default", "a")) == 1, what="one request queued")
+    gone.cancel()  # the client closes its connection
+    await eventually(
+        lambda: queued(gw).get(("Default", "a"), 0) == 0, what="the request left the queue"
+    )
+    assert sample(gw, "llmplane_gateway_flow_left_total", band="Default", tenant="a") == 1
+    assert not any(f.done() for f in fillers)  # it left while the sim was still busy
+    await asyncio.gather(*fillers)
+    # Never dispatched, and the sim never saw it (one request per filler, no more).
+    assert sample(gw, "llmplane_gateway_flow_wait_seconds_count") == dispatched
+    assert sample(gw, "llmplane_gateway_requests_total", endpoint=sim.address, status="200") == 2
+
+
+async def test_a_full_band_refuses_and_a_full_queue_evicts_the_lowest_band(
+    gateways, store, sim, client
+):
+    gw, keys = await start(
+        gateways,
+        store,
+        sim,
+        {"a": "Default", "low": "Sheddable", "top": "Critical"},
+        flow_control_band_requests=1,
+        flow_control_total_requests=2,
+    )
+    fillers = await saturate(client, gw, keys["a"], 1.5)
+    waiting = asyncio.create_task(complete(client, gw, keys["a"], 3))
+    await eventually(lambda: queued(gw).get(("Default", "a")) == 1, what="one Default queued")
+    # The Default band holds one: the next Default request is refused at once.
+    status, headers, body, _ = await complete(client, gw, keys["a"], 3)
+    assert_openai_error(status, body, 429, "overloaded")
+    assert b"Default band is full" in body and headers["Retry-After"] == "1"
+    low = asyncio.create_task(complete(client, gw, keys["low"], 3))
+    await eventually(lambda: queued(gw).get(("Sheddable", "low")) == 1, what="Sheddable queued")
+    # The queue holds two: a Critical request evicts the Sheddable one.
+    top = asyncio.create_task(complete(client, gw, keys["top"], 3))
+    status, _, body, _ = await low
+    assert_openai_error(status, body, 429, "overloaded")
+    assert b"evicted" in body
+    assert (await top)[0] == 200 and (await waiting)[0] == 200
+    assert sample(gw, "llmplane_gateway_flow_refused_total", reason="band_full") == 1
+    assert sample(gw, "llmplane_gateway_flow_refused_total", reason="evicted") == 1
+    await asyncio.gather(*fillers)
+
+
+async def test_flow_control_off_sends_everything_to_the_engine(gateways, store, sim, client):
+    gw, keys = await start(gateways, store, sim, {"a": "Default"}, flow_control=False)
+    fillers = await saturate(client, gw, keys["a"], 0.5)
+    extra = asyncio.create_task(complete(client, gw, keys["a"], 3))
+    state = next(iter(gw.registry.states.values()))
+    await eventually(lambda: state.inflight == 3, what="the third request sent to the sim")
+    assert not gw.flow.queues
+    assert (await extra)[0] == 200
+    await asyncio.gather(*fillers)
