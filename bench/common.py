@@ -218,12 +218,17 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str =
 
 
 def gateway_proc(
-    state_dir: str, *extra: str, name: str = "llmplane", tree: Path | None = None
+    state_dir: str,
+    *extra: str,
+    name: str = "llmplane",
+    tree: Path | None = None,
+    access_log: bool = False,
 ) -> Process:
-    """``llmplane gateway`` on a free port over ``state_dir`` (access log off, warnings only),
-    launched; ``extra`` are more flags (``--config FILE``); ``tree`` runs another checkout's
-    code (bench/gateway_ab.py)."""
-    flags = (*extra, "--no-access-log", "--log-level", "WARNING")
+    """``llmplane gateway`` on a free port over ``state_dir`` (access log off unless
+    ``access_log``: then into the process's output file; warnings only), launched; ``extra``
+    are more flags (``--config FILE``); ``tree`` runs another checkout's code
+    (bench/gateway_ab.py)."""
+    flags = (*extra, *(() if access_log else ("--no-access-log",)), "--log-level", "WARNING")
     return testing.gateway(*flags, state_dir=state_dir, tree=tree, name=name).launch()
 
 
