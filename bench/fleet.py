@@ -1,7 +1,7 @@
 """A fleet of simulated replicas behind ``llmplane up``: time to Ready, idle CPU, latency.
 
-    python -m bench.fleet [--playgrounds 4] [--replicas 50] [--idle 30] [--requests 200]
-                          [--write]
+    python -m bench.fleet [--playgrounds 4] [--replicas 50] [--idle 30] [--requests 100]
+                          [--gap 0.3] [--write]
 
 Declares the fleet as a user would (``--playgrounds`` sim Playgrounds of ``--replicas``
 replicas each, one OpenModel each), runs ``llmplane up`` on it and measures:
@@ -13,8 +13,9 @@ replicas each, one OpenModel each), runs ``llmplane up`` on it and measures:
 - **idle CPU**: after a settling pause, the CPU seconds of ``llmplane up`` (gateway and
   control plane) and of every replica, per second of wall time over ``--idle`` seconds
   (from /proc, including each process's descendants);
-- **one request's latency**: ``--requests`` sequential chat completions (keep-alive, one
-  output token) through the gateway to the idle fleet; median and p90.
+- **one request's latency**: ``--requests`` chat completions (keep-alive, one output token)
+  through the gateway, one at a time and ``--gap`` seconds apart, so that each meets the idle
+  fleet (back to back, they would keep every replica of the model busy); median and p90.
 
 Then the same for a 1-replica fleet (one Playground of one replica) in the same run, for the
 latency comparison. The machine is shared: the load average is recorded before and after.
@@ -100,12 +101,14 @@ def gateway_endpoints(conn: http.client.HTTPConnection) -> int:
     )
 
 
-def latencies(conn: http.client.HTTPConnection, model: str, n: int) -> list[float]:
+def latencies(conn: http.client.HTTPConnection, model: str, n: int, gap: float) -> list[float]:
+    """``n`` requests one at a time, ``gap`` seconds apart: each meets an idle fleet."""
     body = json.dumps(
         {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     )
     out = []
     for _ in range(n):
+        time.sleep(gap)
         t0 = time.perf_counter()
         conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
         resp = conn.getresponse()
@@ -115,7 +118,9 @@ def latencies(conn: http.client.HTTPConnection, model: str, n: int) -> list[floa
     return out
 
 
-def run(work: Path, playgrounds: int, replicas: int, idle: float, requests: int) -> dict:
+def run(
+    work: Path, playgrounds: int, replicas: int, idle: float, requests: int, gap: float
+) -> dict:
     total = playgrounds * replicas
     state = work / f"fleet-{total}"
     files = work / f"fleet-{total}.yaml"
@@ -149,7 +154,7 @@ def run(work: Path, playgrounds: int, replicas: int, idle: float, requests: int)
         time.sleep(idle)
         (all1, eng1), wall = cpu_now(), time.monotonic() - w0
         cpu, cpu_engines = (all1 - all0) / wall, (eng1 - eng0) / wall
-        lat = latencies(conn, "sim-0", requests)
+        lat = latencies(conn, "sim-0", requests, gap)
         conn.close()
         return {
             "replicas": total,
@@ -188,7 +193,7 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"Command: `python -m bench.fleet --playgrounds {a['playgrounds']} --replicas "
-            f"{a['replicas']} --idle {a['idle']:g} --requests {a['requests']}` "
+            f"{a['replicas']} --idle {a['idle']:g} --requests {a['requests']} --gap {a['gap']:g}` "
             f"({machine_line(res['machine'], res['load_after'])}).",
             "",
             table(
@@ -214,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--playgrounds", type=int, default=4)
     p.add_argument("--replicas", type=int, default=50)
     p.add_argument("--idle", type=float, default=30.0)
-    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--requests", type=int, default=100)
+    p.add_argument("--gap", type=float, default=0.3, help="seconds between the requests")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     info = machine()
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         rows = []
         for pg, rep in ((args.playgrounds, args.replicas), (1, 1)):
-            r = run(work, pg, rep, args.idle, args.requests)
+            r = run(work, pg, rep, args.idle, args.requests, args.gap)
             print(json.dumps(r), flush=True)
             rows.append(r)
     res = {"args": vars(args), "machine": info, "load_after": list(os.getloadavg()), "rows": rows}
