@@ -2,7 +2,7 @@
 plus Critical and Sheddable traffic, with flow control off (today's behaviour) and on.
 
     python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
-                             [--prompt-tokens 400] [--max-tokens 10] [--duration 30]
+                             [--prompt-tokens 400] [--max-tokens 10] [--duration 60]
                              [--load 3.0] [--ttl 10] [--seed 1] [--write]
 
 The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
@@ -15,7 +15,8 @@ big 1.0 C, critical 0.4 C, bulk 1.5 C (x ``--load`` / 3).
 
 Steps, one ``llmplane gateway`` process each over the same engines (``saturationQueue: 0``:
 an engine with any request waiting counts as saturated; ``flowControlTtl: --ttl``):
-1. capacity C: a closed loop keeping every replica's queue full, completions per second;
+1. capacity C: a closed loop keeping every replica's queue full (twice its sequences in
+   flight), completions per second over 15 s after 5 s of warm-up;
 2. unloaded: the small tenant alone at its rate (its TTFT is the goal's reference);
 3. flow control off, then on: Poisson arrivals per class for ``--duration`` seconds, every
    request followed to its end (client timeout 300 s).
@@ -167,10 +168,14 @@ async def open_loop(
     return results
 
 
-async def capacity(url: str, key: str, concurrency: int, seconds: float, args) -> float:
-    """Completions per second with ``concurrency`` requests always outstanding."""
+async def capacity(
+    url: str, key: str, concurrency: int, seconds: float, args, warmup: float = 5.0
+) -> float:
+    """Completions per second with ``concurrency`` requests always outstanding, counted over
+    ``seconds`` after ``warmup`` seconds of the same load."""
     done = 0
-    stop = time.monotonic() + seconds
+    start = time.monotonic() + warmup
+    stop = start + seconds
     rng = random.Random("capacity")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
@@ -179,7 +184,7 @@ async def capacity(url: str, key: str, concurrency: int, seconds: float, args) -
             out: list[Outcome] = []
             while time.monotonic() < stop:
                 await one(session, url, key, request_body(rng, args), out)
-                if out[-1].complete and time.monotonic() < stop:
+                if out[-1].complete and start <= time.monotonic() < stop:
                     done += 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--max-tokens", type=int, default=10)
-    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--load", type=float, default=3.0, help="offered load / capacity")
     p.add_argument("--ttl", type=float, default=10.0, help="flowControlTtl, seconds")
     p.add_argument("--seed", type=int, default=1)
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(1.0)  # both gateways have read the Tenants and scraped the engines
 
         slots = args.replicas * args.max_num_seqs
-        cap = asyncio.run(capacity(urls["off"], keys["big"], 2 * slots, 10.0, args))
+        cap = asyncio.run(capacity(urls["off"], keys["big"], 2 * slots, 15.0, args))
         print(f"capacity: {cap:.1f} req/s ({slots} slots)", flush=True)
         unit = cap * args.load / 30
         rates = {name: share * unit for name, (_, share) in CLASSES.items()}
