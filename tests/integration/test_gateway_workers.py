@@ -265,3 +265,23 @@ def test_sigterm_drains_both_workers(gw, engines):
 
     assert asyncio.run(run()) == [200] * 4
     assert gw.stop(grace=30) == 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_workers_die_with_a_killed_supervisor(gw):
+    """SIGKILL to the supervisor (nothing of it runs): its workers stop too, none is left
+    holding the port."""
+    workers = workers_of(gw.pid)
+    os.kill(gw.pid, signal.SIGKILL)
+    wait_for(
+        lambda: not any(alive(pid) for pid in workers),
+        timeout=20,
+        what="the workers of a killed supervisor to exit",
+    )
