@@ -2,10 +2,11 @@
 
     python -m bench.gateway_ab --baseline HEAD~1 [--rounds 8] [--duration 3] [--concurrency 8]
                                [--stream-tokens 64] [--no-stream] [--upstream-max-running 1024]
+                               [--access-log]
 
 The baseline is a git ref checked out into a temporary worktree; the candidate is this working
 tree. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
-off) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
+off unless ``--access-log``) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
 one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
 Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from
 /proc/<pid>/stat around the cell) and wrk's p50/p99. Nothing is written: paste the figures
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
         "never saturated (the hot path as such); at --concurrency or below every request "
         "finds it saturated (flow control's queueing path)",
     )
+    p.add_argument(
+        "--access-log", action="store_true", help="both with the access log on (the default)"
+    )
     args = p.parse_args(argv)
 
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -76,7 +80,10 @@ def main(argv: list[str] | None = None) -> None:
         state = str(work / "state")
         store_objects(state, endpoint_object("bench", address, "bench", engine="vllm"))
         builds = {"baseline": base_tree, "candidate": ROOT}
-        gws = {name: gateway_proc(state, name=name, tree=tree) for name, tree in builds.items()}
+        gws = {
+            name: gateway_proc(state, name=name, tree=tree, access_log=args.access_log)
+            for name, tree in builds.items()
+        }
         procs += gws.values()
         urls = {name: f"http://{gw.ready()}/v1/completions" for name, gw in gws.items()}
         bodies = {

@@ -24,6 +24,7 @@ from llmplane.gateway.cli import (
     until_signalled,
 )
 from llmplane.gateway.config import ConfigFileError, GatewayConfig
+from llmplane.gateway.observability import flush_access_log
 
 DEFAULT_PORT = 9002  # InferencePool.spec.extensionRef's default port
 
@@ -79,6 +80,7 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     finally:
         await picker.close()
         await close_store(store)
+        flush_access_log()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
+from llmplane.gateway.observability import flush_access_log, install_access_sink
 from llmplane.gateway.server import start_gateway
 from llmplane.store.base import Store
 from llmplane.store.paths import open_store
@@ -157,9 +158,8 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     if args.no_access_log:
         access.setLevel(logging.WARNING)
     else:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)
+        sys.stdout.flush()
+        install_access_sink(sys.stdout.fileno())
         access.setLevel(logging.INFO)
     return config
 
@@ -178,8 +178,9 @@ def _workers(text: str) -> int:
 
 
 def _listen_error(args: argparse.Namespace, e: OSError) -> StartupError:
+    reason = os.strerror(e.errno) if e.errno else str(e)
     return StartupError(
-        f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+        f"cannot listen on {args.host}:{args.port}: {reason} "
         "(pass --port N, or --port 0 for any free port)"
     )
 
@@ -216,6 +217,7 @@ async def serve(
             await scaler.close()
         await gateway.close()
         await close_store(store)
+        flush_access_log()
 
 
 def _run(coro: Any) -> None:

@@ -472,7 +472,7 @@ class _Protocol(asyncio.Protocol):
             )
         self._body = b""
         if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._serve())
+            self.task = self.server.loop.create_task(self._serve())  # type: ignore[union-attr]
         elif len(self.queue) > MAX_QUEUED and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()
@@ -535,7 +535,7 @@ class _Protocol(asyncio.Protocol):
         self.head_since = None
         self.queue.append(response)
         if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._serve())
+            self.task = self.server.loop.create_task(self._serve())  # type: ignore[union-attr]
         self.transport.pause_reading()
 
 
@@ -580,6 +580,9 @@ class HttpServer:
         self.date = _date_header()
         self._server: asyncio.base_events.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
+        # The serving loop, kept: on Python 3.11 every asyncio.get_running_loop() is a
+        # getpid() system call.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def dispatch(self, request: HttpRequest) -> Awaitable[Response | StreamResponse]:
         handler = self.routes.get((request.method, request.path))
@@ -606,7 +609,7 @@ class HttpServer:
     ) -> int:
         """Serve on ``host:port``, or on ``sock``, a listening socket a supervisor shares
         between worker processes (``llmplane/gateway/workers``)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         if sock is not None:
             self._server = await loop.create_server(
                 lambda: _Protocol(self), sock=sock, backlog=backlog

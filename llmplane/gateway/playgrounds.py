@@ -1,14 +1,25 @@
 """What the gateway reads from Playground objects and endpoints' model lists: the model names a
-Playground serves, whether its engine is failing (for the 503 while no replica is ready), and
-its LoRA adapters (reported by replicas, declared in ``spec.loraAdapters``)."""
+Playground serves, whether its engine is failing (for the 503 while no replica is ready), the
+labels its replicas will carry (so a ModelServer or InferencePool selecting none yet can be
+traced to the Playground that would fill it), and its LoRA adapters (reported by replicas,
+declared in ``spec.loraAdapters``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from llmplane.controlplane.plan import (
+    BACKEND_LABEL,
+    MODEL_NAME_LABEL,
+    PLAYGROUND_LABEL,
+    SERVICE_LABEL,
+)
 from llmplane.gateway.registry import EndpointState
+
+if TYPE_CHECKING:  # routing.py imports this module
+    from llmplane.gateway.routing import Backend, RoutingTable
 
 
 def playground_models(spec: Mapping[str, Any]) -> list[str]:
@@ -52,6 +63,89 @@ def failing_reason(playground: Mapping[str, Any]) -> str | None:
     if "llmplane logs" not in first:
         first += f"; see `llmplane logs pl/{meta.get('name')}{where}`"
     return f"its engine is failing ({available['reason']}): {first}"
+
+
+def replica_labels(playground: Mapping[str, Any]) -> dict[str, str]:
+    """Labels every replica of ``playground`` carries (planning.py sets them on its Service's
+    pods); empty when it claims no model."""
+    spec = playground.get("spec") or {}
+    models = playground_models(spec)
+    if not models:
+        return {}
+    name = str((playground.get("metadata") or {}).get("name"))
+    backend = (spec.get("backendRuntimeConfig") or {}).get("backendName") or "vllm"
+    return {
+        MODEL_NAME_LABEL: models[0],
+        SERVICE_LABEL: name,
+        PLAYGROUND_LABEL: name,
+        BACKEND_LABEL: str(backend),
+    }
+
+
+def backing_workload(
+    namespace: str,
+    selector: Mapping[str, str],
+    playgrounds: Iterable[Mapping[str, Any]],
+    activatable: Mapping[str, str],
+) -> str | None:
+    """The workload (``namespace/name``) of the first activatable Playground whose replicas a
+    ModelServer's or InferencePool's ``selector`` in ``namespace`` would select, if any."""
+    if not selector:
+        return None  # selects anything: no one Playground stands behind it
+    for obj in playgrounds:
+        meta = obj.get("metadata") or {}
+        if (meta.get("namespace") or "default") != namespace:
+            continue
+        labels = replica_labels(obj)
+        workload = f"{namespace}/{meta.get('name')}"
+        if (
+            labels
+            and labels[MODEL_NAME_LABEL] in activatable
+            and activatable[labels[MODEL_NAME_LABEL]] == workload
+            and all(labels.get(k) == v for k, v in selector.items())
+        ):
+            return workload
+    return None
+
+
+def activatable_routes(
+    table: RoutingTable,
+    selectors: Mapping[str, tuple[str, dict[str, str]]],
+    playgrounds: list[dict[str, Any]],
+) -> None:
+    """ModelRoute and InferenceModel names whose every target selects no replica yet, while a
+    Playground whose replicas a target would select is activatable (scaled to zero, starting,
+    restarting): the activator holds their requests too, for that Playground."""
+    own = dict(table.activatable)  # the Playgrounds' own models
+    found: dict[str, str | None] = {}
+
+    def workload_of(backend: Backend) -> str | None:
+        if backend.ref not in found:
+            namespace, selector = selectors.get(backend.ref, ("", {}))
+            found[backend.ref] = (
+                backing_workload(namespace, selector, playgrounds, own) if namespace else None
+            )
+        return found[backend.ref]
+
+    def hold(name: str, backends: list[Backend | None]) -> None:
+        if not backends or any(b is None or b.candidates for b in backends):
+            return
+        workloads = [w for b in backends if b is not None and (w := workload_of(b))]
+        if workloads:
+            table.activatable.setdefault(name, workloads[0])
+
+    for name, routes in table.routes_by_model.items():
+        hold(
+            name,
+            [
+                table.servers.get((r.namespace, t.server))
+                for r in routes
+                for rule in r.rules
+                for t in rule.targets
+            ],
+        )
+    for name, entries in table.inference_models.items():
+        hold(name, [entry[3] for entry in entries])
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.playgrounds import (
     DeclaredAdapter,
+    activatable_routes,
     declared_adapters,
     failing_reason,
     playground_models,
@@ -383,6 +384,9 @@ def build_table(
     def in_namespace(namespace: str) -> list[EndpointState]:
         return [s for s in states if s.endpoint.namespace == namespace]
 
+    # What each ModelServer / InferencePool selects (by ref), to trace an empty one to a Playground.
+    selectors: dict[str, tuple[str, dict[str, str]]] = {}
+
     # ModelServers
     for meta, ref, namespace, server in _valid(table, by_kind, "ModelServer", ModelServer):
         spec = server.spec
@@ -407,6 +411,8 @@ def build_table(
             retry = (policy.retry.attempts, policy.retry.retry_interval_seconds)
         timeout = policy.timeout_seconds if policy is not None else None
         limits = _limits(meta, config)
+        if pd is None:
+            selectors[ref] = (namespace, selector)
         table.servers[(namespace, meta["name"])] = Backend(
             ref=ref,
             candidates=candidates,
@@ -460,6 +466,7 @@ def build_table(
     # InferencePools and InferenceModels
     pools: dict[tuple[str, str], Backend] = {}
     for meta, ref, namespace, pool in _valid(table, by_kind, "InferencePool", InferencePool):
+        selectors[ref] = (namespace, dict(pool.spec.selector or {}))
         pools[(namespace, meta["name"])] = Backend(
             ref=ref,
             candidates=tuple(
@@ -533,6 +540,7 @@ def build_table(
         del table.activatable[name]
     for name in table.failing:  # one failing Playground for the name: say so, do not hold
         table.activatable.pop(name, None)
+    activatable_routes(table, selectors, by_kind["Playground"])
     for ref, problem in table.problems.items():
         log.warning("routing ignores %s: %s", ref, problem)
     return table

@@ -308,6 +308,10 @@ class Gateway:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
         except GatewayError as err:
             decision = await self._activate(err, inference, ctx.request.headers)
+        if not decision.backend.candidates and inference.model in self.table.activatable:
+            # A ModelRoute / InferenceModel whose targets select no replica yet: its Playground
+            # is scaled to zero, starting or restarting (routing.py's activatable routes).
+            decision = await self._hold_route(inference, ctx.request.headers)
         ctx.decision = decision
         if tenant is not None:
             decision.tenant = tenant.name
@@ -361,6 +365,12 @@ class Gateway:
         workload = self.table.activatable.get(inference.model)
         if err.code != "no_ready_endpoint" or workload is None:
             raise err
+        await self.activator.hold(inference.model, workload, len(inference.body))
+        return self.table.resolve(inference.model, inference.path, headers)
+
+    async def _hold_route(self, inference: InferenceRequest, headers: Any) -> Decision:
+        """Hold a routed request until its target's Playground has a ready replica."""
+        workload = self.table.activatable[inference.model]
         await self.activator.hold(inference.model, workload, len(inference.body))
         return self.table.resolve(inference.model, inference.path, headers)
 

@@ -126,6 +126,7 @@ class _Connection(asyncio.Protocol):
         "_state",
         "idle_since",
         "key",
+        "loop",
         "pool",
         "transport",
     )
@@ -135,9 +136,11 @@ class _Connection(asyncio.Protocol):
     # body framing modes
     LENGTH, CHUNKED, UNTIL_CLOSE, EMPTY = 0, 1, 2, 3
 
-    def __init__(self, pool: UpstreamPool, key: str) -> None:
+    def __init__(self, pool: UpstreamPool, key: str, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.key = key
+        # Kept: on Python 3.11 every asyncio.get_running_loop() is a getpid() system call.
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self._closed_exc: Exception | None = None
         self._buf = bytearray()
@@ -377,7 +380,7 @@ class _Connection(asyncio.Protocol):
 
     async def send(self, data: bytes) -> UpstreamResponse:
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self._state = self.HEAD
         self._done = False
         self._pieces.clear()
@@ -401,7 +404,7 @@ class _Connection(asyncio.Protocol):
                 return b""
             if self._closed_exc is not None:
                 raise self._closed_exc
-            waiter = self._piece_waiter = asyncio.get_running_loop().create_future()
+            waiter = self._piece_waiter = self.loop.create_future()
             try:
                 await waiter
             finally:
@@ -491,9 +494,9 @@ class UpstreamPool:
         host, _, port = address.rpartition(":")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
-        conn = _Connection(self, address)
-        self._open.add(conn)
         loop = asyncio.get_running_loop()
+        conn = _Connection(self, address, loop)
+        self._open.add(conn)
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await loop.create_connection(lambda: conn, host, int(port or 80))

@@ -2,7 +2,7 @@
 
     Pending -> Starting -> Ready <-> NotReady
        ^          |          |
-       +-- back-off (CrashLoopBackOff) <- process exit / startup or liveness probe failure
+       +-- back-off (CrashLoopBackOff; Restarting if it was Ready) <- exit / probe failure
     any -> Terminating (removed from endpoints, drained, SIGTERM, SIGKILL after 10 s)
     Pending -> Failed (EngineNotInstalled: no restarts until the next realise())
 
@@ -35,6 +35,7 @@ from llmplane.runtime.status import (
     NOT_READY,
     PENDING,
     READY,
+    RESTARTING,
     STARTING,
     STARTUP_PROBE_FAILED,
     TERMINATING,
@@ -186,6 +187,8 @@ class Replica:
                 delay = min(self.runtime.backoff_base * 2**crashes, self.runtime.backoff_cap)
                 crashes += 1
                 self.backoff_seconds = delay
+                if self.was_ready:  # it served until now: a restart, not a failing engine
+                    reason = RESTARTING
                 self._set(PENDING, reason, self._crash_message(cause, delay))
                 log.warning("%s: %s; restarting in %gs", self.name, cause, delay)
                 await asyncio.sleep(delay)
@@ -391,7 +394,8 @@ class Replica:
         return "", ""  # unreachable
 
     def _crash_message(self, cause: str, delay: float) -> str:
-        lines = [f"the engine is failing: {cause}"]
+        what = "the engine stopped after serving" if self.was_ready else "the engine is failing"
+        lines = [f"{what}: {cause}"]
         if self.last_exit_code is not None:
             lines[0] += f" (last exit code {self.last_exit_code})"
         lines[0] += f"; restarting in {delay:g}s; see `{logs_command(self.plan, self.index)}`"

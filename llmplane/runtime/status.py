@@ -21,8 +21,12 @@ CRASH_LOOP = "CrashLoopBackOff"
 NO_LOCAL_COMMAND = "NoLocalCommand"
 STARTUP_PROBE_FAILED = "StartupProbeFailed"
 LIVENESS_PROBE_FAILED = "LivenessProbeFailed"
+# An engine that served (was Ready) and then exited or failed its liveness probe: it waits out
+# its back-off like the others, but it is not known to be failing, so the gateway holds
+# requests for it (activator) instead of answering that the engine fails.
+RESTARTING = "Restarting"
 # Reasons a replica waits out a restart back-off with.
-RESTART_REASONS = (CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED)
+RESTART_REASONS = (CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED, RESTARTING)
 
 
 @dataclass

@@ -425,12 +425,16 @@ async def test_second_runtime_on_the_same_state_dir_is_refused(runtime: LocalRun
 async def test_backoff_resets_after_being_ready_long_enough(tmp_path: Path) -> None:
     rt = LocalRuntime(tmp_path, backoff_base=0.2, backoff_reset=0.1, stop_timeout=2)
     backoffs: list[float] = []
+    messages: list[str] = []
 
     def watch() -> None:
         status = rt.status(KEY)
         item = status.items[0] if status and status.items else None
-        if item and item.reason == "CrashLoopBackOff" and item.restarts == len(backoffs):
+        # Each run was Ready before it exited: "Restarting" (held at the gateway), not a
+        # failing engine.
+        if item and item.reason == "Restarting" and item.restarts == len(backoffs):
             backoffs.append(item.backoff_seconds)
+            messages.append(item.message)
 
     rt.on_change = watch
     try:
@@ -439,6 +443,7 @@ async def test_backoff_resets_after_being_ready_long_enough(tmp_path: Path) -> N
         await rt.realise(engine_plan("--exit-after", "1.3"))
         await eventually(lambda: len(backoffs) >= 2, timeout=10, what="2 crashes")
         assert backoffs[:2] == [0.2, 0.2]
+        assert "the engine stopped after serving" in messages[0]
     finally:
         await rt.shutdown()
 

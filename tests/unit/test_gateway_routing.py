@@ -273,3 +273,50 @@ def test_a_failing_playground_says_so_in_its_503():
     assert err.value.status == 503
     assert "its engine is failing (CrashLoopBackOff)" in err.value.message
     assert "llmplane logs pl/p" in err.value.message and "last lines" not in err.value.message
+
+
+def _pool(name, selector):
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"targetPortNumber": 8000, "selector": selector, "extensionRef": {"name": "e"}},
+    }
+
+
+def _inference_model(name, pool, target):
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferenceModel",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"modelName": name, "poolRef": {"name": pool}, "targetModels": [{"name": target}]},
+    }
+
+
+def test_routes_to_a_playground_without_replicas_are_activatable():
+    """A ModelRoute / InferenceModel whose every target selects no replica yet, while the
+    Playground whose replicas it would select is activatable, is held for that Playground."""
+    objects = [
+        _playground("p", "m"),
+        server("s", "m", {"matchLabels": {MODEL_NAME_LABEL: "m"}}),
+        route("chat", {"modelName": "chat", "rules": [{"targetModels": targets("s")}]}),
+        _pool("pool", {"inference.llmaz.io/playground-name": "p"}),
+        _inference_model("batch", "pool", "m"),
+        # Targets nothing a Playground would fill: not held.
+        server("other", "x", {"matchLabels": {"app": "nobody"}}),
+        route("lost", {"modelName": "lost", "rules": [{"targetModels": targets("other")}]}),
+    ]
+    table = build_table(objects, [])
+    assert table.activatable == {"m": "default/p", "chat": "default/p", "batch": "default/p"}
+
+    # A target with a ready replica: routed as before, nothing held.
+    table = build_table(objects, [ep(1, {MODEL_NAME_LABEL: "m"})])
+    assert "chat" not in table.activatable and "m" not in table.activatable
+
+    # A failing Playground is not waited for: its routes answer at once.
+    failing = _playground("p", "m")
+    failing["status"] = {
+        "conditions": [{"type": "Available", "status": "False", "reason": "CrashLoopBackOff"}]
+    }
+    table = build_table([failing, *objects[1:]], [])
+    assert table.activatable == {}
