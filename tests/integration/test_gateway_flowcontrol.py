@@ -45,7 +45,8 @@ async def start(gateways, store, sim, tenants: dict[str, str], **config: Any):
     for name, criticality in tenants.items():
         store.apply(tenant(name, criticality))
         keys[name] = create_key(store, name)[0].key
-    gw: Gateway = await gateways(store, config=GatewayConfig(saturation_queue=0, **config))
+    config.setdefault("saturation_queue", 0)
+    gw: Gateway = await gateways(store, config=GatewayConfig(**config))
     await eventually(
         lambda: (
             gw.auth.table.tenants == len(tenants)
@@ -208,3 +209,20 @@ async def test_flow_control_off_sends_everything_to_the_engine(gateways, store, 
     assert not gw.flow.queues
     assert (await extra)[0] == 200
     await asyncio.gather(*fillers)
+
+
+async def test_an_in_flight_cap_keeps_the_rest_in_the_gateway(gateways, store, sim, client):
+    # saturationMaxInflight 1 over a sim that runs one sequence: the second request waits in
+    # the gateway, not in the sim's queue, and starts once the first is done.
+    gw, keys = await start(
+        gateways, store, sim, {"a": "Default"}, saturation_queue=5, saturation_max_inflight=1
+    )
+    state = next(iter(gw.registry.states.values()))
+    first = asyncio.create_task(complete(client, gw, keys["a"], int(0.5 / TOKEN_TIME)))
+    await eventually(lambda: state.inflight == 1, what="the first request sent")
+    second = asyncio.create_task(complete(client, gw, keys["a"], 3))
+    await eventually(lambda: queued(gw).get(("Default", "a")) == 1, what="the second queued")
+    await eventually(lambda: state.running == 1 and state.scraped_at > 0, what="a scrape")
+    assert state.inflight == 1 and state.waiting == 0  # nothing waits in the engine
+    (s1, *_, t1), (s2, *_, t2) = await asyncio.gather(first, second)
+    assert (s1, s2) == (200, 200) and t1 <= t2
