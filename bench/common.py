@@ -11,9 +11,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from llmplane import testing
 from llmplane.testing import Process
@@ -192,6 +192,84 @@ def measured_wrk(
     r["cpu_split_per_1k"] = [x * 1000 / n if n else float("nan") for x in cpu]
     r["cpu_util"] = sum(cpu) / wall
     return r
+
+
+class SystemsUnderTest(Protocol):
+    """Servers started side by side: ``urls`` (name -> URL) once ``start()`` returned."""
+
+    urls: dict[str, str]
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def rotate_and_measure(
+    fleet: SystemsUnderTest,
+    systems: Sequence[str],
+    payloads: dict[str, bytes],
+    modes: Sequence[str],
+    concurrency: Sequence[int],
+    duration: float,
+    pids: Callable[[str], Sequence[int]],
+    rounds: int | None = None,
+) -> list[dict[str, Any]]:
+    """Side-by-side wrk cells for ``systems`` (those of them ``fleet`` has a URL for, in this
+    order); starts ``fleet`` and always stops it.
+
+    Each system is warmed up (one second of unary requests at c=8); then, for each round, mode
+    (a key of ``payloads``) and concurrency, every system gets one ``measured_wrk`` cell with
+    the CPU of ``pids(name)``. The systems' order rotates from cell to cell so that the load of
+    other work on a shared machine hits all alike. A failed cell is reported and skipped. Each
+    cell carries ``system``, ``mode`` and ``c``, and ``round`` when ``rounds`` is given (else
+    one pass)."""
+    cells: list[dict[str, Any]] = []
+    try:
+        fleet.start()
+        names = [s for s in systems if s in fleet.urls]
+        print(f"systems: {', '.join(names)}", flush=True)
+        _rotate(fleet.urls, names, payloads, modes, concurrency, duration, pids, rounds, cells)
+    finally:
+        fleet.stop()
+    return cells
+
+
+def _rotate(
+    urls: dict[str, str],
+    names: list[str],
+    payloads: dict[str, bytes],
+    modes: Sequence[str],
+    concurrency: Sequence[int],
+    duration: float,
+    pids: Callable[[str], Sequence[int]],
+    rounds: int | None,
+    cells: list[dict[str, Any]],
+) -> None:
+    for name in names:  # warm up: connections, caches, JITs
+        wrk(urls[name], payloads["unary"], 8, 1)
+    turn = 0
+    for round_ in range(rounds if rounds is not None else 1):
+        tag = f"r{round_} " if rounds is not None else ""
+        for mode in modes:
+            for c in concurrency:
+                order = names[turn % len(names) :] + names[: turn % len(names)]
+                turn += 1
+                for name in order:
+                    try:
+                        r = measured_wrk(urls[name], payloads[mode], c, duration, pids(name))
+                    except Exception as err:
+                        print(f"{tag}{mode:6s} c={c:<4d} {name:18s} FAILED: {err}", flush=True)
+                        continue
+                    r.update(system=name, mode=mode, c=c)
+                    if rounds is not None:
+                        r["round"] = round_
+                    cells.append(r)
+                    print(
+                        f"{tag}{mode:6s} c={c:<4d} {name:18s} {r['rps']:8.0f} req/s  "
+                        f"p50 {r['p50']:7.2f} ms  p99 {r['p99']:7.2f} ms  "
+                        f"cpu {r['cpu_per_1k']:.3f} s/1k  errors {r['errors']}",
+                        flush=True,
+                    )
 
 
 def write_section(name: str, text: str, path: Path = REPORT) -> Path:

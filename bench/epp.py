@@ -43,12 +43,11 @@ from bench.common import (
     launch,
     machine,
     machine_line,
-    measured_wrk,
+    rotate_and_measure,
     store_objects,
     table,
     upstream_proc,
     write_section,
-    wrk,
 )
 from bench.overhead import bodies
 
@@ -151,38 +150,16 @@ class Fleet:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     info = machine()
     fleet = Fleet(args.systems)
-    cells: list[dict[str, Any]] = []
-    try:
-        fleet.start()
-        names = [s for s in args.systems if s in fleet.urls]
-        print(f"systems: {', '.join(names)}; {info}", flush=True)
-        payloads = bodies(args.stream_tokens)
-        for name in names:  # warm up: connections, caches
-            wrk(fleet.urls[name], payloads["unary"], 8, 1)
-        turn = 0
-        for round_ in range(args.rounds):
-            for mode in args.modes:
-                for c in args.concurrency:
-                    order = names[turn % len(names) :] + names[: turn % len(names)]
-                    turn += 1
-                    for name in order:
-                        try:
-                            r = measured_wrk(
-                                fleet.urls[name], payloads[mode], c, args.duration, fleet.pids(name)
-                            )
-                        except Exception as err:
-                            print(f"{mode} c={c} {name}: FAILED {err}", flush=True)
-                            continue
-                        r.update(system=name, mode=mode, c=c, round=round_)
-                        cells.append(r)
-                        print(
-                            f"r{round_} {mode:6s} c={c:<3d} {name:12s} {r['rps']:8.0f} req/s "
-                            f"p50 {r['p50']:7.2f} ms p99 {r['p99']:7.2f} ms "
-                            f"cpu {r['cpu_per_1k']:.3f} s/1k errors {r['errors']}",
-                            flush=True,
-                        )
-    finally:
-        fleet.stop()
+    cells = rotate_and_measure(
+        fleet,
+        args.systems,
+        bodies(args.stream_tokens),
+        args.modes,
+        args.concurrency,
+        args.duration,
+        fleet.pids,
+        rounds=args.rounds,
+    )
     return {"machine": info, "load_after": os.getloadavg(), "args": vars(args), "cells": cells}
 
 

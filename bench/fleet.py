@@ -1,23 +1,25 @@
 """A fleet of simulated replicas behind ``llmplane up``: time to Ready, idle CPU, latency.
 
-    python -m bench.fleet [--playgrounds 4] [--replicas 50] [--idle 30] [--requests 200]
-                          [--write]
+    python -m bench.fleet [--playgrounds 4] [--replicas 50] [--idle 30] [--requests 100]
+                          [--gap 0.3] [--write]
 
 Declares the fleet as a user would (``--playgrounds`` sim Playgrounds of ``--replicas``
 replicas each, one OpenModel each), runs ``llmplane up`` on it and measures:
 
 - **time to Ready**: from starting ``llmplane up`` to every Playground reporting all its
-  replicas ready in the store, and to the gateway routing to every replica (each replica
-  has served a request sent through the gateway is not required: the gateway's
-  ``llmplane_gateway_model_endpoints`` view is read instead);
+  replicas ready in the store, and to the gateway routing to all of them (its
+  ``llmplane_gateway_model_endpoints`` gauge);
 - **idle CPU**: after a settling pause, the CPU seconds of ``llmplane up`` (gateway and
   control plane) and of every replica, per second of wall time over ``--idle`` seconds
   (from /proc, including each process's descendants);
-- **one request's latency**: ``--requests`` sequential chat completions (keep-alive, one
-  output token) through the gateway to the idle fleet; median and p90.
+- **one request's latency**: ``--requests`` chat completions (keep-alive, one output token)
+  through the gateway, one at a time and ``--gap`` seconds apart, so that each meets the idle
+  fleet (back to back, they would keep every replica of the model busy); median and p90.
 
-Then the same for a 1-replica fleet (one Playground of one replica) in the same run, for the
-latency comparison. The machine is shared: the load average is recorded before and after.
+Then a 1-replica fleet (one Playground of one replica) is started beside the idle big one and
+measured the same way, and the latency requests go to the two in turn, so that the shared
+machine's load hits both alike (the 1-replica figures include the idle big fleet's CPU use on
+the same cores). The load average is recorded for each idle window.
 ``--write`` puts the table in docs/benchmarks.md (section ``fleet``).
 """
 
@@ -100,73 +102,99 @@ def gateway_endpoints(conn: http.client.HTTPConnection) -> int:
     )
 
 
-def latencies(conn: http.client.HTTPConnection, model: str, n: int) -> list[float]:
+def one_request(conn: http.client.HTTPConnection, model: str) -> float:
+    """Milliseconds for one chat completion of one token."""
     body = json.dumps(
         {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     )
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
-        resp = conn.getresponse()
-        data = resp.read()
-        out.append((time.perf_counter() - t0) * 1000)
-        assert resp.status == 200, (resp.status, data[:300])
-    return out
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read()
+    elapsed = (time.perf_counter() - t0) * 1000
+    assert resp.status == 200, (resp.status, data[:300])
+    return elapsed
 
 
-def run(work: Path, playgrounds: int, replicas: int, idle: float, requests: int) -> dict:
-    total = playgrounds * replicas
-    state = work / f"fleet-{total}"
-    files = work / f"fleet-{total}.yaml"
-    files.write_text(fleet_yaml(playgrounds, replicas))
-    load_before = os.getloadavg()
-    t0 = time.monotonic()
-    up = process.Up(state, str(files))
-    up.start(timeout=600)
-    try:
+class Fleet:
+    """``llmplane up`` over ``playgrounds`` x ``replicas`` sims, with its timings."""
+
+    def __init__(self, work: Path, playgrounds: int, replicas: int) -> None:
+        self.playgrounds, self.total = playgrounds, playgrounds * replicas
+        self.state = work / f"fleet-{self.total}"
+        files = work / f"fleet-{self.total}.yaml"
+        files.write_text(fleet_yaml(playgrounds, replicas))
+        self.up = process.Up(self.state, str(files))
+        self.conn: http.client.HTTPConnection | None = None
+        self.result: dict[str, Any] = {"replicas": self.total, "playgrounds": playgrounds}
+
+    def start(self) -> None:
+        """Start, and wait until every replica is Ready in the store and routed."""
+        t0 = time.monotonic()
+        self.up.start(timeout=600)
         deadline = t0 + 600
-        while ready_replicas(state, playgrounds) < total:
+        while ready_replicas(self.state, self.playgrounds) < self.total:
             assert time.monotonic() < deadline, "fleet never Ready"
             time.sleep(0.2)
-        ready_store = time.monotonic() - t0
-        conn = http.client.HTTPConnection(up.host, up.port, timeout=30)
-        while gateway_endpoints(conn) < total:
+        self.result["ready_store_s"] = time.monotonic() - t0
+        self.conn = http.client.HTTPConnection(self.up.host, self.up.port, timeout=30)
+        while gateway_endpoints(self.conn) < self.total:
             assert time.monotonic() < deadline, "gateway never saw every replica"
             time.sleep(0.2)
-        ready_gateway = time.monotonic() - t0
-        time.sleep(max(10.0, idle / 3))  # start-up work settles; scrapes back off
-        engines = engine_pids(state)
-        assert len(engines) == total, f"{len(engines)} engine processes recorded, not {total}"
+        self.result["ready_gateway_s"] = time.monotonic() - t0
+
+    def measure_idle(self, seconds: float) -> None:
+        """CPU of ``up`` (gateway + control plane) and of the replicas over ``seconds``."""
+        engines = engine_pids(self.state)
+        assert len(engines) == self.total, f"{len(engines)} engines recorded, not {self.total}"
 
         def cpu_now() -> tuple[float, float]:
-            """(all of ``up`` with its engines, the engines alone): the engines are children
-            of ``up``, so ``cpu_seconds(up.pid)`` counts them too."""
-            return cpu_seconds(up.pid), sum(cpu_seconds(p) for p in engines)
+            # The engines are children of ``up``: cpu_seconds(up) counts them too.
+            return cpu_seconds(self.up.pid), sum(cpu_seconds(p) for p in engines)
 
         (all0, eng0), w0 = cpu_now(), time.monotonic()
-        load_idle0 = os.getloadavg()
-        time.sleep(idle)
+        self.result["load_idle_start"] = list(os.getloadavg())
+        time.sleep(seconds)
         (all1, eng1), wall = cpu_now(), time.monotonic() - w0
-        cpu, cpu_engines = (all1 - all0) / wall, (eng1 - eng0) / wall
-        lat = latencies(conn, "sim-0", requests)
-        conn.close()
-        return {
-            "replicas": total,
-            "playgrounds": playgrounds,
-            "ready_store_s": ready_store,
-            "ready_gateway_s": ready_gateway,
-            "idle_cpu_cores": cpu,
-            "idle_cpu_up": cpu - cpu_engines,
-            "idle_cpu_replicas": cpu_engines,
-            "latency_p50_ms": statistics.median(lat),
-            "latency_p90_ms": percentile(lat, 90),
-            "load_before": list(load_before),
-            "load_idle_start": list(load_idle0),
-            "load_after": list(os.getloadavg()),
-        }
+        self.result["idle_cpu_cores"] = (all1 - all0) / wall
+        self.result["idle_cpu_replicas"] = (eng1 - eng0) / wall
+        self.result["idle_cpu_up"] = (
+            self.result["idle_cpu_cores"] - self.result["idle_cpu_replicas"]
+        )
+
+    def stop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.up.kill_everything()
+
+
+def run(
+    work: Path, playgrounds: int, replicas: int, idle: float, requests: int, gap: float
+) -> list[dict[str, Any]]:
+    """The big fleet alone for Ready and idle CPU; then a 1-replica fleet beside it for the
+    same, and requests sent to the two in turn (the shared machine's load hits both alike)."""
+    (work / "one").mkdir()
+    big, small = Fleet(work, playgrounds, replicas), Fleet(work / "one", 1, 1)
+    try:
+        big.start()
+        time.sleep(max(10.0, idle / 3))  # start-up work settles; scrapes back off
+        big.measure_idle(idle)
+        small.start()
+        time.sleep(5.0)
+        small.measure_idle(min(idle, 10.0))
+        lat: dict[int, list[float]] = {big.total: [], small.total: []}
+        for i in range(requests):
+            for f in (big, small) if i % 2 == 0 else (small, big):
+                time.sleep(gap)
+                assert f.conn is not None
+                lat[f.total].append(one_request(f.conn, "sim-0"))
+        for f in (big, small):
+            f.result["latency_p50_ms"] = statistics.median(lat[f.total])
+            f.result["latency_p90_ms"] = percentile(lat[f.total], 90)
+        return [big.result, small.result]
     finally:
-        up.kill_everything()
+        small.stop()
+        big.stop()
 
 
 def report(res: dict[str, Any]) -> str:
@@ -188,7 +216,7 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"Command: `python -m bench.fleet --playgrounds {a['playgrounds']} --replicas "
-            f"{a['replicas']} --idle {a['idle']:g} --requests {a['requests']}` "
+            f"{a['replicas']} --idle {a['idle']:g} --requests {a['requests']} --gap {a['gap']:g}` "
             f"({machine_line(res['machine'], res['load_after'])}).",
             "",
             table(
@@ -214,17 +242,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--playgrounds", type=int, default=4)
     p.add_argument("--replicas", type=int, default=50)
     p.add_argument("--idle", type=float, default=30.0)
-    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--requests", type=int, default=100)
+    p.add_argument("--gap", type=float, default=0.3, help="seconds between the requests")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     info = machine()
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        rows = []
-        for pg, rep in ((args.playgrounds, args.replicas), (1, 1)):
-            r = run(work, pg, rep, args.idle, args.requests)
-            print(json.dumps(r), flush=True)
-            rows.append(r)
+        rows = run(Path(tmp), args.playgrounds, args.replicas, args.idle, args.requests, args.gap)
+    for r in rows:
+        print(json.dumps(r), flush=True)
     res = {"args": vars(args), "machine": info, "load_after": list(os.getloadavg()), "rows": rows}
     text = report(res)
     print(text)

@@ -45,12 +45,11 @@ from bench.common import (
     launch,
     machine,
     machine_line,
-    measured_wrk,
+    rotate_and_measure,
     store_objects,
     table,
     upstream_proc,
     write_section,
-    wrk,
 )
 from llmplane.testing import Process
 
@@ -158,37 +157,18 @@ class Fleet:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     info = machine()
     fleet = Fleet(args.systems)
-    cells: list[dict[str, Any]] = []
-    try:
-        fleet.start()
-        names = [s for s in args.systems if s in fleet.urls]
-        print(f"systems: {', '.join(names)}; {info}", flush=True)
-        payloads = bodies(args.stream_tokens)
-        for name in names:  # warm up: connections, caches, JITs
-            wrk(fleet.urls[name], payloads["unary"], 8, 1)
-        turn = 0
-        for mode in args.modes:
-            for c in args.concurrency:
-                order = names[turn % len(names) :] + names[: turn % len(names)]
-                turn += 1
-                for name in order:
-                    pid = fleet.procs[name].pid
-                    try:
-                        r = measured_wrk(fleet.urls[name], payloads[mode], c, args.duration, [pid])
-                    except Exception as err:
-                        print(f"{mode:6s} c={c:<4d} {name:18s} FAILED: {err}", flush=True)
-                        continue
-                    r.update(system=name, mode=mode, c=c)
-                    if mode == "stream":
-                        r["tokens_per_s"] = r["rps"] * args.stream_tokens
-                    cells.append(r)
-                    print(
-                        f"{mode:6s} c={c:<4d} {name:18s} {r['rps']:8.0f} req/s  p50 {r['p50']:7.2f} ms"
-                        f"  p99 {r['p99']:7.2f} ms  cpu {r['cpu_per_1k']:.3f} s/1k  errors {r['errors']}",
-                        flush=True,
-                    )
-    finally:
-        fleet.stop()
+    cells = rotate_and_measure(
+        fleet,
+        args.systems,
+        bodies(args.stream_tokens),
+        args.modes,
+        args.concurrency,
+        args.duration,
+        lambda name: [fleet.procs[name].pid],
+    )
+    for r in cells:
+        if r["mode"] == "stream":
+            r["tokens_per_s"] = r["rps"] * args.stream_tokens
     return {"machine": info, "load_after": os.getloadavg(), "args": vars(args), "cells": cells}
 
 

@@ -2,8 +2,8 @@
 plus Critical and Sheddable traffic, with flow control off (today's behaviour) and on.
 
     python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
-                             [--prompt-tokens 400] [--max-tokens 10] [--duration 30]
-                             [--load 3.0] [--ttl 10] [--seed 1] [--write]
+                             [--prompt-tokens 400] [--max-tokens 10] [--duration 60]
+                             [--load 3.0] [--ttl 10] [--seed 1] [--write [--section NAME]]
 
 The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
 time slowed by ``--time-scale`` so the client and the gateway are far from the CPU limit).
@@ -15,12 +15,14 @@ big 1.0 C, critical 0.4 C, bulk 1.5 C (x ``--load`` / 3).
 
 Steps, one ``llmplane gateway`` process each over the same engines (``saturationQueue: 0``:
 an engine with any request waiting counts as saturated; ``flowControlTtl: --ttl``):
-1. capacity C: a closed loop keeping every replica's queue full, completions per second;
+1. capacity C: a closed loop keeping every replica's queue full (twice its sequences in
+   flight), completions per second over 15 s after 5 s of warm-up;
 2. unloaded: the small tenant alone at its rate (its TTFT is the goal's reference);
 3. flow control off, then on: Poisson arrivals per class for ``--duration`` seconds, every
    request followed to its end (client timeout 300 s).
 Reported per class: success rate (200 and the whole stream), 429s, other failures, TTFT p50 /
-p99 of the successful ones. ``--write`` puts the table into docs/benchmarks.md ("Overload").
+p99 of the successful ones. ``--write`` puts the table into docs/benchmarks.md (the section
+``--section``, default ``overload``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import asyncio
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -167,10 +170,14 @@ async def open_loop(
     return results
 
 
-async def capacity(url: str, key: str, concurrency: int, seconds: float, args) -> float:
-    """Completions per second with ``concurrency`` requests always outstanding."""
+async def capacity(
+    url: str, key: str, concurrency: int, seconds: float, args, warmup: float = 5.0
+) -> float:
+    """Completions per second with ``concurrency`` requests always outstanding, counted over
+    ``seconds`` after ``warmup`` seconds of the same load."""
     done = 0
-    stop = time.monotonic() + seconds
+    start = time.monotonic() + warmup
+    stop = start + seconds
     rng = random.Random("capacity")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
@@ -179,11 +186,28 @@ async def capacity(url: str, key: str, concurrency: int, seconds: float, args) -
             out: list[Outcome] = []
             while time.monotonic() < stop:
                 await one(session, url, key, request_body(rng, args), out)
-                if out[-1].complete and time.monotonic() < stop:
+                if out[-1].complete and start <= time.monotonic() < stop:
                     done += 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done / seconds
+
+
+async def serving(url: str, keys: dict[str, str], args, timeout: float = 120.0) -> None:
+    """Wait until ``url`` serves a request with every key (a gateway starting on a loaded
+    machine may not have read the Tenants yet: 401)."""
+    deadline = time.monotonic() + timeout
+    rng = random.Random("ready")
+    async with aiohttp.ClientSession() as session:
+        for key in keys.values():
+            while True:
+                out: list[Outcome] = []
+                await one(session, url, key, request_body(rng, args), out)
+                if out[0].complete:
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{url} does not serve: {out[0]}")
+                await asyncio.sleep(0.2)
 
 
 def gateway(state: str, work: Path, name: str, flow_control: bool, ttl: float) -> Process:
@@ -203,11 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--max-tokens", type=int, default=10)
-    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--load", type=float, default=3.0, help="offered load / capacity")
     p.add_argument("--ttl", type=float, default=10.0, help="flowControlTtl, seconds")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--write", action="store_true", help="write docs/benchmarks.md's section")
+    p.add_argument("--section", default="overload", help="the section --write replaces")
     args = p.parse_args(argv)
 
     from llmplane.gateway import apikeys
@@ -236,10 +261,13 @@ def main(argv: list[str] | None = None) -> None:
         }
         procs += gws.values()
         urls = {n: f"http://{g.ready()}/v1/completions" for n, g in gws.items()}
-        time.sleep(1.0)  # both gateways have read the Tenants and scraped the engines
+        for url in urls.values():  # the Tenants read, the engines scraped
+            asyncio.run(serving(url, keys, args))
 
         slots = args.replicas * args.max_num_seqs
-        cap = asyncio.run(capacity(urls["off"], keys["big"], 2 * slots, 10.0, args))
+        cap = asyncio.run(capacity(urls["off"], keys["big"], 2 * slots, 15.0, args))
+        if cap <= 0:
+            raise SystemExit("no request completed while measuring the capacity")
         print(f"capacity: {cap:.1f} req/s ({slots} slots)", flush=True)
         unit = cap * args.load / 30
         rates = {name: share * unit for name, (_, share) in CLASSES.items()}
@@ -273,7 +301,9 @@ def main(argv: list[str] | None = None) -> None:
     rate_text = ", ".join(f"{n} {r:.1f}" for n, r in rates.items())
     text = "\n".join(
         [
-            f"`python -m bench.overload {' '.join(argv or [])}`".replace(" `", "`"),
+            f"`python -m bench.overload {' '.join(sys.argv[1:] if argv is None else argv)}`".replace(
+                " `", "`"
+            ),
             "",
             f"Fleet: {args.replicas} sim replicas x {args.max_num_seqs} sequences, time scale "
             f"{args.time_scale:g}, {args.prompt_tokens} prompt + {args.max_tokens} output tokens "
@@ -288,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(text)
     if args.write:
-        write_section("overload", text)
+        write_section(args.section, text)
 
 
 if __name__ == "__main__":

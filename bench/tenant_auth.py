@@ -1,13 +1,18 @@
-"""What authentication costs: one build, the same upstream, a gateway without any Tenant and a
-gateway whose requests carry a Tenant's API key, in alternating wrk cells.
+"""What authentication and tenant limits cost: one build, the same upstream, a gateway without
+any Tenant, one whose requests carry a Tenant's API key, and one whose Tenant also has limits
+(requests, input and output tokens per second, set so high nothing is refused: every request
+reserves and settles in the tenant's buckets, and its usage is counted and recorded), in
+alternating wrk cells.
 
     python -m bench.tenant_auth [--rounds 8] [--duration 3] [--concurrency 8] [--tenants 1]
+                                [--limits all|requests]
 
-Both gateways are ``python -m llmplane.gateway.cli`` of this tree (uvloop, access log off) in
+All gateways are ``python -m llmplane.gateway.cli`` of this tree (uvloop, access log off) in
 front of one ``bench/gateway_upstream.py --delay 0``; unary completions only (the key is
 checked once per request, before anything is streamed). ``--tenants N`` stores N Tenants of
-one key each (the request's key is the last), to show the lookup does not scan. Reported:
-medians over rounds of req/s, gateway CPU per request and wrk's p50/p99, and the ratio.
+one key each (the request's key is the last), to show the lookup does not scan.
+``--limits requests`` limits only requests (one bucket) instead of requests and tokens. Reported:
+medians over rounds of req/s, gateway CPU per request and wrk's p50/p99, and the ratios.
 """
 
 from __future__ import annotations
@@ -33,16 +38,28 @@ from bench.common import (
 )
 from llmplane.testing import Process
 
+# Never reached in a run: every request takes from each bucket, none is refused.
+UNREACHABLE = 4_000_000_000
+LIMITS = {
+    "requestsPerUnit": UNREACHABLE,
+    "inputTokensPerUnit": UNREACHABLE,
+    "outputTokensPerUnit": UNREACHABLE,
+    "unit": "second",
+}
 
-def tenant_object(name: str, made: object) -> dict:
+
+def tenant_object(name: str, made: object, limits: dict | None = None) -> dict:
+    spec: dict = {
+        "models": ["bench*"],
+        "keys": [{"id": made.id, "salt": made.salt, "hash": made.hash}],  # type: ignore[attr-defined]
+    }
+    if limits:
+        spec["rateLimit"] = limits
     return {
         "apiVersion": "llmplane.io/v1alpha1",
         "kind": "Tenant",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "models": ["bench*"],
-            "keys": [{"id": made.id, "salt": made.salt, "hash": made.hash}],  # type: ignore[attr-defined]
-        },
+        "spec": spec,
     }
 
 
@@ -52,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--tenants", type=int, default=1)
+    p.add_argument("--limits", choices=("all", "requests"), default="all")
     args = p.parse_args(argv)
 
     from llmplane.gateway import apikeys
@@ -67,12 +85,15 @@ def main(argv: list[str] | None = None) -> None:
         endpoint = endpoint_object("bench", address, "bench", engine="vllm")
         keys = [apikeys.new_key() for _ in range(args.tenants)]
         store_objects(str(work / "open"), endpoint)
-        store_objects(
-            str(work / "keyed"),
-            endpoint,
-            *(tenant_object(f"t{i}", made) for i, made in enumerate(keys)),
-        )
-        headers = {"open": {}, "keyed": {"Authorization": f"Bearer {keys[-1].key}"}}
+        limited = LIMITS if args.limits == "all" else {"requestsPerUnit": UNREACHABLE}
+        for name, limits in (("keyed", None), ("limited", limited)):
+            store_objects(
+                str(work / name),
+                endpoint,
+                *(tenant_object(f"t{i}", made, limits) for i, made in enumerate(keys)),
+            )
+        bearer = {"Authorization": f"Bearer {keys[-1].key}"}
+        headers = {"open": {}, "keyed": bearer, "limited": bearer}
         gws = {name: gateway_proc(str(work / name), name=name) for name in headers}
         procs += gws.values()
         urls = {name: f"http://{gw.ready()}/v1/completions" for name, gw in gws.items()}
@@ -82,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             wrk(url, body, args.concurrency, 1, headers=headers[name])
         cells: dict[str, list[dict[str, float]]] = {}
         for r in range(args.rounds):
-            order = list(headers) if r % 2 == 0 else list(reversed(headers))
+            order = list(headers)[r % 3 :] + list(headers)[: r % 3]  # each one first in turn
             for name in order:
                 before = cpu_seconds(gws[name].pid)
                 out = wrk(urls[name], body, args.concurrency, args.duration, headers=headers[name])
@@ -95,9 +116,14 @@ def main(argv: list[str] | None = None) -> None:
         def med(name: str, key: str) -> float:
             return statistics.median(o[key] for o in cells[name])
 
+        labels = {
+            "open": "no Tenant",
+            "keyed": f"{args.tenants} Tenant(s), keyed",
+            "limited": f"{args.tenants} Tenant(s), keyed, with limits ({args.limits})",
+        }
         rows = [
             [
-                "no Tenant" if name == "open" else f"{args.tenants} Tenant(s), keyed",
+                labels[name],
                 f"{med(name, 'rps'):,.0f}",
                 f"{med(name, 'cpu_us'):.0f}",
                 f"{med(name, 'p50'):.2f}",
@@ -109,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(
             f"`python -m bench.tenant_auth --rounds {args.rounds} --duration {args.duration:g} "
-            f"--concurrency {args.concurrency} --tenants {args.tenants}` "
+            f"--concurrency {args.concurrency} --tenants {args.tenants} --limits {args.limits}` "
             f"({machine_line(info, list(os.getloadavg()))}); medians over rounds"
         )
         print()
@@ -120,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
                 "lrrrrr",
             )
         )
-        ratio = med("keyed", "rps") / med("open", "rps")
-        print(f"\nkeyed / open throughput: {ratio:.3f}")
+        for name in ("keyed", "limited"):
+            print(f"{name} / open throughput: {med(name, 'rps') / med('open', 'rps'):.3f}")
     finally:
         for proc in reversed(procs):
             proc.stop()

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from llmplane.api.documents import dump_resource, parse_document
+from llmplane.api.llmplane import API_KEY_SECRET_LABEL
 from llmplane.gateway import apikeys
 from llmplane.store.base import Conflict, Store
 
@@ -68,18 +69,23 @@ def _change(
 
 
 def create_key(
-    store: Store, tenant: str, name: str | None = None, namespace: str | None = None
+    store: Store,
+    tenant: str,
+    name: str | None = None,
+    namespace: str | None = None,
+    secret: str | None = None,
 ) -> tuple[apikeys.NewKey, bool]:
     """A new key for ``tenant`` (the Tenant is created, allowing every model, if missing);
-    returns the key and whether the Tenant was created."""
+    returns the key and whether the Tenant was created. With ``secret`` the Tenant names
+    that Secret (``secretRef``) instead of holding the salt and hash: see ``key_secret``."""
     made = apikeys.new_key()
     existed = store.get(KIND, tenant, namespace or "default") is not None
-    record: dict[str, Any] = {
-        "id": made.id,
-        "salt": made.salt,
-        "hash": made.hash,
-        "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-    }
+    record: dict[str, Any] = {"id": made.id}
+    if secret is None:
+        record.update(salt=made.salt, hash=made.hash)
+    else:
+        record["secretRef"] = {"name": secret}
+    record["created"] = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     if name:
         record["name"] = name
 
@@ -130,6 +136,24 @@ def list_keys(
     return rows
 
 
+def key_secret(
+    made: apikeys.NewKey, secret: str, tenant: str, namespace: str | None = None
+) -> dict[str, Any]:
+    """The Secret a ``secretRef`` key names: its salt and hash (never the key), labelled so
+    the in-cluster gateway (``--key-secrets``) reads it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret,
+            "namespace": namespace or "default",
+            "labels": {API_KEY_SECRET_LABEL: tenant},
+        },
+        "type": "Opaque",
+        "stringData": {"salt": made.salt, "hash": made.hash},
+    }
+
+
 # --- the commands (registered on ``llmplane`` by cli.py) ----------------------------------------
 
 Namespace = Annotated[str | None, typer.Option("-n", "--namespace", help="Namespace.")]
@@ -151,15 +175,28 @@ StateDir = Annotated[
 def create_command(
     tenant: str,
     name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
+    secret: Annotated[
+        str | None,
+        typer.Option(
+            "--secret",
+            help="Keep the salt and hash in this Kubernetes Secret (printed as YAML to apply) "
+            "and name it in the Tenant (keys[].secretRef) instead.",
+        ),
+    ] = None,
     namespace: Namespace = None,
     state_dir: StateDir = None,
 ) -> None:
     """Make a key for TENANT (creating the Tenant if needed) and print it, once."""
     store = _store(state_dir)
     try:
-        made, created = create_key(store, tenant, name, namespace)
+        made, created = create_key(store, tenant, name, namespace, secret)
     finally:
         store.close()
+    if secret is not None:
+        import yaml
+
+        typer.echo("# The Secret with the key's salt and hash: kubectl apply it with the Tenant")
+        typer.echo(yaml.safe_dump(key_secret(made, secret, tenant, namespace), sort_keys=False))
     if created:
         typer.echo(f"tenant.llmplane.io/{tenant} created (allows every model; edit spec.models)")
     typer.echo(f"key id {made.id} created for Tenant/{tenant}. The key (shown only now):")

@@ -178,8 +178,9 @@ def _workers(text: str) -> int:
 
 
 def _listen_error(args: argparse.Namespace, e: OSError) -> StartupError:
+    reason = os.strerror(e.errno) if e.errno else str(e)
     return StartupError(
-        f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+        f"cannot listen on {args.host}:{args.port}: {reason} "
         "(pass --port N, or --port 0 for any free port)"
     )
 

@@ -11,6 +11,9 @@ import contextlib
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -265,3 +268,39 @@ def test_sigterm_drains_both_workers(gw, engines):
 
     assert asyncio.run(run()) == [200] * 4
     assert gw.stop(grace=30) == 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_workers_die_with_a_killed_supervisor(gw):
+    """SIGKILL to the supervisor (nothing of it runs): its workers stop too, none is left
+    holding the port."""
+    workers = workers_of(gw.pid)
+    os.kill(gw.pid, signal.SIGKILL)
+    wait_for(
+        lambda: not any(alive(pid) for pid in workers),
+        timeout=20,
+        what="the workers of a killed supervisor to exit",
+    )
+
+
+def test_busy_port_is_one_line_and_exit_2(tmp_path):
+    """The supervisor binds before it forks: a busy port is refused once, without workers."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = [sys.executable, "-m", "llmplane.cli", "gateway", "--workers", "2"]
+        argv += ["--port", str(port), "--state-dir", str(tmp_path)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"llmplane gateway: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(pass --port N, or --port 0 for any free port)"
+    ]

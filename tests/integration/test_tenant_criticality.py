@@ -1,7 +1,9 @@
 """A Tenant's default criticality applies to its requests on routes that carry none (a
 Playground or Endpoint model, a ModelRoute); an InferenceModel's criticality wins. Real
 gateway, real upstream processes; every scraped replica counts as saturated
-(``saturationKv: -1``), so a Sheddable request is shed at once and any other is served."""
+(``saturationKv: -1``) and flow control is off, so a Sheddable request is shed at once and any
+other is served (with flow control on, the same criticality picks the request's queue band:
+tests/integration/test_gateway_flowcontrol.py)."""
 
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ async def test_tenant_criticality_applies_where_the_route_says_nothing(
     batch, interactive = apikeys.new_key(), apikeys.new_key()
     store.apply(tenant("batch", "Sheddable", batch))
     store.apply(tenant("interactive", "Default", interactive))
-    gw = await gateways(store, config=GatewayConfig(saturation_kv=-1))
+    gw = await gateways(store, config=GatewayConfig(saturation_kv=-1, flow_control=False))
     await eventually(
         lambda: (
             len(gw.registry.states) == 1

@@ -206,3 +206,21 @@ def test_secret_ref_keys_validate_and_resolve_from_secrets() -> None:
         [tenant("a", ref), secret("a-key", data={"salt": b64["salt"]})],
     ):
         assert lookup(TenantTable(objects).keys, made.key) is None
+
+
+def test_keys_create_with_a_secret_names_it_and_the_secret_checks_the_key(tmp_path: Path) -> None:
+    from llmplane.keys import key_secret
+
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        made, _ = create_key(store, "team-a", secret="team-a-key")
+        stored_tenant = store.get("Tenant", "team-a", "default")
+    finally:
+        store.close()
+    [key] = stored_tenant["spec"]["keys"]
+    assert key["secretRef"] == {"name": "team-a-key"} and "salt" not in key and "hash" not in key
+    secret = key_secret(made, "team-a-key", "team-a")
+    assert secret["metadata"]["labels"] == {"llmplane.io/api-key": "team-a"}
+    assert made.key not in repr(secret)
+    assert lookup(TenantTable([stored_tenant, secret]).keys, made.key).tenant.name == "team-a"
+    assert lookup(TenantTable([stored_tenant]).keys, made.key) is None

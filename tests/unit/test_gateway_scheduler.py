@@ -9,13 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplane.gateway.discovery import Endpoint
-from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.config import ConfigError, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.plugins import (
     KVCacheScorer,
     LeastRequestScorer,
     LoraAffinityScorer,
+    LowQueueFilter,
     MaxScorePicker,
     ModelServedFilter,
     QueueScorer,
@@ -64,6 +65,39 @@ def test_kv_and_least_request_scorers():
     assert KVCacheScorer().score(ctx(), [state(3)]) == [0.5]  # no KV metric: neutral
     a.inflight, b.inflight = 2, 6
     assert LeastRequestScorer().score(ctx(), [a, b]) == [1.0, 0.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 12),  # waiting
+            st.integers(0, 40),  # in flight
+            st.integers(0, 12),  # in flight at the scrape
+            st.sampled_from([NOW, NOW - 0.1, NOW - 5, 0.0]),  # scraped at (0: never)
+            st.booleans(),  # has load metrics
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([0.5, 1, 4, 10]),
+)
+def test_fused_queue_filter_and_least_request_agree_with_their_definitions(rows, threshold):
+    """The low-queue filter's one-pass form keeps exactly the endpoints whose
+    ``queue_estimates`` value is below the threshold, and the least-request scorer's lookup
+    table gives the min-max formula's scores."""
+    states = []
+    for i, (waiting, inflight, at_scrape, scraped_at, has_metrics) in enumerate(rows):
+        states.append(
+            state(i, waiting=float(waiting), inflight=inflight, inflight_at_scrape=at_scrape,
+                  scraped_at=scraped_at, has_load_metrics=has_metrics)
+        )  # fmt: skip
+    queues = queue_estimates(states, 0.2, NOW)
+    expected = [s for s, q in zip(states, queues, strict=True) if q < threshold]
+    assert LowQueueFilter(threshold=threshold).filter(ctx(), states) == expected
+    counts = [float(s.inflight) for s in states]
+    lo, hi = min(counts, default=0.0), max(counts, default=0.0)
+    formula = [1.0 if hi <= lo else (hi - v) / (hi - lo) for v in counts]
+    assert LeastRequestScorer().score(ctx(), states) == pytest.approx(formula, abs=0)
 
 
 def test_lora_affinity():

@@ -48,8 +48,11 @@ class TokenBucket:
         return BucketState(direction, int(self.burst), self.rate, self.level, wait)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BucketState:
+    """One bucket as a reservation saw it (one per bucket and request: not frozen, which
+    costs a call a field)."""
+
     direction: str
     limit: int  # the burst: tokens per unit
     rate: float  # tokens per second
@@ -109,6 +112,12 @@ def _share(state: BucketState) -> float:
     return state.level / state.limit
 
 
+def _values(s: BucketState) -> tuple[str, str, str]:
+    """limit, remaining and reset of one bucket as header values (formatted once)."""
+    level = s.level
+    return str(s.limit), str(int(level) if level > 0 else 0), duration((s.limit - level) / s.rate)
+
+
 def rate_headers(states: list[BucketState], main: BucketState | None = None) -> dict[str, str]:
     """OpenAI's ``x-ratelimit-{limit,remaining,reset}-requests`` (when requests are limited)
     and ``-tokens`` for ``main`` (by default the token bucket with the smallest share left),
@@ -116,30 +125,31 @@ def rate_headers(states: list[BucketState], main: BucketState | None = None) -> 
     and a tenant's limit in one direction, the scarcer one is reported."""
     if not states:
         return {}
-    headers: dict[str, str] = {}
     scarcest: dict[str, BucketState] = {}
     for s in states:
         seen = scarcest.get(s.direction)
-        if seen is None or _share(s) < _share(seen) or s is main:
+        if seen is None or s is main or (seen is not main and _share(s) < _share(seen)):
             scarcest[s.direction] = s
+    headers: dict[str, str] = {}
     requests = scarcest.pop(REQUESTS, None)
     if requests is not None:
-        if main is not None and main.direction == REQUESTS:
-            requests = main
-        headers["x-ratelimit-limit-requests"] = str(requests.limit)
-        headers["x-ratelimit-remaining-requests"] = str(requests.remaining)
-        headers["x-ratelimit-reset-requests"] = duration(requests.reset)
+        limit, remaining, reset = _values(requests)
+        headers["x-ratelimit-limit-requests"] = limit
+        headers["x-ratelimit-remaining-requests"] = remaining
+        headers["x-ratelimit-reset-requests"] = reset
     if not scarcest:
         return headers
     if main is None or main.direction == REQUESTS:
         main = min(scarcest.values(), key=_share)
-    headers["x-ratelimit-limit-tokens"] = str(main.limit)
-    headers["x-ratelimit-remaining-tokens"] = str(main.remaining)
-    headers["x-ratelimit-reset-tokens"] = duration(main.reset)
-    for s in scarcest.values():
-        headers[f"x-ratelimit-limit-tokens-{s.direction}"] = str(s.limit)
-        headers[f"x-ratelimit-remaining-tokens-{s.direction}"] = str(s.remaining)
-        headers[f"x-ratelimit-reset-tokens-{s.direction}"] = duration(s.reset)
+    per = {d: _values(s) for d, s in scarcest.items()}
+    limit, remaining, reset = per[main.direction] if main.direction in per else _values(main)
+    headers["x-ratelimit-limit-tokens"] = limit
+    headers["x-ratelimit-remaining-tokens"] = remaining
+    headers["x-ratelimit-reset-tokens"] = reset
+    for d, (limit, remaining, reset) in per.items():
+        headers[f"x-ratelimit-limit-tokens-{d}"] = limit
+        headers[f"x-ratelimit-remaining-tokens-{d}"] = remaining
+        headers[f"x-ratelimit-reset-tokens-{d}"] = reset
     return headers
 
 

@@ -150,9 +150,11 @@ class RateLimiter:
             child = self._children[key] = metric.labels(*labels)
         child.inc()
 
-    def _bucket(self, limit: RouteLimit, direction: str, tokens: int) -> TokenBucket:
+    def _bucket(self, limit: RouteLimit, direction: str, tokens: int | None = None) -> TokenBucket:
         bucket = self.local.get((limit.key, direction))
         if bucket is None:
+            if tokens is None:
+                tokens = limit.limit(direction) or 0
             bucket = self.local[(limit.key, direction)] = self.make_bucket(
                 f"{limit.key}\n{direction}",
                 tokens / limit.period_of(direction),
@@ -267,7 +269,7 @@ class RateLimiter:
     def _take_local(
         self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
     ) -> tuple[Taken, list[BucketState]]:
-        buckets = [(d, self._bucket(limit, d, limit.limit(d) or 0), a) for d, a in amounts]
+        buckets = [(d, self._bucket(limit, d), a) for d, a in amounts]
         ok, states = reserve_local(buckets, self.clock())
         return self._decide(inference, limit, "local", amounts, ok, states)
 
@@ -376,7 +378,7 @@ class RateLimiter:
         if part.mode == "local":
             now = self.clock()
             for direction, delta in deltas:
-                self._bucket(limit, direction, limit.limit(direction) or 0).adjust(delta, now)
+                self._bucket(limit, direction).adjust(delta, now)
             return
         # Redis: off the response path (the client does not wait for it).
         task = asyncio.ensure_future(self._settle_redis(limit, deltas))

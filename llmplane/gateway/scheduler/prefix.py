@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
 from itertools import islice, repeat
+from operator import attrgetter
 from typing import Any
 
 import xxhash
@@ -25,6 +26,7 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import SchedulingContext
 
 _xxh64 = xxhash.xxh64_intdigest
+_address = attrgetter("endpoint.address")
 
 
 def block_hashes(
@@ -191,9 +193,10 @@ class PrefixCacheScorer:
         matched = ctx.cache[self] = self.index.matches(hashes)
         if not matched:
             return [0.0] * len(endpoints)
-        total = float(len(hashes))
-        get = matched.get
-        return [get(e.endpoint.address, 0) / total for e in endpoints]  # EndpointState.key
+        total = len(hashes)
+        scores = {k: n / total for k, n in matched.items()}
+        # One lookup per endpoint, all in C (EndpointState.key is endpoint.address).
+        return list(map(scores.get, map(_address, endpoints), repeat(0.0)))
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         hashes = self.hashes(ctx)

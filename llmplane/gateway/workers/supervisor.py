@@ -9,6 +9,7 @@ a signal wake-up pipe and a pipe the workers write their index to once they serv
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import select
@@ -25,9 +26,18 @@ log = logging.getLogger("llmplane.gateway")
 
 QUICK_DEATH = 1.0  # a worker that dies sooner after its start is restarted after a back-off
 MAX_BACKOFF = 5.0
+PR_SET_PDEATHSIG = 1
 
 # (the worker's seat, call once serving) -> exit code; runs in the forked child.
 WorkerMain = Callable[[Seat, Callable[[], None]], int]
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this worker (it drains) when the supervisor dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG; elsewhere the worker's own check of its parent pid, once a second)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Supervisor:
@@ -53,6 +63,7 @@ class Supervisor:
         if pid == 0:  # the worker
             code = 1
             try:
+                _die_with_parent()
                 signal.set_wakeup_fd(-1)
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)

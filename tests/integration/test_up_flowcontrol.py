@@ -1,0 +1,113 @@
+"""Flow control inside ``llmplane up`` (on by default): a sim Playground that saturates at once
+(one running sequence, ``saturationQueue: 0``), Tenants with keys made by ``llmplane keys``;
+under saturation a Critical tenant's requests overtake a Sheddable tenant's queued before them.
+The finer behaviour (fairness, TTL, bounds, a client leaving) is test_gateway_flowcontrol.py."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmplane.testing import Processes, wait_for
+from tests.integration.upcli import cli, http, status
+
+FLEET = """
+apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {name: tiny}
+spec:
+  familyName: tiny
+  source: {uri: "host:///dev/null"}
+---
+apiVersion: inference.llmaz.io/v1alpha1
+kind: Playground
+metadata: {name: tiny}
+spec:
+  replicas: 1
+  modelClaim: {modelName: tiny}
+  backendRuntimeConfig:
+    backendName: sim
+    args: ["--time-scale", "1", "--max-num-seqs", "1"]
+"""
+TENANTS = {"filler": "Default", "bulk": "Sheddable", "urgent": "Critical"}
+
+
+def tenant(name: str, criticality: str) -> str:
+    return (
+        "apiVersion: llmplane.io/v1alpha1\nkind: Tenant\n"
+        f"metadata: {{name: {name}}}\nspec: {{criticality: {criticality}}}\n"
+    )
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def test_up_queues_by_priority_under_saturation(tmp_path: Path, processes: Processes) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET + "".join("---\n" + tenant(n, c) for n, c in TENANTS.items()))
+    config = tmp_path / "gateway.yaml"
+    config.write_text("gateway:\n  saturationQueue: 0\n")
+    up = processes.up(tmp_path / "state", str(fleet), args=["--gateway-config", str(config)])
+    state = up.state_dir
+    wait_for(
+        lambda: status(state, "Playground", "tiny").get("readyReplicas") == 1,
+        90,
+        what="Playground tiny ready",
+    )
+    keys = {
+        name: cli("keys", "create", name, state_dir=state).stdout.strip().splitlines()[-1]
+        for name in TENANTS
+    }
+
+    def complete(name: str, tokens: int) -> tuple[int, float]:
+        body = {"model": "tiny", "prompt": f"hello from {name}", "max_tokens": tokens}
+        code, _, _ = http(f"{up.url}/v1/completions", body, {"x-api-key": keys[name]})
+        return code, time.monotonic()
+
+    # The gateway serves with the keys (it has seen the Tenants).
+    wait_for(lambda: complete("filler", 1)[0] == 200, 30, what="served with a tenant's key")
+    with ThreadPoolExecutor(8) as pool:
+        fillers = [pool.submit(complete, "filler", 150) for _ in range(2)]  # ~1 s each
+        wait_for(
+            lambda: (
+                metric(up.url, "llmplane_gateway_endpoint_inflight")
+                + metric(up.url, "llmplane_gateway_flow_queue")
+                == 2
+            ),
+            30,
+            what="both fillers taken by the gateway",
+        )
+        bulk = [pool.submit(complete, "bulk", 3) for _ in range(2)]
+        wait_for(
+            lambda: metric(up.url, "llmplane_gateway_flow_queue", band="Sheddable") == 2,
+            30,
+            what="two Sheddable requests queued",
+        )
+        urgent = [pool.submit(complete, "urgent", 3) for _ in range(2)]
+        wait_for(
+            lambda: (
+                metric(up.url, "llmplane_gateway_flow_queue", band="Critical", tenant="urgent") == 2
+            ),
+            30,
+            what="two Critical requests queued",
+        )
+        bulk_done = [f.result() for f in bulk]
+        urgent_done = [f.result() for f in urgent]
+        assert all(f.result()[0] == 200 for f in fillers)
+    assert [c for c, _ in bulk_done + urgent_done] == [200] * 4
+    # Queued after the Sheddable ones, served before them.
+    assert max(t for _, t in urgent_done) < min(t for _, t in bulk_done)
+    assert metric(up.url, "llmplane_gateway_flow_wait_seconds_count", band="Critical") == 2
