@@ -5,11 +5,13 @@ reserves and settles in the tenant's buckets, and its usage is counted and recor
 alternating wrk cells.
 
     python -m bench.tenant_auth [--rounds 8] [--duration 3] [--concurrency 8] [--tenants 1]
+                                [--limits all|requests]
 
 All gateways are ``python -m llmplane.gateway.cli`` of this tree (uvloop, access log off) in
 front of one ``bench/gateway_upstream.py --delay 0``; unary completions only (the key is
 checked once per request, before anything is streamed). ``--tenants N`` stores N Tenants of
-one key each (the request's key is the last), to show the lookup does not scan. Reported:
+one key each (the request's key is the last), to show the lookup does not scan.
+``--limits requests`` limits only requests (one bucket) instead of requests and tokens. Reported:
 medians over rounds of req/s, gateway CPU per request and wrk's p50/p99, and the ratios.
 """
 
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--tenants", type=int, default=1)
+    p.add_argument("--limits", choices=("all", "requests"), default="all")
     args = p.parse_args(argv)
 
     from llmplane.gateway import apikeys
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         endpoint = endpoint_object("bench", address, "bench", engine="vllm")
         keys = [apikeys.new_key() for _ in range(args.tenants)]
         store_objects(str(work / "open"), endpoint)
-        for name, limits in (("keyed", None), ("limited", LIMITS)):
+        limited = LIMITS if args.limits == "all" else {"requestsPerUnit": UNREACHABLE}
+        for name, limits in (("keyed", None), ("limited", limited)):
             store_objects(
                 str(work / name),
                 endpoint,
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         labels = {
             "open": "no Tenant",
             "keyed": f"{args.tenants} Tenant(s), keyed",
-            "limited": f"{args.tenants} Tenant(s), keyed, with limits",
+            "limited": f"{args.tenants} Tenant(s), keyed, with limits ({args.limits})",
         }
         rows = [
             [
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(
             f"`python -m bench.tenant_auth --rounds {args.rounds} --duration {args.duration:g} "
-            f"--concurrency {args.concurrency} --tenants {args.tenants}` "
+            f"--concurrency {args.concurrency} --tenants {args.tenants} --limits {args.limits}` "
             f"({machine_line(info, list(os.getloadavg()))}); medians over rounds"
         )
         print()

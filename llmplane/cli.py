@@ -687,7 +687,10 @@ def _window(text: str) -> float:
     text = text.strip()
     seconds = float(text[:-1]) * 86400 if text.endswith("d") and text[:-1].isdigit() else None
     if seconds is None:
-        seconds = parse_duration(text)
+        try:
+            seconds = parse_duration(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a duration such as 30m, 1h, 24h or 7d") from None
     if seconds <= 0:
         raise ValueError(f"{text!r} must be a positive duration such as 1h or 7d")
     return seconds

@@ -152,7 +152,7 @@ def test_an_extension_never_replaces_the_api() -> None:
             return {("POST", "/v1/chat/completions"): "mine", ("GET", "/x"): "mine"}
 
     gateway = type("G", (), {})()
-    for name in ("handle", "models", "health", "prometheus"):
+    for name in ("handle", "models", "health", "prometheus", "autoscaling_signals"):
         setattr(gateway, name, name)
     gateway.extensions = [Greedy()]
     table = routes(gateway)  # type: ignore[arg-type]

@@ -37,7 +37,8 @@ def up(tmp_path: Path, processes: Processes) -> Up:
     fleet.write_text(sim_fleet("tiny", 2))
     config = tmp_path / "gateway.yaml"
     config.write_text("gateway:\n  usageFlushInterval: 0.2\n")
-    up = processes.up(tmp_path / "state", str(fleet), args=["--gateway-config", str(config)])
+    # -v: the access log goes to up's output, which the test searches for the keys.
+    up = processes.up(tmp_path / "state", str(fleet), args=["-v", "--gateway-config", str(config)])
     wait_for(
         lambda: status(up.state_dir, "Playground", "tiny").get("readyReplicas") == 2,
         90,
@@ -142,11 +143,16 @@ def test_tenant_limits_and_usage(up: Up, tmp_path: Path) -> None:
     # No key at rest (store, usage log) or in up's output.
     up.stop()
     output = up.output()
+    # The console wraps long log lines: search the output with its whitespace removed too,
+    # so a key (or a name) cut across two lines is still found.
+    flat = "".join(output.split())
+    assert '"tenant":"team-a"' in flat and '"status":429' in flat  # the access log
     files = [p for p in state.rglob("*") if p.is_file()]
     assert any(p.name == "usage.db" for p in files), files
     for key in (key_a, key_b):
         secret = key.split("-", 2)[2]
         assert key not in output and secret not in output
+        assert key not in flat and secret not in flat
         for path in files:
             data = path.read_bytes()
             assert key.encode() not in data and secret.encode() not in data, path
