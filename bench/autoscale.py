@@ -1,6 +1,6 @@
 """Autoscaling on a bursty trace: fixed maxReplicas vs fixed minReplicas vs the autoscaler.
 
-    python -m bench.autoscale [--bursts 3] [--burst 15] [--idle 30] [--rate 5] [--seed 1]
+    python -m bench.autoscale [--bursts 3] [--burst 15] [--idle 45] [--rate 5] [--seed 1]
 
 One Poisson trace (seeded): ``bursts`` bursts of ``rate`` requests/s for ``burst`` seconds,
 separated by ``idle`` seconds without a request. It is replayed against ``llmplane up`` serving
@@ -10,8 +10,10 @@ a time per replica, the rest wait in the engine's queue) three times:
 - ``fixed max``: ``replicas: MAX``, no elasticConfig;
 - ``fixed min``: ``replicas: MIN``, no elasticConfig;
 - ``autoscaler``: ``elasticConfig`` MIN..MAX, trigger the gateway's in-flight requests per
-  replica (``--target``, default 4 = the engine's batch), scale-down stabilization
-  ``--down-window`` seconds (the HPA default, 300 s, is longer than the idle periods).
+  replica (``--target``, default 2: half the engine's batch of 4, so it scales before requests
+  queue in the engine; the built-in default of 8 would let each replica queue 4), scale-down
+  stabilization ``--down-window`` seconds (the HPA default, 300 s, is longer than the idle
+  periods), a decision every ``--interval`` s over a ``--window`` s average.
 
 Each request streams; TTFT is the time to the first streamed token at the client. Replica-
 seconds integrate the engine processes running (starting ones included: they hold the
@@ -26,6 +28,7 @@ import argparse
 import asyncio
 import os
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -106,8 +109,32 @@ class Run:
         return total
 
 
-async def one(session: aiohttp.ClientSession, url: str, run: Run) -> None:
-    body = {"model": MODEL, "prompt": "hello there", "max_tokens": 60, "stream": True}
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+]
+
+
+def prompt(i: int) -> str:
+    """A distinct prompt per request (seeded): identical prompts would all go to the replica
+    holding their prefix (the prefix-cache scorer), which is not the load this measures."""
+    rng = random.Random(i)
+    return f"request {i}: " + " ".join(rng.choice(WORDS) for _ in range(12))
+
+
+async def one(session: aiohttp.ClientSession, url: str, run: Run, i: int) -> None:
+    body = {"model": MODEL, "prompt": prompt(i), "max_tokens": 60, "stream": True}
     start = time.monotonic()
     run.inflight += 1
     first = None
@@ -146,11 +173,11 @@ async def replay(up: Up, run: Run, arrivals: list[float], end: float) -> None:
 
         sampler = asyncio.create_task(sample())
         tasks = []
-        for at in arrivals:
+        for i, at in enumerate(arrivals):
             delay = t0 + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(session, up.url, run)))
+            tasks.append(asyncio.create_task(one(session, up.url, run, i)))
         await asyncio.gather(*tasks)
         rest = t0 + end - time.monotonic()
         if rest > 0:
@@ -230,15 +257,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bursts", type=int, default=3)
     p.add_argument("--burst", type=float, default=15.0, help="seconds per burst")
-    p.add_argument("--idle", type=float, default=30.0, help="seconds between bursts")
+    p.add_argument("--idle", type=float, default=45.0, help="seconds between bursts")
     p.add_argument("--rate", type=float, default=5.0, help="requests/s during a burst")
     p.add_argument("--lead", type=float, default=3.0, help="idle seconds before the first burst")
     p.add_argument("--min", type=int, default=1, dest="low")
     p.add_argument("--max", type=int, default=4, dest="high")
-    p.add_argument("--target", type=float, default=4, help="in-flight requests per replica")
+    p.add_argument("--target", type=float, default=2, help="in-flight requests per replica")
     p.add_argument("--down-window", type=int, default=10, help="scale-down stabilization, s")
-    p.add_argument("--interval", type=float, default=0.5, help="autoscaler interval, s")
-    p.add_argument("--window", type=float, default=2.0, help="autoscaler averaging window, s")
+    p.add_argument("--interval", type=float, default=0.25, help="autoscaler interval, s")
+    p.add_argument("--window", type=float, default=1.0, help="autoscaler averaging window, s")
     p.add_argument("--settle", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
@@ -296,10 +323,10 @@ def main(argv: list[str] | None = None) -> None:
     auto = runs[-1]
     goal_rs = auto.replica_seconds() <= 0.5 * base.replica_seconds()
     goal_ttft = percentile(auto.ttft, 99) <= 1.5 * percentile(base.ttft, 99)
-    argv_text = " ".join(argv) if argv else ""
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     report = (
         "## Autoscaling on a bursty trace (sim replicas)\n\n"
-        f"`python -m bench.autoscale {argv_text}`".replace(" `", "`")
+        f"`{' '.join(['python -m bench.autoscale', argv_text]).strip()}`"
         + f" ({machine_line(info, load_after)}). {len(arrivals)} streamed 60-token completions: "
         f"{args.bursts} Poisson bursts of {args.rate:g} req/s for {args.burst:g} s, "
         f"{args.idle:g} s idle between them; sim replicas (time scale 5, 4 sequences at a time: "

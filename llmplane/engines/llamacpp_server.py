@@ -6,6 +6,13 @@ runs with the same settings, plus what the native server offers and the Python o
 ``GET /health`` (503 until the model is loaded) and ``/metrics`` with llama.cpp's metric names
 (``llamacpp:requests_processing``: requests in the server, queued or running; the Python
 server runs one at a time) so the gateway can route on load.
+
+Before it listens (so before a readiness probe can pass) the Python server is warmed up: one
+chat completion of one token runs through the loaded model. A fresh llama-cpp-python process
+pays for its first inference (the memory-mapped weights paged in, the chat template compiled,
+the compute buffers set up) on whichever request comes first - after a scale from zero that is a
+user's request, held by the gateway. ``--no-warmup`` skips it (the native server has its own
+``--no-warmup`` and warms up by default).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-min", type=int, default=5)
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--seed", type=int)
+    p.add_argument("--no-warmup", action="store_true")
     return p
 
 
@@ -115,6 +123,24 @@ def build_app(args: argparse.Namespace) -> Any:
     return app
 
 
+def warm_up() -> float:
+    """One token of chat completion through the loaded model (see the module docstring);
+    returns the seconds it took (printed on stderr, in the replica's log)."""
+    import time
+
+    from llama_cpp.server import app as server_app
+
+    llama = server_app._llama_proxy(None)  # type: ignore[misc]  # the model create_app loaded
+    start = time.monotonic()
+    llama.create_chat_completion(
+        messages=[{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0
+    )
+    llama.reset()  # the next request starts from an empty context, as without the warm-up
+    seconds = time.monotonic() - start
+    print(f"llamacpp_server: warmed up in {seconds:.2f} s", file=sys.stderr, flush=True)
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     native = shutil.which("llama-server")
@@ -130,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     app = build_app(args)
+    if not args.no_warmup:
+        warm_up()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -71,6 +71,11 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
             f"cannot listen on {args.host}:{args.port} (or --metrics-port): "
             f"{getattr(e, 'strerror', None) or e} (pass --port N, or --port 0 for any free port)"
         ) from None
+    scaler = None
+    if args.kubernetes:  # the activator asks the API for a Playground's first replica
+        from llmplane.gateway import kube_activation
+
+        scaler = kube_activation.attach(picker.gateway, store)
     line = f"LISTENING {picker.host}:{picker.port}"
     if picker.metrics_port is not None:
         line += f" metrics {picker.host}:{picker.metrics_port}"
@@ -78,6 +83,8 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     try:
         await until_signalled()
     finally:
+        if scaler is not None:
+            await scaler.close()
         await picker.close()
         await close_store(store)
         flush_access_log()

@@ -162,7 +162,7 @@ class Gateway:
         self.host = host
         self.auth.loopback = is_loopback(host)
         if self.seat is not None:
-            await self.seat.metrics.start(self.metrics.render)
+            await self.seat.metrics.start(self.metrics.render, GatewaySignals(self).parts)
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
         )
@@ -536,7 +536,8 @@ class Gateway:
         refusal = self.auth.admin_refusal(request.headers)
         if refusal is not None:
             return GatewayError(401, refusal, "invalid_api_key").response()
-        body = orjson.dumps(GatewaySignals(self).snapshot())
+        peers = await self.seat.metrics.signals() if self.seat is not None else []
+        body = orjson.dumps(GatewaySignals(self).snapshot(peers))
         return Response(body=body, content_type="application/json")
 
     async def not_found(self, request: HttpRequest) -> Response:

@@ -15,7 +15,7 @@ reads them over HTTP: ``GET /autoscaling/signals`` (admin key, as ``/metrics``) 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmplane.controlplane.autoscaling import INFLIGHT, KV_USAGE, RUNNING, WAITING
@@ -30,11 +30,37 @@ class GatewaySignals:
     def _states(self, workload: str) -> list[Any]:
         return [s for s in self.gateway.registry.states.values() if s.endpoint.workload == workload]
 
-    def replica_signals(self, workload: str) -> Mapping[str, Mapping[str, float]]:
+    def parts(self) -> dict[str, Any]:
+        """This process's own share of the signals, the part that is not in shared state:
+        requests counted per workload, flow-control queues per endpoint, requests held at the
+        activator per workload. With several workers (``llmplane/gateway/workers``) the worker
+        answering ``/autoscaling/signals`` adds its peers' parts (in-flight counts and scraped
+        engine metrics are the same in every worker)."""
+        workload_of = {
+            s.address: s.endpoint.workload for s in self.gateway.registry.states.values()
+        }
+        requests: dict[str, float] = {}
+        for labels, child in list(self.gateway.metrics.requests.children.items()):
+            workload = workload_of.get(labels[2])  # (model, route, endpoint, status)
+            if workload:
+                requests[workload] = requests.get(workload, 0.0) + child.value
+        held: dict[str, int] = {}
+        for queue in list(self.gateway.activator.queues.values()):
+            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
+        return {
+            "requests": requests,
+            "queued": self.gateway.flow.queued_by_endpoint(),
+            "held": held,
+        }
+
+    def replica_signals(
+        self, workload: str, queued: Mapping[str, float] | None = None
+    ) -> Mapping[str, Mapping[str, float]]:
         staleness = max(self.gateway.config.metrics_staleness, 5.0)
         now = time.monotonic()
         out: dict[str, dict[str, float]] = {}
-        queued = self.gateway.flow.queued_by_endpoint()
+        if queued is None:
+            queued = self.gateway.flow.queued_by_endpoint()
         for state in self._states(workload):
             values: dict[str, float] = {INFLIGHT: state.inflight + queued.get(state.address, 0.0)}
             if state.metrics_fresh(staleness, now):
@@ -51,24 +77,42 @@ class GatewaySignals:
         for labels, child in list(self.gateway.metrics.requests.children.items()):
             if labels[2] in addresses:  # (model, route, endpoint, status)
                 total += child.value
-        queued = self.gateway.flow.queued_by_endpoint()
-        return total + sum(s.inflight + queued.get(s.address, 0.0) for s in self._states(workload))
+        return self._seen(workload, {workload: total}, self.gateway.flow.queued_by_endpoint())
+
+    def _seen(
+        self, workload: str, requests: Mapping[str, float], queued: Mapping[str, float]
+    ) -> float:
+        states = self._states(workload)
+        return requests.get(workload, 0.0) + sum(
+            s.inflight + queued.get(s.address, 0.0) for s in states
+        )
 
     def held(self, workload: str) -> int:
         return int(self.gateway.activator.held_for(workload))
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, peers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """Every workload's signals now: ``{"workloads": {key: {"replicas": {address:
-        {signal: value}}, "requestsSeen": n, "held": n}}}`` (the ``/autoscaling/signals`` body)."""
+        {signal: value}}, "requestsSeen": n, "held": n}}}`` (the ``/autoscaling/signals`` body),
+        with ``peers``' ``parts()`` added (the other workers of this gateway)."""
+        requests: dict[str, float] = {}
+        queued: dict[str, float] = {}
+        held: dict[str, int] = {}
+        for part in (self.parts(), *peers):
+            for key, n in part.get("requests", {}).items():
+                requests[key] = requests.get(key, 0.0) + n
+            for key, n in part.get("queued", {}).items():
+                queued[key] = queued.get(key, 0.0) + n
+            for key, n in part.get("held", {}).items():
+                held[key] = held.get(key, 0) + int(n)
         keys = {s.endpoint.workload for s in self.gateway.registry.states.values()}
-        keys |= {q.workload for q in list(self.gateway.activator.queues.values())}
+        keys |= {k for k, n in held.items() if n}
         keys.discard("")
         return {
             "workloads": {
                 key: {
-                    "replicas": self.replica_signals(key),
-                    "requestsSeen": self.requests_seen(key),
-                    "held": self.held(key),
+                    "replicas": self.replica_signals(key, queued),
+                    "requestsSeen": self._seen(key, requests, queued),
+                    "held": held.get(key, 0),
                 }
                 for key in sorted(keys)
             }

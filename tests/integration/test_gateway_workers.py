@@ -22,9 +22,20 @@ import aiohttp
 import orjson
 import pytest
 
+from llmplane.controlplane.plan import SERVICE_LABEL
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, eventually, gateway, sim_process, wait_for
+from llmplane.testing.kube_emulator import KubeEmulator, pod
+from tests.integration.test_gateway_kube import (
+    BACKEND_LABEL,
+    MODEL,
+    MODEL_LABEL,
+    _free_loopback_prefix,
+    ip,
+    openmodel,
+    playground,
+)
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 SLOW = "wk-slow"  # 0.2 s a step: 200 tokens hold a request for 40 s
@@ -304,3 +315,63 @@ def test_busy_port_is_one_line_and_exit_2(tmp_path):
         f"llmplane gateway: cannot listen on 127.0.0.1:{port}: Address already in use "
         "(pass --port N, or --port 0 for any free port)"
     ]
+
+
+async def test_autoscaling_signals_add_up_over_workers(tmp_path, monkeypatch):
+    """``/autoscaling/signals`` (what the in-cluster autoscaler reads) from either worker counts
+    the requests both served: 5 sent to one worker, 7 to the other, requestsSeen 12 from each.
+    In-cluster discovery against the Kubernetes API EMULATOR (no API server runs here; see
+    tests/integration/test_gateway_kube.py), the pod a real sim on a loopback address."""
+    prefix = _free_loopback_prefix()
+    with Processes() as group:
+        (engine,) = group.start(
+            sim_process(MODEL, "--host", f"{prefix}.2", "--port", "8080", "--time-scale", "0")
+        )
+        async with KubeEmulator() as kube:
+            kubeconfig = tmp_path / "kubeconfig"
+            kubeconfig.write_text(
+                "apiVersion: v1\nkind: Config\n"
+                f'clusters: [{{name: e, cluster: {{server: "{kube.url}"}}}}]\n'
+                "users: [{name: t, user: {token: not-checked}}]\n"
+                "contexts: [{name: e, context: {cluster: e, user: t}}]\ncurrent-context: e\n"
+            )
+            monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+            monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+            await kube.create(openmodel(MODEL))
+            await kube.create(playground(MODEL))
+            labels = {MODEL_LABEL: MODEL, BACKEND_LABEL: "sim", SERVICE_LABEL: "llama"}
+            await kube.create(pod("llama-0", labels, ip(engine)))
+            gw = gateway("--kubernetes", "--namespace", "default", "--workers", "2")
+            await asyncio.to_thread(gw.start)
+            try:
+                a, b = sorted(workers_of(gw.pid))
+
+                async def routable(s: aiohttp.ClientSession) -> bool:
+                    return await chat(s, gw.url, MODEL) == 200
+
+                # One keep-alive connection per worker (opened while the other is stopped):
+                # a request on it reaches that worker while both run.
+                pinned = {}
+                for worker in (a, b):
+                    one = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+                    pinned[worker] = one
+                    with only(gw.pid, worker):
+                        await eventually(lambda s=one: routable(s), timeout=20, what="routable")
+                try:
+                    for worker, n in ((a, 4), (b, 6)):  # plus the first one each above
+                        sent = [chat(pinned[worker], gw.url, MODEL) for _ in range(n)]
+                        assert [await c for c in sent] == [200] * n
+                    for worker in (a, b):
+                        async with pinned[worker].get(f"{gw.url}/autoscaling/signals") as resp:
+                            assert resp.status == 200
+                            signals = await resp.json()
+                        seen = signals["workloads"]["default/llama"]["requestsSeen"]
+                        assert seen == 12, (worker, signals)
+                finally:
+                    for one in pinned.values():
+                        await one.close()
+                lines = access_lines(gw.output())
+                served = [x["worker"] for x in lines if x.get("model") and x["status"] == 200]
+                assert sorted(served) == [0] * 5 + [1] * 7 or sorted(served) == [0] * 7 + [1] * 5
+            finally:
+                await asyncio.to_thread(gw.stop)

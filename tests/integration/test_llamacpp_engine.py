@@ -41,7 +41,8 @@ def healthy(address: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[str]:
+def started() -> Iterator[tuple[str, str]]:
+    """(address, what the engine had written when its /health first answered)."""
     address = f"127.0.0.1:{free_port()}"
     proc = python(
         "-m",
@@ -63,9 +64,21 @@ def engine() -> Iterator[str]:
     try:
         proc.launch()
         wait_for(lambda: healthy(address), 120, what=f"the llama.cpp engine at {address}")
-        yield address
+        yield address, proc.output()
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(started: tuple[str, str]) -> str:
+    return started[0]
+
+
+def test_the_engine_warms_up_before_it_answers_health(started: tuple[str, str]) -> None:
+    """The first inference of a fresh llama-cpp-python process runs before the server listens,
+    so it is not the first user's request after a scale from zero."""
+    _, output_at_ready = started
+    assert "llamacpp_server: warmed up in" in output_at_ready, output_at_ready
 
 
 def stream_tokens(address: str, prompt: str, max_tokens: int, during=None) -> tuple[str, str]:

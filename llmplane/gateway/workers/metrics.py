@@ -1,5 +1,6 @@
-"""``/metrics`` as one view over every worker: each worker serves its own registry's text on a
-private Unix socket, and the worker that answers a scrape reads its peers' and adds them up.
+"""``/metrics`` (and ``/autoscaling/signals``) as one view over every worker: each worker serves
+its own registry's text (and its part of the signals) on a private Unix socket, and the worker
+that answers a scrape reads its peers' and adds them up.
 
 Counters, histograms and summaries are summed; gauges too, except those every worker computes
 from the shared routing state (per-endpoint gauges, endpoints per model), which are the
@@ -15,6 +16,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,10 +35,17 @@ class MetricsPeer:
         self.timeout = timeout
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, render: Any) -> None:
+    async def start(self, render: Any, signals: Any = None) -> None:
+        """Answer peers: ``metrics`` -> ``render()`` (Prometheus text), ``signals`` ->
+        ``signals()`` as JSON (this worker's part of the autoscaling signals)."""
+
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                writer.write(render())
+                what = (await reader.readline()).strip()
+                if what == b"signals" and signals is not None:
+                    writer.write(orjson.dumps(signals()))
+                else:
+                    writer.write(render())
                 await writer.drain()
             finally:
                 writer.close()
@@ -51,11 +60,12 @@ class MetricsPeer:
             await self._server.wait_closed()
             self._server = None
 
-    async def _read(self, path: str) -> bytes | None:
+    async def _read(self, path: str, what: bytes = b"metrics") -> bytes | None:
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_unix_connection(path)
                 try:
+                    writer.write(what + b"\n")
                     return await reader.read()
                 finally:
                     writer.close()
@@ -69,6 +79,11 @@ class MetricsPeer:
             if text:
                 texts.append(text)
         return merge(texts) if len(texts) > 1 else own
+
+    async def signals(self) -> list[dict[str, Any]]:
+        """The peers' parts of the autoscaling signals (``GatewaySignals.parts``)."""
+        answers = await asyncio.gather(*(self._read(p, b"signals") for p in self.peers))
+        return [orjson.loads(a) for a in answers if a]
 
 
 def merge(texts: Sequence[bytes]) -> bytes:
