@@ -203,17 +203,25 @@ class RateLimiter:
         return found
 
     async def reserve(self, inference: InferenceRequest, decision: Decision) -> Reservation | None:
-        if not self.limits and not self.tenant_limits:
-            return None
-        limits = self.applicable(decision)
-        if not limits:
-            return None
+        if not self.limits:
+            if not self.tenant_limits:
+                return None
+            # Tenant limits only (the common case): no list of applicable limits.
+            tenant = getattr(decision, "tenant", None)
+            limit = self.tenant_limits.get(tenant) if tenant is not None else None
+            if limit is None:
+                return None
+            limits = [limit]
+        else:
+            limits = self.applicable(decision)
+            if not limits:
+                return None
         embeddings = inference.path.endswith("/embeddings")
-        counted: list[int] = []  # the input count, once for every limit
         if len(limits) == 1 and limits[0].redis is None:
             reservation = self._reserve_local(inference, decision, limits[0], embeddings)
             if reservation is not None:
                 return reservation
+        counted: list[int] = []  # the input count, once for every limit
         taken: list[Taken] = []
         states: list[BucketState] = []
         try:
@@ -244,15 +252,35 @@ class RateLimiter:
         embeddings: bool,
     ) -> Reservation | None:
         """One local limit (``local.py``): the reservation, or None when the request does
-        not fit now (the general path then refuses it with the 429)."""
-        amounts = self._amounts(inference, decision, limit, embeddings, [])
-        if not amounts:
-            return None
+        not fit now or is too large for a bucket (the general path then refuses it with the
+        429)."""
         plan = self.plans.get(limit.key)
         if plan is None:
             plan = self.plans[limit.key] = LocalPlan(
                 {d: self._bucket(limit, d, tokens) for d, tokens in limit.tokens}
             )
+        # The amounts as ``_amounts`` gives them, for one limit.
+        doc = inference.doc
+        amounts: list[tuple[str, int]] = []
+        counted = -1
+        for direction, tokens in limit.tokens:
+            if direction == REQUESTS:
+                amount = 1
+            elif direction == OUTPUT:
+                if embeddings:
+                    continue
+                amount = output_reservation(doc, self.default_output, tokens)
+            else:
+                if counted < 0:
+                    counted = self.counter.count(doc, decision.model, inference.model)
+                amount = counted
+                if direction == BUDGET and not embeddings:
+                    amount += output_reservation(doc, self.default_output, tokens)
+            if amount > tokens:
+                return None
+            amounts.append((direction, amount))
+        if not amounts:
+            return None
         headers = plan.take(amounts, self.clock())
         if headers is None:
             return None

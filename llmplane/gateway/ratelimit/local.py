@@ -22,12 +22,16 @@ def _names(direction: str) -> tuple[str, str, str]:
     )
 
 
+# ``duration`` of 1 ms .. 1 s, formatted once.
+_MILLISECONDS = [f"{max(1, ms)}ms" for ms in range(1001)]
+
+
 def _reset(missing: float, rate: float) -> str:
-    """``buckets.duration((limit - level) / rate)``, its sub-second case inline (a bucket
-    that was just taken from is nearly always refilled within a second)."""
+    """``buckets.duration((limit - level) / rate)``, its sub-second case from a table (a
+    bucket that was just taken from is nearly always refilled within a second)."""
     seconds = missing / rate
     if 0 < seconds < 1:
-        return f"{max(1, math.ceil(seconds * 1000))}ms"
+        return _MILLISECONDS[math.ceil(seconds * 1000)]
     return duration(seconds)
 
 
