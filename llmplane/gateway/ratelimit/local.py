@@ -22,17 +22,9 @@ def _names(direction: str) -> tuple[str, str, str]:
     )
 
 
-# ``duration`` of 1 ms .. 1 s, formatted once.
+# ``duration`` of 1 ms .. 1 s (a bucket just taken from is nearly always refilled within a
+# second), formatted once.
 _MILLISECONDS = [f"{max(1, ms)}ms" for ms in range(1001)]
-
-
-def _reset(missing: float, rate: float) -> str:
-    """``buckets.duration((limit - level) / rate)``, its sub-second case from a table (a
-    bucket that was just taken from is nearly always refilled within a second)."""
-    seconds = missing / rate
-    if 0 < seconds < 1:
-        return _MILLISECONDS[math.ceil(seconds * 1000)]
-    return duration(seconds)
 
 
 class LocalPlan:
@@ -51,8 +43,9 @@ class LocalPlan:
         self.lock = first.lock if first is not None else None
 
     def take(self, amounts: list[tuple[str, int]], now: float) -> dict[str, str] | None:
-        """Take every amount and return the headers, or take nothing and return None (the
-        request does not fit now)."""
+        """Take every amount and return the headers (``rate_headers`` of the buckets after
+        the take, read under the lock as ``reserve_local`` reads them), or take nothing and
+        return None (the request does not fit now)."""
         entries = self.entries
         with self.lock:  # type: ignore[union-attr]  # the buckets of one limiter share it
             fits = True
@@ -63,31 +56,29 @@ class LocalPlan:
                     fits = False
             if not fits:
                 return None
+            headers: dict[str, str] = {}
+            main = None  # (share left, limit, remaining, reset) of the scarcest token bucket
+            per = []
             for d, amount in amounts:
-                entries[d][0].level -= amount
-            return self.headers(amounts)
-
-    def headers(self, amounts: list[tuple[str, int]]) -> dict[str, str]:
-        """``rate_headers`` of this limit's buckets as they are now (after the take; under
-        the lock, as ``reserve_local`` reads their states)."""
-        headers: dict[str, str] = {}
-        entries = self.entries
-        main = None  # (share left, remaining, reset, limit) of the scarcest token bucket
-        per = []
-        for d, _ in amounts:
-            bucket, limit_text, limit, names = entries[d]
-            level = bucket.level
-            remaining = str(int(level) if level > 0 else 0)
-            reset = _reset(limit - level, bucket.rate)
-            if d == REQUESTS:
-                headers[names[0]] = limit_text
-                headers[names[1]] = remaining
-                headers[names[2]] = reset
-                continue
-            share = level / limit
-            if main is None or share < main[0]:
-                main = (share, limit_text, remaining, reset)
-            per.append((names, limit_text, remaining, reset))
+                bucket, limit_text, limit, names = entries[d]
+                level = bucket.level - amount
+                bucket.level = level
+                remaining = str(int(level)) if level > 0 else "0"
+                seconds = (limit - level) / bucket.rate
+                reset = (
+                    _MILLISECONDS[math.ceil(seconds * 1000)]
+                    if 0 < seconds < 1
+                    else duration(seconds)
+                )
+                if d == REQUESTS:  # always the first direction
+                    headers[names[0]] = limit_text
+                    headers[names[1]] = remaining
+                    headers[names[2]] = reset
+                    continue
+                share = level / limit
+                if main is None or share < main[0]:
+                    main = (share, limit_text, remaining, reset)
+                per.append((names, limit_text, remaining, reset))
         if main is not None:
             headers["x-ratelimit-limit-tokens"] = main[1]
             headers["x-ratelimit-remaining-tokens"] = main[2]
