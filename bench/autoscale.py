@@ -268,7 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window", type=float, default=1.0, help="autoscaler averaging window, s")
     p.add_argument("--settle", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tag", default="", help="suffix of the result files and report section")
     args = p.parse_args(argv)
+    name = f"autoscale-{args.tag}" if args.tag else "autoscale"
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-autoscale-"))
     arrivals, bursts = trace(args)
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     load_after = os.getloadavg()
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    png = RESULTS / "autoscale.png"
+    png = RESULTS / f"{name}.png"
     plot(runs, bursts, png)
     data: dict[str, Any] = {
         "args": vars(args),
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in runs
         ],
     }
-    (RESULTS / "autoscale.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    (RESULTS / f"{name}.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     base = runs[0]
     rows = [
         [
@@ -349,10 +351,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{'met' if goal_rs else 'missed'}; TTFT p99 <= 1.5x fixed max: "
         f"{'met' if goal_ttft else 'missed'}; no failed request: "
         f"{'met' if auto.failed == 0 else 'missed'}.\n\n"
-        "![replicas and load over time](../bench/results/autoscale.png)\n"
+        f"![replicas and load over time](../bench/results/{name}.png)\n"
     )
     print(report)
-    write_section("autoscale", report)
+    write_section(name, report)
 
 
 if __name__ == "__main__":
