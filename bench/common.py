@@ -272,6 +272,22 @@ def _rotate(
                     )
 
 
+def checkout(ref: str, into: Path) -> Path:
+    """A detached git worktree of ``ref`` at ``into`` (the baseline of an A/B run); remove it
+    with ``remove_checkout``."""
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(into), ref],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return into
+
+
+def remove_checkout(tree: Path) -> None:
+    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+
+
 def write_section(name: str, text: str, path: Path = REPORT) -> Path:
     """Replace the generated section ``name`` of the report (between its markers)."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"

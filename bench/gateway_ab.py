@@ -19,17 +19,18 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
 import orjson
 
 from bench.common import (
+    checkout,
     cpu_seconds,
     gateway_proc,
     machine,
     machine_line,
+    remove_checkout,
     store_objects,
     table,
     upstream_proc,
@@ -65,13 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))
-    base_tree = work / "baseline"
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(base_tree), args.baseline],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    base_tree = checkout(args.baseline, work / "baseline")
     procs: list[Process] = []
     try:
         up = upstream_proc("--max-running", str(args.upstream_max_running))
@@ -146,9 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for proc in reversed(procs):
             proc.stop()
-        subprocess.run(
-            ["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False
-        )
+        remove_checkout(base_tree)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -3,7 +3,8 @@ plus Critical and Sheddable traffic, with flow control off (today's behaviour) a
 
     python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
                              [--prompt-tokens 400] [--max-tokens 10] [--duration 60]
-                             [--load 3.0] [--ttl 10] [--seed 1] [--write [--section NAME]]
+                             [--load 3.0] [--ttl 10] [--seed 1] [--cap-inflight N]
+                             [--write [--section NAME]]
 
 The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
 time slowed by ``--time-scale`` so the client and the gateway are far from the CPU limit).
@@ -14,7 +15,8 @@ hits) and exactly ``--max-tokens`` output tokens. Four Tenants with keys: ``big`
 big 1.0 C, critical 0.4 C, bulk 1.5 C (x ``--load`` / 3).
 
 Steps, one ``llmplane gateway`` process each over the same engines (``saturationQueue: 0``:
-an engine with any request waiting counts as saturated; ``flowControlTtl: --ttl``):
+an engine with any request waiting counts as saturated; ``flowControlTtl: --ttl``; with
+``--cap-inflight N`` also ``saturationMaxInflight: N``):
 1. capacity C: a closed loop keeping every replica's queue full (twice its sequences in
    flight), completions per second over 15 s after 5 s of warm-up;
 2. unloaded: the small tenant alone at its rate (its TTFT is the goal's reference);
@@ -210,9 +212,11 @@ async def serving(url: str, keys: dict[str, str], args, timeout: float = 120.0) 
                 await asyncio.sleep(0.2)
 
 
-def gateway(state: str, work: Path, name: str, flow_control: bool, ttl: float) -> Process:
+def gateway(state: str, work: Path, name: str, flow_control: bool, ttl: float, cap: int) -> Process:
     config = work / f"{name}.yaml"
-    config.write_text(f"gateway:\n  saturationQueue: 0\n  flowControlTtl: {ttl}\n")
+    config.write_text(
+        f"gateway:\n  saturationQueue: 0\n  saturationMaxInflight: {cap}\n  flowControlTtl: {ttl}\n"
+    )
     flag = "--flow-control" if flow_control else "--no-flow-control"
     return testing.gateway(
         "--config", str(config), flag, "--no-access-log", "--log-level", "WARNING",
@@ -233,7 +237,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--write", action="store_true", help="write docs/benchmarks.md's section")
     p.add_argument("--section", default="overload", help="the section --write replaces")
+    p.add_argument(
+        "--cap-inflight",
+        type=int,
+        default=0,
+        metavar="N",
+        help="saturationMaxInflight: never more than N in flight to a replica (0: no cap)",
+    )
     args = p.parse_args(argv)
+    inflight_cap = args.cap_inflight
 
     from llmplane.gateway import apikeys
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -256,8 +268,8 @@ def main(argv: list[str] | None = None) -> None:
             objects.append(tenant_object(name, criticality, made))
         store_objects(state, *objects)
         gws = {
-            "off": gateway(state, work, "off", False, args.ttl),
-            "on": gateway(state, work, "on", True, args.ttl),
+            "off": gateway(state, work, "off", False, args.ttl, inflight_cap),
+            "on": gateway(state, work, "on", True, args.ttl, inflight_cap),
         }
         procs += gws.values()
         urls = {n: f"http://{g.ready()}/v1/completions" for n, g in gws.items()}
@@ -309,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.time_scale:g}, {args.prompt_tokens} prompt + {args.max_tokens} output tokens "
             f"per streamed request; measured capacity {cap:.1f} req/s. Offered for "
             f"{args.duration:g} s at {args.load:g}x: {rate_text} req/s. Flow control TTL "
-            f"{args.ttl:g} s, saturationQueue 0.",
+            f"{args.ttl:g} s, saturationQueue 0, saturationMaxInflight {inflight_cap} (0: none).",
             "",
             table(headers, rows),
             "",

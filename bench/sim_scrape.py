@@ -27,9 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import machine, machine_line, table
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT, checkout, machine, machine_line, remove_checkout, table
 
 CHILD = r"""
 import asyncio, http.client, json, sys, time
@@ -94,13 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-simscrape-"))
-    base_tree = work / "baseline"
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(base_tree), args.baseline],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    base_tree = checkout(args.baseline, work / "baseline")
     try:
         rows = []
         for label, tree in ((f"baseline ({args.baseline})", base_tree), ("this tree", ROOT)):
@@ -116,9 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                 ]
             )
     finally:
-        subprocess.run(
-            ["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False
-        )
+        remove_checkout(base_tree)
         shutil.rmtree(work, ignore_errors=True)
     print(
         f"`python -m bench.sim_scrape --baseline {args.baseline} --scrapes {args.scrapes}` "

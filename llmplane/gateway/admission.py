@@ -3,7 +3,9 @@
 A backend without candidates is a 503. Ejected replicas are left out (failing open when all
 are). Every remaining candidate *saturated* means: its queue or KV use above the configured
 limits, its metrics stale, or (engines without load metrics, or whose metrics cannot be read now) more
-than ``saturation_inflight`` requests in flight from this gateway. Then, with flow control on, the request waits in the
+than ``saturation_inflight`` requests in flight from this gateway; and, when configured,
+``saturation_max_inflight`` requests in flight whatever the metrics say (a cap that keeps room
+in the engine: what it is sent starts at once instead of waiting in its queue). Then, with flow control on, the request waits in the
 gateway (``gateway/flowcontrol/``); with it off, a ``Sheddable`` request (the route's
 criticality, else its tenant's) gets a 429 with ``Retry-After``.
 """
@@ -26,6 +28,8 @@ class Admission:
 
     def saturated(self, state: EndpointState, now: float) -> bool:
         c = self.config
+        if c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight:
+            return True  # the configured cap per endpoint, whatever its metrics say
         if (
             state.has_load_metrics is False
             or (state.has_load_metrics is None and not state.scraped_at)

@@ -65,10 +65,19 @@ def matches(key: str, salt_hex: str, hash_hex: str) -> bool:
     return hmac.compare_digest(digest(key, salt_hex), hash_hex)
 
 
-def matches_raw(key: str, salt: bytes, hash_: bytes) -> bool:
-    """``matches`` with the salt and hash already decoded (the gateway's hot path: one
-    one-shot HMAC in C, one constant-time comparison)."""
-    return hmac.compare_digest(hmac.digest(salt, key.encode(), "sha256"), hash_)
+def keyed(salt: bytes) -> hmac.HMAC:
+    """An HMAC-SHA256 keyed by ``salt`` and not yet fed: ``matches_raw`` copies it instead
+    of keying a new one for every request."""
+    return hmac.new(salt, digestmod=hashlib.sha256)
+
+
+def matches_raw(key: str, mac: hmac.HMAC, hash_: bytes) -> bool:
+    """``matches`` with the salt already keyed (``keyed``) and the hash decoded (the
+    gateway's hot path: one HMAC in C from a copied key state, one constant-time
+    comparison)."""
+    mac = mac.copy()
+    mac.update(key.encode())
+    return hmac.compare_digest(mac.digest(), hash_)
 
 
 def admin_setting(key: NewKey) -> str:

@@ -3,8 +3,8 @@
 The tenant table (``TenantTable``) is built from the store's Tenant objects whenever they
 change, like the routing table, and swapped in whole: a request looks its key up by the
 key's public id (one dict lookup) and checks one HMAC-SHA256 in constant time
-(``apikeys.matches_raw``). Keys come as ``Authorization: Bearer <key>`` (what the ``openai``
-client sends) or ``x-api-key: <key>``.
+(``apikeys.matches_raw``, from an HMAC keyed once per key). Keys come as
+``Authorization: Bearer <key>`` (what the ``openai`` client sends) or ``x-api-key: <key>``.
 
 Answers, OpenAI-style: 401 ``invalid_api_key`` for a missing, unknown, malformed or revoked
 key (one message for all, so a caller learns nothing about which); 403 ``model_not_allowed``
@@ -73,7 +73,8 @@ class Tenant:
 class KeyRecord:
     tenant: Tenant
     salt: bytes
-    hash: bytes
+    hash: bytes  # empty: the key is refused
+    mac: Any = None  # HMAC-SHA256 keyed by salt (apikeys.keyed), copied per check
 
 
 class TenantTable:
@@ -155,7 +156,9 @@ def _record(
             salt, digest = secret_value(secret, "salt"), secret_value(secret, "hash")
         if not isinstance(key["id"], str):
             raise TypeError("id")
-        return KeyRecord(tenant, bytes.fromhex(salt), bytes.fromhex(digest))  # type: ignore[arg-type]
+        raw_salt = bytes.fromhex(salt)  # type: ignore[arg-type]
+        raw_hash = bytes.fromhex(digest)  # type: ignore[arg-type]
+        return KeyRecord(tenant, raw_salt, raw_hash, apikeys.keyed(raw_salt))
     except (KeyError, TypeError, ValueError):  # a hand-written object (or Secret), unvalidated
         log.warning("Tenant %s: a key without a valid id, salt and hash; ignored", tenant.name)
         return None
@@ -187,7 +190,7 @@ def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
         return None
     key_id = apikeys.key_id(key)
     record = keys.get(key_id) if key_id is not None else None
-    if record is None or not record.hash or not apikeys.matches_raw(key, record.salt, record.hash):
+    if record is None or not record.hash or not apikeys.matches_raw(key, record.mac, record.hash):
         return None
     return record
 

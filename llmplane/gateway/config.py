@@ -30,6 +30,10 @@ class GatewayConfig:
     saturation_kv: float = 0.8
     metrics_staleness: float = 0.2
     saturation_inflight: int = 64
+    # An endpoint with this many requests in flight from the gateway is saturated whatever its
+    # metrics say (0: no cap). Set to the engines' running capacity (vLLM --max-num-seqs),
+    # flow control then keeps the rest in the gateway and a dispatched request starts at once.
+    saturation_max_inflight: int = 0
     shed_retry_after: float = 1.0
     # Engine metrics scraping.
     scrape_interval: float = 0.05  # while an endpoint is busy
@@ -135,15 +139,18 @@ def config_from_dict(doc: dict[str, Any] | None) -> GatewayConfig:
         kwargs[name] = value
     scheduler = doc if (doc.get("plugins") or doc.get("schedulingProfiles")) else None
     config = GatewayConfig(scheduler=scheduler, **kwargs)
-    _check_flow_control(config)
+    _check_settings(config)
     return config
 
 
-def _check_flow_control(config: GatewayConfig) -> None:
+def _check_settings(config: GatewayConfig) -> None:
     if not isinstance(config.flow_control, bool):
         raise ValueError("gateway.flowControl: must be true or false")
     if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
         raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
+    cap = config.saturation_max_inflight
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise ValueError("gateway.saturationMaxInflight: must be a whole number (0: no cap)")
     for name in ("band_requests", "band_bytes", "total_requests", "total_bytes"):
         value = getattr(config, f"flow_control_{name}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -71,6 +71,8 @@ class TenantUsage:
             ("tenant", "model", "direction"),
         )
         self.pending: dict[tuple[int, str, str], list[int]] = {}
+        # (tenant, model) -> its three counter children, looked up once.
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._task: asyncio.Task[None] | None = None
 
     # --- the hook ----------------------------------------------------------------------------
@@ -100,14 +102,23 @@ class TenantUsage:
             return
         model = inference.model
         answered = 1 if status < 400 else 0
-        prompt = usage.prompt_tokens if usage is not None else 0
-        completion = usage.completion_tokens if usage is not None else 0
+        if usage is not None:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        else:
+            prompt = completion = 0
+        children = self._children.get((tenant, model))
+        if children is None:
+            children = self._children[(tenant, model)] = (
+                self.requests.labels(tenant, model),
+                self.tokens.labels(tenant, model, "input"),
+                self.tokens.labels(tenant, model, "output"),
+            )
         if answered:
-            self.requests.labels(tenant, model).inc()
+            children[0].inc()
         if prompt:
-            self.tokens.labels(tenant, model, "input").inc(prompt)
+            children[1].inc(prompt)
         if completion:
-            self.tokens.labels(tenant, model, "output").inc(completion)
+            children[2].inc(completion)
         if self.log is None or not (answered or prompt or completion):
             return
         key = (int(self.clock() // 60) * 60, tenant, model)

@@ -11,8 +11,17 @@ its values changed (an idle replica's scrape is one tuple comparison). The outpu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from prometheus_client.utils import floatToGoString
+
+
+class Observations(Protocol):
+    """A histogram's state: counts per bucket (the last one +Inf), their total and sum."""
+
+    counts: list[int]
+    total: int
+    sum: float
 
 
 def _escape_help(doc: str) -> str:
@@ -51,16 +60,14 @@ class Template:
 
 
 class HistogramText:
-    """One histogram family's lines, rendered again only when its observation count moved.
-
-    ``hist`` is any object with ``counts`` (per bucket, the last one +Inf), ``total`` and
-    ``sum``; several families may share one (vLLM exports the ITL histogram twice)."""
+    """One histogram family's lines, rendered again only when its observation count moved
+    (several families may share one histogram: vLLM exports the ITL histogram twice)."""
 
     __slots__ = ("_count_at", "_created", "_head", "_prefixes", "_tail", "_text", "hist")
 
     def __init__(
         self,
-        hist: object,
+        hist: Observations,
         name: str,
         doc: str,
         bounds: Sequence[float],
@@ -82,16 +89,16 @@ class HistogramText:
 
     def text(self) -> str:
         h = self.hist
-        total = h.total  # type: ignore[attr-defined]
+        total = h.total
         if total != self._count_at:
             lines = [self._head]
             acc = 0
-            for prefix, c in zip(self._prefixes, h.counts, strict=True):  # type: ignore[attr-defined]
+            for prefix, c in zip(self._prefixes, h.counts, strict=True):
                 acc += c
                 lines.append(f"{prefix}{floatToGoString(acc)}\n")
             count, sum_ = self._tail
             lines.append(f"{count}{floatToGoString(total)}\n")
-            lines.append(f"{sum_}{floatToGoString(h.sum)}\n")  # type: ignore[attr-defined]
+            lines.append(f"{sum_}{floatToGoString(h.sum)}\n")
             lines.append(self._created)
             self._text = "".join(lines)
             self._count_at = total

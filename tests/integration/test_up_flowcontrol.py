@@ -80,7 +80,7 @@ def test_up_queues_by_priority_under_saturation(tmp_path: Path, processes: Proce
     # The gateway serves with the keys (it has seen the Tenants).
     wait_for(lambda: complete("filler", 1)[0] == 200, 30, what="served with a tenant's key")
     with ThreadPoolExecutor(8) as pool:
-        fillers = [pool.submit(complete, "filler", 150) for _ in range(2)]  # ~1 s each
+        fillers = [pool.submit(complete, "filler", 600) for _ in range(2)]  # ~4 s each
         wait_for(
             lambda: (
                 metric(up.url, "llmplane_gateway_endpoint_inflight")

@@ -34,6 +34,7 @@ from llmplane.gateway.ratelimit.limits import (
     route_limits,
     tenant_limits,
 )
+from llmplane.gateway.ratelimit.local import LocalPlan
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets, redis_key
 from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
 from llmplane.gateway.request import InferenceRequest
@@ -57,12 +58,19 @@ _METRICS = {
 class Taken:
     """What one limit (a route's or a tenant's) took for a request."""
 
-    __slots__ = ("amounts", "limit", "mode")
+    __slots__ = ("amounts", "limit", "mode", "plan")
 
-    def __init__(self, limit: RouteLimit, mode: str, amounts: list[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        limit: RouteLimit,
+        mode: str,
+        amounts: list[tuple[str, int]],
+        plan: LocalPlan | None = None,
+    ) -> None:
         self.limit = limit
         self.mode = mode  # local | redis | none (Redis failed, admitted without a reservation)
         self.amounts = amounts
+        self.plan = plan  # the buckets it took from (the single-limit fast path)
 
 
 class Reservation(HookReservation):
@@ -107,6 +115,8 @@ class RateLimiter:
         # Buckets of this process (or shared by the workers, see make_bucket), by (limit key,
         # direction): one interface (TokenBucket) whatever holds them.
         self.local: dict[tuple[str, str], TokenBucket] = {}
+        # limit key -> its local buckets resolved once (``local.py``); dropped on update.
+        self.plans: dict[str, LocalPlan] = {}
         self.redis: dict[str, RedisBuckets] = {}
         self.counter = TokenCounter(getattr(config, "rate_limit_tokenizers", None))
         self.default_output = getattr(config, "rate_limit_default_output_tokens", 256)
@@ -128,6 +138,7 @@ class RateLimiter:
         """New store objects: re-read every ModelRoute's and Tenant's rateLimit. A changed
         limit keeps the bucket's level (capped at the new burst)."""
         objects = list(objects)
+        self.plans = {}
         self.limits = route_limits(objects)
         self.tenant_limits = tenant_limits(objects)
         every = [*self.limits.values(), *self.tenant_limits.values()]
@@ -192,12 +203,24 @@ class RateLimiter:
         return found
 
     async def reserve(self, inference: InferenceRequest, decision: Decision) -> Reservation | None:
-        if not self.limits and not self.tenant_limits:
-            return None
-        limits = self.applicable(decision)
-        if not limits:
-            return None
+        if not self.limits:
+            if not self.tenant_limits:
+                return None
+            # Tenant limits only (the common case): no list of applicable limits.
+            tenant = getattr(decision, "tenant", None)
+            limit = self.tenant_limits.get(tenant) if tenant is not None else None
+            if limit is None:
+                return None
+            limits = [limit]
+        else:
+            limits = self.applicable(decision)
+            if not limits:
+                return None
         embeddings = inference.path.endswith("/embeddings")
+        if len(limits) == 1 and limits[0].redis is None:
+            reservation = self._reserve_local(inference, decision, limits[0], embeddings)
+            if reservation is not None:
+                return reservation
         counted: list[int] = []  # the input count, once for every limit
         taken: list[Taken] = []
         states: list[BucketState] = []
@@ -217,6 +240,57 @@ class RateLimiter:
         reservation = Reservation(taken, rate_headers(states))
         tokens = any(d != REQUESTS for part in taken for d, _ in part.amounts)
         if tokens and inference.stream and not embeddings and inject_include_usage(inference.doc):
+            inference.mark_dirty()
+            reservation.stream_filter = UsageChunkFilter()
+        return reservation
+
+    def _reserve_local(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        limit: RouteLimit,
+        embeddings: bool,
+    ) -> Reservation | None:
+        """One local limit (``local.py``): the reservation, or None when the request does
+        not fit now or is too large for a bucket (the general path then refuses it with the
+        429)."""
+        plan = self.plans.get(limit.key)
+        if plan is None:
+            plan = self.plans[limit.key] = LocalPlan(
+                {d: self._bucket(limit, d, tokens) for d, tokens in limit.tokens}
+            )
+        # The amounts as ``_amounts`` gives them, for one limit.
+        doc = inference.doc
+        amounts: list[tuple[str, int]] = []
+        counted = -1
+        for direction, tokens in limit.tokens:
+            if direction == REQUESTS:
+                amount = 1
+            elif direction == OUTPUT:
+                if embeddings:
+                    continue
+                amount = output_reservation(doc, self.default_output, tokens)
+            else:
+                if counted < 0:
+                    counted = self.counter.count(doc, decision.model, inference.model)
+                amount = counted
+                if direction == BUDGET and not embeddings:
+                    amount += output_reservation(doc, self.default_output, tokens)
+            if amount > tokens:
+                return None
+            amounts.append((direction, amount))
+        if not amounts:
+            return None
+        headers = plan.take(amounts, self.clock())
+        if headers is None:
+            return None
+        reservation = Reservation([Taken(limit, "local", amounts, plan)], headers)
+        if (
+            inference.stream
+            and not embeddings
+            and (len(amounts) > 1 or amounts[0][0] != REQUESTS)
+            and inject_include_usage(inference.doc)
+        ):
             inference.mark_dirty()
             reservation.stream_filter = UsageChunkFilter()
         return reservation
@@ -374,6 +448,9 @@ class RateLimiter:
         """Give back (> 0) or debit (< 0) tokens of what ``part`` took."""
         limit = part.limit
         if part.mode == "none":
+            return
+        if part.plan is not None:
+            part.plan.give(deltas, self.clock())
             return
         if part.mode == "local":
             now = self.clock()

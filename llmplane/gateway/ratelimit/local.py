@@ -1,0 +1,105 @@
+"""The fast path of one limit on local buckets (the common case: a Tenant's limit, or a
+route's, held by this process): the buckets resolved once per limit, and one call that
+refills, checks and takes them all and writes the ``x-ratelimit-*`` headers, without a state
+object per bucket. It gives exactly what ``buckets.reserve_local`` + ``rate_headers`` give
+for a single limit (``tests/unit/test_ratelimit_local.py`` compares them); a refusal, the
+rarer case, is left to that general path, which builds the 429."""
+
+from __future__ import annotations
+
+import math
+
+from llmplane.gateway.ratelimit.buckets import TokenBucket, duration
+from llmplane.gateway.ratelimit.limits import REQUESTS
+
+
+def _names(direction: str) -> tuple[str, str, str]:
+    suffix = "requests" if direction == REQUESTS else f"tokens-{direction}"
+    return (
+        f"x-ratelimit-limit-{suffix}",
+        f"x-ratelimit-remaining-{suffix}",
+        f"x-ratelimit-reset-{suffix}",
+    )
+
+
+# ``duration`` of 1 ms .. 1 s, formatted once.
+_MILLISECONDS = [f"{max(1, ms)}ms" for ms in range(1001)]
+
+
+def _reset(missing: float, rate: float) -> str:
+    """``buckets.duration((limit - level) / rate)``, its sub-second case from a table (a
+    bucket that was just taken from is nearly always refilled within a second)."""
+    seconds = missing / rate
+    if 0 < seconds < 1:
+        return _MILLISECONDS[math.ceil(seconds * 1000)]
+    return duration(seconds)
+
+
+class LocalPlan:
+    """One limit's local buckets by direction, with their header names and limit values
+    formatted once. Valid until the limits change (the limiter drops its plans then)."""
+
+    __slots__ = ("buckets", "entries", "lock")
+
+    def __init__(self, buckets: dict[str, TokenBucket]) -> None:
+        self.buckets = buckets
+        # direction -> (bucket, str(limit), the limit as a number, header names)
+        self.entries = {
+            d: (b, str(int(b.burst)), int(b.burst), _names(d)) for d, b in buckets.items()
+        }
+        first = next(iter(buckets.values()), None)
+        self.lock = first.lock if first is not None else None
+
+    def take(self, amounts: list[tuple[str, int]], now: float) -> dict[str, str] | None:
+        """Take every amount and return the headers, or take nothing and return None (the
+        request does not fit now)."""
+        entries = self.entries
+        with self.lock:  # type: ignore[union-attr]  # the buckets of one limiter share it
+            fits = True
+            for d, amount in amounts:  # every bucket refilled, as reserve_local does
+                bucket = entries[d][0]
+                bucket.refill(now)
+                if bucket.level < amount:
+                    fits = False
+            if not fits:
+                return None
+            for d, amount in amounts:
+                entries[d][0].level -= amount
+            return self.headers(amounts)
+
+    def headers(self, amounts: list[tuple[str, int]]) -> dict[str, str]:
+        """``rate_headers`` of this limit's buckets as they are now (after the take; under
+        the lock, as ``reserve_local`` reads their states)."""
+        headers: dict[str, str] = {}
+        entries = self.entries
+        main = None  # (share left, remaining, reset, limit) of the scarcest token bucket
+        per = []
+        for d, _ in amounts:
+            bucket, limit_text, limit, names = entries[d]
+            level = bucket.level
+            remaining = str(int(level) if level > 0 else 0)
+            reset = _reset(limit - level, bucket.rate)
+            if d == REQUESTS:
+                headers[names[0]] = limit_text
+                headers[names[1]] = remaining
+                headers[names[2]] = reset
+                continue
+            share = level / limit
+            if main is None or share < main[0]:
+                main = (share, limit_text, remaining, reset)
+            per.append((names, limit_text, remaining, reset))
+        if main is not None:
+            headers["x-ratelimit-limit-tokens"] = main[1]
+            headers["x-ratelimit-remaining-tokens"] = main[2]
+            headers["x-ratelimit-reset-tokens"] = main[3]
+            for names, limit_text, remaining, reset in per:
+                headers[names[0]] = limit_text
+                headers[names[1]] = remaining
+                headers[names[2]] = reset
+        return headers
+
+    def give(self, deltas: list[tuple[str, int]], now: float) -> None:
+        """Give back (> 0) or debit (< 0), as ``TokenBucket.adjust``."""
+        entries = self.entries
+        for d, delta in deltas:
+            entries[d][0].adjust(delta, now)

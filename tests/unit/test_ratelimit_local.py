@@ -1,0 +1,62 @@
+"""The single-limit fast path on local buckets (``ratelimit/local.py``) against the general
+one (``reserve_local`` + ``rate_headers``): the same admissions, levels and headers."""
+
+from __future__ import annotations
+
+import random
+
+from llmplane.gateway.ratelimit.buckets import TokenBucket, rate_headers, reserve_local
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
+from llmplane.gateway.ratelimit.local import LocalPlan
+
+LIMITS = {REQUESTS: 5, INPUT: 300, OUTPUT: 120, BUDGET: 2000}
+PERIOD = {REQUESTS: 60.0, INPUT: 60.0, OUTPUT: 1.0, BUDGET: 86400.0}
+
+
+def twins(directions: list[str]) -> tuple[dict[str, TokenBucket], dict[str, TokenBucket]]:
+    def make() -> dict[str, TokenBucket]:
+        return {d: TokenBucket(LIMITS[d] / PERIOD[d], LIMITS[d], 0.0) for d in directions}
+
+    return make(), make()
+
+
+def test_fast_path_admits_and_reports_exactly_as_the_general_path():
+    rng = random.Random(7)
+    seen = {"admitted": 0, "refused": 0, "sub_second": 0, "longer": 0}
+    for directions in ([REQUESTS], [INPUT, OUTPUT], [REQUESTS, INPUT, OUTPUT, BUDGET]):
+        fast, general = twins(directions)
+        plan = LocalPlan(fast)
+        now = 0.0
+        for _ in range(400):
+            now += rng.choice((0.0, 0.01, 0.3, 2.0))
+            amounts = [(d, 1 if d == REQUESTS else rng.randint(0, 90)) for d in directions]
+            headers = plan.take(amounts, now)
+            ok, states = reserve_local([(d, general[d], a) for d, a in amounts], now)
+            assert (headers is not None) == ok
+            if ok:
+                seen["admitted"] += 1
+                assert headers == rate_headers(states)
+                assert list(headers) == list(rate_headers(states))
+                resets = [v for k, v in headers.items() if k.startswith("x-ratelimit-reset")]
+                seen["sub_second"] += any(v.endswith("ms") for v in resets)
+                seen["longer"] += any(not v.endswith("ms") for v in resets)
+            else:
+                seen["refused"] += 1
+            for d in directions:
+                assert fast[d].level == general[d].level
+            if ok and rng.random() < 0.5:  # settle: give back or debit
+                deltas = [(d, rng.randint(-30, 30)) for d in directions if d != REQUESTS]
+                plan.give(deltas, now)
+                for d, delta in deltas:
+                    general[d].adjust(delta, now)
+    # The comparison covered both outcomes and both reset formats.
+    assert all(seen.values()), seen
+
+
+def test_a_tie_between_token_buckets_reports_the_first_as_the_general_path_does():
+    fast, general = twins([INPUT, OUTPUT, BUDGET])
+    amounts = [(INPUT, 30), (OUTPUT, 12), (BUDGET, 200)]  # a tenth of each: equal shares
+    headers = LocalPlan(fast).take(amounts, 0.0)
+    ok, states = reserve_local([(d, general[d], a) for d, a in amounts], 0.0)
+    assert ok and headers == rate_headers(states)
+    assert headers["x-ratelimit-limit-tokens"] == "300"
