@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.tag
             else "## Autoscaling on a bursty trace (sim replicas)\n\n"
         )
-        f"`{' '.join(['python -m bench.autoscale', argv_text]).strip()}`"
+        + f"`{' '.join(['python -m bench.autoscale', argv_text]).strip()}`"
         + f" ({machine_line(info, load_after)}). {len(arrivals)} streamed 60-token completions: "
         f"{args.bursts} Poisson bursts of {args.rate:g} req/s for {args.burst:g} s, "
         f"{args.idle:g} s idle between them; sim replicas (time scale 5, 4 sequences at a time: "
