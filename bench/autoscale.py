@@ -268,7 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window", type=float, default=1.0, help="autoscaler averaging window, s")
     p.add_argument("--settle", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tag", default="", help="suffix of the result files and report section")
     args = p.parse_args(argv)
+    report_name = f"autoscale-{args.tag}" if args.tag else "autoscale"
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-autoscale-"))
     arrivals, bursts = trace(args)
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     load_after = os.getloadavg()
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    png = RESULTS / "autoscale.png"
+    png = RESULTS / f"{report_name}.png"
     plot(runs, bursts, png)
     data: dict[str, Any] = {
         "args": vars(args),
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in runs
         ],
     }
-    (RESULTS / "autoscale.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    (RESULTS / f"{report_name}.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     base = runs[0]
     rows = [
         [
@@ -325,8 +327,12 @@ def main(argv: list[str] | None = None) -> None:
     goal_ttft = percentile(auto.ttft, 99) <= 1.5 * percentile(base.ttft, 99)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     report = (
-        "## Autoscaling on a bursty trace (sim replicas)\n\n"
-        f"`{' '.join(['python -m bench.autoscale', argv_text]).strip()}`"
+        (
+            f"### Autoscaling on a bursty trace ({args.tag})\n\n"
+            if args.tag
+            else "## Autoscaling on a bursty trace (sim replicas)\n\n"
+        )
+        + f"`{' '.join(['python -m bench.autoscale', argv_text]).strip()}`"
         + f" ({machine_line(info, load_after)}). {len(arrivals)} streamed 60-token completions: "
         f"{args.bursts} Poisson bursts of {args.rate:g} req/s for {args.burst:g} s, "
         f"{args.idle:g} s idle between them; sim replicas (time scale 5, 4 sequences at a time: "
@@ -349,10 +355,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{'met' if goal_rs else 'missed'}; TTFT p99 <= 1.5x fixed max: "
         f"{'met' if goal_ttft else 'missed'}; no failed request: "
         f"{'met' if auto.failed == 0 else 'missed'}.\n\n"
-        "![replicas and load over time](../bench/results/autoscale.png)\n"
+        f"![replicas and load over time](../bench/results/{report_name}.png)\n"
     )
     print(report)
-    write_section("autoscale", report)
+    write_section(report_name, report)
 
 
 if __name__ == "__main__":
