@@ -33,7 +33,7 @@ class EndpointState:
     prefix_queries: float = 0.0
     # The gateway's own accounting.
     inflight: int = 0
-    inflight_at_scrape: int = 0  # ``inflight`` when the last scrape was applied
+    inflight_at_scrape: int = 0  # ``inflight`` when the last applied scrape was sent
     # Health.
     consecutive_failures: int = 0
     ejected_until: float = 0.0

@@ -188,7 +188,12 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
     return LoadMetrics()
 
 
-def apply_metrics(state: EndpointState, m: LoadMetrics, now: float) -> None:
+def apply_metrics(
+    state: EndpointState, m: LoadMetrics, now: float, inflight_at_start: int | None = None
+) -> None:
+    """``inflight_at_start``: the gateway's in-flight count when the scrape was sent. A
+    request sent while the scrape was on the wire is probably not in the engine's figures, so
+    the queue estimate keeps counting it (see ``registry.queue_estimates``)."""
     state.waiting = m.waiting or 0.0
     state.running = m.running or 0.0
     state.has_kv = m.kv is not None
@@ -201,7 +206,7 @@ def apply_metrics(state: EndpointState, m: LoadMetrics, now: float) -> None:
         state.prefix_queries = m.prefix_queries
     state.has_load_metrics = m.any
     state.scraped_at = now if m.any else 0.0
-    state.inflight_at_scrape = state.inflight
+    state.inflight_at_scrape = state.inflight if inflight_at_start is None else inflight_at_start
     state.scrape_ok = True
 
 
@@ -272,6 +277,7 @@ class Scraper:
             state.has_load_metrics = False
             return True
         self.scrapes[state.key] = self.scrapes.get(state.key, 0) + 1
+        sent = state.inflight
         try:
             async with session.get(f"http://{state.address}/metrics") as resp:
                 if resp.status == 404:
@@ -285,7 +291,7 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, OSError):
             state.scrape_ok = False
             return False
-        apply_metrics(state, parse_metrics(body, state.endpoint.engine), time.monotonic())
+        apply_metrics(state, parse_metrics(body, state.endpoint.engine), time.monotonic(), sent)
         return True
 
     async def refresh_models(self, state: EndpointState) -> None:

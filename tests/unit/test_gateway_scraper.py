@@ -27,10 +27,13 @@ class MetricsPage:
         self.running = running
         self.hits = 0
         self.address = ""
+        self.on_scrape: Callable[[], None] | None = None  # runs before the page is rendered
 
     async def handle(self, request: web.Request) -> web.Response:
         if request.path == "/metrics":
             self.hits += 1
+            if self.on_scrape is not None:
+                self.on_scrape()
             kv = 0.1 * self.running
             return web.Response(text=PAGE.format(running=self.running, kv=kv))
         return web.json_response({"data": [{"id": "m"}]})
@@ -116,5 +119,21 @@ async def test_a_new_endpoint_is_scraped_at_once(pages) -> None:
         scraper.add(state)
         await eventually(lambda: state.scraped_at > 0, timeout=2.0, what="the first scrape")
         assert page.hits == 1
+    finally:
+        await scraper.close()
+
+
+async def test_a_request_sent_during_a_scrape_still_counts_in_the_queue_estimate(pages) -> None:
+    """The engine rendered its page before a request the gateway sent meanwhile reached it: the
+    estimate must keep that request, or a saturated engine looks free for a moment (flow
+    control then dispatched a Sheddable request past a Critical one still on the wire)."""
+    page = await pages(0)
+    state = EndpointState(Endpoint(page.address))
+    page.on_scrape = lambda: state.add_inflight(1)  # a request sent while the scrape is out
+    scraper = Scraper(GatewayConfig())
+    try:
+        assert await scraper.scrape_once(state)
+        assert state.waiting == 0 and state.inflight == 1
+        assert state.queue_estimate(GatewayConfig().metrics_staleness) == 1
     finally:
         await scraper.close()
