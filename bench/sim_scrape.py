@@ -56,8 +56,7 @@ async def render() -> tuple[float, float]:
     return idle, (time.process_time() - t) / n
 
 idle, busy = asyncio.run(render())
-with sim_process("m") as sim:
-    sim.start()
+with sim_process("m") as sim:  # started by the with, stopped at its end
     conn = http.client.HTTPConnection(sim.host, sim.port)
     for _ in range(50):  # warm up
         conn.request("GET", "/metrics")

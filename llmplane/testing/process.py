@@ -66,6 +66,10 @@ class Process:
 
     def launch(self) -> Process:
         """Start the process without waiting (``ready()`` waits); for starting several at once."""
+        if self.proc is not None and self.proc.poll() is None:
+            # A second launch would overwrite the handle and leave the first process running
+            # with nothing to stop it (``with sim_process() as p: p.start()`` did).
+            raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
         if self.inherit_env:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

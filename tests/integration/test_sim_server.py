@@ -392,3 +392,14 @@ async def test_metrics_page_is_reused_while_idle_and_follows_every_change():
     assert one(after, "vllm:e2e_request_latency_seconds_count") == 1
     assert one(after, "vllm:inter_token_latency_seconds_count") == 39
     assert one(after, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_a_running_process_is_never_launched_twice() -> None:
+    """A second launch would orphan the first process (bench/sim_scrape.py leaked a sim per
+    run that way): it is refused, and the one process stops with the ``with``."""
+    with sim_process("m") as sim:
+        first = sim.pid
+        with pytest.raises(RuntimeError, match="already running"):
+            sim.start()
+        assert sim.pid == first
+    assert sim.proc is not None and sim.proc.poll() is not None
