@@ -227,10 +227,13 @@ def test_gateway_sees_vllms_queue_and_kv_cache_under_load(fleet: Fleet) -> None:
     results: list[int] = []
 
     def one(i: int) -> None:
-        code, _, _ = completion(url, f"{' '.join(corpus(1, seed=100 + i))}", 48)
+        code, _, _ = completion(url, f"{' '.join(corpus(1, seed=100 + i))}", 96)
         results.append(code)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+    # 12 requests of 96 tokens over two replicas running two sequences each: the engines' queues
+    # stay non-empty for several of the gateway's 50 ms scrapes even on a loaded machine (with
+    # 10 of 48 tokens they emptied between two of this loop's samples about one run in five).
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
@@ -241,7 +244,7 @@ def test_gateway_sees_vllms_queue_and_kv_cache_under_load(fleet: Fleet) -> None:
         time.sleep(0.05)
     for t in threads:
         t.join()
-    assert results == [200] * 10
+    assert results == [200] * 12
     # vLLM runs two sequences at a time (--max-num-seqs 2): the rest wait in its queue, and the
     # gateway reads that (and the KV blocks they hold) from vLLM's own /metrics.
     assert max(peak_waiting.values(), default=0) >= 1, peak_waiting
