@@ -311,7 +311,7 @@ class Gateway:
         if not decision.backend.candidates and inference.model in self.table.activatable:
             # A ModelRoute / InferenceModel whose targets select no replica yet: its Playground
             # is scaled to zero, starting or restarting (routing.py's activatable routes).
-            decision = await self._hold_route(inference, ctx.request.headers)
+            decision = await self._hold(inference, ctx.request.headers)
         ctx.decision = decision
         if tenant is not None:
             decision.tenant = tenant.name
@@ -362,14 +362,13 @@ class Gateway:
     ) -> Decision:
         """A model without a ready replica: hold the request at the activator until one is
         ready, then resolve again; anything else re-raises ``err``."""
-        workload = self.table.activatable.get(inference.model)
-        if err.code != "no_ready_endpoint" or workload is None:
+        if err.code != "no_ready_endpoint" or inference.model not in self.table.activatable:
             raise err
-        await self.activator.hold(inference.model, workload, len(inference.body))
-        return self.table.resolve(inference.model, inference.path, headers)
+        return await self._hold(inference, headers)
 
-    async def _hold_route(self, inference: InferenceRequest, headers: Any) -> Decision:
-        """Hold a routed request until its target's Playground has a ready replica."""
+    async def _hold(self, inference: InferenceRequest, headers: Any) -> Decision:
+        """Hold the request at the activator until the Playground serving its model (or its
+        route's target) has a ready replica, then resolve again."""
         workload = self.table.activatable[inference.model]
         await self.activator.hold(inference.model, workload, len(inference.body))
         return self.table.resolve(inference.model, inference.path, headers)

@@ -4,7 +4,7 @@ and how many output tokens a request reserves."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,17 +81,21 @@ def _build(
     )
 
 
-def route_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
-    """ModelRoute ref -> its limit, for the routes in ``objects`` with a valid rateLimit."""
-    limits: dict[str, RouteLimit] = {}
+def _specs(objects: Iterable[dict[str, Any]], kind: str) -> Iterator[tuple[str, Any]]:
+    """(namespace/name, raw rateLimit) of every ``kind`` object in ``objects`` with one."""
     for obj in objects:
-        if obj.get("kind") != "ModelRoute":
+        if obj.get("kind") != kind:
             continue
         spec = obj.get("spec") or {}
         raw = spec.get("rateLimit") if isinstance(spec, dict) else None
-        if not raw:
-            continue
-        key = _key(obj)
+        if raw:
+            yield _key(obj), raw
+
+
+def route_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
+    """ModelRoute ref -> its limit, for the routes in ``objects`` with a valid rateLimit."""
+    limits: dict[str, RouteLimit] = {}
+    for key, raw in _specs(objects, "ModelRoute"):
         try:
             rl = RateLimit.model_validate(raw)
         except Exception as err:
@@ -107,14 +111,7 @@ def tenant_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
     """Tenant name (as ``gateway/auth.py`` names it: ``name`` in namespace default, else
     ``namespace/name``) -> its limit, for the Tenants in ``objects`` with a valid rateLimit."""
     limits: dict[str, RouteLimit] = {}
-    for obj in objects:
-        if obj.get("kind") != "Tenant":
-            continue
-        spec = obj.get("spec") or {}
-        raw = spec.get("rateLimit") if isinstance(spec, dict) else None
-        if not raw:
-            continue
-        key = _key(obj)
+    for key, raw in _specs(objects, "Tenant"):
         name = key.removeprefix("default/")
         try:
             rl = TenantRateLimit.model_validate(raw)
