@@ -17,9 +17,11 @@ a time per replica, the rest wait in the engine's queue) three times:
 
 Each request streams; TTFT is the time to the first streamed token at the client. Replica-
 seconds integrate the engine processes running (starting ones included: they hold the
-accelerator) over the trace. Written: bench/results/autoscale.json, the plot
-bench/results/autoscale.png (replicas and load over time) and the ``autoscale`` section of
-docs/benchmarks.md.
+accelerator) over the trace. Written: bench/results/autoscale.json (a summary: the figures and
+the times the replica count changed), the plot bench/results/autoscale.png (replicas and load
+over time) and the ``autoscale`` section of docs/benchmarks.md. ``--raw`` also writes the
+0.25 s samples the plot is drawn from (~11k lines a run) to bench/results/autoscale.raw.json,
+which is not committed.
 """
 
 from __future__ import annotations
@@ -40,27 +42,10 @@ import orjson
 
 from bench.common import ROOT, machine, machine_line, percentile, table, write_section
 from llmplane.testing import Processes, Up, wait_for
+from llmplane.testing.fleets import sim_fleet
 
 RESULTS = ROOT / "bench" / "results"
 MODEL = "tiny"
-FLEET = """
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {model}}}
-spec:
-  familyName: tiny
-  source: {{uri: "host:///dev/null"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {model}}}
-spec:
-  replicas: {replicas}
-  modelClaim: {{modelName: {model}}}
-  backendRuntimeConfig:
-    backendName: sim
-    args: ["--time-scale", "5", "--max-num-seqs", "4"]
-"""
 ELASTIC = """  elasticConfig:
     minReplicas: {low}
     maxReplicas: {high}
@@ -107,6 +92,14 @@ class Run:
         for (t0, r0, _), (t1, _, _) in zip(self.timeline, self.timeline[1:], strict=False):
             total += r0 * (t1 - t0)
         return total
+
+    def replica_changes(self) -> list[tuple[float, int]]:
+        """(t, replicas) at the first sample and wherever the replica count changed."""
+        return [
+            (round(t, 2), r)
+            for i, (t, r, _) in enumerate(self.timeline)
+            if i == 0 or r != self.timeline[i - 1][1]
+        ]
 
 
 WORDS = [
@@ -188,7 +181,7 @@ async def replay(up: Up, run: Run, arrivals: list[float], end: float) -> None:
 
 
 def fleet(replicas: int, elastic: str = "") -> str:
-    return FLEET.format(model=MODEL, replicas=replicas) + elastic
+    return sim_fleet(MODEL, replicas, time_scale="5", args=["--max-num-seqs", "4"]) + elastic
 
 
 def measure(
@@ -269,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tag", default="", help="suffix of the result files and report section")
+    p.add_argument(
+        "--raw", action="store_true", help="also write the timeline samples to NAME.raw.json"
+    )
     args = p.parse_args(argv)
     report_name = f"autoscale-{args.tag}" if args.tag else "autoscale"
     info = machine()
@@ -303,12 +299,15 @@ def main(argv: list[str] | None = None) -> None:
                 "ttft_p99": percentile(r.ttft, 99),
                 "failed": r.failed,
                 "errors": r.errors[:5],
-                "timeline": r.timeline,
+                "replica_changes": r.replica_changes(),
             }
             for r in runs
         ],
     }
     (RESULTS / f"{report_name}.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    if args.raw:
+        raw = {r.name: r.timeline for r in runs}  # t, replicas, in flight every 0.25 s
+        (RESULTS / f"{report_name}.raw.json").write_bytes(orjson.dumps(raw))
     base = runs[0]
     rows = [
         [

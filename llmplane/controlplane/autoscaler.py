@@ -134,7 +134,7 @@ class Deciders:
         signals += [autoscaling.ReplicaSignals(ready=False)] * max(0, current - len(signals))
         decision = autoscaling.decide(
             current,
-            signals[: max(current, 0)] if current else [],
+            signals[: max(current, 0)],
             elastic,
             trigger,
             tracked.history,

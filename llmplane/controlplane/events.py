@@ -19,7 +19,6 @@ def record_event(
 ) -> None:
     """Add an event (or bump the count of the same latest one) about ``obj``."""
     meta = obj["metadata"]
-    namespace = meta.get("namespace") or "default"
     involved = {"kind": obj["kind"], "name": meta["name"], "namespace": meta.get("namespace")}
     existing = events_for(store, obj)
     latest = existing[-1] if existing else None
@@ -32,26 +31,41 @@ def record_event(
         }
         store.apply(latest)
         return
-    stamp = now()
-    store.apply(
-        {
-            "apiVersion": "v1",
-            "kind": EVENT_KIND,
-            "metadata": {
-                "name": f"{meta['name']}.{time.time_ns():x}{next(_counter):x}",
-                "namespace": namespace,
-            },
-            "involvedObject": {k: v for k, v in involved.items() if v is not None},
-            "reason": reason,
-            "message": message,
-            "type": type_,
-            "count": 1,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-        }
-    )
+    name = f"{meta['name']}.{time.time_ns():x}{next(_counter):x}"
+    event = event_object(obj, reason, message, type_, name)
+    event["involvedObject"] = {k: v for k, v in involved.items() if v is not None}
+    store.apply(event)
     for old in existing[: max(0, len(existing) + 1 - MAX_EVENTS_PER_OBJECT)]:
         store.delete(EVENT_KIND, old["metadata"]["name"], old["metadata"]["namespace"])
+
+
+def event_object(
+    obj: dict[str, Any], reason: str, message: str, type_: str, name: str
+) -> dict[str, Any]:
+    """A core/v1 Event named ``name`` about ``obj``, count 1, stamped now (the store's Events
+    and the operator's, posted to the API server)."""
+    meta = obj["metadata"]
+    namespace = meta.get("namespace") or "default"
+    stamp = now()
+    return {
+        "apiVersion": "v1",
+        "kind": EVENT_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "name": meta["name"],
+            "namespace": namespace,
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message,
+        "type": type_,
+        "count": 1,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+    }
 
 
 def events_for(store: Store, obj: dict[str, Any]) -> list[dict[str, Any]]:

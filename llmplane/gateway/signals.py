@@ -36,19 +36,11 @@ class GatewaySignals:
         activator per workload. With several workers (``llmplane/gateway/workers``) the worker
         answering ``/autoscaling/signals`` adds its peers' parts (in-flight counts and scraped
         engine metrics are the same in every worker)."""
-        workload_of = {
-            s.address: s.endpoint.workload for s in self.gateway.registry.states.values()
-        }
-        requests: dict[str, float] = {}
-        for labels, child in list(self.gateway.metrics.requests.children.items()):
-            workload = workload_of.get(labels[2])  # (model, route, endpoint, status)
-            if workload:
-                requests[workload] = requests.get(workload, 0.0) + child.value
         held: dict[str, int] = {}
         for queue in list(self.gateway.activator.queues.values()):
             held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
         return {
-            "requests": requests,
+            "requests": self._requests(),
             "queued": self.gateway.flow.queued_by_endpoint(),
             "held": held,
         }
@@ -71,13 +63,20 @@ class GatewaySignals:
             out[state.address] = values
         return out
 
-    def requests_seen(self, workload: str) -> float:
-        addresses = {s.address for s in self._states(workload)}
-        total = 0.0
+    def _requests(self) -> dict[str, float]:
+        """Requests this process has sent, per workload (the request counter by endpoint)."""
+        workload_of = {
+            s.address: s.endpoint.workload for s in self.gateway.registry.states.values()
+        }
+        requests: dict[str, float] = {}
         for labels, child in list(self.gateway.metrics.requests.children.items()):
-            if labels[2] in addresses:  # (model, route, endpoint, status)
-                total += child.value
-        return self._seen(workload, {workload: total}, self.gateway.flow.queued_by_endpoint())
+            workload = workload_of.get(labels[2])  # (model, route, endpoint, status)
+            if workload:
+                requests[workload] = requests.get(workload, 0.0) + child.value
+        return requests
+
+    def requests_seen(self, workload: str) -> float:
+        return self._seen(workload, self._requests(), self.gateway.flow.queued_by_endpoint())
 
     def _seen(
         self, workload: str, requests: Mapping[str, float], queued: Mapping[str, float]

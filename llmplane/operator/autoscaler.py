@@ -27,7 +27,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from llmplane.api.inference import BackendRuntime, Playground
@@ -40,6 +39,7 @@ from llmplane.controlplane.autoscaler import (
     replica_requests,
     rescale_message,
 )
+from llmplane.controlplane.events import event_object
 from llmplane.controlplane.kube_reconciler import parse
 from llmplane.kube.client import Conflict, KubeClient
 from llmplane.kube.kinds import BACKENDRUNTIME, EVENT, INFERENCE_SERVICE, OPENMODEL, PLAYGROUND
@@ -172,27 +172,9 @@ class KubeAutoscaler:
 
 def rescale_event(obj: dict[str, Any], message: str) -> dict[str, Any]:
     """A core/v1 Event ``SuccessfulRescale`` about a Playground (``kubectl describe``)."""
-    meta = obj["metadata"]
-    namespace = meta.get("namespace") or "default"
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": namespace},
-        "involvedObject": {
-            "apiVersion": obj.get("apiVersion"),
-            "kind": obj.get("kind"),
-            "name": meta["name"],
-            "namespace": namespace,
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "reason": RESCALE,
-        "message": message,
-        "type": "Normal",
-        "count": 1,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-    }
+    event = event_object(
+        obj, RESCALE, message, "Normal", f"{obj['metadata']['name']}.{time.time_ns():x}"
+    )
+    event["source"] = {"component": COMPONENT}
+    event["reportingComponent"] = COMPONENT
+    return event

@@ -135,7 +135,7 @@ class Replica:
     # -- supervision -------------------------------------------------------------------------------
 
     def run(self) -> None:
-        if self.stopping or self.runtime.closed:
+        if self._must_stop():
             return
         if self.supervisor is None or self.supervisor.done():
             self._set(PENDING, None, "checking the engine is installed")
