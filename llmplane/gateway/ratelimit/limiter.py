@@ -217,11 +217,11 @@ class RateLimiter:
             if not limits:
                 return None
         embeddings = inference.path.endswith("/embeddings")
+        counted: list[int] = []  # the input count, made once for the request
         if len(limits) == 1 and limits[0].redis is None:
-            reservation = self._reserve_local(inference, decision, limits[0], embeddings)
+            reservation = self._reserve_local(inference, decision, limits[0], embeddings, counted)
             if reservation is not None:
                 return reservation
-        counted: list[int] = []  # the input count, once for every limit
         taken: list[Taken] = []
         states: list[BucketState] = []
         try:
@@ -250,16 +250,17 @@ class RateLimiter:
         decision: Decision,
         limit: RouteLimit,
         embeddings: bool,
+        counted: list[int],
     ) -> Reservation | None:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
-        429)."""
+        429, reusing the input count left in ``counted``)."""
         plan = self.plans.get(limit.key)
         if plan is None:
             plan = self.plans[limit.key] = LocalPlan(
                 {d: self._bucket(limit, d, tokens) for d, tokens in limit.tokens}
             )
-        amounts, too_large = self._amounts(inference, decision, limit, embeddings, [])
+        amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
         if too_large is not None or not amounts:
             return None
         headers = plan.take(amounts, self.clock())
