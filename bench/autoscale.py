@@ -42,27 +42,10 @@ import orjson
 
 from bench.common import ROOT, machine, machine_line, percentile, table, write_section
 from llmplane.testing import Processes, Up, wait_for
+from llmplane.testing.fleets import sim_fleet
 
 RESULTS = ROOT / "bench" / "results"
 MODEL = "tiny"
-FLEET = """
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {model}}}
-spec:
-  familyName: tiny
-  source: {{uri: "host:///dev/null"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {model}}}
-spec:
-  replicas: {replicas}
-  modelClaim: {{modelName: {model}}}
-  backendRuntimeConfig:
-    backendName: sim
-    args: ["--time-scale", "5", "--max-num-seqs", "4"]
-"""
 ELASTIC = """  elasticConfig:
     minReplicas: {low}
     maxReplicas: {high}
@@ -198,7 +181,7 @@ async def replay(up: Up, run: Run, arrivals: list[float], end: float) -> None:
 
 
 def fleet(replicas: int, elastic: str = "") -> str:
-    return FLEET.format(model=MODEL, replicas=replicas) + elastic
+    return sim_fleet(MODEL, replicas, time_scale="5", args=["--max-num-seqs", "4"]) + elastic
 
 
 def measure(

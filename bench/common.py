@@ -7,7 +7,6 @@ import contextlib
 import os
 import platform
 import re
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmplane import testing
+from llmplane.runtime.launch import free_port as free_port  # re-exported for the benches
 from llmplane.testing import Process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,12 +92,6 @@ def cpu_seconds(pid: int) -> float:
         total += (int(fields[11]) + int(fields[12])) / tick
         todo.extend(kids.get(p, []))
     return total
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(

@@ -47,33 +47,12 @@ from bench.common import (
 )
 from llmplane.store.paths import open_store
 from llmplane.testing import process
+from llmplane.testing.fleets import sim_fleet
 
 
 def fleet_yaml(playgrounds: int, replicas: int) -> str:
     """``playgrounds`` sim Playgrounds of ``replicas`` replicas, each with its OpenModel."""
-    docs = []
-    for i in range(playgrounds):
-        name = f"sim-{i}"
-        docs.append(
-            f"""apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {name}}}
-spec:
-  familyName: sim
-  source: {{uri: "host:///dev/null"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {name}}}
-spec:
-  replicas: {replicas}
-  modelClaim: {{modelName: {name}}}
-  backendRuntimeConfig:
-    backendName: sim
-    args: ["--time-scale", "0.01"]
-"""
-        )
-    return "---\n".join(docs)
+    return "---".join(sim_fleet(f"sim-{i}", replicas) for i in range(playgrounds))
 
 
 def ready_replicas(state: Path, playgrounds: int) -> int:

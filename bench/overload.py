@@ -43,7 +43,15 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from bench.common import machine, machine_line, percentile, store_objects, table, write_section
+from bench.common import (
+    gateway_proc,
+    machine,
+    machine_line,
+    percentile,
+    store_objects,
+    table,
+    write_section,
+)
 from llmplane import testing
 from llmplane.testing import Process
 
@@ -218,10 +226,7 @@ def gateway(state: str, work: Path, name: str, flow_control: bool, ttl: float, c
         f"gateway:\n  saturationQueue: 0\n  saturationMaxInflight: {cap}\n  flowControlTtl: {ttl}\n"
     )
     flag = "--flow-control" if flow_control else "--no-flow-control"
-    return testing.gateway(
-        "--config", str(config), flag, "--no-access-log", "--log-level", "WARNING",
-        state_dir=state, name=name,
-    ).launch()  # fmt: skip
+    return gateway_proc(state, "--config", str(config), flag, name=name)
 
 
 def main(argv: list[str] | None = None) -> None:

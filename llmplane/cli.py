@@ -658,6 +658,9 @@ def usage(
     if output == "json":
         sys.stdout.write(orjson.dumps([r.__dict__ for r in rows]).decode() + "\n")
         return
+    if not rows:
+        out.print(f"no usage recorded in the last {since}")
+        return
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for col in ("TENANT", "MODEL", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS"):
         table.add_column(col, justify="left" if col in ("TENANT", "MODEL") else "right")
@@ -674,9 +677,6 @@ def usage(
             sum(getattr(r, f) for r in rows) for f in ("requests", "input_tokens", "output_tokens")
         ]
         table.add_row("TOTAL", "", *(str(n) for n in sums))
-    if not rows:
-        out.print(f"no usage recorded in the last {since}")
-        return
     out.print(table)
 
 

@@ -225,11 +225,10 @@ class Autoscaler:
             key = f"{pg.namespace}/{pg.name}"
             live.add(key)
             backend = backends.get(pg.spec.backend_runtime_config.backend_name)
-            self._one(pg, key, autoscaling.recommended_trigger(pg, backend, models), now)
+            self._one(pg, key, autoscaling.trigger_in_force(pg, backend, models), now)
         self.deciders.forget(live)
 
-    def _one(self, pg: Playground, key: str, recommended: ScaleTrigger | None, now: float) -> None:
-        trigger = autoscaling.effective_trigger(pg.spec.elastic_config, recommended)
+    def _one(self, pg: Playground, key: str, trigger: ScaleTrigger | None, now: float) -> None:
         assert trigger is not None
         sample = {a: dict(v) for a, v in self.signals.replica_signals(key).items()}
         for source in self.extra:

@@ -192,6 +192,17 @@ def effective_trigger(
     return trigger
 
 
+def trigger_in_force(
+    pg: Playground, backend: BackendRuntime | None, models: Mapping[str, OpenModel]
+) -> ScaleTrigger | None:
+    """``effective_trigger`` of a Playground: its recommended config is looked up only when
+    the Playground names no trigger of its own (the lookup plans the workload)."""
+    elastic = pg.spec.elastic_config
+    if elastic is None or elastic.scale_trigger is not None:
+        return effective_trigger(elastic, None)
+    return effective_trigger(elastic, recommended_trigger(pg, backend, models))
+
+
 def bounds(elastic: ElasticConfig) -> tuple[int, int]:
     return elastic.min_replicas, (
         elastic.max_replicas if elastic.max_replicas is not None else UNBOUNDED

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import hmac
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -72,9 +73,8 @@ class Tenant:
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     tenant: Tenant
-    salt: bytes
     hash: bytes  # empty: the key is refused
-    mac: Any = None  # HMAC-SHA256 keyed by salt (apikeys.keyed), copied per check
+    mac: hmac.HMAC | None = None  # keyed by the key's salt (apikeys.keyed), copied per check
 
 
 class TenantTable:
@@ -116,7 +116,7 @@ class TenantTable:
                 key_id = key["id"]
                 if key_id in keys:  # two tenants claim one id: neither key is trusted
                     log.warning("API key id %s appears in two Tenants; both refused", key_id)
-                    record = KeyRecord(tenant, b"", b"")
+                    record = KeyRecord(tenant, b"")
                 keys[key_id] = record
         self.keys = keys
         self.tenants = tenants
@@ -158,7 +158,7 @@ def _record(
             raise TypeError("id")
         raw_salt = bytes.fromhex(salt)  # type: ignore[arg-type]
         raw_hash = bytes.fromhex(digest)  # type: ignore[arg-type]
-        return KeyRecord(tenant, raw_salt, raw_hash, apikeys.keyed(raw_salt))
+        return KeyRecord(tenant, raw_hash, apikeys.keyed(raw_salt))
     except (KeyError, TypeError, ValueError):  # a hand-written object (or Secret), unvalidated
         log.warning("Tenant %s: a key without a valid id, salt and hash; ignored", tenant.name)
         return None

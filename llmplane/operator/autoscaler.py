@@ -131,9 +131,7 @@ class KubeAutoscaler:
             return  # no gateway answered: nothing is known about load
         for pg, obj, backend in ours:
             key = f"{pg.namespace}/{pg.name}"
-            trigger = autoscaling.effective_trigger(
-                pg.spec.elastic_config, autoscaling.recommended_trigger(pg, backend, models)
-            )
+            trigger = autoscaling.trigger_in_force(pg, backend, models)
             assert trigger is not None
             service = await self.client.get_or_none(INFERENCE_SERVICE, pg.name, pg.namespace)
             decision = self.deciders.decide(

@@ -207,8 +207,9 @@ async def stop_group(proc: asyncio.subprocess.Process, pgid: int, timeout: float
                     continue
                 # asyncio.wait, not wait_for: Python 3.11's wait_for returns the result when a
                 # cancellation arrives as the process exits, and a supervisor told to stop
-                # would carry on restarting the engine.
-                await asyncio.wait([exited], timeout=0.05)
+                # would carry on restarting the engine. One wait until the exit or the deadline
+                # (not a 50 ms poll: a fleet's shutdown stops hundreds of engines at once).
+                await asyncio.wait([exited], timeout=max(deadline - time.monotonic(), 0))
             else:
                 log.warning(
                     "process group %d did not exit %.0fs after SIGTERM; killing it", pgid, timeout

@@ -100,23 +100,20 @@ class KubeStore:
         self._seq = 0
         self._changed = asyncio.Event()
         self.informers: list[Informer] = []
-        for kind in self.kinds:
-            resource = Kind.of(kind)
+        watched: list[tuple[Kind, str | None]] = [(Kind.of(kind), None) for kind in self.kinds]
+        if key_secrets:  # Tenant keys' hashes (keys[].secretRef), labelled Secrets only
+            watched.append((SECRET, API_KEY_SECRET_LABEL))
+        for resource, selector in watched:
             scopes = self.namespaces if resource.namespaced and self.namespaces else (None,)
             for namespace in scopes:
                 self.informers.append(
-                    Informer(api, resource, namespace, self._record, watch_timeout=watch_timeout)
-                )
-        if key_secrets:  # Tenant keys' hashes (keys[].secretRef), labelled Secrets only
-            for namespace in self.namespaces or (None,):
-                self.informers.append(
                     Informer(
                         api,
-                        SECRET,
+                        resource,
                         namespace,
                         self._record,
                         watch_timeout=watch_timeout,
-                        label_selector=API_KEY_SECRET_LABEL,
+                        label_selector=selector,
                     )
                 )
 

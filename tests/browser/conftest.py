@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,24 @@ class Browser:
         """Browser-log entries at SEVERE level since the last call."""
         entries = self.driver.get_log("browser")  # type: ignore[attr-defined]
         return [e for e in entries if e.get("level") == "SEVERE"]
+
+
+def until(browser: Browser, predicate: Any, what: str, timeout: float = 30) -> Any:
+    """Wait on a condition in the page; a timeout fails naming it (and saves a screenshot)."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        # An element the page redrew between finding and reading it: look again.
+        return WebDriverWait(
+            browser.driver,
+            timeout,
+            poll_frequency=0.1,
+            ignored_exceptions=(StaleElementReferenceException,),
+        ).until(lambda d: predicate(d))
+    except TimeoutException:
+        shot = browser.screenshot("timeout")
+        raise AssertionError(f"timed out waiting for {what} (screenshot {shot})") from None
 
 
 @pytest.fixture

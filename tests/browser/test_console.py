@@ -10,12 +10,11 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from llmplane.testing import Up, wait_for
-from tests.browser.conftest import Browser
+from tests.browser.conftest import Browser, until
 from tests.integration.upcli import cli, http, sim_fleet, status
 
 pytestmark = pytest.mark.slow
@@ -41,24 +40,6 @@ def up(tmp_path: Path) -> Iterator[Up]:
         yield up
     finally:
         up.kill_everything()
-
-
-def until(browser: Browser, predicate: Any, what: str, timeout: float = 30) -> Any:
-    """Wait on a condition in the page; a timeout fails naming it (and saves a screenshot)."""
-    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    try:
-        # An element the page redrew between finding and reading it: look again.
-        return WebDriverWait(
-            browser.driver,
-            timeout,
-            poll_frequency=0.1,
-            ignored_exceptions=(StaleElementReferenceException,),
-        ).until(lambda d: predicate(d))
-    except TimeoutException:
-        shot = browser.screenshot("timeout")
-        raise AssertionError(f"timed out waiting for {what} (screenshot {shot})") from None
 
 
 def replica_addresses(up: Up) -> set[str]:

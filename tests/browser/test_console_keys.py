@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmplane.testing import Up, wait_for
-from tests.browser.conftest import Browser
-from tests.browser.test_console import until
+from tests.browser.conftest import Browser, until
 from tests.integration.upcli import cli, http, sim_fleet, status
 
 pytestmark = pytest.mark.slow

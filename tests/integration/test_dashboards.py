@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import threading
 import urllib.parse
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from llmplane.runtime.launch import free_port
 from llmplane.testing import Up, wait_for
 from tests.integration.upcli import http, sim_fleet, status
 
@@ -77,12 +77,6 @@ spec:
 # replicas' last readings to show KV in use at that moment: about one run in ten saw none.)
 # Flow control off: with it every request would wait in the gateway instead.
 GATEWAY_CONFIG = "gateway:\n  saturationKv: -1\n  flowControl: false\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def panel_queries() -> list[tuple[str, str]]:

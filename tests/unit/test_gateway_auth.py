@@ -146,6 +146,19 @@ def test_keys_create_list_revoke_on_sqlite(tmp_path: Path) -> None:
     assert made.key.encode() not in (tmp_path / "state.db").read_bytes()
 
 
+def test_model_verdicts_are_remembered_up_to_a_bound() -> None:
+    """Model names come from clients: a flood of new ones fills the verdict cache up to
+    ``VERDICTS`` and no further, and names past the bound are still judged."""
+    from llmplane.gateway.auth import VERDICTS, Tenant
+
+    t = Tenant("a", ("llama-*", "exact"), "Default")
+    for i in range(VERDICTS + 50):
+        assert not t.allows(f"unknown-{i}")
+    assert len(t._verdicts) == VERDICTS
+    assert t.allows("llama-3") and t.allows("exact") and not t.allows("mistral")
+    assert len(t._verdicts) == VERDICTS
+
+
 def test_unvalidated_objects_cannot_break_the_table() -> None:
     """A Tenant written around validation (a hand-made custom resource) costs its bad key
     only; an empty model list allows nothing."""

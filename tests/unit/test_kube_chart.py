@@ -296,6 +296,29 @@ def test_key_secrets_opt_in_grants_reading_secrets_and_passes_the_flag() -> None
         ]
 
 
+def test_operator_autoscaler_reads_the_charts_gateway_pods() -> None:
+    """The operator's autoscaler finds the gateways by ``--gateway-selector`` and asks them on
+    ``--gateway-port``: the selector must select the gateway Deployment's pods (only them) and
+    the port be the one they serve HTTP on, or in-cluster autoscaling silently does nothing."""
+    docs = render_chart({"gateway": {"port": 8123}})
+    operator = _named(docs, "Deployment", "llmplane-operator")
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    selector = dict(
+        term.split("=", 1) for term in args[args.index("--gateway-selector") + 1].split(",")
+    )
+    port = int(args[args.index("--gateway-port") + 1])
+    selected = [
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    assert selected == ["llmplane-gateway"]
+    gateway = _named(docs, "Deployment", "llmplane-gateway")["spec"]["template"]["spec"]
+    assert {"name": "http", "containerPort": port} in gateway["containers"][0]["ports"]
+    assert port == 8123
+
+
 def test_operator_rbac_is_least_privilege() -> None:
     rules = _rules(render_chart(), "llmplane-operator")
     wildcard = [r for r in rules if "*" in r]

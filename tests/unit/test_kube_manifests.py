@@ -495,7 +495,9 @@ def test_hpa_targets_the_playground_scale_subresource() -> None:
     assert service["spec"]["replicas"] == 2
 
 
-def test_hpa_falls_back_to_the_recommended_config_trigger() -> None:
+def _elastic_on_a_recommended_trigger(metric: str, value: str) -> list[dict[str, Any]]:
+    """ELASTIC without a trigger of its own, on a BackendRuntime whose recommended config
+    scales on the Pods ``metric``."""
     backend = yaml.safe_load((ROOT / "llmplane/engines/builtin/vllm.yaml").read_text())
     backend["metadata"]["name"] = "vllm-elastic"
     backend["spec"]["recommendedConfigs"][0]["scaleTrigger"] = {
@@ -504,8 +506,8 @@ def test_hpa_falls_back_to_the_recommended_config_trigger() -> None:
                 {
                     "type": "Pods",
                     "pods": {
-                        "metric": {"name": "vllm:num_requests_waiting"},
-                        "target": {"type": "AverageValue", "averageValue": "5"},
+                        "metric": {"name": metric},
+                        "target": {"type": "AverageValue", "averageValue": value},
                     },
                 }
             ]
@@ -521,10 +523,25 @@ def test_hpa_falls_back_to_the_recommended_config_trigger() -> None:
             "modelClaim: {modelName: opt}\n  backendRuntimeConfig: {backendName: vllm-elastic}",
         )
     )
-    objects = _render(text)
+    return _render(text)
+
+
+def test_hpa_falls_back_to_the_recommended_config_trigger() -> None:
+    objects = _elastic_on_a_recommended_trigger("vllm:num_requests_waiting", "5")
     hpa = _one(objects, "HorizontalPodAutoscaler")
     validate(hpa)
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+
+
+def test_the_operators_autoscaling_falls_back_to_the_recommended_config_trigger() -> None:
+    """A recommended trigger on the gateway's own metric: no HPA, and the Service says the
+    operator scales on that metric (not the built-in default)."""
+    objects = _elastic_on_a_recommended_trigger("llmplane_gateway_endpoint_waiting", "3")
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    service = _one(objects, "InferenceService")
+    assert service["metadata"]["annotations"]["llmplane.io/autoscaler"] == (
+        "llmplane-operator: 2..5 replicas on llmplane_gateway_endpoint_waiting AverageValue 3"
+    )
 
 
 # Deployment mode -----------------------------------------------------------------------------

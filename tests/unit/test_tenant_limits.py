@@ -96,6 +96,25 @@ async def test_tenant_token_limits_settle_on_usage():
     assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "5"
 
 
+async def test_a_refused_request_is_counted_once():
+    """The fast path's input count is reused by the general path that builds the 429 (a
+    model's tokenizer is the dearest step of a reservation, and refusals come in floods)."""
+    limiter, _ = limiter_with(tenant("a", {"inputTokensPerUnit": 100, "unit": "minute"}))
+    calls = []
+    count = limiter.counter.count
+    limiter.counter.count = lambda *args: calls.append(args) or count(*args)
+    d = _Decision("a")
+    assert await limiter.reserve(chat("x" * 156), d) is not None  # 40 of 100
+    assert len(calls) == 1
+    await limiter.reserve(chat("x" * 156), d)  # 80 of 100
+    with pytest.raises(RateLimitError):
+        await limiter.reserve(chat("x" * 156), d)
+    assert len(calls) == 3
+    with pytest.raises(RateLimitError):  # too large for the bucket: never fits
+        await limiter.reserve(chat("x" * 500), d)
+    assert len(calls) == 4
+
+
 async def test_budget_counts_input_plus_output_over_its_own_unit():
     limiter, clock = limiter_with(
         tenant("a", {"requestsPerUnit": 1000, "budget": {"tokens": 100, "unit": "day"}})

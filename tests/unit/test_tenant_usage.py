@@ -10,7 +10,7 @@ from llmplane.cli import app
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.sqlite import SQLiteStore
-from llmplane.store.usage import USAGE_FILENAME, UsageLog, UsageRow
+from llmplane.store.usage import RETENTION_DAYS, USAGE_FILENAME, UsageLog, UsageRow
 from tests.unit.test_ratelimit_math import chat
 
 
@@ -67,6 +67,32 @@ async def test_hook_counts_answered_requests_and_tokens_and_batches_them(tmp_pat
     await usage.flush()
     assert usage.pending == {}
     assert UsageLog(tmp_path / "u.db").totals(now[0] - 60) == [UsageRow("a", "m", 2, 19, 6)]
+
+
+def test_usage_log_prunes_rows_past_the_retention(tmp_path):
+    path = tmp_path / USAGE_FILENAME
+    now = 1_800_000_000.0
+    minute = int(now // 60) * 60
+    old = minute - (RETENTION_DAYS + 1) * 86400
+    UsageLog(path).add({(old, "a", "m"): [1, 1, 1]}, old + 60)  # kept: recent when written
+    assert UsageLog(path).totals(0) == [UsageRow("a", "m", 1, 1, 1)]
+    UsageLog(path).add({(minute, "a", "m"): [2, 2, 2]}, now)
+    assert UsageLog(path).totals(0) == [UsageRow("a", "m", 2, 2, 2)]
+
+
+async def test_a_failed_flush_keeps_the_counts_for_the_next(tmp_path):
+    now = [1_800_000_000.0]
+    path = tmp_path / "not-yet" / "u.db"  # its directory missing: SQLite cannot open it
+    usage = TenantUsage(UsageLog(path), clock=lambda: now[0])
+    req = chat("hi")
+    await usage.settle(req, _Decision("a"), None, Usage(10, 3), 200)
+    await usage.flush()
+    await usage.settle(req, _Decision("a"), None, Usage(5, 2), 200)
+    assert usage.pending == {(int(now[0] // 60) * 60, "a", "m"): [2, 15, 5]}
+    path.parent.mkdir()
+    await usage.flush()
+    assert usage.pending == {}
+    assert UsageLog(path).totals(now[0] - 60) == [UsageRow("a", "m", 2, 15, 5)]
 
 
 async def test_streams_of_tenants_get_usage_without_the_client_seeing_it():

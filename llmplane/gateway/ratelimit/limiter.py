@@ -217,16 +217,18 @@ class RateLimiter:
             if not limits:
                 return None
         embeddings = inference.path.endswith("/embeddings")
+        counted: list[int] = []  # the input count, made once for the request
         if len(limits) == 1 and limits[0].redis is None:
-            reservation = self._reserve_local(inference, decision, limits[0], embeddings)
+            reservation = self._reserve_local(inference, decision, limits[0], embeddings, counted)
             if reservation is not None:
                 return reservation
-        counted: list[int] = []  # the input count, once for every limit
         taken: list[Taken] = []
         states: list[BucketState] = []
         try:
             for limit in limits:
-                amounts = self._amounts(inference, decision, limit, embeddings, counted)
+                amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
+                if too_large is not None:
+                    raise self._too_large(inference, limit, *too_large)
                 if amounts:
                     part, part_states = await self._take(inference, limit, amounts)
                     taken.append(part)
@@ -238,10 +240,8 @@ class RateLimiter:
         if not taken:
             return None
         reservation = Reservation(taken, rate_headers(states))
-        tokens = any(d != REQUESTS for part in taken for d, _ in part.amounts)
-        if tokens and inference.stream and not embeddings and inject_include_usage(inference.doc):
-            inference.mark_dirty()
-            reservation.stream_filter = UsageChunkFilter()
+        if inference.stream and any(d != REQUESTS for part in taken for d, _ in part.amounts):
+            self._usage_filter(reservation, inference)
         return reservation
 
     def _reserve_local(
@@ -250,50 +250,34 @@ class RateLimiter:
         decision: Decision,
         limit: RouteLimit,
         embeddings: bool,
+        counted: list[int],
     ) -> Reservation | None:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
-        429)."""
+        429, reusing the input count left in ``counted``)."""
         plan = self.plans.get(limit.key)
         if plan is None:
             plan = self.plans[limit.key] = LocalPlan(
                 {d: self._bucket(limit, d, tokens) for d, tokens in limit.tokens}
             )
-        # The amounts as ``_amounts`` gives them, for one limit.
-        doc = inference.doc
-        amounts: list[tuple[str, int]] = []
-        counted = -1
-        for direction, tokens in limit.tokens:
-            if direction == REQUESTS:
-                amount = 1
-            elif direction == OUTPUT:
-                if embeddings:
-                    continue
-                amount = output_reservation(doc, self.default_output, tokens)
-            else:
-                if counted < 0:
-                    counted = self.counter.count(doc, decision.model, inference.model)
-                amount = counted
-                if direction == BUDGET and not embeddings:
-                    amount += output_reservation(doc, self.default_output, tokens)
-            if amount > tokens:
-                return None
-            amounts.append((direction, amount))
-        if not amounts:
+        amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
+        if too_large is not None or not amounts:
             return None
         headers = plan.take(amounts, self.clock())
         if headers is None:
             return None
         reservation = Reservation([Taken(limit, "local", amounts, plan)], headers)
-        if (
-            inference.stream
-            and not embeddings
-            and (len(amounts) > 1 or amounts[0][0] != REQUESTS)
-            and inject_include_usage(inference.doc)
-        ):
+        if inference.stream and (len(amounts) > 1 or amounts[0][0] != REQUESTS):
+            self._usage_filter(reservation, inference)
+        return reservation
+
+    @staticmethod
+    def _usage_filter(reservation: Reservation, inference: InferenceRequest) -> None:
+        """A stream whose tokens are limited asks the engine for its usage (settled
+        afterwards); the usage-only chunk is then kept from a client that did not ask."""
+        if not inference.path.endswith("/embeddings") and inject_include_usage(inference.doc):
             inference.mark_dirty()
             reservation.stream_filter = UsageChunkFilter()
-        return reservation
 
     def _amounts(
         self,
@@ -302,9 +286,10 @@ class RateLimiter:
         limit: RouteLimit,
         embeddings: bool,
         counted: list[int],
-    ) -> list[tuple[str, int]]:
-        """What ``limit`` takes for this request per direction; 429 without Retry-After for
-        an amount larger than its bucket (it could never fit)."""
+    ) -> tuple[list[tuple[str, int]], tuple[str, int, int] | None]:
+        """What ``limit`` takes for this request per direction, and the first (direction,
+        limit, amount) whose amount is larger than its bucket (it could never fit), if any.
+        ``counted`` holds the input count once made (shared by the limits of a request)."""
         doc = inference.doc
         amounts: list[tuple[str, int]] = []
         for direction, tokens in limit.tokens:
@@ -319,19 +304,30 @@ class RateLimiter:
                 if direction != INPUT and not embeddings:
                     amount += output_reservation(doc, self.default_output, tokens)
             if amount > tokens:
-                self._count(self.rejections, limit.ref, direction, "too_large")
-                state = BucketState(direction, tokens, tokens / limit.period_of(direction), tokens)
-                reduce = " (max_tokens)" if direction in (OUTPUT, BUDGET) else ""
-                raise RateLimitError(
-                    f"Request too large for model {inference.model!r} on {_what(direction)} "
-                    f"per {limit.unit_of(direction)} ({limit.ref}): Limit {tokens}, Requested "
-                    f"{amount}. The tokens{reduce} must be reduced for this request to ever "
-                    "be admitted.",
-                    retry_after=None,
-                    headers=rate_headers([state], state),
-                )
+                return amounts, (direction, tokens, amount)
             amounts.append((direction, amount))
-        return amounts
+        return amounts, None
+
+    def _too_large(
+        self,
+        inference: InferenceRequest,
+        limit: RouteLimit,
+        direction: str,
+        tokens: int,
+        amount: int,
+    ) -> RateLimitError:
+        """The 429 without Retry-After of an amount larger than its bucket (counted)."""
+        self._count(self.rejections, limit.ref, direction, "too_large")
+        state = BucketState(direction, tokens, tokens / limit.period_of(direction), tokens)
+        reduce = " (max_tokens)" if direction in (OUTPUT, BUDGET) else ""
+        return RateLimitError(
+            f"Request too large for model {inference.model!r} on {_what(direction)} "
+            f"per {limit.unit_of(direction)} ({limit.ref}): Limit {tokens}, Requested "
+            f"{amount}. The tokens{reduce} must be reduced for this request to ever "
+            "be admitted.",
+            retry_after=None,
+            headers=rate_headers([state], state),
+        )
 
     async def _take(
         self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]

@@ -31,10 +31,9 @@ class LocalPlan:
     """One limit's local buckets by direction, with their header names and limit values
     formatted once. Valid until the limits change (the limiter drops its plans then)."""
 
-    __slots__ = ("buckets", "entries", "lock")
+    __slots__ = ("entries", "lock")
 
     def __init__(self, buckets: dict[str, TokenBucket]) -> None:
-        self.buckets = buckets
         # direction -> (bucket, str(limit), the limit as a number, header names)
         self.entries = {
             d: (b, str(int(b.burst)), int(b.burst), _names(d)) for d, b in buckets.items()

@@ -251,9 +251,7 @@ def llmplane_autoscaling(
     """One line saying how the operator's autoscaler scales an elastic Playground."""
     elastic = pg.spec.elastic_config
     assert elastic is not None
-    trigger = autoscaling.effective_trigger(
-        elastic, autoscaling.recommended_trigger(pg, backend, models)
-    )
+    trigger = autoscaling.trigger_in_force(pg, backend, models)
     assert trigger is not None
     low, high = autoscaling.bounds(elastic)
     metrics = []
