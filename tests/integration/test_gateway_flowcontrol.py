@@ -13,9 +13,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmplane.controlplane.autoscaling import INFLIGHT
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.server import Gateway
+from llmplane.gateway.signals import GatewaySignals
 from llmplane.keys import create_key
 from llmplane.testing import eventually
 from tests.integration.openai_errors import assert_openai_error
@@ -157,6 +159,8 @@ async def test_a_client_that_disconnects_leaves_the_queue(gateways, store, sim, 
     dispatched = sample(gw, "llmplane_gateway_flow_wait_seconds_count")
     gone = asyncio.create_task(complete(client, gw, keys["a"], 3))
     await eventually(lambda: queued(gw).get(("Default", "a")) == 1, what="one request queued")
+    # The autoscaler sees the waiting request as in flight on the endpoint it waits for.
+    assert GatewaySignals(gw).replica_signals("")[sim.address][INFLIGHT] == 3
     gone.cancel()  # the client closes its connection
     await eventually(
         lambda: queued(gw).get(("Default", "a"), 0) == 0, what="the request left the queue"
