@@ -75,7 +75,12 @@ class EndpointPicker:
         self.host, self.port = host, bound
         if metrics_port is not None:
             self.http = HttpServer(
-                {("GET", "/metrics"): self._metrics, ("GET", "/health"): self._health},
+                {
+                    ("GET", "/metrics"): self._metrics,
+                    ("GET", "/health"): self._health,
+                    # The operator's autoscaler reads the in-cluster data plane's load here.
+                    ("GET", "/autoscaling/signals"): self.gateway.autoscaling_signals,
+                },
                 self._not_found,
                 max_body=1024,
             )

@@ -394,7 +394,11 @@ async def test_llmplane_epp_command_behind_envoy(tmp_path, sims):
             await eventually(served, what="a request routed through Envoy by llmplane epp")
             async with session.get(f"http://{metrics_address}/metrics") as r:
                 text = await r.text()
+            # The operator's autoscaler reads the picker's load on the same port.
+            async with session.get(f"http://{metrics_address}/autoscaling/signals") as r:
+                signals_status, signals = r.status, await r.json()
         assert 'llmplane_gateway_requests_total{endpoint="' in text and 'status="200"' in text
+        assert signals_status == 200 and "workloads" in signals, signals
     finally:
         if envoy is not None:
             envoy.stop()

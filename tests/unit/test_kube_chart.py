@@ -319,6 +319,20 @@ def test_operator_autoscaler_reads_the_charts_gateway_pods() -> None:
     assert port == 8123
 
 
+def test_operator_autoscaler_reads_the_endpoint_pickers_http_port() -> None:
+    """In endpoint-picker mode the gateway pods serve HTTP only on the picker's metrics port
+    (which also serves the autoscaling signals): the operator must ask there, not on
+    ``gateway.port`` where nothing listens."""
+    docs = render_chart({"gateway": {"endpointPicker": {"enabled": True, "metricsPort": 9191}}})
+    args = _named(docs, "Deployment", "llmplane-operator")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    port = int(args[args.index("--gateway-port") + 1])
+    gateway = _named(docs, "Deployment", "llmplane-gateway")["spec"]["template"]["spec"]
+    assert {"name": "metrics", "containerPort": port} in gateway["containers"][0]["ports"]
+    assert port == 9191
+
+
 def test_operator_rbac_is_least_privilege() -> None:
     rules = _rules(render_chart(), "llmplane-operator")
     wildcard = [r for r in rules if "*" in r]
