@@ -33,6 +33,7 @@ from tests.integration.test_gateway_kube import (
     MODEL_LABEL,
     _free_loopback_prefix,
     ip,
+    model_server,
     openmodel,
     playground,
 )
@@ -60,19 +61,6 @@ def route(name: str, model: str, rate_limit: dict | None = None) -> dict:
     }
 
 
-def model_server(name: str, model: str, app: str) -> dict:
-    return {
-        "apiVersion": KTHENA,
-        "kind": "ModelServer",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "model": model,
-            "inferenceEngine": "vLLM",
-            "workloadSelector": {"matchLabels": {"app": app}},
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def engines():
     with Processes() as group:
@@ -89,7 +77,7 @@ def state(tmp_path_factory, engines) -> Path:
     store = open_store(state)
     store.apply(endpoint_object("slow", slow.address, SLOW))
     store.apply(endpoint_object("fast", fast.address, FAST, labels={"app": "fast"}))
-    store.apply(model_server("fast-srv", FAST, "fast"))
+    store.apply(model_server("fast-srv", {"app": "fast"}, model=FAST))
     store.apply(route(LIMITED, "fast-srv", {"inputTokensPerUnit": LIMIT, "unit": "day"}))
     store.close()
     return state
