@@ -76,7 +76,7 @@ class EndpointPicker:
         if metrics_port is not None:
             self.http = HttpServer(
                 {
-                    ("GET", "/metrics"): self._metrics,
+                    ("GET", "/metrics"): self.gateway.prometheus,  # behind the admin key
                     ("GET", "/health"): self._health,
                     # The operator's autoscaler reads the in-cluster data plane's load here.
                     ("GET", "/autoscaling/signals"): self.gateway.autoscaling_signals,
@@ -96,12 +96,6 @@ class EndpointPicker:
             await self.http.close(0)
             self.http = None
         await self.gateway.close()
-
-    async def _metrics(self, request: HttpRequest) -> Response:
-        return Response(
-            body=self.gateway.metrics.render(),
-            headers={"Content-Type": "text/plain; version=0.0.4"},
-        )
 
     async def _health(self, request: HttpRequest) -> Response:
         return Response(body=b'{"status":"ok"}', content_type="application/json")

@@ -26,7 +26,7 @@ from typing import Any
 
 from llmplane.gateway.hooks import Reservation, Usage
 from llmplane.gateway.observability import Counter
-from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
+from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
 from llmplane.store.usage import USAGE_FILENAME, UsageLog
@@ -80,13 +80,8 @@ class TenantUsage:
     async def reserve(self, inference: InferenceRequest, decision: Decision) -> object:
         if decision.tenant is None:
             return None
-        if (
-            inference.stream
-            and not inference.path.endswith("/embeddings")
-            and inject_include_usage(inference.doc)
-        ):
-            inference.mark_dirty()
-            return Reservation(stream_filter=UsageChunkFilter())
+        if inference.stream and (stream_filter := ask_stream_usage(inference)) is not None:
+            return Reservation(stream_filter=stream_filter)
         return None
 
     async def settle(

@@ -6,12 +6,15 @@ usage settling at the end of the stream."""
 
 from __future__ import annotations
 
+import aiohttp
 import orjson
 from envoy.config.core.v3 import base_pb2
 
 from llmplane.epp import protocol
 from llmplane.epp.envoy import DESTINATION_HEADER, SERVED_KEY
 from llmplane.epp.server import start_picker
+from llmplane.gateway import apikeys
+from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_object
 from llmplane.store.sqlite import SQLiteStore
 from llmplane.testing import eventually
@@ -155,6 +158,29 @@ async def test_the_picker_checks_api_keys_like_the_gateway(tmp_path) -> None:
         assert reply.WhichOneof("response") == "request_body"
         keys = {h.header.key for h in reply.request_body.response.header_mutation.set_headers}
         assert DESTINATION_HEADER in keys
+    finally:
+        await picker.close(0)
+        store.close()
+
+
+async def test_the_pickers_http_port_keeps_metrics_and_signals_behind_the_admin_key(
+    tmp_path,
+) -> None:
+    """The gateway's /metrics needs the admin key once one is set; the picker's HTTP port
+    serves the same pages and must not hand them out without it."""
+    made = apikeys.new_key()
+    config = GatewayConfig(admin_key_hash=apikeys.admin_setting(made))
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    picker = await start_picker(store, StoreEndpoints(store), config=config, metrics_port=0)
+    base = f"http://127.0.0.1:{picker.metrics_port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for path in ("/metrics", "/autoscaling/signals"):
+                async with session.get(base + path) as r:
+                    assert r.status == 401, path
+                auth = {"Authorization": f"Bearer {made.key}"}
+                async with session.get(base + path, headers=auth) as r:
+                    assert r.status == 200, path
     finally:
         await picker.close(0)
         store.close()

@@ -36,7 +36,7 @@ from llmplane.gateway.ratelimit.limits import (
 )
 from llmplane.gateway.ratelimit.local import LocalPlan
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets, redis_key
-from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
+from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
 from llmplane.gateway.tokens import TokenCounter
@@ -275,9 +275,9 @@ class RateLimiter:
     def _usage_filter(reservation: Reservation, inference: InferenceRequest) -> None:
         """A stream whose tokens are limited asks the engine for its usage (settled
         afterwards); the usage-only chunk is then kept from a client that did not ask."""
-        if not inference.path.endswith("/embeddings") and inject_include_usage(inference.doc):
-            inference.mark_dirty()
-            reservation.stream_filter = UsageChunkFilter()
+        stream_filter = ask_stream_usage(inference)
+        if stream_filter is not None:
+            reservation.stream_filter = stream_filter
 
     def _amounts(
         self,

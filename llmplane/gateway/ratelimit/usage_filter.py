@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from llmplane.gateway.request import InferenceRequest
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _USAGE = b'"usage"'
@@ -80,3 +83,13 @@ def inject_include_usage(doc: dict[str, Any]) -> bool:
         {**opts, "include_usage": True} if isinstance(opts, dict) else {"include_usage": True}
     )
     return True
+
+
+def ask_stream_usage(inference: InferenceRequest) -> UsageChunkFilter | None:
+    """For a stream whose tokens must be counted: ask the engine for its usage; the filter that
+    keeps the usage-only chunk from a client that did not ask for it, or None if it did (or the
+    request is an embedding, which has no stream usage to ask for)."""
+    if not inference.path.endswith("/embeddings") and inject_include_usage(inference.doc):
+        inference.mark_dirty()
+        return UsageChunkFilter()
+    return None
