@@ -104,9 +104,9 @@ def test_a_full_band_refuses_by_count_and_by_bytes() -> None:
     q = FlowQueue(Limits(band_requests=2, band_bytes=100))
     q.offer(waiter(size=40))
     q.offer(waiter(size=40))
-    with pytest.raises(Full, match="Default band is full"):
+    with pytest.raises(Full, match="Default band is full") as full:
         q.offer(waiter(size=1))
-    assert q.count == 2
+    assert q.count == 2 and full.value.code == "band_full"
     q2 = FlowQueue(Limits(band_requests=10, band_bytes=100))
     q2.offer(waiter(size=60))
     with pytest.raises(Full, match="band is full"):
@@ -130,8 +130,9 @@ def test_a_full_queue_evicts_the_lowest_band_first_from_its_biggest_flow() -> No
         [shed_big[0], shed_small],
     )
     # Nothing lower left: a Default newcomer is refused and nothing changes.
-    with pytest.raises(Full, match="queue is full"):
+    with pytest.raises(Full, match="queue is full") as full:
         q.offer(waiter(DEFAULT))
+    assert full.value.code == "queue_full"
     # A Sheddable newcomer never evicts anything.
     with pytest.raises(Full):
         q.offer(waiter(SHEDDABLE))

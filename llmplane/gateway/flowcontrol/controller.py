@@ -128,8 +128,7 @@ class FlowControl:
             evicted = queue.offer(waiter, weight)
         except Full as full:
             self._drop_if_idle(key, queue)
-            reason = "band_full" if "band" in full.reason else "queue_full"
-            raise self._refuse(waiter, reason, f"{full.reason}; retry later") from None
+            raise self._refuse(waiter, full.code, f"{full.reason}; retry later") from None
         for victim in evicted:
             self._fail(
                 victim, "evicted", "evicted from the gateway's queue by higher-priority requests"

@@ -129,11 +129,13 @@ class Limits:
 
 
 class Full(Exception):
-    """The newcomer may not wait; ``reason`` says which bound."""
+    """The newcomer may not wait; ``reason`` says which bound, ``code`` is the metric's
+    reason label (``band_full`` or ``queue_full``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, code: str = "queue_full") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
 
 
 class FlowQueue:
@@ -155,7 +157,7 @@ class FlowQueue:
         lim = self.limits
         band = self.bands[waiter.band]
         if band.count >= lim.band_requests or band.bytes + waiter.size > lim.band_bytes:
-            raise Full(f"the {BANDS[waiter.band]} band is full")
+            raise Full(f"the {BANDS[waiter.band]} band is full", "band_full")
         if waiter.size > lim.total_bytes:
             raise Full("the request is larger than the whole queue")
         # How much has to go from lower bands; refuse before evicting anything.
