@@ -327,7 +327,7 @@ class Proxy:
         resp: UpstreamResponse | None = None
         try:
             try:
-                async with asyncio.timeout(timeout):
+                with self.pool.deadlines.after(timeout):
                     resp = await self.pool.open(address, wire)
                     if resp.status >= 500 and may_retry:
                         await resp.read()
