@@ -34,6 +34,9 @@ class EndpointState:
     # The gateway's own accounting.
     inflight: int = 0
     inflight_at_scrape: int = 0  # ``inflight`` when the last applied scrape was sent
+    # Streams this gateway process sent that have not yet answered their first chunk: in the
+    # engine's queue or in prefill (``saturation_max_prefilling``; per worker, not shared).
+    prefilling: int = 0
     # Health.
     consecutive_failures: int = 0
     ejected_until: float = 0.0

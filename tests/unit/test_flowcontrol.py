@@ -295,6 +295,8 @@ def test_settings_from_the_config_file_and_the_command_line(tmp_path) -> None:
         ("flowControlBandRequests: -1", "flowControlBandRequests: must be a whole number"),
         ("flowControlTotalBytes: 1.5", "flowControlTotalBytes: must be a whole number"),
         ("saturationMaxInflight: -2", "saturationMaxInflight: must be a whole number"),
+        ("saturationMaxPrefilling: true", "saturationMaxPrefilling: must be a whole number"),
+        ("saturationMaxPrefilling: 1.5", "saturationMaxPrefilling: must be a whole number"),
     ):
         path.write_text(f"gateway:\n  {bad}\n")
         with pytest.raises(ConfigFileError, match=message):
