@@ -329,7 +329,7 @@ class Proxy:
         assert self.pool is not None
         timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         resp: UpstreamResponse | None = None
-        state.prefilling += 1  # until the first chunk: queued or in prefill in the engine
+        state.add_prefilling(1)  # until the first chunk: queued or in prefill in the engine
         try:
             try:
                 async with asyncio.timeout(timeout):
@@ -348,7 +348,7 @@ class Proxy:
                 resp.release()
             raise
         finally:
-            state.prefilling -= 1
+            state.add_prefilling(-1)
         if self.first_chunk is not None:
             self.first_chunk()
         watch: _StreamWatch | None = None

@@ -1,15 +1,18 @@
 """The workers' shared-state pieces in one process (the multi-process behaviour is
 tests/integration/test_gateway_workers.py): prefix picks published by one worker reach the
-other's index, also across the ring's wrap and after an overrun; /metrics texts merge."""
+other's index, also across the ring's wrap and after an overrun; /metrics texts merge; in-flight
+and first-chunk counts are every worker's sum."""
 
 from __future__ import annotations
 
 import os
 
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, block_hashes
+from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import merge
 from llmplane.gateway.workers.picks import PickRings
 from llmplane.gateway.workers.shm import Directory, Locks
+from llmplane.runtime.endpoint import Endpoint
 
 
 def scorers(rings: PickRings) -> list[PrefixCacheScorer]:
@@ -95,3 +98,19 @@ llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0
     assert 'd_bucket{le="+Inf"} 3.0' in text
     assert "d_sum 0.75" in text
     assert 'llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0' in text
+
+
+def test_prefilling_counts_are_every_workers_sum():
+    # saturationMaxPrefilling holds across workers: a stream waiting for its first chunk in
+    # one worker counts in the other's saturation rule; a reaped worker's count goes with it.
+    table = InflightTable(2, 8, Locks())
+    endpoint = Endpoint("10.0.0.1:8000")
+    a, b = table.state(endpoint, 0), table.state(endpoint, 1)
+    a.add_prefilling(1)
+    b.add_prefilling(2)
+    a.add_inflight(1)
+    assert (a.prefilling, b.prefilling, b.inflight) == (3, 3, 1)
+    b.add_prefilling(-1)
+    assert a.prefilling == 2
+    table.clear(0)
+    assert (a.prefilling, b.prefilling, a.inflight) == (1, 1, 0)
