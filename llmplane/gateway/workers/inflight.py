@@ -37,6 +37,7 @@ class InflightTable:
             self.counts,
             worker * self.capacity + column,
             tuple(w * self.capacity + column for w in range(self.workers)),
+            column,
         )
 
 
@@ -44,14 +45,20 @@ class SharedEndpointState(EndpointState):
     """An ``EndpointState`` whose ``inflight`` is the sum of every worker's counter for the
     endpoint; ``add_inflight`` moves this worker's own."""
 
-    __slots__ = ("_cells", "_counts", "_mine")
+    __slots__ = ("_cells", "_counts", "_mine", "column")
 
     def __init__(
-        self, endpoint: Endpoint, counts: memoryview, mine: int, cells: tuple[int, ...]
+        self,
+        endpoint: Endpoint,
+        counts: memoryview,
+        mine: int,
+        cells: tuple[int, ...],
+        column: int = -1,
     ) -> None:
         self._counts = counts
         self._mine = mine
         self._cells = cells
+        self.column = column  # the endpoint's row in every shared per-endpoint table
         super().__init__(endpoint)
 
     @property  # type: ignore[override]
