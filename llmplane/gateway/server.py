@@ -114,6 +114,13 @@ class Gateway:
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
         self.scraper.on_scraped = self._capacity_changed
+        self.scrape_follower = (
+            seat.share_scrapes(
+                self.scraper, lambda: self.registry.states.values(), self._capacity_changed
+            )
+            if seat is not None
+            else None
+        )
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config)
@@ -190,6 +197,8 @@ class Gateway:
             await self._follower.start()
         for source in self._following():
             await source.start()
+        if self.scrape_follower is not None:
+            self.scrape_follower.start()
         self.usage.start()
 
     def _following(self) -> list[Following]:
@@ -211,6 +220,8 @@ class Gateway:
         for source in self._following():
             await source.close()
         await self.scraper.close()
+        if self.scrape_follower is not None:
+            await self.scrape_follower.close()
         await self.ratelimiter.close()
         await self.usage.close()
         await self.proxy.close()

@@ -44,6 +44,7 @@ class InflightTable:
             self.prefilling,
             worker * self.capacity + column,
             tuple(w * self.capacity + column for w in range(self.workers)),
+            column,
         )
 
 
@@ -51,7 +52,7 @@ class SharedEndpointState(EndpointState):
     """An ``EndpointState`` whose ``inflight`` is the sum of every worker's counter for the
     endpoint; ``add_inflight`` moves this worker's own. The same for ``prefilling``."""
 
-    __slots__ = ("_cells", "_counts", "_mine", "_prefilling")
+    __slots__ = ("_cells", "_counts", "_mine", "_prefilling", "column")
 
     def __init__(
         self,
@@ -60,11 +61,13 @@ class SharedEndpointState(EndpointState):
         prefilling: memoryview,
         mine: int,
         cells: tuple[int, ...],
+        column: int = -1,
     ) -> None:
         self._counts = counts
         self._prefilling = prefilling
         self._mine = mine
         self._cells = cells
+        self.column = column  # the endpoint's row in every shared per-endpoint table
         super().__init__(endpoint)
 
     @property  # type: ignore[override]
