@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -267,7 +267,7 @@ class Proxy:
         else:
             self.outliers.success(state)
 
-    async def send(
+    def send(
         self,
         ctx: RequestContext,
         state: EndpointState,
@@ -275,15 +275,16 @@ class Proxy:
         headers: dict[str, str],
         body: bytes,
         may_retry: bool,
-    ) -> StreamResponse:
-        """One attempt on ``state``, counted in flight until it ends however it ends."""
+    ) -> Awaitable[StreamResponse]:
+        """One attempt on ``state`` (await it), counted in flight until it ends however it
+        ends. Not a coroutine itself: the caller awaits the stream or unary one directly."""
         assert ctx.decision is not None and ctx.inference is not None
+        wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
         ctx.endpoint = address
-        wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         if ctx.inference.stream:
-            return await self._stream(ctx, address, wire, state, may_retry)
-        return await self._unary(ctx, address, wire, state, may_retry)
+            return self._stream(ctx, address, wire, state, may_retry)
+        return self._unary(ctx, address, wire, state, may_retry)
 
     async def fetch(
         self,
