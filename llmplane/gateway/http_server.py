@@ -136,8 +136,19 @@ class Response:
             )
 
     def encode(self, keep_alive: bool, head: bool, date: bytes) -> bytes:
+        # ``_head`` inline, and a single header of our own without a list: once per request.
         status = self.status
-        parts = _head(status, self.raw_headers, self.headers, date)
+        ours = self.headers
+        if not ours:
+            line = b""
+        elif len(ours) == 1:
+            ((k, v),) = ours.items()
+            line = f"{k}: {v}\r\n".encode("utf-8", "surrogateescape")
+        else:
+            line = "".join([f"{k}: {v}\r\n" for k, v in ours.items()]).encode(
+                "utf-8", "surrogateescape"
+            )
+        parts = [_STATUS_LINES.get(status) or _status_line(status), self.raw_headers, line, date]
         if status >= 200 and status not in (204, 304):
             parts.append(b"Content-Length: %d\r\n" % len(self.body))
         if not keep_alive:
@@ -410,8 +421,9 @@ class _Protocol(asyncio.Protocol):
         key = name.decode("latin-1").lower()
         text = value.decode("utf-8", "surrogateescape")
         headers = self._headers
-        if key in headers:
-            dict.__setitem__(headers, key, f"{dict.__getitem__(headers, key)}, {text}")
+        known = dict.get(headers, key)  # the key is lower-case: no Headers method needed
+        if known is not None:
+            dict.__setitem__(headers, key, f"{known}, {text}")
         else:
             dict.__setitem__(headers, key, text)
 

@@ -154,6 +154,7 @@ class Gateway:
         # (model, route, endpoint, status) -> the request metrics' children for it: one
         # lookup per request instead of four label lookups.
         self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -473,7 +474,7 @@ class Gateway:
         if ctx.decision.lora and pick.endpoints:
             self.adapters.touch(pick.endpoints[0].address, ctx.decision.model)
         elapsed = time.perf_counter() - ts
-        self.metrics.scheduling.observe(elapsed)
+        self._scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
         ctx.profile = pick.profile
         ctx.scores = pick.scores

@@ -501,7 +501,7 @@ class UpstreamPool:
     ) -> tuple[int, RawHeaders, bytes]:
         """Send ``data`` (a complete request) and read the whole response, within ``timeout``
         seconds in total (connecting included)."""
-        with self.deadlines.after(timeout):
+        with (self._deadlines or self.deadlines).after(timeout):
             conn = self._idle_one(address) or await self._acquire(address)
             try:
                 result = await conn.exchange(data)
