@@ -290,7 +290,8 @@ class Gateway:
         ctx = RequestContext(request)
         reservations: list[tuple[RequestHook, object]] = []
         try:
-            ctx.inference = InferenceRequest(request.path, request.headers, self._body(request))
+            body = self._body(request) if request.too_large else request.body
+            ctx.inference = InferenceRequest(request.path, request.headers, body)
             await self.route(ctx, reservations)
             response = await self._serve(ctx)
             ctx.status = response.status
