@@ -169,7 +169,9 @@ class Gateway:
         self.host = host
         self.auth.loopback = is_loopback(host)
         if self.seat is not None:
-            await self.seat.metrics.start(self.metrics.render, GatewaySignals(self).parts)
+            await self.seat.metrics.start(
+                self.metrics.render, GatewaySignals(self).parts, self.seat.handlers
+            )
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
         )
