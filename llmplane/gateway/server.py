@@ -127,6 +127,8 @@ class Gateway:
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
+        if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
+            self.proxy.first_chunk = self._capacity_changed
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
@@ -442,7 +444,7 @@ class Gateway:
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
-        return candidates
+        return self.admission.with_prefill_room(candidates)
 
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision

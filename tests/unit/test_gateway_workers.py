@@ -1,7 +1,8 @@
 """The workers' shared-state pieces in one process (the multi-process behaviour is
 tests/integration/test_gateway_workers.py): prefix picks published by one worker reach the
-other's index, also across the ring's wrap and after an overrun; /metrics texts merge; scraped
-signals published by the scraping worker reach a follower's states (a torn row never)."""
+other's index, also across the ring's wrap and after an overrun; /metrics texts merge; in-flight
+and first-chunk counts are every worker's sum; scraped signals published by the scraping worker
+reach a follower's states (a torn row never)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,22 @@ llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0
     assert 'd_bucket{le="+Inf"} 3.0' in text
     assert "d_sum 0.75" in text
     assert 'llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0' in text
+
+
+def test_prefilling_counts_are_every_workers_sum():
+    # saturationMaxPrefilling holds across workers: a stream waiting for its first chunk in
+    # one worker counts in the other's saturation rule; a reaped worker's count goes with it.
+    table = InflightTable(2, 8, Locks())
+    endpoint = Endpoint("10.0.0.1:8000")
+    a, b = table.state(endpoint, 0), table.state(endpoint, 1)
+    a.add_prefilling(1)
+    b.add_prefilling(2)
+    a.add_inflight(1)
+    assert (a.prefilling, b.prefilling, b.inflight) == (3, 3, 1)
+    b.add_prefilling(-1)
+    assert a.prefilling == 2
+    table.clear(0)
+    assert (a.prefilling, b.prefilling, a.inflight) == (1, 1, 0)
 
 
 def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
