@@ -36,13 +36,18 @@ def children(pid: int) -> set[int]:
     return {int(c) for c in text.split()}
 
 
-def followers(up: Up) -> tuple[int, set[int]]:
+def followers(up: Up, workers: int = 2) -> tuple[int, set[int]]:
     """(the workers' supervisor, workers 1 .. N-1): ``up``'s one child that is no engine,
     and its children."""
-    supervisors = children(up.pid) - up.engine_pids()
-    assert len(supervisors) == 1, (supervisors, up.engine_pids())
-    (supervisor,) = supervisors
-    return supervisor, children(supervisor)
+
+    def found() -> tuple[int, set[int]] | None:
+        supervisors = children(up.pid) - up.engine_pids()
+        if len(supervisors) != 1:
+            return None
+        (supervisor,) = supervisors
+        return (supervisor, kids) if len(kids := children(supervisor)) == workers - 1 else None
+
+    return wait_for(found, 10, what=f"up's worker supervisor and its {workers - 1} worker(s)")
 
 
 @contextmanager
@@ -218,5 +223,9 @@ def test_a_request_held_by_worker_1_scales_from_zero(tmp_path: Path, processes: 
 
     assert asyncio.run(run()) == 200
     assert spec_replicas(state) == 1
-    (line,) = [a for a in access_lines(up.output()) if a.get("model") == MODEL]
+    (line,) = wait_for(
+        lambda: [a for a in access_lines(up.output()) if a.get("model") == MODEL],
+        10,
+        what="the request's access-log line",
+    )
     assert line["worker"] == 1 and line["status"] == 200

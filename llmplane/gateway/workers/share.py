@@ -99,7 +99,10 @@ class Seat:
 
             scraper.publish = publish
             return None
-        follower = ScrapeFollower(table, states, scraper.config.scrape_interval / 2, on_changed)
+        config = scraper.config
+        follower = ScrapeFollower(
+            table, states, config.scrape_interval / 2, on_changed, config.metrics_staleness
+        )
 
         def follows(state: EndpointState) -> bool:
             follower.added(state)
