@@ -4,7 +4,7 @@ plus Critical and Sheddable traffic, with flow control off (today's behaviour) a
     python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
                              [--prompt-tokens 400] [--max-tokens 10] [--duration 60]
                              [--load 3.0] [--ttl 10] [--seed 1] [--cap-inflight N]
-                             [--write [--section NAME]]
+                             [--max-prefilling N] [--write [--section NAME]]
 
 The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
 time slowed by ``--time-scale`` so the client and the gateway are far from the CPU limit).
@@ -16,12 +16,14 @@ big 1.0 C, critical 0.4 C, bulk 1.5 C (x ``--load`` / 3).
 
 Steps, one ``llmplane gateway`` process each over the same engines (``saturationQueue: 0``:
 an engine with any request waiting counts as saturated; ``flowControlTtl: --ttl``; with
-``--cap-inflight N`` also ``saturationMaxInflight: N``):
+``--cap-inflight N`` also ``saturationMaxInflight: N``; with ``--max-prefilling N`` a third
+gateway, flow control on with ``saturationMaxPrefilling: N``):
 1. capacity C: a closed loop keeping every replica's queue full (twice its sequences in
    flight), completions per second over 15 s after 5 s of warm-up;
 2. unloaded: the small tenant alone at its rate (its TTFT is the goal's reference);
-3. flow control off, then on: Poisson arrivals per class for ``--duration`` seconds, every
-   request followed to its end (client timeout 300 s).
+3. flow control off, then on (then on with the prefill rule): Poisson arrivals per class for
+   ``--duration`` seconds, the same arrivals in every phase, every request followed to its end
+   (client timeout 300 s).
 Reported per class: success rate (200 and the whole stream), 429s, other failures, TTFT p50 /
 p99 of the successful ones. ``--write`` puts the table into docs/benchmarks.md (the section
 ``--section``, default ``overload``).
@@ -220,10 +222,13 @@ async def serving(url: str, keys: dict[str, str], args, timeout: float = 120.0) 
                 await asyncio.sleep(0.2)
 
 
-def gateway(state: str, work: Path, name: str, flow_control: bool, ttl: float, cap: int) -> Process:
+def gateway(
+    state: str, work: Path, name: str, flow_control: bool, ttl: float, cap: int, prefilling: int = 0
+) -> Process:
     config = work / f"{name}.yaml"
     config.write_text(
-        f"gateway:\n  saturationQueue: 0\n  saturationMaxInflight: {cap}\n  flowControlTtl: {ttl}\n"
+        f"gateway:\n  saturationQueue: 0\n  saturationMaxInflight: {cap}\n"
+        f"  saturationMaxPrefilling: {prefilling}\n  flowControlTtl: {ttl}\n"
     )
     flag = "--flow-control" if flow_control else "--no-flow-control"
     return gateway_proc(state, "--config", str(config), flag, name=name)
@@ -249,8 +254,18 @@ def main(argv: list[str] | None = None) -> None:
         metavar="N",
         help="saturationMaxInflight: never more than N in flight to a replica (0: no cap)",
     )
+    p.add_argument(
+        "--max-prefilling",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run flow control on with saturationMaxPrefilling: N (0: no such phase)",
+    )
     args = p.parse_args(argv)
     inflight_cap = args.cap_inflight
+    modes = {"off": "flow control off", "on": "flow control on"}
+    if args.max_prefilling:
+        modes["prefill"] = f"on + maxPrefilling {args.max_prefilling}"
 
     from llmplane.gateway import apikeys
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -276,6 +291,10 @@ def main(argv: list[str] | None = None) -> None:
             "off": gateway(state, work, "off", False, args.ttl, inflight_cap),
             "on": gateway(state, work, "on", True, args.ttl, inflight_cap),
         }
+        if args.max_prefilling:
+            gws["prefill"] = gateway(
+                state, work, "prefill", True, args.ttl, inflight_cap, args.max_prefilling
+            )
         procs += gws.values()
         urls = {n: f"http://{g.ready()}/v1/completions" for n, g in gws.items()}
         for url in urls.values():  # the Tenants read, the engines scraped
@@ -296,12 +315,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"unloaded small tenant: TTFT p50 {percentile(ok, 50) * 1000:.0f} ms, "
               f"p99 {reference * 1000:.0f} ms", flush=True)  # fmt: skip
         runs = {}
-        for mode in ("off", "on"):
+        for mode, label in modes.items():
             t0 = time.monotonic()
             runs[mode] = asyncio.run(
                 open_loop(urls[mode], keys, rates, args.duration, args.seed, args)
             )
-            print(f"flow control {mode}: {time.monotonic() - t0:.0f} s", flush=True)
+            print(f"{label}: {time.monotonic() - t0:.0f} s", flush=True)
         load_after = os.getloadavg()
     finally:
         for proc in reversed(procs):
@@ -311,9 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     headers = ["class", "requests", "success", "429", "other", "TTFT p50 ms", "TTFT p99 ms",
                "p99 / unloaded p99"]  # fmt: skip
     rows = [["unloaded: small alone", *base.row("")[1:]]]
-    for mode in ("off", "on"):
+    for mode, phase in modes.items():
         for name, (criticality, _) in CLASSES.items():
-            label = f"flow control {mode}: {name} ({criticality})"
+            label = f"{phase}: {name} ({criticality})"
             rows.append(runs[mode][name].row(label, reference))
     rate_text = ", ".join(f"{n} {r:.1f}" for n, r in rates.items())
     text = "\n".join(
@@ -326,7 +345,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.time_scale:g}, {args.prompt_tokens} prompt + {args.max_tokens} output tokens "
             f"per streamed request; measured capacity {cap:.1f} req/s. Offered for "
             f"{args.duration:g} s at {args.load:g}x: {rate_text} req/s. Flow control TTL "
-            f"{args.ttl:g} s, saturationQueue 0, saturationMaxInflight {inflight_cap} (0: none).",
+            f"{args.ttl:g} s, saturationQueue 0, saturationMaxInflight {inflight_cap} (0: none)"
+            + (
+                f"; the last phase also saturationMaxPrefilling {args.max_prefilling}."
+                if args.max_prefilling
+                else "."
+            ),
             "",
             table(headers, rows),
             "",

@@ -47,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
         help="endpoints to name after the chosen one (comma-separated) for data planes that "
         "retry down the list; an ORIGINAL_DST cluster follows one address: keep 0 there",
     )
+    parser.add_argument(
+        "--message-timeout",
+        type=float,
+        default=5.0,
+        help="seconds: the ext_proc filter's message_timeout in the Envoy that calls this "
+        "picker (5 s in `llmplane.epp.envoy`'s bootstrap); a request waiting in flow control "
+        "is answered (429) before it, so Envoy never gives up on the picker first",
+    )
     add_routing_arguments(parser)  # the gateway's: --state-dir | --kubernetes, --config, logs
     return parser
 
@@ -64,6 +72,7 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
             config,
             fallbacks=args.fallbacks,
             metrics_port=args.metrics_port,
+            message_timeout=args.message_timeout,
         )
     except (OSError, RuntimeError) as e:  # grpc reports a busy port as RuntimeError
         await close_store(store)
@@ -95,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fallbacks < 0:
         print("llmplane epp: --fallbacks must be 0 or more", file=sys.stderr)
         return 2
+    if not args.message_timeout > 0:
+        print("llmplane epp: --message-timeout must be above 0 seconds", file=sys.stderr)
+        return 2
     try:
         import grpc  # noqa: F401
         import grpc_health  # noqa: F401
@@ -111,6 +123,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigFileError as e:
         print(f"llmplane epp: {e}", file=sys.stderr)
         return 2
+    from llmplane.epp.server import within_message_timeout
+
+    capped = within_message_timeout(config, args.message_timeout)
+    if capped is not config and config.flow_control_ttl != GatewayConfig.flow_control_ttl:
+        # start_picker caps it; a TTL the user set is worth a line, the default is not
+        print(
+            f"llmplane epp: flowControlTtl {config.flow_control_ttl:g} s is longer than Envoy's "
+            f"ext_proc message timeout (--message-timeout {args.message_timeout:g}); a queued "
+            f"request waits at most {capped.flow_control_ttl:g} s",
+            file=sys.stderr,
+        )
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(args, config))

@@ -10,6 +10,7 @@ picker and ``llmplane gateway`` decide alike from the same sources. ``/metrics``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import grpc
@@ -113,8 +114,14 @@ async def start_picker(
     *,
     fallbacks: int = 0,
     metrics_port: int | None = None,
+    message_timeout: float = 5.0,
 ) -> EndpointPicker:
-    """Start a picker on ``host:port`` (0 = any free port; see ``picker.port``)."""
+    """Start a picker on ``host:port`` (0 = any free port; see ``picker.port``).
+
+    ``message_timeout``: the calling Envoy's ext_proc ``message_timeout`` in seconds (5 s in
+    ``llmplane.epp.envoy``'s bootstrap); flow control's TTL is kept below it.
+    """
+    config = within_message_timeout(config or GatewayConfig(), message_timeout)
     picker = EndpointPicker(store, discovery, config, fallbacks)
     try:
         await picker.start(host, port, metrics_port)
@@ -122,3 +129,17 @@ async def start_picker(
         await picker.close(0)
         raise
     return picker
+
+
+def within_message_timeout(config: GatewayConfig, message_timeout: float) -> GatewayConfig:
+    """``config`` with a flow-control TTL that ends before Envoy's ext_proc message timeout.
+
+    Envoy waits ``message_timeout`` for the picker's answer to each message, then fails the
+    request (FailClose) or routes it without a pick (FailOpen: onto the saturated engines flow
+    control was protecting). A queued request must therefore get its 429 from the picker
+    first: the TTL is capped at nine tenths of the timeout (a tenth for the answer's trip).
+    """
+    cap = message_timeout * 0.9
+    if config.flow_control_ttl <= cap:
+        return config
+    return dataclasses.replace(config, flow_control_ttl=cap)

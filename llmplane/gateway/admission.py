@@ -2,12 +2,15 @@
 
 A backend without candidates is a 503. Ejected replicas are left out (failing open when all
 are). Every remaining candidate *saturated* means: its queue or KV use above the configured
-limits, its metrics stale, or (engines without load metrics, or whose metrics cannot be read now) more
-than ``saturation_inflight`` requests in flight from this gateway; and, when configured,
-``saturation_max_inflight`` requests in flight whatever the metrics say (a cap that keeps room
-in the engine: what it is sent starts at once instead of waiting in its queue). Then, with flow control on, the request waits in the
-gateway (``gateway/flowcontrol/``); with it off, a ``Sheddable`` request (the route's
-criticality, else its tenant's) gets a 429 with ``Retry-After``.
+limits, its metrics stale, or (engines without load metrics, or whose metrics cannot be read
+now) more than ``saturation_inflight`` requests in flight from this gateway; or, when
+configured, ``saturation_max_inflight`` requests in flight whatever the metrics say (a cap that
+keeps room in the engine: what it is sent starts at once instead of waiting in its queue); or,
+when configured, ``saturation_max_prefilling`` streams sent that have not yet answered their
+first chunk (prefills under way: one more in the same engine step would slow each of them
+down). Then, with flow control on, the request waits in the gateway (``gateway/flowcontrol/``);
+with it off, a ``Sheddable`` request (the route's criticality, else its tenant's) gets a 429
+with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class Admission:
         c = self.config
         if c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight:
             return True  # the configured cap per endpoint, whatever its metrics say
+        if c.saturation_max_prefilling and state.prefilling >= c.saturation_max_prefilling:
+            return True  # enough prefills under way: one more would share their steps
         if (
             state.has_load_metrics is False
             or (state.has_load_metrics is None and not state.scraped_at)
@@ -49,6 +54,15 @@ class Admission:
             if not saturated(state, now):
                 return False
         return True
+
+    def with_prefill_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """With ``saturation_max_prefilling`` set: the candidates below it, so that the scheduler
+        does not stack a prefill on an endpoint that has enough (all of them when none is)."""
+        cap = self.config.saturation_max_prefilling
+        if not cap:
+            return candidates
+        room = [state for state in candidates if state.prefilling < cap]
+        return room or candidates
 
     def admit(
         self, model: str, decision: Decision, now: float, criticality: str, shed: bool = True

@@ -34,6 +34,11 @@ class GatewayConfig:
     # metrics say (0: no cap). Set to the engines' running capacity (vLLM --max-num-seqs),
     # flow control then keeps the rest in the gateway and a dispatched request starts at once.
     saturation_max_inflight: int = 0
+    # An endpoint with this many streams from the gateway that have not yet sent their first
+    # chunk (queued or in prefill in the engine) is saturated (0: off). At 1, flow control
+    # releases the next request when the previous one's first token arrives, so prefills do
+    # not share an engine step (each would slow the other's TTFT). Counted per worker.
+    saturation_max_prefilling: int = 0
     shed_retry_after: float = 1.0
     # Engine metrics scraping.
     scrape_interval: float = 0.05  # while an endpoint is busy
@@ -148,9 +153,10 @@ def _check_settings(config: GatewayConfig) -> None:
         raise ValueError("gateway.flowControl: must be true or false")
     if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
         raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
-    cap = config.saturation_max_inflight
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-        raise ValueError("gateway.saturationMaxInflight: must be a whole number (0: no cap)")
+    for name in ("saturationMaxInflight", "saturationMaxPrefilling"):
+        cap = getattr(config, _snake(name))
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"gateway.{name}: must be a whole number (0: no cap)")
     for name in ("band_requests", "band_bytes", "total_requests", "total_bytes"):
         value = getattr(config, f"flow_control_{name}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

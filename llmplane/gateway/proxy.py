@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -196,6 +197,9 @@ class Proxy:
         self.pool: UpstreamPool | None = None
         self._streams: set[_StreamWatch] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        # Called when a stream's first chunk arrived (an endpoint's prefill finished: flow
+        # control may release a waiter, see ``saturation_max_prefilling``).
+        self.first_chunk: Callable[[], None] | None = None
 
     def start(self) -> None:
         c = self.config
@@ -325,6 +329,7 @@ class Proxy:
         assert self.pool is not None
         timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         resp: UpstreamResponse | None = None
+        state.add_prefilling(1)  # until the first chunk: queued or in prefill in the engine
         try:
             try:
                 async with asyncio.timeout(timeout):
@@ -342,6 +347,10 @@ class Proxy:
             if resp is not None:
                 resp.release()
             raise
+        finally:
+            state.add_prefilling(-1)
+        if self.first_chunk is not None:
+            self.first_chunk()
         watch: _StreamWatch | None = None
         try:
             ctx.ttft = time.perf_counter() - ctx.t0

@@ -34,6 +34,9 @@ class EndpointState:
     # The gateway's own accounting.
     inflight: int = 0
     inflight_at_scrape: int = 0  # ``inflight`` when the last applied scrape was sent
+    # Streams this gateway sent that have not yet answered their first chunk: in the engine's
+    # queue or in prefill (``saturation_max_prefilling``); every worker's sum, as ``inflight``.
+    prefilling: int = 0
     # Health.
     consecutive_failures: int = 0
     ejected_until: float = 0.0
@@ -66,6 +69,11 @@ class EndpointState:
         ``inflight`` (with several workers it is every worker's sum, see
         ``llmplane/gateway/workers/inflight.py``)."""
         self.inflight += n
+
+    def add_prefilling(self, n: int) -> None:
+        """Count ``n`` more (or fewer) streams waiting for their first chunk (shared by the
+        workers like ``add_inflight``)."""
+        self.prefilling += n
 
 
 def queue_estimates(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:

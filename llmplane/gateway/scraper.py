@@ -223,6 +223,11 @@ class Scraper:
         self.config = config
         self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
         self.on_scraped: Callable[[], None] | None = None  # after each scrape of an endpoint
+        # With several workers (gateway/workers/scrapes.py) one scrapes for all: it
+        # ``publish``es each state after a scrape; in the others ``follows(state)`` is True for
+        # the states whose metrics come from it, and only their /v1/models is read here.
+        self.publish: Callable[[EndpointState], None] | None = None
+        self.follows: Callable[[EndpointState], bool] | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
         self.scrapes: dict[str, int] = {}  # /metrics requests per endpoint (tests, debugging)
@@ -242,8 +247,9 @@ class Scraper:
 
     def add(self, state: EndpointState) -> None:
         if state.key not in self.tasks:
+            follow = self.follows is not None and self.follows(state)
             self.tasks[state.key] = asyncio.create_task(
-                self._run(state), name=f"scrape {state.key}"
+                self._models_only(state) if follow else self._run(state), name=f"scrape {state.key}"
             )
 
     def remove(self, state: EndpointState) -> None:
@@ -319,6 +325,12 @@ class Scraper:
         """The scraper's HTTP session (engine-side admin calls share it)."""
         return self._session()
 
+    async def _models_only(self, state: EndpointState) -> None:
+        """A peer scrapes the endpoint's metrics: only its served models are read here."""
+        while True:
+            await self.refresh_models(state)
+            await asyncio.sleep(self.config.models_refresh_interval * random.uniform(0.8, 1.2))
+
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval
         idle_max = max(self.config.scrape_idle_interval, interval)
@@ -338,6 +350,8 @@ class Scraper:
                 await self.scrape_once(state)
             except Exception:
                 log.exception("scraping %s failed", state.address)
+            if self.publish is not None:
+                self.publish(state)
             if self.on_scraped is not None:
                 self.on_scraped()  # fresh load: flow control may dispatch
             if not (state.has_load_metrics and state.scrape_ok):
@@ -377,6 +391,8 @@ class Scraper:
                     wake.set()
                 elif state.scraped_at:
                     state.scraped_at = now
+                    if self.publish is not None:
+                        self.publish(state)
             await asyncio.sleep(tick)
 
 

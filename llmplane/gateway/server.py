@@ -114,12 +114,21 @@ class Gateway:
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
         self.scraper.on_scraped = self._capacity_changed
+        self.scrape_follower = (
+            seat.share_scrapes(
+                self.scraper, lambda: self.registry.states.values(), self._capacity_changed
+            )
+            if seat is not None
+            else None
+        )
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config)
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
+        if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
+            self.proxy.first_chunk = self._capacity_changed
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
@@ -202,6 +211,8 @@ class Gateway:
             await self._follower.start()
         for source in self._following():
             await source.start()
+        if self.scrape_follower is not None:
+            self.scrape_follower.start()
         self.usage.start()
 
     def _following(self) -> list[Following]:
@@ -223,6 +234,8 @@ class Gateway:
         for source in self._following():
             await source.close()
         await self.scraper.close()
+        if self.scrape_follower is not None:
+            await self.scrape_follower.close()
         await self.ratelimiter.close()
         await self.usage.close()
         await self.proxy.close()
@@ -452,7 +465,7 @@ class Gateway:
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
-        return candidates
+        return self.admission.with_prefill_room(candidates)
 
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision

@@ -48,6 +48,7 @@ class SimServer(CompletionRoutes, ServiceRoutes):
         self.started = time.monotonic()
         self.unhealthy_until = self.started + self.faults.slow_start
         self.num_requests = 0
+        self.metrics_requests = 0
         self.created = int(time.time())
         self.engine_id = cfg.engine_id or str(
             uuid.UUID(int=random.Random(cfg.seed).getrandbits(128))

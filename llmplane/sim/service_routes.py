@@ -30,6 +30,7 @@ class ServiceRoutes:
         return json_response(orjson.dumps({"version": VERSION}))
 
     async def metrics(self, request: web.BaseRequest) -> web.Response:
+        self.metrics_requests += 1
         return web.Response(
             body=self.engine.metrics.render(),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
@@ -158,6 +159,7 @@ class ServiceRoutes:
         d = self.faults.to_dict()
         d["slow_start_remaining"] = max(0.0, self.unhealthy_until - time.monotonic())
         d["requests_seen"] = self.num_requests
+        d["metrics_requests"] = self.metrics_requests  # scrapes so far (one gateway's, once)
         return d
 
     async def get_faults(self, request: web.BaseRequest) -> web.Response:

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import yaml
 
 from llmplane.runtime.launch import free_port
 from llmplane.testing import Up, wait_for
-from tests.integration.upcli import http, sim_fleet, status
+from tests.integration.upcli import cli, http, sim_fleet, status
 
 pytestmark = pytest.mark.slow
 
@@ -79,17 +79,47 @@ spec:
 GATEWAY_CONFIG = "gateway:\n  saturationKv: -1\n  flowControl: false\n"
 
 
-def panel_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every target of every panel, Grafana's variables given the
-    values a dashboard user gets by default (all models, a 1-minute rate window)."""
+TENANT_ROW = "Tenants and flow control"
+
+
+def panel_queries(rows: Callable[[str], bool] = lambda row: True) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of every panel under a row ``rows`` accepts,
+    Grafana's variables given the values a dashboard user gets by default (all models, a
+    1-minute rate window)."""
     dashboard = json.loads(DASHBOARD.read_text())
     out = []
+    row = ""
     for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+            continue
+        if not rows(row):
+            continue
         for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", "1m").replace("$model", ".*")
             assert "$" not in expr, f"{panel['title']}: unknown variable in {expr}"
             out.append((panel["title"], expr))
     return out
+
+
+def wait_for_every_query(prometheus: Prometheus, queries: list[tuple[str, str]]) -> None:
+    """Until every query returns a finite value through Prometheus's HTTP API (90 s)."""
+    missing: list[str] = []
+
+    def all_answer() -> bool:
+        missing.clear()
+        for title, expr in queries:
+            data = prometheus.get("/api/v1/query", query=expr)
+            assert data["status"] == "success", (title, expr, data)
+            values = [float(r["value"][1]) for r in data["data"]["result"]]
+            if not any(math.isfinite(v) for v in values):
+                missing.append(f"{title}: {expr} -> {values}")
+        return not missing
+
+    try:
+        wait_for(all_answer, timeout=90, every=1.0, what="every panel query")
+    except AssertionError:
+        raise AssertionError("panels without data:\n" + "\n".join(missing)) from None
 
 
 class Prometheus:
@@ -167,7 +197,7 @@ def prometheus(tmp_path: Path, up: Up) -> Iterator[Prometheus]:
         prom.stop()
 
 
-def chat(up: Up, model: str, stream: bool, tokens: int = 24) -> int:
+def chat(up: Up, model: str, stream: bool, tokens: int = 24, key: str | None = None) -> int:
     body = {
         "model": model,
         "messages": [
@@ -182,7 +212,8 @@ def chat(up: Up, model: str, stream: bool, tokens: int = 24) -> int:
     request = urllib.request.Request(
         f"{up.url}/v1/chat/completions",
         data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json"}
+        | ({"authorization": f"Bearer {key}"} if key else {}),
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
@@ -194,7 +225,7 @@ def chat(up: Up, model: str, stream: bool, tokens: int = 24) -> int:
 
 
 def test_every_dashboard_query_returns_data(up: Up, prometheus: Prometheus) -> None:
-    queries = panel_queries()
+    queries = panel_queries(lambda row: row != TENANT_ROW)
     assert len(queries) >= 20, queries
     stop = threading.Event()
     seen: dict[str, set[int]] = {}
@@ -229,22 +260,7 @@ def test_every_dashboard_query_returns_data(up: Up, prometheus: Prometheus) -> N
                 )
             except AssertionError as err:
                 raise AssertionError(f"{err} (seen: {seen}, errors: {errors})") from None
-            missing: list[str] = []
-
-            def all_answer() -> bool:
-                missing.clear()
-                for title, expr in queries:
-                    data = prometheus.get("/api/v1/query", query=expr)
-                    assert data["status"] == "success", (title, expr, data)
-                    values = [float(r["value"][1]) for r in data["data"]["result"]]
-                    if not any(math.isfinite(v) for v in values):
-                        missing.append(f"{title}: {expr} -> {values}")
-                return not missing
-
-            try:
-                wait_for(all_answer, timeout=90, every=1.0, what="every panel query")
-            except AssertionError:
-                raise AssertionError("panels without data:\n" + "\n".join(missing)) from None
+            wait_for_every_query(prometheus, queries)
         finally:
             stop.set()
 
@@ -255,3 +271,58 @@ def test_every_dashboard_query_returns_data(up: Up, prometheus: Prometheus) -> N
     assert {"tiny", "tiny-batch", "tiny-limited"} <= set(models), models
     assert seen["tiny"] == {200}, seen
     assert http(f"{up.url}/health")[0] == 200
+
+
+TENANT = """
+apiVersion: llmplane.io/v1alpha1
+kind: Tenant
+metadata: {name: team}
+spec: {criticality: Default}
+"""
+# One request at a time per replica and a short TTL: with eight clients some requests wait in
+# flow control and are dispatched (wait times), some wait out the TTL (refusals), and at any
+# scrape a few are queued (the queue gauge).
+FLOW_CONFIG = "gateway:\n  saturationMaxInflight: 1\n  flowControlTtl: 0.5\n"
+
+
+def test_tenant_and_flow_control_panels_return_data(tmp_path: Path) -> None:
+    queries = panel_queries(lambda row: row == TENANT_ROW)
+    assert len(queries) >= 5, queries
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(sim_fleet("tiny", 2, time_scale="1") + "---" + TENANT)
+    config = tmp_path / "gateway.yaml"
+    config.write_text(FLOW_CONFIG)
+    up = Up(tmp_path / "state", str(fleet), args=("--gateway-config", str(config))).start()
+    prom = None
+    stop = threading.Event()
+    try:
+        wait_for(
+            lambda: status(up.state_dir, "Playground", "tiny").get("readyReplicas") == 2,
+            what="Playground tiny ready",
+        )
+        key = cli("keys", "create", "team", state_dir=up.state_dir).stdout.strip().splitlines()[-1]
+        wait_for(lambda: chat(up, "tiny", False, 1, key) == 200, what="served with the key")
+        prom = Prometheus(tmp_path, f"127.0.0.1:{up.port}")
+        wait_for(prom.ready, timeout=60, what="prometheus ready")
+        seen: set[int] = set()
+
+        def load() -> None:
+            while not stop.is_set():
+                seen.add(chat(up, "tiny", True, 100, key))  # about 0.7 s each
+
+        with ThreadPoolExecutor(8) as pool:
+            for _ in range(8):
+                pool.submit(load)
+            try:
+                try:
+                    wait_for(lambda: {200, 429} <= seen, timeout=60, what="served and refused")
+                except AssertionError as err:
+                    raise AssertionError(f"{err} (seen: {seen})") from None
+                wait_for_every_query(prom, queries)
+            finally:
+                stop.set()
+    finally:
+        stop.set()
+        if prom is not None:
+            prom.stop()
+        up.kill_everything()

@@ -103,7 +103,14 @@ async def make_stack(tmp_path, request):
     session = aiohttp.ClientSession()
 
     async def make(
-        objects, endpoints, *, fail_open=True, config=None, duplex=None, **picker_args
+        objects,
+        endpoints,
+        *,
+        fail_open=True,
+        config=None,
+        duplex=None,
+        message_timeout=5.0,
+        **picker_args,
     ) -> Stack:
         duplex = duplex_default if duplex is None else duplex
         store = SQLiteStore(tmp_path / f"db{len(made)}.sqlite")
@@ -112,7 +119,11 @@ async def make_stack(tmp_path, request):
         for obj in objects:
             store.apply(obj)
         picker = await start_picker(
-            store, StoreEndpoints(store), config=config or GatewayConfig(), **picker_args
+            store,
+            StoreEndpoints(store),
+            config=config or GatewayConfig(),
+            message_timeout=message_timeout,
+            **picker_args,
         )
         made.append((store, picker, None))
         addresses = [server.address for server, _, _ in endpoints.values()]
@@ -123,6 +134,7 @@ async def make_stack(tmp_path, request):
                 pool=addresses,
                 fail_open=fail_open,
                 full_duplex=duplex,
+                message_timeout=f"{message_timeout:g}s",
             )
         )
         made[-1] = (store, picker, envoy)
@@ -299,6 +311,40 @@ async def test_sheddable_is_shed_with_429_while_critical_is_served(make_stack, s
     assert critical[0] == 200, critical[2]
     assert all(r[0] == 200 for r in await asyncio.gather(*load))
     assert 'llmplane_gateway_shed_total{model="batch"} 1.0' in gw.metrics.render().decode()
+
+
+async def test_a_queued_request_gets_the_pickers_429_before_envoys_message_timeout(
+    make_stack, sims
+):
+    """Flow control's TTL (30 s by default) is kept below Envoy's ext_proc message timeout:
+    with FailClose, a request still queued when Envoy's timeout fires would get Envoy's error
+    instead of the picker's 429 + Retry-After (with FailOpen it would reach the saturated
+    engine unpicked)."""
+    busy = {"app": "busy"}
+    stack = await make_stack(
+        [
+            pool("busy", busy, failure_mode="FailClose"),
+            inference_model("wait", "busy", [{"name": "busy"}], criticality="Default"),
+        ],
+        {"busy": (sims["busy"], busy, "busy")},
+        fail_open=False,
+        message_timeout=2.0,
+        # One request at a time on the replica: the second waits in flow control.
+        config=GatewayConfig(saturation_max_inflight=1),
+    )
+    gw = stack.picker.gateway
+    assert gw.config.flow_control_ttl == pytest.approx(1.8)
+    await stack.wait(lambda: "wait" in gw.table.inference_models, "the InferenceModel")
+    # About 3 s on the replica (150 tokens at 20 ms): longer than the message timeout.
+    long = asyncio.create_task(stack.post(chat("wait", "long", max_tokens=150, ignore_eos=True)))
+    await stack.wait(
+        lambda: sum(s.inflight for s in gw.registry.states.values()) == 1, "the long request"
+    )
+    status, headers, body = await stack.post(chat("wait", "queued"))
+    assert status == 429, (status, body)
+    assert "waited" in orjson.loads(body)["error"]["message"], body
+    assert int(headers["Retry-After"]) >= 1
+    assert (await long)[0] == 200
 
 
 @pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])

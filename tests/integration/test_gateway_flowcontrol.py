@@ -230,3 +230,51 @@ async def test_an_in_flight_cap_keeps_the_rest_in_the_gateway(gateways, store, s
     assert state.inflight == 1 and state.waiting == 0  # nothing waits in the engine
     (s1, *_, t1), (s2, *_, t2) = await asyncio.gather(first, second)
     assert (s1, s2) == (200, 200) and t1 <= t2
+
+
+async def stream(
+    client: aiohttp.ClientSession, gw: Gateway, key: str, prompt: str, tokens: int
+) -> tuple[int, int, float]:
+    """POST a streamed completion; (status, chunks with a choice, monotonic time it ended)."""
+    chunks = 0
+    async with client.post(
+        f"http://127.0.0.1:{gw.port}/v1/completions",
+        json={"model": MODEL, "prompt": prompt, "max_tokens": tokens, "stream": True},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as r:
+        async for line in r.content:
+            chunks += line.startswith(b"data: {")
+        return r.status, chunks, time.monotonic()
+
+
+async def test_a_first_token_releases_the_next_waiter(gateways, store, processes, client):
+    # saturationMaxPrefilling 1 over a sim with room for 8 sequences: while the first stream's
+    # long prefill runs (2,000 prompt tokens: about 0.8 s at time scale 10), the second waits
+    # in the gateway; the first's first chunk releases it (not the first's end: it still has
+    # 2 s of decoding), so the short second stream ends long before the first. Scrapes (which
+    # dispatch too) are 30 s apart here: only the first chunk can release it in time.
+    sim = processes.sim(MODEL, "--max-num-seqs", "8", "--time-scale", "10")
+    gw, keys = await start(
+        gateways,
+        store,
+        sim,
+        {"a": "Default"},
+        saturation_queue=100,
+        saturation_max_prefilling=1,
+        scrape_interval=30.0,
+        scrape_idle_interval=30.0,
+        metrics_staleness=60.0,
+    )
+    state = next(iter(gw.registry.states.values()))
+    long_prompt = "abcd" * 2000  # 2,000 sim tokens
+    first = asyncio.create_task(stream(client, gw, keys["a"], long_prompt, 30))
+    await eventually(lambda: state.prefilling == 1, what="the first stream sent, no chunk yet")
+    second = asyncio.create_task(stream(client, gw, keys["a"], "short", 3))
+    await eventually(lambda: queued(gw).get(("Default", "a")) == 1, what="the second queued")
+    assert state.prefilling == 1 and state.inflight == 1  # it waits in the gateway
+    await eventually(lambda: not gw.flow.queues, what="the second released", timeout=30)
+    assert not first.done()  # released while the first stream still decodes
+    (s1, n1, t1), (s2, n2, t2) = await asyncio.gather(first, second)
+    assert (s1, n1, s2, n2) == (200, 30, 200, 3)
+    assert t2 < t1  # it ran beside the first one's decode, not after it
+    assert state.prefilling == 0 and state.inflight == 0

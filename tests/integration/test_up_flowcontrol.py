@@ -5,10 +5,16 @@ The finer behaviour (fairness, TTL, bounds, a client leaving) is test_gateway_fl
 
 from __future__ import annotations
 
+import contextlib
+import http.client as httpclient
+import socket
+import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmplane.testing import Processes, wait_for
@@ -79,8 +85,10 @@ def test_up_queues_by_priority_under_saturation(tmp_path: Path, processes: Proce
 
     # The gateway serves with the keys (it has seen the Tenants).
     wait_for(lambda: complete("filler", 1)[0] == 200, 30, what="served with a tenant's key")
-    with ThreadPoolExecutor(8) as pool:
-        fillers = [pool.submit(complete, "filler", 600) for _ in range(2)]  # ~4 s each
+    # Two fillers keep the replica busy (one runs, one waits in the gateway) until the test
+    # hangs up on them: however slow the machine, nothing is dispatched before that.
+    fillers = [Filler(up.url, keys["filler"]) for _ in range(2)]
+    try:
         wait_for(
             lambda: (
                 metric(up.url, "llmplane_gateway_endpoint_inflight")
@@ -90,24 +98,67 @@ def test_up_queues_by_priority_under_saturation(tmp_path: Path, processes: Proce
             30,
             what="both fillers taken by the gateway",
         )
-        bulk = [pool.submit(complete, "bulk", 3) for _ in range(2)]
-        wait_for(
-            lambda: metric(up.url, "llmplane_gateway_flow_queue", band="Sheddable") == 2,
-            30,
-            what="two Sheddable requests queued",
-        )
-        urgent = [pool.submit(complete, "urgent", 3) for _ in range(2)]
-        wait_for(
-            lambda: (
-                metric(up.url, "llmplane_gateway_flow_queue", band="Critical", tenant="urgent") == 2
-            ),
-            30,
-            what="two Critical requests queued",
-        )
-        bulk_done = [f.result() for f in bulk]
-        urgent_done = [f.result() for f in urgent]
-        assert all(f.result()[0] == 200 for f in fillers)
+        with ThreadPoolExecutor(4) as pool:
+            bulk = [pool.submit(complete, "bulk", 3) for _ in range(2)]
+            wait_for(
+                lambda: metric(up.url, "llmplane_gateway_flow_queue", band="Sheddable") == 2,
+                30,
+                what="two Sheddable requests queued",
+            )
+            urgent = [pool.submit(complete, "urgent", 3) for _ in range(2)]
+            wait_for(
+                lambda: (
+                    metric(up.url, "llmplane_gateway_flow_queue", band="Critical", tenant="urgent")
+                    == 2
+                ),
+                30,
+                what="two Critical requests queued",
+            )
+            for filler in fillers:  # the running one frees the replica, the queued one leaves
+                filler.hang_up()
+            bulk_done = [f.result() for f in bulk]
+            urgent_done = [f.result() for f in urgent]
+    finally:
+        for filler in fillers:
+            filler.hang_up()
+    assert any(f.status == 200 for f in fillers), [f.status for f in fillers]
     assert [c for c, _ in bulk_done + urgent_done] == [200] * 4
     # Queued after the Sheddable ones, served before them.
     assert max(t for _, t in urgent_done) < min(t for _, t in bulk_done)
     assert metric(up.url, "llmplane_gateway_flow_wait_seconds_count", band="Critical") == 2
+
+
+class Filler:
+    """A long streamed completion (minutes at the sim's pace) sent from a thread; ``hang_up``
+    closes its connection, which cancels it in the gateway (queued or running)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.conn = httpclient.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        body = {"model": "tiny", "prompt": "fill", "max_tokens": 20000, "stream": True}
+        self.conn.request(
+            "POST",
+            "/v1/completions",
+            orjson.dumps(body),
+            {"content-type": "application/json", "x-api-key": key},
+        )
+        self.status: int | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        # A hang-up ends the read in whichever way http.client reports a closed socket.
+        with contextlib.suppress(Exception):
+            response = self.conn.getresponse()  # blocks while the request waits in the gateway
+            self.status = response.status
+            while response.read1(65536):
+                pass
+        self.conn.close()
+
+    def hang_up(self) -> None:
+        sock = self.conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "a filler's reader did not end after hanging up"

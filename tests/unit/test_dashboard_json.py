@@ -12,9 +12,11 @@ from types import SimpleNamespace
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.flowcontrol.controller import FlowControl
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.tenant_usage import TenantUsage
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "llmplane-gateway.json"
 
@@ -48,6 +50,11 @@ def test_every_metric_named_is_exported() -> None:
     gateway = SimpleNamespace(registry=SimpleNamespace(states={state.address: state}))
     metrics = GatewayMetrics(gateway)
     RateLimiter(GatewayConfig(), metrics.registry)
+    # As the Gateway wires them: flow control's and the tenants' usage metrics.
+    flow = FlowControl(lambda candidates, now: False)
+    metrics.add(flow.metrics.all())
+    metrics.registry.register(flow.collector)  # type: ignore[arg-type]
+    metrics.add(TenantUsage(None).metrics())
     exported = {family.name for family in metrics.registry.collect()}
     suffixes = ("_bucket", "_total")
     for name in named:

@@ -58,6 +58,17 @@ def test_a_small_flow_is_not_starved_by_a_big_one() -> None:
     assert Counter(first) == {"big": 10, "small": 10}
 
 
+def test_a_flow_that_comes_back_goes_before_a_backlogged_one() -> None:
+    # Equal credit when the small flow arrives: it has fewer waiting, so it goes next instead
+    # of after one more of big's (the smaller caller's TTFT under overload).
+    q = FlowQueue(Limits())
+    for i in range(5):
+        q.offer(waiter(flow="big", at=i))
+    assert q.pop().flow == "big"  # type: ignore[union-attr]
+    q.offer(waiter(flow="small", at=10))
+    assert [w.flow for w in drain(q)[:3]] == ["small", "big", "big"]
+
+
 def test_weights_share_dispatches() -> None:
     q = FlowQueue(Limits())
     for i in range(400):
@@ -295,6 +306,8 @@ def test_settings_from_the_config_file_and_the_command_line(tmp_path) -> None:
         ("flowControlBandRequests: -1", "flowControlBandRequests: must be a whole number"),
         ("flowControlTotalBytes: 1.5", "flowControlTotalBytes: must be a whole number"),
         ("saturationMaxInflight: -2", "saturationMaxInflight: must be a whole number"),
+        ("saturationMaxPrefilling: true", "saturationMaxPrefilling: must be a whole number"),
+        ("saturationMaxPrefilling: 1.5", "saturationMaxPrefilling: must be a whole number"),
     ):
         path.write_text(f"gateway:\n  {bad}\n")
         with pytest.raises(ConfigFileError, match=message):

@@ -49,3 +49,22 @@ def test_the_in_flight_cap_saturates_whatever_the_metrics_say() -> None:
     assert not admission(saturation_max_inflight=3).saturated(s, NOW)
     assert admission(saturation_max_inflight=2).all_saturated([s, s], NOW)
     assert not admission(saturation_max_inflight=3).all_saturated([s, scraped(waiting=9)], NOW)
+
+
+def test_the_prefill_cap_saturates_while_that_many_first_chunks_are_due() -> None:
+    s = scraped(inflight=3)
+    s.prefilling = 1
+    assert not admission().saturated(s, NOW)  # off by default
+    assert admission(saturation_max_prefilling=1).saturated(s, NOW)
+    assert not admission(saturation_max_prefilling=2).saturated(s, NOW)
+    s.prefilling = 0  # the first chunk came: room again, whatever the in-flight count
+    assert not admission(saturation_max_prefilling=1).saturated(s, NOW)
+
+
+def test_the_prefill_cap_steers_the_pick_to_endpoints_with_room() -> None:
+    busy, free = scraped(), scraped()
+    busy.prefilling = 1
+    a = admission(saturation_max_prefilling=1)
+    assert a.with_prefill_room([busy, free]) == [free]
+    assert list(a.with_prefill_room([busy, busy])) == [busy, busy]  # none has room: all
+    assert list(admission().with_prefill_room([busy, free])) == [busy, free]  # off

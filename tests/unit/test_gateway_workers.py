@@ -1,15 +1,28 @@
 """The workers' shared-state pieces in one process (the multi-process behaviour is
 tests/integration/test_gateway_workers.py): prefix picks published by one worker reach the
-other's index, also across the ring's wrap and after an overrun; /metrics texts merge."""
+other's index, also across the ring's wrap and after an overrun; /metrics texts merge; in-flight
+and first-chunk counts are every worker's sum; scraped signals published by the scraping worker
+reach a follower's states (a torn row never)."""
 
 from __future__ import annotations
 
 import os
 
+from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, block_hashes
+from llmplane.gateway.scraper import LoadMetrics, apply_metrics
+from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import merge
 from llmplane.gateway.workers.picks import PickRings
+from llmplane.gateway.workers.scrapes import (
+    ROW_BYTES,
+    ScrapeFollower,
+    ScrapeTable,
+    apply_row,
+    column_of,
+)
 from llmplane.gateway.workers.shm import Directory, Locks
+from llmplane.runtime.endpoint import Endpoint
 
 
 def scorers(rings: PickRings) -> list[PrefixCacheScorer]:
@@ -95,3 +108,64 @@ llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0
     assert 'd_bucket{le="+Inf"} 3.0' in text
     assert "d_sum 0.75" in text
     assert 'llmplane_gateway_endpoint_inflight{endpoint="a"} 5.0' in text
+
+
+def test_prefilling_counts_are_every_workers_sum():
+    # saturationMaxPrefilling holds across workers: a stream waiting for its first chunk in
+    # one worker counts in the other's saturation rule; a reaped worker's count goes with it.
+    table = InflightTable(2, 8, Locks())
+    endpoint = Endpoint("10.0.0.1:8000")
+    a, b = table.state(endpoint, 0), table.state(endpoint, 1)
+    a.add_prefilling(1)
+    b.add_prefilling(2)
+    a.add_inflight(1)
+    assert (a.prefilling, b.prefilling, b.inflight) == (3, 3, 1)
+    b.add_prefilling(-1)
+    assert a.prefilling == 2
+    table.clear(0)
+    assert (a.prefilling, b.prefilling, a.inflight) == (1, 1, 0)
+
+
+def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
+    table = ScrapeTable(8)
+    scraped = EndpointState(Endpoint("10.0.0.1:8000", engine="sim"))
+    apply_metrics(
+        scraped,
+        LoadMetrics(waiting=3, running=5, kv=0.25, lora_running=frozenset({"a", "b"})),
+        now=123.5,
+        inflight_at_start=7,
+    )
+    follower = EndpointState(Endpoint("10.0.0.1:8000", engine="sim"))
+    assert table.read(2, 0) is None  # never published
+    table.publish(2, scraped)
+    seq, fields, text = table.read(2, 0)
+    assert table.read(2, seq) is None  # nothing new since
+    apply_row(follower, fields, text)
+    assert (follower.waiting, follower.running, follower.kv_usage) == (3, 5, 0.25)
+    assert (follower.scraped_at, follower.inflight_at_scrape) == (123.5, 7)
+    assert follower.has_kv and follower.has_load_metrics and follower.scrape_ok
+    assert follower.lora_running == {"a", "b"} and follower.lora_waiting == frozenset()
+    # A writer that died mid-row leaves the sequence odd: readers keep what they had, the
+    # next writer steps over it.
+    table.words[2 * ROW_BYTES // 8] += 1
+    assert table.read(2, seq) is None and table.read(2, 0) is None
+    scraped.has_load_metrics, scraped.scrape_ok = None, False
+    table.publish(2, scraped)
+    seq2, fields, text = table.read(2, seq)
+    assert seq2 % 2 == 0 and seq2 > seq
+    apply_row(follower, fields, text)
+    assert follower.has_load_metrics is None and not follower.scrape_ok
+
+
+def test_scrape_follower_copies_only_published_changes():
+    table = ScrapeTable(4)
+    inflight = InflightTable(2, 4, Locks())
+    endpoint = Endpoint("10.0.0.1:8000", engine="sim")
+    writer, reader = inflight.state(endpoint, 0), inflight.state(endpoint, 1)
+    changes = []
+    follower = ScrapeFollower(table, lambda: [reader], 1.0, lambda: changes.append(1))
+    assert not follower.poll()
+    writer.waiting = 4
+    table.publish(column_of(writer), writer)
+    assert follower.poll() and reader.waiting == 4 and changes == [1]
+    assert not follower.poll() and changes == [1]

@@ -8,8 +8,9 @@ this one out (``remove``: a TTL, a client that left).
 Order of dispatch: the highest band with a waiter (Critical, then Default, then Sheddable);
 inside a band, between flows (tenants), smooth weighted round-robin over the flows that have
 waiters: every flow with waiters gets ``weight / sum of weights`` of the dispatches and no flow
-waits more than one round, however many requests another flow queued. Inside a flow, arrival
-order.
+waits more than one round, however many requests another flow queued; of flows with equal
+credit the one with fewer waiters goes first (a tenant that sends little and just came back
+does not wait behind one that keeps a backlog). Inside a flow, arrival order.
 
 Bounds: each band holds at most ``band_requests`` waiters and ``band_bytes`` of bodies; the
 whole queue at most ``total_requests`` / ``total_bytes``. A band at its own bound refuses the
@@ -87,8 +88,12 @@ class Band:
             for f in flows.values():
                 f.current += f.weight
                 total += f.weight
-                if flow is None or f.current > flow.current:
-                    flow = f
+                if (
+                    flow is None
+                    or f.current > flow.current
+                    or (f.current == flow.current and len(f.waiters) < len(flow.waiters))
+                ):
+                    flow = f  # a tie goes to the flow with fewer waiting: the smaller caller
             assert flow is not None
             flow.current -= total
         waiter = flow.waiters.popleft()

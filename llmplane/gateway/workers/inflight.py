@@ -1,6 +1,7 @@
 """In-flight counts per endpoint seen by every worker: one row of counters per worker in shared
 memory, each row written only by its own worker, readers sum the column (no lock: each
-counter has one writer, and an 8-byte aligned store is atomic)."""
+counter has one writer, and an 8-byte aligned store is atomic). The same again for the streams
+still waiting for their first chunk (``saturation_max_prefilling``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from llmplane.runtime.endpoint import Endpoint
 
 
 class InflightTable:
-    """``workers`` rows x ``capacity`` endpoint columns of int64 counters."""
+    """``workers`` rows x ``capacity`` endpoint columns of int64 counters, twice: requests in
+    flight, and streams before their first chunk."""
 
     def __init__(self, workers: int, capacity: int, locks: Locks) -> None:
         self.workers = workers
@@ -18,12 +20,16 @@ class InflightTable:
         self.directory = Directory(capacity, locks, LOCK_ENDPOINTS)
         self.mem = region(workers * capacity * 8)
         self.counts = memoryview(self.mem).cast("q")
+        self.prefill_mem = region(workers * capacity * 8)
+        self.prefilling = memoryview(self.prefill_mem).cast("q")
 
     def clear(self, worker: int) -> None:
         """Zero ``worker``'s row: its requests died with it (the supervisor calls this when it
         reaps a worker, the replacement when it starts)."""
         start = worker * self.capacity
-        self.counts[start : start + self.capacity] = memoryview(bytes(self.capacity * 8)).cast("q")
+        zeros = memoryview(bytes(self.capacity * 8)).cast("q")
+        self.counts[start : start + self.capacity] = zeros
+        self.prefilling[start : start + self.capacity] = zeros
 
     def state(self, endpoint: Endpoint, worker: int) -> EndpointState:
         """The registry's state for ``endpoint`` whose ``inflight`` is every worker's sum; a
@@ -35,23 +41,33 @@ class InflightTable:
         return SharedEndpointState(
             endpoint,
             self.counts,
+            self.prefilling,
             worker * self.capacity + column,
             tuple(w * self.capacity + column for w in range(self.workers)),
+            column,
         )
 
 
 class SharedEndpointState(EndpointState):
     """An ``EndpointState`` whose ``inflight`` is the sum of every worker's counter for the
-    endpoint; ``add_inflight`` moves this worker's own."""
+    endpoint; ``add_inflight`` moves this worker's own. The same for ``prefilling``."""
 
-    __slots__ = ("_cells", "_counts", "_mine")
+    __slots__ = ("_cells", "_counts", "_mine", "_prefilling", "column")
 
     def __init__(
-        self, endpoint: Endpoint, counts: memoryview, mine: int, cells: tuple[int, ...]
+        self,
+        endpoint: Endpoint,
+        counts: memoryview,
+        prefilling: memoryview,
+        mine: int,
+        cells: tuple[int, ...],
+        column: int = -1,
     ) -> None:
         self._counts = counts
+        self._prefilling = prefilling
         self._mine = mine
         self._cells = cells
+        self.column = column  # the endpoint's row in every shared per-endpoint table
         super().__init__(endpoint)
 
     @property  # type: ignore[override]
@@ -69,6 +85,21 @@ class SharedEndpointState(EndpointState):
 
     def add_inflight(self, n: int) -> None:
         self._counts[self._mine] += n
+
+    @property  # type: ignore[override]
+    def prefilling(self) -> int:
+        counts = self._prefilling
+        total = 0
+        for cell in self._cells:
+            total += counts[cell]
+        return total
+
+    @prefilling.setter
+    def prefilling(self, value: int) -> None:
+        pass  # as ``inflight``: only the dataclass __init__ sets it
+
+    def add_prefilling(self, n: int) -> None:
+        self._prefilling[self._mine] += n
 
     @property
     def own_inflight(self) -> int:

@@ -1,6 +1,6 @@
 """What the supervisor sets up before it forks (``Share``) and one worker's place in it
-(``Seat``): the listening socket, the in-flight table, the shared token buckets, the prefix
-picks and the private directory of the workers' metrics sockets."""
+(``Seat``): the listening socket, the in-flight table, the scraped engine metrics, the shared
+token buckets, the prefix picks and the private directory of the workers' metrics sockets."""
 
 from __future__ import annotations
 
@@ -8,16 +8,20 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable, Iterable
 
 from llmplane.gateway.ratelimit.buckets import TokenBucket
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.workers.buckets import SharedBuckets
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import MetricsPeer
 from llmplane.gateway.workers.picks import PickFeed, PickRings
+from llmplane.gateway.workers.scrapes import ScrapeFollower, ScrapeTable, column_of
 from llmplane.gateway.workers.shm import Locks
 from llmplane.runtime.endpoint import Endpoint
 
+SCRAPER = 0  # the worker that scrapes the engines for all (its replacement takes over)
 ENDPOINT_CAPACITY = 16_384  # endpoint addresses one gateway run can see
 BUCKET_CAPACITY = 4_096  # rate-limit buckets (route x direction)
 
@@ -34,6 +38,7 @@ class Share:
         self.sock = sock
         self.locks = Locks()
         self.inflight = InflightTable(workers, endpoint_capacity, self.locks)
+        self.scrapes = ScrapeTable(endpoint_capacity)
         self.buckets = SharedBuckets(bucket_capacity, self.locks)
         self.picks = PickRings(workers)
         self.dir = tempfile.mkdtemp(prefix="llmplane-workers-")  # 0700: ours alone
@@ -68,6 +73,33 @@ class Seat:
 
     def endpoint_state(self, endpoint: Endpoint) -> EndpointState:
         return self.share.inflight.state(endpoint, self.index)
+
+    def share_scrapes(
+        self,
+        scraper: Scraper,
+        states: Callable[[], Iterable[EndpointState]],
+        on_changed: Callable[[], None],
+    ) -> ScrapeFollower | None:
+        """Worker ``SCRAPER`` scrapes every endpoint and publishes; every other worker follows
+        what it publishes (the returned follower, to start and close)."""
+        table = self.share.scrapes
+        if self.index == SCRAPER:
+
+            def publish(state: EndpointState) -> None:
+                column = column_of(state)
+                if column is not None:
+                    table.publish(column, state)
+
+            scraper.publish = publish
+            return None
+        follower = ScrapeFollower(table, states, scraper.config.scrape_interval / 2, on_changed)
+
+        def follows(state: EndpointState) -> bool:
+            follower.added(state)
+            return column_of(state) is not None
+
+        scraper.follows = follows
+        return follower
 
     def bucket(self, key: str, rate: float, burst: float, now: float) -> TokenBucket:
         return self.share.buckets.bucket(key, rate, burst, now)
