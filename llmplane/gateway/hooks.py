@@ -13,6 +13,11 @@ A hook that shapes the response returns a ``Reservation`` (or a subclass): its
 streamed body passes through its ``stream_filter`` (e.g. to drop a usage chunk the client did
 not ask for; usage is read from the bytes before the filter). Anything else it returns is only
 handed back to ``settle``.
+
+A hook whose work rarely or never waits may also define ``reserve_now`` and ``settle_now``
+(``SyncRequestHook``): plain functions the gateway calls instead, saving a coroutine per
+hook and request. ``reserve_now`` returns the reservation, or ``LATER`` when it cannot decide
+without waiting (the gateway then awaits ``reserve``); ``settle_now`` must never wait.
 """
 
 from __future__ import annotations
@@ -65,11 +70,37 @@ class Reservation:
         self.stream_filter = stream_filter
 
 
+class _Later:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER: Any = _Later()  # reserve_now's "await reserve for this request"
+
+
 @runtime_checkable
 class RequestHook(Protocol):
     async def reserve(self, inference: InferenceRequest, decision: Decision) -> object: ...
 
     async def settle(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        reservation: Any,
+        usage: Usage | None,
+        status: int,
+    ) -> None: ...
+
+
+@runtime_checkable
+class SyncRequestHook(RequestHook, Protocol):
+    """A ``RequestHook`` that can mostly decide without a coroutine (see the module doc)."""
+
+    def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object: ...
+
+    def settle_now(
         self,
         inference: InferenceRequest,
         decision: Decision,

@@ -332,7 +332,7 @@ class Proxy:
         state.add_prefilling(1)  # until the first chunk: queued or in prefill in the engine
         try:
             try:
-                async with asyncio.timeout(timeout):
+                with self.pool.deadlines.after(timeout):
                     resp = await self.pool.open(address, wire)
                     if resp.status >= 500 and may_retry:
                         await resp.read()
