@@ -127,6 +127,7 @@ class Gateway:
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
+        self.scraper.upstream = lambda: self.proxy.pool  # scrapes keep routed connections warm
         if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
             self.proxy.first_chunk = self._capacity_changed
         self.pd = PrefillDecode(
