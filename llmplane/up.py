@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmplane.api.documents import dump_resource, parse_text
+from llmplane.gcpolicy import freeze_survivors
 from llmplane.store.base import Store
 
 if TYPE_CHECKING:
@@ -225,6 +226,7 @@ async def run_up(
         await platform.stop()  # whatever did start must not outlive a failed start
         raise
     ready(platform)
+    platform.spawn(freeze_survivors(), "gc")  # no 100 ms full collections under a fleet
     try:
         await stop.wait()
     finally:
