@@ -35,6 +35,7 @@ class RequestContext:
         "profile",
         "request",
         "response_headers",
+        "response_lines",
         "sched_ms",
         "scores",
         "sent_model",
@@ -61,6 +62,7 @@ class RequestContext:
         self.waited: float | None = None  # seconds in the flow-control queue
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
+        self.response_lines: bytes | None = None  # header lines, as rendered by hooks
         self.stream_filter: StreamFilter | None = None
         # What the proxy saw.
         self.endpoint: str | None = None  # the replica of the last attempt
@@ -85,7 +87,10 @@ class RequestContext:
 
     def adopt(self, reservation: Reservation) -> None:
         """Take a hook reservation's response headers and stream filter."""
-        if reservation.response_headers:
+        lines = reservation.response_lines
+        if lines:
+            self.response_lines = self.response_lines + lines if self.response_lines else lines
+        elif reservation.response_headers:
             self.add_headers(reservation.response_headers)
         if reservation.stream_filter is not None:
             self.stream_filter = reservation.stream_filter

@@ -113,15 +113,19 @@ def forwarded_headers(request: HttpRequest) -> dict[str, str]:
 
 
 def relayed_headers(
-    upstream: RawHeaders, endpoint: str | None, extra: dict[str, str] | None = None
+    upstream: RawHeaders,
+    endpoint: str | None,
+    extra: dict[str, str] | None = None,
+    lines: bytes | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for a Response relaying an upstream one: its header lines as they
     came (less hop-by-hop ones and those the gateway sets itself), plus the endpoint header
-    and any a hook added."""
+    and any a hook added (``lines``: already rendered, e.g. the rate limits')."""
     headers = {ENDPOINT_HEADER: endpoint} if endpoint else {}
     if extra:
         headers.update(extra)
-    return {"raw_headers": upstream.forward(_HOP_RESPONSE), "headers": headers}
+    raw = upstream.forward(_HOP_RESPONSE)
+    return {"raw_headers": raw + lines if lines else raw, "headers": headers}
 
 
 class Attempts:
@@ -339,7 +343,9 @@ class Proxy:
         return Response(
             status=status,
             body=data,
-            **relayed_headers(upstream_headers, ctx.endpoint, ctx.response_headers),
+            **relayed_headers(
+                upstream_headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
+            ),
         )
 
     async def _stream(
@@ -378,7 +384,9 @@ class Proxy:
             ctx.upstream_status = resp.status
             out = StreamResponse(
                 status=resp.status,
-                **relayed_headers(resp.headers, ctx.endpoint, ctx.response_headers),
+                **relayed_headers(
+                    resp.headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
+                ),
             )
             await out.prepare(ctx.request)
             scanner = StreamScanner()

@@ -34,7 +34,7 @@ from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
-from llmplane.gateway.hooks import RequestHook, Reservation, Usage
+from llmplane.gateway.hooks import LATER, RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
@@ -127,6 +127,7 @@ class Gateway:
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
+        self.scraper.upstream = lambda: self.proxy.pool  # scrapes keep routed connections warm
         if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
             self.proxy.first_chunk = self._capacity_changed
         self.pd = PrefillDecode(
@@ -141,7 +142,7 @@ class Gateway:
             usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
         )
         self.metrics.add(self.usage.metrics())
-        self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
+        self.hooks = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -155,6 +156,20 @@ class Gateway:
         # lookup per request instead of four label lookups.
         self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
         self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
+
+    @property
+    def hooks(self) -> list[RequestHook]:
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: list[RequestHook]) -> None:
+        """The request hooks, with each one's plain-function entries (``reserve_now`` /
+        ``settle_now``, ``hooks.SyncRequestHook``) looked up once."""
+        self._hooks = list(hooks)
+        self._hook_calls = [
+            (hook, getattr(hook, "reserve_now", None), getattr(hook, "settle_now", None))
+            for hook in self._hooks
+        ]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -175,7 +190,9 @@ class Gateway:
         self.host = host
         self.auth.loopback = is_loopback(host)
         if self.seat is not None:
-            await self.seat.metrics.start(self.metrics.render, GatewaySignals(self).parts)
+            await self.seat.metrics.start(
+                self.metrics.render, GatewaySignals(self).parts, self.seat.handlers
+            )
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
         )
@@ -337,8 +354,13 @@ class Gateway:
                 decision.criticality = tenant.criticality
         elif decision.criticality is None:
             decision.criticality = "Default"
-        for hook in self.hooks:
-            reservation = await hook.reserve(inference, decision)
+        for hook, reserve_now, _ in self._hook_calls:
+            if reserve_now is None:
+                reservation = await hook.reserve(inference, decision)
+            else:
+                reservation = reserve_now(inference, decision)
+                if reservation is LATER:
+                    reservation = await hook.reserve(inference, decision)
             reservations.append((hook, reservation))
             if isinstance(reservation, Reservation):
                 ctx.adopt(reservation)
@@ -364,13 +386,17 @@ class Gateway:
         usage = Usage.of(ctx.usage)
         for hook, reservation in reservations:
             try:
-                await hook.settle(
-                    ctx.inference,  # type: ignore[arg-type]
-                    ctx.decision,  # type: ignore[arg-type]
-                    reservation,
-                    usage,
-                    ctx.status,
-                )
+                settle_now = getattr(hook, "settle_now", None)
+                if settle_now is not None:
+                    settle_now(ctx.inference, ctx.decision, reservation, usage, ctx.status)
+                else:
+                    await hook.settle(
+                        ctx.inference,  # type: ignore[arg-type]
+                        ctx.decision,  # type: ignore[arg-type]
+                        reservation,
+                        usage,
+                        ctx.status,
+                    )
             except Exception:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)

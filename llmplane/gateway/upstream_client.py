@@ -548,6 +548,8 @@ class UpstreamPool:
         if conn is not None:
             return conn
         while self.limit and len(self._open) >= self.limit:
+            if self._close_oldest_idle():
+                continue  # an idle connection elsewhere made room
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
@@ -582,6 +584,23 @@ class UpstreamPool:
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.key, []).append(conn)
         self._wake()
+
+    def connections(self, address: str) -> int:
+        """Open connections to ``address``, busy or idle (tests, debugging)."""
+        return sum(1 for conn in self._open if conn.key == address)
+
+    def _close_oldest_idle(self) -> bool:
+        """Close the longest-idle connection (to any address), if there is one: at the limit,
+        idle keep-alive connections to other endpoints (the scraper keeps one per endpoint)
+        must not make a request wait."""
+        oldest: _Connection | None = None
+        for idle in self._idle.values():
+            if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
+                oldest = idle[0]
+        if oldest is None:
+            return False
+        self._discard(oldest)
+        return True
 
     def _discard(self, conn: _Connection) -> None:
         if conn.transport is not None and not conn.transport.is_closing():
