@@ -7,6 +7,7 @@ reach a follower's states (a torn row never)."""
 from __future__ import annotations
 
 import os
+import time
 
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, block_hashes
@@ -169,3 +170,11 @@ def test_scrape_follower_copies_only_published_changes():
     table.publish(column_of(writer), writer)
     assert follower.poll() and reader.waiting == 4 and changes == [1]
     assert not follower.poll() and changes == [1]
+    # Nothing published for longer than stale_after (0.2 s): the scraper is gone, the
+    # follower's copies count as unreadable metrics (admission's own-count rule), not stale.
+    start = time.monotonic()
+    assert not follower.poll(start + 0.1) and reader.scrape_ok
+    assert follower.poll(start + 0.5) and not reader.scrape_ok and changes == [1, 1]
+    assert not follower.poll(start + 0.6)
+    table.publish(column_of(writer), writer)  # a new scraper publishes: the row is good again
+    assert follower.poll(start + 0.7) and reader.scrape_ok
