@@ -63,12 +63,12 @@ class LocalPlan:
         # The header lines in ``rate_headers``' order (requests, the scarcest token bucket,
         # each token bucket) with the limits filled in; a take formats the rest in one go.
         lines = []
-        scarcest = f"{_TOKENS[0]}: %s\r\n{_TOKENS[1]}: %s\r\n{_TOKENS[2]}: %s\r\n"
+        scarcest = f"{_TOKENS[0]}: %s\r\n{_TOKENS[1]}: %d\r\n{_TOKENS[2]}: %s\r\n"
         for d, bucket in buckets.items():  # requests first, if limited at all
             if d != REQUESTS and scarcest not in lines:  # before the first token bucket
                 lines.append(scarcest)
             names = _names(d)
-            lines.append(f"{names[0]}: {int(bucket.burst)}\r\n{names[1]}: %s\r\n{names[2]}: %s\r\n")
+            lines.append(f"{names[0]}: {int(bucket.burst)}\r\n{names[1]}: %d\r\n{names[2]}: %s\r\n")
         self.format = "".join(lines)
 
     def take(self, amounts: list[tuple[str, int]], now: float) -> bytes | None:
@@ -100,12 +100,12 @@ class LocalPlan:
                 fits = False
         if not fits:
             return None
-        values: list[str] = []  # remaining, reset of each bucket in order
+        values: list[str | float] = []  # remaining (%d: whole tokens), reset of each bucket
         main = None  # (share left, limit, remaining, reset) of the scarcest token bucket
         for (bucket, limit_text, limit, is_tokens), pair in zip(rows, amounts, strict=True):
             level = bucket.level - pair[1]
             bucket.level = level
-            remaining = str(int(level)) if level > 0 else "0"
+            remaining = level if level > 0 else 0
             seconds = (limit - level) / bucket.rate
             reset = (
                 _MILLISECONDS[math.ceil(seconds * 1000)] if 0 < seconds < 1 else duration(seconds)
