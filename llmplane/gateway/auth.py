@@ -142,9 +142,7 @@ class TenantTable:
         nothing through its timing: an attacker cannot relate fingerprints to keys."""
         if key is None or len(key) > MAX_KEY_CHARS:  # not one of ours: no hashing it twice
             return lookup(self.keys, key)
-        fingerprint = hashlib.blake2b(
-            key.encode(), key=_FINGERPRINT_KEY, digest_size=16
-        ).digest()
+        fingerprint = hashlib.blake2b(key.encode(), key=_FINGERPRINT_KEY, digest_size=16).digest()
         record = self.verified.get(fingerprint)
         if record is None:
             record = lookup(self.keys, key)

@@ -261,6 +261,7 @@ def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     try:
         return Supervisor(share, worker, config.shutdown_grace).run(serving)
     finally:
+        share.close()
         sock.close()
 
 

@@ -41,11 +41,6 @@ class Deadlines:
             return _NO_DEADLINE
         return Deadline(self, seconds)
 
-    def _add(self, deadline: Deadline, at: float) -> None:
-        self.pending[deadline] = at
-        if at < self._timer_at:
-            self._arm(at)
-
     def _arm(self, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -97,7 +92,10 @@ class Deadline:
             raise RuntimeError("a deadline must be used inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        owner._add(self, loop.time() + self.seconds)
+        at = loop.time() + self.seconds
+        owner.pending[self] = at
+        if at < owner._timer_at:
+            owner._arm(at)
         return self
 
     def __exit__(

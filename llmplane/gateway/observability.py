@@ -323,9 +323,8 @@ def flush_access_log() -> None:
         sink.flush()
 
 
-def log_access(record: dict[str, Any]) -> None:
-    if not access_log.isEnabledFor(logging.INFO):
-        return
+def write_access(record: dict[str, Any]) -> None:
+    """One access-log line; the caller checked ``access_log.isEnabledFor(logging.INFO)``."""
     sink = access_sink
     if sink is not None:
         sink.add(orjson.dumps(record))

@@ -459,7 +459,15 @@ class _Connection(asyncio.Protocol):
         complete = self._done and not self._pieces
         self._state = self.IDLE
         self._pieces.clear()
-        if complete and self._keep_alive and self.usable and not self._buf:
+        t = self.transport  # ``usable``, inline: once per request
+        if (
+            complete
+            and self._keep_alive
+            and self._closed_exc is None
+            and t is not None
+            and not t.is_closing()
+            and not self._buf
+        ):
             self.pool._release(self)
         else:
             self.pool._discard(self)
@@ -493,7 +501,7 @@ class UpstreamPool:
     ) -> tuple[int, RawHeaders, bytes]:
         """Send ``data`` (a complete request) and read the whole response, within ``timeout``
         seconds in total (connecting included)."""
-        with self.deadlines.after(timeout):
+        with (self._deadlines or self.deadlines).after(timeout):
             conn = self._idle_one(address) or await self._acquire(address)
             try:
                 result = await conn.exchange(data)
@@ -524,7 +532,13 @@ class UpstreamPool:
             now = time.monotonic()
             while idle:
                 conn = idle.pop()
-                if conn.usable and now - conn.idle_since < self.keepalive_timeout:
+                t = conn.transport  # ``usable``, inline: once per request
+                if (
+                    conn._closed_exc is None
+                    and t is not None
+                    and not t.is_closing()
+                    and now - conn.idle_since < self.keepalive_timeout
+                ):
                     return conn
                 self._discard(conn)
         return None

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.hooks import LATER, Usage
+from llmplane.gateway.hooks import LATER, Usage, header_pairs
 from llmplane.gateway.hooks import Reservation as HookReservation
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
@@ -67,11 +67,12 @@ class Taken:
 
 
 class Reservation(HookReservation):
-    """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` and
-    ``stream_filter``, see ``llmplane.gateway.hooks``). The single-limit fast path keeps
-    its plan, limit and amounts instead of a ``Taken`` list (made only if asked for)."""
+    """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` or
+    ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``). The
+    single-limit fast path keeps its plan, limit and amounts instead of a ``Taken`` list, and
+    its headers as lines (the ``taken`` list and the headers' dict are made if asked for)."""
 
-    __slots__ = ("_taken", "amounts", "limit", "plan")
+    __slots__ = ("_headers", "_taken", "amounts", "limit", "plan")
 
     def __init__(
         self,
@@ -80,14 +81,26 @@ class Reservation(HookReservation):
         plan: LocalPlan | None = None,
         limit: RouteLimit | None = None,
         amounts: list[tuple[str, int]] | None = None,
+        response_lines: bytes | None = None,
     ) -> None:
         # The base's fields set here: one call a request less than super().__init__.
-        self.response_headers = response_headers
+        self._headers = response_headers
+        self.response_lines = response_lines
         self.stream_filter = None
         self._taken = taken
         self.plan = plan
         self.limit = limit
         self.amounts = amounts
+
+    @property  # type: ignore[override]
+    def response_headers(self) -> dict[str, str] | None:
+        if self._headers is None and self.response_lines:
+            self._headers = header_pairs(self.response_lines)
+        return self._headers
+
+    @response_headers.setter
+    def response_headers(self, value: dict[str, str] | None) -> None:
+        self._headers = value
 
     @property
     def taken(self) -> list[Taken]:
@@ -325,10 +338,10 @@ class RateLimiter:
             plan = self.plans[(limit.key, embeddings)] = LocalPlan(
                 {d: self._bucket(limit, d) for d, _ in amounts}
             )
-        headers = plan.take(amounts, self.clock())
-        if headers is None:
+        lines = plan.take(amounts, self.clock())
+        if lines is None:
             return None
-        reservation = Reservation(None, headers, plan, limit, amounts)
+        reservation = Reservation(None, None, plan, limit, amounts, lines)
         if inference.stream and (len(amounts) > 1 or amounts[0][0] != REQUESTS):
             self._usage_filter(reservation, inference)
         return reservation

@@ -5,9 +5,9 @@ object per bucket. It gives exactly what ``buckets.reserve_local`` + ``rate_head
 for a single limit (``tests/unit/test_ratelimit_local.py`` compares them); a refusal, the
 rarer case, is left to that general path, which builds the 429.
 
-Everything constant per limit is made once: the header names, the limit values as text, and
-per set of directions a header template (the dict in its final order with the limits filled
-in) that a request copies and fills with its remaining/reset values."""
+Everything constant per limit is made once: the header lines with their names and limit
+values, as a format into which a take puts its remaining/reset values in one call; the
+headers go to the client as these lines (``hooks.Reservation.response_lines``)."""
 
 from __future__ import annotations
 
@@ -42,17 +42,16 @@ _MILLISECONDS = [f"{max(1, ms)}ms" for ms in range(1001)]
 class LocalPlan:
     """One limit's local buckets in the order a request takes them (``amounts`` of a take
     name the same directions in the same order), with their header names, limit values and
-    a header template made once. Valid until the limits change (the limiter drops its plans
-    then)."""
+    the headers' template made once. Valid until the limits change (the limiter drops its
+    plans then)."""
 
-    __slots__ = ("buckets", "lock", "rows", "template")
+    __slots__ = ("buckets", "format", "has_requests", "lock", "rows")
 
     def __init__(self, buckets: dict[str, TokenBucket]) -> None:
         self.buckets = buckets  # direction -> bucket, in the order of a take
-        # (bucket, str(limit), the limit as a number, header names, a token bucket?)
+        # (bucket, str(limit), the limit as a number, a token bucket?)
         self.rows = [
-            (b, str(int(b.burst)), int(b.burst), _names(d), d != REQUESTS)
-            for d, b in buckets.items()
+            (b, str(int(b.burst)), int(b.burst), d != REQUESTS) for d, b in buckets.items()
         ]
         first = next(iter(buckets.values()), None)
         lock = first.lock if first is not None else None
@@ -60,26 +59,28 @@ class LocalPlan:
         self.lock: AbstractContextManager[None] | None = (
             None if isinstance(lock, contextlib.nullcontext) else lock
         )
-        # The headers in ``rate_headers``' order (requests, the scarcest token bucket, each
-        # token bucket) with the limits filled in: a take copies it and fills in the rest.
-        template: dict[str, str] = {}
-        for _, limit_text, _, names, is_tokens in self.rows:
-            if is_tokens and _TOKENS[0] not in template:
-                template.update(dict.fromkeys(_TOKENS, ""))
-            template.update(dict.fromkeys(names, ""))
-            template[names[0]] = limit_text
-        self.template = template
+        self.has_requests = REQUESTS in buckets
+        # The header lines in ``rate_headers``' order (requests, the scarcest token bucket,
+        # each token bucket) with the limits filled in; a take formats the rest in one go.
+        lines = []
+        scarcest = f"{_TOKENS[0]}: %s\r\n{_TOKENS[1]}: %d\r\n{_TOKENS[2]}: %s\r\n"
+        for d, bucket in buckets.items():  # requests first, if limited at all
+            if d != REQUESTS and scarcest not in lines:  # before the first token bucket
+                lines.append(scarcest)
+            names = _names(d)
+            lines.append(f"{names[0]}: {int(bucket.burst)}\r\n{names[1]}: %d\r\n{names[2]}: %s\r\n")
+        self.format = "".join(lines)
 
-    def take(self, amounts: list[tuple[str, int]], now: float) -> dict[str, str] | None:
-        """Take every amount and return the headers (``rate_headers`` of the buckets after
-        the take, read under the lock as ``reserve_local`` reads them), or take nothing and
-        return None (the request does not fit now)."""
+    def take(self, amounts: list[tuple[str, int]], now: float) -> bytes | None:
+        """Take every amount and return the header lines (``rate_headers`` of the buckets
+        after the take, read under the lock as ``reserve_local`` reads them), or take nothing
+        and return None (the request does not fit now)."""
         if self.lock is None:
             return self._take(amounts, now)
         with self.lock:  # the buckets of one limiter share it
             return self._take(amounts, now)
 
-    def _take(self, amounts: list[tuple[str, int]], now: float) -> dict[str, str] | None:
+    def _take(self, amounts: list[tuple[str, int]], now: float) -> bytes | None:
         rows = self.rows
         fits = True
         for row, pair in zip(rows, amounts, strict=True):
@@ -99,27 +100,25 @@ class LocalPlan:
                 fits = False
         if not fits:
             return None
-        headers = self.template.copy()
+        values: list[str | float] = []  # remaining (%d: whole tokens), reset of each bucket
         main = None  # (share left, limit, remaining, reset) of the scarcest token bucket
-        for (bucket, limit_text, limit, names, is_tokens), pair in zip(rows, amounts, strict=True):
+        for (bucket, limit_text, limit, is_tokens), pair in zip(rows, amounts, strict=True):
             level = bucket.level - pair[1]
             bucket.level = level
-            remaining = str(int(level)) if level > 0 else "0"
+            remaining = level if level > 0 else 0
             seconds = (limit - level) / bucket.rate
             reset = (
                 _MILLISECONDS[math.ceil(seconds * 1000)] if 0 < seconds < 1 else duration(seconds)
             )
-            headers[names[1]] = remaining
-            headers[names[2]] = reset
+            values.append(remaining)
+            values.append(reset)
             if is_tokens:
                 share = level / limit
                 if main is None or share < main[0]:
                     main = (share, limit_text, remaining, reset)
-        if main is not None:
-            headers["x-ratelimit-limit-tokens"] = main[1]
-            headers["x-ratelimit-remaining-tokens"] = main[2]
-            headers["x-ratelimit-reset-tokens"] = main[3]
-        return headers
+        if main is not None:  # after the requests' two values, before the token buckets'
+            values[2 if self.has_requests else 0 : 2 if self.has_requests else 0] = main[1:]
+        return (self.format % tuple(values)).encode()
 
     def give(self, deltas: list[tuple[str, int]], now: float) -> None:
         """Give back (> 0) or debit (< 0), as ``TokenBucket.adjust``."""
