@@ -21,7 +21,7 @@ measured the same way, and the latency requests go to the two in turn, so that t
 machine's load hits both alike (the 1-replica figures include the idle big fleet's CPU use on
 the same cores). The load average is recorded for each idle window. ``--workers 1,2`` repeats
 all of it with ``llmplane up --workers 1`` then ``--workers 2`` in the one run (a row each).
-``--write`` puts the table in docs/benchmarks.md (section ``fleet``).
+``--write`` puts the table in docs/benchmarks.md (section ``fleet``, or ``--section``).
 """
 
 from __future__ import annotations
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         "--workers", default="1", help="llmplane up --workers; several (1,2): a run each"
     )
     p.add_argument("--write", action="store_true")
+    p.add_argument("--section", default="fleet", help="the docs/benchmarks.md section --write sets")
     args = p.parse_args(argv)
     info = machine()
     rows = []
@@ -263,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "fleet.json").write_text(json.dumps(res, indent=1))
-        print(f"wrote {write_section('fleet', text)}")
+        (RESULTS / f"{args.section}.json").write_text(json.dumps(res, indent=1))
+        print(f"wrote {write_section(args.section, text)}")
 
 
 if __name__ == "__main__":
