@@ -154,9 +154,18 @@ def request_body(rng: random.Random, args: argparse.Namespace) -> bytes:
 
 
 async def open_loop(
-    url: str, keys: dict[str, str], rates: dict[str, float], seconds: float, seed: int, args
+    url: str,
+    keys: dict[str, str],
+    rates: dict[str, float],
+    seconds: float,
+    seed: int,
+    args,
+    phase: str,
 ) -> dict[str, ClassResult]:
-    """Poisson arrivals per class at ``rates`` (req/s) for ``seconds``; every request to its end."""
+    """Poisson arrivals per class at ``rates`` (req/s) for ``seconds``; every request to its end.
+    The arrival times are the same in every phase, the prompts are the ``phase``'s own: the
+    sims keep a prefix cache, and a phase that sent an earlier phase's prompts again would
+    find most of its prefills done already."""
     results = {name: ClassResult() for name in rates}
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(
@@ -166,6 +175,7 @@ async def open_loop(
 
         async def arrivals(name: str, rate: float) -> None:
             rng = random.Random(f"{seed}-{name}")
+            prompts = random.Random(f"{seed}-{name}-{phase}")
             end = time.monotonic() + seconds
             next_at = time.monotonic()
             while True:
@@ -173,7 +183,7 @@ async def open_loop(
                 if next_at >= end:
                     return
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-                body = request_body(rng, args)
+                body = request_body(prompts, args)
                 out = results[name].outcomes
                 tasks.append(asyncio.create_task(one(session, url, keys[name], body, out)))
 
@@ -308,7 +318,15 @@ def main(argv: list[str] | None = None) -> None:
         unit = cap * args.load / 30
         rates = {name: share * unit for name, (_, share) in CLASSES.items()}
         base = asyncio.run(
-            open_loop(urls["on"], keys, {"small": rates["small"]}, args.duration, args.seed, args)
+            open_loop(
+                urls["on"],
+                keys,
+                {"small": rates["small"]},
+                args.duration,
+                args.seed,
+                args,
+                "unloaded",
+            )
         )["small"]
         ok = [o.ttft for o in base.outcomes if o.status == 200 and o.complete and o.ttft]
         reference = percentile(ok, 99)
@@ -318,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         for mode, label in modes.items():
             t0 = time.monotonic()
             runs[mode] = asyncio.run(
-                open_loop(urls[mode], keys, rates, args.duration, args.seed, args)
+                open_loop(urls[mode], keys, rates, args.duration, args.seed, args, mode)
             )
             print(f"{label}: {time.monotonic() - t0:.0f} s", flush=True)
         load_after = os.getloadavg()
