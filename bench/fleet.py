@@ -1,7 +1,7 @@
 """A fleet of simulated replicas behind ``llmplane up``: time to Ready, idle CPU, latency.
 
     python -m bench.fleet [--playgrounds 4] [--replicas 50] [--idle 30] [--requests 100]
-                          [--gap 0.3] [--write]
+                          [--gap 0.3] [--workers 1[,2]] [--write]
 
 Declares the fleet as a user would (``--playgrounds`` sim Playgrounds of ``--replicas``
 replicas each, one OpenModel each), runs ``llmplane up`` on it and measures:
@@ -19,8 +19,9 @@ replicas each, one OpenModel each), runs ``llmplane up`` on it and measures:
 Then a 1-replica fleet (one Playground of one replica) is started beside the idle big one and
 measured the same way, and the latency requests go to the two in turn, so that the shared
 machine's load hits both alike (the 1-replica figures include the idle big fleet's CPU use on
-the same cores). The load average is recorded for each idle window.
-``--write`` puts the table in docs/benchmarks.md (section ``fleet``).
+the same cores). The load average is recorded for each idle window. ``--workers 1,2`` repeats
+all of it with ``llmplane up --workers 1`` then ``--workers 2`` in the one run (a row each).
+``--write`` puts the table in docs/benchmarks.md (section ``fleet``, or ``--section``).
 """
 
 from __future__ import annotations
@@ -98,14 +99,18 @@ def one_request(conn: http.client.HTTPConnection, model: str) -> float:
 class Fleet:
     """``llmplane up`` over ``playgrounds`` x ``replicas`` sims, with its timings."""
 
-    def __init__(self, work: Path, playgrounds: int, replicas: int) -> None:
+    def __init__(self, work: Path, playgrounds: int, replicas: int, workers: int = 1) -> None:
         self.playgrounds, self.total = playgrounds, playgrounds * replicas
         self.state = work / f"fleet-{self.total}"
         files = work / f"fleet-{self.total}.yaml"
         files.write_text(fleet_yaml(playgrounds, replicas))
-        self.up = process.Up(self.state, str(files))
+        self.up = process.Up(self.state, str(files), args=["--workers", str(workers)])
         self.conn: http.client.HTTPConnection | None = None
-        self.result: dict[str, Any] = {"replicas": self.total, "playgrounds": playgrounds}
+        self.result: dict[str, Any] = {
+            "replicas": self.total,
+            "playgrounds": playgrounds,
+            "workers": workers,
+        }
 
     def start(self) -> None:
         """Start, and wait until every replica is Ready in the store and routed."""
@@ -148,12 +153,19 @@ class Fleet:
 
 
 def run(
-    work: Path, playgrounds: int, replicas: int, idle: float, requests: int, gap: float
+    work: Path,
+    playgrounds: int,
+    replicas: int,
+    idle: float,
+    requests: int,
+    gap: float,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
     """The big fleet alone for Ready and idle CPU; then a 1-replica fleet beside it for the
     same, and requests sent to the two in turn (the shared machine's load hits both alike)."""
     (work / "one").mkdir()
-    big, small = Fleet(work, playgrounds, replicas), Fleet(work / "one", 1, 1)
+    big = Fleet(work, playgrounds, replicas, workers)
+    small = Fleet(work / "one", 1, 1, workers)
     try:
         big.start()
         time.sleep(max(10.0, idle / 3))  # start-up work settles; scrapes back off
@@ -181,6 +193,7 @@ def report(res: dict[str, Any]) -> str:
     rows = [
         [
             f"{r['replicas']} ({r['playgrounds']} Playground{'s' if r['playgrounds'] > 1 else ''})",
+            str(r.get("workers", 1)),
             f"{r['ready_store_s']:.1f} s",
             f"{r['ready_gateway_s']:.1f} s",
             f"{r['idle_cpu_cores']:.3f}",
@@ -195,12 +208,14 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"Command: `python -m bench.fleet --playgrounds {a['playgrounds']} --replicas "
-            f"{a['replicas']} --idle {a['idle']:g} --requests {a['requests']} --gap {a['gap']:g}` "
+            f"{a['replicas']} --idle {a['idle']:g} --requests {a['requests']} --gap {a['gap']:g}"
+            f" --workers {a.get('workers', '1')}` "
             f"({machine_line(res['machine'], res['load_after'])}).",
             "",
             table(
                 [
                     "sim replicas",
+                    "`--workers`",
                     "all Ready (store)",
                     "all routed (gateway)",
                     "idle CPU, all (cores)",
@@ -223,11 +238,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--idle", type=float, default=30.0)
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--gap", type=float, default=0.3, help="seconds between the requests")
+    p.add_argument(
+        "--workers", default="1", help="llmplane up --workers; several (1,2): a run each"
+    )
     p.add_argument("--write", action="store_true")
+    p.add_argument("--section", default="fleet", help="the docs/benchmarks.md section --write sets")
     args = p.parse_args(argv)
     info = machine()
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = run(Path(tmp), args.playgrounds, args.replicas, args.idle, args.requests, args.gap)
+    rows = []
+    for workers in (int(w) for w in args.workers.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows += run(
+                Path(tmp),
+                args.playgrounds,
+                args.replicas,
+                args.idle,
+                args.requests,
+                args.gap,
+                workers,
+            )
     for r in rows:
         print(json.dumps(r), flush=True)
     res = {"args": vars(args), "machine": info, "load_after": list(os.getloadavg()), "rows": rows}
@@ -235,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "fleet.json").write_text(json.dumps(res, indent=1))
-        print(f"wrote {write_section('fleet', text)}")
+        (RESULTS / f"{args.section}.json").write_text(json.dumps(res, indent=1))
+        print(f"wrote {write_section(args.section, text)}")
 
 
 if __name__ == "__main__":

@@ -431,6 +431,20 @@ def up(
             "--autoscale-window", min=0.0, help="Seconds of load samples averaged per replica."
         ),
     ] = 15.0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            help="Gateway processes serving the port, sharing one routing state "
+            "(see docs/gateway.md, Workers).",
+        ),
+    ] = 1,
+    access_log: Annotated[
+        bool,
+        typer.Option("--access-log", help="Print one JSON line per gateway request on stdout."),
+    ] = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Run the platform: store, controllers, engine processes and the OpenAI gateway."""
@@ -486,7 +500,14 @@ def up(
         handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    if not verbose:
+    if access_log:
+        import sys
+
+        from llmplane.gateway.observability import install_access_sink
+
+        logging.getLogger("llmplane.gateway.access").setLevel(logging.INFO)
+        install_access_sink(sys.stdout.fileno())
+    elif not verbose:
         logging.getLogger("llmplane.gateway.access").setLevel(logging.WARNING)
 
     def ready(platform: Any) -> None:
@@ -508,6 +529,16 @@ def up(
         pass
     from llmplane.runtime.local import StateDirInUse
 
+    fleet = None
+    if workers > 1:
+        from llmplane.gateway.config import GatewayConfig
+        from llmplane.upworkers import UpWorkers
+
+        config = config or GatewayConfig()
+        try:  # forked before the event loop: see llmplane/upworkers.py
+            fleet = UpWorkers(workers, host, port, directory, config)
+        except OSError as e:
+            fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     try:
         from llmplane.controlplane.autoscaler import AutoscalerConfig
 
@@ -522,10 +553,18 @@ def up(
                 gateway_config=config,
                 gpus=gpu_ids,
                 autoscaler_config=scaling,
+                workers=fleet,
             )
         )
     except StateDirInUse as e:
         fail(str(e))
+    except RuntimeError as e:
+        if fleet is None:
+            raise
+        fail(str(e))
+    finally:
+        if fleet is not None:
+            fleet.close()
 
 
 def _workload(target: str, namespace: str | None) -> tuple[str, str]:

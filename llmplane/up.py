@@ -14,10 +14,14 @@ import signal
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmplane.api.documents import dump_resource, parse_text
+from llmplane.gcpolicy import freeze_survivors
 from llmplane.store.base import Store
+
+if TYPE_CHECKING:
+    from llmplane.upworkers import UpWorkers
 
 log = logging.getLogger("llmplane.up")
 BUILTIN_LABEL = "llmplane.io/builtin"
@@ -55,6 +59,7 @@ class Platform:
         gateway_config: Any = None,
         gpus: list[str] | None = None,
         autoscaler_config: Any = None,
+        workers: UpWorkers | None = None,
     ):
         from llmplane.controlplane.autoscaler import AutoscalerConfig
         from llmplane.controlplane.controller import Controller
@@ -74,6 +79,9 @@ class Platform:
         self.autoscaler_config = autoscaler_config or AutoscalerConfig()
         self.autoscaler: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
+        # Gateway workers 1 .. N-1 in other processes (``upworkers.py``); this one is worker 0.
+        self.workers = workers
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _changed(self) -> None:
         self.controller.kick()
@@ -94,6 +102,9 @@ class Platform:
 
         discovery = RuntimeDiscovery(self.runtime)
         self._listeners.append(discovery.notify)
+        seat = None
+        if self.workers is not None:
+            seat = self._seat(self.workers)
         self.gateway = await start_gateway(
             self.store,
             discovery,
@@ -101,6 +112,7 @@ class Platform:
             port=self.port,
             config=self.gateway_config,
             extensions=[lambda gateway: Console(gateway, self.runtime)],
+            seat=seat,
         )
         self.port = self.gateway.port
         from llmplane.controlplane.autoscaler import Autoscaler
@@ -117,6 +129,44 @@ class Platform:
         self.gateway.activator.wake = lambda workload: self.autoscaler.kick()
         self._tasks.append(asyncio.create_task(self.autoscaler.run(), name="autoscaler"))
 
+    def _seat(self, workers: UpWorkers) -> Any:
+        """Worker 0's seat, answering the other workers: console requests and wake-ups; the
+        runtime's replicas published to them now and on every change."""
+        from llmplane.console.relay import answer
+
+        self._loop = asyncio.get_running_loop()
+
+        async def console(payload: bytes) -> bytes:
+            return await answer(self.gateway.http if self.gateway else None, payload)
+
+        async def wake(payload: bytes) -> bytes:
+            if self.autoscaler is not None:
+                self.autoscaler.kick()
+            return b""
+
+        workers.seat.handlers.update({b"http": console, b"wake": wake})
+        self._listeners.append(self._publish_soon)
+        self._publish()
+        return workers.seat
+
+    def _publish(self) -> None:
+        assert self.workers is not None
+        self.workers.board.publish(self.runtime.endpoints())
+
+    def _publish_soon(self) -> None:
+        """The runtime changed (perhaps told from one of its threads): publish in the loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._publish()
+        else:
+            loop.call_soon_threadsafe(self._publish)
+
     def spawn(self, coroutine: Any, name: str) -> None:
         """Run ``coroutine`` until the platform stops (``up``'s terminal status)."""
         self._tasks.append(asyncio.get_running_loop().create_task(coroutine, name=name))
@@ -127,8 +177,12 @@ class Platform:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.workers is not None:
+            self.workers.stop()  # they drain while this one does
         if self.gateway is not None:
             await self.gateway.close()
+        if self.workers is not None:
+            await self.workers.wait()  # every request done before the engines stop
         await self.runtime.shutdown()
         self.store.close()
 
@@ -142,6 +196,7 @@ async def run_up(
     gateway_config: Any = None,
     gpus: list[str] | None = None,
     autoscaler_config: Any = None,
+    workers: UpWorkers | None = None,
 ) -> None:
     platform = Platform(
         state_dir,
@@ -150,6 +205,7 @@ async def run_up(
         gateway_config=gateway_config,
         gpus=gpus,
         autoscaler_config=autoscaler_config,
+        workers=workers,
     )
     try:
         await platform.runtime.start()  # the state directory's lock, before anything is applied
@@ -164,10 +220,13 @@ async def run_up(
         loop.add_signal_handler(sig, stop.set)
     try:
         await platform.start()
+        if workers is not None:
+            await workers.serving()
     except BaseException:
         await platform.stop()  # whatever did start must not outlive a failed start
         raise
     ready(platform)
+    platform.spawn(freeze_survivors(), "gc")  # no 100 ms full collections under a fleet
     try:
         await stop.wait()
     finally:

@@ -42,6 +42,7 @@ from llmplane.printing import to_yaml
 PREFIX = "/console"
 API = f"{PREFIX}/api"
 LOG_TAIL_BYTES = 64 * 1024
+API_NAMES = ("models", "fleet", "stats", "resources", "logs", "whoami")  # under API/
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -141,6 +142,7 @@ class Console:
             "logs": self.logs,
             "whoami": self.whoami,
         }
+        assert tuple(handlers) == API_NAMES
         table.update({("GET", f"{API}/{name}"): h for name, h in handlers.items()})
         return table
 

@@ -40,7 +40,9 @@ class ReplicaSource(Protocol):
 
 
 class SignalSource(Protocol):
-    """What the autoscaler reads of the data plane, per workload (``namespace/name``)."""
+    """What the autoscaler reads of the data plane, per workload (``namespace/name``). A
+    source may also have ``async refresh()``, awaited before each pass (signals it gathers
+    from other processes, e.g. ``llmplane up --workers N``)."""
 
     def replica_signals(self, workload: str) -> Mapping[str, Mapping[str, float]]:
         """Ready replicas' signals now, by address (keys: ``autoscaling.WAITING`` ...)."""
@@ -196,8 +198,11 @@ class Autoscaler:
         self._kicked.set()
 
     async def run(self) -> None:
+        refresh = getattr(self.signals, "refresh", None)  # signals kept in other processes
         while True:
             try:
+                if refresh is not None:
+                    await refresh()
                 self.step()
             except Exception:  # a bug must not stop autoscaling for good
                 log.exception("autoscaling pass failed")

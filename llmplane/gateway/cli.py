@@ -26,6 +26,7 @@ from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.observability import flush_access_log, install_access_sink
 from llmplane.gateway.server import start_gateway
+from llmplane.gcpolicy import freeze_survivors
 from llmplane.store.base import Store
 from llmplane.store.paths import open_store
 
@@ -210,9 +211,11 @@ async def serve(
         print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
     else:
         ready()
+    collector = asyncio.create_task(freeze_survivors(), name="gc")  # see llmplane/gcpolicy.py
     try:
         await until_signalled(os.getppid() if seat is not None else None)
     finally:
+        collector.cancel()
         if scaler is not None:
             await scaler.close()
         await gateway.close()
@@ -258,6 +261,7 @@ def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     try:
         return Supervisor(share, worker, config.shutdown_grace).run(serving)
     finally:
+        share.close()
         sock.close()
 
 

@@ -35,6 +35,7 @@ class RequestContext:
         "profile",
         "request",
         "response_headers",
+        "response_lines",
         "sched_ms",
         "scores",
         "sent_model",
@@ -61,6 +62,7 @@ class RequestContext:
         self.waited: float | None = None  # seconds in the flow-control queue
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
+        self.response_lines: bytes | None = None  # header lines, as rendered by hooks
         self.stream_filter: StreamFilter | None = None
         # What the proxy saw.
         self.endpoint: str | None = None  # the replica of the last attempt
@@ -85,7 +87,10 @@ class RequestContext:
 
     def adopt(self, reservation: Reservation) -> None:
         """Take a hook reservation's response headers and stream filter."""
-        if reservation.response_headers:
+        lines = reservation.response_lines
+        if lines:
+            self.response_lines = self.response_lines + lines if self.response_lines else lines
+        elif reservation.response_headers:
             self.add_headers(reservation.response_headers)
         if reservation.stream_filter is not None:
             self.stream_filter = reservation.stream_filter
@@ -113,21 +118,27 @@ class RequestContext:
             record["route"] = self.decision.route
         if self.tenant is not None:
             record["tenant"] = self.tenant
-        optional = (
-            ("sent_model", self.sent_model),
-            ("sched_ms", self.sched_ms),
-            ("queued_ms", None if self.waited is None else round(self.waited * 1000, 3)),
-            ("profile", self.profile),
-            ("scores", self.scores),
-            ("pd", self.pd),
-            ("prefill_endpoint", self.prefill_endpoint),
-            ("prefill_ms", self.prefill_ms),
-            ("bootstrap_room", self.bootstrap_room),
-            ("failures", self.failures),
-        )
-        for key, value in optional:
-            if value is not None:
-                record[key] = value
+        # The optional fields one test each (no tuple of pairs built per request).
+        if self.sent_model is not None:
+            record["sent_model"] = self.sent_model
+        if self.sched_ms is not None:
+            record["sched_ms"] = self.sched_ms
+        if self.waited is not None:
+            record["queued_ms"] = round(self.waited * 1000, 3)
+        if self.profile is not None:
+            record["profile"] = self.profile
+        if self.scores is not None:
+            record["scores"] = self.scores
+        if self.pd is not None:  # the prefill/decode fields are only set with it
+            record["pd"] = self.pd
+            if self.prefill_endpoint is not None:
+                record["prefill_endpoint"] = self.prefill_endpoint
+            if self.prefill_ms is not None:
+                record["prefill_ms"] = self.prefill_ms
+            if self.bootstrap_room is not None:
+                record["bootstrap_room"] = self.bootstrap_room
+        if self.failures is not None:
+            record["failures"] = self.failures
         if self.attempts:
             record["attempts"] = self.attempts
         record["status"] = self.status

@@ -51,12 +51,22 @@ def make_guard(listen_host: str, allowed_hosts: Iterable[str]) -> Guard:
     if is_loopback(listen_host):
         allowed |= LOOPBACK_NAMES
     check_host = bool(allowed) and not any_host
+    # Host and Content-Type values as sent that passed (a client sends the same ones every
+    # time): a set lookup instead of parsing them again. Bounded: a client sending ever new
+    # values only costs the parse.
+    passed: set[str] = set()
+    passed_types: set[str] = set()
 
     def guard(request: HttpRequest) -> Response | None:
         headers = request.headers
         if check_host:
             host = dict.get(headers, "host")
-            if host is not None and host_name(host) not in allowed:
+            if host is None or host in passed:
+                pass
+            elif host_name(host) in allowed:
+                if len(passed) < 64:
+                    passed.add(host)
+            else:
                 return GatewayError(
                     403,
                     f"Host {host!r} is not allowed: the gateway answers requests for "
@@ -65,9 +75,12 @@ def make_guard(listen_host: str, allowed_hosts: Iterable[str]) -> Guard:
                 ).response()
         if request.method == "POST":
             kind = dict.get(headers, "content-type")
-            if kind is not None:
+            if kind is not None and kind not in passed_types:
                 media = kind.partition(";")[0].strip().lower()
-                if media != "application/json" and not media.endswith("+json"):
+                if media == "application/json" or media.endswith("+json"):
+                    if len(passed_types) < 64:
+                        passed_types.add(kind)
+                else:
                     return GatewayError(
                         415,
                         f"Content-Type {kind!r} is not supported: send application/json",

@@ -9,10 +9,17 @@ is re-encoded once together with any model rewrite — and may refuse with
 for failed requests), with the usage the engine reported (None if it reported none).
 
 A hook that shapes the response returns a ``Reservation`` (or a subclass): its
-``response_headers`` are added to the proxied response (e.g. ``x-ratelimit-*``) and the
+``response_headers`` (or ``response_lines``, the same already rendered as header lines: for a
+hook that makes many on every request) are added to the proxied response (e.g.
+``x-ratelimit-*``) and the
 streamed body passes through its ``stream_filter`` (e.g. to drop a usage chunk the client did
 not ask for; usage is read from the bytes before the filter). Anything else it returns is only
 handed back to ``settle``.
+
+A hook whose work rarely or never waits may also define ``reserve_now`` and ``settle_now``
+(``SyncRequestHook``): plain functions the gateway calls instead, saving a coroutine per
+hook and request. ``reserve_now`` returns the reservation, or ``LATER`` when it cannot decide
+without waiting (the gateway then awaits ``reserve``); ``settle_now`` must never wait.
 """
 
 from __future__ import annotations
@@ -52,17 +59,42 @@ class StreamFilter(Protocol):
 
 
 class Reservation:
-    """What a hook returns when it adds response headers or filters the stream."""
+    """What a hook returns when it adds response headers or filters the stream.
+    ``response_lines``: CRLF-terminated ``name: value`` lines (ASCII), appended to the
+    response head as they are; when set, the gateway ignores ``response_headers``."""
 
-    __slots__ = ("response_headers", "stream_filter")
+    __slots__ = ("response_headers", "response_lines", "stream_filter")
 
     def __init__(
         self,
         response_headers: dict[str, str] | None = None,
         stream_filter: StreamFilter | None = None,
+        response_lines: bytes | None = None,
     ) -> None:
         self.response_headers = response_headers
         self.stream_filter = stream_filter
+        self.response_lines = response_lines
+
+
+def header_pairs(lines: bytes) -> dict[str, str]:
+    """Rendered header lines as a dict (for a reader that needs one, e.g. the endpoint
+    picker, which hands Envoy header mutations)."""
+    pairs = {}
+    for line in lines.decode("latin-1").split("\r\n"):
+        if line:
+            name, _, value = line.partition(":")
+            pairs[name] = value.strip()
+    return pairs
+
+
+class _Later:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER: Any = _Later()  # reserve_now's "await reserve for this request"
 
 
 @runtime_checkable
@@ -70,6 +102,22 @@ class RequestHook(Protocol):
     async def reserve(self, inference: InferenceRequest, decision: Decision) -> object: ...
 
     async def settle(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        reservation: Any,
+        usage: Usage | None,
+        status: int,
+    ) -> None: ...
+
+
+@runtime_checkable
+class SyncRequestHook(RequestHook, Protocol):
+    """A ``RequestHook`` that can mostly decide without a coroutine (see the module doc)."""
+
+    def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object: ...
+
+    def settle_now(
         self,
         inference: InferenceRequest,
         decision: Decision,

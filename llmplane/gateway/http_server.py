@@ -136,8 +136,19 @@ class Response:
             )
 
     def encode(self, keep_alive: bool, head: bool, date: bytes) -> bytes:
+        # ``_head`` inline, and a single header of our own without a list: once per request.
         status = self.status
-        parts = _head(status, self.raw_headers, self.headers, date)
+        ours = self.headers
+        if not ours:
+            line = b""
+        elif len(ours) == 1:
+            ((k, v),) = ours.items()
+            line = f"{k}: {v}\r\n".encode("utf-8", "surrogateescape")
+        else:
+            line = "".join([f"{k}: {v}\r\n" for k, v in ours.items()]).encode(
+                "utf-8", "surrogateescape"
+            )
+        parts = [_STATUS_LINES.get(status) or _status_line(status), self.raw_headers, line, date]
         if status >= 200 and status not in (204, 304):
             parts.append(b"Content-Length: %d\r\n" % len(self.body))
         if not keep_alive:
@@ -233,11 +244,13 @@ class _Protocol(asyncio.Protocol):
         "_headers",
         "_heads",
         "_in_body",
+        "_more",
         "_read_paused",
         "_refusal",
         "_size",
         "_too_large",
         "_url",
+        "busy",
         "closed",
         "head_since",
         "idle_since",
@@ -254,7 +267,11 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
         self.queue: collections.deque[HttpRequest | Response] = collections.deque()
+        # The connection's serving task: started by its first request, then parked on
+        # ``_more`` between requests (a future per request instead of a task per request).
         self.task: asyncio.Task[None] | None = None
+        self._more: asyncio.Future[None] | None = None
+        self.busy = False  # a request is queued or being answered
         self.closed = False
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
@@ -404,8 +421,9 @@ class _Protocol(asyncio.Protocol):
         key = name.decode("latin-1").lower()
         text = value.decode("utf-8", "surrogateescape")
         headers = self._headers
-        if key in headers:
-            dict.__setitem__(headers, key, f"{dict.__getitem__(headers, key)}, {text}")
+        known = dict.get(headers, key)  # the key is lower-case: no Headers method needed
+        if known is not None:
+            dict.__setitem__(headers, key, f"{known}, {text}")
         else:
             dict.__setitem__(headers, key, text)
 
@@ -471,19 +489,43 @@ class _Protocol(asyncio.Protocol):
                 )
             )
         self._body = b""
-        if self.task is None:
-            self.task = self.server.loop.create_task(self._serve())  # type: ignore[union-attr]
-        elif len(self.queue) > MAX_QUEUED and not self._read_paused:
+        if not self._wake() and len(self.queue) > MAX_QUEUED and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()
+
+    def _wake(self) -> bool:
+        """Get the queue served: start the serving task, or wake it where it is parked. False
+        if it is busy already (it takes the queue in order)."""
+        if self.task is None:
+            self.busy = True
+            self.task = self.server.loop.create_task(self._serve())  # type: ignore[union-attr]
+            return True
+        more = self._more
+        if more is None:
+            return False
+        self._more = None
+        self.busy = True
+        if not more.done():
+            more.set_result(None)
+        return True
 
     # --- serving ------------------------------------------------------------------------------
 
     async def _serve(self) -> None:
         queue = self.queue
         server = self.server
+        loop = server.loop
         try:
-            while queue and not self.closed:
+            while True:
+                if not queue or self.closed:
+                    if self.closed or server.closing:
+                        return
+                    # Park until the connection's next request (``_wake``).
+                    self.busy = False
+                    self.idle_since = time.monotonic()
+                    more = self._more = loop.create_future()  # type: ignore[union-attr]
+                    await more
+                    continue
                 item = queue.popleft()
                 if isinstance(item, Response):  # a refusal decided while parsing (417)
                     self.transport.write(item.encode(False, False, server.date))
@@ -523,6 +565,8 @@ class _Protocol(asyncio.Protocol):
             raise
         finally:
             self.task = None
+            self._more = None
+            self.busy = False
             self.idle_since = time.monotonic()
             if server.closing:
                 self.transport.close()
@@ -534,8 +578,7 @@ class _Protocol(asyncio.Protocol):
         self._failed = True
         self.head_since = None
         self.queue.append(response)
-        if self.task is None:
-            self.task = self.server.loop.create_task(self._serve())  # type: ignore[union-attr]
+        self._wake()
         self.transport.pause_reading()
 
 
@@ -602,7 +645,7 @@ class HttpServer:
         return response
 
     def busy(self) -> bool:
-        return any(c.task is not None for c in self.connections)
+        return any(c.busy for c in self.connections)
 
     async def start(
         self, host: str, port: int, backlog: int = 2048, sock: socket.socket | None = None
@@ -631,7 +674,7 @@ class HttpServer:
             idle_limit = now - self.keepalive_timeout if self.keepalive_timeout else None
             head_limit = now - self.header_timeout if self.header_timeout else None
             for conn in list(self.connections):
-                if conn.task is not None or conn.queue:
+                if conn.busy or conn.queue:
                     continue
                 since = conn.head_since
                 if since is not None and head_limit is not None and since < head_limit:
@@ -652,7 +695,7 @@ class HttpServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            if conn.task is None:
+            if not conn.busy and not conn.queue:
                 conn.transport.close()
         deadline = time.monotonic() + grace
         while self.busy() and time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -98,21 +98,34 @@ class AttemptFailed(Exception):
         self.detail = detail
 
 
+def attempt_failure(
+    err: BaseException, timeout: float | None, failure: type[AttemptFailed] = AttemptFailed
+) -> AttemptFailed:
+    """What a timeout or a connection error of an upstream exchange is, for the retry loop."""
+    if isinstance(err, TimeoutError):
+        return failure("timeout", f"timed out after {timeout} s")
+    return failure("connect", f"{type(err).__name__}: {err}")
+
+
 def forwarded_headers(request: HttpRequest) -> dict[str, str]:
     """The client's headers to send upstream: all but hop-by-hop ones (names are lower-case)."""
     return {k: v for k, v in request.headers.items() if k not in _HOP}
 
 
 def relayed_headers(
-    upstream: RawHeaders, endpoint: str | None, extra: dict[str, str] | None = None
+    upstream: RawHeaders,
+    endpoint: str | None,
+    extra: dict[str, str] | None = None,
+    lines: bytes | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for a Response relaying an upstream one: its header lines as they
     came (less hop-by-hop ones and those the gateway sets itself), plus the endpoint header
-    and any a hook added."""
+    and any a hook added (``lines``: already rendered, e.g. the rate limits')."""
     headers = {ENDPOINT_HEADER: endpoint} if endpoint else {}
     if extra:
         headers.update(extra)
-    return {"raw_headers": upstream.forward(_HOP_RESPONSE), "headers": headers}
+    raw = upstream.forward(_HOP_RESPONSE)
+    return {"raw_headers": raw + lines if lines else raw, "headers": headers}
 
 
 class Attempts:
@@ -136,14 +149,22 @@ class Attempts:
         return self
 
     async def __anext__(self) -> int:
+        n = self.next()
+        if n is None:
+            raise StopAsyncIteration
+        if n and self.interval > 0:
+            await asyncio.sleep(self.interval)
+        return n
+
+    def next(self) -> int | None:
+        """The next attempt's number (None: the budget is spent), without the retry interval's
+        wait: the plain path's first attempt costs no coroutine."""
         ctx = self.ctx
         n = ctx.attempts
         if n > self.budget:
-            raise StopAsyncIteration
+            return None
         if n:
             self.retries.labels(ctx.decision.route).inc()  # type: ignore[union-attr]
-            if self.interval > 0:
-                await asyncio.sleep(self.interval)
         ctx.attempts = n + 1
         return n
 
@@ -245,8 +266,10 @@ class Proxy:
         order = pick.endpoints
         headers = forwarded_headers(ctx.request)
         body = ctx.inference.final_body()
-        attempts = self.attempts(ctx)
-        async for attempt in attempts:
+        attempts = Attempts(ctx, self.retries)
+        while (attempt := attempts.next()) is not None:
+            if attempt and attempts.interval > 0:
+                await asyncio.sleep(attempts.interval)
             state = order[attempt % len(order)]
             profile.on_pick(sched, state)
             address = backend.address(state)
@@ -267,7 +290,7 @@ class Proxy:
         else:
             self.outliers.success(state)
 
-    async def send(
+    def send(
         self,
         ctx: RequestContext,
         state: EndpointState,
@@ -275,15 +298,16 @@ class Proxy:
         headers: dict[str, str],
         body: bytes,
         may_retry: bool,
-    ) -> StreamResponse:
-        """One attempt on ``state``, counted in flight until it ends however it ends."""
+    ) -> Awaitable[StreamResponse]:
+        """One attempt on ``state`` (await it), counted in flight until it ends however it
+        ends. Not a coroutine itself: the caller awaits the stream or unary one directly."""
         assert ctx.decision is not None and ctx.inference is not None
+        wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
         ctx.endpoint = address
-        wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         if ctx.inference.stream:
-            return await self._stream(ctx, address, wire, state, may_retry)
-        return await self._unary(ctx, address, wire, state, may_retry)
+            return self._stream(ctx, address, wire, state, may_retry)
+        return self._unary(ctx, address, wire, state, may_retry)
 
     async def fetch(
         self,
@@ -296,17 +320,18 @@ class Proxy:
         assert self.pool is not None
         try:
             return await self.pool.request(address, wire, timeout)
-        except TimeoutError:
-            raise failure("timeout", f"timed out after {timeout} s") from None
-        except (aiohttp.ClientError, OSError) as err:
-            raise failure("connect", f"{type(err).__name__}: {err}") from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise attempt_failure(err, timeout, failure) from None
 
     async def _unary(
         self, ctx: RequestContext, address: str, wire: bytes, state: EndpointState, may_retry: bool
     ) -> Response:
         timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
-        try:
-            status, upstream_headers, data = await self.fetch(address, wire, timeout)
+        assert self.pool is not None
+        try:  # ``fetch``, inline: one coroutine less per request
+            status, upstream_headers, data = await self.pool.request(address, wire, timeout)
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise attempt_failure(err, timeout) from None
         finally:
             state.add_inflight(-1)
         if status >= 500 and may_retry:
@@ -318,7 +343,9 @@ class Proxy:
         return Response(
             status=status,
             body=data,
-            **relayed_headers(upstream_headers, ctx.endpoint, ctx.response_headers),
+            **relayed_headers(
+                upstream_headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
+            ),
         )
 
     async def _stream(
@@ -332,7 +359,7 @@ class Proxy:
         state.add_prefilling(1)  # until the first chunk: queued or in prefill in the engine
         try:
             try:
-                async with asyncio.timeout(timeout):
+                with self.pool.deadlines.after(timeout):
                     resp = await self.pool.open(address, wire)
                     if resp.status >= 500 and may_retry:
                         await resp.read()
@@ -357,7 +384,9 @@ class Proxy:
             ctx.upstream_status = resp.status
             out = StreamResponse(
                 status=resp.status,
-                **relayed_headers(resp.headers, ctx.endpoint, ctx.response_headers),
+                **relayed_headers(
+                    resp.headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
+                ),
             )
             await out.prepare(ctx.request)
             scanner = StreamScanner()

@@ -35,6 +35,7 @@ import orjson
 from llmplane.aio import wait_event
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.upstream_client import UpstreamPool
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -230,6 +231,10 @@ class Scraper:
         self.follows: Callable[[EndpointState], bool] | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
+        # The proxy's upstream pool, if set: /metrics is read over its keep-alive connections,
+        # so the first request routed to an idle replica finds a warm connection (the scrape
+        # keeps it open, within vLLM's 5 s keep-alive) instead of paying a TCP connect.
+        self.upstream: Callable[[], UpstreamPool | None] | None = None
         self.scrapes: dict[str, int] = {}  # /metrics requests per endpoint (tests, debugging)
         # Idle endpoints: their state and the event that wakes their scraper early.
         self._idle: dict[str, tuple[EndpointState, asyncio.Event]] = {}
@@ -284,17 +289,26 @@ class Scraper:
             return True
         self.scrapes[state.key] = self.scrapes.get(state.key, 0) + 1
         sent = state.inflight
+        pool = self.upstream() if self.upstream is not None else None
         try:
-            async with session.get(f"http://{state.address}/metrics") as resp:
-                if resp.status == 404:
-                    state.has_load_metrics = False
-                    state.scrape_ok = True
-                    return True
-                if resp.status != 200:
-                    state.scrape_ok = False
-                    return False
-                body = await resp.read()
+            if pool is not None:
+                status, _, body = await pool.request(
+                    state.address,
+                    b"GET /metrics HTTP/1.1\r\nHost: %s\r\n\r\n" % state.address.encode(),
+                    self.config.scrape_timeout,
+                )
+            else:
+                async with session.get(f"http://{state.address}/metrics") as resp:
+                    status = resp.status
+                    body = await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
+            state.scrape_ok = False
+            return False
+        if status == 404:
+            state.has_load_metrics = False
+            state.scrape_ok = True
+            return True
+        if status != 200:
             state.scrape_ok = False
             return False
         apply_metrics(state, parse_metrics(body, state.endpoint.engine), time.monotonic(), sent)

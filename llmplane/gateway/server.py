@@ -34,9 +34,9 @@ from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
-from llmplane.gateway.hooks import RequestHook, Reservation, Usage
+from llmplane.gateway.hooks import LATER, RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
-from llmplane.gateway.observability import GatewayMetrics, access_log, log_access
+from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
 from llmplane.gateway.proxy import Proxy
@@ -127,6 +127,7 @@ class Gateway:
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
+        self.scraper.upstream = lambda: self.proxy.pool  # scrapes keep routed connections warm
         if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
             self.proxy.first_chunk = self._capacity_changed
         self.pd = PrefillDecode(
@@ -141,7 +142,7 @@ class Gateway:
             usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
         )
         self.metrics.add(self.usage.metrics())
-        self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
+        self.hooks = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -151,6 +152,24 @@ class Gateway:
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
         self.extensions: list[Extension] = []  # the web console
+        # (model, route, endpoint, status) -> the request metrics' children for it: one
+        # lookup per request instead of four label lookups.
+        self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
+
+    @property
+    def hooks(self) -> list[RequestHook]:
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: list[RequestHook]) -> None:
+        """The request hooks, with each one's plain-function entries (``reserve_now`` /
+        ``settle_now``, ``hooks.SyncRequestHook``) looked up once."""
+        self._hooks = list(hooks)
+        self._hook_calls = [
+            (hook, getattr(hook, "reserve_now", None), getattr(hook, "settle_now", None))
+            for hook in self._hooks
+        ]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -171,7 +190,9 @@ class Gateway:
         self.host = host
         self.auth.loopback = is_loopback(host)
         if self.seat is not None:
-            await self.seat.metrics.start(self.metrics.render, GatewaySignals(self).parts)
+            await self.seat.metrics.start(
+                self.metrics.render, GatewaySignals(self).parts, self.seat.handlers
+            )
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
         )
@@ -286,7 +307,8 @@ class Gateway:
         ctx = RequestContext(request)
         reservations: list[tuple[RequestHook, object]] = []
         try:
-            ctx.inference = InferenceRequest(request.path, request.headers, self._body(request))
+            body = self._body(request) if request.too_large else request.body
+            ctx.inference = InferenceRequest(request.path, request.headers, body)
             await self.route(ctx, reservations)
             response = await self._serve(ctx)
             ctx.status = response.status
@@ -332,8 +354,13 @@ class Gateway:
                 decision.criticality = tenant.criticality
         elif decision.criticality is None:
             decision.criticality = "Default"
-        for hook in self.hooks:
-            reservation = await hook.reserve(inference, decision)
+        for hook, reserve_now, _ in self._hook_calls:
+            if reserve_now is None:
+                reservation = await hook.reserve(inference, decision)
+            else:
+                reservation = reserve_now(inference, decision)
+                if reservation is LATER:
+                    reservation = await hook.reserve(inference, decision)
             reservations.append((hook, reservation))
             if isinstance(reservation, Reservation):
                 ctx.adopt(reservation)
@@ -359,13 +386,17 @@ class Gateway:
         usage = Usage.of(ctx.usage)
         for hook, reservation in reservations:
             try:
-                await hook.settle(
-                    ctx.inference,  # type: ignore[arg-type]
-                    ctx.decision,  # type: ignore[arg-type]
-                    reservation,
-                    usage,
-                    ctx.status,
-                )
+                settle_now = getattr(hook, "settle_now", None)
+                if settle_now is not None:
+                    settle_now(ctx.inference, ctx.decision, reservation, usage, ctx.status)
+                else:
+                    await hook.settle(
+                        ctx.inference,  # type: ignore[arg-type]
+                        ctx.decision,  # type: ignore[arg-type]
+                        reservation,
+                        usage,
+                        ctx.status,
+                    )
             except Exception:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)
@@ -470,7 +501,7 @@ class Gateway:
         if ctx.decision.lora and pick.endpoints:
             self.adapters.touch(pick.endpoints[0].address, ctx.decision.model)
         elapsed = time.perf_counter() - ts
-        self.metrics.scheduling.observe(elapsed)
+        self._scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
         ctx.profile = pick.profile
         ctx.scores = pick.scores
@@ -487,15 +518,24 @@ class Gateway:
             else UNKNOWN_MODEL
         )
         route = ctx.decision.route if ctx.decision is not None else ""
-        m.requests.labels(model, route, ctx.endpoint or "", str(ctx.status)).inc()
+        key = (model, route, ctx.endpoint or "", ctx.status)
+        series = self._series.get(key)
+        if series is None:  # a label set's first request: its children, kept for the next
+            series = self._series[key] = (
+                m.requests.labels(model, route, key[2], str(ctx.status)),
+                m.e2e.labels(model),
+                m.prompt_tokens.labels(model),
+                m.output_tokens.labels(model),
+            )
+        series[0].value += 1
         if ctx.tenant is not None:
             self.auth.requests.labels(ctx.tenant, str(ctx.status)).inc()
-        m.e2e.labels(model).observe(elapsed)
+        series[1].observe(elapsed)
         if usage is not None:
             if usage.prompt_tokens:
-                m.prompt_tokens.labels(model).inc(usage.prompt_tokens)
+                series[2].value += usage.prompt_tokens
             if usage.completion_tokens:
-                m.output_tokens.labels(model).inc(usage.completion_tokens)
+                series[3].value += usage.completion_tokens
         if ctx.ttft is not None:
             m.ttft.labels(model).observe(ctx.ttft)
             tokens = (
@@ -512,7 +552,7 @@ class Gateway:
             record = ctx.access_record(elapsed, prompt, completion)
             if self.seat is not None:
                 record["worker"] = self.seat.index
-            log_access(record)
+            write_access(record)
 
     # --- other endpoints ---------------------------------------------------------------------------
 

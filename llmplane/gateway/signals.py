@@ -26,6 +26,13 @@ class GatewaySignals:
 
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
+        self._peers: list[Mapping[str, Any]] = []  # the other workers' parts, as of refresh()
+
+    async def refresh(self) -> None:
+        """Read the other workers' ``parts()`` (``llmplane up --workers N``): the autoscaler
+        calls this before each pass, so the reads below count every worker's requests."""
+        seat = getattr(self.gateway, "seat", None)
+        self._peers = await seat.metrics.signals() if seat is not None else []
 
     def _states(self, workload: str) -> list[Any]:
         return [s for s in self.gateway.registry.states.values() if s.endpoint.workload == workload]
@@ -52,7 +59,11 @@ class GatewaySignals:
         now = time.monotonic()
         out: dict[str, dict[str, float]] = {}
         if queued is None:
-            queued = self.gateway.flow.queued_by_endpoint()
+            queued = (
+                self._merged(self._peers)[1]
+                if self._peers
+                else self.gateway.flow.queued_by_endpoint()
+            )
         for state in self._states(workload):
             values: dict[str, float] = {INFLIGHT: state.inflight + queued.get(state.address, 0.0)}
             if state.metrics_fresh(staleness, now):
@@ -76,7 +87,8 @@ class GatewaySignals:
         return requests
 
     def requests_seen(self, workload: str) -> float:
-        return self._seen(workload, self._requests(), self.gateway.flow.queued_by_endpoint())
+        requests, queued, _ = self._merged(self._peers)
+        return self._seen(workload, requests, queued)
 
     def _seen(
         self, workload: str, requests: Mapping[str, float], queued: Mapping[str, float]
@@ -87,12 +99,14 @@ class GatewaySignals:
         )
 
     def held(self, workload: str) -> int:
-        return int(self.gateway.activator.held_for(workload))
+        peers = sum(int(p.get("held", {}).get(workload, 0)) for p in self._peers)
+        return int(self.gateway.activator.held_for(workload)) + peers
 
-    def snapshot(self, peers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-        """Every workload's signals now: ``{"workloads": {key: {"replicas": {address:
-        {signal: value}}, "requestsSeen": n, "held": n}}}`` (the ``/autoscaling/signals`` body),
-        with ``peers``' ``parts()`` added (the other workers of this gateway)."""
+    def _merged(
+        self, peers: Sequence[Mapping[str, Any]]
+    ) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+        """(requests per workload, queued per endpoint, held per workload): this process's
+        parts plus ``peers``'."""
         requests: dict[str, float] = {}
         queued: dict[str, float] = {}
         held: dict[str, int] = {}
@@ -103,6 +117,13 @@ class GatewaySignals:
                 queued[key] = queued.get(key, 0.0) + n
             for key, n in part.get("held", {}).items():
                 held[key] = held.get(key, 0) + int(n)
+        return requests, queued, held
+
+    def snapshot(self, peers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """Every workload's signals now: ``{"workloads": {key: {"replicas": {address:
+        {signal: value}}, "requestsSeen": n, "held": n}}}`` (the ``/autoscaling/signals`` body),
+        with ``peers``' ``parts()`` added (the other workers of this gateway)."""
+        requests, queued, held = self._merged(peers)
         keys = {s.endpoint.workload for s in self.gateway.registry.states.values()}
         keys |= {k for k, n in held.items() if n}
         keys.discard("")

@@ -77,14 +77,27 @@ class TenantUsage:
 
     # --- the hook ----------------------------------------------------------------------------
 
-    async def reserve(self, inference: InferenceRequest, decision: Decision) -> object:
+    def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object:
         if decision.tenant is None:
             return None
         if inference.stream and (stream_filter := ask_stream_usage(inference)) is not None:
             return Reservation(stream_filter=stream_filter)
         return None
 
+    async def reserve(self, inference: InferenceRequest, decision: Decision) -> object:
+        return self.reserve_now(inference, decision)
+
     async def settle(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        reservation: object,
+        usage: Usage | None,
+        status: int,
+    ) -> None:
+        self.settle_now(inference, decision, reservation, usage, status)
+
+    def settle_now(
         self,
         inference: InferenceRequest,
         decision: Decision,
@@ -96,11 +109,6 @@ class TenantUsage:
         if tenant is None:
             return
         model = inference.model
-        answered = 1 if status < 400 else 0
-        if usage is not None:
-            prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        else:
-            prompt = completion = 0
         children = self._children.get((tenant, model))
         if children is None:
             children = self._children[(tenant, model)] = (
@@ -108,12 +116,18 @@ class TenantUsage:
                 self.tokens.labels(tenant, model, "input"),
                 self.tokens.labels(tenant, model, "output"),
             )
+        # Plain additions to the counters' values (rendered at scrape time), no calls.
+        answered = 1 if status < 400 else 0
         if answered:
-            children[0].inc()
-        if prompt:
-            children[1].inc(prompt)
-        if completion:
-            children[2].inc(completion)
+            children[0].value += 1
+        if usage is not None:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+            if prompt:
+                children[1].value += prompt
+            if completion:
+                children[2].value += completion
+        else:
+            prompt = completion = 0
         if self.log is None or not (answered or prompt or completion):
             return
         key = (int(self.clock() // 60) * 60, tenant, model)

@@ -28,6 +28,8 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from llmplane.gateway.deadlines import Deadlines
+
 _CRLF = b"\r\n"
 _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 64 * 1024
@@ -46,10 +48,12 @@ class RawHeaders(Mapping[str, str]):
     """A response's header lines as received. Relaying them (``forward``) copies the bytes;
     a case-insensitive multidict is decoded only if someone looks a header up."""
 
-    __slots__ = ("_lines", "_multi")
+    __slots__ = ("_lines", "_multi", "_names")
 
-    def __init__(self, lines: list[bytes]) -> None:
+    def __init__(self, lines: list[bytes], names: list[bytes] | None = None) -> None:
         self._lines = lines
+        # Each line's lower-case name, when the parser has them already.
+        self._names = names
         self._multi: CIMultiDictProxy[str] | None = None
 
     def _decoded(self) -> CIMultiDictProxy[str]:
@@ -75,7 +79,13 @@ class RawHeaders(Mapping[str, str]):
 
     def forward(self, skip: frozenset[bytes]) -> bytes:
         """The header lines whose lower-case name is not in ``skip``, CRLF-terminated."""
-        kept = [line for line in self._lines if line[: line.find(b":")].strip().lower() not in skip]
+        names = self._names
+        if names is None:
+            kept = [
+                line for line in self._lines if line[: line.find(b":")].strip().lower() not in skip
+            ]
+        else:
+            kept = [line for name, line in zip(names, self._lines, strict=True) if name not in skip]
         return b"\r\n".join(kept) + b"\r\n" if kept else b""
 
 
@@ -124,6 +134,8 @@ class _Connection(asyncio.Protocol):
         "_piece_waiter",
         "_pieces",
         "_state",
+        "_status",
+        "_whole",
         "idle_since",
         "key",
         "loop",
@@ -153,6 +165,9 @@ class _Connection(asyncio.Protocol):
         self._body_left = 0
         self._chunk_left = -1  # -1: expecting a chunk-size line
         self._keep_alive = True
+        # ``exchange``: the head waiter gets (status, headers, body) once the body is in.
+        self._whole = False
+        self._status: tuple[int, RawHeaders] | None = None
         self.idle_since = 0.0
 
     # --- asyncio.Protocol ---
@@ -305,11 +320,13 @@ class _Connection(asyncio.Protocol):
         chunked = False
         keep_alive = parts[0] == b"HTTP/1.1"
         fields = lines[1:]
+        names = []
         for line in fields:
             name, sep, value = line.partition(b":")
             if not sep:
                 raise UpstreamError(f"bad header line {line[:60]!r}")
             lk = name.strip().lower()
+            names.append(lk)
             if lk == b"content-length":
                 try:
                     length = int(value)
@@ -336,10 +353,13 @@ class _Connection(asyncio.Protocol):
             self._mode = self.UNTIL_CLOSE
             self._keep_alive = False
         self._state = self.BODY
-        waiter = self._head_waiter
-        self._head_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_result((status, RawHeaders(fields)))
+        if self._whole:
+            self._status = (status, RawHeaders(fields, names))
+        else:
+            waiter = self._head_waiter
+            self._head_waiter = None
+            if waiter is not None and not waiter.done():
+                waiter.set_result((status, RawHeaders(fields, names)))
         if self._mode == self.EMPTY:
             self._finish_body()
         return True
@@ -353,6 +373,15 @@ class _Connection(asyncio.Protocol):
     def _finish_body(self) -> None:
         self._state = self.DONE
         self._done = True
+        if self._whole:
+            waiter = self._head_waiter
+            self._head_waiter = None
+            if waiter is not None and not waiter.done() and self._status is not None:
+                pieces = self._pieces
+                body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
+                pieces.clear()
+                waiter.set_result((*self._status, body))
+            return
         w = self._piece_waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -380,15 +409,28 @@ class _Connection(asyncio.Protocol):
 
     async def send(self, data: bytes) -> UpstreamResponse:
         assert self.transport is not None
-        loop = self.loop
         self._state = self.HEAD
         self._done = False
+        self._whole = False
         self._pieces.clear()
         self._buf.clear()
-        waiter = self._head_waiter = loop.create_future()
+        waiter = self._head_waiter = self.loop.create_future()
         self.transport.write(data)
         status, headers = await waiter
         return UpstreamResponse(self, status, headers)
+
+    async def exchange(self, data: bytes) -> tuple[int, RawHeaders, bytes]:
+        """Send ``data`` and wait for the whole response: one future, woken once."""
+        assert self.transport is not None
+        self._state = self.HEAD
+        self._done = False
+        self._whole = True
+        self._status = None
+        self._pieces.clear()
+        self._buf.clear()
+        waiter = self._head_waiter = self.loop.create_future()
+        self.transport.write(data)
+        return await waiter  # type: ignore[no-any-return]
 
     async def next_piece(self) -> bytes:
         while True:
@@ -417,7 +459,15 @@ class _Connection(asyncio.Protocol):
         complete = self._done and not self._pieces
         self._state = self.IDLE
         self._pieces.clear()
-        if complete and self._keep_alive and self.usable and not self._buf:
+        t = self.transport  # ``usable``, inline: once per request
+        if (
+            complete
+            and self._keep_alive
+            and self._closed_exc is None
+            and t is not None
+            and not t.is_closing()
+            and not self._buf
+        ):
             self.pool._release(self)
         else:
             self.pool._discard(self)
@@ -436,24 +486,31 @@ class UpstreamPool:
         self._open: set[_Connection] = set()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
+        self._deadlines: Deadlines | None = None
+
+    @property
+    def deadlines(self) -> Deadlines:
+        """The timeouts of this pool's requests (and of callers' ``with`` blocks around them)."""
+        deadlines = self._deadlines
+        if deadlines is None:
+            deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
+        return deadlines
 
     async def request(
         self, address: str, data: bytes, timeout: float | None = None
     ) -> tuple[int, RawHeaders, bytes]:
         """Send ``data`` (a complete request) and read the whole response, within ``timeout``
         seconds in total (connecting included)."""
-        if timeout is None:  # most routes: no timeout context to enter and leave
-            return await self._exchange(address, data)
-        async with asyncio.timeout(timeout):
-            return await self._exchange(address, data)
-
-    async def _exchange(self, address: str, data: bytes) -> tuple[int, RawHeaders, bytes]:
-        resp = await self.open(address, data)
-        try:
-            body = await resp.read()
-        finally:
-            resp.release()
-        return resp.status, resp.headers, body
+        with (self._deadlines or self.deadlines).after(timeout):
+            conn = self._idle_one(address) or await self._acquire(address)
+            try:
+                result = await conn.exchange(data)
+            except BaseException:
+                conn._keep_alive = False
+                conn.finish()
+                raise
+            conn.finish()
+            return result
 
     async def open(self, address: str, data: bytes) -> UpstreamResponse:
         """Send ``data`` and return once the response head is in; call ``release()`` after."""
@@ -466,7 +523,8 @@ class UpstreamPool:
             self._discard(conn)
             raise
 
-    async def _acquire(self, address: str) -> _Connection:
+    def _idle_one(self, address: str) -> _Connection | None:
+        """An idle keep-alive connection to ``address`` still good to use, if there is one."""
         if self._closed:
             raise UpstreamError("the upstream pool is closed")
         idle = self._idle.get(address)
@@ -474,10 +532,24 @@ class UpstreamPool:
             now = time.monotonic()
             while idle:
                 conn = idle.pop()
-                if conn.usable and now - conn.idle_since < self.keepalive_timeout:
+                t = conn.transport  # ``usable``, inline: once per request
+                if (
+                    conn._closed_exc is None
+                    and t is not None
+                    and not t.is_closing()
+                    and now - conn.idle_since < self.keepalive_timeout
+                ):
                     return conn
                 self._discard(conn)
+        return None
+
+    async def _acquire(self, address: str) -> _Connection:
+        conn = self._idle_one(address)
+        if conn is not None:
+            return conn
         while self.limit and len(self._open) >= self.limit:
+            if self._close_oldest_idle():
+                continue  # an idle connection elsewhere made room
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
@@ -498,7 +570,7 @@ class UpstreamPool:
         conn = _Connection(self, address, loop)
         self._open.add(conn)
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            with self.deadlines.after(self.connect_timeout):
                 await loop.create_connection(lambda: conn, host, int(port or 80))
         except BaseException:
             self._discard(conn)
@@ -512,6 +584,23 @@ class UpstreamPool:
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.key, []).append(conn)
         self._wake()
+
+    def connections(self, address: str) -> int:
+        """Open connections to ``address``, busy or idle (tests, debugging)."""
+        return sum(1 for conn in self._open if conn.key == address)
+
+    def _close_oldest_idle(self) -> bool:
+        """Close the longest-idle connection (to any address), if there is one: at the limit,
+        idle keep-alive connections to other endpoints (the scraper keeps one per endpoint)
+        must not make a request wait."""
+        oldest: _Connection | None = None
+        for idle in self._idle.values():
+            if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
+                oldest = idle[0]
+        if oldest is None:
+            return False
+        self._discard(oldest)
+        return True
 
     def _discard(self, conn: _Connection) -> None:
         if conn.transport is not None and not conn.transport.is_closing():
@@ -535,6 +624,8 @@ class UpstreamPool:
 
     async def close(self) -> None:
         self._closed = True
+        if self._deadlines is not None:
+            self._deadlines.close()
         for conn in list(self._open):
             if conn.transport is not None:
                 conn.transport.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
@@ -127,12 +128,18 @@ def parse_running_requests(text: str) -> int | None:
 FAST_PERIOD = 0.25
 
 
+def spread(probe: HttpProbe) -> float:
+    """A random phase for ``schedule``: up to one period."""
+    return random.random() * (probe.period_seconds if probe.period_seconds > 0 else 10)
+
+
 async def schedule(
     probe: HttpProbe,
     started: float,
     not_before: float,
     hurry: Callable[[], bool] | None = None,
     fast: float = FAST_PERIOD,
+    phase: float = 0.0,
 ) -> AsyncIterator[bool]:
     """Yield when a probe attempt is due, in event-loop time: True on the probe's own ticks.
 
@@ -142,6 +149,10 @@ async def schedule(
     is true, extra attempts run every ``fast`` seconds in between and yield False: their successes
     count, their failures do not towards ``failureThreshold``, so giving up takes as long as the
     BackendRuntime says (period x threshold) however often the engine is asked.
+
+    ``phase`` seconds are added once, after the first tick: replicas started together would
+    otherwise probe in step, and 200 probes in one event-loop turn stalled ``llmplane up``'s
+    gateway for about 30 ms every period (docs/benchmarks.md, the 200-replica fleet).
     """
     loop = asyncio.get_running_loop()
     period = probe.period_seconds if probe.period_seconds > 0 else 10
@@ -159,5 +170,7 @@ async def schedule(
         if counted:
             while tick <= now:
                 tick += period
+            tick += phase
+            phase = 0.0
         yield counted
         last = loop.time()

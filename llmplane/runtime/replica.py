@@ -367,7 +367,9 @@ class Replica:
     ) -> tuple[str, str]:
         successes = failures = 0
         hurry = lambda: self.phase != READY  # noqa: E731
-        async for counted in probes.schedule(probe, started, not_before, hurry=hurry):
+        async for counted in probes.schedule(
+            probe, started, not_before, hurry=hurry, phase=probes.spread(probe)
+        ):
             ok, detail = await self._check(probe)
             if ok:
                 successes, failures = successes + 1, 0
@@ -386,7 +388,7 @@ class Replica:
         self, probe: HttpProbe, started: float, not_before: float
     ) -> tuple[str, str]:
         failures = 0
-        async for _ in probes.schedule(probe, started, not_before):
+        async for _ in probes.schedule(probe, started, not_before, phase=probes.spread(probe)):
             ok, detail = await self._check(probe)
             failures = 0 if ok else failures + 1
             if failures >= max(probe.failure_threshold, 1):

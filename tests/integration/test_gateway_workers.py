@@ -207,8 +207,12 @@ def test_rate_limit_exact_across_workers_and_metrics_aggregated(gw):
     statuses, text = asyncio.run(run())
     assert statuses.count(200) == LIMIT // PROMPT_TOKENS, statuses
     assert statuses.count(429) == 60 - LIMIT // PROMPT_TOKENS, statuses
-    lines = [a for a in access_lines(gw.output()) if a.get("model") == LIMITED]
-    assert sorted(a["worker"] for a in lines) == [0] * 30 + [1] * 30
+
+    def logged() -> list[int] | None:  # the access log is written a few ms after the answer
+        lines = [a["worker"] for a in access_lines(gw.output()) if a.get("model") == LIMITED]
+        return sorted(lines) if len(lines) >= 60 else None
+
+    assert wait_for(logged, timeout=10, what="60 access-log lines") == [0] * 30 + [1] * 30
     counted = sum(
         float(v)
         for status, v in re.findall(
@@ -358,8 +362,15 @@ async def test_autoscaling_signals_add_up_over_workers(tmp_path, monkeypatch):
                 finally:
                     for one in pinned.values():
                         await one.close()
-                lines = access_lines(gw.output())
-                served = [x["worker"] for x in lines if x.get("model") and x["status"] == 200]
-                assert sorted(served) == [0] * 5 + [1] * 7 or sorted(served) == [0] * 7 + [1] * 5
+
+                def served() -> list[int] | None:  # written a few ms after the answers
+                    lines = access_lines(gw.output())
+                    ok = [x["worker"] for x in lines if x.get("model") and x["status"] == 200]
+                    return sorted(ok) if len(ok) >= 12 else None
+
+                logged = await asyncio.to_thread(
+                    wait_for, served, timeout=10, what="12 access-log lines"
+                )
+                assert logged in ([0] * 5 + [1] * 7, [0] * 7 + [1] * 5), logged
             finally:
                 await asyncio.to_thread(gw.stop)

@@ -83,6 +83,42 @@ def test_authenticator_checks_keys_models_and_revocation() -> None:
         assert (refused.value.status, refused.value.code) == (401, "invalid_api_key")
 
 
+def test_a_checked_key_is_remembered_by_fingerprint_and_forgotten_on_revocation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The HMAC runs once per key and table; the table keeps a fingerprint, never the key;
+    a wrong key is never remembered; revoking (a new table) refuses the key at once."""
+    good, other = apikeys.new_key(), apikeys.new_key()
+    checks = []
+    matches_raw = apikeys.matches_raw
+    monkeypatch.setattr(
+        apikeys, "matches_raw", lambda *args: checks.append(1) or matches_raw(*args)
+    )
+    auth = Authenticator()
+    auth.update([tenant("a", [stored(good), stored(other)])])
+    bearer = {"authorization": f"Bearer {good.key}"}
+    for _ in range(3):
+        assert auth.authenticate(bearer).name == "a"
+    assert len(checks) == 1
+    remembered = auth.table.verified
+    assert len(remembered) == 1
+    for fingerprint in remembered:  # neither the key nor its secret part
+        assert good.key.encode() not in fingerprint and len(fingerprint) == 16
+    wrong = good.key[:-1] + ("x" if good.key[-1] != "x" else "y")
+    for _ in range(2):
+        with pytest.raises(GatewayError):
+            auth.authenticate({"authorization": f"Bearer {wrong}"})
+    assert len(checks) == 3 and len(remembered) == 1  # checked every time, never kept
+    with pytest.raises(GatewayError):  # an overlong key is refused without a fingerprint
+        auth.authenticate({"authorization": f"Bearer {good.key * 3}"})
+    assert len(remembered) == 1
+    auth.update([tenant("a", [stored(good, revoked=True), stored(other)])])
+    with pytest.raises(GatewayError) as refused:
+        auth.authenticate(bearer)
+    assert refused.value.status == 401
+    assert auth.authenticate({"x-api-key": other.key}).name == "a"
+
+
 def test_beyond_loopback_without_tenants_refuses_everything() -> None:
     auth = Authenticator()
     auth.loopback = is_loopback("0.0.0.0")

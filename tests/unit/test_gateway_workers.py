@@ -7,10 +7,12 @@ reach a follower's states (a torn row never)."""
 from __future__ import annotations
 
 import os
+import time
 
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, block_hashes
 from llmplane.gateway.scraper import LoadMetrics, apply_metrics
+from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import merge
 from llmplane.gateway.workers.picks import PickRings
@@ -169,3 +171,31 @@ def test_scrape_follower_copies_only_published_changes():
     table.publish(column_of(writer), writer)
     assert follower.poll() and reader.waiting == 4 and changes == [1]
     assert not follower.poll() and changes == [1]
+    # Nothing published for longer than stale_after (0.2 s): the scraper is gone, the
+    # follower's copies count as unreadable metrics (admission's own-count rule), not stale.
+    start = time.monotonic()
+    assert not follower.poll(start + 0.1) and reader.scrape_ok
+    assert follower.poll(start + 0.5) and not reader.scrape_ok and changes == [1, 1]
+    assert not follower.poll(start + 0.6)
+    table.publish(column_of(writer), writer)  # a new scraper publishes: the row is good again
+    assert follower.poll(start + 0.7) and reader.scrape_ok
+
+
+def test_endpoint_board_carries_the_list_and_skips_a_torn_copy():
+    board = EndpointBoard(size=4096)
+    discovery = BoardDiscovery(board)
+    assert discovery.endpoints() == [] and not discovery.poll()
+    endpoints = [
+        Endpoint("127.0.0.1:9001", {"llmaz.io/model-name": "m"}, "m", workload="default/m"),
+        Endpoint("127.0.0.1:9002", engine="sim", fixed_port=True, replica=1),
+    ]
+    board.publish(endpoints)
+    assert discovery.poll() and discovery.endpoints() == endpoints
+    assert not discovery.poll()  # nothing new
+    board.words[0] += 1  # a writer in the middle of it: the last good list stays
+    assert not discovery.poll() and discovery.endpoints() == endpoints
+    board.publish(endpoints[:1])  # the next writer steps over the odd sequence
+    assert discovery.poll() and discovery.endpoints() == endpoints[:1]
+    board.publish([Endpoint(f"10.0.0.{i}:1", labels={"x": "y" * 100}) for i in range(100)])
+    assert not discovery.poll()  # too big for this board: not published, nothing torn
+    assert discovery.endpoints() == endpoints[:1]

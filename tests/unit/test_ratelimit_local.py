@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+from llmplane.gateway.hooks import header_pairs
 from llmplane.gateway.ratelimit.buckets import TokenBucket, rate_headers, reserve_local
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
 from llmplane.gateway.ratelimit.local import LocalPlan
@@ -20,6 +21,11 @@ def twins(directions: list[str]) -> tuple[dict[str, TokenBucket], dict[str, Toke
     return make(), make()
 
 
+def rendered(headers: dict[str, str]) -> bytes:
+    """Header lines as the gateway writes a hook's ``response_headers``."""
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+
+
 def test_fast_path_admits_and_reports_exactly_as_the_general_path():
     rng = random.Random(7)
     seen = {"admitted": 0, "refused": 0, "sub_second": 0, "longer": 0}
@@ -30,13 +36,14 @@ def test_fast_path_admits_and_reports_exactly_as_the_general_path():
         for _ in range(400):
             now += rng.choice((0.0, 0.01, 0.3, 2.0))
             amounts = [(d, 1 if d == REQUESTS else rng.randint(0, 90)) for d in directions]
-            headers = plan.take(amounts, now)
+            lines = plan.take(amounts, now)
+            headers = header_pairs(lines) if lines is not None else None
             ok, states = reserve_local([(d, general[d], a) for d, a in amounts], now)
             assert (headers is not None) == ok
             if ok:
                 seen["admitted"] += 1
                 assert headers == rate_headers(states)
-                assert list(headers) == list(rate_headers(states))
+                assert lines == rendered(rate_headers(states))  # the same bytes, in order
                 resets = [v for k, v in headers.items() if k.startswith("x-ratelimit-reset")]
                 seen["sub_second"] += any(v.endswith("ms") for v in resets)
                 seen["longer"] += any(not v.endswith("ms") for v in resets)
@@ -56,7 +63,7 @@ def test_fast_path_admits_and_reports_exactly_as_the_general_path():
 def test_a_tie_between_token_buckets_reports_the_first_as_the_general_path_does():
     fast, general = twins([INPUT, OUTPUT, BUDGET])
     amounts = [(INPUT, 30), (OUTPUT, 12), (BUDGET, 200)]  # a tenth of each: equal shares
-    headers = LocalPlan(fast).take(amounts, 0.0)
+    headers = header_pairs(LocalPlan(fast).take(amounts, 0.0))
     ok, states = reserve_local([(d, general[d], a) for d, a in amounts], 0.0)
     assert ok and headers == rate_headers(states)
     assert headers["x-ratelimit-limit-tokens"] == "300"

@@ -9,7 +9,8 @@ import socket
 
 from aiohttp import web
 
-from llmplane.runtime.probes import USER_AGENT, http_ok
+from llmplane.controlplane.plan import HttpProbe
+from llmplane.runtime.probes import USER_AGENT, http_ok, schedule, spread
 
 
 async def _app_server() -> tuple[web.AppRunner, str, list[tuple[web.Request, object]]]:
@@ -83,3 +84,21 @@ async def test_failures_say_why() -> None:
         finally:
             server.close()
         assert not ok and why == f"GET http://127.0.0.1:{port}/health: {expected}", why
+
+
+async def test_schedule_shifts_the_ticks_after_the_first_by_the_phase() -> None:
+    """Replicas started together probe out of step: the phase is added once, after the first
+    tick (which stays where initialDelaySeconds puts it: readiness is not delayed)."""
+    probe = HttpProbe("/health", 8000, period_seconds=1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    ticks: list[float] = []
+    async for counted in schedule(probe, start, start, phase=0.5):
+        assert counted
+        ticks.append(loop.time())
+        if len(ticks) == 2:
+            break
+    assert ticks[0] - start < 0.5, "the first tick was delayed"
+    assert ticks[1] - ticks[0] >= 1.5 - 0.01, "the phase was not added to the second tick"
+    phases = {spread(probe) for _ in range(50)}
+    assert len(phases) > 40 and all(0 <= p < 1 for p in phases)

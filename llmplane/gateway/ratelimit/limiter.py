@@ -12,8 +12,8 @@ from typing import Any
 from prometheus_client import Counter
 
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.hooks import LATER, Usage, header_pairs
 from llmplane.gateway.hooks import Reservation as HookReservation
-from llmplane.gateway.hooks import Usage
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
     TokenBucket,
@@ -56,32 +56,58 @@ _METRICS = {
 
 
 class Taken:
-    """What one limit (a route's or a tenant's) took for a request."""
+    """What one limit (a route's or a tenant's) took for a request (the general path)."""
 
-    __slots__ = ("amounts", "limit", "mode", "plan")
+    __slots__ = ("amounts", "limit", "mode")
 
-    def __init__(
-        self,
-        limit: RouteLimit,
-        mode: str,
-        amounts: list[tuple[str, int]],
-        plan: LocalPlan | None = None,
-    ) -> None:
+    def __init__(self, limit: RouteLimit, mode: str, amounts: list[tuple[str, int]]) -> None:
         self.limit = limit
         self.mode = mode  # local | redis | none (Redis failed, admitted without a reservation)
         self.amounts = amounts
-        self.plan = plan  # the buckets it took from (the single-limit fast path)
 
 
 class Reservation(HookReservation):
-    """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` and
-    ``stream_filter``, see ``llmplane.gateway.hooks``)."""
+    """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` or
+    ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``). The
+    single-limit fast path keeps its plan, limit and amounts instead of a ``Taken`` list, and
+    its headers as lines (the ``taken`` list and the headers' dict are made if asked for)."""
 
-    __slots__ = ("taken",)
+    __slots__ = ("_headers", "_taken", "amounts", "limit", "plan")
 
-    def __init__(self, taken: list[Taken], response_headers: dict[str, str] | None = None) -> None:
-        super().__init__(response_headers)
-        self.taken = taken
+    def __init__(
+        self,
+        taken: list[Taken] | None,
+        response_headers: dict[str, str] | None = None,
+        plan: LocalPlan | None = None,
+        limit: RouteLimit | None = None,
+        amounts: list[tuple[str, int]] | None = None,
+        response_lines: bytes | None = None,
+    ) -> None:
+        # The base's fields set here: one call a request less than super().__init__.
+        self._headers = response_headers
+        self.response_lines = response_lines
+        self.stream_filter = None
+        self._taken = taken
+        self.plan = plan
+        self.limit = limit
+        self.amounts = amounts
+
+    @property  # type: ignore[override]
+    def response_headers(self) -> dict[str, str] | None:
+        if self._headers is None and self.response_lines:
+            self._headers = header_pairs(self.response_lines)
+        return self._headers
+
+    @response_headers.setter
+    def response_headers(self, value: dict[str, str] | None) -> None:
+        self._headers = value
+
+    @property
+    def taken(self) -> list[Taken]:
+        if self._taken is None:
+            assert self.limit is not None and self.amounts is not None
+            self._taken = [Taken(self.limit, "local", self.amounts)]
+        return self._taken
 
 
 def _what(direction: str) -> str:
@@ -115,8 +141,9 @@ class RateLimiter:
         # Buckets of this process (or shared by the workers, see make_bucket), by (limit key,
         # direction): one interface (TokenBucket) whatever holds them.
         self.local: dict[tuple[str, str], TokenBucket] = {}
-        # limit key -> its local buckets resolved once (``local.py``); dropped on update.
-        self.plans: dict[str, LocalPlan] = {}
+        # (limit key, embeddings?) -> its local buckets resolved once (``local.py``); dropped
+        # on update.
+        self.plans: dict[tuple[str, bool], LocalPlan] = {}
         self.redis: dict[str, RedisBuckets] = {}
         self.counter = TokenCounter(getattr(config, "rate_limit_tokenizers", None))
         self.default_output = getattr(config, "rate_limit_default_output_tokens", 256)
@@ -202,12 +229,15 @@ class RateLimiter:
                 found.append(limit)
         return found
 
-    async def reserve(self, inference: InferenceRequest, decision: Decision) -> Reservation | None:
+    def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object:
+        """The reservation (or None, or the 429 raised) when every applicable limit is on
+        local buckets: a single one admitting the request takes the fast path
+        (``_reserve_local``). ``LATER`` when a limit lives in Redis: ``reserve`` waits."""
         if not self.limits:
             if not self.tenant_limits:
                 return None
             # Tenant limits only (the common case): no list of applicable limits.
-            tenant = getattr(decision, "tenant", None)
+            tenant = decision.tenant
             limit = self.tenant_limits.get(tenant) if tenant is not None else None
             if limit is None:
                 return None
@@ -216,27 +246,71 @@ class RateLimiter:
             limits = self.applicable(decision)
             if not limits:
                 return None
-        embeddings = inference.path.endswith("/embeddings")
         counted: list[int] = []  # the input count, made once for the request
-        if len(limits) == 1 and limits[0].redis is None:
-            reservation = self._reserve_local(inference, decision, limits[0], embeddings, counted)
+        if len(limits) == 1:
+            if limits[0].redis is not None:
+                return LATER
+            reservation = self._reserve_local(inference, decision, limits[0], counted)
             if reservation is not None:
                 return reservation
+        elif any(limit.redis is not None for limit in limits):
+            return LATER
+        # Every limit local: the general path never waits.
         taken: list[Taken] = []
         states: list[BucketState] = []
         try:
-            for limit in limits:
-                amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
-                if too_large is not None:
-                    raise self._too_large(inference, limit, *too_large)
-                if amounts:
-                    part, part_states = await self._take(inference, limit, amounts)
-                    taken.append(part)
-                    states += part_states
+            for limit, amounts in self._parts(inference, decision, limits, counted):
+                part, part_states = self._take_local(inference, limit, amounts)
+                taken.append(part)
+                states += part_states
         except BaseException:
-            for part in taken:  # another limit refused: what the earlier ones took goes back
-                self._apply(part, [(d, a) for d, a in part.amounts if a])
+            self._give_back(taken)
             raise
+        return self._reservation(inference, taken, states)
+
+    async def reserve(self, inference: InferenceRequest, decision: Decision) -> Reservation | None:
+        reservation = self.reserve_now(inference, decision)
+        if reservation is not LATER:
+            return reservation  # type: ignore[no-any-return]
+        taken: list[Taken] = []
+        states: list[BucketState] = []
+        try:
+            for limit, amounts in self._parts(inference, decision, self.applicable(decision), []):
+                part, part_states = await self._take(inference, limit, amounts)
+                taken.append(part)
+                states += part_states
+        except BaseException:
+            self._give_back(taken)
+            raise
+        return self._reservation(inference, taken, states)
+
+    def _parts(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        limits: list[RouteLimit],
+        counted: list[int],
+    ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
+        """What each limit takes (limits taking nothing left out); the 429 of an amount
+        larger than its bucket, before anything is taken."""
+        embeddings = inference.path.endswith("/embeddings")
+        parts = []
+        for limit in limits:
+            amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
+            if too_large is not None:
+                raise self._too_large(inference, limit, *too_large)
+            if amounts:
+                parts.append((limit, amounts))
+        return parts
+
+    def _give_back(self, taken: list[Taken]) -> None:
+        """Another limit refused: what the earlier ones took goes back."""
+        for part in taken:
+            self._apply(part, [(d, a) for d, a in part.amounts if a])
+
+    def _reservation(
+        self, inference: InferenceRequest, taken: list[Taken], states: list[BucketState]
+    ) -> Reservation | None:
         if not taken:
             return None
         reservation = Reservation(taken, rate_headers(states))
@@ -249,24 +323,25 @@ class RateLimiter:
         inference: InferenceRequest,
         decision: Decision,
         limit: RouteLimit,
-        embeddings: bool,
         counted: list[int],
     ) -> Reservation | None:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
         429, reusing the input count left in ``counted``)."""
-        plan = self.plans.get(limit.key)
-        if plan is None:
-            plan = self.plans[limit.key] = LocalPlan(
-                {d: self._bucket(limit, d, tokens) for d, tokens in limit.tokens}
-            )
+        embeddings = inference.path.endswith("/embeddings")
         amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
         if too_large is not None or not amounts:
             return None
-        headers = plan.take(amounts, self.clock())
-        if headers is None:
+        # One plan per limit and set of directions (an embedding takes no output tokens).
+        plan = self.plans.get((limit.key, embeddings))
+        if plan is None:
+            plan = self.plans[(limit.key, embeddings)] = LocalPlan(
+                {d: self._bucket(limit, d) for d, _ in amounts}
+            )
+        lines = plan.take(amounts, self.clock())
+        if lines is None:
             return None
-        reservation = Reservation([Taken(limit, "local", amounts, plan)], headers)
+        reservation = Reservation(None, None, plan, limit, amounts, lines)
         if inference.stream and (len(amounts) > 1 or amounts[0][0] != REQUESTS):
             self._usage_filter(reservation, inference)
         return reservation
@@ -422,6 +497,31 @@ class RateLimiter:
             kind="requests" if blocking.direction == REQUESTS else "tokens",
         )
 
+    def settle_now(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        reservation: Reservation | None,
+        usage: Usage | None,
+        status: int,
+    ) -> None:
+        """``settle`` without a coroutine (it never waits: Redis settles in a task)."""
+        if reservation is None:
+            return
+        prompt = completion = None
+        if usage is not None:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        plan = reservation.plan
+        if plan is not None:
+            deltas = settle_deltas(reservation.amounts, prompt, completion, status)  # type: ignore[arg-type]
+            if deltas:
+                plan.give(deltas, self.clock())
+            return
+        for part in reservation._taken or ():
+            deltas = settle_deltas(part.amounts, prompt, completion, status)
+            if deltas:
+                self._apply(part, deltas)
+
     async def settle(
         self,
         inference: InferenceRequest,
@@ -430,23 +530,12 @@ class RateLimiter:
         usage: Usage | None,
         status: int,
     ) -> None:
-        if reservation is None:
-            return
-        prompt = completion = None
-        if usage is not None:
-            prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        for part in reservation.taken:
-            deltas = settle_deltas(part.amounts, prompt, completion, status)
-            if deltas:
-                self._apply(part, deltas)
+        self.settle_now(inference, decision, reservation, usage, status)
 
     def _apply(self, part: Taken, deltas: list[tuple[str, int]]) -> None:
         """Give back (> 0) or debit (< 0) tokens of what ``part`` took."""
         limit = part.limit
         if part.mode == "none":
-            return
-        if part.plan is not None:
-            part.plan.give(deltas, self.clock())
             return
         if part.mode == "local":
             now = self.clock()

@@ -106,18 +106,15 @@ class Profile:
     scorers: list[tuple[Any, float]] = field(default_factory=list)
     picker: Any = None
     observers: list[Any] = field(default_factory=list)  # plugins with on_pick
+    # The same filters and scorers fused into two passes (scheduler/fused.py), if they fit.
+    fused: Any = None
 
     def run(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], n: int) -> Pick:
-        kept = list(endpoints)
-        for f in self.filters:
-            narrowed = f.filter(ctx, kept)
-            if narrowed:
-                kept = narrowed
-        totals = (
-            weighted_sum([(scorer.score(ctx, kept), w) for scorer, w in self.scorers], len(kept))
-            if len(kept) > 1
-            else [0.0] * len(kept)
-        )
+        done = self.fused.run(ctx, endpoints) if self.fused is not None else None
+        if done is not None:
+            kept, totals = done
+        else:
+            kept, totals = self.score(ctx, endpoints)
         order = getattr(self.picker, "order", None)
         if order is not None:  # a picker that decides from the scores alone: no index lookups
             picked = order(totals, n)
@@ -128,6 +125,23 @@ class Profile:
             )
         chosen = self.picker.pick(ctx, kept, totals, n)
         return Pick(chosen, {s.address: round(totals[kept.index(s)], 4) for s in chosen}, self.name)
+
+    def score(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]
+    ) -> tuple[list[EndpointState], list[float]]:
+        """The general path: each filter in turn (skipped if it would keep no one), then each
+        scorer, weighted and summed: (candidates, totals)."""
+        kept = list(endpoints)
+        for f in self.filters:
+            narrowed = f.filter(ctx, kept)
+            if narrowed:
+                kept = narrowed
+        totals = (
+            weighted_sum([(scorer.score(ctx, kept), w) for scorer, w in self.scorers], len(kept))
+            if len(kept) > 1
+            else [0.0] * len(kept)
+        )
+        return kept, totals
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         for plugin in self.observers:

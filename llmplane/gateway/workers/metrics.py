@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -35,18 +35,29 @@ class MetricsPeer:
         self.timeout = timeout
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, render: Any, signals: Any = None) -> None:
+    async def start(
+        self,
+        render: Any,
+        signals: Any = None,
+        handlers: dict[bytes, Callable[[bytes], Awaitable[bytes]]] | None = None,
+    ) -> None:
         """Answer peers: ``metrics`` -> ``render()`` (Prometheus text), ``signals`` ->
-        ``signals()`` as JSON (this worker's part of the autoscaling signals)."""
+        ``signals()`` as JSON (this worker's part of the autoscaling signals); any other
+        command in ``handlers`` gets the rest of the request (up to EOF) and answers."""
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 what = (await reader.readline()).strip()
-                if what == b"signals" and signals is not None:
+                handler = (handlers or {}).get(what)
+                if handler is not None:
+                    writer.write(await handler(await reader.read()))
+                elif what == b"signals" and signals is not None:
                     writer.write(orjson.dumps(signals()))
                 else:
                     writer.write(render())
                 await writer.drain()
+            except Exception:
+                log.exception("answering a peer worker failed")
             finally:
                 writer.close()
 
@@ -71,6 +82,22 @@ class MetricsPeer:
                     writer.close()
         except (OSError, TimeoutError) as err:
             log.debug("metrics: worker socket %s: %s", path, err)
+            return None
+
+    async def ask(self, path: str, what: bytes, payload: bytes) -> bytes | None:
+        """Send ``what`` and ``payload`` to the worker serving ``path``; its answer (None if
+        it did not answer within ``timeout``)."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_unix_connection(path)
+                try:
+                    writer.write(what + b"\n" + payload)
+                    writer.write_eof()
+                    return await reader.read()
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError) as err:
+            log.warning("worker socket %s: %s", path, err or type(err).__name__)
             return None
 
     async def aggregate(self, own: bytes) -> bytes:

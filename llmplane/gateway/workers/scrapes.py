@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+import time
 from collections.abc import Callable, Iterable
 
 from llmplane.gateway.registry import EndpointState
@@ -142,7 +143,14 @@ def column_of(state: EndpointState) -> int | None:
 
 class ScrapeFollower:
     """A worker that does not scrape: every ``interval`` it copies the rows published since it
-    last looked into its states and calls ``on_changed`` if any changed."""
+    last looked into its states and calls ``on_changed`` if any changed.
+
+    Publications come at least every half ``stale_after`` while the scraper runs (its idle
+    ticker refreshes ``scraped_at``). When none came for ``stale_after`` seconds the scraper
+    is gone (killed and not yet replaced, stopped): the states are marked ``scrape_ok =
+    False``, so admission counts in-flight requests as for an engine whose metrics cannot be
+    read, instead of taking every endpoint for saturated because its copy is old. Each row
+    published again restores its state."""
 
     def __init__(
         self,
@@ -150,13 +158,18 @@ class ScrapeFollower:
         states: Callable[[], Iterable[EndpointState]],
         interval: float,
         on_changed: Callable[[], None] | None = None,
+        stale_after: float = 0.2,
     ) -> None:
         self.table = table
         self.states = states
         self.interval = interval
         self.on_changed = on_changed
+        self.stale_after = stale_after
         self.seen: dict[int, int] = {}  # column -> seq applied
+        self.orphaned = False  # no publication for stale_after seconds
         self._generation = -1
+        self._moved = time.monotonic()
+        self._rescan = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -175,14 +188,27 @@ class ScrapeFollower:
         column = column_of(state)
         if column is not None:
             self.seen.pop(column, None)
-        self._generation = -1
+        self._rescan = True
 
-    def poll(self) -> bool:
+    def poll(self, now: float | None = None) -> bool:
         """Copy what changed; True if anything did."""
+        now = time.monotonic() if now is None else now
         generation = self.table.generation()
-        if generation == self._generation:
+        if generation != self._generation:
+            self._generation = generation
+            self._moved = now
+            self.orphaned = False
+        elif not self.orphaned and now - self._moved > self.stale_after:
+            self.orphaned = True
+            for state in self.states():
+                if column_of(state) is not None:
+                    state.scrape_ok = False
+            if self.on_changed is not None:
+                self.on_changed()
+            return True
+        elif not self._rescan:
             return False
-        self._generation = generation
+        self._rescan = False
         changed = False
         seen = self.seen
         read = self.table.read
@@ -194,6 +220,8 @@ class ScrapeFollower:
             if row is not None:
                 seen[column] = row[0]
                 apply_row(state, row[1], row[2])
+                if self.orphaned:
+                    state.scrape_ok = False
                 changed = True
         if changed and self.on_changed is not None:
             self.on_changed()

@@ -8,7 +8,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from llmplane.gateway.ratelimit.buckets import TokenBucket
 from llmplane.gateway.registry import EndpointState
@@ -70,6 +70,13 @@ class Seat:
             [share.socket_path(i) for i in range(share.workers) if i != index],
         )
         self.picks: PickFeed = share.picks.feed(index)
+        # More commands this worker answers on its private socket (``MetricsPeer.start``):
+        # ``llmplane up``'s platform worker answers console requests and wake-ups.
+        self.handlers: dict[bytes, Callable[[bytes], Awaitable[bytes]]] = {}
+
+    async def ask(self, index: int, what: bytes, payload: bytes = b"") -> bytes | None:
+        """Send a command to worker ``index`` (one of ``handlers`` there); its answer."""
+        return await self.metrics.ask(self.share.socket_path(index), what, payload)
 
     def endpoint_state(self, endpoint: Endpoint) -> EndpointState:
         return self.share.inflight.state(endpoint, self.index)
@@ -92,7 +99,10 @@ class Seat:
 
             scraper.publish = publish
             return None
-        follower = ScrapeFollower(table, states, scraper.config.scrape_interval / 2, on_changed)
+        config = scraper.config
+        follower = ScrapeFollower(
+            table, states, config.scrape_interval / 2, on_changed, config.metrics_staleness
+        )
 
         def follows(state: EndpointState) -> bool:
             follower.added(state)

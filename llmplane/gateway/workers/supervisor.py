@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType
 
 from llmplane.gateway.workers.share import Seat, Share
@@ -41,10 +41,19 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, share: Share, worker_main: WorkerMain, grace: float) -> None:
+    def __init__(
+        self,
+        share: Share,
+        worker_main: WorkerMain,
+        grace: float,
+        indices: Iterable[int] | None = None,
+    ) -> None:
         self.share = share
         self.worker_main = worker_main
         self.grace = grace
+        # The workers this supervisor runs: all of them, or (``llmplane up``, whose own
+        # process is worker 0) the others.
+        self.indices = list(range(share.workers) if indices is None else indices)
         self.pids: dict[int, int] = {}  # pid -> worker index
         self.started: dict[int, float] = {}  # worker index -> monotonic start
         self.backoff: dict[int, float] = {}
@@ -134,7 +143,7 @@ class Supervisor:
         signal.set_wakeup_fd(self._wake_w)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
-        for index in range(self.share.workers):
+        for index in self.indices:
             self._spawn(index)
         ready: set[int] = set()
         serving = False
@@ -152,7 +161,7 @@ class Supervisor:
                     os.read(self._wake_r, 4096)
                 if self._ready_r in readable:
                     ready.update(os.read(self._ready_r, 4096))
-                    if not serving and len(ready) >= self.share.workers:
+                    if not serving and ready.issuperset(self.indices):
                         serving = True
                         on_serving()
                 if self.stopping:
@@ -170,7 +179,6 @@ class Supervisor:
             self.stopping = True
             self._stop_all()
             signal.set_wakeup_fd(-1)
-            self.share.close()
         return code
 
     def _stop_all(self) -> None:
