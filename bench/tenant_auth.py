@@ -5,14 +5,16 @@ reserves and settles in the tenant's buckets, and its usage is counted and recor
 alternating wrk cells.
 
     python -m bench.tenant_auth [--rounds 8] [--duration 3] [--concurrency 8] [--tenants 1]
-                                [--limits all|requests]
+                                [--limits all|requests] [--baseline REF]
 
 All gateways are ``python -m llmplane.gateway.cli`` of this tree (uvloop, access log off) in
 front of one ``bench/gateway_upstream.py --delay 0``; unary completions only (the key is
 checked once per request, before anything is streamed). ``--tenants N`` stores N Tenants of
 one key each (the request's key is the last), to show the lookup does not scan.
-``--limits requests`` limits only requests (one bucket) instead of requests and tokens. Reported:
-medians over rounds of req/s, gateway CPU per request and wrk's p50/p99, and the ratios.
+``--limits requests`` limits only requests (one bucket) instead of requests and tokens.
+``--baseline REF`` adds the same three gateways of another build (a git ref, checked out into a
+temporary worktree) to every round: what a change to these paths gained. Reported: medians over
+rounds of req/s, gateway CPU per request and wrk's p50/p99, and the ratios.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from pathlib import Path
 import orjson
 
 from bench.common import (
+    ROOT,
+    checkout,
     cpu_seconds,
     gateway_proc,
     machine,
     machine_line,
+    remove_checkout,
     store_objects,
     table,
     upstream_proc,
@@ -70,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--tenants", type=int, default=1)
     p.add_argument("--limits", choices=("all", "requests"), default="all")
+    p.add_argument("--baseline", help="git ref of a build to run beside this one")
     args = p.parse_args(argv)
 
     from llmplane.gateway import apikeys
@@ -77,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-auth-"))
+    base_tree = checkout(args.baseline, work / "baseline") if args.baseline else None
     procs: list[Process] = []
     try:
         up = upstream_proc()
@@ -93,8 +100,16 @@ def main(argv: list[str] | None = None) -> None:
                 *(tenant_object(f"t{i}", made, limits) for i, made in enumerate(keys)),
             )
         bearer = {"Authorization": f"Bearer {keys[-1].key}"}
-        headers = {"open": {}, "keyed": bearer, "limited": bearer}
-        gws = {name: gateway_proc(str(work / name), name=name) for name in headers}
+        kinds = {"open": {}, "keyed": bearer, "limited": bearer}
+        builds = {"": ROOT} if base_tree is None else {"": ROOT, " (baseline)": base_tree}
+        headers = {f"{kind}{build}": h for build in builds for kind, h in kinds.items()}
+        gws = {
+            f"{kind}{build}": gateway_proc(
+                str(work / kind), name=f"{kind}{build.strip(' ()')}", tree=tree
+            )
+            for build, tree in builds.items()
+            for kind in kinds
+        }
         procs += gws.values()
         urls = {name: f"http://{gw.ready()}/v1/completions" for name, gw in gws.items()}
         body = orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 16})
@@ -103,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
             wrk(url, body, args.concurrency, 1, headers=headers[name])
         cells: dict[str, list[dict[str, float]]] = {}
         for r in range(args.rounds):
-            order = list(headers)[r % 3 :] + list(headers)[: r % 3]  # each one first in turn
+            names = list(headers)  # each one first in turn
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 before = cpu_seconds(gws[name].pid)
                 out = wrk(urls[name], body, args.concurrency, args.duration, headers=headers[name])
@@ -123,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         rows = [
             [
-                labels[name],
+                labels[name.split(" ")[0]] + name[len(name.split(" ")[0]) :],
                 f"{med(name, 'rps'):,.0f}",
                 f"{med(name, 'cpu_us'):.0f}",
                 f"{med(name, 'p50'):.2f}",
@@ -135,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(
             f"`python -m bench.tenant_auth --rounds {args.rounds} --duration {args.duration:g} "
-            f"--concurrency {args.concurrency} --tenants {args.tenants} --limits {args.limits}` "
+            f"--concurrency {args.concurrency} --tenants {args.tenants} --limits {args.limits}"
+            f"{' --baseline ' + args.baseline if args.baseline else ''}` "
             f"({machine_line(info, list(os.getloadavg()))}); medians over rounds"
         )
         print()
@@ -146,11 +163,15 @@ def main(argv: list[str] | None = None) -> None:
                 "lrrrrr",
             )
         )
-        for name in ("keyed", "limited"):
-            print(f"{name} / open throughput: {med(name, 'rps') / med('open', 'rps'):.3f}")
+        for build in builds:
+            for name in ("keyed", "limited"):
+                ratio = med(name + build, "rps") / med("open" + build, "rps")
+                print(f"{name}{build} / open{build} throughput: {ratio:.3f}")
     finally:
         for proc in reversed(procs):
             proc.stop()
+        if base_tree is not None:
+            remove_checkout(base_tree)
         shutil.rmtree(work, ignore_errors=True)
 
 

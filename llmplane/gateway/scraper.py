@@ -213,6 +213,26 @@ def apply_metrics(
 
 # EndpointState.extra key: when the gateway itself changed the endpoint's model list (LoRA).
 MODELS_CHANGED_AT = "models_changed_at"
+# What one engine's /v1/models may name: past these, names are left out (a hostile or broken
+# engine costs little, and the list fits the workers' shared document).
+MAX_SERVED_NAMES = 1024
+MAX_NAME_CHARS = 512
+
+
+def served_names(data: object) -> frozenset[str] | None:
+    """The model names of a /v1/models ``data`` list (None if it is not one): each entry's
+    ``id``, at most ``MAX_SERVED_NAMES`` of them, none longer than ``MAX_NAME_CHARS``."""
+    if not isinstance(data, list):
+        return None
+    names: set[str] = set()
+    for entry in data:
+        if isinstance(entry, dict) and entry.get("id") is not None:
+            name = str(entry["id"])
+            if len(name) <= MAX_NAME_CHARS:
+                names.add(name)
+                if len(names) >= MAX_SERVED_NAMES:
+                    break
+    return frozenset(names)
 
 
 class Scraper:
@@ -225,9 +245,13 @@ class Scraper:
         self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
         self.on_scraped: Callable[[], None] | None = None  # after each scrape of an endpoint
         # With several workers (gateway/workers/scrapes.py) one scrapes for all: it
-        # ``publish``es each state after a scrape; in the others ``follows(state)`` is True for
-        # the states whose metrics come from it, and only their /v1/models is read here.
-        self.publish: Callable[[EndpointState], None] | None = None
+        # ``publish``es each state after a scrape (with whether its idle ticker keeps the
+        # state's ``scraped_at`` fresh from now on) and each changed /v1/models list
+        # (``models_read``: the state and when the read began); in the others
+        # ``follows(state)`` is True for the states whose metrics and models come from it, and
+        # nothing of them is read here.
+        self.publish: Callable[[EndpointState, bool], None] | None = None
+        self.models_read: Callable[[EndpointState, float], None] | None = None
         self.follows: Callable[[EndpointState], bool] | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
@@ -252,9 +276,10 @@ class Scraper:
 
     def add(self, state: EndpointState) -> None:
         if state.key not in self.tasks:
-            follow = self.follows is not None and self.follows(state)
+            if self.follows is not None and self.follows(state):
+                return  # a peer reads it for us
             self.tasks[state.key] = asyncio.create_task(
-                self._models_only(state) if follow else self._run(state), name=f"scrape {state.key}"
+                self._run(state), name=f"scrape {state.key}"
             )
 
     def remove(self, state: EndpointState) -> None:
@@ -323,27 +348,21 @@ class Scraper:
                 doc = orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
             return
-        data = doc.get("data") if isinstance(doc, dict) else None
-        if isinstance(data, list):
-            served = frozenset(
-                str(m["id"]) for m in data if isinstance(m, dict) and m.get("id") is not None
-            )
-            if state.extra.get(MODELS_CHANGED_AT, 0.0) > started:
-                return  # an adapter was loaded or unloaded meanwhile: this list may predate it
-            if served != state.served_models:
-                state.served_models = served
-                if self.on_models_changed is not None:
-                    self.on_models_changed()  # LoRA adapters came or went: routes change
+        served = served_names(doc.get("data") if isinstance(doc, dict) else None)
+        if served is None:
+            return
+        if state.extra.get(MODELS_CHANGED_AT, 0.0) > started:
+            return  # an adapter was loaded or unloaded meanwhile: this list may predate it
+        if served != state.served_models:
+            state.served_models = served
+            if self.models_read is not None:
+                self.models_read(state, started)
+            if self.on_models_changed is not None:
+                self.on_models_changed()  # LoRA adapters came or went: routes change
 
     def client(self) -> aiohttp.ClientSession:
         """The scraper's HTTP session (engine-side admin calls share it)."""
         return self._session()
-
-    async def _models_only(self, state: EndpointState) -> None:
-        """A peer scrapes the endpoint's metrics: only its served models are read here."""
-        while True:
-            await self.refresh_models(state)
-            await asyncio.sleep(self.config.models_refresh_interval * random.uniform(0.8, 1.2))
 
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval
@@ -364,23 +383,24 @@ class Scraper:
                 await self.scrape_once(state)
             except Exception:
                 log.exception("scraping %s failed", state.address)
+            healthy = state.has_load_metrics and state.scrape_ok
+            busy = state.inflight or state.running or state.waiting or _signals(state) != before
+            pause = (interval if busy else min(pause * 2, idle_max)) if healthy else interval
+            kept = bool(healthy and not busy and pause > interval)  # _idle_wait follows
             if self.publish is not None:
-                self.publish(state)
+                self.publish(state, kept)
             if self.on_scraped is not None:
                 self.on_scraped()  # fresh load: flow control may dispatch
-            if not (state.has_load_metrics and state.scrape_ok):
+            if not healthy:
                 # Engines without load metrics (or unreachable ones) are asked again more slowly.
                 await asyncio.sleep(max(0.0, max(interval, 1.0) - (time.monotonic() - started)))
-                pause = interval
                 continue
-            busy = state.inflight or state.running or state.waiting or _signals(state) != before
-            pause = interval if busy else min(pause * 2, idle_max)
             wait = pause * random.uniform(0.8, 1.2) + spread - (time.monotonic() - started)
             spread = 0.0
-            if busy or pause <= interval:
-                await asyncio.sleep(max(0.0, wait))
-            else:
+            if kept:
                 await self._idle_wait(state, max(0.0, wait))
+            else:
+                await asyncio.sleep(max(0.0, wait))
 
     async def _idle_wait(self, state: EndpointState, seconds: float) -> None:
         """Sleep ``seconds`` unless a request is sent to the endpoint first."""
@@ -404,9 +424,7 @@ class Scraper:
                 if state.inflight != state.inflight_at_scrape:
                     wake.set()
                 elif state.scraped_at:
-                    state.scraped_at = now
-                    if self.publish is not None:
-                        self.publish(state)
+                    state.scraped_at = now  # peer workers: ``ScrapeFollower`` does the same
             await asyncio.sleep(tick)
 
 

@@ -49,6 +49,7 @@ class SimServer(CompletionRoutes, ServiceRoutes):
         self.unhealthy_until = self.started + self.faults.slow_start
         self.num_requests = 0
         self.metrics_requests = 0
+        self.models_requests = 0  # GET /v1/models answered (gateways reading model lists)
         self.created = int(time.time())
         self.engine_id = cfg.engine_id or str(
             uuid.UUID(int=random.Random(cfg.seed).getrandbits(128))

@@ -64,6 +64,7 @@ class ServiceRoutes:
         }
 
     async def models(self, request: web.BaseRequest) -> web.Response:
+        self.models_requests += 1
         cfg = self.cfg
         names = cfg.served_model_names or [cfg.model]
         data = [self._card(n, cfg.model, None, cfg.max_model_len) for n in names]
@@ -160,6 +161,7 @@ class ServiceRoutes:
         d["slow_start_remaining"] = max(0.0, self.unhealthy_until - time.monotonic())
         d["requests_seen"] = self.num_requests
         d["metrics_requests"] = self.metrics_requests  # scrapes so far (one gateway's, once)
+        d["models_requests"] = self.models_requests  # /v1/models reads so far
         return d
 
     async def get_faults(self, request: web.BaseRequest) -> web.Response:

@@ -113,3 +113,68 @@ def test_two_workers_scrape_each_engine_once_per_interval(tmp_path: Path) -> Non
 
         asyncio.run(run())
         assert wait_for(lambda: "exited (signal 9)" in gw.output(), timeout=10, what="logged")
+
+
+MODELS_EVERY = 0.5  # modelsRefreshInterval
+
+
+async def models_reads(s: aiohttp.ClientSession, url: str) -> int:
+    async with s.get(f"{url}/admin/faults") as resp:
+        return int((await resp.json())["models_requests"])
+
+
+def test_two_workers_read_each_engine_model_list_once(tmp_path: Path) -> None:
+    """Worker 0 alone reads /v1/models (counted on the sim side); an adapter loaded on the
+    engine becomes routable on both workers, on worker 1 from what worker 0 published, also
+    while worker 0 is stopped (its names stay)."""
+    config = tmp_path / "scheduler.yaml"
+    config.write_text(
+        f"gateway:\n  scrapeInterval: {INTERVAL}\n  scrapeIdleInterval: {INTERVAL}\n"
+        f"  modelsRefreshInterval: {MODELS_EVERY}\n"
+    )
+    with Processes() as group:
+        (engine,) = group.start(sim_process(MODEL))
+        with open_store(tmp_path / "state") as store:
+            store.apply(endpoint_object("slow", engine.address, MODEL))
+        (gw,) = group.start(
+            gateway("--workers", "2", "--config", str(config), state_dir=tmp_path / "state")
+        )
+
+        async def run() -> None:
+            async with session() as s:
+                await eventually(
+                    lambda: models_reads(s, engine.url), timeout=20, what="a first read"
+                )
+                # One reader: about one read per MODELS_EVERY (rounded up to the next scrape);
+                # every worker reading would be twice that.
+                first, start = await models_reads(s, engine.url), time.monotonic()
+                await asyncio.sleep(WINDOW)  # a measuring window: the rate is what is asserted
+                rate = (await models_reads(s, engine.url) - first) / (time.monotonic() - start)
+                assert 0.3 / MODELS_EVERY <= rate <= 1.3 / MODELS_EVERY, rate
+
+                index: dict[int, int] = {}
+                for n, pid in enumerate(sorted(workers_of(gw.pid)), 1):
+                    with only(gw.pid, pid):
+                        assert await chat(s, gw.url, MODEL, 1) == 200
+                    lines = wait_for(
+                        lambda n=n: len(x := access_lines(gw.output())) == n and x,
+                        timeout=10,
+                        what="the access-log line",
+                    )
+                    index[lines[-1]["worker"]] = pid
+                assert sorted(index) == [0, 1], index
+
+                body = {"lora_name": "sc-adapter", "lora_path": "/adapters/a"}
+                async with s.post(f"{engine.url}/v1/load_lora_adapter", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                for worker in (0, 1):  # worker 1 alone: worker 0 stopped, nothing read anew
+                    with only(gw.pid, index[worker]):
+
+                        async def routable() -> bool:
+                            return await chat(s, gw.url, "sc-adapter", 1) == 200
+
+                        await eventually(
+                            routable, timeout=15, what=f"the adapter routed by worker {worker}"
+                        )
+
+        asyncio.run(run())

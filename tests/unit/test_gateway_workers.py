@@ -2,7 +2,8 @@
 tests/integration/test_gateway_workers.py): prefix picks published by one worker reach the
 other's index, also across the ring's wrap and after an overrun; /metrics texts merge; in-flight
 and first-chunk counts are every worker's sum; scraped signals published by the scraping worker
-reach a follower's states (a torn row never)."""
+reach a follower's states (a torn row never), idle rows are not republished but take the
+scraper's heartbeat, and model lists read by the scraping worker reach the others."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import time
 
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, block_hashes
-from llmplane.gateway.scraper import LoadMetrics, apply_metrics
+from llmplane.gateway.scraper import (
+    MAX_NAME_CHARS,
+    MAX_SERVED_NAMES,
+    MODELS_CHANGED_AT,
+    LoadMetrics,
+    apply_metrics,
+    served_names,
+)
 from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import merge
@@ -19,9 +27,9 @@ from llmplane.gateway.workers.picks import PickRings
 from llmplane.gateway.workers.scrapes import (
     ROW_BYTES,
     ScrapeFollower,
+    ScrapePublisher,
     ScrapeTable,
     apply_row,
-    column_of,
 )
 from llmplane.gateway.workers.shm import Directory, Locks
 from llmplane.runtime.endpoint import Endpoint
@@ -159,26 +167,126 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     assert follower.has_load_metrics is None and not follower.scrape_ok
 
 
+def _pair(table: ScrapeTable, changes: list, models: list | None = None):
+    inflight = InflightTable(2, 4, Locks())
+    endpoint = Endpoint("10.0.0.1:8000", model_name="m", engine="sim", workload="default/m")
+    writer, reader = inflight.state(endpoint, 0), inflight.state(endpoint, 1)
+    publisher = ScrapePublisher(table, lambda: [writer], 0.1)
+    follower = ScrapeFollower(
+        table,
+        lambda: [reader],
+        1.0,
+        lambda: changes.append(1),
+        on_models_changed=lambda: (lambda: models.append(1)) if models is not None else None,
+    )
+    return writer, reader, publisher, follower
+
+
 def test_scrape_follower_copies_only_published_changes():
     table = ScrapeTable(4)
-    inflight = InflightTable(2, 4, Locks())
-    endpoint = Endpoint("10.0.0.1:8000", engine="sim")
-    writer, reader = inflight.state(endpoint, 0), inflight.state(endpoint, 1)
-    changes = []
-    follower = ScrapeFollower(table, lambda: [reader], 1.0, lambda: changes.append(1))
-    assert not follower.poll()
-    writer.waiting = 4
-    table.publish(column_of(writer), writer)
-    assert follower.poll() and reader.waiting == 4 and changes == [1]
-    assert not follower.poll() and changes == [1]
-    # Nothing published for longer than stale_after (0.2 s): the scraper is gone, the
-    # follower's copies count as unreadable metrics (admission's own-count rule), not stale.
+    changes: list[int] = []
+    writer, reader, publisher, follower = _pair(table, changes)
     start = time.monotonic()
+    table.beat(start)
+    assert not follower.poll(start)
+    writer.waiting = 4
+    publisher.publish(writer, False)
+    assert follower.poll(start) and reader.waiting == 4 and changes == [1]
+    assert not follower.poll(start) and changes == [1]
+    # No heartbeat for longer than stale_after (0.2 s): the scraper is gone, the follower's
+    # copies count as unreadable metrics (admission's own-count rule), not stale.
     assert not follower.poll(start + 0.1) and reader.scrape_ok
     assert follower.poll(start + 0.5) and not reader.scrape_ok and changes == [1, 1]
     assert not follower.poll(start + 0.6)
-    table.publish(column_of(writer), writer)  # a new scraper publishes: the row is good again
-    assert follower.poll(start + 0.7) and reader.scrape_ok
+    # The scraper beats again (a paused one, or its replacement with nothing new to say):
+    # every row is read again and restores its state.
+    table.beat(start + 0.65)
+    assert follower.poll(start + 0.7) and reader.scrape_ok and reader.waiting == 4
+
+
+def test_idle_rows_are_not_republished_and_take_the_heartbeat():
+    table = ScrapeTable(4)
+    changes: list[int] = []
+    writer, reader, publisher, follower = _pair(table, changes)
+    apply_metrics(writer, LoadMetrics(waiting=0, running=0, kv=0.0), now=100.0)
+    table.beat(100.0)
+    publisher.publish(writer, True)  # gone idle: worker 0's ticker keeps it fresh
+    generation = table.generation()
+    assert follower.poll(100.0) and reader.scraped_at == 100.0
+    # Idle scrapes with nothing new publish nothing; the heartbeat alone keeps the copy fresh.
+    writer.scraped_at = 102.0
+    publisher.publish(writer, True)
+    assert table.generation() == generation
+    publisher.flush(102.05)
+    assert not follower.poll(102.1) and reader.scraped_at == 102.05
+    # A request sent to it (any worker's, the count is shared): the copy stops aging with the
+    # heartbeat, as worker 0's ticker stops refreshing its own and wakes the scraper.
+    reader.add_inflight(1)
+    publisher.flush(102.15)
+    follower.poll(102.2)
+    assert reader.scraped_at == 102.05
+    # Busy: each scrape is published (its scraped_at matters), changed or not.
+    writer.inflight_at_scrape = 1
+    writer.running, writer.scraped_at = 1.0, 102.3
+    publisher.publish(writer, False)
+    publisher.publish(writer, False)
+    assert table.generation() == generation + 2
+    assert follower.poll(102.3) and reader.running == 1.0 and reader.scraped_at == 102.3
+    publisher.flush(102.4)
+    follower.poll(102.45)
+    assert reader.scraped_at == 102.3  # not kept: the row's own scrape time
+
+
+def test_model_lists_reach_followers_once_read():
+    table = ScrapeTable(4)
+    changes: list[int] = []
+    models: list[int] = []
+    writer, reader, publisher, follower = _pair(table, changes, models)
+    table.beat(10.0)
+    writer.served_models = frozenset({"m", "lora-a"})
+    publisher.models_read(writer, 9.9)
+    assert follower.poll(10.0) is False and reader.served_models is None  # not flushed yet
+    publisher.flush(10.0)
+    follower.poll(10.01)
+    assert reader.served_models == {"m", "lora-a"} and models == [1]
+    follower.poll(10.02)
+    assert models == [1]  # nothing new: nothing applied
+    # This worker loaded an adapter after worker 0's next read began: its own list stays.
+    reader.served_models = frozenset({"m", "lora-a", "lora-b"})
+    reader.extra[MODELS_CHANGED_AT] = 10.5
+    writer.served_models = frozenset({"m"})
+    publisher.models_read(writer, 10.4)
+    publisher.flush(10.6)
+    follower.poll(10.61)
+    assert reader.served_models == {"m", "lora-a", "lora-b"}
+    writer.served_models = frozenset({"m", "lora-b"})
+    publisher.models_read(writer, 10.7)
+    publisher.flush(10.8)
+    follower.poll(10.81)
+    assert reader.served_models == {"m", "lora-b"} and models == [1, 1]
+    # The scraper gone for long: the names stay (they change rarely).
+    assert follower.poll(20.0) and follower.orphaned
+    assert reader.served_models == {"m", "lora-b"}
+    # A new state for the address (the same workload): the names are applied at once.
+    again = InflightTable(2, 4, Locks()).state(reader.endpoint, 1)
+    follower.states = lambda: [again]
+    follower.added(again)
+    follower.poll(20.0)
+    assert again.served_models == {"m", "lora-b"}
+    # The address back serving another workload: the old names are not its.
+    other = InflightTable(2, 4, Locks()).state(Endpoint("10.0.0.1:8000", model_name="x"), 1)
+    follower.states = lambda: [other]
+    follower.added(other)
+    follower.poll(20.0)
+    assert other.served_models is None
+
+
+def test_served_names_are_capped():
+    many = [{"id": f"m{i}"} for i in range(MAX_SERVED_NAMES + 10)]
+    assert len(served_names(many)) == MAX_SERVED_NAMES
+    long = [{"id": "x" * (MAX_NAME_CHARS + 1)}, {"id": "ok"}, {"no": "id"}, "junk", {"id": 7}]
+    assert served_names(long) == {"ok", "7"}
+    assert served_names({"id": "m"}) is None
 
 
 def test_endpoint_board_carries_the_list_and_skips_a_torn_copy():
@@ -192,7 +300,7 @@ def test_endpoint_board_carries_the_list_and_skips_a_torn_copy():
     board.publish(endpoints)
     assert discovery.poll() and discovery.endpoints() == endpoints
     assert not discovery.poll()  # nothing new
-    board.words[0] += 1  # a writer in the middle of it: the last good list stays
+    board.document.words[0] += 1  # a writer in the middle of it: the last good list stays
     assert not discovery.poll() and discovery.endpoints() == endpoints
     board.publish(endpoints[:1])  # the next writer steps over the odd sequence
     assert discovery.poll() and discovery.endpoints() == endpoints[:1]

@@ -1,10 +1,9 @@
 """The endpoint list of one process published to its peer workers (``llmplane up --workers
 N``: the platform process runs the local runtime, the other workers route to its replicas).
 
-One document (the list as JSON) in shared memory behind a seqlock: the publisher makes the
-sequence odd, writes the length and the bytes, makes it even; a reader copies and keeps the
-copy only if the sequence was even and unchanged around it. ``BoardDiscovery`` polls the
-sequence (one 8-byte read when nothing changed) and is a ``Discovery`` like any other.
+One document (the list as JSON) in shared memory behind a seqlock (``shm.Document``).
+``BoardDiscovery`` polls the sequence (one 8-byte read when nothing changed) and is a
+``Discovery`` like any other.
 """
 
 from __future__ import annotations
@@ -19,53 +18,37 @@ from collections.abc import Iterable
 import orjson
 
 from llmplane.gateway.discovery import Subscribers
-from llmplane.gateway.workers.shm import region
+from llmplane.gateway.workers.shm import Document
 from llmplane.runtime.endpoint import Endpoint
 
 log = logging.getLogger("llmplane.gateway")
 
 BOARD_BYTES = 16 * 1024 * 1024  # about 50,000 endpoints; pages are touched only as written
-_HEAD = 16  # sequence, length
 
 
 class EndpointBoard:
     def __init__(self, size: int = BOARD_BYTES) -> None:
-        self.size = size
-        self.mem = region(size)
-        self.words = memoryview(self.mem).cast("q")
+        self.document = Document(size)
         self._lock = threading.Lock()  # the runtime may report changes from its threads
 
     def publish(self, endpoints: Iterable[Endpoint]) -> None:
         data = orjson.dumps([dataclasses.asdict(e) for e in endpoints])
-        if len(data) > self.size - _HEAD:
-            log.error(
-                "%d bytes of endpoints do not fit the workers' board: not published", len(data)
-            )
-            return
         with self._lock:
-            words = self.words
-            seq = words[0]
-            begin = seq + 1 if seq % 2 == 0 else seq + 2
-            words[0] = begin
-            words[1] = len(data)
-            self.mem[_HEAD : _HEAD + len(data)] = data
-            words[0] = begin + 1
+            if not self.document.write(data):
+                log.error(
+                    "%d bytes of endpoints do not fit the workers' board: not published", len(data)
+                )
 
     def sequence(self) -> int:
-        return self.words[0]
+        return self.document.sequence()
 
     def read(self, seen: int) -> tuple[int, list[Endpoint]] | None:
         """(sequence, endpoints) if the list changed since ``seen``; None otherwise or while
         it is being written."""
-        words = self.words
-        seq = words[0]
-        if seq == seen or seq % 2:
+        got = self.document.read(seen)
+        if got is None:
             return None
-        length = min(max(words[1], 0), self.size - _HEAD)
-        data = self.mem[_HEAD : _HEAD + length]
-        if words[0] != seq:
-            return None
-        return seq, [Endpoint(**doc) for doc in orjson.loads(data)]
+        return got[0], [Endpoint(**doc) for doc in orjson.loads(got[1])]
 
 
 class BoardDiscovery(Subscribers):

@@ -1,6 +1,17 @@
-"""Engine metrics scraped once for every worker: worker 0 scrapes each endpoint and publishes
-what ``EndpointState`` keeps from a scrape into a row of shared memory (the endpoint's column
-of the in-flight table); the other workers copy changed rows into their own states.
+"""Engine metrics and model lists read once for every worker: worker 0 scrapes each endpoint
+and publishes what ``EndpointState`` keeps from a scrape into a row of shared memory (the
+endpoint's column of the in-flight table), and each changed ``/v1/models`` list into one shared
+document; the other workers copy what changed into their own states and read nothing from the
+engines.
+
+A row is published when its content changes, not to say "still the same": worker 0 bumps one
+heartbeat (its monotonic clock) every half ``metrics_staleness``. A row published as *kept*
+(the endpoint went idle: worker 0's idle ticker keeps its ``scraped_at`` fresh while nothing
+is sent to it, see ``Scraper._keep_idle_fresh``) takes the heartbeat as its ``scraped_at`` in
+the followers under the ticker's own condition (the shared in-flight count equals the one at
+the scrape), so admission's staleness reads the same in every worker. A busy endpoint's row
+is published at each scrape, its ``scraped_at`` with it. An idle 200-replica fleet thus costs
+a follower one heartbeat read and 200 attribute writes per tick, not 200 row copies.
 
 Each row is a seqlock: its one writer makes the sequence number odd, writes the fields, makes
 it even again; a reader copies the fields and keeps them only if the number was even and
@@ -11,7 +22,8 @@ idle follower see "nothing new" in one read.
 
 A worker that dies while writing leaves its row odd; the next writer (its replacement) steps
 over it. LoRA adapter names share ``TEXT_BYTES`` per row; past that, the last names are left
-out (and logged once).
+out (and logged once). Model lists are capped where they are read (``scraper.served_names``)
+and checked the same way when copied.
 """
 
 from __future__ import annotations
@@ -23,8 +35,11 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 
+import orjson
+
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.workers.shm import region
+from llmplane.gateway.scraper import MODELS_CHANGED_AT, served_names
+from llmplane.gateway.workers.shm import Document, region
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -34,8 +49,10 @@ ROW_BYTES = 1024
 _HEAD = struct.Struct("<qddddddqqqq")
 TEXT_BYTES = ROW_BYTES - _HEAD.size
 _FIELDS = struct.Struct("<ddddddqqqq")  # the head without seq
-HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK = 1, 2, 4, 8
+_TIME = struct.Struct("<d")
+HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
 READ_TRIES = 4
+MODELS_BYTES = 64 * 1024 * 1024  # the model-list document; pages are touched only as written
 
 
 class ScrapeTable:
@@ -43,15 +60,23 @@ class ScrapeTable:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.mem = region(capacity * ROW_BYTES + 8)
+        self.mem = region(capacity * ROW_BYTES + 16)
         self.words = memoryview(self.mem).cast("q")  # row i's seq: words[i * ROW_BYTES // 8]
         self.generation_word = capacity * ROW_BYTES // 8
+        self.heartbeat_at = (capacity * ROW_BYTES) + 8  # a double: the scraper's clock
+        self.models = Document(MODELS_BYTES)  # {column: [read at, workload, model, names]}
         self._truncated = False
 
     def generation(self) -> int:
         return self.words[self.generation_word]
 
-    def publish(self, column: int, state: EndpointState) -> None:
+    def beat(self, now: float) -> None:
+        _TIME.pack_into(self.mem, self.heartbeat_at, now)
+
+    def heartbeat(self) -> float:
+        return _TIME.unpack_from(self.mem, self.heartbeat_at)[0]
+
+    def publish(self, column: int, state: EndpointState, kept: bool = False) -> None:
         """Write ``state``'s scraped fields into row ``column`` (one writer per row)."""
         running = ",".join(sorted(state.lora_running)).encode()
         waiting = ",".join(sorted(state.lora_waiting)).encode()
@@ -66,6 +91,7 @@ class ScrapeTable:
             | (KNOWN if state.has_load_metrics is not None else 0)
             | (HAS_LOAD if state.has_load_metrics else 0)
             | (SCRAPE_OK if state.scrape_ok else 0)
+            | (KEPT if kept else 0)
         )
         words = self.words
         at = column * (ROW_BYTES // 8)
@@ -111,8 +137,8 @@ class ScrapeTable:
         return None
 
 
-def apply_row(state: EndpointState, fields: tuple, text: bytes) -> None:
-    """A published row into a follower's state."""
+def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
+    """A published row into a follower's state; True if it was published as kept."""
     waiting, running, kv, scraped_at, hits, queries, at_scrape, flags, max_lora, _ = fields
     state.waiting, state.running, state.kv_usage = waiting, running, kv
     state.scraped_at = scraped_at
@@ -125,6 +151,7 @@ def apply_row(state: EndpointState, fields: tuple, text: bytes) -> None:
     running_text, _, waiting_text = text.partition(b"\n")
     state.lora_running = _names(running_text)
     state.lora_waiting = _names(waiting_text)
+    return bool(flags & KEPT)
 
 
 def _names(text: bytes) -> frozenset[str]:
@@ -141,16 +168,124 @@ def column_of(state: EndpointState) -> int | None:
     return column if column >= 0 else None
 
 
-class ScrapeFollower:
-    """A worker that does not scrape: every ``interval`` it copies the rows published since it
-    last looked into its states and calls ``on_changed`` if any changed.
+def _content(state: EndpointState, kept: bool) -> tuple:
+    """What a row says besides ``scraped_at``."""
+    return (
+        state.waiting,
+        state.running,
+        state.kv_usage,
+        state.has_kv,
+        state.has_load_metrics,
+        state.scrape_ok,
+        state.prefix_hits,
+        state.prefix_queries,
+        state.inflight_at_scrape,
+        state.max_lora,
+        state.lora_running,
+        state.lora_waiting,
+        kept,
+    )
 
-    Publications come at least every half ``stale_after`` while the scraper runs (its idle
-    ticker refreshes ``scraped_at``). When none came for ``stale_after`` seconds the scraper
-    is gone (killed and not yet replaced, stopped): the states are marked ``scrape_ok =
-    False``, so admission counts in-flight requests as for an engine whose metrics cannot be
-    read, instead of taking every endpoint for saturated because its copy is old. Each row
-    published again restores its state."""
+
+class ScrapePublisher:
+    """Worker 0's side: rows published when their content changes (or, for an endpoint not
+    kept fresh by the idle ticker, at each scrape: its ``scraped_at`` matters), model lists
+    gathered into the shared document, and the heartbeat every ``tick`` seconds."""
+
+    def __init__(
+        self, table: ScrapeTable, states: Callable[[], Iterable[EndpointState]], tick: float
+    ) -> None:
+        self.table = table
+        self.states = states
+        self.tick = tick
+        self.rows: dict[int, tuple] = {}  # column -> content last published
+        self.models: dict[int, list] = {}  # column -> [read at, workload, model, names]
+        self._models_dirty = False
+        self._too_big = False
+        self._task: asyncio.Task[None] | None = None
+
+    def publish(self, state: EndpointState, kept: bool) -> None:
+        column = column_of(state)
+        if column is None:
+            return
+        content = _content(state, kept)
+        if self.rows.get(column) == content and (
+            kept or not state.has_load_metrics or not state.scrape_ok
+        ):
+            return  # the same, and its age is the heartbeat's (or does not matter)
+        self.rows[column] = content
+        self.table.publish(column, state, kept)
+
+    def models_read(self, state: EndpointState, started: float) -> None:
+        column = column_of(state)
+        if column is None or state.served_models is None:
+            return
+        endpoint = state.endpoint
+        self.models[column] = [
+            started,
+            endpoint.workload,
+            endpoint.model_name,
+            sorted(state.served_models),
+        ]
+        if not self._models_dirty:
+            self._models_dirty = True
+            # Soon, not at the next beat: lists read together go out together, and before
+            # this worker serves a request by them (a peer sees what it routes by).
+            with contextlib.suppress(RuntimeError):  # no loop (tests): the next beat
+                asyncio.get_running_loop().call_soon(self._flush_models)
+
+    def flush(self, now: float) -> None:
+        """Beat, and publish the model lists if any changed since the last flush (lists of
+        endpoints gone are dropped: an address may come back serving something else)."""
+        self.table.beat(now)
+        self._flush_models()
+
+    def _flush_models(self) -> None:
+        if not self._models_dirty:
+            return
+        self._models_dirty = False
+        live = {column_of(s) for s in self.states()}
+        for gone in [c for c in self.models if c not in live]:
+            del self.models[gone]
+            self.rows.pop(gone, None)
+        data = orjson.dumps(self.models, option=orjson.OPT_NON_STR_KEYS)
+        if not self.table.models.write(data) and not self._too_big:
+            self._too_big = True
+            log.error("the endpoints' model lists do not fit the workers' shared document")
+
+    def start(self) -> None:
+        if self._task is None:
+            self.table.beat(time.monotonic())
+            self._task = asyncio.create_task(self._run(), name="scrape heartbeat")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.flush(time.monotonic())
+            except Exception:
+                log.exception("publishing the shared scrapes failed")
+            await asyncio.sleep(self.tick)
+
+
+class ScrapeFollower:
+    """A worker that does not scrape: every ``interval`` it copies the rows and model lists
+    published since it last looked into its states and calls ``on_changed`` (metrics) or
+    ``on_models_changed`` (routes) if any changed.
+
+    Kept rows take the heartbeat as ``scraped_at`` while the endpoint's shared in-flight count
+    is the one at its scrape (see the module docstring). When the heartbeat is older than
+    ``stale_after`` the scraper is gone (killed and not yet replaced, stopped): the states are
+    marked ``scrape_ok = False``, so admission counts in-flight requests as for an engine
+    whose metrics cannot be read, instead of taking every endpoint for saturated because its
+    copy is old. Each row published again restores its state. Model lists stay as they were
+    (they change rarely)."""
 
     def __init__(
         self,
@@ -159,16 +294,21 @@ class ScrapeFollower:
         interval: float,
         on_changed: Callable[[], None] | None = None,
         stale_after: float = 0.2,
+        on_models_changed: Callable[[], Callable[[], None] | None] = lambda: None,
     ) -> None:
         self.table = table
         self.states = states
         self.interval = interval
         self.on_changed = on_changed
+        self.on_models_changed = on_models_changed  # read when called: set late
         self.stale_after = stale_after
         self.seen: dict[int, int] = {}  # column -> seq applied
-        self.orphaned = False  # no publication for stale_after seconds
+        self.kept: dict[int, EndpointState] = {}  # columns whose row is kept, their state
+        self.models: dict[int, list] = {}  # the model-list document as last read
+        self.orphaned = False  # heartbeat older than stale_after
         self._generation = -1
-        self._moved = time.monotonic()
+        self._heartbeat = 0.0
+        self._models_seq = 0
         self._rescan = False
         self._task: asyncio.Task[None] | None = None
 
@@ -188,29 +328,49 @@ class ScrapeFollower:
         column = column_of(state)
         if column is not None:
             self.seen.pop(column, None)
+            self.kept.pop(column, None)
         self._rescan = True
 
     def poll(self, now: float | None = None) -> bool:
-        """Copy what changed; True if anything did."""
+        """Copy what changed; True if any metrics did."""
         now = time.monotonic() if now is None else now
+        models_changed = self._poll_models()
+        rescan, self._rescan = self._rescan, False
+        heartbeat = self.table.heartbeat()
+        if now - heartbeat > self.stale_after:
+            if not self.orphaned:
+                self.orphaned = True
+                for state in self.states():
+                    if column_of(state) is not None:
+                        state.scrape_ok = False
+                if self.on_changed is not None:
+                    self.on_changed()
+                return True
+        elif self.orphaned:
+            self.orphaned = False  # back (or replaced): every row again, scrape_ok with it
+            self.seen.clear()
+            rescan = True
+        if models_changed or rescan:
+            self._apply_models()
+        changed = False
         generation = self.table.generation()
-        if generation != self._generation:
+        if generation != self._generation or rescan:
             self._generation = generation
-            self._moved = now
-            self.orphaned = False
-        elif not self.orphaned and now - self._moved > self.stale_after:
-            self.orphaned = True
-            for state in self.states():
-                if column_of(state) is not None:
-                    state.scrape_ok = False
-            if self.on_changed is not None:
-                self.on_changed()
-            return True
-        elif not self._rescan:
-            return False
-        self._rescan = False
+            changed = self._copy_rows()
+        if heartbeat != self._heartbeat and not self.orphaned:
+            self._heartbeat = heartbeat
+            for state in self.kept.values():
+                # Scraper._keep_idle_fresh's rule, on the shared in-flight count.
+                if state.scraped_at and state.inflight == state.inflight_at_scrape:
+                    state.scraped_at = max(state.scraped_at, heartbeat)
+        if changed and self.on_changed is not None:
+            self.on_changed()
+        return changed
+
+    def _copy_rows(self) -> bool:
         changed = False
         seen = self.seen
+        kept = self.kept
         read = self.table.read
         for state in self.states():
             column = column_of(state)
@@ -219,13 +379,54 @@ class ScrapeFollower:
             row = read(column, seen.get(column, 0))
             if row is not None:
                 seen[column] = row[0]
-                apply_row(state, row[1], row[2])
+                if apply_row(state, row[1], row[2]):
+                    kept[column] = state
+                else:
+                    kept.pop(column, None)
                 if self.orphaned:
                     state.scrape_ok = False
                 changed = True
-        if changed and self.on_changed is not None:
-            self.on_changed()
         return changed
+
+    def _poll_models(self) -> bool:
+        got = self.table.models.read(self._models_seq)
+        if got is None:
+            return False
+        self._models_seq = got[0]
+        try:
+            doc = orjson.loads(got[1])
+        except orjson.JSONDecodeError:
+            return False
+        self.models = doc if isinstance(doc, dict) else {}
+        return True
+
+    def _apply_models(self) -> None:
+        """The model lists read into the states they are for (same workload and model: an
+        address may come back serving something else); a list the gateway changed here
+        (loading an adapter) after its read began is not overwritten."""
+        changed = False
+        models = self.models
+        for state in self.states():
+            column = column_of(state)
+            entry = models.get(str(column)) if column is not None else None
+            if not isinstance(entry, list) or len(entry) != 4:
+                continue
+            started, workload, model, names = entry
+            endpoint = state.endpoint
+            if workload != endpoint.workload or model != endpoint.model_name:
+                continue
+            if not isinstance(started, float | int):
+                continue
+            if state.extra.get(MODELS_CHANGED_AT, 0.0) > started:  # type: ignore[operator]
+                continue
+            served = served_names([{"id": n} for n in names] if isinstance(names, list) else None)
+            if served is not None and served != state.served_models:
+                state.served_models = served
+                changed = True
+        if changed:
+            callback = self.on_models_changed()
+            if callback is not None:
+                callback()
 
     async def _run(self) -> None:
         while True:

@@ -17,7 +17,12 @@ from llmplane.gateway.workers.buckets import SharedBuckets
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import MetricsPeer
 from llmplane.gateway.workers.picks import PickFeed, PickRings
-from llmplane.gateway.workers.scrapes import ScrapeFollower, ScrapeTable, column_of
+from llmplane.gateway.workers.scrapes import (
+    ScrapeFollower,
+    ScrapePublisher,
+    ScrapeTable,
+    column_of,
+)
 from llmplane.gateway.workers.shm import Locks
 from llmplane.runtime.endpoint import Endpoint
 
@@ -86,22 +91,24 @@ class Seat:
         scraper: Scraper,
         states: Callable[[], Iterable[EndpointState]],
         on_changed: Callable[[], None],
-    ) -> ScrapeFollower | None:
-        """Worker ``SCRAPER`` scrapes every endpoint and publishes; every other worker follows
-        what it publishes (the returned follower, to start and close)."""
+    ) -> ScrapePublisher | ScrapeFollower:
+        """Worker ``SCRAPER`` scrapes every endpoint and publishes (the returned publisher
+        beats the heartbeat); every other worker follows what it publishes (the returned
+        follower). Either is to start and close."""
         table = self.share.scrapes
-        if self.index == SCRAPER:
-
-            def publish(state: EndpointState) -> None:
-                column = column_of(state)
-                if column is not None:
-                    table.publish(column, state)
-
-            scraper.publish = publish
-            return None
         config = scraper.config
+        if self.index == SCRAPER:
+            publisher = ScrapePublisher(table, states, max(config.metrics_staleness / 2, 0.01))
+            scraper.publish = publisher.publish
+            scraper.models_read = publisher.models_read
+            return publisher
         follower = ScrapeFollower(
-            table, states, config.scrape_interval / 2, on_changed, config.metrics_staleness
+            table,
+            states,
+            config.scrape_interval / 2,
+            on_changed,
+            config.metrics_staleness,
+            lambda: scraper.on_models_changed,
         )
 
         def follows(state: EndpointState) -> bool:
