@@ -4,7 +4,7 @@ plus Critical and Sheddable traffic, with flow control off (today's behaviour) a
     python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
                              [--prompt-tokens 400] [--max-tokens 10] [--duration 60]
                              [--load 3.0] [--ttl 10] [--seed 1] [--cap-inflight N]
-                             [--max-prefilling N] [--write [--section NAME]]
+                             [--max-prefilling N[,N...]] [--write [--section NAME]]
 
 The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
 time slowed by ``--time-scale`` so the client and the gateway are far from the CPU limit).
@@ -16,8 +16,8 @@ big 1.0 C, critical 0.4 C, bulk 1.5 C (x ``--load`` / 3).
 
 Steps, one ``llmplane gateway`` process each over the same engines (``saturationQueue: 0``:
 an engine with any request waiting counts as saturated; ``flowControlTtl: --ttl``; with
-``--cap-inflight N`` also ``saturationMaxInflight: N``; with ``--max-prefilling N`` a third
-gateway, flow control on with ``saturationMaxPrefilling: N``):
+``--cap-inflight N`` also ``saturationMaxInflight: N``; with ``--max-prefilling N`` one more
+gateway per N, flow control on with ``saturationMaxPrefilling: N``):
 1. capacity C: a closed loop keeping every replica's queue full (twice its sequences in
    flight), completions per second over 15 s after 5 s of warm-up;
 2. unloaded: the small tenant alone at its rate (its TTFT is the goal's reference);
@@ -154,9 +154,18 @@ def request_body(rng: random.Random, args: argparse.Namespace) -> bytes:
 
 
 async def open_loop(
-    url: str, keys: dict[str, str], rates: dict[str, float], seconds: float, seed: int, args
+    url: str,
+    keys: dict[str, str],
+    rates: dict[str, float],
+    seconds: float,
+    seed: int,
+    args,
+    phase: str,
 ) -> dict[str, ClassResult]:
-    """Poisson arrivals per class at ``rates`` (req/s) for ``seconds``; every request to its end."""
+    """Poisson arrivals per class at ``rates`` (req/s) for ``seconds``; every request to its end.
+    The arrival times are the same in every phase, the prompts are the ``phase``'s own: the
+    sims keep a prefix cache, and a phase that sent an earlier phase's prompts again would
+    find most of its prefills done already."""
     results = {name: ClassResult() for name in rates}
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(
@@ -166,6 +175,7 @@ async def open_loop(
 
         async def arrivals(name: str, rate: float) -> None:
             rng = random.Random(f"{seed}-{name}")
+            prompts = random.Random(f"{seed}-{name}-{phase}")
             end = time.monotonic() + seconds
             next_at = time.monotonic()
             while True:
@@ -173,7 +183,7 @@ async def open_loop(
                 if next_at >= end:
                     return
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-                body = request_body(rng, args)
+                body = request_body(prompts, args)
                 out = results[name].outcomes
                 tasks.append(asyncio.create_task(one(session, url, keys[name], body, out)))
 
@@ -256,16 +266,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--max-prefilling",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also run flow control on with saturationMaxPrefilling: N (0: no such phase)",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        metavar="N[,N...]",
+        help="also run flow control on with saturationMaxPrefilling: N, a phase per N",
     )
     args = p.parse_args(argv)
     inflight_cap = args.cap_inflight
     modes = {"off": "flow control off", "on": "flow control on"}
-    if args.max_prefilling:
-        modes["prefill"] = f"on + maxPrefilling {args.max_prefilling}"
+    for n in args.max_prefilling:
+        modes[f"prefill{n}"] = f"on + maxPrefilling {n}"
 
     from llmplane.gateway import apikeys
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -291,9 +301,9 @@ def main(argv: list[str] | None = None) -> None:
             "off": gateway(state, work, "off", False, args.ttl, inflight_cap),
             "on": gateway(state, work, "on", True, args.ttl, inflight_cap),
         }
-        if args.max_prefilling:
-            gws["prefill"] = gateway(
-                state, work, "prefill", True, args.ttl, inflight_cap, args.max_prefilling
+        for n in args.max_prefilling:
+            gws[f"prefill{n}"] = gateway(
+                state, work, f"prefill{n}", True, args.ttl, inflight_cap, n
             )
         procs += gws.values()
         urls = {n: f"http://{g.ready()}/v1/completions" for n, g in gws.items()}
@@ -308,7 +318,15 @@ def main(argv: list[str] | None = None) -> None:
         unit = cap * args.load / 30
         rates = {name: share * unit for name, (_, share) in CLASSES.items()}
         base = asyncio.run(
-            open_loop(urls["on"], keys, {"small": rates["small"]}, args.duration, args.seed, args)
+            open_loop(
+                urls["on"],
+                keys,
+                {"small": rates["small"]},
+                args.duration,
+                args.seed,
+                args,
+                "unloaded",
+            )
         )["small"]
         ok = [o.ttft for o in base.outcomes if o.status == 200 and o.complete and o.ttft]
         reference = percentile(ok, 99)
@@ -318,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         for mode, label in modes.items():
             t0 = time.monotonic()
             runs[mode] = asyncio.run(
-                open_loop(urls[mode], keys, rates, args.duration, args.seed, args)
+                open_loop(urls[mode], keys, rates, args.duration, args.seed, args, mode)
             )
             print(f"{label}: {time.monotonic() - t0:.0f} s", flush=True)
         load_after = os.getloadavg()
@@ -347,9 +365,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.duration:g} s at {args.load:g}x: {rate_text} req/s. Flow control TTL "
             f"{args.ttl:g} s, saturationQueue 0, saturationMaxInflight {inflight_cap} (0: none)"
             + (
-                f"; the last phase also saturationMaxPrefilling {args.max_prefilling}."
-                if args.max_prefilling
-                else "."
+                "; maxPrefilling N: also saturationMaxPrefilling N." if args.max_prefilling else "."
             ),
             "",
             table(headers, rows),

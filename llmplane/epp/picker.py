@@ -75,6 +75,7 @@ class _Exchange:
         "duplex_response",
         "finished",
         "picked",
+        "prefilling",
         "reservations",
         "response_body",
         "routed",
@@ -90,6 +91,7 @@ class _Exchange:
         self.reservations: list[tuple[RequestHook, object]] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
         self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
+        self.prefilling: EndpointState | None = None  # a stream's, until its first chunk
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
         self.subset: frozenset[str] | None = None  # the data plane's subset hint
@@ -209,6 +211,9 @@ class EndpointPickerService:
         gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
         chosen.add_inflight(1)
         ex.state = chosen
+        if inference.stream:  # counted until its first chunk (saturationMaxPrefilling)
+            chosen.add_prefilling(1)
+            ex.prefilling = chosen
         ctx.endpoint = backend.address(chosen)
         ctx.attempts = 1
         ex.picked = {backend.address(e): e for e in pick.endpoints}
@@ -232,6 +237,10 @@ class EndpointPickerService:
         self.gateway.outliers.failure(state)  # passed over: it failed to connect or answer
         served.add_inflight(1)
         ex.state = served
+        if ex.prefilling is not None:
+            ex.prefilling.add_prefilling(-1)
+            served.add_prefilling(1)
+            ex.prefilling = served
         ctx.failed(ctx.endpoint or "", "the data plane went on to the next endpoint")
         ctx.endpoint = address
         ctx.attempts += 1
@@ -247,6 +256,7 @@ class EndpointPickerService:
             ex.scanner = StreamScanner()
         else:
             ex.response_body = []
+            self._first_chunk(ex)  # no stream after all (an error): nothing to prefill
         extra = {ENDPOINT_HEADER: ctx.endpoint or ""}
         if ctx.response_headers:
             extra.update(ctx.response_headers)
@@ -262,6 +272,7 @@ class EndpointPickerService:
         elif scanner is not None:
             if ctx.ttft is None and chunk:
                 ctx.ttft = time.perf_counter() - ctx.t0
+                self._first_chunk(ex)
             scanner.feed(chunk)
             if end:
                 scanner.feed(b"\n\n")  # an unterminated last event still counts
@@ -280,6 +291,15 @@ class EndpointPickerService:
             return protocol.response_chunk(data)
         return protocol.CONTINUE_RESPONSE_BODY
 
+    def _first_chunk(self, ex: _Exchange) -> None:
+        """The stream's prefill is over: uncount it, and let flow control release a waiter
+        (the hook the proxy calls on a first chunk, set with saturationMaxPrefilling)."""
+        state, ex.prefilling = ex.prefilling, None
+        if state is not None:
+            state.add_prefilling(-1)
+            if (hook := self.gateway.proxy.first_chunk) is not None:
+                hook()
+
     # --- end ---------------------------------------------------------------------------------
 
     async def _finish(self, ex: _Exchange) -> None:
@@ -289,6 +309,9 @@ class EndpointPickerService:
             return
         ex.finished = True
         gw = self.gateway
+        if ex.prefilling is not None:  # ended before its first chunk
+            ex.prefilling.add_prefilling(-1)
+            ex.prefilling = None
         state = ex.state
         if state is not None:
             state.add_inflight(-1)

@@ -35,9 +35,9 @@ class GatewayConfig:
     # flow control then keeps the rest in the gateway and a dispatched request starts at once.
     saturation_max_inflight: int = 0
     # An endpoint with this many streams from the gateway that have not yet sent their first
-    # chunk (queued or in prefill in the engine) is saturated (0: off). At 1, flow control
-    # releases the next request when the previous one's first token arrives, so prefills do
-    # not share an engine step (each would slow the other's TTFT). Counted per worker.
+    # chunk (queued or in prefill in the engine) is saturated (0: off): prefills sharing an
+    # engine step slow each other's TTFT; flow control releases the next request when a first
+    # token arrives. 2 suits prefill-bound streaming (docs/gateway.md). Shared by workers.
     saturation_max_prefilling: int = 0
     shed_retry_after: float = 1.0
     # Engine metrics scraping.

@@ -86,6 +86,66 @@ async def test_fallback_that_served_takes_the_accounting(tmp_path) -> None:
         store.close()
 
 
+async def test_a_stream_counts_as_prefilling_until_its_first_chunk(tmp_path) -> None:
+    """saturationMaxPrefilling through Envoy: the picker counts a stream on its endpoint from
+    the pick (moved with the data plane's fallback) until the first response chunk, and that
+    chunk pumps flow control (the proxy's hook)."""
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    store.apply(endpoint_object("a", A, "m"))
+    store.apply(endpoint_object("b", B, "m"))
+    config = GatewayConfig(saturation_max_prefilling=1)
+    picker = await start_picker(store, StoreEndpoints(store), config=config, fallbacks=1)
+    try:
+        gw = picker.gateway
+        await eventually(lambda: len(gw.registry.states) == 2, what="both endpoints")
+        states = gw.registry.states
+        seen: dict[str, dict[str, int]] = {}
+        pumps: list[int] = []
+        hook = gw.proxy.first_chunk
+        assert hook is not None
+        gw.proxy.first_chunk = lambda: (pumps.append(1), hook())  # type: ignore[func-returns-value]
+
+        def prefilling() -> dict[str, int]:
+            return {a: s.prefilling for a, s in states.items()}
+
+        order: list[str] = []
+
+        async def messages():
+            yield pb.ProcessingRequest(
+                request_headers=_headers({":method": "POST", ":path": "/v1/completions"})
+            )
+            body = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True})
+            yield pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+            seen["picked"] = prefilling()
+            served = pb.ProcessingRequest(
+                response_headers=_headers({":status": "200", "content-type": "text/event-stream"})
+            )
+            served.metadata_context.filter_metadata["envoy.lb"].fields[
+                SERVED_KEY
+            ].string_value = order[1]
+            yield served
+            seen["served"] = prefilling()
+            chunk = b'data: {"choices":[{"text":" abc"}]}\n\n'
+            yield pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk))
+            seen["first chunk"] = prefilling()
+            yield pb.ProcessingRequest(
+                response_body=pb.HttpBody(body=b"data: [DONE]\n\n", end_of_stream=True)
+            )
+
+        replies = []
+        stream = picker.service.Process(_Feeder(messages(), replies, order), None)
+        async for reply in stream:
+            replies.append(reply)
+        first, second = order
+        assert seen["picked"] == {first: 1, second: 0}
+        assert seen["served"] == {first: 0, second: 1}  # moved to the one that served
+        assert seen["first chunk"] == {first: 0, second: 0} and pumps == [1]
+        assert prefilling() == {first: 0, second: 0}
+    finally:
+        await picker.close(0)
+        store.close()
+
+
 class _Feeder:
     """The request stream: notes the picker's destination list as soon as it answers."""
 

@@ -8,9 +8,10 @@ this one out (``remove``: a TTL, a client that left).
 Order of dispatch: the highest band with a waiter (Critical, then Default, then Sheddable);
 inside a band, between flows (tenants), smooth weighted round-robin over the flows that have
 waiters: every flow with waiters gets ``weight / sum of weights`` of the dispatches and no flow
-waits more than one round, however many requests another flow queued; of flows with equal
-credit the one with fewer waiters goes first (a tenant that sends little and just came back
-does not wait behind one that keeps a backlog). Inside a flow, arrival order.
+waits more than one round, however many requests another flow queued. A flow that empties
+leaves the round and the others' credit restarts at zero; of flows with equal credit the one
+with fewer waiters goes first: a tenant that sends one request now and then goes next instead
+of behind one more request of a tenant that keeps a backlog. Inside a flow, arrival order.
 
 Bounds: each band holds at most ``band_requests`` waiters and ``band_bytes`` of bodies; the
 whole queue at most ``total_requests`` / ``total_bytes``. A band at its own bound refuses the
@@ -123,6 +124,11 @@ class Band:
         self.bytes -= waiter.size
         if not flow.waiters:  # a flow that comes back starts a fresh round
             del self.flows[flow.name]
+            # So do the others: a flow that leaves takes its credit or debt with it, instead
+            # of the flows left keeping the other side (the flow that was just served would
+            # otherwise come back behind one more turn of a backlogged flow, every time).
+            for other in self.flows.values():
+                other.current = 0
 
 
 @dataclass(frozen=True, slots=True)
