@@ -156,6 +156,7 @@ async def _serve(
     from llmplane.gateway.cli import until_signalled
     from llmplane.gateway.observability import flush_access_log
     from llmplane.gateway.server import start_gateway
+    from llmplane.gcpolicy import freeze_survivors
     from llmplane.store.paths import open_store
 
     store = open_store(state_dir)
@@ -173,9 +174,11 @@ async def _serve(
 
     gateway.activator.wake = wake
     ready()
+    collector = asyncio.create_task(freeze_survivors(), name="gc")  # as worker 0 (run_up)
     try:
         await until_signalled(os.getppid())
     finally:
+        collector.cancel()
         await gateway.close()
         store.close()
         flush_access_log()
