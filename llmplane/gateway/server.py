@@ -473,7 +473,10 @@ class Gateway:
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
-        return self.admission.with_prefill_room(candidates)
+        if self.config.saturation_max_prefilling and decision.backend.pd is None:
+            # (Prefill/decode pairs: pd.py picks each role among its own endpoints.)
+            candidates = self.admission.with_prefill_room(candidates)
+        return candidates
 
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision
