@@ -153,6 +153,7 @@ async def _serve(
     """Worker ``seat`` (1 .. N-1): a gateway over the state directory's routes and the
     endpoints the platform publishes, until signalled or orphaned."""
     from llmplane.console.relay import ConsoleRelay
+    from llmplane.console.stats import TOTALS_COMMAND, worker_totals
     from llmplane.gateway.cli import until_signalled
     from llmplane.gateway.observability import flush_access_log
     from llmplane.gateway.server import start_gateway
@@ -173,6 +174,7 @@ async def _serve(
         task.add_done_callback(wakes.discard)
 
     gateway.activator.wake = wake
+    seat.handlers[TOTALS_COMMAND] = worker_totals(gateway.metrics)  # the console's charts
     ready()
     collector = asyncio.create_task(freeze_survivors(), name="gc")  # as worker 0 (run_up)
     try:

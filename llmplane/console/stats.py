@@ -1,10 +1,14 @@
-"""Recent per-second request statistics for the console's live charts.
+"""Recent per-second request statistics for the console's live charts (and ``llmplane up``'s
+status line).
 
 A sampler reads the gateway's own metrics (request counter, TTFT / latency / TPOT histograms,
 output tokens) once a second and keeps the differences in a ring of a few minutes. Nothing is
 added to the request path: the histograms the request path already fills are the source, and
 percentiles come from their bucket differences (linear interpolation inside a bucket, as
-Prometheus's ``histogram_quantile`` does).
+Prometheus's ``histogram_quantile`` does). With several gateway workers (``llmplane up
+--workers N``) the other workers' ``totals`` are read each second too (``peers``) and their
+differences added, each worker's against its own previous totals (a replaced worker starts
+again from its first answer), so the charts count the whole gateway.
 
 Engines' prefix-cache counters (scraped per endpoint) are sampled the same way, so the fleet
 view shows each endpoint's recent prefix-hit rate rather than a lifetime average.
@@ -14,11 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
+
+log = logging.getLogger("llmplane.console")
 
 RING_SECONDS = 300  # what the charts can show
 WINDOW = 10  # seconds of histogram differences behind each percentile point
@@ -95,20 +105,86 @@ def _ms(values: tuple[float | None, ...]) -> list[float | None]:
 QUANTILES = (0.5, 0.95, 0.99)
 
 
+HISTOGRAMS = ("ttft", "latency", "tpot")
+COUNTERS = ("requests", "errors", "tokens")
+
+
+def totals(metrics: Any) -> dict[str, Any]:
+    """One process's totals so far: counters and histogram bucket counts (what ``sample``
+    differences; what a worker answers its peers with)."""
+    return {
+        "requests": _total(metrics.requests),
+        "errors": _total(metrics.requests, _error_status),
+        "tokens": _total(metrics.output_tokens),
+        "ttft": _summed(metrics.ttft),
+        "latency": _summed(metrics.e2e),
+        "tpot": _summed(metrics.tpot),
+    }
+
+
+TOTALS_COMMAND = b"request-totals"  # what a worker answers with ``worker_totals`` (up --workers)
+
+
+def worker_totals(metrics: Any) -> Callable[[bytes], Awaitable[bytes]]:
+    """A worker's answer to ``TOTALS_COMMAND`` on its private socket: its pid and totals."""
+
+    async def answer(_payload: bytes) -> bytes:
+        return orjson.dumps([os.getpid(), totals(metrics)])
+
+    return answer
+
+
+def peer_totals(seat: Any) -> Callable[[], Awaitable[list[tuple[Hashable, dict[str, Any]]]]]:
+    """``RequestStats.peers`` for worker ``seat``: every other worker's (pid, totals)."""
+
+    async def read() -> list[tuple[Hashable, dict[str, Any]]]:
+        others = [i for i in range(seat.workers) if i != seat.index]
+        answers = await asyncio.gather(*(seat.ask(i, TOTALS_COMMAND, quiet=True) for i in others))
+        out: list[tuple[Hashable, dict[str, Any]]] = []
+        for answer in answers:
+            try:
+                pid, peer = orjson.loads(answer or b"")
+            except (orjson.JSONDecodeError, TypeError, ValueError):
+                continue  # gone, being replaced, or not a worker that answers this
+            if isinstance(pid, int) and isinstance(peer, dict):
+                out.append((pid, peer))
+        return out
+
+    return read
+
+
+def _difference(now: dict[str, Any], last: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``now - last`` per counter and bucket (a counter that went down restarted: all of it is
+    new); None for a first sight or totals of another shape."""
+    if last is None:
+        return None
+    out: dict[str, Any] = {}
+    try:
+        for key in COUNTERS:
+            d = float(now[key]) - float(last[key])
+            out[key] = d if d >= 0 else float(now[key])
+        for key in HISTOGRAMS:
+            counts, before = now[key], last[key]
+            if len(counts) != len(before):
+                return None
+            diffs = [int(a) - int(b) for a, b in zip(counts, before, strict=True)]
+            out[key] = diffs if min(diffs, default=0) >= 0 else [int(a) for a in counts]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return out
+
+
 class _HistogramWindow:
     """The last WINDOW per-second differences of one histogram, summed on demand."""
 
-    def __init__(self, histogram: Any) -> None:
-        self.histogram = histogram
-        self.last = _summed(histogram)
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
         self.deltas: deque[list[int]] = deque(maxlen=WINDOW)
 
-    def step(self) -> tuple[float | None, float | None, float | None]:
-        now = _summed(self.histogram)
-        self.deltas.append([a - b for a, b in zip(now, self.last, strict=True)])
-        self.last = now
+    def step(self, delta: list[int]) -> tuple[float | None, float | None, float | None]:
+        self.deltas.append(delta)
         window = [sum(col) for col in zip(*self.deltas, strict=True)]
-        p50, p95, p99 = (quantile(q, self.histogram.bounds, window) for q in QUANTILES)
+        p50, p95, p99 = (quantile(q, self.bounds, window) for q in QUANTILES)
         return p50, p95, p99
 
 
@@ -121,35 +197,48 @@ class RequestStats:
         endpoints: Callable[[], Iterable[Any]] = tuple,
         seconds: int = RING_SECONDS,
         clock: Callable[[], float] = time.time,
+        peers: Callable[[], Awaitable[Iterable[tuple[Hashable, dict[str, Any]]]]] | None = None,
     ) -> None:
         self.metrics = metrics
         self.endpoints = endpoints
         self.clock = clock
+        self.peers = peers  # the other workers' (identity, totals), read before each sample
         self.points: deque[Point] = deque(maxlen=seconds)
-        self._requests = _total(metrics.requests)
-        self._errors = _total(metrics.requests, _error_status)
-        self._tokens = _total(metrics.output_tokens)
-        self._ttft = _HistogramWindow(metrics.ttft)
-        self._latency = _HistogramWindow(metrics.e2e)
-        self._tpot = _HistogramWindow(metrics.tpot)
+        self._last: dict[Hashable, dict[str, Any]] = {None: totals(metrics)}  # None: ours
+        self._windows = {
+            "ttft": _HistogramWindow(metrics.ttft.bounds),
+            "latency": _HistogramWindow(metrics.e2e.bounds),
+            "tpot": _HistogramWindow(metrics.tpot.bounds),
+        }
         self._prefix: dict[str, deque[tuple[float, float]]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def sample(self) -> Point:
-        """Take one second's point (called once a second)."""
-        m = self.metrics
-        requests, errors = _total(m.requests), _total(m.requests, _error_status)
-        tokens = _total(m.output_tokens)
+    def sample(self, peers: Iterable[tuple[Hashable, dict[str, Any]]] = ()) -> Point:
+        """Take one second's point (called once a second) from our totals and ``peers``'
+        (other workers': their identity, e.g. the pid, and their ``totals``). A peer that
+        did not answer this time keeps its previous totals: its next answer covers the gap."""
+        sums: dict[str, Any] = {key: 0.0 for key in COUNTERS}
+        for key, window in self._windows.items():
+            sums[key] = [0] * (len(window.bounds) + 1)
+        for source, now in [(None, totals(self.metrics)), *peers]:
+            delta = _difference(now, self._last.get(source))
+            self._last[source] = now
+            if delta is None:
+                continue
+            for key in COUNTERS:
+                sums[key] += delta[key]
+            for key in HISTOGRAMS:
+                if len(delta[key]) == len(sums[key]):
+                    sums[key] = [a + b for a, b in zip(sums[key], delta[key], strict=True)]
         point = Point(
             t=self.clock(),
-            requests=requests - self._requests,
-            errors=errors - self._errors,
-            output_tokens=tokens - self._tokens,
-            ttft=self._ttft.step(),
-            latency=self._latency.step(),
-            tpot=self._tpot.step(),
+            requests=sums["requests"],
+            errors=sums["errors"],
+            output_tokens=sums["tokens"],
+            ttft=self._windows["ttft"].step(sums["ttft"]),
+            latency=self._windows["latency"].step(sums["latency"]),
+            tpot=self._windows["tpot"].step(sums["tpot"]),
         )
-        self._requests, self._errors, self._tokens = requests, errors, tokens
         self.points.append(point)
         self._sample_prefix()
         return point
@@ -202,4 +291,10 @@ class RequestStats:
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             next_at = max(next_at + 1.0, loop.time())  # a stalled loop skips, not bunches
-            self.sample()
+            peers: Iterable[tuple[Hashable, dict[str, Any]]] = ()
+            if self.peers is not None:
+                try:
+                    peers = await self.peers()
+                except Exception:
+                    log.exception("reading the other workers' request totals failed")
+            self.sample(peers)

@@ -1,7 +1,7 @@
 """``llmplane up --workers 2`` as a user runs it, with sim replicas: the platform process is
 gateway worker 0, a supervisor it forked runs worker 1. Requests on either worker (told apart
 by the access log's ``worker``) see each other's in-flight counts; the console answers on
-both; each sim is scraped once per interval, not once per worker; a request held at worker
+both and charts both workers' requests; each sim is scraped once per interval, not once per worker; a request held at worker
 1's activator wakes the autoscaler in worker 0 and is served from zero; a killed worker 1 is
 replaced while requests keep succeeding; SIGTERM drains both and leaves no process behind."""
 
@@ -125,6 +125,23 @@ def test_workers_share_inflight_console_and_scrapes(tmp_path: Path, processes: P
             for request in held:
                 request.cancel()
             await asyncio.gather(*held, return_exceptions=True)
+
+            # The console's request charts (and so `up`'s status line, read from them) count
+            # worker 1's requests too: 5 served by worker 1 alone (at most the 3 cancelled
+            # ones are left for worker 0's own count to add).
+            async def charted() -> float:
+                async with s.get(f"{up.url}/console/api/stats") as resp:
+                    return sum(p["requests"] for p in (await resp.json())["points"])
+
+            before = await charted()
+            with only(worker1, workers):
+                for _ in range(5):
+                    assert await chat(s, up.url, MODEL, 1) == 200
+
+            async def counted_in_charts() -> bool:
+                return await charted() - before >= 5
+
+            await eventually(counted_in_charts, timeout=20, what="worker 1's requests charted")
 
             # The sim's /metrics is read about once per INTERVAL: one scraper, not two.
             first, start = await scrape_count(s, address), time.monotonic()

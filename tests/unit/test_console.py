@@ -13,11 +13,36 @@ import pytest
 from rich.console import Console
 
 from llmplane.console.redact import MASK, redact, secret_key
-from llmplane.console.stats import RequestStats, quantile
+from llmplane.console.stats import RequestStats, quantile, totals
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.registry import EndpointState
 from llmplane.upstatus import UpStatus, panel, settled, status_line
+
+
+def test_ring_adds_the_other_workers_totals() -> None:
+    """With several workers: each peer's totals are differenced against its own previous
+    ones (a first answer is the baseline, a restarted worker's counts start again)."""
+    ours, theirs = GatewayMetrics(), GatewayMetrics()
+    stats = RequestStats(ours)
+    assert stats.sample([(11, totals(theirs))]).requests == 0  # its first answer: baseline
+    ours.requests.labels("m", "r", "e", "200").inc(2)
+    theirs.requests.labels("m", "r", "e", "200").inc(3)
+    theirs.requests.labels("m", "r", "e", "500").inc()
+    theirs.ttft.labels("m").observe(0.3)
+    point = stats.sample([(11, totals(theirs))])
+    assert (point.requests, point.errors) == (6, 1)
+    assert 0.25 < point.ttft[0] <= 0.5  # the peer's only first token
+    # Worker 11 did not answer this second: its totals wait for the next answer.
+    theirs.requests.labels("m", "r", "e", "200").inc(4)
+    assert stats.sample([]).requests == 0
+    assert stats.sample([(11, totals(theirs))]).requests == 4
+    # Replaced (a new pid): its first answer is its baseline; junk from a peer is ignored.
+    replacement = GatewayMetrics()
+    replacement.requests.labels("m", "r", "e", "200").inc(7)
+    assert stats.sample([(12, totals(replacement)), (13, {"requests": "x"})]).requests == 0
+    replacement.requests.labels("m", "r", "e", "200").inc()
+    assert stats.sample([(12, totals(replacement))]).requests == 1
 
 
 def test_quantile_interpolates_inside_the_bucket() -> None:

@@ -84,7 +84,9 @@ class MetricsPeer:
             log.debug("metrics: worker socket %s: %s", path, err)
             return None
 
-    async def ask(self, path: str, what: bytes, payload: bytes) -> bytes | None:
+    async def ask(
+        self, path: str, what: bytes, payload: bytes, quiet: bool = False
+    ) -> bytes | None:
         """Send ``what`` and ``payload`` to the worker serving ``path``; its answer (None if
         it did not answer within ``timeout``)."""
         try:
@@ -97,7 +99,9 @@ class MetricsPeer:
                 finally:
                     writer.close()
         except (OSError, TimeoutError) as err:
-            log.warning("worker socket %s: %s", path, err or type(err).__name__)
+            (log.debug if quiet else log.warning)(
+                "worker socket %s: %s", path, err or type(err).__name__
+            )
             return None
 
     async def aggregate(self, own: bytes) -> bytes:

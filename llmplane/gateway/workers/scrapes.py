@@ -337,26 +337,24 @@ class ScrapeFollower:
         models_changed = self._poll_models()
         rescan, self._rescan = self._rescan, False
         heartbeat = self.table.heartbeat()
+        changed = False
         if now - heartbeat > self.stale_after:
             if not self.orphaned:
                 self.orphaned = True
                 for state in self.states():
                     if column_of(state) is not None:
                         state.scrape_ok = False
-                if self.on_changed is not None:
-                    self.on_changed()
-                return True
+                changed = True
         elif self.orphaned:
             self.orphaned = False  # back (or replaced): every row again, scrape_ok with it
             self.seen.clear()
             rescan = True
         if models_changed or rescan:
             self._apply_models()
-        changed = False
         generation = self.table.generation()
         if generation != self._generation or rescan:
             self._generation = generation
-            changed = self._copy_rows()
+            changed = self._copy_rows() or changed
         if heartbeat != self._heartbeat and not self.orphaned:
             self._heartbeat = heartbeat
             for state in self.kept.values():

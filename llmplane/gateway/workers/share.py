@@ -79,9 +79,12 @@ class Seat:
         # ``llmplane up``'s platform worker answers console requests and wake-ups.
         self.handlers: dict[bytes, Callable[[bytes], Awaitable[bytes]]] = {}
 
-    async def ask(self, index: int, what: bytes, payload: bytes = b"") -> bytes | None:
-        """Send a command to worker ``index`` (one of ``handlers`` there); its answer."""
-        return await self.metrics.ask(self.share.socket_path(index), what, payload)
+    async def ask(
+        self, index: int, what: bytes, payload: bytes = b"", quiet: bool = False
+    ) -> bytes | None:
+        """Send a command to worker ``index`` (one of ``handlers`` there); its answer (None,
+        logged unless ``quiet``, if it did not answer)."""
+        return await self.metrics.ask(self.share.socket_path(index), what, payload, quiet)
 
     def endpoint_state(self, endpoint: Endpoint) -> EndpointState:
         return self.share.inflight.state(endpoint, self.index)
