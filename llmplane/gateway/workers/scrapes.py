@@ -284,8 +284,10 @@ class ScrapeFollower:
     ``stale_after`` the scraper is gone (killed and not yet replaced, stopped): the states are
     marked ``scrape_ok = False``, so admission counts in-flight requests as for an engine
     whose metrics cannot be read, instead of taking every endpoint for saturated because its
-    copy is old. Each row published again restores its state. Model lists stay as they were
-    (they change rarely)."""
+    copy is old. When the heartbeat moves again every row is read again, restoring the
+    states. Model lists stay as they were (they change rarely); a list missing from the
+    document (a replaced worker 0 that has not read that endpoint yet) leaves a state's
+    names alone."""
 
     def __init__(
         self,
