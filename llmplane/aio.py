@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger("llmplane")
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
@@ -17,3 +22,33 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     except TimeoutError:
         pass
     return event.is_set()
+
+
+class Periodic:
+    """``step()`` every ``interval`` seconds in a background task, from ``start()`` until
+    ``close()``; a step that raises is logged (as ``what`` failing) and the next one runs."""
+
+    def __init__(self, step: Callable[[], object], interval: float, what: str) -> None:
+        self.step = step
+        self.interval = interval
+        self.what = what
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self.what)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.step()
+            except Exception:
+                log.exception("%s failed", self.what)
+            await asyncio.sleep(self.interval)

@@ -46,16 +46,25 @@ def kv_usage(text: str, address: str) -> float:
     return float(m.group(1)) if m else -1.0
 
 
+def two_workers(group: Processes, tmp_path: Path, config: str, *sim_args: str) -> tuple:
+    """A sim engine (``sim_args``) behind ``llmplane gateway --workers 2`` scraping it every
+    INTERVAL, with more ``config`` lines under ``gateway:``: (engine, gateway)."""
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(
+        f"gateway:\n  scrapeInterval: {INTERVAL}\n  scrapeIdleInterval: {INTERVAL}\n{config}"
+    )
+    (engine,) = group.start(sim_process(MODEL, *sim_args))
+    with open_store(tmp_path / "state") as store:
+        store.apply(endpoint_object("slow", engine.address, MODEL))
+    (gw,) = group.start(
+        gateway("--workers", "2", "--config", str(path), state_dir=tmp_path / "state")
+    )
+    return engine, gw
+
+
 def test_two_workers_scrape_each_engine_once_per_interval(tmp_path: Path) -> None:
-    config = tmp_path / "scheduler.yaml"
-    config.write_text(f"gateway:\n  scrapeInterval: {INTERVAL}\n  scrapeIdleInterval: {INTERVAL}\n")
     with Processes() as group:
-        (engine,) = group.start(sim_process(MODEL, "--step-time", "0.2"))
-        with open_store(tmp_path / "state") as store:
-            store.apply(endpoint_object("slow", engine.address, MODEL))
-        (gw,) = group.start(
-            gateway("--workers", "2", "--config", str(config), state_dir=tmp_path / "state")
-        )
+        engine, gw = two_workers(group, tmp_path, "", "--step-time", "0.2")
 
         async def run() -> None:
             async with session() as s:
@@ -127,18 +136,8 @@ def test_two_workers_read_each_engine_model_list_once(tmp_path: Path) -> None:
     """Worker 0 alone reads /v1/models (counted on the sim side); an adapter loaded on the
     engine becomes routable on both workers, on worker 1 from what worker 0 published, also
     while worker 0 is stopped (its names stay)."""
-    config = tmp_path / "scheduler.yaml"
-    config.write_text(
-        f"gateway:\n  scrapeInterval: {INTERVAL}\n  scrapeIdleInterval: {INTERVAL}\n"
-        f"  modelsRefreshInterval: {MODELS_EVERY}\n"
-    )
     with Processes() as group:
-        (engine,) = group.start(sim_process(MODEL))
-        with open_store(tmp_path / "state") as store:
-            store.apply(endpoint_object("slow", engine.address, MODEL))
-        (gw,) = group.start(
-            gateway("--workers", "2", "--config", str(config), state_dir=tmp_path / "state")
-        )
+        engine, gw = two_workers(group, tmp_path, f"  modelsRefreshInterval: {MODELS_EVERY}\n")
 
         async def run() -> None:
             async with session() as s:

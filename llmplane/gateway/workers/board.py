@@ -8,8 +8,6 @@ One document (the list as JSON) in shared memory behind a seqlock (``shm.Documen
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -17,6 +15,7 @@ from collections.abc import Iterable
 
 import orjson
 
+from llmplane.aio import Periodic
 from llmplane.gateway.discovery import Subscribers
 from llmplane.gateway.workers.shm import Document
 from llmplane.runtime.endpoint import Endpoint
@@ -60,7 +59,7 @@ class BoardDiscovery(Subscribers):
         self.interval = interval
         self._endpoints: list[Endpoint] = []
         self._seen = 0
-        self._task: asyncio.Task[None] | None = None
+        self._ticker = Periodic(self._step, interval, "reading the endpoint board")
         self.poll()
 
     def endpoints(self) -> list[Endpoint]:
@@ -73,21 +72,12 @@ class BoardDiscovery(Subscribers):
         self._seen, self._endpoints = got
         return True
 
+    def _step(self) -> None:
+        if self.poll():
+            self._changed()
+
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="endpoint board")
+        self._ticker.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                if self.poll():
-                    self._changed()
-            except Exception:
-                log.exception("reading the endpoint board failed")
-            await asyncio.sleep(self.interval)
+        await self._ticker.close()

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 
 import orjson
 
+from llmplane.aio import Periodic
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scraper import MODELS_CHANGED_AT, served_names
 from llmplane.gateway.workers.shm import Document, region
@@ -202,7 +203,7 @@ class ScrapePublisher:
         self.models: dict[int, list] = {}  # column -> [read at, workload, model, names]
         self._models_dirty = False
         self._too_big = False
-        self._task: asyncio.Task[None] | None = None
+        self._ticker = Periodic(lambda: self.flush(time.monotonic()), tick, "scrape heartbeat")
 
     def publish(self, state: EndpointState, kept: bool) -> None:
         column = column_of(state)
@@ -254,24 +255,10 @@ class ScrapePublisher:
             log.error("the endpoints' model lists do not fit the workers' shared document")
 
     def start(self) -> None:
-        if self._task is None:
-            self.table.beat(time.monotonic())
-            self._task = asyncio.create_task(self._run(), name="scrape heartbeat")
+        self._ticker.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.flush(time.monotonic())
-            except Exception:
-                log.exception("publishing the shared scrapes failed")
-            await asyncio.sleep(self.tick)
+        await self._ticker.close()
 
 
 class ScrapeFollower:
@@ -312,18 +299,13 @@ class ScrapeFollower:
         self._heartbeat = 0.0
         self._models_seq = 0
         self._rescan = False
-        self._task: asyncio.Task[None] | None = None
+        self._ticker = Periodic(self.poll, interval, "reading the shared scrapes")
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="scrape follower")
+        self._ticker.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._ticker.close()
 
     def added(self, state: EndpointState) -> None:
         """A new state (perhaps for an address seen before): copy its row at the next poll."""
@@ -427,11 +409,3 @@ class ScrapeFollower:
             callback = self.on_models_changed()
             if callback is not None:
                 callback()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.poll()
-            except Exception:
-                log.exception("reading the shared scrapes failed")
-            await asyncio.sleep(self.interval)
