@@ -28,6 +28,27 @@ def _headers(pairs: dict[str, str], end: bool = False) -> pb.HttpHeaders:
     return pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=end)
 
 
+def _request(body: dict, headers: dict[str, str] | None = None) -> list[pb.ProcessingRequest]:
+    """A completion request's headers and whole body, as Envoy sends them."""
+    return [
+        pb.ProcessingRequest(
+            request_headers=_headers(
+                {":method": "POST", ":path": "/v1/completions", **(headers or {})}
+            )
+        ),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=orjson.dumps(body), end_of_stream=True)),
+    ]
+
+
+def _served_by(endpoint: str, content_type: str) -> pb.ProcessingRequest:
+    """Response headers whose ``envoy.lb`` metadata says ``endpoint`` served the request."""
+    served = pb.ProcessingRequest(
+        response_headers=_headers({":status": "200", "content-type": content_type})
+    )
+    served.metadata_context.filter_metadata["envoy.lb"].fields[SERVED_KEY].string_value = endpoint
+    return served
+
+
 async def test_fallback_that_served_takes_the_accounting(tmp_path) -> None:
     store = SQLiteStore(tmp_path / "db.sqlite")
     store.apply(endpoint_object("a", A, "m"))
@@ -45,20 +66,11 @@ async def test_fallback_that_served_takes_the_accounting(tmp_path) -> None:
         order: list[str] = []
 
         async def messages():
-            yield pb.ProcessingRequest(
-                request_headers=_headers({":method": "POST", ":path": "/v1/completions"})
-            )
-            body = orjson.dumps({"model": "m", "prompt": "hello", "max_tokens": 3})
-            yield pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+            for message in _request({"model": "m", "prompt": "hello", "max_tokens": 3}):
+                yield message
             seen["picked"] = inflight()
-            served = pb.ProcessingRequest(
-                response_headers=_headers({":status": "200", "content-type": "application/json"})
-            )
             # The data plane tried the first named endpoint, then served from the second.
-            served.metadata_context.filter_metadata["envoy.lb"].fields[
-                SERVED_KEY
-            ].string_value = order[1]
-            yield served
+            yield _served_by(order[1], "application/json")
             seen["served"] = inflight()
             usage = b'{"usage":{"prompt_tokens":2,"completion_tokens":3}}'
             yield pb.ProcessingRequest(response_body=pb.HttpBody(body=usage, end_of_stream=True))
@@ -111,19 +123,12 @@ async def test_a_stream_counts_as_prefilling_until_its_first_chunk(tmp_path) -> 
         order: list[str] = []
 
         async def messages():
-            yield pb.ProcessingRequest(
-                request_headers=_headers({":method": "POST", ":path": "/v1/completions"})
-            )
-            body = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True})
-            yield pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+            for message in _request(
+                {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True}
+            ):
+                yield message
             seen["picked"] = prefilling()
-            served = pb.ProcessingRequest(
-                response_headers=_headers({":status": "200", "content-type": "text/event-stream"})
-            )
-            served.metadata_context.filter_metadata["envoy.lb"].fields[
-                SERVED_KEY
-            ].string_value = order[1]
-            yield served
+            yield _served_by(order[1], "text/event-stream")
             seen["served"] = prefilling()
             chunk = b'data: {"choices":[{"text":" abc"}]}\n\n'
             yield pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk))
@@ -192,13 +197,10 @@ async def test_the_picker_checks_api_keys_like_the_gateway(tmp_path) -> None:
 
         async def answer(headers: dict[str, str], model: str) -> pb.ProcessingResponse:
             async def messages():
-                yield pb.ProcessingRequest(
-                    request_headers=_headers(
-                        {":method": "POST", ":path": "/v1/completions", **headers}
-                    )
-                )
-                body = orjson.dumps({"model": model, "prompt": "hello", "max_tokens": 3})
-                yield pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+                for message in _request(
+                    {"model": model, "prompt": "hello", "max_tokens": 3}, headers
+                ):
+                    yield message
 
             replies: list[pb.ProcessingResponse] = []
             async for reply in picker.service.Process(_Feeder(messages(), replies, []), None):
