@@ -5,9 +5,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 log = logging.getLogger("llmplane")
+
+
+def run(coro: Coroutine[Any, Any, object]) -> None:
+    """Run ``coro`` to the end on uvloop (asyncio if it is missing); Ctrl-C ends it quietly.
+
+    The one way a gateway process (single, supervised worker, or up's worker) runs its loop.
+    """
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(coro)
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:

@@ -36,6 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from llmplane.aio import run
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
 from llmplane.gateway.workers.share import Seat, Share
@@ -74,7 +75,7 @@ class UpWorkers:
                 os.close(self._ready_r)
 
                 def worker(seat: Seat, ready: Any) -> int:
-                    _run(_serve(seat, ready, host, state_dir, config, self.board))
+                    run(_serve(seat, ready, host, state_dir, config, self.board))
                     return 0
 
                 def serving() -> None:
@@ -134,17 +135,6 @@ class UpWorkers:
             os.close(self._ready_r)
         self.share.close()
         self.sock.close()
-
-
-def _run(coro: Any) -> None:
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    with contextlib.suppress(KeyboardInterrupt):
-        runner(coro)
 
 
 async def _serve(

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llmplane.aio import wait_event
+from llmplane.aio import run, wait_event
 from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
@@ -223,17 +223,6 @@ async def serve(
         flush_access_log()
 
 
-def _run(coro: Any) -> None:
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    with contextlib.suppress(KeyboardInterrupt):
-        runner(coro)
-
-
 def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``--workers N`` > 1: bind the socket here, fork the workers onto it."""
     from llmplane.gateway.workers.share import Share
@@ -248,7 +237,7 @@ def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
 
     def worker(seat: Seat, ready: Callable[[], None]) -> int:
         try:
-            _run(serve(args, config, seat, ready))
+            run(serve(args, config, seat, ready))
         except StartupError as e:
             print(f"llmplane gateway: {e}", file=sys.stderr)
             return 2
@@ -275,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.workers > 1:
             return supervise(args, config)
-        _run(serve(args, config))
+        run(serve(args, config))
     except StartupError as e:
         print(f"llmplane gateway: {e}", file=sys.stderr)
         return 2

@@ -132,11 +132,11 @@ async def metrics(s: aiohttp.ClientSession, url: str) -> str:
 
 
 @contextlib.contextmanager
-def only(gateway_pid: int, worker: int) -> Iterator[None]:
-    """Every worker but ``worker`` stopped (SIGSTOP): new connections, queued on the shared
-    socket, can only be accepted by ``worker``. Which worker the kernel would pick otherwise is
-    up to it (one worker waking first may accept a whole burst)."""
-    others = workers_of(gateway_pid) - {worker}
+def only_among(keep: int, among: set[int]) -> Iterator[None]:
+    """Every process in ``among`` but ``keep`` stopped (SIGSTOP): new connections, queued on the
+    shared socket, can only be accepted by ``keep``. Which worker the kernel would pick otherwise
+    is up to it (one worker waking first may accept a whole burst)."""
+    others = among - {keep}
     for pid in others:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -144,6 +144,11 @@ def only(gateway_pid: int, worker: int) -> Iterator[None]:
     finally:
         for pid in others:
             os.kill(pid, signal.SIGCONT)
+
+
+def only(gateway_pid: int, worker: int) -> contextlib.AbstractContextManager[None]:
+    """Only ``worker`` of the gateway ``gateway_pid``'s workers accepts new connections."""
+    return only_among(worker, workers_of(gateway_pid))
 
 
 def test_workers_share_inflight_counts(gw, engines):

@@ -12,14 +12,13 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
 
 from llmplane.testing import Processes, Up, eventually, wait_for
 from tests.integration.test_gateway_workers import access_lines, alive, chat, inflight_gauge
+from tests.integration.test_gateway_workers import only_among as only
 from tests.integration.test_gateway_workers import session as new_session
 from tests.integration.test_up_autoscale import SCALE_TO_ZERO, elastic_fleet, spec_replicas
 from tests.integration.upcli import sim_fleet, status
@@ -48,20 +47,6 @@ def followers(up: Up, workers: int = 2) -> tuple[int, set[int]]:
         return (supervisor, kids) if len(kids := children(supervisor)) == workers - 1 else None
 
     return wait_for(found, 10, what=f"up's worker supervisor and its {workers - 1} worker(s)")
-
-
-@contextmanager
-def only(keep: int, among: set[int]) -> Iterator[None]:
-    """Every worker in ``among`` but ``keep`` stopped: new connections can only be accepted
-    by ``keep`` (which one the kernel would pick is otherwise up to it)."""
-    others = among - {keep}
-    for pid in others:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in others:
-            os.kill(pid, signal.SIGCONT)
 
 
 def start_up(processes: Processes, tmp_path: Path, fleet: str, *args: str) -> Up:
