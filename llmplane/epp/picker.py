@@ -25,7 +25,7 @@ from typing import Any
 from llmplane.epp import protocol
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.hooks import RequestHook, header_pairs
+from llmplane.gateway.hooks import Held, header_pairs
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.server import Gateway
@@ -88,7 +88,7 @@ class _Exchange:
         self.ctx: RequestContext | None = None
         self.body: list[bytes] = []
         self.body_size = 0
-        self.reservations: list[tuple[RequestHook, object]] = []
+        self.reservations: list[Held] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
         self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
         self.prefilling: EndpointState | None = None  # a stream's, until its first chunk

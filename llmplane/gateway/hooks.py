@@ -23,6 +23,7 @@ without waiting (the gateway then awaits ``reserve``); ``settle_now`` must never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -124,3 +125,9 @@ class SyncRequestHook(RequestHook, Protocol):
         usage: Usage | None,
         status: int,
     ) -> None: ...
+
+
+SettleNow = Callable[[InferenceRequest, Decision, Any, Usage | None, int], None]
+# What a request holds of each hook until it ends: the hook, its ``settle_now`` (looked up
+# once per hook list, None for a hook without one) and the reservation ``reserve`` made.
+Held = tuple[RequestHook, SettleNow | None, object]

@@ -34,7 +34,7 @@ from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
-from llmplane.gateway.hooks import LATER, RequestHook, Reservation, Usage
+from llmplane.gateway.hooks import LATER, Held, RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
@@ -305,7 +305,7 @@ class Gateway:
 
     async def handle(self, request: HttpRequest) -> StreamResponse:
         ctx = RequestContext(request)
-        reservations: list[tuple[RequestHook, object]] = []
+        reservations: list[Held] = []
         try:
             body = self._body(request) if request.too_large else request.body
             ctx.inference = InferenceRequest(request.path, request.headers, body)
@@ -325,9 +325,7 @@ class Gateway:
     # The stages below are shared with the endpoint picker (llmplane/epp), which runs them on
     # Envoy's ext_proc stream instead of an HTTP request.
 
-    async def route(
-        self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
-    ) -> Decision:
+    async def route(self, ctx: RequestContext, reservations: list[Held]) -> Decision:
         """Authenticate the caller (401 / 403, ``gateway/auth.py``), resolve ``ctx.inference``
         in the routing table (404 / 503; a route without a criticality takes the tenant's),
         let the request hooks reserve (429 from a route's or the tenant's rate limit; each
@@ -354,14 +352,14 @@ class Gateway:
                 decision.criticality = tenant.criticality
         elif decision.criticality is None:
             decision.criticality = "Default"
-        for hook, reserve_now, _ in self._hook_calls:
+        for hook, reserve_now, settle_now in self._hook_calls:
             if reserve_now is None:
                 reservation = await hook.reserve(inference, decision)
             else:
                 reservation = reserve_now(inference, decision)
                 if reservation is LATER:
                     reservation = await hook.reserve(inference, decision)
-            reservations.append((hook, reservation))
+            reservations.append((hook, settle_now, reservation))
             if isinstance(reservation, Reservation):
                 ctx.adopt(reservation)
         if decision.model != inference.model:
@@ -377,16 +375,13 @@ class Gateway:
         if err.code == "overloaded" and ctx.inference is not None:
             self.metrics.shed.labels(ctx.inference.model).inc()
 
-    async def finish(
-        self, ctx: RequestContext, reservations: list[tuple[RequestHook, object]]
-    ) -> None:
+    async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
         if self.flow.queues:  # a slot may have freed
             self.flow.pump()
         usage = Usage.of(ctx.usage)
-        for hook, reservation in reservations:
+        for hook, settle_now, reservation in reservations:
             try:
-                settle_now = getattr(hook, "settle_now", None)
                 if settle_now is not None:
                     settle_now(ctx.inference, ctx.decision, reservation, usage, ctx.status)
                 else:
