@@ -11,10 +11,9 @@ for failed requests), with the usage the engine reported (None if it reported no
 A hook that shapes the response returns a ``Reservation`` (or a subclass): its
 ``response_headers`` (or ``response_lines``, the same already rendered as header lines: for a
 hook that makes many on every request) are added to the proxied response (e.g.
-``x-ratelimit-*``) and the
-streamed body passes through its ``stream_filter`` (e.g. to drop a usage chunk the client did
-not ask for; usage is read from the bytes before the filter). Anything else it returns is only
-handed back to ``settle``.
+``x-ratelimit-*``) and the streamed body passes through its ``stream_filter`` (e.g. to drop a
+usage chunk the client did not ask for; usage is read from the bytes before the filter).
+Anything else it returns is only handed back to ``settle``.
 
 A hook whose work rarely or never waits may also define ``reserve_now`` and ``settle_now``
 (``SyncRequestHook``): plain functions the gateway calls instead, saving a coroutine per

@@ -219,7 +219,7 @@ class RateLimiter:
         """The tenant's limit, then the route's (either may be missing)."""
         found = []
         if self.tenant_limits:
-            tenant = getattr(decision, "tenant", None)
+            tenant = decision.tenant
             limit = self.tenant_limits.get(tenant) if tenant is not None else None
             if limit is not None:
                 found.append(limit)
