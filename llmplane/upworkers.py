@@ -29,7 +29,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -39,7 +38,7 @@ from typing import Any
 from llmplane.aio import run
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
-from llmplane.gateway.workers.share import Seat, Share
+from llmplane.gateway.workers.share import Seat, Share, listen
 from llmplane.gateway.workers.supervisor import Supervisor, _die_with_parent
 
 log = logging.getLogger("llmplane.up")
@@ -54,8 +53,7 @@ class UpWorkers:
     def __init__(
         self, workers: int, host: str, port: int, state_dir: Path, config: GatewayConfig
     ) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, port), family=family, backlog=2048)
+        self.sock = listen(host, port)
         self.port = self.sock.getsockname()[1]
         self.share = Share(workers, self.sock)
         self.board = EndpointBoard()

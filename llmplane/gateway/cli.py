@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -225,12 +224,11 @@ async def serve(
 
 def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``--workers N`` > 1: bind the socket here, fork the workers onto it."""
-    from llmplane.gateway.workers.share import Share
+    from llmplane.gateway.workers.share import Share, listen
     from llmplane.gateway.workers.supervisor import Supervisor
 
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     try:
-        sock = socket.create_server((args.host, args.port), family=family, backlog=2048)
+        sock = listen(args.host, args.port)
     except OSError as e:
         raise _listen_error(args, e) from None
     host, port = sock.getsockname()[:2]

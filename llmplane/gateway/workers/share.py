@@ -31,6 +31,12 @@ ENDPOINT_CAPACITY = 16_384  # endpoint addresses one gateway run can see
 BUCKET_CAPACITY = 4_096  # rate-limit buckets (route x direction)
 
 
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """The listening socket a supervisor binds once and its workers all accept on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
 class Share:
     def __init__(
         self,
