@@ -110,6 +110,8 @@ class Gateway:
                 c.flow_control_total_bytes,
             ),
             retry_after=c.shed_retry_after,
+            reserve=c.flow_control_reserve,
+            saturated_by=self.admission.saturated,
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
@@ -377,6 +379,9 @@ class Gateway:
 
     async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
+        if ctx.seat is not None:
+            self.flow.release(ctx.seat)
+            ctx.seat = None
         if self.flow.queues:  # a slot may have freed
             self.flow.pump()
         usage = Usage.of(ctx.usage)
@@ -452,19 +457,25 @@ class Gateway:
         candidates = self.admission.admit(
             inference.model, decision, now, criticality, shed=not flow.enabled
         )
-        if flow.enabled and flow.needed(decision.backend.ref, candidates, now):
-            ctx.waited = await flow.wait(
-                decision.backend.ref,
-                candidates,
-                criticality,
-                ctx.tenant,
-                ctx.weight,
-                len(inference.body),
+        key = decision.backend.ref
+        if flow.enabled and flow.needed(key, candidates, now):
+            room = (
+                flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+                if flow.reserve
+                else None
             )
-            # Ejections may have changed while it waited.
-            candidates = self.admission.admit(
-                inference.model, decision, time.monotonic(), criticality, shed=False
-            )
+            if room is not None:  # under its fair share: past the rule, within the reserve
+                candidates = room
+            else:
+                ctx.waited = await flow.wait(
+                    key, candidates, criticality, ctx.tenant, ctx.weight, len(inference.body)
+                )
+                # Ejections may have changed while it waited.
+                candidates = self.admission.admit(
+                    inference.model, decision, time.monotonic(), criticality, shed=False
+                )
+        if flow.reserve:
+            ctx.seat = flow.seat(key, ctx.tenant, ctx.weight)
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
