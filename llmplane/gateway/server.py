@@ -458,24 +458,20 @@ class Gateway:
             inference.model, decision, now, criticality, shed=not flow.enabled
         )
         key = decision.backend.ref
-        if flow.enabled and flow.needed(key, candidates, now):
-            room = (
-                flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
-                if flow.reserve
-                else None
+        waits = flow.enabled and flow.needed(key, candidates, now)
+        if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
+            waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+        if waits:
+            ctx.waited = await flow.wait(
+                key, candidates, criticality, ctx.tenant, ctx.weight, len(inference.body)
             )
-            if room is not None:  # under its fair share: past the rule, within the reserve
-                candidates = room
-            else:
-                ctx.waited = await flow.wait(
-                    key, candidates, criticality, ctx.tenant, ctx.weight, len(inference.body)
-                )
-                # Ejections may have changed while it waited.
-                candidates = self.admission.admit(
-                    inference.model, decision, time.monotonic(), criticality, shed=False
-                )
+            # Ejections may have changed while it waited.
+            candidates = self.admission.admit(
+                inference.model, decision, time.monotonic(), criticality, shed=False
+            )
         if flow.reserve:
             ctx.seat = flow.seat(key, ctx.tenant, ctx.weight)
+            candidates = flow.room(candidates, time.monotonic())
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()

@@ -133,21 +133,37 @@ class FlowControl:
         tenant: str | None,
         weight: int,
         now: float,
-    ) -> list[EndpointState] | None:
-        """With a reserve: the candidates with room within it, if this request may use it (not
-        Sheddable, its flow under its fair share); else None (it waits as usual)."""
-        saturated_by = self.saturated_by
-        if not self.reserve or saturated_by is None or criticality == "Sheddable":
-            return None
+    ) -> bool:
+        """With a reserve: whether this request may go now past the saturation rule (not
+        Sheddable, its flow under its fair share, an endpoint with room within the reserve);
+        ``room`` then narrows its candidates."""
+        if not self.reserve or criticality == "Sheddable":
+            return False
         flow = tenant if tenant is not None else ANONYMOUS
         if not self.shares.under(key, flow, weight, self.queues.get(key)):
-            return None
-        reserve = self.reserve
-        room = [state for state in candidates if not saturated_by(state, now, reserve)]
-        if not room:
-            return None
+            return False
+        if not self._reserve_left(candidates, now):
+            return False
         self.metrics.reserved.labels(BANDS[BAND.get(criticality, 1)], flow).inc()
-        return room
+        return True
+
+    def _reserve_left(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        saturated_by, reserve = self.saturated_by, self.reserve
+        assert saturated_by is not None
+        return any(not saturated_by(state, now, reserve) for state in candidates)
+
+    def room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
+        """With a reserve, the candidates an admitted request should go to: those below the
+        saturation rule, else those within the reserve (it was let through by the reserve),
+        else all."""
+        saturated_by = self.saturated_by
+        if not self.reserve or saturated_by is None:
+            return candidates
+        for extra in (0, self.reserve):
+            room = [state for state in candidates if not saturated_by(state, now, extra)]
+            if room:
+                return room
+        return candidates
 
     def seat(self, key: str, tenant: str | None, weight: int) -> Seat | None:
         """Count a request that passed admission for its flow until ``release`` (only with a
@@ -212,15 +228,34 @@ class FlowControl:
     def _pump(self, key: str, queue: FlowQueue) -> None:
         if queue.granted or not queue.count:
             return
-        if self.saturated(queue.candidates, time.monotonic()):
+        now = time.monotonic()
+        if not self.saturated(queue.candidates, now):
+            waiter = queue.pop()
+        elif self.reserve and self._reserve_left(queue.candidates, now):
+            waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter
+            if waiter is None:
+                return
+            self.metrics.reserved.labels(BANDS[waiter.band], waiter.flow).inc()
+        else:
             return
-        waiter = queue.pop()
         assert waiter is not None
         waiter.granted = True
         queue.granted = True
         waiter.future.set_result(None)
         waited = asyncio.get_running_loop().time() - waiter.queued_at
         self.metrics.wait.labels(BANDS[waiter.band], waiter.flow).observe(waited)
+
+    def _under_share(self, key: str, queue: FlowQueue) -> Waiter | None:
+        """The first waiter, by band (not Sheddable), whose flow is under its fair share; taken
+        out of the queue."""
+        under = self.shares.under
+        for band in queue.bands[: BAND["Sheddable"]]:
+            for flow in band.flows.values():
+                if under(key, flow.name, flow.weight, queue):
+                    waiter = flow.waiters[0]
+                    queue.remove(waiter)
+                    return waiter
+        return None
 
     def _taken(self, key: str, queue: FlowQueue) -> None:
         queue.granted = False
