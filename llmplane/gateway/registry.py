@@ -34,8 +34,9 @@ class EndpointState:
     # The gateway's own accounting.
     inflight: int = 0
     inflight_at_scrape: int = 0  # ``inflight`` when the last applied scrape was sent
-    # Learned from scrapes (``scraped_room``): how many requests the engine holds at once
-    # without queueing (0 = not known yet), and how many more it had room for at the last one.
+    # How many requests the engine holds at once without queueing (0 = not known yet: the
+    # endpoint's configured ``max_num_seqs``, then learned from scrapes, ``scraped_room``) and
+    # how many more it had room for at the last scrape.
     capacity: float = 0.0
     room: float = 0.0
     # Streams this gateway sent that have not yet answered their first chunk: in the engine's
@@ -47,6 +48,9 @@ class EndpointState:
     ejections: int = 0
     probation: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.capacity = float(self.endpoint.max_num_seqs)  # configured, else learned
 
     @property
     def address(self) -> str:

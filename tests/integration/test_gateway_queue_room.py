@@ -3,7 +3,8 @@ on) in front of a real sim engine with 16 sequence slots. Once the gateway has s
 engine holds, a burst below that (but above ``saturationQueue``) goes straight to the engine,
 never through the gateway's flow-control queue; a burst beyond it still waits there (read from
 /metrics: ``llmplane_gateway_flow_wait_seconds_count`` counts requests dispatched from the
-queue)."""
+queue). An engine whose concurrency is configured (``Endpoint.spec.maxNumSeqs``; the embedded
+runtime takes it from the engine's ``--max-num-seqs``) has that room from its first burst."""
 
 from __future__ import annotations
 
@@ -80,3 +81,21 @@ async def test_a_burst_within_the_engines_room_is_not_held_and_one_beyond_it_is(
     assert await burst(client, gw, 2 * SLOTS, "beyond") == [200] * (2 * SLOTS)
     assert held(gw) > first
     assert not gw.flow.queues or not any(q.lengths() for q in gw.flow.queues.values())
+
+
+async def test_a_configured_capacity_gives_room_from_the_first_burst(
+    gateways, store, processes, client
+):
+    sim = processes.sim(MODEL, "--max-num-seqs", str(SLOTS))
+    store.apply(endpoint_object("sim", sim.address, MODEL, engine="vllm", max_num_seqs=SLOTS))
+    gw = await gateways(store, config=GatewayConfig())
+    await eventually(
+        lambda: gw.registry.states and all(s.has_load_metrics for s in gw.registry.states.values()),
+        what="the sim scraped",
+    )
+    state = next(iter(gw.registry.states.values()))
+    assert (state.capacity, state.room) == (SLOTS, SLOTS)
+    assert await burst(client, gw, SLOTS - 4, "cold") == [200] * (SLOTS - 4)
+    assert held(gw) == 0
+    assert await burst(client, gw, 2 * SLOTS, "beyond") == [200] * (2 * SLOTS)
+    assert held(gw) > 0

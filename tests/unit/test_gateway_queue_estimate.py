@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.discovery.store_endpoints import endpoint_from_object, endpoint_object
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState, queue_estimates, queue_loads, scraped_room
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.plugins import LowQueueFilter, QueueScorer
 from llmplane.gateway.scraper import LoadMetrics, apply_metrics
-from llmplane.runtime.endpoint import Endpoint
+from llmplane.runtime.endpoint import Endpoint, max_num_seqs
 
 NOW = 100.0
 STALENESS = 0.2
@@ -120,3 +121,30 @@ def test_the_scorer_still_spreads_a_burst_over_endpoints_with_room():
     assert LowQueueFilter(threshold=1).filter(ctx, [a, b]) == [a, b]
     send(a, 1)
     assert LowQueueFilter(threshold=1).filter(ctx, [a, b]) == [b]
+
+
+def test_the_configured_concurrency_is_the_capacity_from_the_start():
+    state = EndpointState(Endpoint("10.0.0.1:8000", max_num_seqs=32))
+    scrape(state, waiting=0, running=2)
+    assert (state.capacity, state.room) == (32, 30)
+    send(state, 30)
+    assert estimate(state) == 0
+
+
+def test_the_concurrency_flags_of_an_engine_command_line():
+    assert max_num_seqs(["vllm", "serve", "m", "--max-num-seqs", "64"]) == 64
+    assert max_num_seqs(["python", "-m", "sglang", "--max-running-requests=48"]) == 48
+    assert max_num_seqs(["--max-num-seqs", "8", "--max-num-seqs", "16"]) == 16  # last wins
+    for bad in (["--max-num-seqs"], ["--max-num-seqs", "x"], ["--max-num-seqs=-3"],
+                ["--max-num-seqs", "0"], ["--max-num-seqs", "\u00b2"], ["--max-num-seqs", "99999999999"], ["serve", "m"]):  # fmt: skip
+        assert max_num_seqs(bad) == 0, bad
+
+
+def test_an_endpoint_object_carries_its_concurrency_and_a_bad_one_is_ignored():
+    obj = endpoint_object("e", "10.0.0.1:8000", "m", max_num_seqs=24)
+    assert obj["spec"]["maxNumSeqs"] == 24
+    assert endpoint_from_object(obj).max_num_seqs == 24
+    for bad in (0, -1, "12", True, 1 << 40):
+        obj["spec"]["maxNumSeqs"] = bad
+        assert endpoint_from_object(obj).max_num_seqs == 0
+    assert endpoint_from_object(endpoint_object("e", "10.0.0.1:8000", "m")).max_num_seqs == 0
