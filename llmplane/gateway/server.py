@@ -87,6 +87,7 @@ class Gateway:
         # One of several worker processes (llmplane/gateway/workers): in-flight counts, token
         # buckets and /metrics shared with the others.
         self.seat = seat
+        self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
         if seat is not None:
@@ -177,6 +178,10 @@ class Gateway:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         await self.start_routing()
         self.proxy.start()
+        if self.seat is not None and not self.seat.scrapes and self.proxy.pool is not None:
+            # Its pool is warm only to the endpoints it used lately (the scraping worker's
+            # scrapes keep its own warm to all): among equally scored endpoints, prefer those.
+            self._warm = self.proxy.pool.warm
         for extension in self.extensions:
             await extension.start()
         self.http = HttpServer(
@@ -474,6 +479,7 @@ class Gateway:
             decision.lora,
             self.config.metrics_staleness,
             now,
+            self._warm,
         )
 
     def schedule(
