@@ -105,27 +105,29 @@ class LocalPlan:
             return self._take(amounts, now)
 
     def _take(self, amounts: Sequence[int], now: float) -> bytes | None:
-        levels = []  # each bucket's level after the take
+        buckets = self.bucket_list
+        refilled = []  # each bucket's level before the take
+        levels = []  # and after it
         fits = True
-        for bucket, amount in zip(self.bucket_list, amounts, strict=True):
-            # Every bucket refilled, as reserve_local does: TokenBucket.refill, inline.
+        for bucket, amount in zip(buckets, amounts, strict=True):
+            # Every bucket refilled, as reserve_local does (TokenBucket.refill, inline; a
+            # level above the burst after a limit was lowered is cut to it).
+            level = bucket.level
             stamp = bucket.stamp
             if now > stamp:
-                level = bucket.level + (now - stamp) * bucket.rate
-                burst = bucket.burst
-                bucket.level = level = level if level < burst else burst
+                level += (now - stamp) * bucket.rate
                 bucket.stamp = now
-            else:
-                level = bucket.level
-                if level > bucket.burst:  # the limit was lowered
-                    bucket.level = level = float(bucket.burst)
+            burst = bucket.burst
+            if level >= burst:
+                level = burst
             if level < amount:
                 fits = False
+            refilled.append(level)
             levels.append(level - amount)
+        for bucket, level in zip(buckets, levels if fits else refilled, strict=True):
+            bucket.level = level
         if not fits:
             return None
-        for bucket, level in zip(self.bucket_list, levels, strict=True):
-            bucket.level = level
         if levels == self._levels:  # the same levels: the same lines
             return self._lines
         values: list[str | float] = []  # remaining (%d: whole tokens), reset of each bucket
