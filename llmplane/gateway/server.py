@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from llmplane.aio import call_on
 from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
@@ -257,17 +258,7 @@ class Gateway:
         self._rebuild()
 
     def _endpoints_changed(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._sync_endpoints()
-        else:  # a runtime thread told us
-            loop.call_soon_threadsafe(self._sync_endpoints)
+        call_on(self._loop, self._sync_endpoints)  # perhaps a runtime thread told us
 
     def _sync_endpoints(self) -> None:
         added, removed = self.registry.sync(self.discovery.endpoints())
