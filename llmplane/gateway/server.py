@@ -157,6 +157,7 @@ class Gateway:
         # (model, route, endpoint, status) -> the request metrics' children for it: one
         # lookup per request instead of four label lookups.
         self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._tenant_series: dict[tuple[str, int], Any] = {}  # (tenant, status) -> its child
         self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
 
     @property
@@ -524,7 +525,12 @@ class Gateway:
             )
         series[0].value += 1
         if ctx.tenant is not None:
-            self.auth.requests.labels(ctx.tenant, str(ctx.status)).inc()
+            tenant_series = self._tenant_series.get((ctx.tenant, ctx.status))
+            if tenant_series is None:
+                tenant_series = self._tenant_series[(ctx.tenant, ctx.status)] = (
+                    self.auth.requests.labels(ctx.tenant, str(ctx.status))
+                )
+            tenant_series.value += 1
         series[1].observe(elapsed)
         if usage is not None:
             if usage.prompt_tokens:
