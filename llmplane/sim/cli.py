@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 
+from llmplane.aio import run
 from llmplane.sim.config import ROLES, Faults, SimConfig, TimingModel
 
 log = logging.getLogger("llmplane.sim")
@@ -193,12 +194,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
     except ValueError as e:
         parser.error(str(e))
-    try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:  # pragma: no cover
-        run = asyncio.run
     try:
         run(serve(cfg))
     except OSError as e:
