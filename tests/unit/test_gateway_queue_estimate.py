@@ -13,7 +13,7 @@ from llmplane.gateway.registry import EndpointState, queue_estimates, queue_load
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.plugins import LowQueueFilter, QueueScorer
 from llmplane.gateway.scraper import LoadMetrics, apply_metrics
-from llmplane.runtime.endpoint import Endpoint, max_num_seqs
+from llmplane.runtime.endpoint import Endpoint, max_num_seqs, pod_max_num_seqs
 
 NOW = 100.0
 STALENESS = 0.2
@@ -148,3 +148,16 @@ def test_an_endpoint_object_carries_its_concurrency_and_a_bad_one_is_ignored():
         obj["spec"]["maxNumSeqs"] = bad
         assert endpoint_from_object(obj).max_num_seqs == 0
     assert endpoint_from_object(endpoint_object("e", "10.0.0.1:8000", "m")).max_num_seqs == 0
+
+
+def test_a_pods_containers_give_their_concurrency():
+    def pod(*containers: object) -> dict:
+        return {"spec": {"containers": list(containers)}}
+
+    sidecar = {"command": ["envoy"], "args": ["--max-num-seqs"]}
+    engine = {"command": ["python3", "-m", "vllm"], "args": ["--max-num-seqs", "128"]}
+    assert pod_max_num_seqs(pod(sidecar, engine)) == 128
+    assert pod_max_num_seqs(pod({"args": ["--max-num-seqs=16"]})) == 16
+    for bad in ({}, {"spec": None}, {"spec": {"containers": "x"}}, pod("x"), pod({"args": "x"})):
+        assert pod_max_num_seqs(bad) == 0
+    assert pod_max_num_seqs(pod({"args": ["--max-num-seqs", 12]})) == 0  # not a string
