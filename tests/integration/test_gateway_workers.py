@@ -27,6 +27,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, eventually, gateway, sim_process, wait_for
 from llmplane.testing.kube_emulator import KubeEmulator, pod
+from llmplane.testing.sockets import established
 from tests.integration.test_gateway_kube import (
     BACKEND_LABEL,
     MODEL,
@@ -293,6 +294,58 @@ def test_sigterm_drains_both_workers(gw, engines):
 
     assert asyncio.run(run()) == [200] * 4
     assert gw.exited(30) == 0  # by itself, on the one SIGTERM
+
+
+WARM = "wk-warm"
+
+
+def test_a_worker_reuses_its_warm_connections_among_alike_replicas(tmp_path):
+    """6 idle replicas of one model, scored alike: 12 requests one after another through the
+    worker that does not scrape open one upstream connection, not one per replica they meet
+    (about 5 with a plain random tie-break): among equally scored endpoints a worker prefers
+    those it holds an idle connection to. The scraping worker's scrapes keep its own pool
+    warm to every replica; the other's pool holds what its requests opened."""
+    with Processes() as group:
+        sims = group.start(*(sim_process(WARM, "--time-scale", "0") for _ in range(6)))
+        store = open_store(tmp_path)
+        for i, sim in enumerate(sims):
+            store.apply(endpoint_object(f"warm-{i}", sim.address, WARM))
+        store.close()
+        (gw,) = group.start(gateway("--workers", "2", "--log-level", "WARNING", state_dir=tmp_path))
+        ports = {sim.port for sim in sims}
+        workers = workers_of(gw.pid)
+
+        def to_sims(pid: int) -> dict[int, int]:
+            """pid's connections to the sims: socket inode -> the sim's port."""
+            held = established([pid])[pid]
+            return {i: remote for i, (_, remote) in held.items() if remote in ports}
+
+        scraper = wait_for(
+            lambda: next((p for p in workers if set(to_sims(p).values()) == ports), None),
+            timeout=20,
+            what="the scraping worker's connections to all 6 sims",
+        )
+        (follower,) = workers - {scraper}
+        before = to_sims(follower)
+        assert len(set(before.values())) < 6, before  # the follower scrapes nothing itself
+
+        async def run() -> None:
+            # One keep-alive connection, accepted by the follower (the scraper stopped a
+            # moment): then both run, and every request on it reaches the follower.
+            pinned = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+            try:
+                with only(gw.pid, follower):
+                    async with pinned.get(f"{gw.url}/health") as resp:
+                        assert resp.status == 200
+                for _ in range(12):
+                    assert await chat(pinned, gw.url, WARM, 1) == 200
+            finally:
+                await pinned.close()
+
+        asyncio.run(run())
+        opened = {i: port for i, port in to_sims(follower).items() if i not in before}
+        served = [a["endpoint"] for a in access_lines(gw.output()) if a.get("model") == WARM]
+        assert len(opened) == 1, (opened, served)
 
 
 def alive(pid: int) -> bool:

@@ -84,6 +84,9 @@ class Seat:
             [share.socket_path(i) for i in range(share.workers) if i != index],
         )
         self.picks: PickFeed = share.picks.feed(index)
+        # Whether this worker scrapes every endpoint (over its proxy's pool, which keeps its
+        # connections to all of them warm); the others prefer endpoints they hold one to.
+        self.scrapes = index == SCRAPER
         # More commands this worker answers on its private socket (``MetricsPeer.start``):
         # ``llmplane up``'s platform worker answers console requests and wake-ups.
         self.handlers: dict[bytes, Callable[[bytes], Awaitable[bytes]]] = {}
