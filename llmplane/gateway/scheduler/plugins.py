@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import count
 from operator import attrgetter
 
@@ -198,16 +198,28 @@ class _Picker:
     ) -> list[EndpointState]:
         return [endpoints[i] for i in self.order(scores, n)]
 
-    def order(self, scores: Scores, n: int) -> list[int]:
+    def order(
+        self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
+    ) -> list[int]:
+        """The indexes of the ``n`` endpoints to take, in order; ``prefer(i)`` (if given) is
+        True for endpoint ``i`` with a warm connection (a picker may ignore it)."""
         raise NotImplementedError
 
 
+WARM_LOOKS = 16  # tied endpoints looked at for a warm connection (a bounded random sample)
+
+
 class MaxScorePicker(_Picker):
-    """Highest total score first; ties broken at random."""
+    """Highest total score first; ties broken at random, preferring the endpoints ``prefer``
+    names (a warm connection: no TCP connect before the request) among a random sample of
+    at most WARM_LOOKS of the tied ones, so a tie among 1,000 idle endpoints costs 16
+    lookups, not 1,000."""
 
     default_name = "max-score"
 
-    def order(self, scores: Scores, n: int) -> list[int]:
+    def order(
+        self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
+    ) -> list[int]:
         # Sort indices by score (C speed), then shuffle only the runs of equal scores that
         # reach into the first n: 4x cheaper than a random key per endpoint.
         order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
@@ -221,8 +233,15 @@ class MaxScorePicker(_Picker):
                 j += 1
             if j - i == 1:
                 out.append(order[i])
-            else:
+            elif prefer is None:
                 out.extend(_sample(order[i:j], min(j - i, n - len(out))))
+            else:
+                need = n - len(out)
+                looked = _sample(order[i:j], min(j - i, max(need, WARM_LOOKS)))
+                warm, cold = [], []
+                for k in looked:
+                    (warm if prefer(k) else cold).append(k)
+                out.extend((warm + cold)[:need])
             i = j
         return out
 
@@ -232,7 +251,9 @@ class WeightedRandomPicker(_Picker):
 
     default_name = "weighted-random"
 
-    def order(self, scores: Scores, n: int) -> list[int]:
+    def order(
+        self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
+    ) -> list[int]:
         # Efraimidis-Spirakis: key = u ** (1 / w); zero weights go last, in random order.
         keyed = []
         for i, s in enumerate(scores):
@@ -245,5 +266,7 @@ class WeightedRandomPicker(_Picker):
 class RandomPicker(_Picker):
     default_name = "random-picker"
 
-    def order(self, scores: Scores, n: int) -> list[int]:
+    def order(
+        self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
+    ) -> list[int]:
         return _sample(range(len(scores)), min(n, len(scores)))
