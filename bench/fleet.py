@@ -15,6 +15,12 @@ replicas each, one OpenModel each), runs ``llmplane up`` on it and measures:
 - **one request's latency**: ``--requests`` chat completions (keep-alive, one output token)
   through the gateway, one at a time and ``--gap`` seconds apart, so that each meets the idle
   fleet (back to back, they would keep every replica of the model busy); median and p90.
+  With several gateway workers the client keeps one connection to each worker (it opens
+  connections until every worker has accepted one) and the requests take them in turn, as
+  many clients' requests would spread;
+- **new upstream connections per request**, per worker: the TCP connections to the replicas
+  each gateway worker holds (from /proc) before and after each request; a request that found
+  no warm connection to the replica it was routed to opens one.
 
 Then a 1-replica fleet (one Playground of one replica) is started beside the idle big one and
 measured the same way, and the latency requests go to the two in turn, so that the shared
@@ -39,6 +45,7 @@ from typing import Any
 
 from bench.common import (
     RESULTS,
+    _children,
     cpu_seconds,
     machine,
     machine_line,
@@ -49,6 +56,7 @@ from bench.common import (
 from llmplane.store.paths import open_store
 from llmplane.testing import process
 from llmplane.testing.fleets import sim_fleet
+from llmplane.testing.sockets import established, upstream
 
 
 def fleet_yaml(playgrounds: int, replicas: int) -> str:
@@ -82,6 +90,17 @@ def gateway_endpoints(conn: http.client.HTTPConnection) -> int:
     )
 
 
+def gateway_workers(up_pid: int, engines: set[int]) -> list[int]:
+    """``up`` (worker 0) and, with ``--workers N``, workers 1 .. N-1: the children of its one
+    child that is not an engine (the workers' supervisor)."""
+    kids = _children()
+    workers = [up_pid]
+    for child in kids.get(up_pid, []):
+        if child not in engines:
+            workers += sorted(kids.get(child, []))
+    return workers
+
+
 def one_request(conn: http.client.HTTPConnection, model: str) -> float:
     """Milliseconds for one chat completion of one token."""
     body = json.dumps(
@@ -106,6 +125,10 @@ class Fleet:
         files.write_text(fleet_yaml(playgrounds, replicas))
         self.up = process.Up(self.state, str(files), args=["--workers", str(workers)])
         self.conn: http.client.HTTPConnection | None = None
+        self.workers = workers
+        self.conns: dict[int, http.client.HTTPConnection] = {}  # worker pid -> client conn
+        self.new_connections: dict[int, list[int]] = {}  # worker pid -> per request
+        self.latencies: dict[int, list[float]] = {}  # worker pid -> ms per request
         self.result: dict[str, Any] = {
             "replicas": self.total,
             "playgrounds": playgrounds,
@@ -126,6 +149,44 @@ class Fleet:
             assert time.monotonic() < deadline, "gateway never saw every replica"
             time.sleep(0.2)
         self.result["ready_gateway_s"] = time.monotonic() - t0
+
+    def connect_workers(self) -> None:
+        """One keep-alive client connection accepted by each gateway worker."""
+        pids = gateway_workers(self.up.pid, set(engine_pids(self.state)))
+        assert len(pids) == self.workers, f"gateway workers {pids}, not {self.workers}"
+        deadline = time.monotonic() + 60
+        spare = []
+        while len(self.conns) < self.workers:
+            assert time.monotonic() < deadline, "a gateway worker never accepted a connection"
+            conn = http.client.HTTPConnection(self.up.host, self.up.port, timeout=30)
+            conn.request("GET", "/health")
+            conn.getresponse().read()
+            mine = conn.sock.getsockname()[1]
+            owner = [
+                pid
+                for pid, socks in established(pids).items()
+                if any(remote == mine for _, remote in socks.values())
+            ]
+            if owner and owner[0] not in self.conns:
+                self.conns[owner[0]] = conn
+                self.new_connections[owner[0]] = []
+            else:
+                spare.append(conn)
+        for conn in spare:
+            conn.close()
+        self.conns = {pid: self.conns[pid] for pid in pids}  # worker 0 first
+        self.new_connections = {pid: [] for pid in pids}
+        self.latencies = {pid: [] for pid in pids}
+
+    def request(self, i: int, model: str) -> float:
+        """Request ``i`` on the next worker's connection; counts its new upstream connections."""
+        pid = list(self.conns)[i % len(self.conns)]
+        before = upstream(established([pid])[pid], self.up.port)
+        ms = one_request(self.conns[pid], model)
+        after = upstream(established([pid])[pid], self.up.port)
+        self.new_connections[pid].append(len(after - before))
+        self.latencies[pid].append(ms)
+        return ms
 
     def measure_idle(self, seconds: float) -> None:
         """CPU of ``up`` (gateway + control plane) and of the replicas over ``seconds``."""
@@ -149,6 +210,8 @@ class Fleet:
     def stop(self) -> None:
         if self.conn is not None:
             self.conn.close()
+        for conn in self.conns.values():
+            conn.close()
         self.up.kill_everything()
 
 
@@ -173,15 +236,23 @@ def run(
         small.start()
         time.sleep(5.0)
         small.measure_idle(min(idle, 10.0))
+        for f in (big, small):
+            f.connect_workers()
         lat: dict[int, list[float]] = {big.total: [], small.total: []}
         for i in range(requests):
             for f in (big, small) if i % 2 == 0 else (small, big):
                 time.sleep(gap)
-                assert f.conn is not None
-                lat[f.total].append(one_request(f.conn, "sim-0"))
+                lat[f.total].append(f.request(i, "sim-0"))
         for f in (big, small):
             f.result["latency_p50_ms"] = statistics.median(lat[f.total])
             f.result["latency_p90_ms"] = percentile(lat[f.total], 90)
+            # Worker index (0 = up itself) -> new upstream connections per request.
+            f.result["latency_p50_ms_by_worker"] = [
+                statistics.median(ms) if ms else None for ms in f.latencies.values()
+            ]
+            f.result["new_connections"] = [
+                sum(n) / len(n) if n else None for n in f.new_connections.values()
+            ]
         return [big.result, small.result]
     finally:
         small.stop()
@@ -201,6 +272,8 @@ def report(res: dict[str, Any]) -> str:
             f"{r['idle_cpu_replicas']:.3f}",
             f"{r['latency_p50_ms']:.2f}",
             f"{r['latency_p90_ms']:.2f}",
+            " / ".join(f"{x:.2f}" for x in r.get("latency_p50_ms_by_worker") or []) or "-",
+            " / ".join(f"{x:.2f}" for x in r.get("new_connections") or []) or "-",
             " / ".join(f"{x:.2f}" for x in r["load_idle_start"]),
         ]
         for r in res["rows"]
@@ -223,6 +296,8 @@ def report(res: dict[str, Any]) -> str:
                     "replicas",
                     "1 request p50 ms",
                     "p90 ms",
+                    "p50 ms by worker (0 / 1 ...)",
+                    "new upstream connections a request (worker 0 / 1 ...)",
                     "load avg at idle start",
                 ],
                 rows,

@@ -26,6 +26,22 @@ def run(coro: Coroutine[Any, Any, object]) -> None:
         runner(coro)
 
 
+def call_on(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], object]) -> None:
+    """Call ``fn`` in ``loop``: at once when called from that loop, else soon, in it (a
+    thread, e.g. the local runtime's, told us something); nothing without a loop or once it
+    is closed."""
+    if loop is None or loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        fn()
+    else:
+        loop.call_soon_threadsafe(fn)
+
+
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     """Wait until ``event`` is set or ``timeout`` seconds pass; True if it is set.
 

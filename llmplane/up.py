@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmplane.aio import call_on
 from llmplane.api.documents import dump_resource, parse_text
 from llmplane.gcpolicy import freeze_survivors
 from llmplane.store.base import Store
@@ -155,17 +156,7 @@ class Platform:
 
     def _publish_soon(self) -> None:
         """The runtime changed (perhaps told from one of its threads): publish in the loop."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._publish()
-        else:
-            loop.call_soon_threadsafe(self._publish)
+        call_on(self._loop, self._publish)
 
     def spawn(self, coroutine: Any, name: str) -> None:
         """Run ``coroutine`` until the platform stops (``up``'s terminal status)."""

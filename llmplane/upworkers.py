@@ -15,7 +15,8 @@ console's paths are relayed to worker 0 (``console/relay.py``), and a request it
 holds wakes the autoscaler in worker 0 (a ``wake`` on worker 0's private socket); the
 autoscaler reads every worker's requests and held counts (``GatewaySignals.refresh``).
 In-flight counts, scraped metrics, token buckets, prefix picks, /metrics and the access log
-are shared as for ``llmplane gateway --workers N``.
+are shared as for ``llmplane gateway --workers N``; each worker reports its request totals
+once a second in shared memory for the console's charts (``gateway/workers/reports.py``).
 
 Stopping: SIGTERM / SIGINT to ``up`` drains its own gateway and passes SIGTERM to the
 supervisor, which drains the workers; the engines stop once every worker has. The supervisor
@@ -35,7 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from llmplane.aio import run
+from llmplane.aio import Periodic, run
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
 from llmplane.gateway.workers.share import Seat, Share, listen
@@ -141,7 +142,7 @@ async def _serve(
     """Worker ``seat`` (1 .. N-1): a gateway over the state directory's routes and the
     endpoints the platform publishes, until signalled or orphaned."""
     from llmplane.console.relay import ConsoleRelay
-    from llmplane.console.stats import TOTALS_COMMAND, worker_totals
+    from llmplane.console.stats import report_totals, totals
     from llmplane.gateway.cli import until_signalled
     from llmplane.gateway.observability import flush_access_log
     from llmplane.gateway.server import start_gateway
@@ -162,13 +163,17 @@ async def _serve(
         task.add_done_callback(wakes.discard)
 
     gateway.activator.wake = wake
-    seat.handlers[TOTALS_COMMAND] = worker_totals(gateway.metrics)  # the console's charts
+    # Our request totals for the console's charts (worker 0's console reads every report).
+    report = report_totals(seat)
+    reporter = Periodic(lambda: report(totals(gateway.metrics)), 1.0, "request totals report")
+    reporter.start()
     ready()
     collector = asyncio.create_task(freeze_survivors(), name="gc")  # as worker 0 (run_up)
     try:
         await until_signalled(os.getppid())
     finally:
         collector.cancel()
+        await reporter.close()
         await gateway.close()
         store.close()
         flush_access_log()

@@ -42,6 +42,8 @@ class EndpointSpec(ApiModel):
     engine: Literal["vllm", "sim", "sglang", "llamacpp", "tgi", "openai"] = "vllm"
     labels: dict[str, str] | None = None
     fixed_port: bool = True
+    # Its --max-num-seqs, if known: the gateway's queue estimate starts from it (else learned).
+    max_num_seqs: int | None = Field(default=None, ge=1, le=1 << 20)
 
     def check(self, path: str) -> Iterator[Violation]:
         address = self.address.removeprefix("http://").rstrip("/")

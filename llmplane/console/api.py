@@ -34,7 +34,7 @@ import orjson
 
 from llmplane.console.fleet import snapshot
 from llmplane.console.redact import redact
-from llmplane.console.stats import TOTALS_COMMAND, RequestStats, peer_totals, worker_totals
+from llmplane.console.stats import RequestStats, peer_totals, report_totals
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import Response
 from llmplane.printing import to_yaml
@@ -125,11 +125,13 @@ class Console:
         if authorize is None and auth is not None:  # the gateway's admin key, if it has one
             authorize = lambda request: auth.admin_refusal(request.headers)  # noqa: E731
         self.authorize = authorize
-        seat = getattr(gateway, "seat", None)  # llmplane up --workers N: count every worker's
+        seat = getattr(gateway, "seat", None)  # --workers N: count every worker's requests
+        several = seat is not None and seat.workers > 1
         self.stats = RequestStats(
             gateway.metrics,
             endpoints=lambda: list(gateway.registry.states.values()),
-            peers=peer_totals(seat) if seat is not None and seat.workers > 1 else None,
+            peers=peer_totals(seat) if several else None,
+            publish=report_totals(seat) if several else None,
         )
         self.files = static_files()
 
@@ -150,9 +152,6 @@ class Console:
         return table
 
     async def start(self) -> None:
-        seat = getattr(self.gateway, "seat", None)
-        if seat is not None:  # our totals for the other workers' consoles
-            seat.handlers[TOTALS_COMMAND] = worker_totals(self.gateway.metrics)
         self.stats.start()
 
     async def close(self) -> None:

@@ -6,9 +6,12 @@ output tokens) once a second and keeps the differences in a ring of a few minute
 added to the request path: the histograms the request path already fills are the source, and
 percentiles come from their bucket differences (linear interpolation inside a bucket, as
 Prometheus's ``histogram_quantile`` does). With several gateway workers (``llmplane up
---workers N``) the other workers' ``totals`` are read each second too (``peers``) and their
-differences added, each worker's against its own previous totals (a replaced worker starts
-again from its first answer), so the charts count the whole gateway.
+--workers N``, ``llmplane gateway --workers N``) every worker publishes its ``totals`` once a
+second as its report in shared memory (``gateway/workers/reports.py``), the console reads the
+other workers' latest reports each second (``peers``) and adds their differences, each
+worker's against its own previous totals (a replaced worker starts again from its first
+report), so the charts count the whole gateway. Nobody asks anybody: N workers cost N writes
+and N reads of shared memory a second.
 
 Engines' prefix-cache counters (scraped per endpoint) are sampled the same way, so the fleet
 view shows each endpoint's recent prefix-hit rate rather than a lifetime average.
@@ -22,7 +25,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,35 +125,44 @@ def totals(metrics: Any) -> dict[str, Any]:
     }
 
 
-TOTALS_COMMAND = b"request-totals"  # what a worker answers with ``worker_totals`` (up --workers)
+def report_totals(seat: Any) -> Callable[[dict[str, Any]], None]:
+    """Publish totals as worker ``seat``'s report (``gateway/workers/reports.py``), with its
+    pid: what the other workers' ``peer_totals`` read."""
+
+    def publish(own: dict[str, Any]) -> None:
+        seat.report(orjson.dumps([os.getpid(), own]))
+
+    return publish
 
 
-def worker_totals(metrics: Any) -> Callable[[bytes], Awaitable[bytes]]:
-    """A worker's answer to ``TOTALS_COMMAND`` on its private socket: its pid and totals."""
+def peer_totals(seat: Any) -> Callable[[], list[tuple[Hashable, dict[str, Any]]]]:
+    """``RequestStats.peers`` for worker ``seat``: every other worker's latest ((index, pid),
+    totals) from their reports in shared memory (a report is parsed again only once it
+    changed; a replacement worker has the same index and a new pid)."""
+    reader = seat.report_reader()
+    parsed: dict[int, tuple[bytes, tuple[Hashable, dict[str, Any]] | None]] = {}
 
-    async def answer(_payload: bytes) -> bytes:
-        return orjson.dumps([os.getpid(), totals(metrics)])
-
-    return answer
-
-
-def peer_totals(seat: Any) -> Callable[[], Awaitable[list[tuple[Hashable, dict[str, Any]]]]]:
-    """``RequestStats.peers`` for worker ``seat``: every other worker's (pid, totals)."""
-
-    async def read() -> list[tuple[Hashable, dict[str, Any]]]:
-        others = [i for i in range(seat.workers) if i != seat.index]
-        answers = await asyncio.gather(*(seat.ask(i, TOTALS_COMMAND, quiet=True) for i in others))
+    def read() -> list[tuple[Hashable, dict[str, Any]]]:
         out: list[tuple[Hashable, dict[str, Any]]] = []
-        for answer in answers:
-            try:
-                pid, peer = orjson.loads(answer or b"")
-            except (orjson.JSONDecodeError, TypeError, ValueError):
-                continue  # gone, being replaced, or not a worker that answers this
-            if isinstance(pid, int) and isinstance(peer, dict):
-                out.append((pid, peer))
+        for index, data in reader.read():
+            cached = parsed.get(index)
+            if cached is None or cached[0] is not data:
+                cached = parsed[index] = (data, _peer(index, data))
+            if cached[1] is not None:
+                out.append(cached[1])
         return out
 
     return read
+
+
+def _peer(index: int, data: bytes) -> tuple[Hashable, dict[str, Any]] | None:
+    try:
+        pid, peer = orjson.loads(data)
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return None
+    if isinstance(pid, int) and isinstance(peer, dict):
+        return (index, pid), peer
+    return None
 
 
 def _difference(now: dict[str, Any], last: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -197,12 +209,14 @@ class RequestStats:
         endpoints: Callable[[], Iterable[Any]] = tuple,
         seconds: int = RING_SECONDS,
         clock: Callable[[], float] = time.time,
-        peers: Callable[[], Awaitable[Iterable[tuple[Hashable, dict[str, Any]]]]] | None = None,
+        peers: Callable[[], Iterable[tuple[Hashable, dict[str, Any]]]] | None = None,
+        publish: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.metrics = metrics
         self.endpoints = endpoints
         self.clock = clock
         self.peers = peers  # the other workers' (identity, totals), read before each sample
+        self.publish = publish  # our totals for the other workers, at each sample
         self.points: deque[Point] = deque(maxlen=seconds)
         self._last: dict[Hashable, dict[str, Any]] = {None: totals(metrics)}  # None: ours
         self._windows = {
@@ -220,7 +234,10 @@ class RequestStats:
         sums: dict[str, Any] = {key: 0.0 for key in COUNTERS}
         for key, window in self._windows.items():
             sums[key] = [0] * (len(window.bounds) + 1)
-        for source, now in [(None, totals(self.metrics)), *peers]:
+        own = totals(self.metrics)
+        if self.publish is not None:
+            self.publish(own)
+        for source, now in [(None, own), *peers]:
             delta = _difference(now, self._last.get(source))
             self._last[source] = now
             if delta is None:
@@ -294,7 +311,7 @@ class RequestStats:
             peers: Iterable[tuple[Hashable, dict[str, Any]]] = ()
             if self.peers is not None:
                 try:
-                    peers = await self.peers()
+                    peers = self.peers()
                 except Exception:
                     log.exception("reading the other workers' request totals failed")
             self.sample(peers)

@@ -34,6 +34,11 @@ class EndpointState:
     # The gateway's own accounting.
     inflight: int = 0
     inflight_at_scrape: int = 0  # ``inflight`` when the last applied scrape was sent
+    # How many requests the engine holds at once without queueing (0 = not known yet: the
+    # endpoint's configured ``max_num_seqs``, then learned from scrapes, ``scraped_room``) and
+    # how many more it had room for at the last scrape.
+    capacity: float = 0.0
+    room: float = 0.0
     # Streams this gateway sent that have not yet answered their first chunk: in the engine's
     # queue or in prefill (``saturation_max_prefilling``); every worker's sum, as ``inflight``.
     prefilling: int = 0
@@ -43,6 +48,9 @@ class EndpointState:
     ejections: int = 0
     probation: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.capacity = float(self.endpoint.max_num_seqs)  # configured, else learned
 
     @property
     def address(self) -> str:
@@ -76,16 +84,50 @@ class EndpointState:
         self.prefilling += n
 
 
+def scraped_room(capacity: float, waiting: float, running: float, sent: int) -> tuple[float, float]:
+    """(capacity, room) after a scrape that reported ``waiting`` and ``running``, sent while
+    this gateway had ``sent`` requests in flight to the endpoint.
+
+    The capacity is the concurrency the engine was seen to hold without queueing: with
+    requests waiting, exactly what it runs (its ``max_num_seqs``, or less when its KV cache is
+    the limit: the estimate follows it down); with none waiting, at least what it runs and
+    every request this gateway had in flight (none of them waits), so it grows by what
+    admission lets through beyond the last figure until the engine queues. The room is the
+    capacity minus what the engine holds now (0 while anything waits): the requests sent
+    after this scrape that it starts at once. Unknown (0) capacity leaves no room, which is
+    the estimate without it: a burst onto an engine not yet seen busy counts as waiting."""
+    held = running if running > sent else float(sent)
+    if waiting > 0:
+        return running, 0.0
+    capacity = capacity if capacity > held else held
+    return capacity, capacity - held
+
+
 def queue_estimates(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:
     """Each endpoint's queue: the waiting requests its engine last reported, moved by the net
-    change in this gateway's in-flight count since that report, never below 0 (optimistic
-    accounting: a burst between two scrapes counts at once, and requests that already finished
-    stop counting, so a fast replica is not taken for a loaded one). With metrics missing or
-    older than ``staleness`` seconds, the in-flight count. One list comprehension over the
-    fields (no method call per endpoint): the scheduler's hottest loop."""
+    change in this gateway's in-flight count since that report beyond the room the engine
+    had then (``scraped_room``), never below 0 (optimistic accounting: a burst between two
+    scrapes counts at once once the room is used, and requests that already finished stop
+    counting, so a fast replica is not taken for a loaded one). With metrics missing or older
+    than ``staleness`` seconds, the in-flight count. One list comprehension over the fields
+    (no method call per endpoint): the scheduler's hottest loop."""
     oldest = now - staleness
     return [
-        (q if (q := s.waiting + s.inflight - s.inflight_at_scrape) > 0 else 0.0)
+        (q if (q := s.waiting - s.room + s.inflight - s.inflight_at_scrape) > 0 else 0.0)
+        if s.has_load_metrics and s.scraped_at and s.scraped_at >= oldest
+        else float(s.inflight)
+        for s in states
+    ]
+
+
+def queue_loads(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:
+    """``queue_estimates`` without the floor at 0, for ranking (the queue scorer): below 0 it
+    is the room left (fewer the more requests were sent since the scrape), so that a burst
+    between two scrapes still spreads over endpoints that all have room instead of tying
+    them at 0."""
+    oldest = now - staleness
+    return [
+        s.waiting - s.room + s.inflight - s.inflight_at_scrape
         if s.has_load_metrics and s.scraped_at and s.scraped_at >= oldest
         else float(s.inflight)
         for s in states
@@ -103,7 +145,7 @@ def below_queue(
         s
         for s in states
         if (
-            (q if (q := s.waiting + s.inflight - s.inflight_at_scrape) > 0 else 0.0)
+            (q if (q := s.waiting - s.room + s.inflight - s.inflight_at_scrape) > 0 else 0.0)
             if s.has_load_metrics and s.scraped_at and s.scraped_at >= oldest
             else float(s.inflight)
         )

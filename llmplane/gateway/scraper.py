@@ -34,7 +34,7 @@ import orjson
 
 from llmplane.aio import wait_event
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.registry import EndpointState, scraped_room
 from llmplane.gateway.upstream_client import UpstreamPool
 
 log = logging.getLogger("llmplane.gateway")
@@ -194,7 +194,8 @@ def apply_metrics(
 ) -> None:
     """``inflight_at_start``: the gateway's in-flight count when the scrape was sent. A
     request sent while the scrape was on the wire is probably not in the engine's figures, so
-    the queue estimate keeps counting it (see ``registry.queue_estimates``)."""
+    the queue estimate keeps counting it (see ``registry.queue_estimates``), and the engine's
+    capacity and room are learned from it (``registry.scraped_room``)."""
     state.waiting = m.waiting or 0.0
     state.running = m.running or 0.0
     state.has_kv = m.kv is not None
@@ -207,7 +208,9 @@ def apply_metrics(
         state.prefix_queries = m.prefix_queries
     state.has_load_metrics = m.any
     state.scraped_at = now if m.any else 0.0
-    state.inflight_at_scrape = state.inflight if inflight_at_start is None else inflight_at_start
+    sent = state.inflight if inflight_at_start is None else inflight_at_start
+    state.inflight_at_scrape = sent
+    state.capacity, state.room = scraped_room(state.capacity, state.waiting, state.running, sent)
     state.scrape_ok = True
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from llmplane.aio import call_on
 from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
@@ -86,6 +87,7 @@ class Gateway:
         # One of several worker processes (llmplane/gateway/workers): in-flight counts, token
         # buckets and /metrics shared with the others.
         self.seat = seat
+        self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
         if seat is not None:
@@ -110,6 +112,8 @@ class Gateway:
                 c.flow_control_total_bytes,
             ),
             retry_after=c.shed_retry_after,
+            reserve=c.flow_control_reserve,
+            saturated_by=self.admission.saturated,
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
@@ -155,6 +159,7 @@ class Gateway:
         # (model, route, endpoint, status) -> the request metrics' children for it: one
         # lookup per request instead of four label lookups.
         self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._tenant_series: dict[tuple[str, int], Any] = {}  # (tenant, status) -> its child
         self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
 
     @property
@@ -176,6 +181,10 @@ class Gateway:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         await self.start_routing()
         self.proxy.start()
+        if self.seat is not None and not self.seat.scrapes and self.proxy.pool is not None:
+            # Its pool is warm only to the endpoints it used lately (the scraping worker's
+            # scrapes keep its own warm to all): among equally scored endpoints, prefer those.
+            self._warm = self.proxy.pool.warm
         for extension in self.extensions:
             await extension.start()
         self.http = HttpServer(
@@ -256,17 +265,7 @@ class Gateway:
         self._rebuild()
 
     def _endpoints_changed(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._sync_endpoints()
-        else:  # a runtime thread told us
-            loop.call_soon_threadsafe(self._sync_endpoints)
+        call_on(self._loop, self._sync_endpoints)  # perhaps a runtime thread told us
 
     def _sync_endpoints(self) -> None:
         added, removed = self.registry.sync(self.discovery.endpoints())
@@ -377,6 +376,9 @@ class Gateway:
 
     async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
+        if ctx.seat is not None:
+            self.flow.release(ctx.seat)
+            ctx.seat = None
         if self.flow.queues:  # a slot may have freed
             self.flow.pump()
         usage = Usage.of(ctx.usage)
@@ -452,19 +454,21 @@ class Gateway:
         candidates = self.admission.admit(
             inference.model, decision, now, criticality, shed=not flow.enabled
         )
-        if flow.enabled and flow.needed(decision.backend.ref, candidates, now):
+        key = decision.backend.ref
+        waits = flow.enabled and flow.needed(key, candidates, now)
+        if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
+            waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+        if waits:
             ctx.waited = await flow.wait(
-                decision.backend.ref,
-                candidates,
-                criticality,
-                ctx.tenant,
-                ctx.weight,
-                len(inference.body),
+                key, candidates, criticality, ctx.tenant, ctx.weight, len(inference.body)
             )
             # Ejections may have changed while it waited.
             candidates = self.admission.admit(
                 inference.model, decision, time.monotonic(), criticality, shed=False
             )
+        if flow.reserve:
+            ctx.seat = flow.seat(key, ctx.tenant, ctx.weight)
+            candidates = flow.room(candidates, time.monotonic())
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
@@ -483,6 +487,7 @@ class Gateway:
             decision.lora,
             self.config.metrics_staleness,
             now,
+            self._warm,
         )
 
     def schedule(
@@ -527,7 +532,12 @@ class Gateway:
             )
         series[0].value += 1
         if ctx.tenant is not None:
-            self.auth.requests.labels(ctx.tenant, str(ctx.status)).inc()
+            tenant_series = self._tenant_series.get((ctx.tenant, ctx.status))
+            if tenant_series is None:
+                tenant_series = self._tenant_series[(ctx.tenant, ctx.status)] = (
+                    self.auth.requests.labels(ctx.tenant, str(ctx.status))
+                )
+            tenant_series.value += 1
         series[1].observe(elapsed)
         if usage is not None:
             if usage.prompt_tokens:

@@ -92,6 +92,8 @@ def estimate_tokens(doc: dict[str, Any]) -> int:
     for key in ("prompt", "input"):
         value = doc.get(key)
         if value is not None:
+            if isinstance(value, str):  # the common case, without a call
+                return -(-len(value) // CHARS_PER_TOKEN)
             chars, ids = _prompt_parts(value)
             return math.ceil(chars / CHARS_PER_TOKEN) + ids
     return 0

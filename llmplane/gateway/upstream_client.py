@@ -620,6 +620,15 @@ class UpstreamPool:
         self._idle.setdefault(conn.key, []).append(conn)
         self._wake()
 
+    def warm(self, address: str) -> bool:
+        """Whether a request to ``address`` would find an idle keep-alive connection (no TCP
+        connect): the scheduler prefers such endpoints among equally scored ones."""
+        idle = self._idle.get(address)
+        if not idle:
+            return False
+        t = idle[-1].transport  # the one ``_idle_one`` would take
+        return idle[-1]._closed_exc is None and t is not None and not t.is_closing()
+
     def connections(self, address: str) -> int:
         """Open connections to ``address``, busy or idle (tests, debugging)."""
         return sum(1 for conn in self._open if conn.key == address)

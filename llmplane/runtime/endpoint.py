@@ -25,7 +25,9 @@ class Endpoint:
     embedded runtime gives every process its own port), so ``workloadPort`` and
     ``targetPortNumber``, which name a pod's container port in Kubernetes, do not replace it.
     ``workload`` (``namespace/name`` of the plan) and ``replica`` (its index) are set by the
-    runtime that runs the replica; other sources leave them empty.
+    runtime that runs the replica; other sources leave them empty. ``max_num_seqs`` is the
+    engine's configured concurrency when the source knows it (0: unknown): the gateway's
+    queue estimate starts from it instead of learning it (``gateway/registry.scraped_room``).
     """
 
     address: str
@@ -37,6 +39,7 @@ class Endpoint:
     fixed_port: bool = False
     workload: str = ""
     replica: int = 0
+    max_num_seqs: int = 0
 
     @property
     def host(self) -> str:
@@ -60,3 +63,27 @@ class Endpoint:
         if claimed:
             names.add(claimed)
         return names
+
+
+# Engine flags that set how many requests run at once: vLLM and the sim, SGLang.
+CONCURRENCY_FLAGS = ("--max-num-seqs", "--max-running-requests")
+MAX_CONCURRENCY = 1 << 20
+
+
+def max_num_seqs(argv: list[str]) -> int:
+    """The concurrency an engine command line sets (the last such flag wins, as in argparse),
+    0 when it sets none or a value that is not a positive integer (the engine's default is
+    unknown here; the gateway learns it)."""
+    found = 0
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name not in CONCURRENCY_FLAGS:
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        found = (
+            int(value)
+            if value.isascii() and value.isdigit() and 0 < int(value) <= MAX_CONCURRENCY
+            else 0
+        )
+    return found

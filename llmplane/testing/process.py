@@ -142,6 +142,20 @@ class Process:
         _live.discard(self)
         return self.returncode
 
+    def exited(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds for the process to exit by itself (after a signal
+        the caller sent), then finish as ``stop``; its exit code. No second signal: one that
+        lands while the process is on its way out may find Python's default handlers back
+        (its exit code is then -15, not its own). TimeoutError if it did not exit."""
+        p = self.proc
+        assert p is not None, f"{self.name} was never started"
+        if not _exited(p.pid, timeout):
+            raise TimeoutError(
+                f"{self.name} did not exit within {timeout:g} s; its output:\n"
+                f"{self.output()[-3000:]}"
+            )
+        return self.stop()
+
     def kill(self) -> int | None:
         return self.stop(signal.SIGKILL)
 

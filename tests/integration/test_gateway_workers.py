@@ -27,6 +27,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, eventually, gateway, sim_process, wait_for
 from llmplane.testing.kube_emulator import KubeEmulator, pod
+from llmplane.testing.sockets import established
 from tests.integration.test_gateway_kube import (
     BACKEND_LABEL,
     MODEL,
@@ -189,12 +190,22 @@ def test_workers_share_inflight_counts(gw, engines):
     assert wait_for(served, timeout=20, what="8 access-log lines") == [0] * 4 + [1] * 4
 
 
+def requests_counted(text: str, model: str) -> float:
+    """``llmplane_gateway_requests_total`` for ``model``, summed over its statuses."""
+    return sum(
+        float(v)
+        for v in re.findall(
+            rf'^llmplane_gateway_requests_total{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M
+        )
+    )
+
+
 def test_rate_limit_exact_across_workers_and_metrics_aggregated(gw):
     """60 requests of 100 input tokens on a route limited to 2,000 a day, 30 to each worker:
     exactly 20 admitted. /metrics sums both workers' request counters."""
     prompt = "x" * (4 * PROMPT_TOKENS)  # the sim counts ceil(chars / 4), as the gateway does
 
-    async def run() -> tuple[list[int], str]:
+    async def run() -> list[int]:
         async with session() as s:
 
             async def one() -> int:
@@ -207,9 +218,25 @@ def test_rate_limit_exact_across_workers_and_metrics_aggregated(gw):
             for worker in sorted(workers_of(gw.pid)):
                 with only(gw.pid, worker):
                     statuses += await asyncio.gather(*(one() for _ in range(30)))
-            return statuses, await metrics(s, gw.url)
 
-    statuses, text = asyncio.run(run())
+            # Every request is counted before its answer is sent; the answering worker adds
+            # its peer's counters, read from the peer's socket within MetricsPeer.timeout
+            # (2 s): on a loaded machine the peer, just woken from SIGSTOP, can answer
+            # later, and that one /metrics counts the answering worker's requests alone. Each
+            # alone counts 30, so only the sum of both reaches 60.
+            counts: list[float] = []
+
+            async def both_counted() -> bool:
+                counts.append(requests_counted(await metrics(s, gw.url), LIMITED))
+                return counts[-1] == 60
+
+            try:
+                await eventually(both_counted, timeout=20, what="/metrics to count 60")
+            except AssertionError as err:
+                raise AssertionError(f"{err}; the last counts {counts[-5:]}") from None
+            return statuses
+
+    statuses = asyncio.run(run())
     assert statuses.count(200) == LIMIT // PROMPT_TOKENS, statuses
     assert statuses.count(429) == 60 - LIMIT // PROMPT_TOKENS, statuses
 
@@ -217,16 +244,7 @@ def test_rate_limit_exact_across_workers_and_metrics_aggregated(gw):
         lines = [a["worker"] for a in access_lines(gw.output()) if a.get("model") == LIMITED]
         return sorted(lines) if len(lines) >= 60 else None
 
-    assert wait_for(logged, timeout=10, what="60 access-log lines") == [0] * 30 + [1] * 30
-    counted = sum(
-        float(v)
-        for status, v in re.findall(
-            rf'^llmplane_gateway_requests_total{{[^}}]*model="{LIMITED}"[^}}]*status="(\d+)"}} (\S+)$',
-            text,
-            re.M,
-        )
-    )
-    assert counted == 60, text
+    assert wait_for(logged, timeout=20, what="60 access-log lines") == [0] * 30 + [1] * 30
 
 
 def test_killed_worker_is_replaced_while_requests_succeed(gw):
@@ -275,7 +293,59 @@ def test_sigterm_drains_both_workers(gw, engines):
             return list(await asyncio.gather(*requests))
 
     assert asyncio.run(run()) == [200] * 4
-    assert gw.stop(grace=30) == 0
+    assert gw.exited(30) == 0  # by itself, on the one SIGTERM
+
+
+WARM = "wk-warm"
+
+
+def test_a_worker_reuses_its_warm_connections_among_alike_replicas(tmp_path):
+    """6 idle replicas of one model, scored alike: 12 requests one after another through the
+    worker that does not scrape open one upstream connection, not one per replica they meet
+    (about 5 with a plain random tie-break): among equally scored endpoints a worker prefers
+    those it holds an idle connection to. The scraping worker's scrapes keep its own pool
+    warm to every replica; the other's pool holds what its requests opened."""
+    with Processes() as group:
+        sims = group.start(*(sim_process(WARM, "--time-scale", "0") for _ in range(6)))
+        store = open_store(tmp_path)
+        for i, sim in enumerate(sims):
+            store.apply(endpoint_object(f"warm-{i}", sim.address, WARM))
+        store.close()
+        (gw,) = group.start(gateway("--workers", "2", "--log-level", "WARNING", state_dir=tmp_path))
+        ports = {sim.port for sim in sims}
+        workers = workers_of(gw.pid)
+
+        def to_sims(pid: int) -> dict[int, int]:
+            """pid's connections to the sims: socket inode -> the sim's port."""
+            held = established([pid])[pid]
+            return {i: remote for i, (_, remote) in held.items() if remote in ports}
+
+        scraper = wait_for(
+            lambda: next((p for p in workers if set(to_sims(p).values()) == ports), None),
+            timeout=20,
+            what="the scraping worker's connections to all 6 sims",
+        )
+        (follower,) = workers - {scraper}
+        before = to_sims(follower)
+        assert len(set(before.values())) < 6, before  # the follower scrapes nothing itself
+
+        async def run() -> None:
+            # One keep-alive connection, accepted by the follower (the scraper stopped a
+            # moment): then both run, and every request on it reaches the follower.
+            pinned = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+            try:
+                with only(gw.pid, follower):
+                    async with pinned.get(f"{gw.url}/health") as resp:
+                        assert resp.status == 200
+                for _ in range(12):
+                    assert await chat(pinned, gw.url, WARM, 1) == 200
+            finally:
+                await pinned.close()
+
+        asyncio.run(run())
+        opened = {i: port for i, port in to_sims(follower).items() if i not in before}
+        served = [a["endpoint"] for a in access_lines(gw.output()) if a.get("model") == WARM]
+        assert len(opened) == 1, (opened, served)
 
 
 def alive(pid: int) -> bool:

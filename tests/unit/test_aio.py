@@ -1,10 +1,38 @@
-"""llmplane.aio.wait_event: an Event with a timeout that never loses a cancellation."""
+"""llmplane.aio: wait_event, an Event with a timeout that never loses a cancellation; call_on,
+a call that runs in the given loop whichever thread asks."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
-from llmplane.aio import wait_event
+from llmplane.aio import call_on, wait_event
+
+
+async def test_call_on_runs_in_the_loop_whichever_thread_asks() -> None:
+    loop = asyncio.get_running_loop()
+    calls: list[tuple[str, threading.Thread]] = []
+    call_on(loop, lambda: calls.append(("loop", threading.current_thread())))
+    assert calls == [("loop", threading.current_thread())]  # at once, from the loop itself
+    done = asyncio.Event()
+
+    def from_thread() -> None:
+        calls.append(("thread", threading.current_thread()))
+        done.set()
+
+    worker = threading.Thread(target=call_on, args=(loop, from_thread))
+    worker.start()
+    await asyncio.to_thread(worker.join)
+    assert await wait_event(done, 5), "the call from a thread never ran"
+    assert calls[1] == ("thread", threading.current_thread())  # in the loop's thread
+    call_on(None, lambda: calls.append(("none", threading.current_thread())))
+    assert len(calls) == 2
+
+
+def test_call_on_a_closed_loop_does_nothing() -> None:
+    loop = asyncio.new_event_loop()
+    loop.close()
+    call_on(loop, lambda: (_ for _ in ()).throw(AssertionError("called")))
 
 
 async def test_wait_event_says_whether_the_event_was_set() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,10 +14,11 @@ import pytest
 from rich.console import Console
 
 from llmplane.console.redact import MASK, redact, secret_key
-from llmplane.console.stats import RequestStats, quantile, totals
+from llmplane.console.stats import RequestStats, peer_totals, quantile, report_totals, totals
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.workers.share import Share, listen
 from llmplane.upstatus import UpStatus, panel, settled, status_line
 
 
@@ -43,6 +45,43 @@ def test_ring_adds_the_other_workers_totals() -> None:
     assert stats.sample([(12, totals(replacement)), (13, {"requests": "x"})]).requests == 0
     replacement.requests.labels("m", "r", "e", "200").inc()
     assert stats.sample([(12, totals(replacement))]).requests == 1
+
+
+def test_workers_read_each_others_totals_from_shared_memory() -> None:
+    """Each worker's sampler publishes its totals as its report and reads the others' (the
+    real shared-memory share the supervisor makes; no socket, nobody asked): worker 0's ring
+    counts worker 2's requests, worker 1's counts worker 0's; a report being rewritten
+    reads as its previous copy."""
+    sock = listen("127.0.0.1", 0)
+    share = Share(3, sock)
+    try:
+        seats = [share.seat(i) for i in range(3)]
+        metrics = [GatewayMetrics() for _ in seats]
+        stats = [
+            RequestStats(m, peers=peer_totals(seat), publish=report_totals(seat))
+            for m, seat in zip(metrics, seats, strict=True)
+        ]
+        assert stats[0].peers() == []  # nobody has reported yet
+        report_totals(seats[2])(totals(metrics[2]))  # worker 2 (no console): its baseline
+        assert stats[0].sample(stats[0].peers()).requests == 0
+        metrics[2].requests.labels("m", "r", "e", "200").inc(3)
+        metrics[0].requests.labels("m", "r", "e", "500").inc()
+        report_totals(seats[2])(totals(metrics[2]))
+        point = stats[0].sample(stats[0].peers())
+        assert (point.requests, point.errors) == (4, 1)
+        # Worker 0 published its totals when it sampled: worker 1 sees them (baseline, then
+        # the difference), and worker 2's unchanged report adds nothing.
+        assert stats[1].sample(stats[1].peers()).requests == 0
+        metrics[0].requests.labels("m", "r", "e", "200").inc(2)
+        stats[0].sample(stats[0].peers())
+        assert stats[1].sample(stats[1].peers()).requests == 2
+        # A writer caught mid-write (odd sequence): the reader keeps the last whole copy.
+        doc = share.reports.docs[2]
+        doc.words[0] += 1
+        assert dict(stats[0].peers())[(2, os.getpid())] == totals(metrics[2])
+    finally:
+        share.close()
+        sock.close()
 
 
 def test_quantile_interpolates_inside_the_bucket() -> None:

@@ -146,6 +146,26 @@ def test_pickers():
     assert all(WeightedRandomPicker().pick(ctx(), [a, b], [0.0, 1.0], 1) == [b] for _ in range(50))
 
 
+def test_max_score_prefers_warm_among_ties_only():
+    """Among equally scored endpoints, those ``prefer`` names come first (in random order);
+    a higher score still wins over a warm connection; a large tie is only sampled."""
+    picker = MaxScorePicker()
+    warm = {3, 5}
+    for _ in range(50):
+        first, second = picker.order([1.0] * 8, 2, warm.__contains__)
+        assert {first, second} == warm
+    assert {picker.order([1.0] * 8, 1, warm.__contains__)[0] for _ in range(100)} == warm
+    assert picker.order([1.0, 2.0, 1.0], 2, {0, 2}.__contains__)[0] == 1  # score first
+    looked: list[int] = []
+    picker.order([1.0] * 1000, 4, lambda i: looked.append(i) or False)
+    assert len(looked) == 16  # WARM_LOOKS, not 1,000
+    # Through a profile: the context's ``warm`` names addresses.
+    a, b, c = state(1), state(2), state(3)
+    scheduler = build_scheduler(None)
+    warm_ctx = SchedulingContext("m", b"hi", now=NOW, warm={b.address}.__contains__)
+    assert all(scheduler.pick(warm_ctx, [a, b, c], 1).endpoints == [b] for _ in range(30))
+
+
 def test_block_hashes_chain_and_seed():
     prompt = b"a" * 64 * 3 + b"tail"
     h = block_hashes(prompt, "m")

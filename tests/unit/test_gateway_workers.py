@@ -155,6 +155,15 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     assert (follower.scraped_at, follower.inflight_at_scrape) == (123.5, 7)
     assert follower.has_kv and follower.has_load_metrics and follower.scrape_ok
     assert follower.lora_running == {"a", "b"} and follower.lora_waiting == frozenset()
+    assert (follower.capacity, follower.room) == (5, 0)  # full at 5: requests wait
+    # Idle again: the room the queue estimate subtracts reaches the followers too.
+    apply_metrics(
+        scraped, LoadMetrics(waiting=0, running=1, kv=0.1), now=124.0, inflight_at_start=1
+    )
+    table.publish(2, scraped)
+    seq, fields, text = table.read(2, 0)
+    apply_row(follower, fields, text)
+    assert (follower.capacity, follower.room) == (5, 4)
     # A writer that died mid-row leaves the sequence odd: readers keep what they had, the
     # next writer steps over it.
     table.words[2 * ROW_BYTES // 8] += 1

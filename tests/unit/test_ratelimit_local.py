@@ -1,12 +1,18 @@
 """The single-limit fast path on local buckets (``ratelimit/local.py``) against the general
-one (``reserve_local`` + ``rate_headers``): the same admissions, levels and headers."""
+one (``reserve_local`` + ``rate_headers``, ``settle_deltas`` + ``adjust``): the same
+admissions, levels and headers."""
 
 from __future__ import annotations
 
 import random
 
 from llmplane.gateway.hooks import header_pairs
-from llmplane.gateway.ratelimit.buckets import TokenBucket, rate_headers, reserve_local
+from llmplane.gateway.ratelimit.buckets import (
+    TokenBucket,
+    rate_headers,
+    reserve_local,
+    settle_deltas,
+)
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
 from llmplane.gateway.ratelimit.local import LocalPlan
 
@@ -26,19 +32,21 @@ def rendered(headers: dict[str, str]) -> bytes:
     return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
 
 
-def test_fast_path_admits_and_reports_exactly_as_the_general_path():
+def test_fast_path_admits_settles_and_reports_exactly_as_the_general_path():
     rng = random.Random(7)
-    seen = {"admitted": 0, "refused": 0, "sub_second": 0, "longer": 0}
+    seen = {"admitted": 0, "refused": 0, "sub_second": 0, "longer": 0, "settled": 0}
     for directions in ([REQUESTS], [INPUT, OUTPUT], [REQUESTS, INPUT, OUTPUT, BUDGET]):
         fast, general = twins(directions)
         plan = LocalPlan(fast)
+        assert plan.directions == tuple(directions)
         now = 0.0
         for _ in range(400):
             now += rng.choice((0.0, 0.01, 0.3, 2.0))
-            amounts = [(d, 1 if d == REQUESTS else rng.randint(0, 90)) for d in directions]
+            amounts = [1 if d == REQUESTS else rng.randint(0, 90) for d in directions]
+            pairs = list(zip(directions, amounts, strict=True))
             lines = plan.take(amounts, now)
             headers = header_pairs(lines) if lines is not None else None
-            ok, states = reserve_local([(d, general[d], a) for d, a in amounts], now)
+            ok, states = reserve_local([(d, general[d], a) for d, a in pairs], now)
             assert (headers is not None) == ok
             if ok:
                 seen["admitted"] += 1
@@ -51,19 +59,43 @@ def test_fast_path_admits_and_reports_exactly_as_the_general_path():
                 seen["refused"] += 1
             for d in directions:
                 assert fast[d].level == general[d].level
-            if ok and rng.random() < 0.5:  # settle: give back or debit
-                deltas = [(d, rng.randint(-30, 30)) for d in directions if d != REQUESTS]
-                plan.give(deltas, now)
+            if ok and rng.random() < 0.5:  # settle on usage (or on a status without it)
+                now += rng.choice((0.0, 0.05))
+                usage = rng.random() < 0.8
+                prompt = rng.choice((0, rng.randint(1, 90))) if usage else None
+                completion = rng.randint(0, 90) if usage else None
+                status = rng.choice((200, 200, 429, 499, 500))
+                plan.settle(amounts, prompt, completion, status, lambda t=now: t)
+                deltas = settle_deltas(pairs, prompt, completion, status)
+                seen["settled"] += bool(deltas)
                 for d, delta in deltas:
                     general[d].adjust(delta, now)
-    # The comparison covered both outcomes and both reset formats.
+                for d in directions:
+                    assert fast[d].level == general[d].level
+                    assert fast[d].stamp == general[d].stamp
+    # The comparison covered both outcomes, both reset formats and settlements that moved.
     assert all(seen.values()), seen
+
+
+def test_a_take_that_leaves_the_same_levels_reuses_the_lines_and_another_does_not():
+    """Full buckets before each take (a tenant well inside its limits) and the same amounts:
+    the same lines, made once; any other level after a take: lines of that level."""
+    fast, general = twins([REQUESTS, INPUT, OUTPUT])
+    plan = LocalPlan(fast)
+    first = plan.take([1, 30, 12], 0.0)
+    assert plan.take([1, 30, 12], 1000.0) is first  # refilled to the burst: the same levels
+    for amounts, now in (([1, 31, 12], 2000.0), ([1, 31, 12], 2000.0), ([1, 30, 12], 3000.0)):
+        pairs = list(zip(plan.directions, amounts, strict=True))
+        lines = plan.take(amounts, now)
+        ok, states = reserve_local([(d, general[d], a) for d, a in pairs], now)
+        assert ok and lines == rendered(rate_headers(states))
+    assert plan.take([1, 30, 12], 3000.0) != first  # not refilled: lower levels, new lines
 
 
 def test_a_tie_between_token_buckets_reports_the_first_as_the_general_path_does():
     fast, general = twins([INPUT, OUTPUT, BUDGET])
     amounts = [(INPUT, 30), (OUTPUT, 12), (BUDGET, 200)]  # a tenth of each: equal shares
-    headers = header_pairs(LocalPlan(fast).take(amounts, 0.0))
+    headers = header_pairs(LocalPlan(fast).take([a for _, a in amounts], 0.0))
     ok, states = reserve_local([(d, general[d], a) for d, a in amounts], 0.0)
     assert ok and headers == rate_headers(states)
     assert headers["x-ratelimit-limit-tokens"] == "300"

@@ -27,16 +27,20 @@ row = st.tuples(
     st.integers(0, 12),  # inflight_at_scrape
     st.sampled_from([-0.5, 0.0, 0.3, 0.7, 1.0, 1.5]),  # kv_usage
     st.booleans(),  # has_kv
+    st.sampled_from([0.0, 0.0, 1.0, 2.5, 4.0, 9.0, 30.0]),  # room (registry.scraped_room)
 )
 
 
 def _states(rows: list[tuple]) -> list[EndpointState]:
     states = []
-    for i, (served, load, scraped, waiting, inflight, at_scrape, kv, has_kv) in enumerate(rows):
+    for i, (served, load, scraped, waiting, inflight, at_scrape, kv, has_kv, *room) in enumerate(
+        rows
+    ):
         s = EndpointState(Endpoint(f"10.0.0.{i}:8000", {}, "m"))
         s.served_models, s.has_load_metrics, s.scraped_at = served, load, scraped
         s.waiting, s.inflight, s.inflight_at_scrape = float(waiting), inflight, at_scrape
         s.kv_usage, s.has_kv = kv, has_kv
+        s.room = room[0] if room else 0.0
         states.append(s)
     return states
 

@@ -69,6 +69,30 @@ async def test_hook_counts_answered_requests_and_tokens_and_batches_them(tmp_pat
     assert UsageLog(tmp_path / "u.db").totals(now[0] - 60) == [UsageRow("a", "m", 2, 19, 6)]
 
 
+async def test_each_minute_and_each_flush_gets_its_own_counts(tmp_path):
+    """A tenant/model keeps its entry of the current minute between requests: a new minute,
+    or a flush that took the batch away, starts the next entry (nothing counted twice or
+    lost)."""
+    start = 1_800_000_000.0 - 1_800_000_000.0 % 60
+    now = [start + 10]
+    usage = TenantUsage(UsageLog(tmp_path / "u.db"), clock=lambda: now[0])
+    req = chat("hi")
+    await usage.settle(req, _Decision("a"), None, Usage(1, 1), 200)
+    now[0] = start + 70  # the next minute
+    await usage.settle(req, _Decision("a"), None, Usage(2, 2), 200)
+    now[0] = start + 30  # the clock stepped back: the earlier minute again
+    await usage.settle(req, _Decision("a"), None, Usage(4, 4), 200)
+    assert usage.pending == {
+        (int(start), "a", "m"): [2, 5, 5],
+        (int(start) + 60, "a", "m"): [1, 2, 2],
+    }
+    await usage.flush()
+    await usage.settle(req, _Decision("a"), None, Usage(8, 8), 200)  # same minute, new batch
+    assert usage.pending == {(int(start), "a", "m"): [1, 8, 8]}
+    await usage.flush()
+    assert sorted(UsageLog(tmp_path / "u.db").totals(start - 60)) == [UsageRow("a", "m", 4, 15, 15)]
+
+
 def test_usage_log_prunes_rows_past_the_retention(tmp_path):
     path = tmp_path / USAGE_FILENAME
     now = 1_800_000_000.0

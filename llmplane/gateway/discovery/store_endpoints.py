@@ -10,6 +10,7 @@ A vLLM (or any OpenAI-compatible server) started by hand is registered with::
       modelName: meta-llama/Llama-3.1-8B-Instruct   # its --served-model-name
       engine: vllm                   # vllm | sim | sglang | llamacpp | tgi | ... (metrics)
       labels: {app: llama}           # what ModelServer / InferencePool selectors match
+      maxNumSeqs: 256                # optional: its --max-num-seqs (else the gateway learns it)
 
 A port in ``address`` is the server's own: routes' ``workloadPort`` / ``targetPortNumber`` do
 not change it. Set ``fixedPort: false`` to have them replace it (as for a Kubernetes pod), or
@@ -25,7 +26,7 @@ from typing import Any
 
 from llmplane.gateway.discovery.sources import Subscribers
 from llmplane.gateway.store_follower import StoreFollower
-from llmplane.runtime.endpoint import Endpoint
+from llmplane.runtime.endpoint import MAX_CONCURRENCY, Endpoint
 from llmplane.store.base import Store
 
 ENDPOINT_KIND = "Endpoint"
@@ -54,7 +55,17 @@ def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
         namespace=meta.get("namespace") or "default",
         engine=str(spec.get("engine") or "vllm").lower(),
         fixed_port=spec.get("fixedPort", True) is not False,
+        max_num_seqs=_max_num_seqs(spec.get("maxNumSeqs"), meta.get("name")),
     )
+
+
+def _max_num_seqs(value: Any, name: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_CONCURRENCY:
+        return value
+    log.warning("Endpoint %s: spec.maxNumSeqs must be an integer in 1..%d", name, MAX_CONCURRENCY)
+    return 0
 
 
 def endpoint_object(
@@ -66,9 +77,12 @@ def endpoint_object(
     engine: str = "vllm",
     namespace: str = "default",
     fixed_port: bool = True,
+    max_num_seqs: int = 0,
 ) -> dict[str, Any]:
     """The store object that registers an external endpoint."""
     spec: dict[str, Any] = {"address": address, "modelName": model_name, "engine": engine}
+    if max_num_seqs:
+        spec["maxNumSeqs"] = max_num_seqs
     if not fixed_port:
         spec["fixedPort"] = False
     if labels:

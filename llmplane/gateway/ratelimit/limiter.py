@@ -69,8 +69,9 @@ class Taken:
 class Reservation(HookReservation):
     """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` or
     ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``). The
-    single-limit fast path keeps its plan, limit and amounts instead of a ``Taken`` list, and
-    its headers as lines (the ``taken`` list and the headers' dict are made if asked for)."""
+    single-limit fast path keeps its plan, limit and amounts (in the plan's ``directions``
+    order) instead of a ``Taken`` list, and its headers as lines (the ``taken`` list and the
+    headers' dict are made if asked for)."""
 
     __slots__ = ("_headers", "_taken", "amounts", "limit", "plan")
 
@@ -80,7 +81,7 @@ class Reservation(HookReservation):
         response_headers: dict[str, str] | None = None,
         plan: LocalPlan | None = None,
         limit: RouteLimit | None = None,
-        amounts: list[tuple[str, int]] | None = None,
+        amounts: list[int] | None = None,
         response_lines: bytes | None = None,
     ) -> None:
         # The base's fields set here: one call a request less than super().__init__.
@@ -105,8 +106,9 @@ class Reservation(HookReservation):
     @property
     def taken(self) -> list[Taken]:
         if self._taken is None:
-            assert self.limit is not None and self.amounts is not None
-            self._taken = [Taken(self.limit, "local", self.amounts)]
+            assert self.plan is not None and self.limit is not None and self.amounts is not None
+            pairs = list(zip(self.plan.directions, self.amounts, strict=True))
+            self._taken = [Taken(self.limit, "local", pairs)]
         return self._taken
 
 
@@ -141,9 +143,9 @@ class RateLimiter:
         # Buckets of this process (or shared by the workers, see make_bucket), by (limit key,
         # direction): one interface (TokenBucket) whatever holds them.
         self.local: dict[tuple[str, str], TokenBucket] = {}
-        # (limit key, embeddings?) -> its local buckets resolved once (``local.py``); dropped
-        # on update.
-        self.plans: dict[tuple[str, bool], LocalPlan] = {}
+        # Per embeddings? (no output tokens taken): limit key -> its local buckets resolved
+        # once (``local.py``); dropped on update.
+        self.plans: tuple[dict[str, LocalPlan], dict[str, LocalPlan]] = ({}, {})
         self.redis: dict[str, RedisBuckets] = {}
         self.counter = TokenCounter(getattr(config, "rate_limit_tokenizers", None))
         self.default_output = getattr(config, "rate_limit_default_output_tokens", 256)
@@ -165,7 +167,7 @@ class RateLimiter:
         """New store objects: re-read every ModelRoute's and Tenant's rateLimit. A changed
         limit keeps the bucket's level (capped at the new burst)."""
         objects = list(objects)
-        self.plans = {}
+        self.plans = ({}, {})
         self.limits = route_limits(objects)
         self.tenant_limits = tenant_limits(objects)
         every = [*self.limits.values(), *self.tenant_limits.values()]
@@ -241,12 +243,17 @@ class RateLimiter:
             limit = self.tenant_limits.get(tenant) if tenant is not None else None
             if limit is None:
                 return None
-            limits = [limit]
-        else:
-            limits = self.applicable(decision)
-            if not limits:
-                return None
-        counted: list[int] = []  # the input count, made once for the request
+            if limit.redis is not None:
+                return LATER
+            counted: list[int] = []  # the input count, made once for the request
+            reservation = self._reserve_local(inference, decision, limit, counted)
+            if reservation is not None:
+                return reservation
+            return self._reserve_general(inference, decision, [limit], counted)
+        limits = self.applicable(decision)
+        if not limits:
+            return None
+        counted = []
         if len(limits) == 1:
             if limits[0].redis is not None:
                 return LATER
@@ -255,7 +262,16 @@ class RateLimiter:
                 return reservation
         elif any(limit.redis is not None for limit in limits):
             return LATER
-        # Every limit local: the general path never waits.
+        return self._reserve_general(inference, decision, limits, counted)
+
+    def _reserve_general(
+        self,
+        inference: InferenceRequest,
+        decision: Decision,
+        limits: list[RouteLimit],
+        counted: list[int],
+    ) -> Reservation | None:
+        """Every limit local: the general path (two limits, or a refusal) never waits."""
         taken: list[Taken] = []
         states: list[BucketState] = []
         try:
@@ -329,20 +345,41 @@ class RateLimiter:
         not fit now or is too large for a bucket (the general path then refuses it with the
         429, reusing the input count left in ``counted``)."""
         embeddings = inference.path.endswith("/embeddings")
-        amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
-        if too_large is not None or not amounts:
-            return None
         # One plan per limit and set of directions (an embedding takes no output tokens).
-        plan = self.plans.get((limit.key, embeddings))
+        plans = self.plans[embeddings]
+        plan = plans.get(limit.key)
         if plan is None:
-            plan = self.plans[(limit.key, embeddings)] = LocalPlan(
-                {d: self._bucket(limit, d) for d, _ in amounts}
+            plan = plans[limit.key] = LocalPlan(
+                {
+                    d: self._bucket(limit, d, n)
+                    for d, n in limit.tokens
+                    if not (embeddings and d == OUTPUT)
+                }
             )
+        # What the request takes per bucket (``_amounts`` for the plan's directions).
+        doc = inference.doc
+        amounts = []
+        for direction, tokens in plan.limits:
+            if direction == REQUESTS:
+                amount = 1
+            elif direction == OUTPUT:
+                amount = output_reservation(doc, self.default_output, tokens)
+            else:
+                if not counted:
+                    counted.append(self.counter.count(doc, decision.model, inference.model))
+                amount = counted[0]
+                if direction == BUDGET and not embeddings:
+                    amount += output_reservation(doc, self.default_output, tokens)
+            if amount > tokens:
+                return None
+            amounts.append(amount)
+        if not amounts:
+            return None
         lines = plan.take(amounts, self.clock())
         if lines is None:
             return None
         reservation = Reservation(None, None, plan, limit, amounts, lines)
-        if inference.stream and (len(amounts) > 1 or amounts[0][0] != REQUESTS):
+        if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
             self._usage_filter(reservation, inference)
         return reservation
 
@@ -513,9 +550,7 @@ class RateLimiter:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
         plan = reservation.plan
         if plan is not None:
-            deltas = settle_deltas(reservation.amounts, prompt, completion, status)  # type: ignore[arg-type]
-            if deltas:
-                plan.give(deltas, self.clock())
+            plan.settle(reservation.amounts, prompt, completion, status, self.clock)  # type: ignore[arg-type]
             return
         for part in reservation._taken or ():
             deltas = settle_deltas(part.amounts, prompt, completion, status)

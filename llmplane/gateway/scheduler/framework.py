@@ -31,6 +31,7 @@ class SchedulingContext:
         "model",
         "now",
         "staleness",
+        "warm",
     )
 
     def __init__(
@@ -41,6 +42,7 @@ class SchedulingContext:
         lora: bool = False,
         staleness: float = 0.2,
         now: float | None = None,
+        warm: Callable[[str], bool] | None = None,
     ) -> None:
         self.model = model
         if callable(prompt):
@@ -54,6 +56,9 @@ class SchedulingContext:
         self.staleness = staleness
         self.now = time.monotonic() if now is None else now
         self.cache: dict[Any, Any] = {}  # per-request scratch for plugins
+        # Whether this process holds an idle connection to an address (a gateway worker that
+        # does not scrape): the max-score picker prefers those among equally scored endpoints.
+        self.warm = warm
 
     @property
     def prompt(self) -> bytes:
@@ -123,7 +128,11 @@ class Profile:
         else:
             kept, totals = self.score(ctx, endpoints)
         if order is not None:  # a picker that decides from the scores alone: no index lookups
-            picked = order(totals, n)
+            warm = ctx.warm
+            if warm is None:
+                picked = order(totals, n)
+            else:
+                picked = order(totals, n, lambda i: warm(kept[i].address))
             return Pick(
                 [kept[i] for i in picked],
                 {kept[i].address: round(totals[i], 4) for i in picked},

@@ -72,7 +72,7 @@ class FusedPlan:
                 for e in endpoints
                 if ((m := e.served_models) is None or model in m)
                 and (
-                    e.waiting + e.inflight - e.inflight_at_scrape
+                    e.waiting - e.room + e.inflight - e.inflight_at_scrape
                     if e.scraped_at >= oldest and e.has_load_metrics
                     else e.inflight
                 )
@@ -83,7 +83,7 @@ class FusedPlan:
                 e
                 for e in endpoints
                 if (
-                    e.waiting + e.inflight - e.inflight_at_scrape
+                    e.waiting - e.room + e.inflight - e.inflight_at_scrape
                     if e.scraped_at >= oldest and e.has_load_metrics
                     else e.inflight
                 )

@@ -45,11 +45,11 @@ from llmplane.gateway.workers.shm import Document, region
 log = logging.getLogger("llmplane.gateway")
 
 ROW_BYTES = 1024
-# seq, waiting, running, kv, scraped_at, prefix hits, prefix queries, inflight at scrape,
-# flags, max_lora, adapters text length
-_HEAD = struct.Struct("<qddddddqqqq")
+# seq, waiting, running, kv, scraped_at, prefix hits, prefix queries, capacity, room,
+# inflight at scrape, flags, max_lora, adapters text length
+_HEAD = struct.Struct("<qddddddddqqqq")
 TEXT_BYTES = ROW_BYTES - _HEAD.size
-_FIELDS = struct.Struct("<ddddddqqqq")  # the head without seq
+_FIELDS = struct.Struct("<ddddddddqqqq")  # the head without seq
 _TIME = struct.Struct("<d")
 HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
 READ_TRIES = 4
@@ -109,6 +109,8 @@ class ScrapeTable:
             state.scraped_at,
             state.prefix_hits,
             state.prefix_queries,
+            state.capacity,
+            state.room,
             state.inflight_at_scrape,
             flags,
             state.max_lora,
@@ -140,10 +142,24 @@ class ScrapeTable:
 
 def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
     """A published row into a follower's state; True if it was published as kept."""
-    waiting, running, kv, scraped_at, hits, queries, at_scrape, flags, max_lora, _ = fields
+    (
+        waiting,
+        running,
+        kv,
+        scraped_at,
+        hits,
+        queries,
+        capacity,
+        room,
+        at_scrape,
+        flags,
+        max_lora,
+        _,
+    ) = fields
     state.waiting, state.running, state.kv_usage = waiting, running, kv
     state.scraped_at = scraped_at
     state.prefix_hits, state.prefix_queries = hits, queries
+    state.capacity, state.room = capacity, room
     state.inflight_at_scrape = at_scrape
     state.has_kv = bool(flags & HAS_KV)
     state.has_load_metrics = bool(flags & HAS_LOAD) if flags & KNOWN else None
@@ -180,6 +196,8 @@ def _content(state: EndpointState, kept: bool) -> tuple:
         state.scrape_ok,
         state.prefix_hits,
         state.prefix_queries,
+        state.capacity,
+        state.room,
         state.inflight_at_scrape,
         state.max_lora,
         state.lora_running,

@@ -1,6 +1,7 @@
 """What the supervisor sets up before it forks (``Share``) and one worker's place in it
 (``Seat``): the listening socket, the in-flight table, the scraped engine metrics, the shared
-token buckets, the prefix picks and the private directory of the workers' metrics sockets."""
+token buckets, the prefix picks, the workers' reports and the private directory of the
+workers' metrics sockets."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llmplane.gateway.workers.buckets import SharedBuckets
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import MetricsPeer
 from llmplane.gateway.workers.picks import PickFeed, PickRings
+from llmplane.gateway.workers.reports import ReportReader, WorkerReports
 from llmplane.gateway.workers.scrapes import (
     ScrapeFollower,
     ScrapePublisher,
@@ -52,6 +54,7 @@ class Share:
         self.scrapes = ScrapeTable(endpoint_capacity)
         self.buckets = SharedBuckets(bucket_capacity, self.locks)
         self.picks = PickRings(workers)
+        self.reports = WorkerReports(workers)
         self.dir = tempfile.mkdtemp(prefix="llmplane-workers-")  # 0700: ours alone
 
     def socket_path(self, index: int) -> str:
@@ -81,6 +84,9 @@ class Seat:
             [share.socket_path(i) for i in range(share.workers) if i != index],
         )
         self.picks: PickFeed = share.picks.feed(index)
+        # Whether this worker scrapes every endpoint (over its proxy's pool, which keeps its
+        # connections to all of them warm); the others prefer endpoints they hold one to.
+        self.scrapes = index == SCRAPER
         # More commands this worker answers on its private socket (``MetricsPeer.start``):
         # ``llmplane up``'s platform worker answers console requests and wake-ups.
         self.handlers: dict[bytes, Callable[[bytes], Awaitable[bytes]]] = {}
@@ -91,6 +97,14 @@ class Seat:
         """Send a command to worker ``index`` (one of ``handlers`` there); its answer (None,
         logged unless ``quiet``, if it did not answer)."""
         return await self.metrics.ask(self.share.socket_path(index), what, payload, quiet)
+
+    def report(self, data: bytes) -> bool:
+        """Publish this worker's report (``workers/reports.py``; False if too large)."""
+        return self.share.reports.write(self.index, data)
+
+    def report_reader(self) -> ReportReader:
+        """A reader of the other workers' reports."""
+        return ReportReader(self.share.reports, self.index)
 
     def endpoint_state(self, endpoint: Endpoint) -> EndpointState:
         return self.share.inflight.state(endpoint, self.index)
