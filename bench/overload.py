@@ -64,6 +64,7 @@ CLASSES = {  # tenant -> (criticality, share of the offered load in units of 0.1
     "critical": ("Critical", 4),
     "bulk": ("Sheddable", 15),
 }
+TIMING = b": llmplane-sim-timing "  # the sims' --report-timing comment
 WORDS = [c + v + d for c in "bcdfghjklmnprstvz" for v in "aeiou" for d in "bcdfghjklmnprstvz"]
 
 
@@ -73,6 +74,27 @@ class Outcome:
     ttft: float | None = None  # seconds to the first content chunk
     complete: bool = False  # the stream ended with [DONE]
     error: str = ""
+    sent: float = 0.0  # perf_counter when the request was sent
+    timing: dict | None = None  # the sim's engine-side timestamps (--report-timing)
+
+    def parts(self) -> tuple[float, ...] | None:
+        """The TTFT in parts, seconds: before the engine (the gateway: its flow-control
+        queue, routing, the hop), the engine step in progress at arrival, the engine's
+        waiting queue, its own prefill step(s), the first chunk's way back; and how many
+        sequences shared its prefill step."""
+        t = self.timing
+        if t is None or self.ttft is None or t.get("first_token") is None:
+            return None
+        arrival, scheduled, first = t["arrival"], t["scheduled"], t["first_token"]
+        step = t["first_step"] if t.get("first_step") is not None else scheduled
+        return (
+            arrival - self.sent,
+            step - arrival,
+            scheduled - step,
+            first - scheduled,
+            self.sent + self.ttft - first,
+            t.get("batch_prefills", 0),
+        )
 
 
 @dataclass
@@ -86,6 +108,7 @@ class ClassResult:
         ttfts = [o.ttft for o in ok if o.ttft is not None]
         p50 = percentile(ttfts, 50) * 1000 if ttfts else float("nan")
         p99 = percentile(ttfts, 99) * 1000 if ttfts else float("nan")
+        p95 = percentile(ttfts, 95) * 1000 if ttfts else float("nan")
         ratio = f"{p99 / (reference * 1000):.2f}x" if reference and ttfts else ""
         return [
             name,
@@ -94,9 +117,31 @@ class ClassResult:
             refused,
             n - len(ok) - refused,
             f"{p50:.0f}",
+            f"{p95:.0f}",
             f"{p99:.0f}",
             ratio,
         ]
+
+    def breakdown(self, name: str) -> list[list[object]]:
+        """Where the TTFT went: the mean parts (ms) of all successful requests and of the
+        slowest 5 % of them (at least one)."""
+        timed = sorted(
+            (o for o in self.outcomes if o.status == 200 and o.complete and o.parts()),
+            key=lambda o: o.ttft or 0.0,
+        )
+        if not timed:
+            return []
+        rows = []
+        for label, group in (("all", timed), ("slowest 5 %", timed[-max(1, len(timed) // 20) :])):
+            parts = [o.parts() for o in group]
+            mean = [sum(p[i] for p in parts) / len(parts) for i in range(6)]  # type: ignore[index]
+            ttft = sum(o.ttft or 0.0 for o in group) / len(group)
+            rows.append(
+                [f"{name}, {label} ({len(group)})", f"{ttft * 1000:.0f}"]
+                + [f"{v * 1000:.0f}" for v in mean[:5]]
+                + [f"{mean[5]:.1f}"]
+            )
+        return rows
 
 
 def tenant_object(name: str, criticality: str, made: object) -> dict:
@@ -121,7 +166,7 @@ async def one(
 ) -> None:
     o = Outcome()
     out.append(o)
-    t0 = time.perf_counter()
+    t0 = o.sent = time.perf_counter()
     try:
         async with session.post(
             url,
@@ -137,6 +182,8 @@ async def one(
                     o.complete = True
                 elif o.ttft is None and line.startswith(b"data: ") and b'"text"' in line:
                     o.ttft = time.perf_counter() - t0
+                elif line.startswith(TIMING):
+                    o.timing = orjson.loads(line[len(TIMING) :])[0]
     except (aiohttp.ClientError, TimeoutError) as err:
         o.error = f"{type(err).__name__}: {err}"
 
@@ -233,12 +280,20 @@ async def serving(url: str, keys: dict[str, str], args, timeout: float = 120.0) 
 
 
 def gateway(
-    state: str, work: Path, name: str, flow_control: bool, ttl: float, cap: int, prefilling: int = 0
+    state: str,
+    work: Path,
+    name: str,
+    flow_control: bool,
+    ttl: float,
+    cap: int,
+    prefilling: int = 0,
+    reserve: int = 0,
 ) -> Process:
     config = work / f"{name}.yaml"
     config.write_text(
         f"gateway:\n  saturationQueue: 0\n  saturationMaxInflight: {cap}\n"
         f"  saturationMaxPrefilling: {prefilling}\n  flowControlTtl: {ttl}\n"
+        f"  flowControlReserve: {reserve}\n"
     )
     flag = "--flow-control" if flow_control else "--no-flow-control"
     return gateway_proc(state, "--config", str(config), flag, name=name)
@@ -271,11 +326,32 @@ def main(argv: list[str] | None = None) -> None:
         metavar="N[,N...]",
         help="also run flow control on with saturationMaxPrefilling: N, a phase per N",
     )
+    p.add_argument(
+        "--reserve",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        metavar="N[,N...]",
+        help="also run flow control on with flowControlReserve: N (and the first "
+        "--max-prefilling), a phase per N",
+    )
+    p.add_argument(
+        "--skip",
+        type=lambda text: text.split(","),
+        default=[],
+        metavar="PHASE[,...]",
+        help="phases not to run: off, on (a quicker look at the others)",
+    )
     args = p.parse_args(argv)
     inflight_cap = args.cap_inflight
     modes = {"off": "flow control off", "on": "flow control on"}
     for n in args.max_prefilling:
         modes[f"prefill{n}"] = f"on + maxPrefilling {n}"
+    reserve_prefilling = args.max_prefilling[0] if args.max_prefilling else 0
+    for n in args.reserve:
+        extra = f" + maxPrefilling {reserve_prefilling}" if reserve_prefilling else ""
+        modes[f"reserve{n}"] = f"on{extra} + reserve {n}"
+    for name in args.skip:
+        modes.pop(name, None)
 
     from llmplane.gateway import apikeys
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -285,7 +361,13 @@ def main(argv: list[str] | None = None) -> None:
     state = str(work / "state")
     procs: list[Process] = []
     try:
-        sim_args = ("--max-num-seqs", str(args.max_num_seqs), "--time-scale", str(args.time_scale))
+        sim_args = (
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--time-scale",
+            str(args.time_scale),
+            "--report-timing",
+        )
         sims = [testing.sim_process(MODEL, *sim_args).launch() for _ in range(args.replicas)]
         procs += sims
         objects = [
@@ -297,13 +379,16 @@ def main(argv: list[str] | None = None) -> None:
             keys[name] = made.key
             objects.append(tenant_object(name, criticality, made))
         store_objects(state, *objects)
-        gws = {
-            "off": gateway(state, work, "off", False, args.ttl, inflight_cap),
-            "on": gateway(state, work, "on", True, args.ttl, inflight_cap),
-        }
+        gws = {"off": gateway(state, work, "off", False, args.ttl, inflight_cap)}
+        if "on" in modes:
+            gws["on"] = gateway(state, work, "on", True, args.ttl, inflight_cap)
         for n in args.max_prefilling:
             gws[f"prefill{n}"] = gateway(
                 state, work, f"prefill{n}", True, args.ttl, inflight_cap, n
+            )
+        for n in args.reserve:
+            gws[f"reserve{n}"] = gateway(
+                state, work, f"reserve{n}", True, args.ttl, inflight_cap, reserve_prefilling, n
             )
         procs += gws.values()
         urls = {n: f"http://{g.ready()}/v1/completions" for n, g in gws.items()}
@@ -319,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
         rates = {name: share * unit for name, (_, share) in CLASSES.items()}
         base = asyncio.run(
             open_loop(
-                urls["on"],
+                urls["on" if "on" in urls else next(iter(urls))],
                 keys,
                 {"small": rates["small"]},
                 args.duration,
@@ -345,13 +430,19 @@ def main(argv: list[str] | None = None) -> None:
             proc.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    headers = ["class", "requests", "success", "429", "other", "TTFT p50 ms", "TTFT p99 ms",
-               "p99 / unloaded p99"]  # fmt: skip
+    headers = ["class", "requests", "success", "429", "other", "TTFT p50 ms", "TTFT p95 ms",
+               "TTFT p99 ms", "p99 / unloaded p99"]  # fmt: skip
     rows = [["unloaded: small alone", *base.row("")[1:]]]
+    parts = base.breakdown("unloaded: small")
     for mode, phase in modes.items():
         for name, (criticality, _) in CLASSES.items():
             label = f"{phase}: {name} ({criticality})"
             rows.append(runs[mode][name].row(label, reference))
+        if mode != "off":
+            for name in ("small", "critical"):
+                parts += runs[mode][name].breakdown(f"{phase}: {name}")
+    parts_headers = ["requests", "TTFT ms", "gateway ms", "step in progress ms",
+                     "engine queue ms", "own prefill ms", "back ms", "prefills in its step"]  # fmt: skip
     rate_text = ", ".join(f"{n} {r:.1f}" for n, r in rates.items())
     text = "\n".join(
         [
@@ -369,6 +460,12 @@ def main(argv: list[str] | None = None) -> None:
             ),
             "",
             table(headers, rows),
+            "",
+            "Where the TTFT went (means; the sims' clocks): before the engine (the gateway's "
+            "queue and hop), the engine step in progress when it arrived, the engine's waiting "
+            "queue, its own prefill step, the first chunk's way back to the client:",
+            "",
+            table(parts_headers, parts),
             "",
             machine_line(info, load_after),
         ]

@@ -29,21 +29,23 @@ class Admission:
         self.config = config
         self.outliers = outliers
 
-    def saturated(self, state: EndpointState, now: float) -> bool:
+    def saturated(self, state: EndpointState, now: float, extra: int = 0) -> bool:
+        """``extra``: that many more requests allowed past each count limit (flow control's
+        reserve for flows under their fair share); stale metrics and KV use stay limits."""
         c = self.config
-        if c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight:
+        if c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight + extra:
             return True  # the configured cap per endpoint, whatever its metrics say
-        if c.saturation_max_prefilling and state.prefilling >= c.saturation_max_prefilling:
+        if c.saturation_max_prefilling and state.prefilling >= c.saturation_max_prefilling + extra:
             return True  # enough prefills under way: one more would share their steps
         if (
             state.has_load_metrics is False
             or (state.has_load_metrics is None and not state.scraped_at)
             or not state.scrape_ok  # its metrics cannot be read now: our own count
         ):
-            return state.inflight >= c.saturation_inflight
+            return state.inflight >= c.saturation_inflight + extra
         if not state.metrics_fresh(c.metrics_staleness, now):
             return True
-        return state.queue_estimate(c.metrics_staleness, now) > c.saturation_queue or (
+        return state.queue_estimate(c.metrics_staleness, now) > c.saturation_queue + extra or (
             state.has_kv and state.kv_usage > c.saturation_kv
         )
 

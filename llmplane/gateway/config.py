@@ -98,6 +98,11 @@ class GatewayConfig:
     flow_control_band_bytes: int = 64 * 1024 * 1024
     flow_control_total_requests: int = 2000
     flow_control_total_bytes: int = 128 * 1024 * 1024
+    # Per endpoint, this many requests past the saturation rule (each count limit: in flight,
+    # prefilling, queue) for a request whose tenant holds less than its fair share of the
+    # backend's requests in flight (not Sheddable): it goes at once instead of waiting behind
+    # a heavy tenant's backlog (gateway/flowcontrol/share.py; 0: off).
+    flow_control_reserve: int = 0
     # ID:SALT:HASH of the admin key (`llmplane keys admin` makes one): with it, /metrics and
     # the console's JSON API need that key (Authorization: Bearer or x-api-key). None: open.
     admin_key_hash: str | None = None
@@ -153,10 +158,10 @@ def _check_settings(config: GatewayConfig) -> None:
         raise ValueError("gateway.flowControl: must be true or false")
     if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
         raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
-    for name in ("saturationMaxInflight", "saturationMaxPrefilling"):
+    for name in ("saturationMaxInflight", "saturationMaxPrefilling", "flowControlReserve"):
         cap = getattr(config, _snake(name))
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(f"gateway.{name}: must be a whole number (0: no cap)")
+            raise ValueError(f"gateway.{name}: must be a whole number (0: off)")
     for name in ("band_requests", "band_bytes", "total_requests", "total_bytes"):
         value = getattr(config, f"flow_control_{name}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

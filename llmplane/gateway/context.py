@@ -10,12 +10,15 @@ that log is on.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmplane.gateway.hooks import Reservation, StreamFilter
 from llmplane.gateway.http_server import HttpRequest
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
+
+if TYPE_CHECKING:
+    from llmplane.gateway.flowcontrol.share import Seat
 
 
 class RequestContext:
@@ -38,6 +41,7 @@ class RequestContext:
         "response_lines",
         "sched_ms",
         "scores",
+        "seat",
         "sent_model",
         "status",
         "stream_filter",
@@ -60,6 +64,7 @@ class RequestContext:
         self.tenant: str | None = None  # the caller's Tenant (gateway/auth.py), never its key
         self.weight = 1  # the tenant's flow-control weight
         self.waited: float | None = None  # seconds in the flow-control queue
+        self.seat: Seat | None = None  # counted for its flow's fair share (with a reserve)
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
         self.response_lines: bytes | None = None  # header lines, as rendered by hooks

@@ -112,6 +112,8 @@ class Gateway:
                 c.flow_control_total_bytes,
             ),
             retry_after=c.shed_retry_after,
+            reserve=c.flow_control_reserve,
+            saturated_by=self.admission.saturated,
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
@@ -374,6 +376,9 @@ class Gateway:
 
     async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
+        if ctx.seat is not None:
+            self.flow.release(ctx.seat)
+            ctx.seat = None
         if self.flow.queues:  # a slot may have freed
             self.flow.pump()
         usage = Usage.of(ctx.usage)
@@ -449,19 +454,21 @@ class Gateway:
         candidates = self.admission.admit(
             inference.model, decision, now, criticality, shed=not flow.enabled
         )
-        if flow.enabled and flow.needed(decision.backend.ref, candidates, now):
+        key = decision.backend.ref
+        waits = flow.enabled and flow.needed(key, candidates, now)
+        if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
+            waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+        if waits:
             ctx.waited = await flow.wait(
-                decision.backend.ref,
-                candidates,
-                criticality,
-                ctx.tenant,
-                ctx.weight,
-                len(inference.body),
+                key, candidates, criticality, ctx.tenant, ctx.weight, len(inference.body)
             )
             # Ejections may have changed while it waited.
             candidates = self.admission.admit(
                 inference.model, decision, time.monotonic(), criticality, shed=False
             )
+        if flow.reserve:
+            ctx.seat = flow.seat(key, ctx.tenant, ctx.weight)
+            candidates = flow.room(candidates, time.monotonic())
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()

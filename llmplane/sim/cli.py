@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fault-disconnect-rate", type=float, default=f.disconnect_rate)
     p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout)
     p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--report-timing",
+        action="store_true",
+        help="end each stream with an SSE comment giving its engine-side TTFT parts "
+        "(a benchmark aid; clients ignore comments)",
+    )
     return p
 
 
@@ -138,6 +144,7 @@ def config_from_args(a: argparse.Namespace) -> SimConfig:
         role=a.role,
         engine_id=a.engine_id,
         shutdown_timeout=a.shutdown_timeout,
+        report_timing=a.report_timing,
         timing=timing,
         faults=faults,
     )

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 from aiohttp import web
 from xxhash import xxh64_intdigest
 
@@ -293,6 +294,8 @@ class CompletionRoutes:
             if done:
                 if sp.include_usage:
                     out.append(w.usage(prompt_tokens, sum(s.num_output for s in seqs)))
+                if self.cfg.report_timing:
+                    out.append(timing_comment(seqs))
                 out.append(DONE)
             if out:
                 if limit is not None and events + len(out) >= limit:
@@ -334,3 +337,27 @@ class CompletionRoutes:
         if s is None:
             s = self.lora_seeds[lora] = xxh64_intdigest(lora.encode())
         return s
+
+
+def timing_comment(seqs: list[Sequence]) -> bytes:
+    """``--report-timing``: an SSE comment (clients skip it) with the engine's clock
+    (``time.perf_counter``, the same clock across processes on Linux) at each sequence's
+    arrival, the start of the first step after it (the step in progress then ended), its
+    admission into the batch and its first token, and how many sequences shared its prefill
+    step(s)."""
+    return (
+        b": llmplane-sim-timing "
+        + orjson.dumps(
+            [
+                {
+                    "arrival": s.arrival,
+                    "first_step": s.first_step_at,
+                    "scheduled": s.scheduled_at,
+                    "first_token": s.first_token_at,
+                    "batch_prefills": s.batch_prefills,
+                }
+                for s in seqs
+            ]
+        )
+        + b"\n\n"
+    )

@@ -127,6 +127,9 @@ class SimConfig:
     role: str = "both"
     engine_id: str | None = None
     shutdown_timeout: float = 10.0
+    # A benchmark aid, not vLLM's: each stream ends (before ``[DONE]``) with an SSE comment
+    # ``: llmplane-sim-timing {...}`` giving where its time to first token went in the engine.
+    report_timing: bool = False
     timing: TimingModel = field(default_factory=TimingModel)
     faults: Faults = field(default_factory=Faults)
 

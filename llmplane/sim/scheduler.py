@@ -35,9 +35,11 @@ class Sequence:
 
     __slots__ = (
         "arrival",
+        "batch_prefills",
         "blocks",
         "final_blocks",
         "finish_reason",
+        "first_step_at",
         "first_token_at",
         "group",
         "hash_seed",
@@ -104,6 +106,10 @@ class Sequence:
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
         self.scheduled_at: float | None = None  # first admission into the batch
+        # With report_timing: the start of the first step after its arrival (the step in
+        # progress then ended) and how many sequences prefilled in its prefill step(s).
+        self.first_step_at: float | None = None
+        self.batch_prefills = 0
         self.num_cached = -1  # prompt tokens from the prefix cache at first admission
         self.preemptions = 0
 
@@ -158,6 +164,7 @@ class Scheduler:
         self.max_num_seqs = cfg.max_num_seqs
         self.token_budget = cfg.max_num_batched_tokens
         self.max_loras = cfg.max_loras
+        self.report_timing = cfg.report_timing
         self.word_ids = WordIds(cfg.vocab_size).ids
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -292,6 +299,11 @@ class Scheduler:
                     s.status = WAITING
                     self.waiting.appendleft(s)
 
+        if self.report_timing:
+            for seq in self.waiting:
+                if seq.first_step_at is None:
+                    seq.first_step_at = now
+
         running = self.running
         preempted = False
         i = 0
@@ -364,13 +376,18 @@ class Scheduler:
             if skipped:
                 waiting.extendleft(reversed(skipped))
 
-        prefill = decode = ctx = 0
+        prefill = decode = ctx = prefilling = 0
         for seq, n in scheduled:
             if n == 1 and (seq.num_output > 0 or seq.remote_prefill):
                 decode += 1
                 ctx += seq.num_computed
             else:
                 prefill += n
+                prefilling += 1
+        if self.report_timing and prefilling:
+            for seq, _ in scheduled:
+                if seq.num_output == 0 and seq.batch_prefills < prefilling:
+                    seq.batch_prefills = prefilling
         step.prefill_tokens = prefill
         step.decode_seqs = decode
         step.context_tokens = ctx

@@ -12,6 +12,10 @@ waiter per backend is dispatched at a time: the next one only after the dispatch
 taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
 burst of completions from releasing more requests than there is room for.
 
+With a reserve (``flowControlReserve``, ``share.py``): a request whose flow holds less than
+its fair share of the backend's requests in flight goes at once to an endpoint within the
+reserve past the saturation rule, instead of waiting behind over-share flows.
+
 The state is per gateway process (each worker of a multi-worker gateway keeps its own queues,
 over the load it sees on the shared engines): see docs/gateway.md, "Flow control".
 """
@@ -26,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.flowcontrol.queue import BAND, BANDS, FlowQueue, Full, Limits, Waiter
+from llmplane.gateway.flowcontrol.share import Seat, Shares
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
 
@@ -33,6 +38,8 @@ WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
 ANONYMOUS = ""  # the flow of requests without a tenant (authentication off)
 
 Saturated = Callable[[Sequence[EndpointState], float], bool]
+# Whether one endpoint is saturated with ``extra`` more allowed past each limit.
+SaturatedBy = Callable[[EndpointState, float, int], bool]
 
 
 class FlowMetrics:
@@ -54,9 +61,14 @@ class FlowMetrics:
             "Requests whose client went away while they waited",
             ["band", "tenant"],
         )
+        self.reserved = Counter(
+            "llmplane_gateway_flow_reserved",
+            "Requests of flows under their fair share sent past saturation (the reserve)",
+            ["band", "tenant"],
+        )
 
     def all(self) -> list[Counter | Histogram]:
-        return [self.wait, self.refused, self.left]
+        return [self.wait, self.refused, self.left, self.reserved]
 
 
 class _QueueCollector:
@@ -91,9 +103,16 @@ class FlowControl:
         ttl: float = 30.0,
         limits: Limits | None = None,
         retry_after: float = 1.0,
+        reserve: int = 0,
+        saturated_by: SaturatedBy | None = None,
     ) -> None:
         self.saturated = saturated  # every one of these endpoints is saturated now
         self.enabled = enabled
+        # Per endpoint, requests of under-share flows allowed past the rule (0: no reserve;
+        # needs ``saturated_by``).
+        self.reserve = reserve if saturated_by is not None else 0
+        self.saturated_by = saturated_by
+        self.shares = Shares()  # in flight per backend and flow (counted with a reserve)
         self.ttl = ttl
         self.limits = limits or Limits()
         self.retry_after = retry_after
@@ -105,6 +124,56 @@ class FlowControl:
         """Whether a request for backend ``key`` must wait: others wait already, or every
         candidate is saturated."""
         return key in self.queues or self.saturated(candidates, now)
+
+    def reserved(
+        self,
+        key: str,
+        candidates: Sequence[EndpointState],
+        criticality: str,
+        tenant: str | None,
+        weight: int,
+        now: float,
+    ) -> bool:
+        """With a reserve: whether this request may go now past the saturation rule (not
+        Sheddable, its flow under its fair share, an endpoint with room within the reserve);
+        ``room`` then narrows its candidates."""
+        if not self.reserve or criticality == "Sheddable":
+            return False
+        flow = tenant if tenant is not None else ANONYMOUS
+        if not self.shares.under(key, flow, weight, self.queues.get(key)):
+            return False
+        if not self._reserve_left(candidates, now):
+            return False
+        self.metrics.reserved.labels(BANDS[BAND.get(criticality, 1)], flow).inc()
+        return True
+
+    def _reserve_left(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        saturated_by, reserve = self.saturated_by, self.reserve
+        assert saturated_by is not None
+        return any(not saturated_by(state, now, reserve) for state in candidates)
+
+    def room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
+        """With a reserve, the candidates an admitted request should go to: those below the
+        saturation rule, else those within the reserve (it was let through by the reserve),
+        else all."""
+        saturated_by = self.saturated_by
+        if not self.reserve or saturated_by is None:
+            return candidates
+        for extra in (0, self.reserve):
+            room = [state for state in candidates if not saturated_by(state, now, extra)]
+            if room:
+                return room
+        return candidates
+
+    def seat(self, key: str, tenant: str | None, weight: int) -> Seat | None:
+        """Count a request that passed admission for its flow until ``release`` (only with a
+        reserve: the fair shares need it)."""
+        if not self.reserve:
+            return None
+        return self.shares.take(key, tenant if tenant is not None else ANONYMOUS, weight)
+
+    def release(self, seat: Seat) -> None:
+        self.shares.release(seat)
 
     async def wait(
         self,
@@ -159,15 +228,34 @@ class FlowControl:
     def _pump(self, key: str, queue: FlowQueue) -> None:
         if queue.granted or not queue.count:
             return
-        if self.saturated(queue.candidates, time.monotonic()):
+        now = time.monotonic()
+        if not self.saturated(queue.candidates, now):
+            waiter = queue.pop()
+        elif self.reserve and self._reserve_left(queue.candidates, now):
+            waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter
+            if waiter is None:
+                return
+            self.metrics.reserved.labels(BANDS[waiter.band], waiter.flow).inc()
+        else:
             return
-        waiter = queue.pop()
         assert waiter is not None
         waiter.granted = True
         queue.granted = True
         waiter.future.set_result(None)
         waited = asyncio.get_running_loop().time() - waiter.queued_at
         self.metrics.wait.labels(BANDS[waiter.band], waiter.flow).observe(waited)
+
+    def _under_share(self, key: str, queue: FlowQueue) -> Waiter | None:
+        """The first waiter, by band (not Sheddable), whose flow is under its fair share; taken
+        out of the queue."""
+        under = self.shares.under
+        for band in queue.bands[: BAND["Sheddable"]]:
+            for flow in band.flows.values():
+                if under(key, flow.name, flow.weight, queue):
+                    waiter = flow.waiters[0]
+                    queue.remove(waiter)
+                    return waiter
+        return None
 
     def _taken(self, key: str, queue: FlowQueue) -> None:
         queue.granted = False

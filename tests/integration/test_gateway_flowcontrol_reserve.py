@@ -1,0 +1,53 @@
+"""Flow control's reserve end to end: a gateway in front of a real sim engine, Tenants with
+real keys, ``saturationMaxInflight: 1`` (the rule, on the gateway's own count) and
+``flowControlReserve: 1``. A tenant with nothing in flight goes at once, past a backlog of a
+tenant over its share (even a Critical one) and a Sheddable waiter, which stay queued."""
+
+from __future__ import annotations
+
+import asyncio
+
+from llmplane.testing import eventually
+from tests.integration.test_gateway_flowcontrol import (
+    MODEL,
+    TOKEN_TIME,
+    complete,
+    queued,
+    sample,
+    start,
+)
+
+
+async def test_an_under_share_tenant_goes_past_a_backlog_within_the_reserve(
+    gateways, store, processes, client
+):
+    sim = processes.sim(MODEL, "--max-num-seqs", "8")
+    gw, keys = await start(
+        gateways,
+        store,
+        sim,
+        {"big": "Critical", "small": "Default", "bulk": "Sheddable"},
+        saturation_queue=100,
+        saturation_max_inflight=1,
+        flow_control_reserve=1,
+    )
+    state = next(iter(gw.registry.states.values()))
+    long = asyncio.create_task(complete(client, gw, keys["big"], int(3.0 / TOKEN_TIME), "long"))
+    await eventually(lambda: state.inflight == 1, what="the big tenant's long request sent")
+    waiting = [
+        asyncio.create_task(complete(client, gw, keys["big"], 3, "next")),
+        asyncio.create_task(complete(client, gw, keys["bulk"], 3, "bulk")),
+    ]
+    await eventually(
+        lambda: queued(gw) == {("Critical", "big"): 1, ("Sheddable", "bulk"): 1},
+        what="the big tenant's second request and the Sheddable one queued",
+    )
+    status, _, _, _ = await complete(client, gw, keys["small"], 3, "small")
+    assert status == 200
+    assert not long.done()  # served beside the long request, within the reserve
+    assert queued(gw) == {("Critical", "big"): 1, ("Sheddable", "bulk"): 1}  # still waiting
+    assert sample(gw, "llmplane_gateway_flow_reserved_total", tenant="small") == 1
+    assert sample(gw, "llmplane_gateway_flow_reserved_total", tenant="big") == 0
+    results = await asyncio.gather(long, *waiting)
+    assert [r[0] for r in results] == [200, 200, 200]
+    await eventually(lambda: not gw.flow.shares.backends, what="every seat released")

@@ -1,0 +1,172 @@
+"""Flow control's reserve: fair shares of the requests in flight (``Shares``), who may go past
+the saturation rule (under-share flows, never Sheddable) and how far (the reserve per
+endpoint), on arrival and from the queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmplane.gateway.config import config_from_dict
+from llmplane.gateway.flowcontrol import FlowControl
+from llmplane.gateway.flowcontrol.queue import FlowQueue, Limits, Waiter
+from llmplane.gateway.flowcontrol.share import Shares
+
+
+class Endpoint:
+    """What the saturation rule looks at here: requests in flight against a limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.inflight = 0
+
+
+def saturated_by(state: Endpoint, now: float, extra: int) -> bool:
+    return state.inflight >= state.limit + extra
+
+
+def all_saturated(candidates, now: float) -> bool:
+    return all(saturated_by(state, now, 0) for state in candidates)
+
+
+def flow_control(reserve: int = 1) -> FlowControl:
+    return FlowControl(all_saturated, reserve=reserve, saturated_by=saturated_by)  # type: ignore[arg-type]
+
+
+# --- Shares ----------------------------------------------------------------------------------
+
+
+def test_a_flow_with_nothing_in_flight_is_under_its_share() -> None:
+    shares = Shares()
+    for _ in range(8):
+        shares.take("b", "big", 1)
+    assert shares.under("b", "small", 1, None)
+    assert not shares.under("b", "big", 1, None)  # the only active flow holds everything
+
+
+def test_the_share_is_in_flight_over_the_active_flows_by_weight() -> None:
+    shares = Shares()
+    seats = [shares.take("b", "big", 1) for _ in range(6)]
+    small = [shares.take("b", "small", 1) for _ in range(2)]
+    # 8 in flight, two flows: 4 each. small holds 2: under; big holds 6: over.
+    assert shares.under("b", "small", 1, None)
+    assert not shares.under("b", "big", 1, None)
+    small.append(shares.take("b", "small", 1))
+    small.append(shares.take("b", "small", 1))
+    # 10 in flight, small holds 4 of its 5.
+    assert shares.under("b", "small", 1, None)
+    small.append(shares.take("b", "small", 1))
+    assert shares.under("b", "small", 1, None)  # 5 of a share of 5.5
+    small.append(shares.take("b", "small", 1))
+    assert not shares.under("b", "small", 1, None)  # 6 of 12: at its share, not under
+    # Weight 3 to 1: small's share is 12 x 3/4.
+    assert shares.under("b", "small", 3, None)
+    for seat in seats + small:
+        shares.release(seat)
+    assert shares.backends == {}  # nothing left behind
+
+
+def test_waiting_flows_count_as_active() -> None:
+    shares = Shares()
+    seats = [shares.take("b", "a", 1) for _ in range(3)]
+    shares.take("b", "c", 1)
+    # 4 in flight, a and c active: a's share 2, it holds 3.
+    assert not shares.under("b", "a", 1, None)
+    assert shares.in_flight("b", "a") == 3
+    shares.release(seats[0])
+    # 3 in flight: a holds 2 of a share of 1.5; with two more flows waiting, of 0.75.
+    assert not shares.under("b", "a", 1, None)
+    queue = FlowQueue(Limits())
+    queue.offer(Waiter(1, "d", 1, 0.0))
+    queue.offer(Waiter(2, "e", 1, 0.0))
+    # c holds 1: of a share of 1.5 with a alone beside it, of 0.75 with d and e waiting too.
+    assert shares.under("b", "c", 1, None)
+    assert not shares.under("b", "c", 1, queue)
+
+
+# --- the controller --------------------------------------------------------------------------
+
+
+def test_the_reserve_is_for_under_share_flows_and_never_for_sheddable() -> None:
+    fc = flow_control(reserve=1)
+    a, b = Endpoint(2), Endpoint(2)
+    a.inflight = b.inflight = 2  # both at the rule
+    seats = [fc.seat("pool", "big", 1) for _ in range(4)]
+    assert fc.reserved("pool", (a, b), "Default", "small", 1, 0.0)
+    assert fc.reserved("pool", (a, b), "Critical", "small", 1, 0.0)
+    assert not fc.reserved("pool", (a, b), "Sheddable", "small", 1, 0.0)
+    assert not fc.reserved("pool", (a, b), "Default", "big", 1, 0.0)  # over its share
+    assert fc.metrics.reserved.labels("Default", "small").value == 1
+    assert fc.metrics.reserved.labels("Critical", "small").value == 1
+    # Where it goes: below the rule if any, else within the reserve.
+    b.inflight = 1
+    assert fc.room((a, b), 0.0) == [b]
+    b.inflight = 2
+    assert fc.room((a, b), 0.0) == [a, b]
+    a.inflight = 3  # a's reserve used up
+    assert fc.room((a, b), 0.0) == [b]
+    b.inflight = 3
+    assert not fc.reserved("pool", (a, b), "Default", "small", 1, 0.0)  # no reserve left
+    assert fc.room((a, b), 0.0) == (a, b)
+    for seat in seats:
+        assert seat is not None
+        fc.release(seat)
+    assert fc.shares.backends == {}
+
+
+def test_without_a_reserve_nothing_is_counted_and_nobody_goes_past_the_rule() -> None:
+    fc = flow_control(reserve=0)
+    a = Endpoint(1)
+    a.inflight = 1
+    assert fc.seat("pool", "big", 1) is None
+    assert not fc.reserved("pool", (a,), "Critical", "small", 1, 0.0)
+    assert fc.room((a,), 0.0) == (a,)
+
+
+async def test_a_queued_under_share_waiter_goes_when_the_reserve_has_room() -> None:
+    fc = flow_control(reserve=1)
+    a = Endpoint(1)
+    a.inflight = 2  # at the rule and its reserve: everyone waits
+    big_seats = [fc.seat("pool", "big", 1), fc.seat("pool", "big", 1)]
+    went: list[str] = []
+
+    async def request(criticality: str, tenant: str) -> None:
+        await fc.wait("pool", (a,), criticality, tenant, 1, 10)
+        a.inflight += 1
+        went.append(tenant)
+
+    tasks = [
+        asyncio.create_task(request(c, t))
+        for c, t in (("Critical", "big"), ("Sheddable", "bulk"), ("Default", "small"))
+    ]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert fc.waiting() == 3 and went == []
+    a.inflight = 1  # one finished: room within the reserve only
+    seat = big_seats.pop()
+    assert seat is not None
+    fc.release(seat)
+    fc.pump()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    # The small tenant goes, past the Critical waiter of the over-share big tenant; the
+    # Sheddable one does not.
+    assert went == ["small"]
+    assert fc.metrics.reserved.labels("Default", "small").value == 1
+    a.inflight = 0  # room below the rule: the queue's own order again
+    fc.pump()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert went == ["small", "big"]
+    for task in tasks[1:]:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_flow_control_reserve_setting() -> None:
+    assert config_from_dict({"gateway": {"flowControlReserve": 2}}).flow_control_reserve == 2
+    assert config_from_dict({}).flow_control_reserve == 0
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="flowControlReserve"):
+            config_from_dict({"gateway": {"flowControlReserve": bad}})
