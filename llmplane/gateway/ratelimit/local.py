@@ -62,6 +62,8 @@ class LocalPlan:
         "limits",
         "lock",
         "rows",
+        "settle",
+        "take",
     )
 
     def __init__(self, buckets: dict[str, TokenBucket]) -> None:
@@ -81,6 +83,14 @@ class LocalPlan:
             None if isinstance(lock, contextlib.nullcontext) else lock
         )
         self.has_requests = REQUESTS in buckets
+        # ``take`` and ``settle``: straight to the work for buckets of this process, inside
+        # the lock for buckets shared by worker processes.
+        self.take: Callable[[Sequence[int], float], bytes | None] = (
+            self._take if self.lock is None else self._take_locked
+        )
+        self.settle: Callable[
+            [Sequence[int], int | None, int | None, int, Callable[[], float]], None
+        ] = self._settle if self.lock is None else self._settle_locked
         # The header lines in ``rate_headers``' order (requests, the scarcest token bucket,
         # each token bucket) with the limits filled in; a take formats the rest in one go.
         lines = []
@@ -95,16 +105,15 @@ class LocalPlan:
         self._levels: list[float] | None = None
         self._lines = b""
 
-    def take(self, amounts: Sequence[int], now: float) -> bytes | None:
-        """Take every amount and return the header lines (``rate_headers`` of the buckets
-        after the take, read under the lock as ``reserve_local`` reads them), or take nothing
-        and return None (the request does not fit now)."""
-        if self.lock is None:
-            return self._take(amounts, now)
+    def _take_locked(self, amounts: Sequence[int], now: float) -> bytes | None:
+        assert self.lock is not None
         with self.lock:  # the buckets of one limiter share it
             return self._take(amounts, now)
 
     def _take(self, amounts: Sequence[int], now: float) -> bytes | None:
+        """``take``: every amount taken and the header lines returned (``rate_headers`` of
+        the buckets after the take, read under the lock as ``reserve_local`` reads them), or
+        nothing taken and None returned (the request does not fit now)."""
         buckets = self.bucket_list
         refilled = []  # each bucket's level before the take
         levels = []  # and after it
@@ -158,7 +167,7 @@ class LocalPlan:
             if delta:
                 bucket.adjust(delta, now)
 
-    def settle(
+    def _settle_locked(
         self,
         amounts: Sequence[int],
         prompt: int | None,
@@ -166,21 +175,29 @@ class LocalPlan:
         status: int,
         clock: Callable[[], float],
     ) -> None:
-        """``buckets.settle_deltas`` and the give, in one pass over the buckets (the clock
-        read once, and only when something moves)."""
+        if prompt is None and completion is None:  # give() takes the lock per bucket
+            self._settle(amounts, prompt, completion, status, clock)
+            return
+        assert self.lock is not None
+        with self.lock:
+            self._settle(amounts, prompt, completion, status, clock)
+
+    def _settle(
+        self,
+        amounts: Sequence[int],
+        prompt: int | None,
+        completion: int | None,
+        status: int,
+        clock: Callable[[], float],
+    ) -> None:
+        """``settle``: ``buckets.settle_deltas`` and the give in one pass over the buckets
+        (the clock read once, and only when something moves)."""
         if prompt is None and completion is None:
             if status >= 400 and status != 499:  # a failure without usage: all of it back
                 self.give(amounts, clock())
             return
-        if self.lock is None:
-            self._settle(amounts, prompt or 0, completion or 0, clock)
-            return
-        with self.lock:
-            self._settle(amounts, prompt or 0, completion or 0, clock)
-
-    def _settle(
-        self, amounts: Sequence[int], prompt: int, completion: int, clock: Callable[[], float]
-    ) -> None:
+        prompt = prompt or 0
+        completion = completion or 0
         now = None
         for direction, bucket, amount in zip(
             self.directions, self.bucket_list, amounts, strict=True
