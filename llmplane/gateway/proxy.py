@@ -121,11 +121,24 @@ def relayed_headers(
     """Keyword arguments for a Response relaying an upstream one: its header lines as they
     came (less hop-by-hop ones and those the gateway sets itself), plus the endpoint header
     and any a hook added (``lines``: already rendered, e.g. the rate limits')."""
-    headers = {ENDPOINT_HEADER: endpoint} if endpoint else {}
-    if extra:
-        headers.update(extra)
     raw = upstream.forward(_HOP_RESPONSE)
-    return {"raw_headers": raw + lines if lines else raw, "headers": headers}
+    if lines:
+        raw += lines
+    if endpoint:
+        # Rendered as Response.encode renders a header of its own, once per endpoint; it
+        # comes after the hooks' lines and before ``extra``, as it did as a header.
+        line = _endpoint_lines.get(endpoint)
+        if line is None:
+            if len(_endpoint_lines) >= 4096:  # endpoints come and go: stay bounded
+                _endpoint_lines.clear()
+            line = _endpoint_lines[endpoint] = f"{ENDPOINT_HEADER}: {endpoint}\r\n".encode(
+                "utf-8", "surrogateescape"
+            )
+        raw += line
+    return {"raw_headers": raw, "headers": extra or None}
+
+
+_endpoint_lines: dict[str, bytes] = {}
 
 
 class Attempts:

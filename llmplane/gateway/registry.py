@@ -120,20 +120,6 @@ def queue_estimates(states: Sequence[EndpointState], staleness: float, now: floa
     ]
 
 
-def queue_loads(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:
-    """``queue_estimates`` without the floor at 0, for ranking (the queue scorer): below 0 it
-    is the room left (fewer the more requests were sent since the scrape), so that a burst
-    between two scrapes still spreads over endpoints that all have room instead of tying
-    them at 0."""
-    oldest = now - staleness
-    return [
-        s.waiting - s.room + s.inflight - s.inflight_at_scrape
-        if s.has_load_metrics and s.scraped_at and s.scraped_at >= oldest
-        else float(s.inflight)
-        for s in states
-    ]
-
-
 def below_queue(
     states: Sequence[EndpointState], staleness: float, now: float, threshold: float
 ) -> list[EndpointState]:

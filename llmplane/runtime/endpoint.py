@@ -9,7 +9,9 @@ depend on the runtime's output type, never the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 
@@ -87,3 +89,23 @@ def max_num_seqs(argv: list[str]) -> int:
             else 0
         )
     return found
+
+
+def pod_max_num_seqs(pod: Mapping[str, Any]) -> int:
+    """``max_num_seqs`` of the first container of a pod whose command line sets it (0: none
+    does); anything not a list of strings counts as not setting it."""
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    for container in containers if isinstance(containers, list) else ():
+        if not isinstance(container, Mapping):
+            continue
+        argv = [
+            arg
+            for key in ("command", "args")
+            if isinstance(part := container.get(key), list)
+            for arg in part
+            if isinstance(arg, str)
+        ]
+        if found := max_num_seqs(argv):
+            return found
+    return 0

@@ -9,11 +9,11 @@ from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_from_object, endpoint_object
 from llmplane.gateway.outliers import Outliers
-from llmplane.gateway.registry import EndpointState, queue_estimates, queue_loads, scraped_room
+from llmplane.gateway.registry import EndpointState, queue_estimates, scraped_room
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.plugins import LowQueueFilter, QueueScorer
 from llmplane.gateway.scraper import LoadMetrics, apply_metrics
-from llmplane.runtime.endpoint import Endpoint, max_num_seqs
+from llmplane.runtime.endpoint import Endpoint, max_num_seqs, pod_max_num_seqs
 
 NOW = 100.0
 STALENESS = 0.2
@@ -104,23 +104,23 @@ def test_the_kv_rule_saturates_whatever_the_room():
     assert saturated(state, saturation_kv=0.95)
 
 
-def test_the_scorer_still_spreads_a_burst_over_endpoints_with_room():
+def test_endpoints_with_room_tie_in_the_queue_scorer_and_pass_the_low_queue_filter():
     a, b = endpoint(1), endpoint(2)
     learn_capacity(a, 16)
-    learn_capacity(b, 16)
+    learn_capacity(b, 4)
     send(a, 3)
-    # Both have room: their estimates tie at 0, the scorer ranks by the room left.
+    # Both have room: their queues are 0 whatever room is left (which is only what each was
+    # seen to hold, not what it could): least-request spreads them, not the queue scorer.
     assert queue_estimates([a, b], STALENESS, NOW) == [0.0, 0.0]
-    assert queue_loads([a, b], STALENESS, NOW) == [-13.0, -16.0]
     ctx = SchedulingContext("m", b"", now=NOW, staleness=STALENESS)
-    assert QueueScorer().score(ctx, [a, b]) == [0.0, 1.0]
-    send(b, 3)
     assert QueueScorer().score(ctx, [a, b]) == [1.0, 1.0]
+    send(b, 6)  # b's room used up, and 2 more
+    assert QueueScorer().score(ctx, [a, b]) == [1.0, 0.0]
     # The low-queue filter keeps an endpoint with room whatever was sent within it.
     send(a, 13)  # 16 in flight: its room used up, nothing counted as waiting yet
-    assert LowQueueFilter(threshold=1).filter(ctx, [a, b]) == [a, b]
+    assert LowQueueFilter(threshold=1).filter(ctx, [a, b]) == [a]
     send(a, 1)
-    assert LowQueueFilter(threshold=1).filter(ctx, [a, b]) == [b]
+    assert LowQueueFilter(threshold=1).filter(ctx, [a, b]) == []
 
 
 def test_the_configured_concurrency_is_the_capacity_from_the_start():
@@ -148,3 +148,16 @@ def test_an_endpoint_object_carries_its_concurrency_and_a_bad_one_is_ignored():
         obj["spec"]["maxNumSeqs"] = bad
         assert endpoint_from_object(obj).max_num_seqs == 0
     assert endpoint_from_object(endpoint_object("e", "10.0.0.1:8000", "m")).max_num_seqs == 0
+
+
+def test_a_pods_containers_give_their_concurrency():
+    def pod(*containers: object) -> dict:
+        return {"spec": {"containers": list(containers)}}
+
+    sidecar = {"command": ["envoy"], "args": ["--max-num-seqs"]}
+    engine = {"command": ["python3", "-m", "vllm"], "args": ["--max-num-seqs", "128"]}
+    assert pod_max_num_seqs(pod(sidecar, engine)) == 128
+    assert pod_max_num_seqs(pod({"args": ["--max-num-seqs=16"]})) == 16
+    for bad in ({}, {"spec": None}, {"spec": {"containers": "x"}}, pod("x"), pod({"args": "x"})):
+        assert pod_max_num_seqs(bad) == 0
+    assert pod_max_num_seqs(pod({"args": ["--max-num-seqs", 12]})) == 0  # not a string

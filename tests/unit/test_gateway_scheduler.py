@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.registry import EndpointState, queue_estimates
-from llmplane.gateway.scheduler.config import ConfigError, build_scheduler
+from llmplane.gateway.scheduler.config import DEFAULT_CONFIG, ConfigError, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.plugins import (
     KVCacheScorer,
@@ -295,6 +295,40 @@ def test_filter_that_removes_everything_is_skipped():
     sched = build_scheduler()
     a = state(1, served_models=frozenset({"other"}))
     assert sched.pick(ctx(model="m"), [a], 1).endpoints == [a]
+
+
+@pytest.mark.parametrize("profile", ["default", "least", "random"])
+def test_one_candidate_is_picked_as_the_general_path_picks_it(profile):
+    # One candidate takes a shortcut (framework.Profile.run): the same Pick as the filters,
+    # scorers and picker give it, whether a filter keeps it or would remove it.
+    sched = build_scheduler(
+        {
+            "plugins": [
+                *DEFAULT_CONFIG["plugins"],
+                {"type": "random-picker"},
+            ],
+            "schedulingProfiles": [
+                *DEFAULT_CONFIG["schedulingProfiles"],
+                {
+                    "name": "least",
+                    "plugins": [
+                        {"pluginRef": "least-request-scorer"},
+                        {"pluginRef": "max-score-picker"},
+                    ],
+                },
+                {"name": "random", "plugins": [{"pluginRef": "random-picker"}]},
+            ],
+        }
+    )
+    prof = sched.profile(profile)
+    for kw in ({}, {"served_models": frozenset({"other"})}, {"waiting": 9, "inflight": 5}):
+        a = state(1, **kw)
+        pick = sched.pick(ctx(prompt=b"x" * 200), [a], 2, profile)
+        assert pick.endpoints == [a] and pick.profile == profile
+        assert pick.scores == {a.address: 0.0}
+        kept, totals = prof.score(ctx(prompt=b"x" * 200), [a])  # the general path, for one
+        assert kept == [a] and totals == [0.0]
+        assert prof.picker.order(totals, 2) == [0]
 
 
 VLLM_METRICS = b"""# HELP vllm:num_requests_waiting Number of requests waiting.

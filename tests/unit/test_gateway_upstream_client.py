@@ -148,6 +148,21 @@ async def test_connections_that_must_not_be_reused_are_not(upstream, pool, answe
     assert upstream.connections == 2
 
 
+async def test_a_whole_response_in_one_read_or_split_or_with_bytes_after_it(upstream, pool) -> None:
+    # One read holding head and body (the usual case, taken without copying through the
+    # buffer), the body split after the head or inside it, and bytes nobody asked for after a
+    # complete body (read with it): the same answer each time; only the last connection is
+    # not reused.
+    half = OK.index(b"\r\n\r\n") + 4
+    replies = {1: OK, 2: [OK[:half], OK[half:]], 3: [OK[: half + 3], OK[half + 3 :]], 4: OK + b"X"}
+    upstream.reply = lambda n: (replies[n], False)
+    for n in range(1, 5):
+        status, headers, body = await pool.request(upstream.address, post(upstream.address))
+        assert (status, body, headers["content-length"]) == (200, b'{"ok":true}', "11"), n
+        assert upstream.connections == 1, n
+    await eventually(lambda: not pool._open, what="the connection with stray bytes closed")
+
+
 async def test_an_idle_connection_the_server_closed_is_not_used(upstream, pool) -> None:
     upstream.reply = lambda n: (OK, True)  # closes after answering, without saying so
     assert (await pool.request(upstream.address, post(upstream.address)))[0] == 200

@@ -115,12 +115,18 @@ class Profile:
     fused: Any = None
 
     def run(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], n: int) -> Pick:
+        order = getattr(self.picker, "order", None)
+        if len(endpoints) == 1 and n > 0 and order is not None:
+            # One candidate, the pick both paths below come to: a filter keeps it or, would it
+            # remove it, is skipped; no scorer runs for one (its total is 0.0); a picker that
+            # orders by the scores takes it.
+            only = endpoints[0]
+            return Pick([only], {only.address: 0.0}, self.name)
         done = self.fused.run(ctx, endpoints) if self.fused is not None else None
         if done is not None:
             kept, totals = done
         else:
             kept, totals = self.score(ctx, endpoints)
-        order = getattr(self.picker, "order", None)
         if order is not None:  # a picker that decides from the scores alone: no index lookups
             warm = ctx.warm
             if warm is None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from itertools import count
 from operator import attrgetter
 
-from llmplane.gateway.registry import EndpointState, below_queue, queue_loads
+from llmplane.gateway.registry import EndpointState, below_queue, queue_estimates
 from llmplane.gateway.scheduler.framework import SchedulingContext, Scores
 
 _random = random.random
@@ -58,15 +58,16 @@ class LowQueueFilter:
 
 class QueueScorer:
     """(max - q) / (max - min) over the candidates' queue estimates (waiting requests plus those
-    sent since the last scrape beyond the room the engine had, the room left counting below 0
-    so that endpoints with room still rank by it; in-flight counts when metrics are missing
-    or stale): ``registry.queue_loads``."""
+    sent since the last scrape beyond the room the engine had; in-flight counts when metrics
+    are missing or stale). Endpoints with room tie at 0: the least-request scorer spreads a
+    burst over them (ranking by the room left favoured whichever replica had been seen
+    holding more, an accident of history: docs/benchmarks.md, "Routing quality")."""
 
     def __init__(self, name: str = "queue") -> None:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        return _min_max_inverse(queue_loads(endpoints, ctx.staleness, ctx.now))
+        return _min_max_inverse(queue_estimates(endpoints, ctx.staleness, ctx.now))
 
 
 class KVCacheScorer:
@@ -219,6 +220,8 @@ class MaxScorePicker(_Picker):
     def order(
         self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
     ) -> list[int]:
+        if len(scores) == 1:  # one candidate (or one left after filtering): nothing to order
+            return [0] if n > 0 else []
         # Sort indices by score (C speed), then shuffle only the runs of equal scores that
         # reach into the first n: 4x cheaper than a random key per endpoint.
         order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
