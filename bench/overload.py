@@ -4,7 +4,9 @@ plus Critical and Sheddable traffic, with flow control off (today's behaviour) a
     python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
                              [--prompt-tokens 400] [--max-tokens 10] [--duration 60]
                              [--load 3.0] [--ttl 10] [--seed 1] [--cap-inflight N]
-                             [--max-prefilling N[,N...]] [--write [--section NAME]]
+                             [--max-prefilling N[,N...]] [--reserve N[,N...]]
+                             [--variant SETTING=N[,...]]... [--skip PHASE[,...]]
+                             [--write [--section NAME]]
 
 The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
 time slowed by ``--time-scale`` so the client and the gateway are far from the CPU limit).
@@ -24,8 +26,12 @@ gateway per N, flow control on with ``saturationMaxPrefilling: N``):
 3. flow control off, then on (then on with the prefill rule): Poisson arrivals per class for
    ``--duration`` seconds, the same arrivals in every phase, every request followed to its end
    (client timeout 300 s).
+``--reserve N`` adds a phase with ``flowControlReserve: N`` (and the first --max-prefilling);
+``--variant maxPrefilling=1,reserve=1,maxInflight=7`` a phase with those settings.
 Reported per class: success rate (200 and the whole stream), 429s, other failures, TTFT p50 /
-p99 of the successful ones. ``--write`` puts the table into docs/benchmarks.md (the section
+p95 / p99 of the successful ones; and for the small tenant and Critical, where their TTFT
+went (the sims run with ``--report-timing``: before the engine, the engine step in progress
+at arrival, the engine's queue, the request's own prefill step, the way back). ``--write`` puts the table into docs/benchmarks.md (the section
 ``--section``, default ``overload``).
 """
 
@@ -335,6 +341,14 @@ def main(argv: list[str] | None = None) -> None:
         "--max-prefilling), a phase per N",
     )
     p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SETTING=N[,...]",
+        help="also run flow control on with these gateway settings (maxPrefilling, reserve, "
+        "maxInflight), a phase per --variant, e.g. maxPrefilling=1,reserve=1",
+    )
+    p.add_argument(
         "--skip",
         type=lambda text: text.split(","),
         default=[],
@@ -350,6 +364,14 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.reserve:
         extra = f" + maxPrefilling {reserve_prefilling}" if reserve_prefilling else ""
         modes[f"reserve{n}"] = f"on{extra} + reserve {n}"
+    variants = {}
+    for i, spec in enumerate(args.variant):
+        settings = dict(item.split("=") for item in spec.split(","))
+        unknown = set(settings) - {"maxPrefilling", "reserve", "maxInflight"}
+        if unknown:
+            p.error(f"--variant {spec}: unknown setting(s) {sorted(unknown)}")
+        variants[f"variant{i}"] = {k: int(v) for k, v in settings.items()}
+        modes[f"variant{i}"] = "on + " + " + ".join(f"{k} {v}" for k, v in settings.items())
     for name in args.skip:
         modes.pop(name, None)
 
@@ -385,6 +407,17 @@ def main(argv: list[str] | None = None) -> None:
         for n in args.max_prefilling:
             gws[f"prefill{n}"] = gateway(
                 state, work, f"prefill{n}", True, args.ttl, inflight_cap, n
+            )
+        for name, v in variants.items():
+            gws[name] = gateway(
+                state,
+                work,
+                name,
+                True,
+                args.ttl,
+                v.get("maxInflight", inflight_cap),
+                v.get("maxPrefilling", 0),
+                v.get("reserve", 0),
             )
         for n in args.reserve:
             gws[f"reserve{n}"] = gateway(

@@ -9,8 +9,9 @@ Prometheus's ``histogram_quantile`` does). With several gateway workers (``llmpl
 --workers N``, ``llmplane gateway --workers N``) every worker publishes its ``totals`` once a
 second as its report in shared memory (``gateway/workers/reports.py``), the console reads the
 other workers' latest reports each second (``peers``) and adds their differences, each
-worker's against its own previous totals (a replaced worker starts again from its first
-report), so the charts count the whole gateway. Nobody asks anybody: N workers cost N writes
+worker's against its own previous totals (the totals read as the sampler starts are its
+baseline; a worker first seen later, one started since or a replacement, counts from zero),
+so the charts count the whole gateway. Nobody asks anybody: N workers cost N writes
 and N reads of shared memory a second.
 
 Engines' prefix-cache counters (scraped per endpoint) are sampled the same way, so the fleet
@@ -186,6 +187,15 @@ def _difference(now: dict[str, Any], last: dict[str, Any] | None) -> dict[str, A
     return out
 
 
+def _zeros(now: dict[str, Any]) -> dict[str, Any]:
+    """Totals of ``now``'s shape, all zero (a peer's baseline when all of it is new)."""
+    out: dict[str, Any] = {key: 0.0 for key in COUNTERS}
+    for key in HISTOGRAMS:
+        counts = now.get(key) if isinstance(now, dict) else None
+        out[key] = [0] * len(counts) if isinstance(counts, list) else []
+    return out
+
+
 class _HistogramWindow:
     """The last WINDOW per-second differences of one histogram, summed on demand."""
 
@@ -219,6 +229,8 @@ class RequestStats:
         self.publish = publish  # our totals for the other workers, at each sample
         self.points: deque[Point] = deque(maxlen=seconds)
         self._last: dict[Hashable, dict[str, Any]] = {None: totals(metrics)}  # None: ours
+        # After ``baseline``: a peer first seen later started after us, all of it is new.
+        self._new_from_zero = False
         self._windows = {
             "ttft": _HistogramWindow(metrics.ttft.bounds),
             "latency": _HistogramWindow(metrics.e2e.bounds),
@@ -226,6 +238,14 @@ class RequestStats:
         }
         self._prefix: dict[str, deque[tuple[float, float]]] = {}
         self._task: asyncio.Task[None] | None = None
+
+    def baseline(self, peers: Iterable[tuple[Hashable, dict[str, Any]]]) -> None:
+        """Where the ring starts for ``peers`` (read as we start): their totals now. A peer
+        first seen after this (a worker that started after us, or a replacement) counts
+        from zero; without a baseline, a peer's first totals are its baseline."""
+        for source, now in peers:
+            self._last[source] = now
+        self._new_from_zero = True
 
     def sample(self, peers: Iterable[tuple[Hashable, dict[str, Any]]] = ()) -> Point:
         """Take one second's point (called once a second) from our totals and ``peers``'
@@ -238,7 +258,10 @@ class RequestStats:
         if self.publish is not None:
             self.publish(own)
         for source, now in [(None, own), *peers]:
-            delta = _difference(now, self._last.get(source))
+            last = self._last.get(source)
+            if last is None and self._new_from_zero:
+                last = _zeros(now)
+            delta = _difference(now, last)
             self._last[source] = now
             if delta is None:
                 continue
@@ -293,6 +316,15 @@ class RequestStats:
 
     def start(self) -> None:
         if self._task is None:
+            # Our totals for the peers at once, and theirs as our starting point: a request a
+            # peer serves in our first second is counted (the first sample is a second away).
+            if self.publish is not None:
+                self.publish(totals(self.metrics))
+            if self.peers is not None:
+                try:
+                    self.baseline(self.peers())
+                except Exception:
+                    log.exception("reading the other workers' request totals failed")
             self._task = asyncio.get_running_loop().create_task(self._run(), name="console stats")
 
     async def close(self) -> None:

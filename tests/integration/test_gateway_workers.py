@@ -190,6 +190,36 @@ def test_workers_share_inflight_counts(gw, engines):
     assert wait_for(served, timeout=20, what="8 access-log lines") == [0] * 4 + [1] * 4
 
 
+def test_each_workers_console_charts_every_workers_requests(gw):
+    """Right after start, 3 requests served by one worker and 7 by the other: the console's
+    request charts, answered by either worker, count all 10 (each worker reports its totals
+    in shared memory; a worker's console starts from the others' totals at its own start)."""
+    a, b = sorted(workers_of(gw.pid))
+
+    async def run() -> None:
+        async with session() as s:
+            for worker, n in ((a, 3), (b, 7)):
+                with only(gw.pid, worker):
+                    for _ in range(n):
+                        assert await chat(s, gw.url, FAST, 1) == 200
+            seen: dict[int, float] = {}
+
+            async def both_chart_10() -> bool:
+                for worker in (a, b):
+                    with only(gw.pid, worker):
+                        async with s.get(f"{gw.url}/console/api/stats") as resp:
+                            points = (await resp.json())["points"]
+                    seen[worker] = sum(p["requests"] for p in points)
+                return set(seen.values()) == {10}
+
+            try:
+                await eventually(both_chart_10, timeout=20, every=0.5, what="10 charted")
+            except AssertionError as err:
+                raise AssertionError(f"{err}; charted by worker pid: {seen}") from None
+
+    asyncio.run(run())
+
+
 def requests_counted(text: str, model: str) -> float:
     """``llmplane_gateway_requests_total`` for ``model``, summed over its statuses."""
     return sum(

@@ -47,6 +47,22 @@ def test_ring_adds_the_other_workers_totals() -> None:
     assert stats.sample([(12, totals(replacement))]).requests == 1
 
 
+def test_after_the_baseline_a_new_peer_counts_from_zero() -> None:
+    """The peers' totals read as the sampler starts are its baseline; a peer first seen
+    later (it started after us, or replaced one) counts everything it reports."""
+    ours, early, late = GatewayMetrics(), GatewayMetrics(), GatewayMetrics()
+    early.requests.labels("m", "r", "e", "200").inc(5)  # before our ring: not ours to count
+    stats = RequestStats(ours)
+    stats.baseline([(1, totals(early))])
+    late.requests.labels("m", "r", "e", "200").inc(3)  # all after our start
+    late.ttft.labels("m").observe(0.3)
+    early.requests.labels("m", "r", "e", "200").inc()
+    point = stats.sample([(1, totals(early)), (2, totals(late))])
+    assert point.requests == 4
+    assert point.ttft[0] is not None
+    assert stats.sample([(2, {"requests": "junk"})]).requests == 0  # junk is still ignored
+
+
 def test_workers_read_each_others_totals_from_shared_memory() -> None:
     """Each worker's sampler publishes its totals as its report and reads the others' (the
     real shared-memory share the supervisor makes; no socket, nobody asked): worker 0's ring

@@ -109,8 +109,8 @@ class FlowControl:
         self.saturated = saturated  # every one of these endpoints is saturated now
         self.enabled = enabled
         # Per endpoint, requests of under-share flows allowed past the rule (0: no reserve;
-        # needs ``saturated_by``).
-        self.reserve = reserve if saturated_by is not None else 0
+        # needs ``saturated_by``; nothing with flow control off).
+        self.reserve = reserve if enabled and saturated_by is not None else 0
         self.saturated_by = saturated_by
         self.shares = Shares()  # in flight per backend and flow (counted with a reserve)
         self.ttl = ttl
