@@ -5,13 +5,17 @@ reserves and settles in the tenant's buckets, and its usage is counted and recor
 alternating wrk cells.
 
     python -m bench.tenant_auth [--rounds 8] [--duration 3] [--concurrency 8] [--tenants 1]
-                                [--limits all|requests] [--baseline REF]
+                                [--limits all|requests|busy] [--baseline REF]
 
 All gateways are ``python -m llmplane.gateway.cli`` of this tree (uvloop, access log off) in
 front of one ``bench/gateway_upstream.py --delay 0``; unary completions only (the key is
 checked once per request, before anything is streamed). ``--tenants N`` stores N Tenants of
 one key each (the request's key is the last), to show the lookup does not scan.
 ``--limits requests`` limits only requests (one bucket) instead of requests and tokens.
+With ``--limits all`` the buckets refill faster than any run takes, so every request finds
+them full and the ``x-ratelimit-*`` values repeat (what a tenant well inside its limits
+sees); ``--limits busy`` sets per-hour limits that refill slower than the run takes (and
+still never refuse within a run of a few minutes), so the values change with every request.
 ``--baseline REF`` adds the same three gateways of another build (a git ref, checked out into a
 temporary worktree) to every round: what a change to these paths gained. Reported: medians over
 rounds of req/s, gateway CPU per request and wrk's p50/p99, and the ratios.
@@ -51,6 +55,14 @@ LIMITS = {
     "outputTokensPerUnit": UNREACHABLE,
     "unit": "second",
 }
+# Refilled at 5,000 requests and 25,000 tokens a second, less than a run takes: the levels
+# (and the headers) change with every request; a run of minutes never empties them.
+BUSY = {
+    "requestsPerUnit": 18_000_000,
+    "inputTokensPerUnit": 90_000_000,
+    "outputTokensPerUnit": 90_000_000,
+    "unit": "hour",
+}
 
 
 def tenant_object(name: str, made: object, limits: dict | None = None) -> dict:
@@ -74,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--tenants", type=int, default=1)
-    p.add_argument("--limits", choices=("all", "requests"), default="all")
+    p.add_argument("--limits", choices=("all", "requests", "busy"), default="all")
     p.add_argument("--baseline", help="git ref of a build to run beside this one")
     args = p.parse_args(argv)
 
@@ -92,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         endpoint = endpoint_object("bench", address, "bench", engine="vllm")
         keys = [apikeys.new_key() for _ in range(args.tenants)]
         store_objects(str(work / "open"), endpoint)
-        limited = LIMITS if args.limits == "all" else {"requestsPerUnit": UNREACHABLE}
+        limited = {"all": LIMITS, "busy": BUSY, "requests": {"requestsPerUnit": UNREACHABLE}}[
+            args.limits
+        ]
         for name, limits in (("keyed", None), ("limited", limited)):
             store_objects(
                 str(work / name),

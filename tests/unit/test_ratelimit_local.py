@@ -35,7 +35,12 @@ def rendered(headers: dict[str, str]) -> bytes:
 def test_fast_path_admits_settles_and_reports_exactly_as_the_general_path():
     rng = random.Random(7)
     seen = {"admitted": 0, "refused": 0, "sub_second": 0, "longer": 0, "settled": 0}
-    for directions in ([REQUESTS], [INPUT, OUTPUT], [REQUESTS, INPUT, OUTPUT, BUDGET]):
+    for directions in (
+        [REQUESTS],
+        [INPUT, OUTPUT],
+        [REQUESTS, INPUT, OUTPUT],
+        [REQUESTS, INPUT, OUTPUT, BUDGET],
+    ):
         fast, general = twins(directions)
         plan = LocalPlan(fast)
         assert plan.directions == tuple(directions)
