@@ -351,7 +351,7 @@ class Proxy:
             raise AttemptFailed("status", f"HTTP {status}")
         # On the last attempt an engine's own 5xx goes to the client as it is.
         ctx.upstream_status = status
-        if status < 400 and b'"usage"' in data:
+        if status < 400:  # (searched from the end, where an engine puts it: no scan first)
             ctx.usage = extract_usage(data)
         return Response(
             status=status,

@@ -85,7 +85,10 @@ def max_num_seqs(argv: list[str]) -> int:
             value = argv[i + 1] if i + 1 < len(argv) else ""
         found = (
             int(value)
-            if value.isascii() and value.isdigit() and 0 < int(value) <= MAX_CONCURRENCY
+            if value.isascii()
+            and value.isdigit()
+            and len(value) <= 7
+            and 0 < int(value) <= MAX_CONCURRENCY
             else 0
         )
     return found

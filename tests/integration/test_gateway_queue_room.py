@@ -69,15 +69,19 @@ async def test_a_burst_within_the_engines_room_is_not_held_and_one_beyond_it_is(
     assert await burst(client, gw, 2 * SLOTS, "first") == [200] * (2 * SLOTS)
     first = held(gw)
     assert first > 0
-    assert state.capacity == SLOTS
-    await eventually(lambda: state.room == SLOTS, what="the idle sim scraped: 16 free slots")
+    # Seen full at 16 (a request the sim had finished but the gateway had not yet relayed
+    # can make it a little more: it counts as held while nothing waits).
+    assert state.capacity >= SLOTS
+    await eventually(
+        lambda: state.room == state.capacity, what="the idle sim scraped: all its slots free"
+    )
 
     # Within its room (12 > saturationQueue 5): none of them waits in the gateway.
     assert await burst(client, gw, SLOTS - 4, "within") == [200] * (SLOTS - 4)
     assert held(gw) == first
 
     # Beyond it again: held again.
-    await eventually(lambda: state.room == SLOTS, what="the sim idle again")
+    await eventually(lambda: state.room == state.capacity, what="the sim idle again")
     assert await burst(client, gw, 2 * SLOTS, "beyond") == [200] * (2 * SLOTS)
     assert held(gw) > first
     assert not gw.flow.queues or not any(q.lengths() for q in gw.flow.queues.values())

@@ -136,7 +136,7 @@ def test_the_concurrency_flags_of_an_engine_command_line():
     assert max_num_seqs(["python", "-m", "sglang", "--max-running-requests=48"]) == 48
     assert max_num_seqs(["--max-num-seqs", "8", "--max-num-seqs", "16"]) == 16  # last wins
     for bad in (["--max-num-seqs"], ["--max-num-seqs", "x"], ["--max-num-seqs=-3"],
-                ["--max-num-seqs", "0"], ["--max-num-seqs", "\u00b2"], ["--max-num-seqs", "99999999999"], ["serve", "m"]):  # fmt: skip
+                ["--max-num-seqs", "0"], ["--max-num-seqs", "\u00b2"], ["--max-num-seqs", "9" * 5000], ["--max-num-seqs", "99999999999"], ["serve", "m"]):  # fmt: skip
         assert max_num_seqs(bad) == 0, bad
 
 
