@@ -26,6 +26,15 @@ def run(coro: Coroutine[Any, Any, object]) -> None:
         runner(coro)
 
 
+async def cancel(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (None: nothing) and wait until it has ended; its cancellation is not an
+    error of the caller's."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def call_on(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], object]) -> None:
     """Call ``fn`` in ``loop``: at once when called from that loop, else soon, in it (a
     thread, e.g. the local runtime's, told us something); nothing without a loop or once it
@@ -72,10 +81,7 @@ class Periodic:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
 
     async def _run(self) -> None:
         while True:

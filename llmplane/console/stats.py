@@ -21,7 +21,6 @@ view shows each endpoint's recent prefix-hit rate rather than a lifetime average
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from llmplane.aio import cancel
 
 log = logging.getLogger("llmplane.console")
 
@@ -329,10 +330,7 @@ class RequestStats:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

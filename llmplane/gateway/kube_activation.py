@@ -16,10 +16,10 @@ per workload at a time however many requests are held.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
+from llmplane.aio import cancel
 from llmplane.kube.client import Conflict, KubeClient
 from llmplane.kube.kinds import PLAYGROUND
 from llmplane.store.base import Store
@@ -78,9 +78,7 @@ class KubeScaleFromZero:
 
     async def close(self) -> None:
         for task in list(self._pending.values()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel(task)
 
 
 def attach(gateway: Any, store: Any) -> KubeScaleFromZero:

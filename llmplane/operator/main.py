@@ -25,6 +25,7 @@ from typing import Any
 
 import kopf
 
+from llmplane.aio import cancel
 from llmplane.controlplane.autoscaler import AutoscalerConfig
 from llmplane.controlplane.kube_reconciler import Reconciler
 from llmplane.kube.client import KubeClient
@@ -142,10 +143,7 @@ class Operator:
         @kopf.on.cleanup(registry=registry)
         async def cleanup(**_: Any) -> None:
             for task in (self._resync, self._autoscaling):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await cancel(task)
             if self.client is not None:
                 await self.client.close()
 

@@ -9,10 +9,9 @@ top), then applies the step and wakes the HTTP handlers whose sequences got toke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
-from llmplane.aio import wait_event
+from llmplane.aio import cancel, wait_event
 from llmplane.sim.config import SimConfig
 from llmplane.sim.metrics import SimMetrics
 from llmplane.sim.scheduler import Scheduler, Sequence
@@ -58,11 +57,8 @@ class Engine:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel(task)
 
     def submit(self, group: Group) -> None:
         now = time.perf_counter()

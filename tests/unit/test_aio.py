@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from llmplane.aio import call_on, wait_event
+from llmplane.aio import call_on, cancel, wait_event
 
 
 async def test_call_on_runs_in_the_loop_whichever_thread_asks() -> None:
@@ -57,3 +57,17 @@ async def test_a_cancellation_arriving_as_the_event_is_set_is_never_lost() -> No
         requested = waiting.cancel()
         await asyncio.wait([waiting])
         assert waiting.cancelled() or not requested, f"cancellation lost {k} iterations after set"
+
+
+async def test_cancel_ends_the_task_and_keeps_its_cancellation_to_itself() -> None:
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(forever())
+    await started.wait()
+    await cancel(task)  # no CancelledError here
+    assert task.cancelled()
+    await cancel(None)  # nothing to do
