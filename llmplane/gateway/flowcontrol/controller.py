@@ -37,6 +37,12 @@ from llmplane.gateway.registry import EndpointState
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 ANONYMOUS = ""  # the flow of requests without a tenant (authentication off)
 
+
+def flow_of(tenant: str | None) -> str:
+    """The flow a request is queued and counted in: its tenant's."""
+    return tenant if tenant is not None else ANONYMOUS
+
+
 Saturated = Callable[[Sequence[EndpointState], float], bool]
 # Whether one endpoint is saturated with ``extra`` more allowed past each limit.
 SaturatedBy = Callable[[EndpointState, float, int], bool]
@@ -139,7 +145,7 @@ class FlowControl:
         ``room`` then narrows its candidates."""
         if not self.reserve or criticality == "Sheddable":
             return False
-        flow = tenant if tenant is not None else ANONYMOUS
+        flow = flow_of(tenant)
         if not self.shares.under(key, flow, weight, self.queues.get(key)):
             return False
         if not self._reserve_left(candidates, now):
@@ -170,7 +176,7 @@ class FlowControl:
         reserve: the fair shares need it)."""
         if not self.reserve:
             return None
-        return self.shares.take(key, tenant if tenant is not None else ANONYMOUS, weight)
+        return self.shares.take(key, flow_of(tenant), weight)
 
     def release(self, seat: Seat) -> None:
         self.shares.release(seat)
@@ -187,7 +193,7 @@ class FlowControl:
         """Wait for a dispatch; returns the seconds waited. GatewayError 429 when refused."""
         loop = asyncio.get_running_loop()
         band = BAND.get(criticality, 1)
-        flow = tenant if tenant is not None else ANONYMOUS
+        flow = flow_of(tenant)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = FlowQueue(self.limits)
