@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import Counter
@@ -26,7 +26,6 @@ from llmplane.gateway.ratelimit.buckets import (
 from llmplane.gateway.ratelimit.error import RateLimitError
 from llmplane.gateway.ratelimit.limits import (
     BUDGET,
-    INPUT,
     OUTPUT,
     REQUESTS,
     RouteLimit,
@@ -312,11 +311,12 @@ class RateLimiter:
         embeddings = inference.path.endswith("/embeddings")
         parts = []
         for limit in limits:
-            amounts, too_large = self._amounts(inference, decision, limit, embeddings, counted)
+            rows = [(d, n) for d, n in limit.tokens if not (embeddings and d == OUTPUT)]
+            amounts, too_large = self._amounts(inference, decision, rows, embeddings, counted)
             if too_large is not None:
                 raise self._too_large(inference, limit, *too_large)
             if amounts:
-                parts.append((limit, amounts))
+                parts.append((limit, [(d, a) for (d, _), a in zip(rows, amounts, strict=True)]))
         return parts
 
     def _give_back(self, taken: list[Taken]) -> None:
@@ -356,24 +356,8 @@ class RateLimiter:
                     if not (embeddings and d == OUTPUT)
                 }
             )
-        # What the request takes per bucket (``_amounts`` for the plan's directions).
-        doc = inference.doc
-        amounts = []
-        for direction, tokens in plan.limits:
-            if direction == REQUESTS:
-                amount = 1
-            elif direction == OUTPUT:
-                amount = output_reservation(doc, self.default_output, tokens)
-            else:
-                if not counted:
-                    counted.append(self.counter.count(doc, decision.model, inference.model))
-                amount = counted[0]
-                if direction == BUDGET and not embeddings:
-                    amount += output_reservation(doc, self.default_output, tokens)
-            if amount > tokens:
-                return None
-            amounts.append(amount)
-        if not amounts:
+        amounts, too_large = self._amounts(inference, decision, plan.limits, embeddings, counted)
+        if too_large is not None or not amounts:
             return None
         lines = plan.take(amounts, self.clock())
         if lines is None:
@@ -395,29 +379,31 @@ class RateLimiter:
         self,
         inference: InferenceRequest,
         decision: Decision,
-        limit: RouteLimit,
+        rows: Sequence[tuple[str, int]],
         embeddings: bool,
         counted: list[int],
-    ) -> tuple[list[tuple[str, int]], tuple[str, int, int] | None]:
-        """What ``limit`` takes for this request per direction, and the first (direction,
-        limit, amount) whose amount is larger than its bucket (it could never fit), if any.
-        ``counted`` holds the input count once made (shared by the limits of a request)."""
+    ) -> tuple[list[int], tuple[str, int, int] | None]:
+        """What this request takes from each of ``rows`` ((direction, bucket size), an
+        embedding's without OUTPUT: it takes no output tokens), in their order, and the first
+        (direction, size, amount) whose amount is larger than its bucket (it could never fit),
+        if any. ``counted`` holds the input count once made (shared by the limits of a
+        request). The fast path and the general path both take these amounts."""
         doc = inference.doc
-        amounts: list[tuple[str, int]] = []
-        for direction, tokens in limit.tokens:
+        amounts: list[int] = []
+        for direction, tokens in rows:
             if direction == REQUESTS:
                 amount = 1
+            elif direction == OUTPUT:
+                amount = output_reservation(doc, self.default_output, tokens)
             else:
-                if direction == OUTPUT and embeddings:
-                    continue
-                if direction != OUTPUT and not counted:
+                if not counted:
                     counted.append(self.counter.count(doc, decision.model, inference.model))
-                amount = counted[0] if direction != OUTPUT else 0
-                if direction != INPUT and not embeddings:
+                amount = counted[0]
+                if direction == BUDGET and not embeddings:
                     amount += output_reservation(doc, self.default_output, tokens)
             if amount > tokens:
                 return amounts, (direction, tokens, amount)
-            amounts.append((direction, amount))
+            amounts.append(amount)
         return amounts, None
 
     def _too_large(
