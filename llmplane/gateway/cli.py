@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from llmplane import native
 from llmplane.aio import run, wait_event
 from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
@@ -259,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigFileError as e:
         print(f"llmplane gateway: {e}", file=sys.stderr)
         return 2
+    logging.getLogger("llmplane.gateway").info("hot path: %s", native.status())
     try:
         if args.workers > 1:
             return supervise(args, config)
