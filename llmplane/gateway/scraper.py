@@ -269,7 +269,9 @@ class Scraper:
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
-            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=30, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(
+                limit=256, keepalive_timeout=self.config.keepalive_timeout, ttl_dns_cache=300
+            )
             self.session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout),
