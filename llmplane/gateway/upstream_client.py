@@ -534,8 +534,8 @@ class _Connection(asyncio.Protocol):
 def _unanswered(conn: _Connection, err: BaseException) -> bool:
     """Whether ``err`` is a reused connection closed or reset by the server before any byte of
     the answer arrived: the server closed it as idle while the request went out, without
-    reading it, so the request may go again on a new connection (what HTTP clients do for
-    reused connections). A new connection (never pooled: ``idle_since`` 0), a byte of the
+    reading it, so the request may go again on a new connection (Go's net/http does so for
+    replayable requests; an inference POST has no side effect beyond the compute). A new connection (never pooled: ``idle_since`` 0), a byte of the
     answer (a head begun, a 1xx) or any other error (a timeout, a malformed answer) says no."""
     return (
         conn.idle_since != 0.0
