@@ -13,11 +13,12 @@ before a complete response, a malformed response) and ``TimeoutError``; a connec
 only after a complete response that allows keep-alive, and closed when a request is abandoned.
 
 Stale keep-alive connections: engines close idle connections after a few seconds (uvicorn's
-default, which vLLM keeps: 5 s; cpp-httplib's, under llama.cpp's server: 5 s), so idle ones are
-kept ``keepalive_timeout`` seconds (4 by default, below theirs), and a request written on a reused connection that the
-server closes or resets before any byte of the answer arrived (it closed the idle connection
-as the request went out) is sent once more on a new connection; never once a response byte
-arrived, never for a new connection. ``on_resend`` is told each time.
+default, which vLLM keeps: 5 s; cpp-httplib's, under llama.cpp's server: 5 s), so idle ones
+are kept ``keepalive_timeout`` seconds (4 by default, below theirs), and a request written on
+a reused connection that the server closes or resets before any byte of the answer arrived
+(it closed the idle connection as the request went out) is sent once more on a new
+connection; never once a response byte arrived, never for a new connection. ``on_resend`` is
+told each time.
 
 Over 500 lines on purpose: the connection's parser states (head, Content-Length, chunked, until
 close) and the pool that reuses connections only between complete responses are one piece.
@@ -535,8 +536,9 @@ def _unanswered(conn: _Connection, err: BaseException) -> bool:
     """Whether ``err`` is a reused connection closed or reset by the server before any byte of
     the answer arrived: the server closed it as idle while the request went out, without
     reading it, so the request may go again on a new connection (Go's net/http does so for
-    replayable requests; an inference POST has no side effect beyond the compute). A new connection (never pooled: ``idle_since`` 0), a byte of the
-    answer (a head begun, a 1xx) or any other error (a timeout, a malformed answer) says no."""
+    replayable requests; an inference POST has no side effect beyond the compute). A new
+    connection (never pooled: ``idle_since`` 0), a byte of the answer (a head begun, a 1xx)
+    or any other error (a timeout, a malformed answer) says no."""
     return (
         conn.idle_since != 0.0
         and isinstance(err, (ServerDisconnected, ConnectionLost))
