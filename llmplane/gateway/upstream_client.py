@@ -713,8 +713,14 @@ class UpstreamPool:
         idle = self._idle.get(address)
         if not idle:
             return False
-        t = idle[-1].transport  # the one ``_idle_one`` would take
-        return idle[-1]._closed_exc is None and t is not None and not t.is_closing()
+        conn = idle[-1]  # the one ``_idle_one`` would take, if not too old
+        t = conn.transport
+        return (
+            conn._closed_exc is None
+            and t is not None
+            and not t.is_closing()
+            and time.monotonic() - conn.idle_since < self.keepalive_timeout
+        )
 
     def connections(self, address: str) -> int:
         """Open connections to ``address``, busy or idle (tests, debugging)."""

@@ -98,6 +98,7 @@ async def test_request_encoding_and_keep_alive_reuse(upstream, pool) -> None:
         status, headers, body = await pool.request(upstream.address, post(upstream.address))
         assert (status, body, headers["content-type"]) == (200, b'{"ok":true}', "application/json")
     assert upstream.connections == 1  # one connection, reused
+    assert pool.warm(upstream.address)  # idle in the pool: the next request takes it
     first = upstream.requests[0]
     assert first.startswith(b"POST /v1/completions HTTP/1.1\r\nHost: " + upstream.address.encode())
     assert b"Accept: */*\r\n" in first and b"Content-Length: 13\r\n\r\n" in first
@@ -176,6 +177,7 @@ async def test_idle_connections_expire_after_the_keepalive_timeout(upstream) -> 
     try:
         for _ in range(2):
             assert (await pool.request(upstream.address, post(upstream.address)))[0] == 200
+            assert not pool.warm(upstream.address)  # pooled, but too old to be taken
         assert upstream.connections == 2
     finally:
         await pool.close()
