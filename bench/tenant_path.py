@@ -259,7 +259,7 @@ def measure_stages(rounds: int, requests: int, limits: str = "all") -> dict[str,
 def line(name: str, us: dict[str, float]) -> str:
     return (
         f"| {name} | {us['open']:.2f} | {us['keyed']:.2f} | {us['limited']:.2f} | "
-        f"+{us['keyed'] - us['open']:.2f} | +{us['limited'] - us['open']:.2f} |"
+        f"{us['keyed'] - us['open']:+.2f} | {us['limited'] - us['open']:+.2f} |"
     )
 
 
@@ -268,10 +268,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--baseline", help="git ref of a build to measure beside this one")
+    p.add_argument("--stages", action="store_true", help="time each stage alone")
+    p.add_argument("--limits", choices=("all", "busy"), default="all")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a baseline's run
     args = p.parse_args(argv)
     if args.json:
-        print(orjson.dumps(measure(args.rounds, args.requests)).decode())
+        run = measure_stages if args.stages else measure
+        print(orjson.dumps(run(args.rounds, args.requests, args.limits)).decode())
         return
     from bench.common import ROOT, checkout, machine, machine_line, remove_checkout
 
@@ -280,18 +283,15 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="llmplane-tenant-path-"))
     if args.baseline:
         builds = {f"baseline {args.baseline}": checkout(args.baseline, tmp / "baseline"), **builds}
+    flags = ["--rounds", str(args.rounds), "--requests", str(args.requests)]
+    flags += ["--limits", args.limits, *(["--stages"] if args.stages else [])]
     try:
         results: dict[str, list[dict[str, float]]] = {name: [] for name in builds}
         for _ in range(3):  # alternating builds, a fresh process each
             for name, tree in builds.items():
                 env = {**os.environ, "PYTHONPATH": str(tree)}
                 out = subprocess.run(
-                    [
-                        sys.executable,
-                        str(Path(__file__).resolve()),
-                        "--json",
-                        *("--rounds", str(args.rounds), "--requests", str(args.requests)),
-                    ],
+                    [sys.executable, str(Path(__file__).resolve()), "--json", *flags],
                     env=env,
                     cwd=tree,
                     check=True,
@@ -302,14 +302,26 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.baseline:
             remove_checkout(builds[f"baseline {args.baseline}"])
-    print(f"`python -m bench.tenant_path --rounds {args.rounds} --requests {args.requests}", end="")
-    print(f"{' --baseline ' + args.baseline if args.baseline else ''}`", end=" ")
+    extra = " ".join(flags[4:] + (["--baseline", args.baseline] if args.baseline else []))
+    print(f"`python -m bench.tenant_path {' '.join(flags[:4])} {extra}`", end=" ")
     print(f"({machine_line(info, list(os.getloadavg()))}); best of 3 processes x {args.rounds}")
     print()
-    print("| build | no Tenant us | keyed us | with limits us | keyed adds | limits add |")
-    print("|---|---:|---:|---:|---:|---:|")
+    if not args.stages:
+        print("| build | no Tenant us | keyed us | with limits us | keyed adds | limits add |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, runs in results.items():
+            print(line(name, {k: min(r[k] for r in runs) for k in KINDS}))
+        return
     for name, runs in results.items():
-        print(line(name, {k: min(r[k] for r in runs) for k in KINDS}))
+        best = {k: min(r[k] for r in runs) for k in runs[0]}
+        stages = list(dict.fromkeys(k.split("/", 1)[1] for k in best))
+        print(f"{name}:")
+        print()
+        print("| stage | no Tenant us | keyed us | with limits us | keyed adds | limits add |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for stage in stages:
+            print(line(stage, {kind: best[f"{kind}/{stage}"] for kind in KINDS}))
+        print()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import orjson
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.hooks import header_pairs
 from llmplane.gateway.ratelimit.buckets import (
+    BucketState,
     TokenBucket,
     rate_headers,
     reserve_local,
@@ -200,3 +201,38 @@ def test_the_one_call_reserve_takes_what_the_general_path_takes():
                     assert fast[d].level == general[d].level
                     assert fast[d].stamp == general[d].stamp
     assert all(seen.values()), seen
+
+
+def reset_kind(value: str) -> str:
+    """0s, ms, s (under a minute), m (minutes), h (hours): which format a reset has."""
+    if value == "0s" or value.endswith("ms"):
+        return "0s" if value == "0s" else "ms"
+    return "h" if "h" in value else "m" if "m" in value else "s"
+
+
+def test_the_lines_of_any_levels_are_the_general_paths_headers():
+    """``LocalPlan``'s header lines (written out per bucket, ``duration`` inline for resets
+    under a minute) against ``rate_headers`` for arbitrary levels: below zero, zero, full,
+    and resets of milliseconds, seconds with three decimals, minutes and hours."""
+    rng = random.Random(5)
+    kinds = {"ms": 0, "s": 0, "m": 0, "h": 0, "0s": 0}
+    for directions in ([REQUESTS], [INPUT, OUTPUT], [REQUESTS, INPUT, OUTPUT, BUDGET]):
+        for _ in range(500):
+            limits = {d: rng.choice((1, 7, 300, 4000, 90000)) for d in directions}
+            rates = {d: limits[d] / rng.choice((0.5, 1.0, 60.0, 3600.0, 86400.0)) for d in limits}
+            plan = LocalPlan({d: TokenBucket(rates[d], limits[d], 0.0) for d in directions})
+            levels = [
+                rng.choice((limits[d], 0.0, -rng.random() * 50, rng.random() * limits[d]))
+                for d in directions
+            ]
+            plan._render(levels)
+            states = [
+                BucketState(d, limits[d], rates[d], level)
+                for d, level in zip(directions, levels, strict=True)
+            ]
+            assert plan.lines == rendered(rate_headers(states))
+            for line in plan.lines.decode().split("\r\n"):
+                if line.startswith("x-ratelimit-reset"):
+                    value = line.split(": ")[1]
+                    kinds[reset_kind(value)] += 1
+    assert all(kinds.values()), kinds

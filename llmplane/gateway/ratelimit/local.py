@@ -65,8 +65,8 @@ def _refill_lines(n: int) -> list[str]:
     return lines
 
 
-def _made(lines: list[str], name: str) -> Callable[..., Any]:
-    namespace: dict[str, Any] = {}
+def _made(lines: list[str], name: str, **names: Any) -> Callable[..., Any]:
+    namespace: dict[str, Any] = dict(names)
     exec("\n".join(lines), namespace)  # a fixed template (see the callers)
     return namespace[name]  # type: ignore[no-any-return]
 
@@ -195,6 +195,50 @@ def _straight_settle(directions: tuple[str, ...]) -> Callable[..., Callable[...,
     return _made(lines, "make")
 
 
+@functools.cache
+def _straight_render(rows: tuple[tuple[str, int], ...], fmt: str) -> Callable[..., bytes]:
+    """``LocalPlan``'s header lines for buckets at given levels, written out per bucket
+    (``rows``: (direction, limit) in the plan's order; ``fmt``: the plan's ``format``): each
+    bucket's remaining and reset (``duration`` inline for the common resets under a minute),
+    the scarcest token bucket's three values (the first of equal shares), one ``%``."""
+    n = len(rows)
+    lines = ["def render(buckets, levels):"]
+    if n:
+        lines.append(f"    {', '.join(f'b{i}' for i in range(n))}, = buckets")
+        lines.append(f"    {', '.join(f'l{i}' for i in range(n))}, = levels")
+    for i, (_, limit) in enumerate(rows):
+        lines += [
+            f"    r{i} = l{i} if l{i} > 0 else 0",
+            f"    s = ({limit} - l{i}) / b{i}.rate",
+            "    if 0 < s < 1:",
+            f"        t{i} = MS[ceil(s * 1000)]",
+            "    elif 1 <= s < 60:",
+            f'        t{i} = f"{{s:.3f}}".rstrip("0").rstrip(".") + "s"',
+            "    else:",
+            f"        t{i} = duration(s)",
+        ]
+    values = []
+    tokens = [(i, limit) for i, (d, limit) in enumerate(rows) if d != REQUESTS]
+    for i, (direction, _) in enumerate(rows):
+        if direction != REQUESTS and i == tokens[0][0]:  # the scarcest, before the first
+            values += ["ml", "mr", "mt"]
+        values += [f"r{i}", f"t{i}"]
+    if tokens:
+        first, limit = tokens[0]
+        lines += [
+            f"    share = l{first} / {limit}",
+            f'    ml, mr, mt = "{limit}", r{first}, t{first}',
+        ]
+        for i, limit in tokens[1:]:
+            lines += [
+                f"    x = l{i} / {limit}",
+                "    if x < share:",
+                f'        share, ml, mr, mt = x, "{limit}", r{i}, t{i}',
+            ]
+    lines.append(f"    return (FMT % ({''.join(f'{v}, ' for v in values)})).encode()")
+    return _made(lines, "render", MS=_MILLISECONDS, ceil=math.ceil, duration=duration, FMT=fmt)
+
+
 class LocalPlan:
     """One limit's local buckets in the order a request takes them (the amounts of a take
     and a settlement are given in ``directions``' order), with their header names, limit
@@ -203,6 +247,7 @@ class LocalPlan:
 
     __slots__ = (
         "_levels",
+        "_renderer",
         "_settled",
         "_straight",
         "bucket_list",
@@ -214,7 +259,6 @@ class LocalPlan:
         "lines",
         "lock",
         "reserve",
-        "rows",
         "settle",
         "take",
     )
@@ -225,10 +269,6 @@ class LocalPlan:
         self.bucket_list = tuple(buckets.values())
         # (direction, the limit: tokens per unit), what a request's amounts are checked against
         self.limits = tuple((d, int(b.burst)) for d, b in buckets.items())
-        # (bucket, str(limit), the limit as a number, a token bucket?)
-        self.rows = [
-            (b, str(int(b.burst)), int(b.burst), d != REQUESTS) for d, b in buckets.items()
-        ]
         first = next(iter(buckets.values()), None)
         lock = first.lock if first is not None else None
         # None for buckets of one process (entering a null context costs a call per take)
@@ -264,6 +304,7 @@ class LocalPlan:
             names = _names(d)
             lines.append(f"{names[0]}: {int(bucket.burst)}\r\n{names[1]}: %d\r\n{names[2]}: %s\r\n")
         self.format = "".join(lines)
+        self._renderer = _straight_render(self.limits, self.format)
         # The levels the last take left and the lines rendered for them.
         self._levels: list[float] | None = None
         self.lines = b""
@@ -286,23 +327,7 @@ class LocalPlan:
 
     def _render(self, levels: list[float]) -> None:
         """``lines``: the header lines of the buckets at ``levels`` (after a take)."""
-        values: list[str | float] = []  # remaining (%d: whole tokens), reset of each bucket
-        main = None  # (share left, limit, remaining, reset) of the scarcest token bucket
-        for (bucket, limit_text, limit, is_tokens), level in zip(self.rows, levels, strict=True):
-            remaining = level if level > 0 else 0
-            seconds = (limit - level) / bucket.rate
-            reset = (
-                _MILLISECONDS[math.ceil(seconds * 1000)] if 0 < seconds < 1 else duration(seconds)
-            )
-            values.append(remaining)
-            values.append(reset)
-            if is_tokens:
-                share = level / limit
-                if main is None or share < main[0]:
-                    main = (share, limit_text, remaining, reset)
-        if main is not None:  # after the requests' two values, before the token buckets'
-            values[2 if self.has_requests else 0 : 2 if self.has_requests else 0] = main[1:]
-        self.lines = (self.format % tuple(values)).encode()
+        self.lines = self._renderer(self.bucket_list, levels)
         self._levels = levels
 
     def give(self, deltas: Sequence[int], now: float) -> None:
