@@ -61,6 +61,7 @@ from bench.common import (
 from bench.nginx_upstream import nginx_proc
 from bench.routing import sim_counters
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
+from llmplane.gateway.workers.cores import auto_workers
 from llmplane.testing import Process, gateway, sim_process, upstream_process
 
 STREAM_TOKENS = 64
@@ -299,7 +300,8 @@ def report(res: dict[str, Any]) -> str:
         f"--concurrency {' '.join(map(str, a['concurrency']))} "
         f"--workers {' '.join(map(str, a['workers']))} --modes {' '.join(a['modes'])} "
         f"--stream-max-running {a.get('stream_max_running', 8)}`; "
-        + machine_line(res["machine"], res["load_after"]),
+        + machine_line(res["machine"], res["load_after"])
+        + f" `llmplane gateway`'s default, `--workers auto`, is {res.get('auto_workers', 1)} here.",
         "",
     ]
     cells = res["cells"]
@@ -421,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
         "args": vars(args),
         "cells": cells,
         "prefix": prefix_cells,
+        "auto_workers": auto_workers(),
     }
     text = report(res)
     print(text)
