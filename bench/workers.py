@@ -337,7 +337,9 @@ def report(res: dict[str, Any]) -> str:
                             f"{med('client_cpu_per_1k') * 1000:,.0f}",
                             f"{med('p50'):.2f}",
                             f"{med('p99'):.2f}",
-                            f"{sum(x.get('held', 0) for x in mine) / sum(x['requests'] for x in mine):.1%}",
+                            "-"  # no flow control
+                            if name == "vllm-router"
+                            else f"{sum(x.get('held', 0) for x in mine) / sum(x['requests'] for x in mine):.1%}",
                             sum(x["errors"] for x in mine),
                             rps,
                         ]
