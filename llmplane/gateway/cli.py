@@ -33,7 +33,7 @@ from llmplane.store.paths import open_store
 if TYPE_CHECKING:
     from llmplane.gateway.workers.share import Seat
 
-DEFAULT_WORKERS = 1
+DEFAULT_WORKERS = "auto"  # one per usable core, at most 8: llmplane/gateway/workers/cores.py
 MAX_WORKERS = 64
 
 
@@ -48,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         "--workers",
         type=_workers,
         default=DEFAULT_WORKERS,
-        help="worker processes serving the port, sharing one routing state (default "
-        f"{DEFAULT_WORKERS}; see docs/gateway.md)",
+        help="worker processes serving the port, sharing one routing state: a number, or "
+        "auto (default) for one per core this process may use (its CPU affinity and cgroup "
+        "quota), at most 8; see docs/gateway.md, Workers",
     )
     add_routing_arguments(parser)
     return parser
@@ -169,10 +170,14 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
 
 
 def _workers(text: str) -> int:
+    if text.strip().lower() == "auto":
+        from llmplane.gateway.workers.cores import auto_workers
+
+        return auto_workers()
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number or auto: {text!r}") from None
     if not 1 <= n <= MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"{n} is not between 1 and {MAX_WORKERS}")
     return n

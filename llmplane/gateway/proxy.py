@@ -223,11 +223,14 @@ class Proxy:
         outliers: Outliers,
         retries: Counter,
         stalls: Counter | None = None,
+        resends: Counter | None = None,
     ) -> None:
         self.config = config
         self.outliers = outliers
         self.retries = retries
         self.stalls = stalls  # streams ended by the stall timeout, by route
+        # Requests sent again after a stale keep-alive connection, by endpoint.
+        self.resends = resends
         self.pool: UpstreamPool | None = None
         self._streams: set[_StreamWatch] = set()
         self._watchdog: asyncio.Task[None] | None = None
@@ -241,8 +244,13 @@ class Proxy:
             limit=c.connection_limit,
             keepalive_timeout=c.keepalive_timeout,
             connect_timeout=c.connect_timeout,
+            on_resend=self._resent if self.resends is not None else None,
         )
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    def _resent(self, address: str) -> None:
+        assert self.resends is not None
+        self.resends.labels(address).inc()
 
     async def close(self) -> None:
         watchdog, self._watchdog = self._watchdog, None

@@ -51,3 +51,39 @@ async def test_an_under_share_tenant_goes_past_a_backlog_within_the_reserve(
     results = await asyncio.gather(long, *waiting)
     assert [r[0] for r in results] == [200, 200, 200]
     await eventually(lambda: not gw.flow.shares.backends, what="every seat released")
+
+
+async def test_a_sheddable_backlog_does_not_cut_the_shares(gateways, store, processes, client):
+    # saturationMaxInflight 3: big's two long requests and small's one fill the rule; a
+    # Sheddable request waits. small's next request: 1 in flight of a share of 3/2 (big and
+    # small are the claimants; bulk, waiting only as Sheddable, is none): it goes within the
+    # reserve instead of waiting for a long request to end.
+    sim = processes.sim(MODEL, "--max-num-seqs", "8")
+    gw, keys = await start(
+        gateways,
+        store,
+        sim,
+        {"big": "Default", "small": "Default", "bulk": "Sheddable"},
+        saturation_queue=100,
+        saturation_max_inflight=3,
+        flow_control_reserve=1,
+    )
+    state = next(iter(gw.registry.states.values()))
+    tokens = int(3.0 / TOKEN_TIME)
+    longs = [
+        asyncio.create_task(complete(client, gw, keys[name], tokens, f"long {i}"))
+        for i, name in enumerate(("big", "big", "small"))
+    ]
+    await eventually(lambda: state.inflight == 3, what="the three long requests sent")
+    bulk = asyncio.create_task(complete(client, gw, keys["bulk"], 3, "bulk"))
+    await eventually(
+        lambda: queued(gw) == {("Sheddable", "bulk"): 1}, what="the Sheddable request queued"
+    )
+    status, _, _, _ = await complete(client, gw, keys["small"], 3, "small")
+    assert status == 200
+    assert not any(task.done() for task in longs)  # served beside them, within the reserve
+    assert queued(gw) == {("Sheddable", "bulk"): 1}
+    assert sample(gw, "llmplane_gateway_flow_reserved_total", tenant="small") == 1
+    results = await asyncio.gather(*longs, bulk)
+    assert [r[0] for r in results] == [200] * 4
+    await eventually(lambda: not gw.flow.shares.backends, what="every seat released")

@@ -79,10 +79,28 @@ def test_waiting_flows_count_as_active() -> None:
     assert not shares.under("b", "a", 1, None)
     queue = FlowQueue(Limits())
     queue.offer(Waiter(1, "d", 1, 0.0))
-    queue.offer(Waiter(2, "e", 1, 0.0))
+    queue.offer(Waiter(0, "e", 1, 0.0))
     # c holds 1: of a share of 1.5 with a alone beside it, of 0.75 with d and e waiting too.
     assert shares.under("b", "c", 1, None)
     assert not shares.under("b", "c", 1, queue)
+
+
+def test_a_flow_with_only_sheddable_requests_waiting_is_no_claimant() -> None:
+    # The reserve never serves Sheddable requests: their tenant does not cut the others'
+    # shares (the overload benchmark's small tenant, queued in a burst behind a heavy one).
+    shares = Shares()
+    for _ in range(2):
+        shares.take("b", "big", 1)
+    small = shares.take("b", "small", 1)
+    queue = FlowQueue(Limits())
+    for _ in range(5):
+        queue.offer(Waiter(2, "bulk", 1, 0.0))
+    # 3 in flight, big and small active: small's share 1.5, it holds 1.
+    assert shares.under("b", "small", 1, queue)
+    # The same tenant with a Default request waiting is a claimant: a share of 1.
+    queue.offer(Waiter(1, "bulk", 1, 0.0))
+    assert not shares.under("b", "small", 1, queue)
+    shares.release(small)
 
 
 # --- the controller --------------------------------------------------------------------------

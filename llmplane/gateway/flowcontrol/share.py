@@ -3,20 +3,29 @@
 With ``flowControlReserve: N`` a request may go past the saturation rule, by at most N per
 endpoint, when its flow (tenant) holds less than its fair share of the backend's requests in
 flight: ``in flight x weight / sum of the weights of the active flows`` (a flow is active
-with a request in flight or waiting), or nothing at all. Over-share flows and Sheddable
-requests wait. A tenant that sends little then finds room at once even while a heavy
-tenant's backlog keeps every engine at its limit: the idea of max-min fairness (a flow below
-its share goes first) and of Kubernetes API Priority and Fairness' seats, applied to the
-moment of dispatch. What the reserve lends is paid back: the endpoint stays saturated for
+with a request in flight or one waiting in a band the reserve serves: Critical or Default),
+or nothing at all. Over-share flows and Sheddable requests wait. A tenant that sends little
+then finds room at once even while a heavy tenant's backlog keeps every engine at its limit:
+the idea of max-min fairness (a flow below its share goes first) and of Kubernetes API
+Priority and Fairness' seats, applied to the moment of dispatch. What the reserve lends is paid back: the endpoint stays saturated for
 everyone else until its load is below the rule again.
 
 ``Shares`` counts, per backend and flow, the requests that passed admission and have not
 finished (only when the reserve is configured); a ``Seat`` is one of them.
+
+Why a flow with only Sheddable requests waiting is no claimant: those are the requests
+overload sheds and the reserve never serves, yet counted, every tenant of a backend with a
+Sheddable backlog had its share cut (by a quarter with four tenants), and a small tenant with
+a short burst in flight (4 of 15, over 15/4) was queued behind the heavy tenant's backlog:
+the slowest small requests of the overload benchmark lost 0.2-0.9 s there
+(docs/benchmarks.md, "Overload").
 """
 
 from __future__ import annotations
 
-from llmplane.gateway.flowcontrol.queue import FlowQueue
+from llmplane.gateway.flowcontrol.queue import BAND, FlowQueue
+
+SERVED = BAND["Sheddable"]  # the bands before it are the ones the reserve serves
 
 
 class _Backend:
@@ -74,7 +83,8 @@ class Shares:
 
     def under(self, key: str, flow: str, weight: int, queue: FlowQueue | None) -> bool:
         """Whether ``flow`` (weight ``weight``) holds less than its fair share of ``key``'s
-        requests in flight, counting the flows waiting in ``queue`` as active."""
+        requests in flight, counting the flows waiting in ``queue``'s Critical and Default
+        bands as active."""
         backend = self.backends.get(key)
         mine = backend.counts.get(flow, 0) if backend is not None else 0
         if not mine:
@@ -82,7 +92,7 @@ class Shares:
         assert backend is not None
         weights = dict(backend.weights)
         if queue is not None:
-            for band in queue.bands:
+            for band in queue.bands[:SERVED]:
                 for name, waiting in band.flows.items():
                     weights.setdefault(name, waiting.weight)
         weights[flow] = weight
