@@ -13,7 +13,8 @@ before a complete response, a malformed response) and ``TimeoutError``; a connec
 only after a complete response that allows keep-alive, and closed when a request is abandoned.
 
 Stale keep-alive connections: engines close idle connections after a few seconds (uvicorn's
-default, which vLLM keeps: 5 s; cpp-httplib's, under llama.cpp's server: 5 s), so idle ones
+default, which vLLM and the llama.cpp engine llmplane runs keep: 5 s; cpp-httplib's, under
+llama.cpp's own llama-server: 5 s), so idle ones
 are kept ``keepalive_timeout`` seconds (4 by default, below theirs), and a request written on
 a reused connection that the server closes or resets before any byte of the answer arrived
 (it closed the idle connection as the request went out) is sent once more on a new
@@ -44,7 +45,7 @@ _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 64 * 1024
 _NO_BODY = frozenset({204, 304})
 # Idle keep-alive connections are closed after this many seconds: below the 5 s after which
-# uvicorn (vLLM) and cpp-httplib (llama.cpp's server) close theirs.
+# uvicorn (vLLM, llmplane's llama.cpp engine) and cpp-httplib (llama-server) close theirs.
 KEEPALIVE_TIMEOUT = 4.0
 
 log = logging.getLogger("llmplane.gateway")
