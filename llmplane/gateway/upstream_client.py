@@ -14,12 +14,11 @@ only after a complete response that allows keep-alive, and closed when a request
 
 Stale keep-alive connections: engines close idle connections after a few seconds (uvicorn's
 default, which vLLM and the llama.cpp engine llmplane runs keep: 5 s; cpp-httplib's, under
-llama.cpp's own llama-server: 5 s), so idle ones
-are kept ``keepalive_timeout`` seconds (4 by default, below theirs), and a request written on
-a reused connection that the server closes or resets before any byte of the answer arrived
-(it closed the idle connection as the request went out) is sent once more on a new
-connection; never once a response byte arrived, never for a new connection. ``on_resend`` is
-told each time.
+llama.cpp's own llama-server: 5 s), so idle ones are kept ``keepalive_timeout`` seconds (4 by
+default, below theirs), and a request written on a reused connection that the server closes
+or resets before any byte of the answer arrived (it closed the idle connection as the request
+went out) is sent once more on a new connection; never once a response byte arrived, never
+for a new connection. ``on_resend`` is told each time.
 
 Over 500 lines on purpose: the connection's parser states (head, Content-Length, chunked, until
 close) and the pool that reuses connections only between complete responses are one piece.
