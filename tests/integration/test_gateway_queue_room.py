@@ -5,7 +5,9 @@ never through the gateway's flow-control queue; a burst beyond it still waits th
 /metrics: ``llmplane_gateway_flow_wait_seconds_count`` counts requests dispatched from the
 queue). An engine whose concurrency is configured (``Endpoint.spec.maxNumSeqs``; the embedded
 runtime takes it from the engine's ``--max-num-seqs``) has that room from its first burst.
-Requests the sim counts as waiting until its next step do not lower the learned capacity."""
+Requests the sim counts as waiting until its next step do not lower the learned capacity. A
+request held because the engine's KV cache was full goes when the gateway sees a request
+finish, without waiting for the next scrape."""
 
 from __future__ import annotations
 
@@ -167,3 +169,41 @@ async def test_requests_the_sim_counts_as_waiting_until_its_next_step_keep_the_c
     caught = transient()
     assert len(caught) >= 3, "no scrape caught a just-arrived request waiting in the sim"
     assert all(after >= before for before, after in caught), caught
+
+
+async def test_a_request_held_for_kv_goes_when_a_request_finishes_not_at_the_next_scrape(
+    gateways, store, processes, client
+):
+    # The stand-in upstream reports its KV use as running / --max-running: full at 2. Scraped
+    # once by hand while 2 run, never again (hour-long intervals): a third request waits in
+    # flow control, and goes when the gateway sees one of the two finish.
+    up = processes.upstream(MODEL, "--max-running", "2", "--delay", "1.5")
+    store.apply(endpoint_object("up", up.address, MODEL, engine="vllm"))
+    hour = 3600.0
+    config = GatewayConfig(scrape_interval=hour, scrape_idle_interval=hour, metrics_staleness=hour)
+    gw = await gateways(store, config=config)
+    await eventually(
+        lambda: gw.registry.states and all(s.has_load_metrics for s in gw.registry.states.values()),
+        what="the upstream scraped once",
+    )
+    state = next(iter(gw.registry.states.values()))
+    url = f"http://127.0.0.1:{gw.port}/v1/completions"
+
+    async def one(tag: str) -> int:
+        async with client.post(url, json={"model": MODEL, "prompt": tag, "max_tokens": 2}) as r:
+            await r.read()
+            return r.status
+
+    first = [asyncio.create_task(one(f"first {i}")) for i in range(2)]
+    await eventually(lambda: state.inflight == 2, what="two requests in flight")
+    assert await gw.scraper.scrape_once(state)
+    assert (state.running, state.kv_usage) == (2, 1.0), "scraped while both run"
+    scrapes = gw.scraper.scrapes[state.key]
+    third = asyncio.create_task(one("third"))
+    await eventually(lambda: gw.flow.waiting() == 1, what="the third held in flow control")
+    assert await asyncio.gather(*first) == [200, 200]
+    # Without a scrape in between (none is due for an hour), the third went and completed.
+    await eventually(third.done, timeout=20, what="the third request released and answered")
+    assert third.result() == 200
+    assert gw.scraper.scrapes[state.key] == scrapes
+    assert held(gw) == 1
