@@ -69,6 +69,18 @@ class EndpointState:
         """See ``queue_estimates``."""
         return queue_estimates((self,), staleness, time.monotonic() if now is None else now)[0]
 
+    def kv_estimate(self) -> float:
+        """KV use now: the last scrape's, less the share of the requests that finished since
+        then beyond those the engine had waiting (they take the freed blocks first). A finished
+        request's blocks are free in the engine at once; without this the saturation rule held
+        a waiting request until the next scrape although the gateway saw a slot free (optimistic
+        accounting, as ``queue_estimates``: requests sent since then count there)."""
+        freed = self.inflight_at_scrape - self.inflight - self.waiting
+        running = self.running
+        if freed <= 0 or running <= 0:
+            return self.kv_usage
+        return self.kv_usage * (running - freed) / running if freed < running else 0.0
+
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
 

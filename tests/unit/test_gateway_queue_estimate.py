@@ -194,3 +194,30 @@ def test_a_pods_containers_give_their_concurrency():
     for bad in ({}, {"spec": None}, {"spec": {"containers": "x"}}, pod("x"), pod({"args": "x"})):
         assert pod_max_num_seqs(bad) == 0
     assert pod_max_num_seqs(pod({"args": ["--max-num-seqs", 12]})) == 0  # not a string
+
+
+def test_the_kv_rule_sees_the_blocks_of_requests_that_finished_since_the_scrape():
+    # An engine seen with 8 running and its KV cache full: saturated until a request finishes;
+    # the gateway sees that at once (a flow-control waiter goes then, not at the next scrape).
+    state = endpoint()
+    send(state, 8)
+    apply_metrics(state, LoadMetrics(waiting=0, running=8, kv=1.0), NOW, state.inflight)
+    assert saturated(state, saturation_kv=0.8)
+    send(state, -1)
+    assert state.kv_estimate() == 7 / 8 and saturated(state, saturation_kv=0.8)
+    send(state, -1)
+    assert state.kv_estimate() == 6 / 8 and not saturated(state, saturation_kv=0.8)
+    send(state, 1)  # sent since: counted as KV again (and in the queue estimate)
+    assert saturated(state, saturation_kv=0.8)
+    send(state, -7)
+    assert state.kv_estimate() == 0.0
+
+
+def test_requests_waiting_in_the_engine_take_the_blocks_freed_first():
+    state = endpoint()
+    send(state, 10)
+    apply_metrics(state, LoadMetrics(waiting=2, running=8, kv=1.0), NOW, state.inflight)
+    send(state, -2)  # the two waiting ones start in the freed blocks
+    assert state.kv_estimate() == 1.0 and saturated(state, saturation_kv=0.8)
+    send(state, -2)
+    assert state.kv_estimate() == 6 / 8
