@@ -66,7 +66,7 @@ class GatewayConfig:
     fallbacks: int = 4
     # Upstream connection pool. Idle keep-alive connections are closed after
     # ``keepalive_timeout`` seconds: keep it below the engines' own idle limit (vLLM's uvicorn
-    # and llama.cpp's server: 5 s), else a request may meet a connection the engine is closing
+    # and llama.cpp's: 5 s), else a request may meet a connection the engine is closing
     # (then it is sent again on a new connection, see gateway/upstream_client.py).
     connection_limit: int = 1024
     keepalive_timeout: float = KEEPALIVE_TIMEOUT

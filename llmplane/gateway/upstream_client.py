@@ -13,12 +13,12 @@ before a complete response, a malformed response) and ``TimeoutError``; a connec
 only after a complete response that allows keep-alive, and closed when a request is abandoned.
 
 Stale keep-alive connections: engines close idle connections after a few seconds (uvicorn's
-default, which vLLM keeps: 5 s; cpp-httplib's, under llama.cpp's server: 5 s), so idle ones
-are kept ``keepalive_timeout`` seconds (4 by default, below theirs), and a request written on
-a reused connection that the server closes or resets before any byte of the answer arrived
-(it closed the idle connection as the request went out) is sent once more on a new
-connection; never once a response byte arrived, never for a new connection. ``on_resend`` is
-told each time.
+default, which vLLM and the llama.cpp engine llmplane runs keep: 5 s; cpp-httplib's, under
+llama.cpp's own llama-server: 5 s), so idle ones are kept ``keepalive_timeout`` seconds (4 by
+default, below theirs), and a request written on a reused connection that the server closes
+or resets before any byte of the answer arrived (it closed the idle connection as the request
+went out) is sent once more on a new connection; never once a response byte arrived, never
+for a new connection. ``on_resend`` is told each time.
 
 Over 500 lines on purpose: the connection's parser states (head, Content-Length, chunked, until
 close) and the pool that reuses connections only between complete responses are one piece.
@@ -44,7 +44,7 @@ _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 64 * 1024
 _NO_BODY = frozenset({204, 304})
 # Idle keep-alive connections are closed after this many seconds: below the 5 s after which
-# uvicorn (vLLM) and cpp-httplib (llama.cpp's server) close theirs.
+# uvicorn (vLLM, llmplane's llama.cpp engine) and cpp-httplib (llama-server) close theirs.
 KEEPALIVE_TIMEOUT = 4.0
 
 log = logging.getLogger("llmplane.gateway")
