@@ -311,12 +311,20 @@ def gateway_proc(
     name: str = "llmplane",
     tree: Path | None = None,
     access_log: bool = False,
+    workers: int | str = 1,
 ) -> Process:
     """``llmplane gateway`` on a free port over ``state_dir`` (access log off unless
     ``access_log``: then into the process's output file; warnings only), launched; ``extra``
     are more flags (``--config FILE``); ``tree`` runs another checkout's code
-    (bench/gateway_ab.py)."""
-    flags = (*extra, *(() if access_log else ("--no-access-log",)), "--log-level", "WARNING")
+    (bench/gateway_ab.py). One worker unless ``workers`` says otherwise (``auto`` is the
+    command's default): these benchmarks measure a process's cost per request, and
+    bench/workers.py compares worker counts."""
+    flags = (
+        *extra,
+        *(() if access_log else ("--no-access-log",)),
+        *("--workers", str(workers)),
+        *("--log-level", "WARNING"),
+    )
     return testing.gateway(*flags, state_dir=state_dir, tree=tree, name=name).launch()
 
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from llmplane import native
 from llmplane.aio import run, wait_event
 from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
@@ -32,7 +33,7 @@ from llmplane.store.paths import open_store
 if TYPE_CHECKING:
     from llmplane.gateway.workers.share import Seat
 
-DEFAULT_WORKERS = 1
+DEFAULT_WORKERS = "auto"  # one per usable core, at most 8: llmplane/gateway/workers/cores.py
 MAX_WORKERS = 64
 
 
@@ -47,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         "--workers",
         type=_workers,
         default=DEFAULT_WORKERS,
-        help="worker processes serving the port, sharing one routing state (default "
-        f"{DEFAULT_WORKERS}; see docs/gateway.md)",
+        help="worker processes serving the port, sharing one routing state: a number, or "
+        "auto (default) for one per core this process may use (its CPU affinity and cgroup "
+        "quota), at most 8; see docs/gateway.md, Workers",
     )
     add_routing_arguments(parser)
     return parser
@@ -168,13 +170,22 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
 
 
 def _workers(text: str) -> int:
+    if text.strip().lower() == "auto":
+        from llmplane.gateway.workers.cores import auto_workers
+
+        return auto_workers()
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number or auto: {text!r}") from None
     if not 1 <= n <= MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"{n} is not between 1 and {MAX_WORKERS}")
     return n
+
+
+def _log_hot_path() -> None:
+    """Once the gateway serves: whether its hot path runs compiled (docs/gateway.md)."""
+    logging.getLogger("llmplane.gateway").info("hot path: %s", native.status())
 
 
 def _listen_error(args: argparse.Namespace, e: OSError) -> StartupError:
@@ -208,6 +219,7 @@ async def serve(
         scaler = kube_activation.attach(gateway, store)
     if ready is None:
         print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
+        _log_hot_path()
     else:
         ready()
     collector = asyncio.create_task(freeze_survivors(), name="gc")  # see llmplane/gcpolicy.py
@@ -243,6 +255,7 @@ def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
 
     def serving() -> None:
         print(f"LISTENING {host}:{port}", flush=True)
+        _log_hot_path()
 
     share = Share(args.workers, sock)
     try:

@@ -14,15 +14,16 @@ from llmplane.testing.process import Process, gateway
 
 
 class GatewayProcess:
-    """``llmplane gateway --port 0`` on its own state directory with ``settings`` as its
-    ``gateway:`` config section; ``stop()`` on teardown."""
+    """``llmplane gateway --port 0 --workers 1`` on its own state directory with ``settings``
+    as its ``gateway:`` config section; ``stop()`` on teardown. One worker: what these tests
+    look at (memory, connection caps, buffers) is per worker process."""
 
     def __init__(self, tmp: Path, settings: dict[str, Any] | None = None) -> None:
         self.state = tmp / "state"
         config = tmp / "gateway.yaml"
         config.write_text(yaml.safe_dump({"gateway": settings or {}}))
         self.process: Process = gateway(
-            "--config", str(config), "--no-access-log", state_dir=self.state
+            "--config", str(config), "--no-access-log", "--workers", "1", state_dir=self.state
         ).start()
         self.port = self.process.port
 
