@@ -70,7 +70,8 @@ def _builds(native: Path) -> dict[str, dict[str, Path]]:
 
 @dataclass
 class Finder:
-    """Finds ``package``'s modules that have a build in ``native`` matching their source."""
+    """Finds ``package``'s modules (in folder ``root``) whose ``builds`` include one of their
+    current source."""
 
     package: str
     root: Path
@@ -118,7 +119,8 @@ def install(package: str, root: Path) -> Finder | None:
     for finder in sys.meta_path:
         if isinstance(finder, Finder) and finder.package == package:
             return finder
-    builds = _builds(root / NATIVE_DIR)
+    # Only the package's own modules: a stray file in _native/ cannot stand in for another.
+    builds = {m: b for m, b in _builds(root / NATIVE_DIR).items() if m.startswith(package + ".")}
     if not builds:
         return None
     finder = Finder(package, root, builds)

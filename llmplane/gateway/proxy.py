@@ -409,7 +409,6 @@ class Proxy:
                     resp.headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
                 ),
             )
-            await out.prepare(ctx.request)
             scanner = StreamScanner()
             relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
             stall = ctx.decision.backend.stall_timeout  # type: ignore[union-attr]
@@ -420,8 +419,15 @@ class Proxy:
             while chunk:
                 scanner.feed(chunk)
                 data = chunk if relay is None else relay.feed(chunk)
-                if data:
-                    await out.write(data)  # a client that went away raises here
+                # What has arrived goes now; the head with the first piece and, once the
+                # upstream's body has ended, the end of ours with its last: one write each.
+                last = relay is None and resp.ended
+                if not out.prepared:
+                    await out.prepare(ctx.request, data, last)
+                elif data or last:
+                    await out.write(data, last)  # a client that went away raises here
+                if last:
+                    break
                 try:
                     if watch is not None:
                         watch.chunks += 1
@@ -435,6 +441,8 @@ class Proxy:
                     ctx.error = f"stream broken: {type(err).__name__}: {err}"
                     ctx.upstream_broken = True
                     break
+            if not out.prepared:  # an empty body
+                await out.prepare(ctx.request)
             if relay is not None and (rest := relay.flush()):
                 await out.write(rest)
             ctx.usage = scanner.usage

@@ -117,6 +117,12 @@ class UpstreamResponse:
         self.status = status
         self.headers = headers
 
+    @property
+    def ended(self) -> bool:
+        """The whole body has arrived and been read: the next ``readany`` gives b""."""
+        conn = self._conn
+        return conn._done and not conn._pieces
+
     async def readany(self) -> bytes:
         """The body bytes that have arrived since the last call (de-chunked, at least one
         byte, waiting if needed); b"" at its end."""

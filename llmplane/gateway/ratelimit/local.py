@@ -1,7 +1,9 @@
 """The fast path of one limit on local buckets (the common case: a Tenant's limit, or a
-route's, held by this process): the buckets resolved once per limit, one call that refills,
-checks and takes them all and writes the ``x-ratelimit-*`` headers, and one that settles,
-without a state object per bucket. It gives exactly what ``buckets.reserve_local`` +
+route's, held by this process): the buckets resolved once per limit, one call that makes a
+request's amounts, refills, checks and takes them all and writes the ``x-ratelimit-*``
+headers, and one that settles, without a state object per bucket. These calls are functions
+written out per bucket layout from fixed templates (``_straight_*``): a call or a loop costs
+the gateway process far more than a micro-benchmark shows (docs/benchmarks.md, issue 15). It gives exactly what ``buckets.reserve_local`` +
 ``rate_headers`` (and ``settle_deltas`` + ``TokenBucket.adjust``) give for a single limit
 (``tests/unit/test_ratelimit_local.py`` compares them); a refusal, the rarer case, is left
 to that general path, which builds the 429.
