@@ -6,7 +6,8 @@
                                [--new-connections]
 
 The baseline is a git ref checked out into a temporary worktree; the candidate is this working
-tree. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
+tree (with its compiled hot path if built: each build's count of loaded compiled modules is
+printed). Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
 off unless ``--access-log``) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
 one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
 Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, url in urls.items():  # warm up: connections, caches, the prefix index
             gws[name].wait_http(url, bodies["unary"])
             wrk(url, bodies["unary"], args.concurrency, 1)
+            print(f"{name}: {native_modules(gws[name].pid)} compiled modules loaded", flush=True)
         headers = {"Connection": "close"} if args.new_connections else None
         cells: dict[tuple[str, str], list[dict[str, float]]] = {}
         for r in range(args.rounds):
@@ -177,6 +179,13 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def native_modules(pid: int) -> int:
+    """How many compiled hot-path modules (``llmplane/_native/``, llmplane/native.py) the
+    process has mapped: which build runs compiled."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return len({line.split()[-1] for line in maps if "/_native/" in line})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ for a model it does not serve), streams SSE with usage, lists its base model and
 on ``/v1/models`` and reports vLLM's load metrics on ``/metrics`` (running = requests in
 progress up to ``--max-running``, the rest waiting; KV use = running / max-running).
 
+``--keepalive-timeout S`` closes a keep-alive connection idle for S seconds (vLLM's uvicorn:
+5 s), as engines do (tests of the gateway's stale-connection handling).
+
 ``--fixed`` turns it into the benchmark's minimal upstream: one fixed small completion JSON for
 every POST, nothing computed.
 
@@ -231,7 +234,7 @@ async def main_async(args: argparse.Namespace) -> None:
         app.router.add_post("/admin", upstream.admin)
         app.router.add_get("/admin", upstream.stats)
     app.router.add_get("/health", lambda r: web.Response(text="ok"))
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=args.keepalive_timeout)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=2048)
     await site.start()
@@ -248,6 +251,12 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds per request")
     parser.add_argument("--tokens", type=int, default=4, help="output tokens per request")
     parser.add_argument("--max-running", type=int, default=8)
+    parser.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=75.0,
+        help="seconds an idle keep-alive connection stays open (aiohttp's default: 75)",
+    )
     parser.add_argument(
         "--fixed", action="store_true", help="fixed JSON for every POST (benchmark)"
     )

@@ -88,6 +88,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tenants", type=int, default=1)
     p.add_argument("--limits", choices=("all", "requests", "busy"), default="all")
     p.add_argument("--baseline", help="git ref of a build to run beside this one")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=("open", "keyed", "limited"),
+        default=["open", "keyed", "limited"],
+        help="which gateways to run (e.g. only 'limited' with --baseline: more rounds a minute)",
+    )
     args = p.parse_args(argv)
 
     from llmplane.gateway import apikeys
@@ -114,7 +121,11 @@ def main(argv: list[str] | None = None) -> None:
                 *(tenant_object(f"t{i}", made, limits) for i, made in enumerate(keys)),
             )
         bearer = {"Authorization": f"Bearer {keys[-1].key}"}
-        kinds = {"open": {}, "keyed": bearer, "limited": bearer}
+        kinds = {
+            k: h
+            for k, h in {"open": {}, "keyed": bearer, "limited": bearer}.items()
+            if k in args.kinds
+        }
         builds = {"": ROOT} if base_tree is None else {"": ROOT, " (baseline)": base_tree}
         headers = {f"{kind}{build}": h for build in builds for kind, h in kinds.items()}
         gws = {
@@ -166,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"`python -m bench.tenant_auth --rounds {args.rounds} --duration {args.duration:g} "
             f"--concurrency {args.concurrency} --tenants {args.tenants} --limits {args.limits}"
+            f"{' --kinds ' + ' '.join(args.kinds) if len(args.kinds) < 3 else ''}"
             f"{' --baseline ' + args.baseline if args.baseline else ''}` "
             f"({machine_line(info, list(os.getloadavg()))}); medians over rounds"
         )
@@ -179,8 +191,20 @@ def main(argv: list[str] | None = None) -> None:
         )
         for build in builds:
             for name in ("keyed", "limited"):
+                if "open" not in kinds or name not in kinds:
+                    continue
                 ratio = med(name + build, "rps") / med("open" + build, "rps")
                 print(f"{name}{build} / open{build} throughput: {ratio:.3f}")
+        if base_tree is not None:  # paired: each round's cells of the two builds
+            for kind in kinds:
+                diffs = [
+                    a["cpu_us"] - b["cpu_us"]
+                    for a, b in zip(cells[kind], cells[f"{kind} (baseline)"], strict=True)
+                ]
+                print(
+                    f"{kind}: gateway CPU us / req, this tree - baseline, median of the rounds'"
+                    f" differences: {statistics.median(diffs):+.1f}"
+                )
     finally:
         for proc in reversed(procs):
             proc.stop()

@@ -1,15 +1,22 @@
 """The tenant-specific work of one request in one process: authentication, the rate limiter's
-and the usage hook's reserve and settle, and the response head's rate-limit lines; without any
+and the usage hook's reserve and settle, the response head (the upstream's relayed lines, the
+``x-ratelimit-*`` lines, ``Response.encode``) and the tenant request counter; without any
 Tenant, with a keyed Tenant, and with a keyed Tenant whose requests, input and output tokens
 are limited (as ``bench/tenant_auth.py``'s three gateways, minus the HTTP and the proxying).
 
-    python -m bench.tenant_path [--rounds 9] [--requests 20000] [--baseline REF]
+    python -m bench.tenant_path [--rounds 9] [--requests 20000] [--baseline REF] [--stages]
+                                [--limits all|busy]
 
 Each round times ``--requests`` requests of each kind in turn; reported: the best round of
 each kind in microseconds a request, and what a Tenant adds. ``--baseline REF`` runs the same
 measurement on another build (a git ref, checked out into a temporary worktree) in a
-subprocess, alternating with this tree's. A micro-benchmark: the gateway process pays two to
-three times these figures for the same Python (see docs/benchmarks.md, issue 15).
+subprocess, alternating with this tree's. ``--stages`` times each stage of a request alone
+instead (and what the gateway does for a Tenant outside these stages: parsing the key's
+header, forwarding the request upstream, sending the larger response head over a loopback TCP
+socket), to account for what a Tenant costs stage by stage. ``--limits busy`` uses
+``bench/tenant_auth.py``'s busy limits (the header values change with every request). A
+micro-benchmark: the gateway process pays more than these figures for the same Python (see
+docs/benchmarks.md, issue 15).
 """
 
 from __future__ import annotations
@@ -28,44 +35,72 @@ import orjson
 
 KINDS = ("open", "keyed", "limited")
 BODY = orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 16})
-# What bench/gateway_upstream.py reports for every unary request.
+# What bench/gateway_upstream.py reports for every unary request, and its response head.
 USAGE = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+UPSTREAM_HEAD = [
+    (b"content-type", b"Content-Type: application/json; charset=utf-8"),
+    (b"content-length", b"Content-Length: 261"),
+    (b"date", b"Date: Tue, 24 Nov 2026 13:00:00 GMT"),
+    (b"server", b"Server: Python/3.11 aiohttp/3.11.18"),
+]
+RESPONSE_BODY = b"x" * 261
+DATE = b"Date: Tue, 24 Nov 2026 13:00:00 GMT\r\nServer: llmplane\r\n"
 
 
-def request_of(kind: str) -> Any:
-    """One request's tenant-specific work for ``kind``, as the gateway's route and finish
-    stages do it."""
-    from bench.tenant_auth import LIMITS, tenant_object
-    from llmplane.gateway import apikeys
-    from llmplane.gateway.auth import Authenticator
+class Setup:
+    """One kind's gateway parts as the gateway wires them (authenticator, limiter, usage
+    hook, the tenant counter) and one request's headers."""
+
+    def __init__(self, kind: str, limits: str = "all") -> None:
+        from bench.tenant_auth import BUSY, LIMITS, tenant_object
+        from llmplane.gateway import apikeys
+        from llmplane.gateway.auth import Authenticator
+        from llmplane.gateway.ratelimit.limiter import RateLimiter
+        from llmplane.gateway.request import InferenceRequest
+        from llmplane.gateway.tenant_usage import TenantUsage
+        from llmplane.gateway.upstream_client import RawHeaders
+
+        made = apikeys.new_key()
+        objects = []
+        if kind != "open":
+            chosen = {"all": LIMITS, "busy": BUSY}[limits] if kind == "limited" else None
+            objects = [tenant_object("t0", made, chosen)]
+        self.auth = Authenticator()
+        self.auth.update(objects)
+        self.limiter = RateLimiter(SimpleNamespace())
+        self.limiter.update(objects)
+        self.usage = TenantUsage(None)
+        self.hooks = [(h.reserve_now, h.settle_now) for h in (self.limiter, self.usage)]
+        self.headers = {"content-type": "application/json"}
+        if kind != "open":
+            self.headers["authorization"] = f"Bearer {made.key}"
+        self.inference = InferenceRequest("/v1/completions", self.headers, BODY)
+        self.http = SimpleNamespace(headers=self.headers)
+        self.upstream = RawHeaders(
+            [line for _, line in UPSTREAM_HEAD], [n for n, _ in UPSTREAM_HEAD]
+        )
+        self.tenant_series: dict[tuple[str, int], Any] = {}
+
+
+def request_of(kind: str, limits: str = "all") -> Any:
+    """One request's tenant-specific work for ``kind``, as the gateway's route stage, proxy
+    (the response head) and finish stage do it."""
     from llmplane.gateway.context import RequestContext
     from llmplane.gateway.hooks import Reservation, Usage
-    from llmplane.gateway.ratelimit.limiter import RateLimiter
-    from llmplane.gateway.request import InferenceRequest
+    from llmplane.gateway.http_server import Response
+    from llmplane.gateway.proxy import relayed_headers
     from llmplane.gateway.routing import Decision
-    from llmplane.gateway.tenant_usage import TenantUsage
 
-    made = apikeys.new_key()
-    objects = []
-    if kind != "open":
-        objects = [tenant_object("t0", made, LIMITS if kind == "limited" else None)]
-    auth = Authenticator()
-    auth.update(objects)
-    limiter = RateLimiter(SimpleNamespace())
-    limiter.update(objects)
-    usage = TenantUsage(None)
-    hooks = [(h.reserve_now, h.settle_now) for h in (limiter, usage)]
-    headers = {"content-type": "application/json"}
-    if kind != "open":
-        headers["authorization"] = f"Bearer {made.key}"
-    inference = InferenceRequest("/v1/completions", headers, BODY)
-    http = SimpleNamespace(headers=headers)
+    s = Setup(kind, limits)
+    auth, hooks, headers, inference, http = s.auth, s.hooks, s.headers, s.inference, s.http
+    upstream, tenant_series, requests = s.upstream, s.tenant_series, s.auth.requests
 
     def one() -> None:
         ctx = RequestContext(http)  # type: ignore[arg-type]
         tenant = auth.authenticate(headers)
         decision = Decision("r", None, "bench")  # type: ignore[arg-type]
         if tenant is not None:
+            ctx.tenant = tenant.name
             auth.permit(tenant, inference.model)
             decision.tenant = tenant.name
             decision.criticality = tenant.criticality
@@ -75,30 +110,156 @@ def request_of(kind: str) -> Any:
             held.append((settle_now, reservation))
             if isinstance(reservation, Reservation):
                 ctx.adopt(reservation)
+        Response(
+            status=200,
+            body=RESPONSE_BODY,
+            **relayed_headers(upstream, "127.0.0.1:1", ctx.response_headers, ctx.response_lines),
+        ).encode(True, False, DATE)
+        ctx.status = 200
         reported = Usage.of(USAGE)
         for settle_now, reservation in held:
             settle_now(inference, decision, reservation, reported, 200)
+        if ctx.tenant is not None:  # Gateway._observe's tenant counter
+            series = tenant_series.get((ctx.tenant, 200))
+            if series is None:
+                series = tenant_series[(ctx.tenant, 200)] = requests.labels(ctx.tenant, "200")
+            series.value += 1
 
     return one
 
 
-def measure(rounds: int, requests: int) -> dict[str, float]:
+def measure(rounds: int, requests: int, limits: str = "all") -> dict[str, float]:
     """Best round per kind, microseconds a request."""
-    calls = {kind: request_of(kind) for kind in KINDS}
-    best = dict.fromkeys(KINDS, float("inf"))
+    calls = {kind: request_of(kind, limits) for kind in KINDS}
+    return best_of(calls, rounds, requests)
+
+
+def best_of(calls: dict[str, Any], rounds: int, requests: int) -> dict[str, float]:
+    """The best round of each call (``requests`` calls a round, the calls in turn), in
+    microseconds a call."""
+    best = dict.fromkeys(calls, float("inf"))
     for _ in range(rounds):
-        for kind, one in calls.items():
+        for name, one in calls.items():
             start = time.perf_counter()
             for _ in range(requests):
                 one()
-            best[kind] = min(best[kind], (time.perf_counter() - start) / requests * 1e6)
+            best[name] = min(best[name], (time.perf_counter() - start) / requests * 1e6)
     return best
+
+
+def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
+    """Each stage of ``request_of``'s request alone (a call each, on state the stage leaves
+    as it found it, give or take a bucket's level), and the gateway's work for a Tenant
+    outside them: parsing the request's headers (``_Protocol.on_header``, once per header),
+    the request forwarded upstream (``forwarded_headers`` + ``encode_request``) and the
+    response sent (``socket.send`` of the encoded response over loopback TCP, drained by a
+    reader every 64 sends: the reader's time is in the figure too, as wrk's is not)."""
+    import socket
+
+    from llmplane.gateway.context import RequestContext
+    from llmplane.gateway.hooks import Reservation, Usage
+    from llmplane.gateway.http_server import Headers, Response, _Protocol
+    from llmplane.gateway.proxy import forwarded_headers, relayed_headers
+    from llmplane.gateway.routing import Decision
+    from llmplane.gateway.upstream_client import encode_request
+
+    s = Setup(kind, limits)
+    auth, headers, inference, http = s.auth, s.headers, s.inference, s.http
+    (limiter_reserve, limiter_settle), (usage_reserve, usage_settle) = s.hooks
+    tenant = auth.authenticate(headers)
+    decision = Decision("r", None, "bench")  # type: ignore[arg-type]
+    if tenant is not None:
+        decision.tenant = tenant.name
+        decision.criticality = tenant.criticality
+    reported = Usage.of(USAGE)
+    reservation = limiter_reserve(inference, decision)
+    ctx = RequestContext(http)  # type: ignore[arg-type]
+    for made in (reservation, usage_reserve(inference, decision)):
+        if isinstance(made, Reservation):
+            ctx.adopt(made)
+    lines = ctx.response_lines
+    response = Response(
+        status=200,
+        body=RESPONSE_BODY,
+        **relayed_headers(s.upstream, "127.0.0.1:1", None, lines),
+    ).encode(True, False, DATE)
+    wire_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
+    parser = SimpleNamespace(_header_bytes=0, _headers=Headers())
+    sent = SimpleNamespace(n=0)
+    server = socket.create_server(("127.0.0.1", 0))
+    writer = socket.create_connection(server.getsockname())
+    reader, _ = server.accept()
+    server.close()
+    writer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def authenticate() -> None:
+        found = auth.authenticate(headers)
+        if found is not None:
+            auth.permit(found, inference.model)
+
+    fresh = RequestContext(http)  # type: ignore[arg-type]
+
+    def reserve() -> None:  # (the buckets refill faster than a round takes from them)
+        taken = limiter_reserve(inference, decision)
+        if isinstance(taken, Reservation):
+            fresh.adopt(taken)
+            fresh.response_lines = None
+
+    def settle() -> None:
+        limiter_settle(inference, decision, reservation, Usage.of(USAGE), 200)
+
+    def usage_hook() -> None:
+        usage_settle(inference, decision, usage_reserve(inference, decision), reported, 200)
+
+    def head() -> None:
+        Response(
+            status=200,
+            body=RESPONSE_BODY,
+            **relayed_headers(s.upstream, "127.0.0.1:1", None, lines),
+        ).encode(True, False, DATE)
+
+    def parse() -> None:
+        parser._header_bytes = 0
+        parser._headers = Headers()
+        for name, value in wire_headers:
+            _Protocol.on_header(parser, name, value)  # type: ignore[arg-type]
+
+    def forward() -> None:
+        encode_request("POST", "/v1/completions", "127.0.0.1:1", forwarded_headers(http), BODY)  # type: ignore[arg-type]
+
+    def send() -> None:
+        writer.send(response)
+        sent.n += 1
+        if sent.n == 64:
+            sent.n = 0
+            want = 64 * len(response)
+            while want:
+                want -= len(reader.recv(want))
+
+    return {
+        "authenticate": authenticate,
+        "limiter reserve": reserve,
+        "limiter settle": settle,
+        "usage hook": usage_hook,
+        "response head": head,
+        "request headers parsed": parse,
+        "request forwarded": forward,
+        "response sent": send,
+    }
+
+
+def measure_stages(rounds: int, requests: int, limits: str = "all") -> dict[str, float]:
+    """Best round of each (kind, stage), microseconds a call; keys ``kind/stage``."""
+    calls = {
+        f"{kind}/{stage}": call for kind in KINDS for stage, call in stages_of(kind, limits).items()
+    }
+    return best_of(calls, rounds, requests)
 
 
 def line(name: str, us: dict[str, float]) -> str:
     return (
         f"| {name} | {us['open']:.2f} | {us['keyed']:.2f} | {us['limited']:.2f} | "
-        f"+{us['keyed'] - us['open']:.2f} | +{us['limited'] - us['open']:.2f} |"
+        f"{us['keyed'] - us['open']:+.2f} | {us['limited'] - us['open']:+.2f} |"
     )
 
 
@@ -107,10 +268,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--baseline", help="git ref of a build to measure beside this one")
+    p.add_argument("--stages", action="store_true", help="time each stage alone")
+    p.add_argument("--limits", choices=("all", "busy"), default="all")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a baseline's run
     args = p.parse_args(argv)
     if args.json:
-        print(orjson.dumps(measure(args.rounds, args.requests)).decode())
+        run = measure_stages if args.stages else measure
+        print(orjson.dumps(run(args.rounds, args.requests, args.limits)).decode())
         return
     from bench.common import ROOT, checkout, machine, machine_line, remove_checkout
 
@@ -119,18 +283,15 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="llmplane-tenant-path-"))
     if args.baseline:
         builds = {f"baseline {args.baseline}": checkout(args.baseline, tmp / "baseline"), **builds}
+    flags = ["--rounds", str(args.rounds), "--requests", str(args.requests)]
+    flags += ["--limits", args.limits, *(["--stages"] if args.stages else [])]
     try:
         results: dict[str, list[dict[str, float]]] = {name: [] for name in builds}
         for _ in range(3):  # alternating builds, a fresh process each
             for name, tree in builds.items():
                 env = {**os.environ, "PYTHONPATH": str(tree)}
                 out = subprocess.run(
-                    [
-                        sys.executable,
-                        str(Path(__file__).resolve()),
-                        "--json",
-                        *("--rounds", str(args.rounds), "--requests", str(args.requests)),
-                    ],
+                    [sys.executable, str(Path(__file__).resolve()), "--json", *flags],
                     env=env,
                     cwd=tree,
                     check=True,
@@ -141,14 +302,26 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.baseline:
             remove_checkout(builds[f"baseline {args.baseline}"])
-    print(f"`python -m bench.tenant_path --rounds {args.rounds} --requests {args.requests}", end="")
-    print(f"{' --baseline ' + args.baseline if args.baseline else ''}`", end=" ")
+    extra = " ".join(flags[4:] + (["--baseline", args.baseline] if args.baseline else []))
+    print(f"`python -m bench.tenant_path {' '.join(flags[:4])} {extra}`", end=" ")
     print(f"({machine_line(info, list(os.getloadavg()))}); best of 3 processes x {args.rounds}")
     print()
-    print("| build | no Tenant us | keyed us | with limits us | keyed adds | limits add |")
-    print("|---|---:|---:|---:|---:|---:|")
+    if not args.stages:
+        print("| build | no Tenant us | keyed us | with limits us | keyed adds | limits add |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, runs in results.items():
+            print(line(name, {k: min(r[k] for r in runs) for k in KINDS}))
+        return
     for name, runs in results.items():
-        print(line(name, {k: min(r[k] for r in runs) for k in KINDS}))
+        best = {k: min(r[k] for r in runs) for k in runs[0]}
+        stages = list(dict.fromkeys(k.split("/", 1)[1] for k in best))
+        print(f"{name}:")
+        print()
+        print("| stage | no Tenant us | keyed us | with limits us | keyed adds | limits add |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for stage in stages:
+            print(line(stage, {kind: best[f"{kind}/{stage}"] for kind in KINDS}))
+        print()
 
 
 if __name__ == "__main__":

@@ -2,16 +2,23 @@
 with 1 vs N workers.
 
     python -m bench.workers [--rounds 5] [--duration 4] [--concurrency 8 32] [--workers 1 2]
+                            [--modes unary stream stream-nginx] [--stream-max-running 8]
                             [--skip-prefix] [--no-write]
 
 Throughput: ``llmplane gateway --workers N`` for each ``--workers`` value with default
 settings otherwise (access log on, to a file; default scheduling profile, scraping on) and
 ``vllm-router`` 0.1.17 (Rust, round_robin). Non-streaming (``unary``): a chat completion
 through each to nginx answering a fixed completion (``bench/nginx_upstream.py``, about 100k
-req/s direct: never the bottleneck). Streaming: a 64-chunk SSE completion from
-``bench/gateway_upstream.py``. wrk, 2 threads; every round gives each system one cell per
-(mode, concurrency), systems in a rotating order; medians over rounds. CPU per request: utime
-+ stime of each proxy's process tree (supervisor and workers) over the cell / requests.
+req/s direct: never the bottleneck). Streaming (``stream``): a 64-chunk SSE completion from
+``bench/gateway_upstream.py`` (one Python process: the bottleneck of its cells), which reports
+its KV use as running / ``--stream-max-running`` (8: full at 8 streams, so llmplane's
+saturation rule holds the rest in flow control, by design; vllm-router reads no metrics).
+``stream-nginx``: nginx answering the same request with a fixed 64-event stream in one body
+(never the bottleneck). wrk, 2 threads; every round gives each system one cell per (mode,
+concurrency), systems in a rotating order; medians over rounds. CPU per request: utime + stime
+of each proxy's process tree (supervisor and workers) over the cell / requests; the same for
+the upstream and for wrk; "held": the share of llmplane's requests that waited in flow
+control.
 
 Prefix routing: 4 sims (``--time-scale 0``, 768 KV blocks of 16 tokens each: a sim holds
 about 4 of the 16 shared 3,000-token system prompts, so placement decides hits) behind
@@ -28,9 +35,11 @@ import asyncio
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import tempfile
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -62,6 +71,33 @@ UNARY = orjson.dumps(
 STREAM = orjson.dumps(
     {"model": "stream", "prompt": "Say hello.", "max_tokens": STREAM_TOKENS, "stream": True}
 )
+# The same request to nginx, which answers it with a fixed 64-event stream in one body.
+STREAM_NGINX = orjson.dumps(
+    {"model": "nginx", "prompt": "Say hello.", "max_tokens": STREAM_TOKENS, "stream": True}
+)
+MODE_NAMES = {
+    "unary": "non-streaming (nginx)",
+    "stream": "streaming (64 chunks)",
+    "stream-nginx": "streaming (nginx, one body)",
+}
+
+
+def flow_waits(url: str) -> float:
+    """Requests an llmplane gateway has held in flow control so far (its /metrics)."""
+    base = url.split("/v1/", 1)[0]
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("llmplane_gateway_flow_wait_seconds_count")
+    )
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (wrk, once a cell's run returned)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def vllm_router(upstream: str) -> tuple[Process, str]:
@@ -80,7 +116,9 @@ def throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     nginx, nginx_address, nginx_prefix = nginx_proc()
     procs.append(nginx)
     try:
-        stream_up = upstream_process("stream", "--delay", "0").launch()
+        stream_up = upstream_process(
+            "stream", "--delay", "0", "--max-running", str(args.stream_max_running)
+        ).launch()
         procs.append(stream_up)
         stream_address = stream_up.ready()
         store_objects(
@@ -99,6 +137,7 @@ def throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
                 {
                     "unary": f"http://{address}/v1/chat/completions",
                     "stream": f"http://{address}/v1/completions",
+                    "stream-nginx": f"http://{address}/v1/completions",
                 },
             )
         if shutil.which("vllm-router"):
@@ -110,6 +149,7 @@ def throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
                 {
                     "unary": f"http://{a_unary}/v1/chat/completions",
                     "stream": f"http://{a_stream}/v1/completions",
+                    "stream-nginx": f"http://{a_unary}/v1/completions",
                 },
             )
             router_stream_pid = router_stream.pid
@@ -117,7 +157,8 @@ def throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
             router_unary.wait_http(systems["vllm-router"][1]["unary"], UNARY, timeout=60)
         else:
             print("vllm-router not installed: llmplane only")
-        payloads = {"unary": UNARY, "stream": STREAM}
+        payloads = {"unary": UNARY, "stream": STREAM, "stream-nginx": STREAM_NGINX}
+        upstream_pids = {"unary": nginx.pid, "stream": stream_up.pid, "stream-nginx": nginx.pid}
         names = list(systems)
         for name in names:  # warm up: connections, caches
             for mode in args.modes:
@@ -131,13 +172,25 @@ def throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
                         pid, urls = systems[name]
                         if name == "vllm-router" and mode == "stream":
                             pid = router_stream_pid
-                        cell = measured_wrk(urls[mode], payloads[mode], c, args.duration, [pid])
+                        ours = name != "vllm-router"
+                        held = flow_waits(urls[mode]) if ours else 0.0
+                        client = children_cpu()
+                        cell = measured_wrk(
+                            urls[mode], payloads[mode], c, args.duration, [pid, upstream_pids[mode]]
+                        )
+                        n = cell["requests"] or float("nan")
+                        # Per request: the proxy's CPU, the upstream's and wrk's (the client).
+                        cell["cpu_per_1k"], cell["upstream_cpu_per_1k"] = cell["cpu_split_per_1k"]
+                        cell["client_cpu_per_1k"] = (children_cpu() - client) * 1000 / n
+                        cell["held"] = (flow_waits(urls[mode]) - held) if ours else 0.0
                         cell.update(system=name, mode=mode, c=c, round=r)
                         cells.append(cell)
                         print(
                             f"round {r + 1} {mode:6s} c={c:<3d} {name:22s} {cell['rps']:8.0f} "
                             f"req/s cpu {cell['cpu_per_1k'] * 1000:6.0f} us/req "
-                            f"errors {cell['errors']}",
+                            f"upstream {cell['upstream_cpu_per_1k'] * 1000:6.0f} "
+                            f"wrk {cell['client_cpu_per_1k'] * 1000:6.0f} "
+                            f"held {cell['held']:.0f} errors {cell['errors']}",
                             flush=True,
                         )
         return cells
@@ -245,7 +298,8 @@ def report(res: dict[str, Any]) -> str:
     lines = [
         f"Command: `python -m bench.workers --rounds {a['rounds']} --duration {a['duration']:g} "
         f"--concurrency {' '.join(map(str, a['concurrency']))} "
-        f"--workers {' '.join(map(str, a['workers']))}`; "
+        f"--workers {' '.join(map(str, a['workers']))} --modes {' '.join(a['modes'])} "
+        f"--stream-max-running {a.get('stream_max_running', 8)}`; "
         + machine_line(res["machine"], res["load_after"])
         + f" `llmplane gateway`'s default, `--workers auto`, is {res.get('auto_workers', 1)} here.",
         "",
@@ -268,22 +322,31 @@ def report(res: dict[str, Any]) -> str:
                     rps = statistics.median(x["rps"] for x in mine)
                     if name == "vllm-router":
                         base = rps
+
+                    def med(key: str, cells: list[dict[str, Any]] = mine) -> float:
+                        return statistics.median(x.get(key, float("nan")) for x in cells)
+
                     rows.append(
                         [
-                            "non-streaming (nginx)" if mode == "unary" else "streaming (64 chunks)",
+                            MODE_NAMES[mode],
                             conc,
                             name,
                             f"{rps:,.0f}",
-                            f"{statistics.median(x['cpu_per_1k'] for x in mine) * 1000:,.0f}",
-                            f"{statistics.median(x['p50'] for x in mine):.2f}",
-                            f"{statistics.median(x['p99'] for x in mine):.2f}",
+                            f"{med('cpu_per_1k') * 1000:,.0f}",
+                            f"{med('upstream_cpu_per_1k') * 1000:,.0f}",
+                            f"{med('client_cpu_per_1k') * 1000:,.0f}",
+                            f"{med('p50'):.2f}",
+                            f"{med('p99'):.2f}",
+                            "-"  # no flow control
+                            if name == "vllm-router"
+                            else f"{sum(x.get('held', 0) for x in mine) / sum(x['requests'] for x in mine):.1%}",
                             sum(x["errors"] for x in mine),
                             rps,
                         ]
                     )
                 for row in rows:
-                    if row[0].startswith("non" if mode == "unary" else "str") and row[1] == conc:
-                        row[8] = f"{row[8] / base:.2f}x" if base else ""
+                    if row[0] == MODE_NAMES[mode] and row[1] == conc and isinstance(row[-1], float):
+                        row[-1] = f"{row[-1] / base:.2f}x" if base else ""
         lines.append(
             table(
                 [
@@ -292,13 +355,16 @@ def report(res: dict[str, Any]) -> str:
                     "system",
                     "req/s",
                     "CPU us / req",
+                    "upstream CPU us / req",
+                    "wrk CPU us / req",
                     "p50 ms",
                     "p99 ms",
+                    "held in flow control",
                     "errors",
                     "vs vllm-router",
                 ],
                 rows,
-                "llrrrrrrr",
+                "llrrrrrrrrrr",
             )
         )
         lines.append("")
@@ -337,7 +403,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--duration", type=float, default=4.0)
     p.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
-    p.add_argument("--modes", nargs="+", default=["unary", "stream"], choices=["unary", "stream"])
+    p.add_argument("--modes", nargs="+", default=["unary", "stream"], choices=list(MODE_NAMES))
+    p.add_argument(
+        "--stream-max-running",
+        type=int,
+        default=8,
+        help="the streaming upstream's reported capacity: its KV use is running / this",
+    )
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--prefix-rounds", type=int, default=3)
     p.add_argument("--skip-prefix", action="store_true")

@@ -735,6 +735,15 @@ def _window(text: str) -> float:
     return seconds
 
 
+@app.command()
+def version() -> None:
+    """The installed version, and whether the gateway's hot path runs compiled."""
+    from llmplane import __version__, native
+
+    out.print(f"llmplane {__version__}")
+    out.print(f"gateway hot path: {escape(native.status())}")
+
+
 from llmplane.keys import KeyError_  # noqa: E402
 from llmplane.keys import app as _keys_app  # noqa: E402
 

@@ -2,11 +2,12 @@
 
 A backend without candidates is a 503. Ejected replicas are left out (failing open when all
 are). Every remaining candidate *saturated* means: its queue or KV use above the configured
-limits, its metrics stale, or (engines without load metrics, or whose metrics cannot be read
-now) more than ``saturation_inflight`` requests in flight from this gateway; or, when
-configured, ``saturation_max_inflight`` requests in flight whatever the metrics say (a cap that
-keeps room in the engine: what it is sent starts at once instead of waiting in its queue); or,
-when configured, ``saturation_max_prefilling`` streams sent that have not yet answered their
+limits (as last scraped, moved by what this gateway sent or saw finish since), its metrics
+stale, or (engines without load metrics, or whose metrics cannot be read now) more than
+``saturation_inflight`` requests in flight from this gateway; or, when configured,
+``saturation_max_inflight`` requests in flight whatever the metrics say (a cap that keeps
+room in the engine: what it is sent starts at once instead of waiting in its queue); or, when
+configured, ``saturation_max_prefilling`` streams sent that have not yet answered their
 first chunk (prefills under way: one more in the same engine step would slow each of them
 down). Then, with flow control on, the request waits in the gateway (``gateway/flowcontrol/``);
 with it off, a ``Sheddable`` request (the route's criticality, else its tenant's) gets a 429
@@ -46,7 +47,7 @@ class Admission:
         if not state.metrics_fresh(c.metrics_staleness, now):
             return True
         return state.queue_estimate(c.metrics_staleness, now) > c.saturation_queue + extra or (
-            state.has_kv and state.kv_usage > c.saturation_kv
+            state.has_kv and state.kv_estimate() > c.saturation_kv
         )
 
     def all_saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:

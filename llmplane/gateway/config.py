@@ -17,6 +17,7 @@ import yaml
 from llmplane.api import safe_yaml
 from llmplane.gateway.apikeys import parse_admin_setting
 from llmplane.gateway.scheduler.config import build_scheduler
+from llmplane.gateway.upstream_client import KEEPALIVE_TIMEOUT
 
 
 @dataclass
@@ -63,9 +64,12 @@ class GatewayConfig:
     ejection_max: float = 300.0
     # How many endpoints a pick returns (the first plus the fallbacks tried on retry).
     fallbacks: int = 4
-    # Upstream connection pool.
+    # Upstream connection pool. Idle keep-alive connections are closed after
+    # ``keepalive_timeout`` seconds: keep it below the engines' own idle limit (vLLM's uvicorn
+    # and llama.cpp's: 5 s), else a request may meet a connection the engine is closing
+    # (then it is sent again on a new connection, see gateway/upstream_client.py).
     connection_limit: int = 1024
-    keepalive_timeout: float = 60.0
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
     # Client connections: an idle keep-alive connection is closed after this many seconds;
     # on shutdown, requests in flight get ``shutdown_grace`` seconds to finish.
     client_keepalive_timeout: float = 75.0

@@ -184,7 +184,9 @@ class StreamResponse:
         self._protocol: _Protocol | None = None
         self._chunked = True
 
-    async def prepare(self, request: HttpRequest) -> None:
+    async def prepare(self, request: HttpRequest, first: bytes = b"", last: bool = False) -> None:
+        """Send the head; with ``first``, the body's first piece in the same write, and with
+        ``last`` the end of the body too (a relay that has them already saves a write each)."""
         protocol = request._protocol
         self._protocol = protocol
         self.prepared = True
@@ -199,19 +201,30 @@ class StreamResponse:
         if not request.keep_alive:
             parts.append(b"Connection: close\r\n")
         parts.append(b"\r\n")
+        if first or last:
+            parts.append(self._framed(first, last))
         protocol.transport.write(b"".join(parts))
+        if protocol.write_paused:
+            await protocol.drain()
 
-    async def write(self, data: bytes) -> None:
+    def _framed(self, data: bytes, last: bool) -> bytes:
+        if last:
+            self.finished = True
+        if not self._chunked:
+            return data
+        if not data:
+            return b"0\r\n\r\n" if last else b""
+        return (b"%x\r\n%b\r\n0\r\n\r\n" if last else b"%x\r\n%b\r\n") % (len(data), data)
+
+    async def write(self, data: bytes, last: bool = False) -> None:
+        """Send ``data`` as it is (chunk-framed); ``last``: and end the body in the same write."""
         protocol = self._protocol
         assert protocol is not None, "prepare() first"
         if protocol.closed:
             raise ConnectionResetError("the client closed the connection")
-        if not data:
+        if not data and not last:
             return
-        if self._chunked:
-            protocol.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            protocol.transport.write(data)
+        protocol.transport.write(self._framed(data, last))
         if protocol.write_paused:
             await protocol.drain()
 

@@ -189,6 +189,7 @@ _REQUEST_METRICS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...] |
     "scheduling": ("llmplane_gateway_scheduling_duration_seconds", "Time to pick an endpoint (filters, scorers, picker)", (), SCHED_BUCKETS),
     "shed": ("llmplane_gateway_shed", "Sheddable requests refused (429)", ("model",), None),
     "retries": ("llmplane_gateway_retries", "Requests sent again to another endpoint", ("model",), None),
+    "resends": ("llmplane_gateway_upstream_resends", "Requests sent again on a new connection because the endpoint closed the reused keep-alive one before answering", ("endpoint",), None),
     "stalls": ("llmplane_gateway_stream_stalls", "Streams ended because the upstream sent nothing for the stall timeout", ("route",), None),
     "ejections": ("llmplane_gateway_ejections", "Endpoints ejected after repeated failures", ("endpoint",), None),
     "pd_requests": ("llmplane_gateway_pd_requests", "Requests served by a prefill/decode pair, by model and KV connector", ("model", "connector"), None),
@@ -210,6 +211,7 @@ class GatewayMetrics:
     scheduling: Histogram
     shed: Counter
     retries: Counter
+    resends: Counter
     stalls: Counter
     ejections: Counter
     pd_requests: Counter

@@ -223,11 +223,14 @@ class Proxy:
         outliers: Outliers,
         retries: Counter,
         stalls: Counter | None = None,
+        resends: Counter | None = None,
     ) -> None:
         self.config = config
         self.outliers = outliers
         self.retries = retries
         self.stalls = stalls  # streams ended by the stall timeout, by route
+        # Requests sent again after a stale keep-alive connection, by endpoint.
+        self.resends = resends
         self.pool: UpstreamPool | None = None
         self._streams: set[_StreamWatch] = set()
         self._watchdog: asyncio.Task[None] | None = None
@@ -241,8 +244,13 @@ class Proxy:
             limit=c.connection_limit,
             keepalive_timeout=c.keepalive_timeout,
             connect_timeout=c.connect_timeout,
+            on_resend=self._resent if self.resends is not None else None,
         )
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    def _resent(self, address: str) -> None:
+        assert self.resends is not None
+        self.resends.labels(address).inc()
 
     async def close(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
@@ -401,7 +409,6 @@ class Proxy:
                     resp.headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
                 ),
             )
-            await out.prepare(ctx.request)
             scanner = StreamScanner()
             relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
             stall = ctx.decision.backend.stall_timeout  # type: ignore[union-attr]
@@ -412,8 +419,15 @@ class Proxy:
             while chunk:
                 scanner.feed(chunk)
                 data = chunk if relay is None else relay.feed(chunk)
-                if data:
-                    await out.write(data)  # a client that went away raises here
+                # What has arrived goes now; the head with the first piece and, once the
+                # upstream's body has ended, the end of ours with its last: one write each.
+                last = relay is None and resp.ended
+                if not out.prepared:
+                    await out.prepare(ctx.request, data, last)
+                elif data or last:
+                    await out.write(data, last)  # a client that went away raises here
+                if last:
+                    break
                 try:
                     if watch is not None:
                         watch.chunks += 1
@@ -427,6 +441,8 @@ class Proxy:
                     ctx.error = f"stream broken: {type(err).__name__}: {err}"
                     ctx.upstream_broken = True
                     break
+            if not out.prepared:  # an empty body
+                await out.prepare(ctx.request)
             if relay is not None and (rest := relay.flush()):
                 await out.write(rest)
             ctx.usage = scanner.usage

@@ -69,6 +69,18 @@ class EndpointState:
         """See ``queue_estimates``."""
         return queue_estimates((self,), staleness, time.monotonic() if now is None else now)[0]
 
+    def kv_estimate(self) -> float:
+        """KV use now: the last scrape's, less the share of the requests that finished since
+        then beyond those the engine had waiting (they take the freed blocks first). A finished
+        request's blocks are free in the engine at once; without this the saturation rule held
+        a waiting request until the next scrape although the gateway saw a slot free (optimistic
+        accounting, as ``queue_estimates``: requests sent since then count there)."""
+        freed = self.inflight_at_scrape - self.inflight - self.waiting
+        running = self.running
+        if freed <= 0 or running <= 0:
+            return self.kv_usage
+        return self.kv_usage * (running - freed) / running if freed < running else 0.0
+
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
 
@@ -84,21 +96,38 @@ class EndpointState:
         self.prefilling += n
 
 
-def scraped_room(capacity: float, waiting: float, running: float, sent: int) -> tuple[float, float]:
+def scraped_room(
+    capacity: float,
+    waiting: float,
+    running: float,
+    sent: int,
+    waited: bool = False,
+    configured: float = 0.0,
+) -> tuple[float, float]:
     """(capacity, room) after a scrape that reported ``waiting`` and ``running``, sent while
-    this gateway had ``sent`` requests in flight to the endpoint.
+    this gateway had ``sent`` requests in flight to the endpoint; ``waited``: the scrape
+    before reported requests waiting too; ``configured``: the engine's ``max_num_seqs`` if
+    known (0: not known).
 
     The capacity is the concurrency the engine was seen to hold without queueing: with
-    requests waiting, exactly what it runs (its ``max_num_seqs``, or less when its KV cache is
-    the limit: the estimate follows it down); with none waiting, at least what it runs and
-    every request this gateway had in flight (none of them waits), so it grows by what
-    admission lets through beyond the last figure until the engine queues. The room is the
-    capacity minus what the engine holds now (0 while anything waits): the requests sent
-    after this scrape that it starts at once. Unknown (0) capacity leaves no room, which is
-    the estimate without it: a burst onto an engine not yet seen busy counts as waiting."""
+    requests waiting, what it runs (its ``max_num_seqs``, or less when its KV cache is the
+    limit: the estimate follows it down); with none waiting, at least what it runs and every
+    request this gateway had in flight (none of them waits), so it grows by what admission
+    lets through beyond the last figure until the engine queues. vLLM and the sim count a
+    request as waiting until their next step schedules it, so one scrape's waiting requests
+    may have just arrived while slots are free: the capacity goes down to what the engine
+    runs only when requests still wait at the next scrape too, and never below
+    ``configured`` (an engine whose KV cache is the limit is caught by the KV rule). The room
+    is the capacity minus what the engine holds now (0 while anything waits): the requests
+    sent after this scrape that it starts at once. Unknown (0) capacity leaves no room,
+    which is the estimate without it: a burst onto an engine not yet seen busy counts as
+    waiting."""
     held = running if running > sent else float(sent)
     if waiting > 0:
-        return running, 0.0
+        seen = running if running > configured else configured
+        if waited or seen > capacity:
+            capacity = seen
+        return capacity, 0.0
     capacity = capacity if capacity > held else held
     return capacity, capacity - held
 

@@ -196,6 +196,7 @@ def apply_metrics(
     request sent while the scrape was on the wire is probably not in the engine's figures, so
     the queue estimate keeps counting it (see ``registry.queue_estimates``), and the engine's
     capacity and room are learned from it (``registry.scraped_room``)."""
+    waited = state.waiting > 0 and bool(state.scraped_at)  # the scrape before this one
     state.waiting = m.waiting or 0.0
     state.running = m.running or 0.0
     state.has_kv = m.kv is not None
@@ -210,7 +211,14 @@ def apply_metrics(
     state.scraped_at = now if m.any else 0.0
     sent = state.inflight if inflight_at_start is None else inflight_at_start
     state.inflight_at_scrape = sent
-    state.capacity, state.room = scraped_room(state.capacity, state.waiting, state.running, sent)
+    state.capacity, state.room = scraped_room(
+        state.capacity,
+        state.waiting,
+        state.running,
+        sent,
+        waited,
+        state.endpoint.max_num_seqs,
+    )
     state.scrape_ok = True
 
 
@@ -269,7 +277,9 @@ class Scraper:
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
-            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=30, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(
+                limit=256, keepalive_timeout=self.config.keepalive_timeout, ttl_dns_cache=300
+            )
             self.session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout),

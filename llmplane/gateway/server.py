@@ -130,7 +130,13 @@ class Gateway:
         self.activator = Activator(self.config)
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
-        self.proxy = Proxy(self.config, self.outliers, self.metrics.retries, self.metrics.stalls)
+        self.proxy = Proxy(
+            self.config,
+            self.outliers,
+            self.metrics.retries,
+            self.metrics.stalls,
+            self.metrics.resends,
+        )
         self.scraper.upstream = lambda: self.proxy.pool  # scrapes keep routed connections warm
         if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
             self.proxy.first_chunk = self._capacity_changed

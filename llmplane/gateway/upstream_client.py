@@ -12,6 +12,14 @@ Errors: ``UpstreamError`` (an ``OSError``: connection refused or reset, the serv
 before a complete response, a malformed response) and ``TimeoutError``; a connection is reused
 only after a complete response that allows keep-alive, and closed when a request is abandoned.
 
+Stale keep-alive connections: engines close idle connections after a few seconds (uvicorn's
+default, which vLLM and the llama.cpp engine llmplane runs keep: 5 s; cpp-httplib's, under
+llama.cpp's own llama-server: 5 s), so idle ones are kept ``keepalive_timeout`` seconds (4 by
+default, below theirs), and a request written on a reused connection that the server closes
+or resets before any byte of the answer arrived (it closed the idle connection as the request
+went out) is sent once more on a new connection; never once a response byte arrived, never
+for a new connection. ``on_resend`` is told each time.
+
 Over 500 lines on purpose: the connection's parser states (head, Content-Length, chunked, until
 close) and the pool that reuses connections only between complete responses are one piece.
 """
@@ -21,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -34,6 +43,11 @@ _CRLF = b"\r\n"
 _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 64 * 1024
 _NO_BODY = frozenset({204, 304})
+# Idle keep-alive connections are closed after this many seconds: below the 5 s after which
+# uvicorn (vLLM, llmplane's llama.cpp engine) and cpp-httplib (llama-server) close theirs.
+KEEPALIVE_TIMEOUT = 4.0
+
+log = logging.getLogger("llmplane.gateway")
 
 
 class UpstreamError(OSError):
@@ -41,7 +55,11 @@ class UpstreamError(OSError):
 
 
 class ServerDisconnected(UpstreamError):
-    pass
+    """The server closed the connection (EOF) before the response was complete."""
+
+
+class ConnectionLost(UpstreamError):
+    """The connection failed (reset, broken pipe) before the response was complete."""
 
 
 class RawHeaders(Mapping[str, str]):
@@ -99,6 +117,12 @@ class UpstreamResponse:
         self.status = status
         self.headers = headers
 
+    @property
+    def ended(self) -> bool:
+        """The whole body has arrived and been read: the next ``readany`` gives b""."""
+        conn = self._conn
+        return conn._done and not conn._pieces
+
     async def readany(self) -> bytes:
         """The body bytes that have arrived since the last call (de-chunked, at least one
         byte, waiting if needed); b"" at its end."""
@@ -129,6 +153,7 @@ class _Connection(asyncio.Protocol):
         "_closed_exc",
         "_done",
         "_head_waiter",
+        "_interim",
         "_keep_alive",
         "_mode",
         "_piece_waiter",
@@ -168,7 +193,11 @@ class _Connection(asyncio.Protocol):
         # ``exchange``: the head waiter gets (status, headers, body) once the body is in.
         self._whole = False
         self._status: tuple[int, RawHeaders] | None = None
+        # Set once the connection is pooled: 0.0 means it has never been reused.
         self.idle_since = 0.0
+        # A 1xx interim head has ever arrived (never reset: no store per request); such a
+        # connection's requests are not sent again (``_unanswered``).
+        self._interim = False
 
     # --- asyncio.Protocol ---
 
@@ -186,7 +215,7 @@ class _Connection(asyncio.Protocol):
             return
         if self._closed_exc is None:
             self._closed_exc = (
-                UpstreamError(f"connection lost: {exc}")
+                ConnectionLost(f"connection lost: {exc}")
                 if exc is not None
                 else ServerDisconnected("server disconnected")
             )
@@ -347,6 +376,7 @@ class _Connection(asyncio.Protocol):
         except ValueError:
             raise UpstreamError(f"bad status line {status_line[:60]!r}") from None
         if 100 <= status < 200:
+            self._interim = True
             return False
         length = None
         chunked = False
@@ -508,15 +538,40 @@ class _Connection(asyncio.Protocol):
             self.pool._discard(self)
 
 
+def _unanswered(conn: _Connection, err: BaseException) -> bool:
+    """Whether ``err`` is a reused connection closed or reset by the server before any byte of
+    the answer arrived: the server closed it as idle while the request went out, without
+    reading it, so the request may go again on a new connection (Go's net/http does so for
+    replayable requests; an inference POST has no side effect beyond the compute). A new
+    connection (never pooled: ``idle_since`` 0), a byte of the answer (a head begun, a 1xx)
+    or any other error (a timeout, a malformed answer) says no."""
+    return (
+        conn.idle_since != 0.0
+        and isinstance(err, (ServerDisconnected, ConnectionLost))
+        and conn._state == conn.HEAD
+        and not conn._buf
+        and not conn._interim
+    )
+
+
 class UpstreamPool:
-    """Keep-alive connections per ``host:port``; at most ``limit`` open at once (0 = no limit)."""
+    """Keep-alive connections per ``host:port``; at most ``limit`` open at once (0 = no limit).
+
+    ``on_resend(address)`` is called when a request goes again on a new connection because the
+    server closed the reused one before answering (``_unanswered``)."""
 
     def __init__(
-        self, limit: int = 1024, keepalive_timeout: float = 60.0, connect_timeout: float = 5.0
+        self,
+        limit: int = 1024,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        connect_timeout: float = 5.0,
+        on_resend: Callable[[str], None] | None = None,
     ) -> None:
         self.limit = limit
         self.keepalive_timeout = keepalive_timeout
         self.connect_timeout = connect_timeout
+        self.on_resend = on_resend
+        self.resends = 0  # requests sent again after a stale connection (tests, debugging)
         self._idle: dict[str, list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -540,10 +595,20 @@ class UpstreamPool:
             conn = self._idle_one(address) or await self._acquire(address)
             try:
                 result = await conn.exchange(data)
-            except BaseException:
+            except BaseException as err:
                 conn._keep_alive = False
+                stale = _unanswered(conn, err)
                 conn.finish()
-                raise
+                if not stale:
+                    raise
+                self._resending(conn)
+                conn = await self._acquire(address, fresh=True)
+                try:
+                    result = await conn.exchange(data)
+                except BaseException:
+                    conn._keep_alive = False
+                    conn.finish()
+                    raise
             conn.finish()
             return result
 
@@ -552,11 +617,35 @@ class UpstreamPool:
         conn = await self._acquire(address)
         try:
             return await conn.send(data)
+        except BaseException as err:
+            conn._keep_alive = False
+            stale = _unanswered(conn, err)
+            conn.finish()
+            self._discard(conn)
+            if not stale:
+                raise
+        self._resending(conn)
+        conn = await self._acquire(address, fresh=True)
+        try:
+            return await conn.send(data)
         except BaseException:
             conn._keep_alive = False
             conn.finish()
             self._discard(conn)
             raise
+
+    def _resending(self, conn: _Connection) -> None:
+        """Count and log a request sent again because ``conn`` went stale (``_unanswered``)."""
+        self.resends += 1
+        idle = time.monotonic() - conn.idle_since
+        log.info(
+            "upstream %s closed a keep-alive connection (idle %.1f s before the request) "
+            "without answering: the request goes again on a new connection",
+            conn.key,
+            idle,
+        )
+        if self.on_resend is not None:
+            self.on_resend(conn.key)
 
     def _idle_one(self, address: str) -> _Connection | None:
         """An idle keep-alive connection to ``address`` still good to use, if there is one."""
@@ -578,10 +667,14 @@ class UpstreamPool:
                 self._discard(conn)
         return None
 
-    async def _acquire(self, address: str) -> _Connection:
-        conn = self._idle_one(address)
+    async def _acquire(self, address: str, fresh: bool = False) -> _Connection:
+        """A connection to ``address``: an idle one if there is one (not when ``fresh``), else
+        a new one once the limit allows."""
+        conn = None if fresh else self._idle_one(address)
         if conn is not None:
             return conn
+        if self._closed:
+            raise UpstreamError("the upstream pool is closed")
         while self.limit and len(self._open) >= self.limit:
             if self._close_oldest_idle():
                 continue  # an idle connection elsewhere made room
@@ -592,7 +685,7 @@ class UpstreamPool:
             finally:
                 if fut in self._waiters:
                     self._waiters.remove(fut)
-            idle = self._idle.get(address)
+            idle = None if fresh else self._idle.get(address)
             if idle:
                 conn = idle.pop()
                 if conn.usable:
@@ -626,8 +719,14 @@ class UpstreamPool:
         idle = self._idle.get(address)
         if not idle:
             return False
-        t = idle[-1].transport  # the one ``_idle_one`` would take
-        return idle[-1]._closed_exc is None and t is not None and not t.is_closing()
+        conn = idle[-1]  # the one ``_idle_one`` would take, if not too old
+        t = conn.transport
+        return (
+            conn._closed_exc is None
+            and t is not None
+            and not t.is_closing()
+            and time.monotonic() - conn.idle_since < self.keepalive_timeout
+        )
 
     def connections(self, address: str) -> int:
         """Open connections to ``address``, busy or idle (tests, debugging)."""

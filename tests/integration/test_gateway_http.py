@@ -278,3 +278,47 @@ async def test_a_client_that_goes_away_aborts_its_request_on_the_engine(processe
         assert 'status="499"' in gw.metrics.render().decode()
     finally:
         await gw.close()
+
+
+async def read_chunked(reader: asyncio.StreamReader) -> tuple[dict[str, str], bytes]:
+    """One chunked response's headers and de-chunked body (to its final 0-size chunk)."""
+    status_line = await asyncio.wait_for(reader.readline(), 10)
+    assert status_line.startswith(b"HTTP/1.1 200"), status_line
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    assert headers["transfer-encoding"] == "chunked"
+    body = b""
+    while size := int(await asyncio.wait_for(reader.readline(), 10), 16):
+        body += await reader.readexactly(size)
+        assert await reader.readexactly(2) == b"\r\n"
+    assert await reader.readexactly(2) == b"\r\n"  # no trailers: the response ends here
+    return headers, body
+
+
+async def test_streams_end_framed_on_a_kept_connection_and_raw_for_http10(gateway):
+    # The relay sends the head with the first piece and the final chunk with the last one
+    # when the engine's stream has ended: the framing stays exact, the connection reusable.
+    stream = orjson.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 3, "stream": True})
+    reader, writer = await connect(gateway)
+    try:
+        for _ in range(2):
+            writer.write(request(body=stream))
+            headers, body = await read_chunked(reader)
+            assert headers["content-type"].startswith("text/event-stream")
+            assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n")
+        writer.write(request())  # the same connection still serves (a unary completion)
+        status, _, _ = await read_response(reader)
+        assert status == 200
+    finally:
+        writer.close()
+    reader, writer = await connect(gateway)
+    try:
+        writer.write(request(body=stream).replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        raw = await asyncio.wait_for(reader.read(), 10)  # to the close
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
+        assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n")
+    finally:
+        writer.close()

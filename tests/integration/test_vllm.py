@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -24,6 +25,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from llmplane.gateway.upstream_client import KEEPALIVE_TIMEOUT
 from llmplane.runtime.launch import module_exists
 from llmplane.testing import Up, wait_for
 from llmplane.testing.tiny_model import build_lora_adapter, build_tiny_llama, corpus
@@ -295,6 +297,27 @@ def test_lora_adapters_are_routed_and_loaded_on_demand(fleet: Fleet) -> None:
     assert served.get("a2") == NAME
     code, headers2, _ = completion(url, "adapter two again", 2, model="a2")
     assert code == 200 and headers2["x-llmplane-endpoint"] == headers["x-llmplane-endpoint"]
+
+
+def test_requests_spaced_beyond_vllms_keep_alive_all_succeed(fleet: Fleet) -> None:
+    # vLLM (uvicorn) closes a keep-alive connection idle for 5 s; the gateway closes its idle
+    # ones sooner (KEEPALIVE_TIMEOUT), so that no request is written on one vLLM is closing.
+    address = fleet.replica_addresses()[0]
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: %s\r\n\r\n" % address.encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        while sock.recv(65536):  # the rest of the answer, then vLLM's close
+            pass
+        idle = time.monotonic() - answered
+    assert KEEPALIVE_TIMEOUT < idle < 30, idle
+    url = fleet.up.url
+    for i in range(3):
+        if i:
+            time.sleep(6)  # the spacing under test: beyond vLLM's idle limit
+        code, _, body = completion(url, f"spaced request {i}", 2)
+        assert code == 200, body
 
 
 def test_sigterm_leaves_no_vllm_process(fleet: Fleet) -> None:

@@ -119,6 +119,40 @@ def test_a_checked_key_is_remembered_by_fingerprint_and_forgotten_on_revocation(
     assert auth.authenticate({"x-api-key": other.key}).name == "a"
 
 
+def test_a_remembered_bearer_key_is_answered_inline_and_the_rest_by_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``authenticate`` answers a Bearer key whose fingerprint the table remembers without
+    ``caller`` (the request path's common case); a first key, an x-api-key, another scheme,
+    a wrong or an overlong key go through ``caller``, with its answers."""
+    good, other = apikeys.new_key(), apikeys.new_key()
+    auth = Authenticator()
+    auth.update([tenant("a", [stored(good), stored(other)])])
+    calls = []
+    caller = auth.caller
+    monkeypatch.setattr(auth, "caller", lambda headers: calls.append(1) or caller(headers))
+    bearer = {"authorization": f"Bearer {good.key}"}
+    assert auth.authenticate(bearer).name == "a" and len(calls) == 1  # first: the HMAC
+    for headers in (bearer, {"authorization": f"bearer  {good.key} "}):
+        assert auth.authenticate(headers).name == "a"
+    assert len(calls) == 1  # remembered: inline
+    for headers in (
+        {"x-api-key": good.key},
+        {"authorization": "Basic abc", "x-api-key": other.key},
+    ):
+        assert auth.authenticate(headers).name == "a"
+    assert len(calls) == 3
+    for headers in (
+        {"authorization": f"Bearer {good.key[:-1]}x"},
+        {"authorization": f"Bearer {good.key * 3}"},
+        {"authorization": "Bearer "},
+    ):
+        with pytest.raises(GatewayError) as refused:
+            auth.authenticate(headers)
+        assert refused.value.status == 401
+    assert len(calls) == 6
+
+
 def test_beyond_loopback_without_tenants_refuses_everything() -> None:
     auth = Authenticator()
     auth.loopback = is_loopback("0.0.0.0")

@@ -57,9 +57,9 @@ def test_capacity_is_what_the_engine_runs_while_requests_wait_and_grows_by_evide
     # count, like an upstream whose metrics say nothing runs): it holds at least 20.
     assert scraped_room(16.0, waiting=0, running=20, sent=5) == (20, 0.0)
     assert scraped_room(16.0, waiting=0, running=0, sent=24) == (24, 0.0)
-    # Requests wait while it runs fewer than learned (its KV cache is the limit now): the
-    # capacity follows it down and there is no room.
-    assert scraped_room(24.0, waiting=2, running=10, sent=12) == (10, 0.0)
+    # Requests wait while it runs fewer than learned, at two scrapes in a row (its KV cache
+    # is the limit now): the capacity follows it down and there is no room.
+    assert scraped_room(24.0, waiting=2, running=10, sent=12, waited=True) == (10, 0.0)
 
 
 def test_a_burst_within_the_engines_room_is_not_counted_as_waiting():
@@ -92,8 +92,41 @@ def test_a_cold_engine_holds_a_burst_until_it_is_seen_to_take_it():
     scrape(state, waiting=0, running=6)
     assert (state.capacity, state.room) == (1000, 0)  # all 1,000 in flight, none waiting
     scrape(state, waiting=744, running=256)  # and when it reports a queue, held back again
-    assert (state.capacity, estimate(state)) == (256, 744)
+    assert (state.room, estimate(state)) == (0, 744)
     assert saturated(state, saturation_queue=5)
+    scrape(state, waiting=700, running=256)  # still queued a scrape later: that is its capacity
+    assert (state.capacity, estimate(state)) == (256, 700)
+
+
+def test_one_scrape_with_just_arrived_requests_waiting_does_not_lower_the_capacity():
+    # vLLM and the sim count a request as waiting until their next step schedules it: a scrape
+    # at that moment shows a few waiting while slots are free. Not a full engine.
+    state = endpoint()
+    learn_capacity(state, 16)
+    send(state, 7)
+    scrape(state, waiting=2, running=5)
+    assert (state.capacity, state.room) == (16, 0)  # no room while they wait, but 16 kept
+    scrape(state, waiting=0, running=7)  # the next step ran them
+    assert (state.capacity, state.room) == (16, 9)
+    send(state, 9)  # a burst that fits the 9 free slots: none of it counted as waiting
+    assert estimate(state) == 0
+    # Requests still waiting a scrape later while it runs 10: it holds 10 now.
+    send(state, 4)
+    scrape(state, waiting=3, running=10)
+    assert state.capacity == 16
+    scrape(state, waiting=2, running=10)
+    assert (state.capacity, state.room) == (10, 0)
+
+
+def test_the_configured_concurrency_is_a_floor_for_the_learned_capacity():
+    state = EndpointState(Endpoint("10.0.0.1:8000", max_num_seqs=16))
+    send(state, 12)
+    for _ in range(3):  # waiting at every scrape while it runs 10 (a KV cache limit)
+        scrape(state, waiting=2, running=10)
+    assert (state.capacity, state.room) == (16, 0)
+    send(state, 12)
+    scrape(state, waiting=4, running=20)  # more than configured: it holds 20
+    assert state.capacity == 20
 
 
 def test_the_kv_rule_saturates_whatever_the_room():
@@ -161,3 +194,30 @@ def test_a_pods_containers_give_their_concurrency():
     for bad in ({}, {"spec": None}, {"spec": {"containers": "x"}}, pod("x"), pod({"args": "x"})):
         assert pod_max_num_seqs(bad) == 0
     assert pod_max_num_seqs(pod({"args": ["--max-num-seqs", 12]})) == 0  # not a string
+
+
+def test_the_kv_rule_sees_the_blocks_of_requests_that_finished_since_the_scrape():
+    # An engine seen with 8 running and its KV cache full: saturated until a request finishes;
+    # the gateway sees that at once (a flow-control waiter goes then, not at the next scrape).
+    state = endpoint()
+    send(state, 8)
+    apply_metrics(state, LoadMetrics(waiting=0, running=8, kv=1.0), NOW, state.inflight)
+    assert saturated(state, saturation_kv=0.8)
+    send(state, -1)
+    assert state.kv_estimate() == 7 / 8 and saturated(state, saturation_kv=0.8)
+    send(state, -1)
+    assert state.kv_estimate() == 6 / 8 and not saturated(state, saturation_kv=0.8)
+    send(state, 1)  # sent since: counted as KV again (and in the queue estimate)
+    assert saturated(state, saturation_kv=0.8)
+    send(state, -7)
+    assert state.kv_estimate() == 0.0
+
+
+def test_requests_waiting_in_the_engine_take_the_blocks_freed_first():
+    state = endpoint()
+    send(state, 10)
+    apply_metrics(state, LoadMetrics(waiting=2, running=8, kv=1.0), NOW, state.inflight)
+    send(state, -2)  # the two waiting ones start in the freed blocks
+    assert state.kv_estimate() == 1.0 and saturated(state, saturation_kv=0.8)
+    send(state, -2)
+    assert state.kv_estimate() == 6 / 8

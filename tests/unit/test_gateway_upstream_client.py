@@ -98,6 +98,7 @@ async def test_request_encoding_and_keep_alive_reuse(upstream, pool) -> None:
         status, headers, body = await pool.request(upstream.address, post(upstream.address))
         assert (status, body, headers["content-type"]) == (200, b'{"ok":true}', "application/json")
     assert upstream.connections == 1  # one connection, reused
+    assert pool.warm(upstream.address)  # idle in the pool: the next request takes it
     first = upstream.requests[0]
     assert first.startswith(b"POST /v1/completions HTTP/1.1\r\nHost: " + upstream.address.encode())
     assert b"Accept: */*\r\n" in first and b"Content-Length: 13\r\n\r\n" in first
@@ -176,6 +177,7 @@ async def test_idle_connections_expire_after_the_keepalive_timeout(upstream) -> 
     try:
         for _ in range(2):
             assert (await pool.request(upstream.address, post(upstream.address)))[0] == 200
+            assert not pool.warm(upstream.address)  # pooled, but too old to be taken
         assert upstream.connections == 2
     finally:
         await pool.close()
@@ -240,3 +242,73 @@ async def test_a_closed_pool_refuses_new_requests(upstream) -> None:
     with pytest.raises(UpstreamError, match="closed"):
         await pool.request(upstream.address, post(upstream.address))
     await eventually(lambda: upstream.connections == 1, what="the one connection")
+
+
+# Stale keep-alive connections. The scripted server reads a request and closes the connection
+# without answering: what the gateway sees when an engine closes an idle connection as the
+# request goes out (tests/integration/test_gateway_upstream_keepalive.py has the real race).
+
+
+async def test_a_reused_connection_closed_unanswered_sends_the_request_again_once(upstream):
+    resent: list[str] = []
+    pool = UpstreamPool(on_resend=resent.append)
+    upstream.reply = lambda n: (b"", True) if n == 2 else (OK, False)
+    try:
+        assert (await pool.request(upstream.address, post(upstream.address)))[0] == 200
+        # Request 2 goes out on the pooled connection, which the server closes unanswered;
+        # request 3 is the same request on a new connection.
+        assert (await pool.request(upstream.address, post(upstream.address)))[0] == 200
+        assert upstream.requests[1] == upstream.requests[2]
+        assert (len(upstream.requests), upstream.connections) == (3, 2)
+        assert resent == [upstream.address] and pool.resends == 1
+        # Streaming (``open``) the same way.
+        upstream.reply = lambda n: (b"", True) if n == 4 else (OK, False)
+        resp = await pool.open(upstream.address, post(upstream.address))
+        assert resp.status == 200 and await resp.read() == b'{"ok":true}'
+        resp.release()
+        assert (len(upstream.requests), upstream.connections) == (5, 3)
+        assert resent == [upstream.address] * 2
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_no_resend_after_a_response_byte_or_on_a_new_connection(upstream, stream):
+    resent: list[str] = []
+    pool = UpstreamPool(on_resend=resent.append)
+
+    async def call() -> None:
+        if stream:
+            resp = await pool.open(upstream.address, post(upstream.address))
+            await resp.read()  # the whole answer read: the connection is pooled
+            resp.release()
+        else:
+            await pool.request(upstream.address, post(upstream.address), timeout=5)
+
+    try:
+        # A new connection closed unanswered: the server saw the request; not sent again.
+        upstream.reply = lambda n: (b"", True) if n == 1 else (OK, False)
+        with pytest.raises(ServerDisconnected):
+            await call()
+        assert len(upstream.requests) == 1
+        # A reused connection closed after part of the answer (bytes of the head, or a 1xx).
+        await call()  # request 2: a new connection, pooled after
+        for n, partial in (
+            (3, b"HTTP/1.1 200 OK\r\nContent-"),
+            (5, b"HTTP/1.1 100 Continue\r\n\r\n"),
+        ):
+            upstream.reply = lambda m, n=n, partial=partial: (
+                (partial, True) if m == n else (OK, False)
+            )
+            with pytest.raises(ServerDisconnected):
+                await call()
+            assert len(upstream.requests) == n
+            await call()  # request n + 1 on a new connection, pooled for the next round
+        # A resent request that fails again fails: sent twice, never more.
+        upstream.reply = lambda n: (b"", True) if n >= 7 else (OK, False)
+        with pytest.raises(ServerDisconnected):
+            await call()
+        assert len(upstream.requests) == 8
+        assert resent == [upstream.address]
+    finally:
+        await pool.close()

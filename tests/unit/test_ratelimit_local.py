@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import random
 
+import orjson
+
+from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.hooks import header_pairs
 from llmplane.gateway.ratelimit.buckets import (
+    BucketState,
     TokenBucket,
     rate_headers,
     reserve_local,
     settle_deltas,
 )
-from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
+from llmplane.gateway.ratelimit.limiter import RateLimiter
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
 from llmplane.gateway.ratelimit.local import LocalPlan
+from llmplane.gateway.request import InferenceRequest
 
 LIMITS = {REQUESTS: 5, INPUT: 300, OUTPUT: 120, BUDGET: 2000}
 PERIOD = {REQUESTS: 60.0, INPUT: 60.0, OUTPUT: 1.0, BUDGET: 86400.0}
@@ -104,3 +110,129 @@ def test_a_tie_between_token_buckets_reports_the_first_as_the_general_path_does(
     ok, states = reserve_local([(d, general[d], a) for d, a in amounts], 0.0)
     assert ok and headers == rate_headers(states)
     assert headers["x-ratelimit-limit-tokens"] == "300"
+
+
+class _Decision:
+    model = "m"
+
+
+def random_request(rng: random.Random, embeddings: bool) -> InferenceRequest:
+    """A request whose amounts range from nothing to over every limit of ``LIMITS``."""
+    doc: dict = {"model": "m"}
+    text = "x" * rng.randint(0, 1400)
+    if embeddings:
+        doc["input"] = rng.choice((text, [text, "yz"], [1, 2, 3]))
+    elif rng.random() < 0.5:
+        doc["messages"] = [{"role": "user", "content": text}]
+    else:
+        doc["prompt"] = text
+    if not embeddings:
+        key = rng.choice(("max_tokens", "max_completion_tokens", None))
+        if key is not None:
+            doc[key] = rng.randint(1, 150)
+        if rng.random() < 0.2:
+            doc["n"] = 2
+    path = "/v1/embeddings" if embeddings else "/v1/chat/completions"
+    return InferenceRequest(path, {}, orjson.dumps(doc))
+
+
+def test_the_one_call_reserve_takes_what_the_general_path_takes():
+    """``LocalPlan.reserve`` (the amounts and the take made in one function per bucket
+    layout) against ``RateLimiter._amounts`` + ``reserve_local`` + ``rate_headers``: the same
+    amounts, refusals (too large for a limit, or not fitting now), levels and header bytes,
+    for one to four buckets, completions and embeddings."""
+    rng = random.Random(11)
+    limiter = RateLimiter(GatewayConfig())
+    seen = {"admitted": 0, "too_large": 0, "not_now": 0, "same_lines": 0}
+    for directions in (
+        [REQUESTS],
+        [INPUT],
+        [INPUT, OUTPUT],
+        [REQUESTS, INPUT, OUTPUT],
+        [REQUESTS, INPUT, OUTPUT, BUDGET],
+        [OUTPUT, BUDGET],
+    ):
+        for embeddings in (False, True):
+            kept = [d for d in directions if not (embeddings and d == OUTPUT)]
+            fast, general = twins(kept)
+            plan = LocalPlan(fast, embeddings)
+            assert plan.reserve is not None
+            now = 0.0
+            for _ in range(300):
+                now += rng.choice((0.0, 0.01, 0.5, 5.0))
+                inference = random_request(rng, embeddings)
+                counted: list[int] = []
+                before = plan.lines
+                amounts = plan.reserve(
+                    plan,
+                    inference.doc,
+                    limiter.counter.count,
+                    "m",
+                    "m",
+                    output_reservation,
+                    limiter.default_output,
+                    now,
+                    counted,
+                )
+                want, too_large = limiter._amounts(
+                    inference,
+                    _Decision(),  # type: ignore[arg-type]
+                    plan.limits,
+                    embeddings,
+                    [],
+                )
+                if too_large is not None:
+                    seen["too_large"] += 1
+                    assert amounts is None
+                else:
+                    pairs = list(zip(kept, want, strict=True))
+                    ok, states = reserve_local([(d, general[d], a) for d, a in pairs], now)
+                    if ok:
+                        seen["admitted"] += 1
+                        seen["same_lines"] += plan.lines is before
+                        assert amounts == want
+                        assert plan.lines == rendered(rate_headers(states))
+                    else:
+                        seen["not_now"] += 1
+                        assert amounts is None
+                    if INPUT in kept or BUDGET in kept:  # the count, left for the general path
+                        assert counted == [limiter.counter.count(inference.doc, "m")]
+                for d in kept:
+                    assert fast[d].level == general[d].level
+                    assert fast[d].stamp == general[d].stamp
+    assert all(seen.values()), seen
+
+
+def reset_kind(value: str) -> str:
+    """0s, ms, s (under a minute), m (minutes), h (hours): which format a reset has."""
+    if value == "0s" or value.endswith("ms"):
+        return "0s" if value == "0s" else "ms"
+    return "h" if "h" in value else "m" if "m" in value else "s"
+
+
+def test_the_lines_of_any_levels_are_the_general_paths_headers():
+    """``LocalPlan``'s header lines (written out per bucket, ``duration`` inline for resets
+    under a minute) against ``rate_headers`` for arbitrary levels: below zero, zero, full,
+    and resets of milliseconds, seconds with three decimals, minutes and hours."""
+    rng = random.Random(5)
+    kinds = {"ms": 0, "s": 0, "m": 0, "h": 0, "0s": 0}
+    for directions in ([REQUESTS], [INPUT, OUTPUT], [REQUESTS, INPUT, OUTPUT, BUDGET]):
+        for _ in range(500):
+            limits = {d: rng.choice((1, 7, 300, 4000, 90000)) for d in directions}
+            rates = {d: limits[d] / rng.choice((0.5, 1.0, 60.0, 3600.0, 86400.0)) for d in limits}
+            plan = LocalPlan({d: TokenBucket(rates[d], limits[d], 0.0) for d in directions})
+            levels = [
+                rng.choice((limits[d], 0.0, -rng.random() * 50, rng.random() * limits[d]))
+                for d in directions
+            ]
+            plan._render(levels)
+            states = [
+                BucketState(d, limits[d], rates[d], level)
+                for d, level in zip(directions, levels, strict=True)
+            ]
+            assert plan.lines == rendered(rate_headers(states))
+            for line in plan.lines.decode().split("\r\n"):
+                if line.startswith("x-ratelimit-reset"):
+                    value = line.split(": ")[1]
+                    kinds[reset_kind(value)] += 1
+    assert all(kinds.values()), kinds

@@ -354,14 +354,35 @@ class RateLimiter:
                     d: self._bucket(limit, d, n)
                     for d, n in limit.tokens
                     if not (embeddings and d == OUTPUT)
-                }
+                },
+                embeddings,
             )
-        amounts, too_large = self._amounts(inference, decision, plan.limits, embeddings, counted)
-        if too_large is not None or not amounts:
-            return None
-        lines = plan.take(amounts, self.clock())
-        if lines is None:
-            return None
+        reserve = plan.reserve
+        if reserve is not None:  # buckets of this process: amounts and take in one call
+            amounts = reserve(
+                plan,
+                inference.doc,
+                self.counter.count,
+                decision.model,
+                inference.model,
+                output_reservation,
+                self.default_output,
+                self.clock(),
+                counted,
+            )
+            if amounts is None:
+                return None
+            lines = plan.lines
+        else:
+            amounts, too_large = self._amounts(
+                inference, decision, plan.limits, embeddings, counted
+            )
+            if too_large is not None or not amounts:
+                return None
+            taken = plan.take(amounts, self.clock())
+            if taken is None:
+                return None
+            lines = taken
         reservation = Reservation(None, None, plan, limit, amounts, lines)
         if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
             self._usage_filter(reservation, inference)

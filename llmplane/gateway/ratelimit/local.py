@@ -1,7 +1,9 @@
 """The fast path of one limit on local buckets (the common case: a Tenant's limit, or a
-route's, held by this process): the buckets resolved once per limit, one call that refills,
-checks and takes them all and writes the ``x-ratelimit-*`` headers, and one that settles,
-without a state object per bucket. It gives exactly what ``buckets.reserve_local`` +
+route's, held by this process): the buckets resolved once per limit, one call that makes a
+request's amounts, refills, checks and takes them all and writes the ``x-ratelimit-*``
+headers, and one that settles, without a state object per bucket. These calls are functions
+written out per bucket layout from fixed templates (``_straight_*``): a call or a loop costs
+the gateway process far more than a micro-benchmark shows (docs/benchmarks.md, issue 15). It gives exactly what ``buckets.reserve_local`` +
 ``rate_headers`` (and ``settle_deltas`` + ``TokenBucket.adjust``) give for a single limit
 (``tests/unit/test_ratelimit_local.py`` compares them); a refusal, the rarer case, is left
 to that general path, which builds the 429.
@@ -47,6 +49,30 @@ def _names(direction: str) -> tuple[str, str, str]:
 _MILLISECONDS = [f"{max(1, ms)}ms" for ms in range(1001)]
 
 
+def _refill_lines(n: int) -> list[str]:
+    """``TokenBucket.refill`` of buckets ``b0`` .. ``b{n-1}`` inline, into ``l0`` ..; a level
+    above the burst after a limit was lowered is cut to it."""
+    lines = []
+    for i in range(n):
+        lines += [
+            f"    l{i} = b{i}.level",
+            f"    s = b{i}.stamp",
+            "    if now > s:",
+            f"        l{i} += (now - s) * b{i}.rate",
+            f"        b{i}.stamp = now",
+            f"    burst = b{i}.burst",
+            f"    if l{i} >= burst:",
+            f"        l{i} = burst",
+        ]
+    return lines
+
+
+def _made(lines: list[str], name: str, **names: Any) -> Callable[..., Any]:
+    namespace: dict[str, Any] = dict(names)
+    exec("\n".join(lines), namespace)  # a fixed template (see the callers)
+    return namespace[name]  # type: ignore[no-any-return]
+
+
 @functools.cache
 def _straight_take(n: int) -> Callable[..., list[float] | None]:
     """``LocalPlan``'s refill, check and take of ``n`` buckets with its loop written out once
@@ -59,28 +85,160 @@ def _straight_take(n: int) -> Callable[..., list[float] | None]:
     if n:
         lines.append(f"    {', '.join(f'a{i}' for i in range(n))}, = amounts")
         lines.append(f"    {', '.join(f'b{i}' for i in range(n))}, = buckets")
-    for i in range(n):
-        # TokenBucket.refill, inline (a level above the burst after a limit was lowered is
-        # cut to it)
-        lines += [
-            f"    l{i} = b{i}.level",
-            f"    s = b{i}.stamp",
-            "    if now > s:",
-            f"        l{i} += (now - s) * b{i}.rate",
-            f"        b{i}.stamp = now",
-            f"    burst = b{i}.burst",
-            f"    if l{i} >= burst:",
-            f"        l{i} = burst",
-        ]
+    lines += _refill_lines(n)
     short = " or ".join(f"l{i} < a{i}" for i in range(n)) or "False"
     lines += [f"    if {short}:"]
     lines += [f"        b{i}.level = l{i}" for i in range(n)]
     lines += ["        return None"]  # (a plan without buckets never gets here)
     lines += [f"    b{i}.level = l{i} = l{i} - a{i}" for i in range(n)]
     lines += [f"    return [{', '.join(f'l{i}' for i in range(n))}]"]
-    namespace: dict[str, Any] = {}
-    exec("\n".join(lines), namespace)  # a fixed template, see above
-    return namespace["take"]  # type: ignore[no-any-return]
+    return _made(lines, "take")
+
+
+@functools.cache
+def _straight_reserve(
+    rows: tuple[tuple[str, int], ...], embeddings: bool
+) -> Callable[..., list[int] | None]:
+    """``LocalPlan.reserve`` for buckets of one process: a request's amounts (what
+    ``RateLimiter._amounts`` computes for ``rows``, (direction, limit) in the plan's order)
+    and ``_straight_take``'s take in one function, written out per bucket with the limits as
+    constants (a plan lives as long as its limits). Returns the amounts taken, or None when
+    one is larger than its limit or the request does not fit now (nothing taken: the general
+    path then answers with the 429, reusing the input count left in ``counted``). The header lines are rendered into the plan only when
+    the levels after the take differ from the last ones."""
+    n = len(rows)
+    lines = ["def reserve(plan, doc, count, model, sent, out, default, now, counted):"]
+    counted = False
+    for i, (direction, limit) in enumerate(rows):
+        if direction == REQUESTS:
+            lines.append(f"    a{i} = 1")
+        elif direction == OUTPUT:
+            lines.append(f"    a{i} = out(doc, default, {limit})")
+        else:  # INPUT, BUDGET: the input count, made once
+            if not counted:
+                lines.append("    c = count(doc, model, sent)")
+                lines.append("    counted.append(c)")
+                counted = True
+            if direction == BUDGET and not embeddings:
+                lines.append(f"    a{i} = c + out(doc, default, {limit})")
+            else:
+                lines.append(f"    a{i} = c")
+        lines.append(f"    if a{i} > {limit}:")
+        lines.append("        return None")
+    lines.append(f"    {', '.join(f'b{i}' for i in range(n))}, = plan.bucket_list")
+    lines += _refill_lines(n)
+    short = " or ".join(f"l{i} < a{i}" for i in range(n))
+    lines += [f"    if {short}:"]
+    lines += [f"        b{i}.level = l{i}" for i in range(n)]
+    lines += ["        return None"]
+    lines += [f"    b{i}.level = l{i} = l{i} - a{i}" for i in range(n)]
+    levels = ", ".join(f"l{i}" for i in range(n))
+    same = " and ".join(f"l{i} == last[{i}]" for i in range(n))
+    lines += [
+        "    last = plan._levels",
+        f"    if last is None or not ({same}):",
+        f"        plan._render([{levels}])",
+        f"    return [{', '.join(f'a{i}' for i in range(n))}]",
+    ]
+    return _made(lines, "reserve")
+
+
+@functools.cache
+def _straight_settle(directions: tuple[str, ...]) -> Callable[..., Callable[..., None]]:
+    """A maker of ``LocalPlan.settle`` for buckets in ``directions``: ``buckets.settle_deltas``
+    and ``TokenBucket.adjust`` in one function written out per bucket (the buckets bound when
+    the plan is made, the clock read once and only when something moves). Without usage, a
+    failed request's amounts all go back (``give``)."""
+    n = len(directions)
+    params = ", ".join([*(f"b{i}" for i in range(n)), "give"])
+    lines = [
+        f"def make({params}):",
+        "    def settle(amounts, prompt, completion, status, clock):",
+        "        if prompt is None and completion is None:",
+        "            if status >= 400 and status != 499:  # a failure: all of it back",
+        "                give(amounts, clock())",
+        "            return",
+        "        prompt = prompt or 0",
+        "        completion = completion or 0",
+        "        now = None",
+    ]
+    if n:
+        lines.append(f"        {', '.join(f'a{i}' for i in range(n))}, = amounts")
+    for i, direction in enumerate(directions):
+        # The engine's usage replaces what was reserved: a request counts as one, the input
+        # (and budget) only when the engine reported prompt tokens.
+        if direction == REQUESTS:
+            continue
+        if direction == OUTPUT:
+            lines += [f"        d = a{i} - completion", "        if d:"]
+        else:
+            used = "prompt" if direction == INPUT else "prompt - completion"
+            lines += ["        if prompt:", f"            d = a{i} - {used}", "        else:"]
+            lines += ["            d = 0", "        if d:"]
+        lines += [
+            "            if now is None:",
+            "                now = clock()",
+            # TokenBucket.adjust, inline: refill, then add up to the burst.
+            f"            s = b{i}.stamp",
+            f"            burst = b{i}.burst",
+            "            if now > s:",
+            f"                level = b{i}.level + (now - s) * b{i}.rate",
+            "                level = level if level < burst else burst",
+            f"                b{i}.stamp = now",
+            "            else:",
+            f"                level = b{i}.level",
+            "                if level > burst:",
+            "                    level = float(burst)",
+            "            level += d",
+            "            cap = float(burst)",
+            f"            b{i}.level = level if level < cap else cap",
+        ]
+    lines += ["    return settle"]
+    return _made(lines, "make")
+
+
+@functools.cache
+def _straight_render(rows: tuple[tuple[str, int], ...], fmt: str) -> Callable[..., bytes]:
+    """``LocalPlan``'s header lines for buckets at given levels, written out per bucket
+    (``rows``: (direction, limit) in the plan's order; ``fmt``: the plan's ``format``): each
+    bucket's remaining and reset (``duration`` inline for the common resets under a minute),
+    the scarcest token bucket's three values (the first of equal shares), one ``%``."""
+    n = len(rows)
+    lines = ["def render(buckets, levels):"]
+    if n:
+        lines.append(f"    {', '.join(f'b{i}' for i in range(n))}, = buckets")
+        lines.append(f"    {', '.join(f'l{i}' for i in range(n))}, = levels")
+    for i, (_, limit) in enumerate(rows):
+        lines += [
+            f"    r{i} = l{i} if l{i} > 0 else 0",
+            f"    s = ({limit} - l{i}) / b{i}.rate",
+            "    if 0 < s < 1:",
+            f"        t{i} = MS[ceil(s * 1000)]",
+            "    elif 1 <= s < 60:",
+            f'        t{i} = f"{{s:.3f}}".rstrip("0").rstrip(".") + "s"',
+            "    else:",
+            f"        t{i} = duration(s)",
+        ]
+    values = []
+    tokens = [(i, limit) for i, (d, limit) in enumerate(rows) if d != REQUESTS]
+    for i, (direction, _) in enumerate(rows):
+        if direction != REQUESTS and i == tokens[0][0]:  # the scarcest, before the first
+            values += ["ml", "mr", "mt"]
+        values += [f"r{i}", f"t{i}"]
+    if tokens:
+        first, limit = tokens[0]
+        lines += [
+            f"    share = l{first} / {limit}",
+            f'    ml, mr, mt = "{limit}", r{first}, t{first}',
+        ]
+        for i, limit in tokens[1:]:
+            lines += [
+                f"    x = l{i} / {limit}",
+                "    if x < share:",
+                f'        share, ml, mr, mt = x, "{limit}", r{i}, t{i}',
+            ]
+    lines.append(f"    return (FMT % ({''.join(f'{v}, ' for v in values)})).encode()")
+    return _made(lines, "render", MS=_MILLISECONDS, ceil=math.ceil, duration=duration, FMT=fmt)
 
 
 class LocalPlan:
@@ -91,7 +249,8 @@ class LocalPlan:
 
     __slots__ = (
         "_levels",
-        "_lines",
+        "_renderer",
+        "_settled",
         "_straight",
         "bucket_list",
         "buckets",
@@ -99,22 +258,19 @@ class LocalPlan:
         "format",
         "has_requests",
         "limits",
+        "lines",
         "lock",
-        "rows",
+        "reserve",
         "settle",
         "take",
     )
 
-    def __init__(self, buckets: dict[str, TokenBucket]) -> None:
+    def __init__(self, buckets: dict[str, TokenBucket], embeddings: bool = False) -> None:
         self.buckets = buckets  # direction -> bucket, in the order of a take
         self.directions = tuple(buckets)
         self.bucket_list = tuple(buckets.values())
         # (direction, the limit: tokens per unit), what a request's amounts are checked against
         self.limits = tuple((d, int(b.burst)) for d, b in buckets.items())
-        # (bucket, str(limit), the limit as a number, a token bucket?)
-        self.rows = [
-            (b, str(int(b.burst)), int(b.burst), d != REQUESTS) for d, b in buckets.items()
-        ]
         first = next(iter(buckets.values()), None)
         lock = first.lock if first is not None else None
         # None for buckets of one process (entering a null context costs a call per take)
@@ -128,9 +284,18 @@ class LocalPlan:
         self.take: Callable[[Sequence[int], float], bytes | None] = (
             self._take if self.lock is None else self._take_locked
         )
-        self.settle: Callable[
+        self._settled: Callable[
             [Sequence[int], int | None, int | None, int, Callable[[], float]], None
-        ] = self._settle if self.lock is None else self._settle_locked
+        ] = _straight_settle(self.directions)(*self.bucket_list, self.give)
+        self.settle = self._settled if self.lock is None else self._settle_locked
+        # ``reserve(plan, doc, count, model, sent, out, default, now, counted)``: the amounts
+        # (``count(doc, model, sent)``, ``out(doc, default, limit)``) and the take in one
+        # call (``_straight_reserve``), for buckets of this process; the header lines are
+        # then in ``lines``. None for shared buckets (amounts made outside their lock) and
+        # for a plan without buckets.
+        self.reserve: Callable[..., list[int] | None] | None = (
+            _straight_reserve(self.limits, embeddings) if self.lock is None and buckets else None
+        )
         # The header lines in ``rate_headers``' order (requests, the scarcest token bucket,
         # each token bucket) with the limits filled in; a take formats the rest in one go.
         lines = []
@@ -141,9 +306,10 @@ class LocalPlan:
             names = _names(d)
             lines.append(f"{names[0]}: {int(bucket.burst)}\r\n{names[1]}: %d\r\n{names[2]}: %s\r\n")
         self.format = "".join(lines)
-        # The levels the last take left and the lines it wrote for them.
+        self._renderer = _straight_render(self.limits, self.format)
+        # The levels the last take left and the lines rendered for them.
         self._levels: list[float] | None = None
-        self._lines = b""
+        self.lines = b""
 
     def _take_locked(self, amounts: Sequence[int], now: float) -> bytes | None:
         assert self.lock is not None
@@ -157,28 +323,14 @@ class LocalPlan:
         levels = self._straight(self.bucket_list, amounts, now)
         if levels is None:
             return None
-        if levels == self._levels:  # the same levels: the same lines
-            return self._lines
-        values: list[str | float] = []  # remaining (%d: whole tokens), reset of each bucket
-        main = None  # (share left, limit, remaining, reset) of the scarcest token bucket
-        for (bucket, limit_text, limit, is_tokens), level in zip(self.rows, levels, strict=True):
-            remaining = level if level > 0 else 0
-            seconds = (limit - level) / bucket.rate
-            reset = (
-                _MILLISECONDS[math.ceil(seconds * 1000)] if 0 < seconds < 1 else duration(seconds)
-            )
-            values.append(remaining)
-            values.append(reset)
-            if is_tokens:
-                share = level / limit
-                if main is None or share < main[0]:
-                    main = (share, limit_text, remaining, reset)
-        if main is not None:  # after the requests' two values, before the token buckets'
-            values[2 if self.has_requests else 0 : 2 if self.has_requests else 0] = main[1:]
-        lines = (self.format % tuple(values)).encode()
+        if levels != self._levels:  # the same levels: the same lines
+            self._render(levels)
+        return self.lines
+
+    def _render(self, levels: list[float]) -> None:
+        """``lines``: the header lines of the buckets at ``levels`` (after a take)."""
+        self.lines = self._renderer(self.bucket_list, levels)
         self._levels = levels
-        self._lines = lines
-        return lines
 
     def give(self, deltas: Sequence[int], now: float) -> None:
         """Give back (> 0) or debit (< 0) per bucket (0: nothing), as ``TokenBucket.adjust``
@@ -196,58 +348,8 @@ class LocalPlan:
         clock: Callable[[], float],
     ) -> None:
         if prompt is None and completion is None:  # give() takes the lock per bucket
-            self._settle(amounts, prompt, completion, status, clock)
+            self._settled(amounts, prompt, completion, status, clock)
             return
         assert self.lock is not None
         with self.lock:
-            self._settle(amounts, prompt, completion, status, clock)
-
-    def _settle(
-        self,
-        amounts: Sequence[int],
-        prompt: int | None,
-        completion: int | None,
-        status: int,
-        clock: Callable[[], float],
-    ) -> None:
-        """``settle``: ``buckets.settle_deltas`` and the give in one pass over the buckets
-        (the clock read once, and only when something moves)."""
-        if prompt is None and completion is None:
-            if status >= 400 and status != 499:  # a failure without usage: all of it back
-                self.give(amounts, clock())
-            return
-        prompt = prompt or 0
-        completion = completion or 0
-        now = None
-        for direction, bucket, amount in zip(
-            self.directions, self.bucket_list, amounts, strict=True
-        ):
-            # The engine's usage replaces what was reserved: a request counts as one, the
-            # input (and budget) only when the engine reported prompt tokens.
-            if direction == OUTPUT:
-                delta = amount - completion
-            elif direction == REQUESTS or not prompt:
-                continue
-            elif direction == INPUT:
-                delta = amount - prompt
-            else:
-                assert direction == BUDGET
-                delta = amount - prompt - completion
-            if not delta:
-                continue
-            if now is None:
-                now = clock()
-            # TokenBucket.adjust, inline: refill, then add up to the burst.
-            stamp = bucket.stamp
-            burst = bucket.burst
-            if now > stamp:
-                level = bucket.level + (now - stamp) * bucket.rate
-                level = level if level < burst else burst
-                bucket.stamp = now
-            else:
-                level = bucket.level
-                if level > burst:
-                    level = float(burst)
-            level += delta
-            cap = float(burst)
-            bucket.level = level if level < cap else cap
+            self._settled(amounts, prompt, completion, status, clock)
