@@ -2,7 +2,8 @@
 
     python -m bench.gateway_ab --baseline HEAD~1 [--rounds 8] [--duration 3] [--concurrency 8]
                                [--stream-tokens 64] [--no-stream] [--upstream-max-running 1024]
-                               [--access-log]
+                               [--access-log] [--workers N|auto] [--nginx]
+                               [--new-connections]
 
 The baseline is a git ref checked out into a temporary worktree; the candidate is this working
 tree (with its compiled hot path if built: each build's count of loaded compiled modules is
@@ -37,6 +38,7 @@ from bench.common import (
     upstream_proc,
     wrk,
 )
+from bench.nginx_upstream import nginx_proc
 from llmplane.testing import Process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +63,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--access-log", action="store_true", help="both with the access log on (the default)"
     )
+    p.add_argument(
+        "--workers", default="1", help="each gateway's --workers (a number or auto; default 1)"
+    )
+    p.add_argument(
+        "--nginx",
+        action="store_true",
+        help="also a non-streaming mode against nginx answering a fixed completion (an "
+        "upstream that is never the bottleneck, bench/nginx_upstream.py)",
+    )
+    p.add_argument(
+        "--new-connections",
+        action="store_true",
+        help="a new client connection per request (wrk sends Connection: close)",
+    )
     args = p.parse_args(argv)
 
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -69,15 +85,24 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))
     base_tree = checkout(args.baseline, work / "baseline")
     procs: list[Process] = []
+    cleanup: list[Path] = []
     try:
         up = upstream_proc("--max-running", str(args.upstream_max_running))
         procs.append(up)
         address = up.ready()
         state = str(work / "state")
-        store_objects(state, endpoint_object("bench", address, "bench", engine="vllm"))
+        objects = [endpoint_object("bench", address, "bench", engine="vllm")]
+        if args.nginx:
+            nginx, nginx_address, nginx_prefix = nginx_proc()
+            procs.append(nginx)
+            cleanup.append(nginx_prefix)
+            objects.append(endpoint_object("nginx", nginx_address, "nginx"))
+        store_objects(state, *objects)
         builds = {"baseline": base_tree, "candidate": ROOT}
         gws = {
-            name: gateway_proc(state, name=name, tree=tree, access_log=args.access_log)
+            name: gateway_proc(
+                state, name=name, tree=tree, access_log=args.access_log, workers=args.workers
+            )
             for name, tree in builds.items()
         }
         procs += gws.values()
@@ -85,6 +110,10 @@ def main(argv: list[str] | None = None) -> None:
         bodies = {
             "unary": orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 16})
         }
+        if args.nginx:
+            bodies["nginx"] = orjson.dumps(
+                {"model": "nginx", "prompt": "Say hello.", "max_tokens": 16}
+            )
         if not args.no_stream:
             bodies["stream"] = orjson.dumps(
                 {
@@ -98,13 +127,14 @@ def main(argv: list[str] | None = None) -> None:
             gws[name].wait_http(url, bodies["unary"])
             wrk(url, bodies["unary"], args.concurrency, 1)
             print(f"{name}: {native_modules(gws[name].pid)} compiled modules loaded", flush=True)
+        headers = {"Connection": "close"} if args.new_connections else None
         cells: dict[tuple[str, str], list[dict[str, float]]] = {}
         for r in range(args.rounds):
             order = list(builds) if r % 2 == 0 else list(reversed(builds))
             for mode, body in bodies.items():
                 for name in order:
                     before = cpu_seconds(gws[name].pid)
-                    out = wrk(urls[name], body, args.concurrency, args.duration)
+                    out = wrk(urls[name], body, args.concurrency, args.duration, headers=headers)
                     cpu = cpu_seconds(gws[name].pid) - before
                     out["cpu_us"] = cpu / max(1, out["requests"]) * 1e6
                     cells.setdefault((mode, name), []).append(out)
@@ -129,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(
             f"`python -m bench.gateway_ab --baseline {args.baseline} --rounds {args.rounds} "
-            f"--duration {args.duration:g} --concurrency {args.concurrency}` "
+            f"--duration {args.duration:g} --concurrency {args.concurrency} "
+            f"--workers {args.workers}{' --nginx' if args.nginx else ''}"
+            f"{' --new-connections' if args.new_connections else ''}` "
             f"({machine_line(info, list(os.getloadavg()))}); medians over rounds"
         )
         print()
@@ -145,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
             proc.stop()
         remove_checkout(base_tree)
         shutil.rmtree(work, ignore_errors=True)
+        for path in cleanup:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def native_modules(pid: int) -> int:

@@ -48,6 +48,7 @@ class Upstream:
         self.inflight = 0
         self.served = 0
         self.running_loras: dict[str, int] = {}
+        self.last_headers: dict[str, str] = {}  # of the last inference request (GET /admin)
 
     def names(self) -> set[str]:
         return {self.model, *self.loras}
@@ -73,6 +74,7 @@ class Upstream:
             )
         self.inflight += 1
         self.served += 1
+        self.last_headers = dict(request.headers)
         if model in self.loras:
             self.running_loras[model] = self.running_loras.get(model, 0) + 1
         try:
@@ -213,7 +215,9 @@ class Upstream:
         )
 
     async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response({"served": self.served, "inflight": self.inflight})
+        return web.json_response(
+            {"served": self.served, "inflight": self.inflight, "last_headers": self.last_headers}
+        )
 
 
 async def fixed(request: web.Request) -> web.Response:

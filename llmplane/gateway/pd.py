@@ -233,7 +233,7 @@ class _Pair:
         self.backend = ctx.decision.backend
         self.sched = sched
         self.profile = profile
-        self.headers = forwarded_headers(ctx.request)
+        self.headers = forwarded_headers(ctx.request, ctx.tenant is not None)
 
     async def prefill(self, state: EndpointState, body: dict[str, Any], last: bool) -> bytes:
         """Send the prefill request; its response body, or PrefillFailed / _Relayed."""

@@ -107,9 +107,17 @@ def attempt_failure(
     return failure("connect", f"{type(err).__name__}: {err}")
 
 
-def forwarded_headers(request: HttpRequest) -> dict[str, str]:
-    """The client's headers to send upstream: all but hop-by-hop ones (names are lower-case)."""
-    return {k: v for k, v in request.headers.items() if k not in _HOP}
+# A Tenant's API key is the gateway's credential, never the engine's: a request a key
+# authenticated goes upstream without it (engines log and may echo headers).
+_HOP_AND_KEY = _HOP | {"authorization", "x-api-key"}
+
+
+def forwarded_headers(request: HttpRequest, keyed: bool = False) -> dict[str, str]:
+    """The client's headers to send upstream: all but hop-by-hop ones (names are lower-case),
+    and without the API key when one authenticated the request (``keyed``). Without Tenants
+    the client's ``Authorization`` goes through (e.g. an engine's own ``--api-key``)."""
+    drop = _HOP_AND_KEY if keyed else _HOP
+    return {k: v for k, v in request.headers.items() if k not in drop}
 
 
 def relayed_headers(
@@ -285,7 +293,7 @@ class Proxy:
         assert ctx.decision is not None and ctx.inference is not None
         backend = ctx.decision.backend
         order = pick.endpoints
-        headers = forwarded_headers(ctx.request)
+        headers = forwarded_headers(ctx.request, ctx.tenant is not None)
         body = ctx.inference.final_body()
         attempts = Attempts(ctx, self.retries)
         while (attempt := attempts.next()) is not None:
