@@ -301,7 +301,7 @@ def report(res: dict[str, Any]) -> str:
         f"--workers {' '.join(map(str, a['workers']))} --modes {' '.join(a['modes'])} "
         f"--stream-max-running {a.get('stream_max_running', 8)}`; "
         + machine_line(res["machine"], res["load_after"])
-        + f" `llmplane gateway`'s default, `--workers auto`, is {res.get('auto_workers', 1)} here.",
+        + f". `llmplane gateway`'s default, `--workers auto`, is {res.get('auto_workers', 1)} here.",
         "",
     ]
     cells = res["cells"]
