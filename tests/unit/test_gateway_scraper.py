@@ -6,7 +6,6 @@ nothing) and count how often they are asked.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -69,24 +68,26 @@ async def test_idle_endpoints_are_scraped_less_often_than_busy_ones(pages) -> No
     try:
         scraper.add(busy)
         scraper.add(idle)
-        await asyncio.sleep(2.0)
-        # 50 ms while busy; idle backs off 50, 100, 200, 400, 800 ms ... up to 2 s.
-        assert busy_page.hits >= 15, busy_page.hits
+        # 50 ms while busy (30 scrapes: 1.5 s, longer on a slow machine); idle backs off 50,
+        # 100, 200, 400, 800 ms ... up to 2 s: about 6 scrapes in that time.
+        await eventually(lambda: busy_page.hits >= 30, 15, what="30 scrapes of the busy one")
         assert idle_page.hits <= busy_page.hits / 3, (idle_page.hits, busy_page.hits)
         # The idle endpoint's metrics stay fresh for admission and scoring meanwhile.
         assert idle.metrics_fresh(GatewayConfig().metrics_staleness)
         assert idle.has_load_metrics and idle.running == 0
 
-        # A request sent to the idle endpoint wakes its scraper long before its 2 s pause ends,
-        # and an engine that turned busy is scraped fast again.
-        await asyncio.sleep(0.3)  # into a long idle pause
+        # A request sent to the idle endpoint wakes its scraper long before its pause ends
+        # (just after a scrape, now at least 0.8 s), and an engine that turned busy is
+        # scraped fast again.
+        seen = idle.scraped_at
+        await eventually(lambda: idle.scraped_at > seen, 5, what="the idle one's next scrape")
         before = idle_page.hits
         idle_page.running = 1
         idle.inflight += 1
         await eventually(lambda: idle_page.hits > before, 0.5, what="the woken scrape")
         assert idle.running == 1
-        await asyncio.sleep(0.5)
-        assert idle_page.hits - before >= 5
+        # 12 scrapes take 0.6 s at the busy pace; backing off, even from 50 ms, over 6 s.
+        await eventually(lambda: idle_page.hits - before >= 12, 1.5, what="the busy pace")
     finally:
         await scraper.close()
 
@@ -97,14 +98,12 @@ async def test_a_change_in_signals_keeps_the_fast_pace(pages) -> None:
     state = EndpointState(Endpoint(page.address))
     try:
         scraper.add(state)
-        await eventually(lambda: page.hits >= 3, 2, what="first scrapes")
-        await asyncio.sleep(1.0)  # idle: backed off
-        slow = page.hits
+        # Idle: backed off (the pause after the 5th scrape is 0.8 s, then 1.6 s).
+        await eventually(lambda: page.hits >= 6, 10, what="the idle back-off")
         page.running = 2  # the engine got work from elsewhere (another gateway)
-        await eventually(lambda: state.running == 2, 3, what="the change to be seen")
+        await eventually(lambda: state.running == 2, 5, what="the change to be seen")
         seen = page.hits
-        await asyncio.sleep(0.5)
-        assert page.hits - seen >= 5, (slow, seen, page.hits)
+        await eventually(lambda: page.hits - seen >= 12, 1.5, what="the fast pace again")
     finally:
         await scraper.close()
 
