@@ -237,9 +237,14 @@ async def test_for_priority_engines_critical_takes_the_reserve_whatever_its_shar
     fc.pump()
     for _ in range(10):
         await asyncio.sleep(0)
-    # From the queue: the Critical waiter first for a priority engine (the engine ranks it
-    # first anyway); otherwise the under-share big tenant (nothing in flight).
-    assert went == (["crit"] if priority_scheduling else ["big"])
+    # From the queue: under-share waiters first (big: nothing in flight), whatever the band.
+    assert went == ["big"]
+    a.inflight = 1  # room within the reserve again
+    fc.pump()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    # Then, for a priority engine only, the over-share Critical waiter.
+    assert went == (["big", "crit"] if priority_scheduling else ["big"])
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
