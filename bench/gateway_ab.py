@@ -3,11 +3,13 @@
     python -m bench.gateway_ab --baseline HEAD~1 [--rounds 8] [--duration 3] [--concurrency 8]
                                [--stream-tokens 64] [--no-stream] [--upstream-max-running 1024]
                                [--access-log] [--workers N|auto] [--nginx]
-                               [--new-connections]
+                               [--new-connections] [--pure-baseline]
 
-The baseline is a git ref checked out into a temporary worktree; the candidate is this working
-tree (with its compiled hot path if built: each build's count of loaded compiled modules is
-printed). Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
+The baseline is a git ref checked out into a temporary worktree and built as an install builds
+it (its compiled hot path, ``setup.py build_ext --inplace``: a baseline left pure Python would
+credit the candidate with the compilation; ``--pure-baseline`` skips the build); the candidate
+is this working tree (with its compiled hot path if built). Each build's count of loaded
+compiled modules is printed. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
 off unless ``--access-log``) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
 one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
 Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from
@@ -22,6 +24,8 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -79,6 +83,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="a new client connection per request (wrk sends Connection: close)",
     )
+    p.add_argument(
+        "--pure-baseline",
+        action="store_true",
+        help="do not build the baseline's compiled hot path (it runs pure Python)",
+    )
     args = p.parse_args(argv)
 
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -86,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))
     base_tree = checkout(args.baseline, work / "baseline")
+    if not args.pure_baseline:
+        build_native(base_tree)
     procs: list[Process] = []
     cleanup: list[Path] = []
     try:
@@ -187,6 +198,17 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def build_native(tree: Path) -> None:
+    """Compile ``tree``'s hot path in place, as ``pip install`` does (a failure leaves it pure
+    Python, which the count of loaded compiled modules then shows)."""
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=tree,
+        check=False,
+        capture_output=True,
+    )
 
 
 def native_modules(pid: int) -> int:

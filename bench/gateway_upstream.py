@@ -53,6 +53,7 @@ class Upstream:
         self.served = 0
         self.running_loras: dict[str, int] = {}
         self.last_headers: dict[str, str] = {}  # of the last inference request (GET /admin)
+        self.last_body = ""  # and its body
 
     def names(self) -> set[str]:
         return {self.model, *self.loras}
@@ -79,6 +80,7 @@ class Upstream:
         self.inflight += 1
         self.served += 1
         self.last_headers = dict(request.headers)
+        self.last_body = body.decode(errors="replace")
         if model in self.loras:
             self.running_loras[model] = self.running_loras.get(model, 0) + 1
         try:
@@ -222,7 +224,12 @@ class Upstream:
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"served": self.served, "inflight": self.inflight, "last_headers": self.last_headers}
+            {
+                "served": self.served,
+                "inflight": self.inflight,
+                "last_headers": self.last_headers,
+                "last_body": self.last_body,
+            }
         )
 
 

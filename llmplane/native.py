@@ -3,12 +3,14 @@ current source.
 
 ``setup.py`` compiles the gateway's hot-path modules at install time (when a C compiler and
 Python's headers are there) into ``llmplane/_native/<module>.<hash><EXT_SUFFIX>``, where
-``<hash>`` is :func:`source_hash` of the ``.py`` it was built from. The built files never sit
+``<hash>`` is :func:`source_hash` of what it was built from (:func:`build_input`: the ``.py``,
+and its augmenting ``.pxd`` with the ``.pxd`` files that one cimports, when there is one). The built files never sit
 next to their sources: an extension module there would shadow every later edit of the ``.py``
 (extension modules win in Python's import order), silently, in the editable install everyone
 develops in. Instead :func:`install` (run by ``llmplane/__init__.py``) puts a finder first on
-``sys.meta_path`` that loads the build under the module's real name only when the hash of the
-``.py`` on disk matches; an edited source imports as pure Python until the next build (``pip
+``sys.meta_path`` that loads the build under the module's real name only when the hash of those
+files on disk matches, and only when every module it cimports (whose compiled types it uses)
+loads its build too; an edited source imports as pure Python until the next build (``pip
 install -e .`` again, or ``python setup.py build_ext --inplace``). ``LLMPLANE_PURE_PYTHON=1``
 turns the compiled path off. Cython's PEP 489 module creation takes the name, ``__package__``
 and ``__file__`` from the spec, so relative imports, ``__module__`` and tracebacks' module
@@ -22,6 +24,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +40,45 @@ log = logging.getLogger("llmplane.native")
 def source_hash(source: bytes) -> str:
     """The label a build carries of the source it was compiled from (16 hex digits)."""
     return hashlib.sha256(source).hexdigest()[:16]
+
+
+# ``from a.b cimport C`` / ``cimport a.b`` in a .pxd (the modules whose compiled types it uses).
+_CIMPORT = re.compile(rb"^\s*(?:from\s+([\w.]+)\s+cimport\b|cimport\s+([\w.]+))", re.M)
+
+
+def module_file(top: Path, module: str, suffix: str) -> Path:
+    """``a.b.c`` -> ``top/a/b/c<suffix>``."""
+    *folders, name = module.split(".")
+    return top.joinpath(*folders, name + suffix)
+
+
+def cimports(pxd: bytes, package: str) -> list[str]:
+    """The modules of ``package`` that a .pxd's text cimports."""
+    found = []
+    for match in _CIMPORT.finditer(pxd):
+        name = (match.group(1) or match.group(2)).decode()
+        if name.startswith(package + ".") and name not in found:
+            found.append(name)
+    return found
+
+
+def build_input(top: Path, module: str) -> bytes:
+    """What a build of ``module`` (a file under the folder ``top``) is made from: the ``.py``;
+    with an augmenting ``.pxd`` beside it (Cython's C types for it), that and the ``.pxd`` of
+    each module it cimports too, so an edited declaration never loads a build of the old one.
+    Without a ``.pxd`` it is the ``.py``'s bytes alone. Raises OSError without the ``.py``."""
+    data = module_file(top, module, ".py").read_bytes()
+    try:
+        pxd = module_file(top, module, ".pxd").read_bytes()
+    except OSError:
+        return data
+    parts = [data, pxd]
+    for name in cimports(pxd, module.partition(".")[0]):
+        try:
+            parts.append(module_file(top, name, ".pxd").read_bytes())
+        except OSError:
+            parts.append(b"")
+    return b"\0pxd\0".join(parts)
 
 
 def native_filename(module: str, source: bytes, suffix: str | None = None) -> str:
@@ -93,15 +135,26 @@ class Finder:
             self.loaded.append(fullname)
         return spec
 
-    def _current(self, module: str) -> Path | None:
-        """The build of ``module`` made from its source as it is on disk now, if any."""
-        relative = module.removeprefix(self.package + ".").split(".")
-        source = self.root.joinpath(*relative[:-1], relative[-1] + ".py")
+    def _current(self, module: str, seen: frozenset[str] = frozenset()) -> Path | None:
+        """The build of ``module`` made from its source as it is on disk now, if any, and
+        only if each module it cimports has one too (a compiled module importing another's
+        types fails to import next to that module's pure Python form)."""
+        builds = self.builds.get(module)
+        if builds is None:
+            return None
+        top = self.root.parents[self.package.count(".")]
         try:
-            digest = source_hash(source.read_bytes())
+            data = build_input(top, module)
         except OSError:
             return None
-        return self.builds[module].get(digest)
+        built = builds.get(source_hash(data))
+        if built is None or b"\0pxd\0" not in data:
+            return built
+        pxd = module_file(top, module, ".pxd").read_bytes()
+        for name in cimports(pxd, self.package):
+            if name != module and name not in seen and self._current(name, seen | {module}) is None:
+                return None
+        return built
 
     def fresh(self, module: str) -> bool:
         """Whether ``module`` has a build of its current source."""

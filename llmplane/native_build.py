@@ -2,7 +2,8 @@
 
 :class:`BuildHotPath` is setuptools' ``build_ext`` that Cythonizes the listed modules, unchanged,
 when it runs (not at every ``setup.py`` invocation) and writes each build to
-``<package>/_native/<module>.<source hash><EXT_SUFFIX>``, never next to its source. Paths are
+``<package>/_native/<module>.<source hash><EXT_SUFFIX>``, never next to its source (the hash
+covers an augmenting ``.pxd`` beside the ``.py`` too: ``native.build_input``). Paths are
 relative to the project root (setuptools runs there). A missing Cython, C compiler or Python
 headers leaves the install pure Python with a one-line message.
 """
@@ -17,7 +18,7 @@ from typing import Any
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
-from llmplane.native import NATIVE_DIR, native_filename
+from llmplane.native import NATIVE_DIR, build_input, native_filename
 
 # Directives that keep Python's semantics: annotations stay annotations (no C types from
 # ``x: float``), functions stay introspectable, keyword arguments work as in Python.
@@ -54,7 +55,7 @@ class BuildHotPath(build_ext):
 
     def finalize_options(self) -> None:
         self._names = {
-            ext.name: native_filename(ext.name, source_of(ext.name).read_bytes())
+            ext.name: native_filename(ext.name, build_input(Path(), ext.name))
             for ext in self.distribution.ext_modules or ()
         }
         super().finalize_options()
@@ -74,6 +75,7 @@ class BuildHotPath(build_ext):
                 build_dir=str(Path(self.build_temp) / "cython"),
                 compiler_directives=DIRECTIVES,
                 nthreads=self.parallel if isinstance(self.parallel, int) else 0,
+                include_path=["."],  # the .pxd files cimport each other by package path
                 quiet=True,
             )
         except Exception as e:  # a Cython failure must not fail the install

@@ -27,7 +27,6 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -90,19 +89,45 @@ class Headers(dict[str, str]):
         return dict.__contains__(self, key.lower() if isinstance(key, str) else key)
 
 
-@dataclass(slots=True, eq=False)
 class HttpRequest:
     """One request as read off the wire (the parsed body is an ``InferenceRequest``)."""
 
-    _protocol: _Protocol
-    method: str
-    path: str
-    path_qs: str  # the request target as sent (path and query)
-    headers: Headers
-    body: bytes
-    version: str
-    keep_alive: bool
-    too_large: bool  # the body was over the limit and was not kept
+    __slots__ = (
+        "_protocol",
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "path_qs",
+        "too_large",
+        "version",
+    )
+
+    def __init__(
+        self,
+        _protocol: _Protocol,
+        method: str,
+        path: str,
+        path_qs: str,  # the request target as sent (path and query)
+        headers: Headers,
+        body: bytes,
+        version: str,
+        keep_alive: bool,
+        too_large: bool,  # the body was over the limit and was not kept
+    ) -> None:
+        self._protocol = _protocol
+        self.method = method
+        self.path = path
+        self.path_qs = path_qs
+        self.headers = headers
+        self.body = body
+        self.version = version
+        self.keep_alive = keep_alive
+        self.too_large = too_large
+
+    def __repr__(self) -> str:
+        return f"HttpRequest(method={self.method!r}, path_qs={self.path_qs!r})"
 
     @property
     def content_length(self) -> int | None:
@@ -246,7 +271,10 @@ def _error(status: int, message: str, code: str) -> Response:
     return Response(status=status, body=body, content_type="application/json")
 
 
-class _Protocol(asyncio.Protocol):
+class _Protocol:
+    """One client connection (an asyncio protocol by its methods: a compiled class cannot
+    derive from ``asyncio.Protocol``, llmplane/gateway/http_server.pxd)."""
+
     __slots__ = (
         "_body",
         "_complete",
@@ -392,6 +420,9 @@ class _Protocol(asyncio.Protocol):
                     self._fail(_error(431, message, "headers_too_large"))
                     return
             view = view[len(piece) :]
+
+    def eof_received(self) -> None:
+        """The client shut its side: the transport closes (asyncio.Protocol's default)."""
 
     def pause_writing(self) -> None:
         self.write_paused = True

@@ -472,7 +472,7 @@ class Gateway:
             candidates = self.admission.admit(
                 inference.model, decision, time.monotonic(), criticality, shed=False
             )
-        if flow.reserve:
+        if flow.counts(candidates):
             ctx.seat = flow.seat(key, ctx.tenant, ctx.weight)
             candidates = flow.room(candidates, time.monotonic())
         if decision.load is not None:

@@ -49,6 +49,10 @@ KEEPALIVE_TIMEOUT = 4.0
 
 log = logging.getLogger("llmplane.gateway")
 
+# A connection's states, and a response body's framing modes (C ints when compiled).
+_IDLE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
+_LENGTH, _CHUNKED, _UNTIL_CLOSE, _EMPTY = 0, 1, 2, 3
+
 
 class UpstreamError(OSError):
     """The upstream connection failed or answered with something that is not HTTP/1.x."""
@@ -145,7 +149,10 @@ class UpstreamResponse:
         self._conn._fail(err)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection:
+    """One upstream connection (an asyncio protocol by its methods: a compiled class cannot
+    derive from ``asyncio.Protocol``, llmplane/gateway/upstream_client.pxd)."""
+
     __slots__ = (
         "_body_left",
         "_buf",
@@ -168,11 +175,6 @@ class _Connection(asyncio.Protocol):
         "transport",
     )
 
-    # states
-    IDLE, HEAD, BODY, DONE = 0, 1, 2, 3
-    # body framing modes
-    LENGTH, CHUNKED, UNTIL_CLOSE, EMPTY = 0, 1, 2, 3
-
     def __init__(self, pool: UpstreamPool, key: str, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.key = key
@@ -181,12 +183,12 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._closed_exc: Exception | None = None
         self._buf = bytearray()
-        self._state = self.IDLE
+        self._state = _IDLE
         self._head_waiter: asyncio.Future[tuple[int, RawHeaders]] | None = None
         self._piece_waiter: asyncio.Future[None] | None = None
         self._pieces: collections.deque[bytes] = collections.deque()
         self._done = False
-        self._mode = self.LENGTH
+        self._mode = _LENGTH
         self._body_left = 0
         self._chunk_left = -1  # -1: expecting a chunk-size line
         self._keep_alive = True
@@ -210,7 +212,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool._forget(self)
-        if self._state == self.BODY and self._mode == self.UNTIL_CLOSE and exc is None:
+        if self._state == _BODY and self._mode == _UNTIL_CLOSE and exc is None:
             self._finish_body()
             return
         if self._closed_exc is None:
@@ -221,16 +223,25 @@ class _Connection(asyncio.Protocol):
             )
         self._wake_all()
 
+    def eof_received(self) -> None:
+        """The server shut its side: the transport closes (asyncio.Protocol's default)."""
+
+    def pause_writing(self) -> None:
+        """Requests are written whole and small: no back-pressure to keep."""
+
+    def resume_writing(self) -> None:
+        pass
+
     def data_received(self, data: bytes) -> None:
         state = self._state
-        if state == self.IDLE or state == self.DONE:
+        if state in (_IDLE, _DONE):
             # Bytes nobody asked for (or after a complete response): never reuse this one.
             self._keep_alive = False
-            if state == self.IDLE and self.transport is not None:
+            if state == _IDLE and self.transport is not None:
                 self.transport.close()
             return
         try:
-            if state == self.HEAD and self._whole and not self._buf:
+            if state == _HEAD and self._whole and not self._buf:
                 self._whole_read(data)
             else:
                 self._buf += data
@@ -244,11 +255,11 @@ class _Connection(asyncio.Protocol):
         handed over as a slice (no copy through the buffer); anything else goes on through
         the buffer like any read."""
         end = data.find(_HEAD_END)
-        if end != -1 and self._head(data[:end]) and self._mode == self.LENGTH:
+        if end != -1 and self._head(data[:end]) and self._mode == _LENGTH:
             start = end + 4
             if len(data) - start == self._body_left:
                 self._body_left = 0
-                self._state = self.DONE
+                self._state = _DONE
                 self._done = True
                 waiter = self._head_waiter
                 self._head_waiter = None
@@ -259,7 +270,7 @@ class _Connection(asyncio.Protocol):
             start = 0
         else:  # a 1xx interim head (skipped), or a body framed otherwise
             start = end + 4
-            if self._state == self.DONE:  # EMPTY: bytes after the head stay unread
+            if self._state == _DONE:  # EMPTY: bytes after the head stay unread
                 if start < len(data):
                     self._buf += data[start:]
                 return
@@ -270,7 +281,7 @@ class _Connection(asyncio.Protocol):
 
     def _parse(self) -> None:
         while True:
-            if self._state == self.HEAD:
+            if self._state == _HEAD:
                 end = self._buf.find(_HEAD_END)
                 if end == -1:
                     if len(self._buf) > _MAX_HEAD:
@@ -280,10 +291,10 @@ class _Connection(asyncio.Protocol):
                 del self._buf[: end + 4]
                 if not self._head(head):
                     continue  # 1xx interim response: read the next head
-            if self._state != self.BODY:
+            if self._state != _BODY:
                 return
             mode = self._mode
-            if mode == self.LENGTH:
+            if mode == _LENGTH:
                 if not self._buf:
                     return
                 take = min(self._body_left, len(self._buf))
@@ -293,12 +304,12 @@ class _Connection(asyncio.Protocol):
                 if self._body_left == 0:
                     self._finish_body()
                 return
-            if mode == self.UNTIL_CLOSE:
+            if mode == _UNTIL_CLOSE:
                 if self._buf:
                     self._push(bytes(self._buf))
                     self._buf.clear()
                 return
-            if mode == self.EMPTY:
+            if mode == _EMPTY:
                 self._finish_body()
                 return
             # chunked: walk the buffer with an offset, compact it once, and hand the data of
@@ -404,17 +415,17 @@ class _Connection(asyncio.Protocol):
                     keep_alive = True
         self._keep_alive = keep_alive
         if status in _NO_BODY:
-            self._mode = self.EMPTY
+            self._mode = _EMPTY
         elif chunked:
-            self._mode = self.CHUNKED
+            self._mode = _CHUNKED
             self._chunk_left = -1
         elif length is not None:
-            self._mode = self.LENGTH if length else self.EMPTY
+            self._mode = _LENGTH if length else _EMPTY
             self._body_left = length
         else:
-            self._mode = self.UNTIL_CLOSE
+            self._mode = _UNTIL_CLOSE
             self._keep_alive = False
-        self._state = self.BODY
+        self._state = _BODY
         if self._whole:
             self._status = (status, RawHeaders(fields, names))
         else:
@@ -422,7 +433,7 @@ class _Connection(asyncio.Protocol):
             self._head_waiter = None
             if waiter is not None and not waiter.done():
                 waiter.set_result((status, RawHeaders(fields, names)))
-        if self._mode == self.EMPTY:
+        if self._mode == _EMPTY:
             self._finish_body()
         return True
 
@@ -433,7 +444,7 @@ class _Connection(asyncio.Protocol):
             w.set_result(None)
 
     def _finish_body(self) -> None:
-        self._state = self.DONE
+        self._state = _DONE
         self._done = True
         if self._whole:
             waiter = self._head_waiter
@@ -471,7 +482,7 @@ class _Connection(asyncio.Protocol):
 
     async def send(self, data: bytes) -> UpstreamResponse:
         assert self.transport is not None
-        self._state = self.HEAD
+        self._state = _HEAD
         self._done = False
         self._whole = False
         self._pieces.clear()
@@ -485,7 +496,7 @@ class _Connection(asyncio.Protocol):
         """Send ``data``; await the returned future for the whole response, woken once (a
         future, not a coroutine: one frame less per request)."""
         assert self.transport is not None
-        self._state = self.HEAD
+        self._state = _HEAD
         self._done = False
         self._whole = True
         self._status = None
@@ -519,10 +530,10 @@ class _Connection(asyncio.Protocol):
 
     def finish(self) -> None:
         """The caller is done with the response: pool the connection if it can be reused."""
-        if self._state == self.IDLE:
+        if self._state == _IDLE:
             return
         complete = self._done and not self._pieces
-        self._state = self.IDLE
+        self._state = _IDLE
         self._pieces.clear()
         t = self.transport  # ``usable``, inline: once per request
         if (
@@ -548,7 +559,7 @@ def _unanswered(conn: _Connection, err: BaseException) -> bool:
     return (
         conn.idle_since != 0.0
         and isinstance(err, (ServerDisconnected, ConnectionLost))
-        and conn._state == conn.HEAD
+        and conn._state == _HEAD
         and not conn._buf
         and not conn._interim
     )

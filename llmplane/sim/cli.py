@@ -10,7 +10,7 @@ import signal
 import sys
 
 from llmplane.aio import run
-from llmplane.sim.config import ROLES, Faults, SimConfig, TimingModel
+from llmplane.sim.config import ROLES, SCHEDULING_POLICIES, Faults, SimConfig, TimingModel
 
 log = logging.getLogger("llmplane.sim")
 
@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-model-len", type=int, default=d.max_model_len)
     g.add_argument("--no-enable-prefix-caching", action="store_true")
     g.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    g.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default=d.scheduling_policy,
+        help="as vLLM's: priority orders the waiting queue by the request's "
+        "'priority' (lower first), then arrival",
+    )
     g.add_argument("--mean-output-len", type=int, default=d.mean_output_len,
                    help="Mean tokens before EOS (geometric) unless ignore_eos.")  # fmt: skip
     g = p.add_argument_group("timing (seconds of modelled GPU time)")
@@ -142,6 +149,7 @@ def config_from_args(a: argparse.Namespace) -> SimConfig:
         max_loras=a.max_loras,
         lora_modules=dict(a.lora_modules),
         role=a.role,
+        scheduling_policy=a.scheduling_policy,
         engine_id=a.engine_id,
         shutdown_timeout=a.shutdown_timeout,
         report_timing=a.report_timing,

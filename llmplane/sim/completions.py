@@ -190,6 +190,7 @@ class CompletionRoutes:
                         text_cut=plan.text_cut,
                         remote_prefill=remote_prefill,
                         index=pi * sp.n + j,
+                        priority=sp.priority,
                     )
                 )
         # vLLM counts the prompt once per prompt, not once per choice.

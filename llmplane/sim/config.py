@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ROLES = ("both", "prefill", "decode")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
 
 
 @dataclass
@@ -125,6 +126,9 @@ class SimConfig:
     max_loras: int = 1
     lora_modules: dict[str, str] = field(default_factory=dict)
     role: str = "both"
+    # vLLM's --scheduling-policy: "fcfs" (arrival order; a request's "priority" is accepted
+    # and ignored, as vLLM 0.32 does) or "priority" (lower "priority" first, then arrival).
+    scheduling_policy: str = "fcfs"
     engine_id: str | None = None
     shutdown_timeout: float = 10.0
     # A benchmark aid, not vLLM's: each stream ends (before ``[DONE]``) with an SSE comment

@@ -105,6 +105,7 @@ class Sampling:
     include_usage: bool
     params_key: str
     continuous_usage: bool = False
+    priority: int = 0  # vLLM's request field: lower is scheduled earlier (priority policy)
 
 
 # vLLM treats a temperature below this as greedy sampling.
@@ -126,6 +127,42 @@ def _int(body: dict, key: str, default: Any, minimum: int, name: str | None = No
 
 def _type_error(key: str, kind: str, msg: str, v: Any) -> Any:
     raise request_validation(kind, f"body.{key}", msg, v)
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def parse_priority(body: dict) -> int:
+    """The request's ``priority``, checked as vLLM's schema does (pydantic's lax integer:
+    ``true`` is 1, ``2.0`` and ``"5"`` are accepted; within int64). vLLM 0.32 accepts any
+    valid value whatever its scheduling policy; under fcfs it has no effect."""
+    v = body.get("priority", 0)
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float):
+        if not v.is_integer():
+            _type_error("priority", "int_from_float",
+                        "Input should be a valid integer, got a number with a fractional part",
+                        str(v))  # fmt: skip
+        v = int(v)
+    elif isinstance(v, str):
+        text = v.strip()
+        if not (text.lstrip("+-").isascii() and text.lstrip("+-").isdigit()) or len(text) > 40:
+            _type_error("priority", "int_parsing",
+                        "Input should be a valid integer, unable to parse string as an integer",
+                        v)  # fmt: skip
+        v = int(text)
+    elif not isinstance(v, int):
+        _type_error("priority", "int_type", "Input should be a valid integer", str(v))
+    if v > INT64_MAX:
+        raise request_validation("less_than_equal", "body.priority",
+                                 f"Input should be less than or equal to {INT64_MAX}", str(v),
+                                 {"le": INT64_MAX})  # fmt: skip
+    if v < INT64_MIN:
+        raise request_validation("greater_than_equal", "body.priority",
+                                 f"Input should be greater than or equal to {INT64_MIN}", str(v),
+                                 {"ge": INT64_MIN})  # fmt: skip
+    return v
 
 
 def parse_sampling(body: dict, chat: bool) -> Sampling:
@@ -185,6 +222,7 @@ def parse_sampling(body: dict, chat: bool) -> Sampling:
         include_usage=include_usage,
         params_key=f"{body.get('seed')}|{temperature}|{body.get('top_p')}",
         continuous_usage=continuous,
+        priority=parse_priority(body),
     )
 
 

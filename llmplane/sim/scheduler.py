@@ -14,6 +14,14 @@ One step, as in vLLM's V1 scheduler:
    computed). A sequence whose LoRA adapter is not active while ``max_loras`` adapters are
    is skipped and keeps its place.
 
+With ``scheduling_policy="priority"`` (vLLM's ``--scheduling-policy priority``) the waiting
+queue is ordered by (request ``priority``, arrival, arrival order): lower first, and a
+preempted or skipped sequence goes back into that order, not to the head. A waiting
+sequence never preempts a running one; when the KV cache has no room for a running
+sequence, the victim is the running sequence latest in that order (vLLM: the max of
+``(priority, arrival_time)``), not the most recently admitted. Under fcfs ``priority`` has no
+effect (vLLM 0.32 accepts it and ignores it).
+
 ``complete()`` then applies the step: computed tokens advance, full blocks are registered
 in the prefix cache and every sequence whose tokens are all computed samples one token.
 """
@@ -52,12 +60,14 @@ class Sequence:
         "num_output",
         "out_words",
         "preemptions",
+        "priority",
         "prompt_len",
         "ready_at",
         "registered",
         "remote_prefill",
         "scheduled_at",
         "seed",
+        "serial",
         "status",
         "stop_reason",
         "target_len",
@@ -80,6 +90,7 @@ class Sequence:
         group: object = None,
         index: int = 0,
         arrival: float = 0.0,
+        priority: int = 0,
     ) -> None:
         self.token_ids = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
@@ -94,6 +105,8 @@ class Sequence:
         self.group = group
         self.index = index
         self.arrival = arrival
+        self.priority = priority
+        self.serial = 0  # order of arrival at the scheduler (the last tie-break)
         self.hashes: list[int] = []
         self.blocks: list[int] = []
         self.final_blocks: list[int] = []
@@ -120,6 +133,10 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status >= FINISHED
+
+    def order(self) -> tuple[int, float, int]:
+        """Its place under the priority policy: lower first (vLLM's ``Request.__lt__``)."""
+        return (self.priority, self.arrival, self.serial)
 
     def ensure_hashes(self, num_blocks: int, block_size: int) -> list[int]:
         hashes, toks = self.hashes, self.token_ids
@@ -165,6 +182,8 @@ class Scheduler:
         self.token_budget = cfg.max_num_batched_tokens
         self.max_loras = cfg.max_loras
         self.report_timing = cfg.report_timing
+        self.by_priority = cfg.scheduling_policy == "priority"
+        self.serial = 0
         self.word_ids = WordIds(cfg.vocab_size).ids
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -191,7 +210,12 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = WAITING
-        self.waiting.append(seq)
+        self.serial += 1
+        seq.serial = self.serial
+        if self.by_priority:
+            self._insert(seq)
+        else:
+            self.waiting.append(seq)
         if seq.lora:
             self.lora_waiting[seq.lora] += 1
 
@@ -219,6 +243,24 @@ class Scheduler:
             if counter[lora] <= 0:
                 del counter[lora]
 
+    def _insert(self, seq: Sequence) -> None:
+        """Put ``seq`` into the waiting queue at its place by ``order()`` (priority policy; the
+        queue stays sorted, so the scan from the tail is short for a fresh arrival)."""
+        waiting = self.waiting
+        key = seq.order()
+        i = len(waiting)
+        while i and waiting[i - 1].order() > key:
+            i -= 1
+        waiting.insert(i, seq)
+
+    def _back(self, seq: Sequence) -> None:
+        """A sequence returns to the waiting queue (preempted, KV transferred): the head under
+        fcfs, its place by priority otherwise."""
+        if self.by_priority:
+            self._insert(seq)
+        else:
+            self.waiting.appendleft(seq)
+
     def _free(self, seq: Sequence) -> None:
         if seq.blocks:
             self.pool.release(seq.blocks)
@@ -243,12 +285,15 @@ class Scheduler:
         self._lora_dec(self.lora_running, seq.lora)
         if seq.lora:
             self.lora_waiting[seq.lora] += 1
-        self.waiting.appendleft(seq)
+        self._back(seq)
         self.stats.preemptions += 1
         seq.preemptions += 1
 
-    def _admit_blocks(self, seq: Sequence, upto_tokens: int) -> bool:
-        """Give a new sequence its cached prefix and blocks for ``upto_tokens`` tokens."""
+    def _admit_blocks(self, seq: Sequence, upto_tokens: int, budget: int = 0) -> bool:
+        """Give a new sequence its cached prefix and blocks for ``upto_tokens`` tokens, or for
+        its prefix plus ``budget`` more (what this step computes); all or nothing, as vLLM's
+        ``allocate_slots``: a sequence that stays waiting holds no blocks (else two sequences
+        could each hold part of what the other needs, and neither ever runs)."""
         bs = self.block_size
         pool = self.pool
         max_hit = (seq.num_tokens - 1) // bs
@@ -257,7 +302,8 @@ class Scheduler:
         ref = pool.ref
         hit_free = sum(1 for b in hit if ref[b] == 0)
         cached_tokens = len(hit) * bs
-        need = (max(upto_tokens, cached_tokens) + bs - 1) // bs - len(hit)
+        upto = max(upto_tokens, cached_tokens, min(seq.num_tokens, cached_tokens + budget))
+        need = (upto + bs - 1) // bs - len(hit)
         if need + hit_free > pool.num_free:
             return False
         pool.touch(hit)
@@ -297,7 +343,7 @@ class Scheduler:
                 self.transferring = [s for s in self.transferring if s.ready_at > now]
                 for s in reversed(ready):
                     s.status = WAITING
-                    self.waiting.appendleft(s)
+                    self._back(s)
 
         if self.report_timing:
             for seq in self.waiting:
@@ -315,7 +361,18 @@ class Scheduler:
                 continue
             ok = True
             while not self._grow(seq, num_new):
-                victim = running.pop()
+                if self.by_priority:  # the latest in priority order, wherever it runs
+                    v = max(range(len(running)), key=lambda k: running[k].order())
+                    victim = running.pop(v)
+                    if v < i:  # already scheduled in this step: give its tokens back
+                        i -= 1
+                        for k, (s, n) in enumerate(scheduled):
+                            if s is victim:
+                                budget += n
+                                del scheduled[k]
+                                break
+                else:
+                    victim = running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -357,7 +414,7 @@ class Scheduler:
                     else:
                         self.transferring.append(seq)
                     continue
-                if not seq.blocks and not self._admit_blocks(seq, 0):
+                if not seq.blocks and not self._admit_blocks(seq, 0, budget):
                     break
                 num_new = min(seq.num_tokens - seq.num_computed, budget)
                 if not self._grow(seq, num_new):

@@ -146,3 +146,110 @@ def test_an_edited_source_imports_as_pure_python_until_rebuilt(project: Path) ->
         assert seen["file"].endswith(_builds(project)[0]) and seen["edited"] is True
     finally:
         source.write_text(MOD)
+
+
+TYPED = '''\
+"""A module whose .pxd makes its class an extension type."""
+
+
+class Box:
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+'''
+TYPED_PXD = "cdef class Box:\n    cdef public object n\n"
+USER = '''\
+"""A module whose .pxd cimports Box: its build needs typed's build."""
+
+from .typed import Box
+
+
+def unbox(box: Box) -> int:
+    return box.n
+'''
+USER_PXD = "import cython\nfrom pkg.typed cimport Box\n\n@cython.locals(box=Box)\ncpdef unbox(box)\n"
+
+TYPED_PROBE = """\
+import json
+import pkg.user as user, pkg.typed as typed
+from llmplane import native
+print(json.dumps({
+    "typed": typed.__file__, "user": user.__file__, "n": user.unbox(typed.Box(7)),
+    "status": native.status("pkg"),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def typed_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``pkg.typed`` and ``pkg.user`` (which cimports typed's class), each with a .pxd, built."""
+    root = tmp_path_factory.mktemp("typed")
+    pkg = root / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from pathlib import Path\nfrom llmplane import native\n"
+        "native.install(__name__, Path(__file__).parent)\n"
+    )
+    for name, text in {
+        "typed.py": TYPED,
+        "typed.pxd": TYPED_PXD,
+        "user.py": USER,
+        "user.pxd": USER_PXD,
+    }.items():
+        (pkg / name).write_text(text)
+    (root / "setup.py").write_text(
+        textwrap.dedent("""\
+            from setuptools import setup
+            from llmplane.native_build import BuildHotPath, extensions
+            setup(name="pkg", packages=["pkg"],
+                  ext_modules=extensions(["pkg.typed", "pkg.user"]),
+                  cmdclass={"build_ext": BuildHotPath})
+            """)
+    )
+    _build(root)
+    return root
+
+
+def _typed_probe(project: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", TYPED_PROBE],
+        cwd=project,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_pxd_is_part_of_what_a_build_was_made_from(typed_project: Path) -> None:
+    seen = _typed_probe(typed_project)
+    assert "/_native/" in seen["typed"] and "/_native/" in seen["user"], seen
+    assert seen["n"] == 7
+    assert seen["status"] == "compiled (2 of 2 modules built from their current source)"
+    pxd = typed_project / "pkg" / "typed.pxd"
+    # A changed declaration with the .py unchanged: the build of the old one is not loaded,
+    # nor the build of the module that cimports it (it would not import beside pure Python).
+    pxd.write_text(TYPED_PXD + "    cdef public object m\n")
+    try:
+        seen = _typed_probe(typed_project)
+        assert seen["typed"].endswith("typed.py") and seen["user"].endswith("user.py"), seen
+        assert seen["n"] == 7
+        assert "pure Python for typed, user" in seen["status"]
+    finally:
+        pxd.write_text(TYPED_PXD)
+
+
+def test_a_module_whose_cimport_is_stale_imports_as_pure_python(typed_project: Path) -> None:
+    source = typed_project / "pkg" / "typed.py"
+    source.write_text(TYPED + "\nEDITED = True\n")
+    try:
+        seen = _typed_probe(typed_project)
+        assert seen["typed"].endswith("typed.py") and seen["user"].endswith("user.py"), seen
+        assert seen["n"] == 7
+    finally:
+        source.write_text(TYPED)
+    seen = _typed_probe(typed_project)
+    assert "/_native/" in seen["typed"] and "/_native/" in seen["user"], seen

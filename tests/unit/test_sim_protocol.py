@@ -152,3 +152,25 @@ def test_continuous_usage_stats_put_each_choice_usage_on_every_chunk():
     # Without include_usage vLLM sends no usage at all.
     off = ChunkWriter(False, "c", 1, "m", "fp", include_usage=False, continuous=True)
     assert "usage" not in _event(off.token(0, "x", 2, 1))
+
+
+def test_priority_is_checked_as_vllm_checks_it():
+    import pytest
+
+    from llmplane.sim.protocol import ApiError
+
+    def priority(value):
+        return parse_sampling({"max_tokens": 1, "priority": value}, chat=False).priority
+
+    assert parse_sampling({"max_tokens": 1}, chat=False).priority == 0
+    # pydantic's lax integers, as vLLM 0.32 answered them (checked against the real server)
+    assert [priority(v) for v in (-3, 5, True, 2.0, "5", (1 << 63) - 1)] == [
+        -3, 5, 1, 2, 5, (1 << 63) - 1
+    ]  # fmt: skip
+    for bad, kind in ((1.5, "int_from_float"), (None, "int_type"), ("x", "int_parsing"),
+                      (1 << 63, "less_than_equal"), (-(1 << 63) - 1, "greater_than_equal"),
+                      ([1], "int_type")):  # fmt: skip
+        with pytest.raises(ApiError) as err:
+            priority(bad)
+        assert err.value.code == 400 and kind in str(err.value), bad
+        assert err.value.param == "body.priority"

@@ -155,3 +155,57 @@ def test_abort_frees_blocks():
     assert s.pool.num_used > 0
     s.abort(q)
     assert s.pool.num_used == 0 and not s.has_work()
+
+
+def admitted_order(policy: str, priorities: list[int]) -> list[int]:
+    """One sequence running alone (max_num_seqs 1), then sequences with ``priorities`` queued
+    in that order: the indexes in the order they are admitted."""
+    s = Scheduler(cfg(max_num_seqs=1, scheduling_policy=policy))
+    s.add(seq(range(900, 904), out=3))
+    s.complete(s.schedule(0.0), 1.0)
+    queued = [
+        seq(range(i * 10, i * 10 + 4), out=2, priority=p, arrival=1.0 + i)
+        for i, p in enumerate(priorities)
+    ]
+    for q in queued:
+        s.add(q)
+    run(s)
+    return sorted(range(len(queued)), key=lambda i: queued[i].scheduled_at or 0.0)
+
+
+def test_priority_policy_admits_lower_priority_values_first_then_by_arrival():
+    # vLLM: lower "priority" first; ties by arrival time (then arrival order).
+    assert admitted_order("priority", [2, 2, 0, 1, 0]) == [2, 4, 3, 0, 1]
+
+
+def test_fcfs_ignores_priority():
+    assert admitted_order("fcfs", [2, 2, 0, 1, 0]) == [0, 1, 2, 3, 4]
+
+
+def test_equal_arrival_times_keep_arrival_order_under_priority():
+    s = Scheduler(cfg(max_num_seqs=1, scheduling_policy="priority"))
+    seqs = [seq(range(i * 10, i * 10 + 4), out=1, priority=1) for i in range(4)]
+    for q in seqs:
+        s.add(q)
+    run(s)
+    assert [q.scheduled_at for q in seqs] == sorted(q.scheduled_at for q in seqs)
+    assert len({q.scheduled_at for q in seqs}) == 4
+
+
+def test_priority_policy_preempts_the_lowest_priority_running_sequence():
+    # Room for two 8-token sequences' prompts, not their growth: one must be preempted. Under
+    # fcfs the most recently admitted goes (the high-priority one here); under priority the
+    # one with the higher "priority" value, whatever its place in the running list.
+    def victim(policy: str) -> str:
+        s = Scheduler(cfg(num_blocks=5, block_size=4, max_num_seqs=4, scheduling_policy=policy))
+        low = seq(range(0, 8), out=6, priority=5, arrival=0.0)
+        high = seq(range(100, 108), out=6, priority=0, arrival=1.0)
+        s.add(low)
+        s.add(high)
+        run(s)
+        assert low.status == high.status == FINISHED
+        assert low.preemptions + high.preemptions >= 1
+        return "low" if low.preemptions and not high.preemptions else "high"
+
+    assert victim("priority") == "low"
+    assert victim("fcfs") == "high"
