@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+try:
+    import cython
+except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
+    from llmplane import cython_shim as cython
 from llmplane.aio import call_on
 from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
@@ -308,6 +312,7 @@ class Gateway:
 
     # --- request path -----------------------------------------------------------------------------
 
+    @cython.locals(ctx=RequestContext, request=HttpRequest)
     async def handle(self, request: HttpRequest) -> StreamResponse:
         ctx = RequestContext(request)
         reservations: list[Held] = []
@@ -330,6 +335,7 @@ class Gateway:
     # The stages below are shared with the endpoint picker (llmplane/epp), which runs them on
     # Envoy's ext_proc stream instead of an HTTP request.
 
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
     async def route(self, ctx: RequestContext, reservations: list[Held]) -> Decision:
         """Authenticate the caller (401 / 403, ``gateway/auth.py``), resolve ``ctx.inference``
         in the routing table (404 / 503; a route without a criticality takes the tenant's),
@@ -372,6 +378,7 @@ class Gateway:
             ctx.sent_model = decision.model
         return decision
 
+    @cython.locals(ctx=RequestContext)
     def refused(self, ctx: RequestContext, err: GatewayError) -> None:
         """Note a request answered with ``err`` instead of being served."""
         ctx.status = err.status
@@ -380,6 +387,7 @@ class Gateway:
         if err.code == "overloaded" and ctx.inference is not None:
             self.metrics.shed.labels(ctx.inference.model).inc()
 
+    @cython.locals(ctx=RequestContext)
     async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
         if ctx.seat is not None:
@@ -433,6 +441,7 @@ class Gateway:
             )
         return request.body
 
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
     async def _serve(self, ctx: RequestContext) -> StreamResponse:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
@@ -449,6 +458,7 @@ class Gateway:
         pick = self.schedule(ctx, candidates, sched, n)
         return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
 
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
     async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
         """The candidates admission lets the request use (503 none ready; every one saturated:
         wait in flow control, or 429 for Sheddable with it off), with a declared LoRA adapter
@@ -483,6 +493,7 @@ class Gateway:
             candidates = self.admission.with_prefill_room(candidates)
         return candidates
 
+    @cython.locals(ctx=RequestContext)
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
@@ -496,6 +507,7 @@ class Gateway:
             self._warm,
         )
 
+    @cython.locals(ctx=RequestContext)
     def schedule(
         self,
         ctx: RequestContext,
@@ -516,6 +528,7 @@ class Gateway:
         ctx.scores = pick.scores
         return pick
 
+    @cython.locals(ctx=RequestContext)
     def _observe(self, ctx: RequestContext, usage: Usage | None) -> None:
         elapsed = time.perf_counter() - ctx.t0
         m = self.metrics

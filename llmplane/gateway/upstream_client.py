@@ -37,6 +37,10 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+try:
+    import cython
+except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
+    from llmplane import cython_shim as cython
 from llmplane.gateway.deadlines import Deadlines
 
 _CRLF = b"\r\n"
@@ -597,6 +601,7 @@ class UpstreamPool:
             deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
         return deadlines
 
+    @cython.locals(conn=_Connection)
     async def request(
         self, address: str, data: bytes, timeout: float | None = None
     ) -> tuple[int, RawHeaders, bytes]:
