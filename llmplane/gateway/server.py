@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -330,7 +330,8 @@ class Gateway:
             ctx.status = 499
             raise
         finally:
-            await self.finish(ctx, reservations)
+            if not self.finish_now(ctx, reservations):
+                await self.finish(ctx, reservations)
 
     # The stages below are shared with the endpoint picker (llmplane/epp), which runs them on
     # Envoy's ext_proc stream instead of an HTTP request.
@@ -390,11 +391,7 @@ class Gateway:
     @cython.locals(ctx=RequestContext)
     async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
-        if ctx.seat is not None:
-            self.flow.release(ctx.seat)
-            ctx.seat = None
-        if self.flow.queues:  # a slot may have freed
-            self.flow.pump()
+        self._release(ctx)
         usage = Usage.of(ctx.usage)
         for hook, settle_now, reservation in reservations:
             try:
@@ -411,6 +408,33 @@ class Gateway:
             except Exception:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)
+
+    @cython.locals(ctx=RequestContext)
+    def finish_now(self, ctx: RequestContext, reservations: list[Held]) -> bool:
+        """``finish`` without a coroutine when every hook settles by a plain function
+        (``settle_now``, as the built-in ones do); False, with nothing done, when one is to be
+        awaited."""
+        for held in reservations:
+            if held[1] is None:
+                return False
+        self._release(ctx)
+        usage = Usage.of(ctx.usage)
+        for _, settle_now, reservation in reservations:
+            try:
+                settle_now(ctx.inference, ctx.decision, reservation, usage, ctx.status)
+            except Exception:
+                log.exception("request hook settle failed")
+        self._observe(ctx, usage)
+        return True
+
+    @cython.locals(ctx=RequestContext)
+    def _release(self, ctx: RequestContext) -> None:
+        """The request's flow-control seat back, and waiters let go if a slot freed."""
+        if ctx.seat is not None:
+            self.flow.release(ctx.seat)
+            ctx.seat = None
+        if self.flow.queues:  # a slot may have freed
+            self.flow.pump()
 
     async def _activate(
         self, err: GatewayError, inference: InferenceRequest, headers: Any
@@ -441,28 +465,54 @@ class Gateway:
             )
         return request.body
 
+    @cython.locals(ctx=RequestContext)
+    def _serve(self, ctx: RequestContext) -> Awaitable[StreamResponse]:
+        """Admission, the scheduler's pick and the proxy (await the result). Not a coroutine
+        itself: a request that neither waits in flow control nor loads an adapter first (the
+        usual case) gets the proxy's own, two coroutines less per request."""
+        assert ctx.decision is not None
+        now = time.monotonic()
+        candidates, waits = self._admission(ctx, now)
+        if waits or ctx.decision.load is not None:
+            return self._serve_admitted(ctx, candidates, waits, now)
+        return self._send(ctx, self._prefill_room(ctx, self._seated(ctx, candidates)), now)
+
+    async def _serve_admitted(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool, now: float
+    ) -> StreamResponse:
+        """``_serve`` for a request that waits in flow control or for an adapter first."""
+        candidates = await self._admit_rest(ctx, candidates, waits)
+        if ctx.waited is not None:
+            now = time.monotonic()
+        return await self._send(ctx, candidates, now)
+
     @cython.locals(ctx=RequestContext, inference=InferenceRequest)
-    async def _serve(self, ctx: RequestContext) -> StreamResponse:
+    def _send(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now: float
+    ) -> Awaitable[StreamResponse]:
+        """The pick over the admitted ``candidates`` and its proxying (await the result)."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         backend = decision.backend
-        now = time.monotonic()
-        candidates = await self.admit(ctx, now)
-        if ctx.waited is not None:
-            now = time.monotonic()
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
-            return await self.pd.serve(ctx, candidates, sched)
+            return self.pd.serve(ctx, candidates, sched)
         n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
         pick = self.schedule(ctx, candidates, sched, n)
-        return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
+        return self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
     async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
         """The candidates admission lets the request use (503 none ready; every one saturated:
         wait in flow control, or 429 for Sheddable with it off), with a declared LoRA adapter
         loaded first where no replica holds it yet."""
+        candidates, waits = self._admission(ctx, now)
+        return await self._admit_rest(ctx, candidates, waits)
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
+    def _admission(self, ctx: RequestContext, now: float) -> tuple[Sequence[EndpointState], bool]:
+        """Admission's candidates (or its 503 / 429) and whether the request is to wait in
+        flow control for them."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         flow = self.flow
@@ -474,21 +524,52 @@ class Gateway:
         waits = flow.enabled and flow.needed(key, candidates, now)
         if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
             waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+        return candidates, waits
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
+    async def _admit_rest(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool
+    ) -> Sequence[EndpointState]:
+        """``admit`` after ``_admission``: the wait in flow control, the seat, the adapter."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
         if waits:
-            ctx.waited = await flow.wait(
-                key, candidates, criticality, ctx.tenant, ctx.weight, len(inference.body)
+            criticality = decision.criticality or "Default"
+            ctx.waited = await self.flow.wait(
+                decision.backend.ref,
+                candidates,
+                criticality,
+                ctx.tenant,
+                ctx.weight,
+                len(inference.body),
             )
             # Ejections may have changed while it waited.
             candidates = self.admission.admit(
                 inference.model, decision, time.monotonic(), criticality, shed=False
             )
-        if flow.reserve:
-            ctx.seat = flow.seat(key, ctx.tenant, ctx.weight)
-            candidates = flow.room(candidates, time.monotonic())
+        candidates = self._seated(ctx, candidates)
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
-        if self.config.saturation_max_prefilling and decision.backend.pd is None:
+        return self._prefill_room(ctx, candidates)
+
+    @cython.locals(ctx=RequestContext)
+    def _seated(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState]
+    ) -> Sequence[EndpointState]:
+        """With a flow-control reserve: the request's seat in its flow, and the candidates
+        with room."""
+        flow = self.flow
+        if flow.reserve:
+            ctx.seat = flow.seat(ctx.decision.backend.ref, ctx.tenant, ctx.weight)
+            candidates = flow.room(candidates, time.monotonic())
+        return candidates
+
+    @cython.locals(ctx=RequestContext)
+    def _prefill_room(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState]
+    ) -> Sequence[EndpointState]:
+        if self.config.saturation_max_prefilling and ctx.decision.backend.pd is None:
             # (Prefill/decode pairs: pd.py picks each role among its own endpoints.)
             candidates = self.admission.with_prefill_room(candidates)
         return candidates
