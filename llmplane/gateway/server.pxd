@@ -4,3 +4,4 @@
 from llmplane.gateway.context cimport RequestContext
 from llmplane.gateway.http_server cimport HttpRequest
 from llmplane.gateway.request cimport InferenceRequest
+from llmplane.gateway.routing cimport Decision

@@ -32,7 +32,7 @@ from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
-from llmplane.gateway.auth import SECRET_KIND, Authenticator
+from llmplane.gateway.auth import SECRET_KIND, Authenticator, Tenant
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
@@ -319,7 +319,9 @@ class Gateway:
         try:
             body = self._body(request) if request.too_large else request.body
             ctx.inference = InferenceRequest(request.path, request.headers, body)
-            await self.route(ctx, reservations)
+            pending = self.route_now(ctx, reservations)
+            if pending is not None:
+                await pending
             response = await self._serve(ctx)
             ctx.status = response.status
             return response
@@ -336,12 +338,21 @@ class Gateway:
     # The stages below are shared with the endpoint picker (llmplane/epp), which runs them on
     # Envoy's ext_proc stream instead of an HTTP request.
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
     async def route(self, ctx: RequestContext, reservations: list[Held]) -> Decision:
         """Authenticate the caller (401 / 403, ``gateway/auth.py``), resolve ``ctx.inference``
         in the routing table (404 / 503; a route without a criticality takes the tenant's),
         let the request hooks reserve (429 from a route's or the tenant's rate limit; each
         reservation is appended for ``finish``), and rewrite the model the route sends."""
+        pending = self.route_now(ctx, reservations)
+        if pending is not None:
+            await pending
+        return ctx.decision  # type: ignore[return-value]
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
+    def route_now(self, ctx: RequestContext, reservations: list[Held]) -> Awaitable[None] | None:
+        """``route`` without a coroutine while nothing in it waits (a route with ready
+        replicas, hooks that reserve by plain functions: the usual case); else the awaitable
+        that does the rest (await it)."""
         inference = ctx.inference
         assert inference is not None
         tenant = self.auth.authenticate(ctx.request.headers)
@@ -352,11 +363,43 @@ class Gateway:
         try:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
         except GatewayError as err:
-            decision = await self._activate(err, inference, ctx.request.headers)
+            return self._route_held(ctx, reservations, tenant, err)
         if not decision.backend.candidates and inference.model in self.table.activatable:
+            return self._route_held(ctx, reservations, tenant, None)
+        self._decided(ctx, decision, tenant)
+        return self._reserve(ctx, reservations, self._hook_calls, 0)
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
+    async def _route_held(
+        self,
+        ctx: RequestContext,
+        reservations: list[Held],
+        tenant: Tenant | None,
+        err: GatewayError | None,
+    ) -> None:
+        """``route_now`` for a model without a ready replica (``err``: the table's answer):
+        held at the activator until one is ready, then the rest of the stage."""
+        inference = ctx.inference
+        assert inference is not None
+        headers = ctx.request.headers
+        decision = (
+            await self._activate(err, inference, headers)
+            if err is not None
+            else await self._hold(inference, headers)
+        )
+        if err is not None and (
+            not decision.backend.candidates and inference.model in self.table.activatable
+        ):
             # A ModelRoute / InferenceModel whose targets select no replica yet: its Playground
             # is scaled to zero, starting or restarting (routing.py's activatable routes).
-            decision = await self._hold(inference, ctx.request.headers)
+            decision = await self._hold(inference, headers)
+        self._decided(ctx, decision, tenant)
+        pending = self._reserve(ctx, reservations, self._hook_calls, 0)
+        if pending is not None:
+            await pending
+
+    @cython.locals(ctx=RequestContext, decision=Decision)
+    def _decided(self, ctx: RequestContext, decision: Decision, tenant: Tenant | None) -> None:
         ctx.decision = decision
         if tenant is not None:
             decision.tenant = tenant.name
@@ -364,20 +407,44 @@ class Gateway:
                 decision.criticality = tenant.criticality
         elif decision.criticality is None:
             decision.criticality = "Default"
-        for hook, reserve_now, settle_now in self._hook_calls:
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
+    def _reserve(
+        self, ctx: RequestContext, reservations: list[Held], calls: list[Any], start: int
+    ) -> Awaitable[None] | None:
+        """The request hooks' reservations from ``calls[start]`` on (``_hook_calls``, kept
+        across waits), then the model the route sends; at the first hook to be awaited, the
+        awaitable that does the rest."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
+        for i in range(start, len(calls)):
+            hook, reserve_now, settle_now = calls[i]
             if reserve_now is None:
-                reservation = await hook.reserve(inference, decision)
-            else:
-                reservation = reserve_now(inference, decision)
-                if reservation is LATER:
-                    reservation = await hook.reserve(inference, decision)
+                return self._reserve_later(ctx, reservations, calls, i)
+            reservation = reserve_now(inference, decision)
+            if reservation is LATER:
+                return self._reserve_later(ctx, reservations, calls, i)
             reservations.append((hook, settle_now, reservation))
             if isinstance(reservation, Reservation):
                 ctx.adopt(reservation)
         if decision.model != inference.model:
             inference.rewrite_model(decision.model)
             ctx.sent_model = decision.model
-        return decision
+        return None
+
+    @cython.locals(ctx=RequestContext)
+    async def _reserve_later(
+        self, ctx: RequestContext, reservations: list[Held], calls: list[Any], i: int
+    ) -> None:
+        """Hook ``calls[i]``'s reservation awaited, then the others (``_reserve``)."""
+        hook, _, settle_now = calls[i]
+        reservation = await hook.reserve(ctx.inference, ctx.decision)
+        reservations.append((hook, settle_now, reservation))
+        if isinstance(reservation, Reservation):
+            ctx.adopt(reservation)
+        pending = self._reserve(ctx, reservations, calls, i + 1)
+        if pending is not None:
+            await pending
 
     @cython.locals(ctx=RequestContext)
     def refused(self, ctx: RequestContext, err: GatewayError) -> None:
@@ -486,7 +553,7 @@ class Gateway:
             now = time.monotonic()
         return await self._send(ctx, candidates, now)
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     def _send(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now: float
     ) -> Awaitable[StreamResponse]:
@@ -509,7 +576,7 @@ class Gateway:
         candidates, waits = self._admission(ctx, now)
         return await self._admit_rest(ctx, candidates, waits)
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     def _admission(self, ctx: RequestContext, now: float) -> tuple[Sequence[EndpointState], bool]:
         """Admission's candidates (or its 503 / 429) and whether the request is to wait in
         flow control for them."""
@@ -526,7 +593,7 @@ class Gateway:
             waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
         return candidates, waits
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     async def _admit_rest(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool
     ) -> Sequence[EndpointState]:
