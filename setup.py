@@ -34,6 +34,14 @@ HOT_PATH = [
     "llmplane.gateway.scheduler.plugins",
     "llmplane.gateway.scheduler.prefix",
     "llmplane.gateway.flowcontrol.controller",
+    # A Tenant's request: its key, its limits, its usage (docs/benchmarks.md, issue 15).
+    "llmplane.gateway.auth",
+    "llmplane.gateway.tenant_usage",
+    "llmplane.gateway.tokens",
+    "llmplane.gateway.ratelimit.buckets",
+    "llmplane.gateway.ratelimit.limits",
+    "llmplane.gateway.ratelimit.local",
+    "llmplane.gateway.ratelimit.limiter",
 ]
 
 setup(ext_modules=extensions(HOT_PATH), cmdclass={"build_ext": BuildHotPath})

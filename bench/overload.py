@@ -27,7 +27,12 @@ gateway per N, flow control on with ``saturationMaxPrefilling: N``):
    ``--duration`` seconds, the same arrivals in every phase, every request followed to its end
    (client timeout 300 s).
 ``--reserve N`` adds a phase with ``flowControlReserve: N`` (and the first --max-prefilling);
-``--variant maxPrefilling=1,reserve=1,maxInflight=7`` a phase with those settings.
+``--variant maxPrefilling=1,reserve=1,maxInflight=7`` a phase with those settings;
+``enginePriority=1`` in a variant runs the sims with ``--scheduling-policy priority`` and has
+that phase's gateway see them as priority engines (Endpoints with ``schedulingPolicy:
+priority``: it sends each request's band and share as ``priority``); the other phases' gateways
+see them as fcfs engines and send no priority, so those engines serve in arrival order as
+before (a priority engine ranks requests of equal priority by arrival).
 Reported per class: success rate (200 and the whole stream), 429s, other failures, TTFT p50 /
 p95 / p99 of the successful ones; and for the small tenant and Critical, where their TTFT
 went (the sims run with ``--report-timing``: before the engine, the engine step in progress
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import os
 import random
 import shutil
@@ -346,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         metavar="SETTING=N[,...]",
         help="also run flow control on with these gateway settings (maxPrefilling, reserve, "
-        "maxInflight), a phase per --variant, e.g. maxPrefilling=1,reserve=1",
+        "maxInflight, enginePriority), a phase per --variant, e.g. maxPrefilling=1,reserve=1",
     )
     p.add_argument(
         "--skip",
@@ -367,13 +373,14 @@ def main(argv: list[str] | None = None) -> None:
     variants = {}
     for i, spec in enumerate(args.variant):
         settings = dict(item.split("=") for item in spec.split(","))
-        unknown = set(settings) - {"maxPrefilling", "reserve", "maxInflight"}
+        unknown = set(settings) - {"maxPrefilling", "reserve", "maxInflight", "enginePriority"}
         if unknown:
             p.error(f"--variant {spec}: unknown setting(s) {sorted(unknown)}")
         variants[f"variant{i}"] = {k: int(v) for k, v in settings.items()}
         modes[f"variant{i}"] = "on + " + " + ".join(f"{k} {v}" for k, v in settings.items())
     for name in args.skip:
         modes.pop(name, None)
+    engine_priority = any(v.get("enginePriority") for v in variants.values())
 
     from llmplane.gateway import apikeys
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
@@ -389,18 +396,33 @@ def main(argv: list[str] | None = None) -> None:
             "--time-scale",
             str(args.time_scale),
             "--report-timing",
+            *(("--scheduling-policy", "priority") if engine_priority else ()),
         )
         sims = [testing.sim_process(MODEL, *sim_args).launch() for _ in range(args.replicas)]
         procs += sims
-        objects = [
-            endpoint_object(f"sim{i}", s.ready(), MODEL, engine="vllm") for i, s in enumerate(sims)
-        ]
+        addresses = [s.ready() for s in sims]
         keys = {}
+        tenants = []
         for name, (criticality, _) in CLASSES.items():
             made = apikeys.new_key()
             keys[name] = made.key
-            objects.append(tenant_object(name, criticality, made))
-        store_objects(state, *objects)
+            tenants.append(tenant_object(name, criticality, made))
+        store_objects(
+            state,
+            *(endpoint_object(f"sim{i}", a, MODEL) for i, a in enumerate(addresses)),
+            *tenants,
+        )
+        # The same engines, as priority engines, for the enginePriority phases' gateways.
+        prio_state = str(work / "state-priority")
+        if engine_priority:
+            store_objects(
+                prio_state,
+                *(
+                    endpoint_object(f"sim{i}", a, MODEL, scheduling_policy="priority")
+                    for i, a in enumerate(addresses)
+                ),
+                *copy.deepcopy(tenants),
+            )
         gws = {"off": gateway(state, work, "off", False, args.ttl, inflight_cap)}
         if "on" in modes:
             gws["on"] = gateway(state, work, "on", True, args.ttl, inflight_cap)
@@ -410,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         for name, v in variants.items():
             gws[name] = gateway(
-                state,
+                prio_state if v.get("enginePriority") else state,
                 work,
                 name,
                 True,

@@ -44,6 +44,9 @@ class EndpointSpec(ApiModel):
     fixed_port: bool = True
     # Its --max-num-seqs, if known: the gateway's queue estimate starts from it (else learned).
     max_num_seqs: int | None = Field(default=None, ge=1, le=1 << 20)
+    # Its --scheduling-policy (vLLM's): with "priority" the gateway sends each request's
+    # priority (its band, then its tenant's fair share); never to an fcfs engine.
+    scheduling_policy: Literal["fcfs", "priority"] | None = None
 
     def check(self, path: str) -> Iterator[Violation]:
         address = self.address.removeprefix("http://").rstrip("/")

@@ -27,6 +27,7 @@ except ImportError:  # no Cython: pure Python, its decorators do nothing (llmpla
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.flowcontrol.priority import prioritized_body
 from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
@@ -338,6 +339,8 @@ class Proxy:
         """One attempt on ``state`` (await it), counted in flight until it ends however it
         ends. Not a coroutine itself: the caller awaits the stream or unary one directly."""
         assert ctx.decision is not None and ctx.inference is not None
+        if state.endpoint.priority_scheduling:  # only then: the bytes relayed untouched
+            body = prioritized_body(ctx, body)
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
         ctx.endpoint = address

@@ -624,10 +624,10 @@ class Gateway:
     def _seated(
         self, ctx: RequestContext, candidates: Sequence[EndpointState]
     ) -> Sequence[EndpointState]:
-        """With a flow-control reserve: the request's seat in its flow, and the candidates
-        with room."""
+        """Where requests are counted for their flow's fair share (a reserve, engines that
+        order by priority): the request's seat in its flow, and the candidates with room."""
         flow = self.flow
-        if flow.reserve:
+        if flow.counts(candidates):
             ctx.seat = flow.seat(ctx.decision.backend.ref, ctx.tenant, ctx.weight)
             candidates = flow.room(candidates, time.monotonic())
         return candidates

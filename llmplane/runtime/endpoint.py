@@ -30,6 +30,9 @@ class Endpoint:
     runtime that runs the replica; other sources leave them empty. ``max_num_seqs`` is the
     engine's configured concurrency when the source knows it (0: unknown): the gateway's
     queue estimate starts from it instead of learning it (``gateway/registry.scraped_room``).
+    ``priority_scheduling``: the engine orders its waiting queue by each request's
+    ``priority`` (vLLM's ``--scheduling-policy priority``); only then does the gateway send
+    one (``gateway/flowcontrol/priority.py``).
     """
 
     address: str
@@ -42,6 +45,7 @@ class Endpoint:
     workload: str = ""
     replica: int = 0
     max_num_seqs: int = 0
+    priority_scheduling: bool = False
 
     @property
     def host(self) -> str:
@@ -94,21 +98,54 @@ def max_num_seqs(argv: list[str]) -> int:
     return found
 
 
-def pod_max_num_seqs(pod: Mapping[str, Any]) -> int:
-    """``max_num_seqs`` of the first container of a pod whose command line sets it (0: none
-    does); anything not a list of strings counts as not setting it."""
+def _flag_values(argv: list[str], flag: str) -> list[str]:
+    """Every value ``argv`` gives ``flag`` (``--flag value`` or ``--flag=value``), in order."""
+    values = []
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            values.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
+    return values
+
+
+def priority_scheduling(argv: list[str]) -> bool:
+    """Whether an engine command line sets vLLM's ``--scheduling-policy priority`` (the last
+    such flag wins, as in argparse)."""
+    values = _flag_values(argv, "--scheduling-policy")
+    return bool(values) and values[-1] == "priority"
+
+
+def _pod_argvs(pod: Mapping[str, Any]) -> list[list[str]]:
+    """Each container's command line (command + args); anything not a list of strings counts
+    as not there."""
     spec = pod.get("spec")
     containers = spec.get("containers") if isinstance(spec, Mapping) else None
-    for container in containers if isinstance(containers, list) else ():
-        if not isinstance(container, Mapping):
-            continue
-        argv = [
+    return [
+        [
             arg
             for key in ("command", "args")
             if isinstance(part := container.get(key), list)
             for arg in part
             if isinstance(arg, str)
         ]
+        for container in (containers if isinstance(containers, list) else ())
+        if isinstance(container, Mapping)
+    ]
+
+
+def pod_max_num_seqs(pod: Mapping[str, Any]) -> int:
+    """``max_num_seqs`` of the first container of a pod whose command line sets it (0: none
+    does)."""
+    for argv in _pod_argvs(pod):
         if found := max_num_seqs(argv):
             return found
     return 0
+
+
+def pod_priority_scheduling(pod: Mapping[str, Any]) -> bool:
+    """Whether the first container of a pod that sets ``--scheduling-policy`` sets
+    ``priority``."""
+    for argv in _pod_argvs(pod):
+        if _flag_values(argv, "--scheduling-policy"):
+            return priority_scheduling(argv)
+    return False

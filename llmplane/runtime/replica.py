@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from llmplane.controlplane.plan import PLAYGROUND_LABEL, REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
-from llmplane.runtime.endpoint import Endpoint, max_num_seqs
+from llmplane.runtime.endpoint import Endpoint, max_num_seqs, priority_scheduling
 from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
 from llmplane.runtime.placement import UNSCHEDULABLE, FlavorOption, Placement
 from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, spawn, start_ticks, stop_group
@@ -103,6 +103,7 @@ class Replica:
             workload=plan.key,
             replica=self.index,
             max_num_seqs=max_num_seqs([*plan.command, *plan.args]),
+            priority_scheduling=priority_scheduling([*plan.command, *plan.args]),
         )
 
     def status(self) -> ReplicaStatus:

@@ -52,3 +52,12 @@ def test_engine_enum_and_required_model() -> None:
 
 def test_labels_are_checked() -> None:
     assert_error(endpoint(labels={"bad key": "x"}), "spec.labels['bad key']", "label key")
+
+
+def test_scheduling_policy_reaches_the_gateway_view() -> None:
+    for policy, expected in (("priority", True), ("fcfs", False), (None, False)):
+        doc = endpoint() if policy is None else endpoint(schedulingPolicy=policy)
+        resource, _ = parse_document(doc)
+        ep = endpoint_from_object(dump_resource(resource))
+        assert ep is not None and ep.priority_scheduling is expected, policy
+    assert_error(endpoint(schedulingPolicy="lifo"), "spec.schedulingPolicy", "'fcfs'")

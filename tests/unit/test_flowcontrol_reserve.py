@@ -5,6 +5,7 @@ endpoint), on arrival and from the queue."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,11 +16,13 @@ from llmplane.gateway.flowcontrol.share import Shares
 
 
 class Endpoint:
-    """What the saturation rule looks at here: requests in flight against a limit."""
+    """What the saturation rule looks at here: requests in flight against a limit (and
+    whether its engine orders its queue by priority)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, priority_scheduling: bool = False) -> None:
         self.limit = limit
         self.inflight = 0
+        self.endpoint = SimpleNamespace(priority_scheduling=priority_scheduling)
 
 
 def saturated_by(state: Endpoint, now: float, extra: int) -> bool:
@@ -137,7 +140,7 @@ def test_without_a_reserve_nothing_is_counted_and_nobody_goes_past_the_rule() ->
     fc = flow_control(reserve=0)
     a = Endpoint(1)
     a.inflight = 1
-    assert fc.seat("pool", "big", 1) is None
+    assert not fc.counts((a,))  # nothing counted: no seat taken
     assert not fc.reserved("pool", (a,), "Critical", "small", 1, 0.0)
     assert fc.room((a,), 0.0) == (a,)
 
@@ -188,3 +191,18 @@ def test_flow_control_reserve_setting() -> None:
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="flowControlReserve"):
             config_from_dict({"gateway": {"flowControlReserve": bad}})
+
+
+def test_a_priority_engine_counts_shares_without_a_reserve_and_seats_note_the_share() -> None:
+    fc = flow_control(reserve=0)
+    fcfs, prio = Endpoint(1), Endpoint(1, priority_scheduling=True)
+    assert not fc.counts((fcfs,)) and fc.counts((fcfs, prio))
+    big = [fc.seat("pool", "big", 1) for _ in range(3)]
+    assert big[0].under and not big[1].under and not big[2].under  # alone it holds everything
+    small = fc.seat("pool", "small", 1)
+    assert small.under  # nothing in flight: under its share
+    off = FlowControl(all_saturated, enabled=False)  # type: ignore[arg-type]
+    assert not off.counts((prio,))
+    for seat in [*big, small]:
+        fc.release(seat)
+    assert fc.shares.backends == {}

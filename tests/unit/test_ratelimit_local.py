@@ -1,29 +1,44 @@
 """The single-limit fast path on local buckets (``ratelimit/local.py``) against the general
 one (``reserve_local`` + ``rate_headers``, ``settle_deltas`` + ``adjust``): the same
-admissions, levels and headers."""
+admissions, levels and headers. Each test runs with both ways a plan takes and settles: the
+loops of ``buckets.py`` (what a compiled gateway uses; run compiled and pure) and the
+functions written out per bucket layout (what pure Python uses)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import orjson
+import pytest
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.hooks import header_pairs
+from llmplane.gateway.ratelimit import local
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
     TokenBucket,
     rate_headers,
+    reserve_levels,
     reserve_local,
     settle_deltas,
+    take_levels,
 )
 from llmplane.gateway.ratelimit.limiter import RateLimiter
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
 from llmplane.gateway.ratelimit.local import LocalPlan
 from llmplane.gateway.request import InferenceRequest
+from llmplane.gateway.workers.buckets import SharedTokenBucket
 
 LIMITS = {REQUESTS: 5, INPUT: 300, OUTPUT: 120, BUDGET: 2000}
 PERIOD = {REQUESTS: 60.0, INPUT: 60.0, OUTPUT: 1.0, BUDGET: 86400.0}
+
+
+@pytest.fixture(autouse=True, params=["loops", "written-out"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Which way the plans of a test take and settle."""
+    monkeypatch.setattr(local, "LOOPS", request.param == "loops")
+    return bool(request.param == "loops")
 
 
 def twins(directions: list[str]) -> tuple[dict[str, TokenBucket], dict[str, TokenBucket]]:
@@ -38,7 +53,7 @@ def rendered(headers: dict[str, str]) -> bytes:
     return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
 
 
-def test_fast_path_admits_settles_and_reports_exactly_as_the_general_path():
+def test_fast_path_admits_settles_and_reports_exactly_as_the_general_path(loops: bool):
     rng = random.Random(7)
     seen = {"admitted": 0, "refused": 0, "sub_second": 0, "longer": 0, "settled": 0}
     for directions in (
@@ -50,6 +65,7 @@ def test_fast_path_admits_settles_and_reports_exactly_as_the_general_path():
         fast, general = twins(directions)
         plan = LocalPlan(fast)
         assert plan.directions == tuple(directions)
+        assert (plan._straight is take_levels) == loops
         now = 0.0
         for _ in range(400):
             now += rng.choice((0.0, 0.01, 0.3, 2.0))
@@ -136,7 +152,7 @@ def random_request(rng: random.Random, embeddings: bool) -> InferenceRequest:
     return InferenceRequest(path, {}, orjson.dumps(doc))
 
 
-def test_the_one_call_reserve_takes_what_the_general_path_takes():
+def test_the_one_call_reserve_takes_what_the_general_path_takes(loops: bool):
     """``LocalPlan.reserve`` (the amounts and the take made in one function per bucket
     layout) against ``RateLimiter._amounts`` + ``reserve_local`` + ``rate_headers``: the same
     amounts, refusals (too large for a limit, or not fitting now), levels and header bytes,
@@ -157,6 +173,7 @@ def test_the_one_call_reserve_takes_what_the_general_path_takes():
             fast, general = twins(kept)
             plan = LocalPlan(fast, embeddings)
             assert plan.reserve is not None
+            assert (plan.reserve is reserve_levels) == loops
             now = 0.0
             for _ in range(300):
                 now += rng.choice((0.0, 0.01, 0.5, 5.0))
@@ -236,3 +253,45 @@ def test_the_lines_of_any_levels_are_the_general_paths_headers():
                     value = line.split(": ")[1]
                     kinds[reset_kind(value)] += 1
     assert all(kinds.values()), kinds
+
+
+def test_the_loops_are_only_for_buckets_of_this_process():
+    """A bucket whose level lives elsewhere (shared by workers, or any subclass) keeps the
+    written-out path: compiled, the loops read ``TokenBucket``'s own C fields."""
+    local.LOOPS = True  # (restored by the fixture)
+    shared = SharedTokenBucket(1.0, 10, memoryview(bytearray(16)).cast("d"), 0, _Lock())
+    plan = LocalPlan({REQUESTS: shared})
+    assert plan.reserve is None and plan._straight is not take_levels
+    assert LocalPlan({REQUESTS: TokenBucket(1.0, 10, 0.0)})._straight is take_levels
+
+
+class _Lock(contextlib.AbstractContextManager):  # type: ignore[type-arg]
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_a_shared_bucket_keeps_the_arithmetic_of_a_local_one():
+    """``SharedTokenBucket`` (level and stamp in shared memory) refills, waits, adjusts and
+    reports as a ``TokenBucket`` does, compiled too (where ``TokenBucket``'s methods read its
+    C fields, which a shared bucket does not use)."""
+    rng = random.Random(3)
+    values = memoryview(bytearray(16)).cast("d")
+    shared = SharedTokenBucket(2.0, 100, values, 0, _Lock())
+    shared.level, shared.stamp = 100.0, 0.0
+    mine = TokenBucket(2.0, 100, 0.0)
+    now = 0.0
+    for _ in range(300):
+        now += rng.choice((0.0, 0.5, 3.0))
+        amount = rng.randint(0, 60)
+        for bucket in (shared, mine):
+            bucket.refill(now)
+        assert shared.wait(amount) == mine.wait(amount)
+        if shared.wait(amount) == 0.0:
+            shared.level -= amount
+            mine.level -= amount
+        delta = rng.randint(-40, 40)
+        shared.adjust(delta, now)
+        mine.adjust(delta, now)
+        assert (values[0], values[1]) == (mine.level, mine.stamp)
+        assert shared.state("requests") == mine.state("requests")
+    assert values[0] < 0 < values[1]  # an overuse debit was covered too

@@ -47,7 +47,7 @@ from llmplane.gateway.store_follower import StoreFollower
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import POD
 from llmplane.kube.pods import pod_address, pod_ready
-from llmplane.runtime.endpoint import Endpoint, pod_max_num_seqs
+from llmplane.runtime.endpoint import Endpoint, pod_max_num_seqs, pod_priority_scheduling
 from llmplane.store.base import Store
 from llmplane.store.kube import KubeStore
 
@@ -235,6 +235,7 @@ class PodDiscovery(Subscribers):
             fixed_port=False,
             workload=f"{namespace}/{service}" if service else "",
             max_num_seqs=pod_max_num_seqs(pod),
+            priority_scheduling=pod_priority_scheduling(pod),
         )
 
     def _recompute(self) -> None:

@@ -11,6 +11,7 @@ A vLLM (or any OpenAI-compatible server) started by hand is registered with::
       engine: vllm                   # vllm | sim | sglang | llamacpp | tgi | ... (metrics)
       labels: {app: llama}           # what ModelServer / InferencePool selectors match
       maxNumSeqs: 256                # optional: its --max-num-seqs (else the gateway learns it)
+      schedulingPolicy: priority     # optional: its --scheduling-policy (default fcfs)
 
 A port in ``address`` is the server's own: routes' ``workloadPort`` / ``targetPortNumber`` do
 not change it. Set ``fixedPort: false`` to have them replace it (as for a Kubernetes pod), or
@@ -56,6 +57,7 @@ def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
         engine=str(spec.get("engine") or "vllm").lower(),
         fixed_port=spec.get("fixedPort", True) is not False,
         max_num_seqs=_max_num_seqs(spec.get("maxNumSeqs"), meta.get("name")),
+        priority_scheduling=spec.get("schedulingPolicy") == "priority",
     )
 
 
@@ -78,11 +80,14 @@ def endpoint_object(
     namespace: str = "default",
     fixed_port: bool = True,
     max_num_seqs: int = 0,
+    scheduling_policy: str = "",
 ) -> dict[str, Any]:
     """The store object that registers an external endpoint."""
     spec: dict[str, Any] = {"address": address, "modelName": model_name, "engine": engine}
     if max_num_seqs:
         spec["maxNumSeqs"] = max_num_seqs
+    if scheduling_policy:
+        spec["schedulingPolicy"] = scheduling_policy
     if not fixed_port:
         spec["fixedPort"] = False
     if labels:

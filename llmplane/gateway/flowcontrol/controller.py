@@ -171,12 +171,20 @@ class FlowControl:
                 return room
         return candidates
 
-    def seat(self, key: str, tenant: str | None, weight: int) -> Seat | None:
-        """Count a request that passed admission for its flow until ``release`` (only with a
-        reserve: the fair shares need it)."""
-        if not self.reserve:
-            return None
-        return self.shares.take(key, flow_of(tenant), weight)
+    def counts(self, candidates: Sequence[EndpointState]) -> bool:
+        """Whether requests to these candidates are counted for their flow's fair share: with
+        a reserve, or when one of them orders its queue by priority (``priority.py`` ranks
+        a request by its share); never with flow control off."""
+        return bool(self.reserve) or (
+            self.enabled and any(state.endpoint.priority_scheduling for state in candidates)
+        )
+
+    def seat(self, key: str, tenant: str | None, weight: int) -> Seat:
+        """Count a request that passed admission for its flow until ``release``, noting
+        whether its flow was under its fair share before it."""
+        flow = flow_of(tenant)
+        under = self.shares.under(key, flow, weight, self.queues.get(key))
+        return self.shares.take(key, flow, weight, under)
 
     def release(self, seat: Seat) -> None:
         self.shares.release(seat)

@@ -38,14 +38,16 @@ class _Backend:
 
 
 class Seat:
-    """One request in flight, counted for its flow until ``Shares.release``."""
+    """One request in flight, counted for its flow until ``Shares.release``; ``under``: its
+    flow held less than its fair share when it was admitted (``priority.py`` ranks it so)."""
 
-    __slots__ = ("backend", "flow", "key")
+    __slots__ = ("backend", "flow", "key", "under")
 
-    def __init__(self, key: str, backend: _Backend, flow: str) -> None:
+    def __init__(self, key: str, backend: _Backend, flow: str, under: bool = True) -> None:
         self.key = key
         self.backend = backend
         self.flow = flow
+        self.under = under
 
 
 class Shares:
@@ -54,14 +56,14 @@ class Shares:
     def __init__(self) -> None:
         self.backends: dict[str, _Backend] = {}
 
-    def take(self, key: str, flow: str, weight: int) -> Seat:
+    def take(self, key: str, flow: str, weight: int, under: bool = True) -> Seat:
         backend = self.backends.get(key)
         if backend is None:
             backend = self.backends[key] = _Backend()
         backend.counts[flow] = backend.counts.get(flow, 0) + 1
         backend.weights[flow] = weight
         backend.total += 1
-        return Seat(key, backend, flow)
+        return Seat(key, backend, flow, under)
 
     def release(self, seat: Seat) -> None:
         backend = seat.backend

@@ -1,15 +1,32 @@
 """Token-bucket maths: the local bucket, the state both kinds of bucket report, the
-``x-ratelimit-*`` headers and what settling a reservation gives back or debits."""
+``x-ratelimit-*`` headers and what settling a reservation gives back or debits.
+
+Compiled (setup.py's hot path), ``buckets.pxd`` makes ``TokenBucket`` a C type whose level,
+stamp, rate and burst are C doubles, and ``take_levels`` / ``settle_levels`` loops over them in
+C: a plan's take and settlement (``local.py`` uses them when ``COMPILED``; in pure Python it
+uses its written-out functions instead, which are faster there). A subclass that keeps its
+level elsewhere (``workers/buckets.py``) must override every method that reads it."""
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS
+
+try:
+    import cython
+
+    COMPILED: bool = cython.compiled
+except ImportError:  # Cython is only needed to build the compiled hot path
+    COMPILED = False
+
+# A bucket's direction as ``settle_levels`` reads it (``KINDS[direction]``).
+KINDS = {REQUESTS: 0, "output": 1, INPUT: 2, BUDGET: 3}
 
 
 class TokenBucket:
@@ -182,3 +199,155 @@ def settle_deltas(
         if delta:
             deltas.append((direction, delta))
     return deltas
+
+
+def take_levels(
+    buckets: Sequence[TokenBucket], amounts: Sequence[int], now: float
+) -> list[float] | None:
+    """Refill every bucket of one process (a ``TokenBucket`` itself, not a subclass) and take
+    every amount if each fits: the levels after the take, or None (nothing taken, every bucket
+    refilled, as ``reserve_local`` leaves them). The same arithmetic as ``local.py``'s
+    written-out take, as one loop (over C doubles when compiled)."""
+    n = len(buckets)
+    short = False
+    for i in range(n):
+        b = buckets[i]
+        level = b.level
+        stamp = b.stamp
+        if now > stamp:
+            level += (now - stamp) * b.rate
+            b.stamp = now
+        if level >= b.burst:
+            level = b.burst
+        b.level = level
+        a = amounts[i]
+        if level < a:
+            short = True
+    if short:
+        return None
+    levels = []
+    for i in range(n):
+        b = buckets[i]
+        level = b.level - amounts[i]
+        b.level = level
+        levels.append(level)
+    return levels
+
+
+def reserve_levels(
+    plan: Any,
+    doc: dict[str, Any],
+    count: Callable[..., int],
+    model: str,
+    sent: str,
+    out: Callable[[dict[str, Any], int, int], int],
+    default: int,
+    now: float,
+    counted: list[int],
+) -> list[int] | None:
+    """``local.LocalPlan.reserve`` as one loop over the plan's buckets (``TokenBucket`` itself):
+    a request's amounts (per ``plan.amount_kinds``: one request, the output reservation
+    ``out(doc, default, limit)``, the input count ``count(doc, model, sent)`` made once and
+    left in ``counted``, or both), each checked against its limit, and the take
+    (``take_levels``' arithmetic); the plan's header lines rendered again only when the levels
+    after the take differ from the last ones. Returns the amounts taken, or None (nothing
+    taken: too large, or it does not fit now)."""
+    amounts = []
+    c = None
+    for kind, limit in plan.amount_kinds:
+        if kind == 0:
+            a = 1
+        elif kind == 1:
+            a = out(doc, default, limit)
+        else:  # the input count, made once
+            if c is None:
+                c = count(doc, model, sent)
+                counted.append(c)
+            a = c + out(doc, default, limit) if kind == 3 else c
+        if a > limit:
+            return None
+        amounts.append(a)
+    buckets = plan.bucket_list
+    n = len(buckets)
+    short = False
+    for i in range(n):
+        b = buckets[i]
+        level = b.level
+        stamp = b.stamp
+        if now > stamp:
+            level += (now - stamp) * b.rate
+            b.stamp = now
+        if level >= b.burst:
+            level = b.burst
+        b.level = level
+        taken = amounts[i]
+        if level < taken:
+            short = True
+    if short:
+        return None
+    last = plan._levels
+    same = last is not None
+    levels = []
+    for i in range(n):
+        b = buckets[i]
+        level = b.level - amounts[i]
+        b.level = level
+        levels.append(level)
+        if same and level != last[i]:
+            same = False
+    if not same:
+        plan._render(levels)
+    return amounts
+
+
+def settle_levels(
+    buckets: Sequence[TokenBucket],
+    kinds: Sequence[int],
+    give: Callable[[Sequence[int], float], None],
+    amounts: Sequence[int],
+    prompt: int | None,
+    completion: int | None,
+    status: int,
+    clock: Callable[[], float],
+) -> None:
+    """``settle_deltas`` and ``TokenBucket.adjust`` of a plan's buckets (``kinds``: their
+    ``KINDS``) in one loop, the clock read once and only when a bucket moves; without usage a
+    failed request's amounts all go back (``give``). What ``local.py``'s written-out
+    settlement does."""
+    if prompt is None and completion is None:
+        if status >= 400 and status != 499:  # a failure: all of it back
+            give(amounts, clock())
+        return
+    prompt = prompt or 0
+    completion = completion or 0
+    now = None
+    for i in range(len(kinds)):
+        kind = kinds[i]
+        if kind == 0:  # a request counts as one whatever it used
+            continue
+        if kind == 1:
+            delta = amounts[i] - completion
+        elif not prompt:  # input and budget move only with the prompt's count
+            continue
+        elif kind == 2:
+            delta = amounts[i] - prompt
+        else:
+            delta = amounts[i] - prompt - completion
+        if not delta:
+            continue
+        if now is None:
+            now = clock()
+        t = now
+        b = buckets[i]
+        burst = b.burst
+        if t > b.stamp:  # TokenBucket.adjust, inline: refill, then add up to the burst
+            level = b.level + (t - b.stamp) * b.rate
+            if level >= burst:
+                level = burst
+            b.stamp = t
+        else:
+            level = b.level
+            if level > burst:
+                level = burst
+        level += delta
+        b.level = level if level < burst else burst

@@ -14,7 +14,12 @@ headers go to the client as these lines (``hooks.Reservation.response_lines``). 
 are a function of the buckets' levels after the take alone (limits and rates are fixed for
 a plan's life), so a take that leaves every level as the last one did reuses the last lines
 instead of formatting them again: a tenant well inside its limits finds its buckets full
-before every request, and takes the same amounts."""
+before every request, and takes the same amounts.
+
+Compiled (setup.py's hot path), the buckets' numbers are C doubles and the take and the
+settlement are loops over them in C (``buckets.reserve_levels``, ``settle_levels``),
+which beat the written-out Python there; ``LOOPS`` says which a new plan uses (the tests
+check both against the general path)."""
 
 from __future__ import annotations
 
@@ -25,8 +30,20 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from llmplane.gateway.ratelimit.buckets import TokenBucket, duration
+from llmplane.gateway.ratelimit.buckets import (
+    COMPILED,
+    KINDS,
+    TokenBucket,
+    duration,
+    reserve_levels,
+    settle_levels,
+    take_levels,
+)
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
+
+# Whether a new plan of a process's own buckets takes and settles with the compiled loops
+# (``buckets.take_levels`` / ``settle_levels``) instead of the written-out functions.
+LOOPS = COMPILED
 
 _TOKENS = (
     "x-ratelimit-limit-tokens",
@@ -252,6 +269,7 @@ class LocalPlan:
         "_renderer",
         "_settled",
         "_straight",
+        "amount_kinds",
         "bucket_list",
         "buckets",
         "directions",
@@ -278,7 +296,18 @@ class LocalPlan:
             None if isinstance(lock, contextlib.nullcontext) else lock
         )
         self.has_requests = REQUESTS in buckets
-        self._straight = _straight_take(len(buckets))
+        # Per bucket, (how its amount is made: 0 one request, 1 the output reservation,
+        # 2 the input count, 3 input + output (a budget, not of an embedding); its limit).
+        self.amount_kinds = tuple(
+            (3 if d == BUDGET and not embeddings else min(KINDS[d], 2), limit)
+            for d, limit in self.limits
+        )
+        # The compiled loops for buckets of this process (TokenBucket itself: a subclass
+        # keeps its level elsewhere), the written-out functions otherwise.
+        loops = (
+            LOOPS and self.lock is None and all(type(b) is TokenBucket for b in self.bucket_list)
+        )
+        self._straight = take_levels if loops else _straight_take(len(buckets))
         # ``take`` and ``settle``: straight to the work for buckets of this process, inside
         # the lock for buckets shared by worker processes.
         self.take: Callable[[Sequence[int], float], bytes | None] = (
@@ -286,16 +315,22 @@ class LocalPlan:
         )
         self._settled: Callable[
             [Sequence[int], int | None, int | None, int, Callable[[], float]], None
-        ] = _straight_settle(self.directions)(*self.bucket_list, self.give)
+        ] = (
+            functools.partial(
+                settle_levels, self.bucket_list, tuple(KINDS[d] for d in self.directions), self.give
+            )
+            if loops
+            else _straight_settle(self.directions)(*self.bucket_list, self.give)
+        )
         self.settle = self._settled if self.lock is None else self._settle_locked
         # ``reserve(plan, doc, count, model, sent, out, default, now, counted)``: the amounts
         # (``count(doc, model, sent)``, ``out(doc, default, limit)``) and the take in one
         # call (``_straight_reserve``), for buckets of this process; the header lines are
         # then in ``lines``. None for shared buckets (amounts made outside their lock) and
         # for a plan without buckets.
-        self.reserve: Callable[..., list[int] | None] | None = (
-            _straight_reserve(self.limits, embeddings) if self.lock is None and buckets else None
-        )
+        self.reserve: Callable[..., list[int] | None] | None = None
+        if self.lock is None and buckets:
+            self.reserve = reserve_levels if loops else _straight_reserve(self.limits, embeddings)
         # The header lines in ``rate_headers``' order (requests, the scarcest token bucket,
         # each token bucket) with the limits filled in; a take formats the rest in one go.
         lines = []

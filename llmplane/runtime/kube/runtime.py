@@ -19,7 +19,7 @@ from llmplane.controlplane.planning import CONTAINER_PORT
 from llmplane.controlplane.status import WorkloadState
 from llmplane.kube.kinds import CORE_SERVICE, DEPLOYMENT, LEADERWORKERSET, POD, Kind
 from llmplane.kube.pods import pod_address, pod_ready
-from llmplane.runtime.endpoint import Endpoint, pod_max_num_seqs
+from llmplane.runtime.endpoint import Endpoint, pod_max_num_seqs, pod_priority_scheduling
 from llmplane.runtime.kube.base import LB_SUFFIX, LWS_NAME_LABEL, KubeOptions
 from llmplane.runtime.kube.workload import plan_for, workload_objects
 
@@ -139,4 +139,5 @@ def _endpoint(pod: dict[str, Any], key: str, served: str | None) -> Endpoint:
         namespace=meta.get("namespace") or "default",
         workload=key,
         max_num_seqs=pod_max_num_seqs(pod),
+        priority_scheduling=pod_priority_scheduling(pod),
     )
