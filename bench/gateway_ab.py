@@ -52,7 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", required=True, help="git ref of the build to compare against")
+    p.add_argument("--baseline", help="git ref of the build to compare against")
+    p.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="instead of --baseline: a checkout already built (its compiled hot path as it is)",
+    )
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--concurrency", type=int, default=8)
@@ -89,14 +94,19 @@ def main(argv: list[str] | None = None) -> None:
         help="do not build the baseline's compiled hot path (it runs pure Python)",
     )
     args = p.parse_args(argv)
+    if (args.baseline is None) == (args.baseline_tree is None):
+        p.error("give one of --baseline REF or --baseline-tree PATH")
 
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))
-    base_tree = checkout(args.baseline, work / "baseline")
-    if not args.pure_baseline:
-        build_native(base_tree)
+    if args.baseline_tree is not None:
+        base_tree = args.baseline_tree
+    else:
+        base_tree = checkout(args.baseline, work / "baseline")
+        if not args.pure_baseline:
+            build_native(base_tree)
     procs: list[Process] = []
     cleanup: list[Path] = []
     try:
@@ -194,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for proc in reversed(procs):
             proc.stop()
-        remove_checkout(base_tree)
+        if args.baseline_tree is None:
+            remove_checkout(base_tree)
         shutil.rmtree(work, ignore_errors=True)
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
