@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         print()
         print(
-            f"`python -m bench.gateway_ab --baseline {args.baseline} --rounds {args.rounds} "
+            f"`python -m bench.gateway_ab --baseline {args.baseline or args.baseline_tree} "
+            f"--rounds {args.rounds} "
             f"--duration {args.duration:g} --concurrency {args.concurrency} "
             f"--workers {args.workers}{' --nginx' if args.nginx else ''}"
             f"{' --new-connections' if args.new_connections else ''}` "
