@@ -13,7 +13,8 @@ compiled modules is printed. Both run as ``python -m llmplane.gateway.cli`` (uvl
 off unless ``--access-log``) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
 one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
 Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from
-/proc/<pid>/stat around the cell) and wrk's p50/p99. Nothing is written: paste the figures
+/proc/<pid>/stat around the cell), wrk's p50/p99 and the share of requests held in flow control
+(``llmplane_gateway_flow_wait_seconds_count`` around the cell). Nothing is written: paste the figures
 into docs/benchmarks.md with the change they measure.
 """
 
@@ -43,6 +44,7 @@ from bench.common import (
     wrk,
 )
 from bench.nginx_upstream import nginx_proc
+from bench.workers import flow_waits
 from llmplane.testing import Process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,9 +147,11 @@ def main(argv: list[str] | None = None) -> None:
             for mode, body in bodies.items():
                 for name in order:
                     before = cpu_seconds(gws[name].pid)
+                    held = flow_waits(urls[name])
                     out = wrk(urls[name], body, args.concurrency, args.duration, headers=headers)
                     cpu = cpu_seconds(gws[name].pid) - before
                     out["cpu_us"] = cpu / max(1, out["requests"]) * 1e6
+                    out["held"] = (flow_waits(urls[name]) - held) / max(1, out["requests"])
                     cells.setdefault((mode, name), []).append(out)
             print(f"round {r + 1}/{args.rounds} done", flush=True)
         rows = []
@@ -164,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{med('cpu_us'):.0f}",
                     f"{med('p50'):.2f}",
                     f"{med('p99'):.2f}",
+                    f"{med('held') * 100:.1f}",
                     sum(o["errors"] for o in outs),
                 ]
             )
@@ -178,9 +183,12 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(
             table(
-                ["mode", "build", "req/s", "gateway CPU us / req", "p50 ms", "p99 ms", "errors"],
+                [
+                    *("mode", "build", "req/s", "gateway CPU us / req", "p50 ms", "p99 ms"),
+                    *("held in flow control %", "errors"),
+                ],
                 rows,
-                "llrrrrr",
+                "llrrrrrr",
             )
         )
     finally:

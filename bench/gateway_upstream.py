@@ -9,6 +9,9 @@ progress up to ``--max-running``, the rest waiting; KV use = running / max-runni
 ``--keepalive-timeout S`` closes a keep-alive connection idle for S seconds (vLLM's uvicorn:
 5 s), as engines do (tests of the gateway's stale-connection handling).
 
+``--zero-metrics`` makes its gauges say that nothing runs or waits whatever it serves, as some
+OpenAI-compatible servers' do (the gateway's ``registry.unseen_load``).
+
 ``--fixed`` turns it into the benchmark's minimal upstream: one fixed small completion JSON for
 every POST, nothing computed.
 
@@ -44,6 +47,7 @@ class Upstream:
         self.delay = args.delay
         self.tokens = args.tokens
         self.max_running = args.max_running
+        self.zero_metrics = args.zero_metrics
         self.fail_status = 0
         self.inflight = 0
         self.served = 0
@@ -190,6 +194,8 @@ class Upstream:
     async def metrics(self, request: web.Request) -> web.Response:
         running = min(self.inflight, self.max_running)
         waiting = self.inflight - running
+        if self.zero_metrics:
+            running = waiting = 0
         labels = f'model_name="{self.model}"'
         active = ",".join(sorted(self.running_loras))
         text = (
@@ -270,6 +276,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--fixed", action="store_true", help="fixed JSON for every POST (benchmark)"
+    )
+    parser.add_argument(
+        "--zero-metrics",
+        action="store_true",
+        help="/metrics says 0 running and 0 waiting whatever is in progress (as "
+        "bench/nginx_upstream.py's fixed page): gauges that do not show the load",
     )
     args = parser.parse_args()
     try:

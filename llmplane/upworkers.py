@@ -1,13 +1,14 @@
 """``llmplane up --workers N``: N gateway processes on ``up``'s port, one platform.
 
 The ``up`` process stays the platform (store, controller, local runtime, autoscaler, console)
-and is gateway worker 0. Before its event loop starts, ``UpWorkers`` binds the listening
-socket, creates the workers' shared memory (``gateway/workers/share.py``, plus the
-``EndpointBoard`` the runtime's replica list is published on) and forks one supervisor
-process, which forks workers 1 .. N-1 and replaces any that dies, exactly as ``llmplane
-gateway --workers N``'s supervisor does (it is the same ``Supervisor``). Forking a supervisor
-early, rather than forking workers from the platform later, keeps every fork away from a
-running event loop, the runtime's threads and its engine processes.
+and is gateway worker 0. Before its event loop starts, ``UpWorkers`` binds the N listening
+sockets (one ``SO_REUSEPORT`` group: worker i serves socket i), creates the workers' shared
+memory (``gateway/workers/share.py``, plus the ``EndpointBoard`` the runtime's replica list is
+published on) and forks one supervisor process, which forks workers 1 .. N-1 and replaces any
+that dies, exactly as ``llmplane gateway --workers N``'s supervisor does (it is the same
+``Supervisor``). Forking a supervisor early, rather than forking workers from the platform
+later, keeps every fork away from a running event loop, the runtime's threads and its engine
+processes.
 
 A worker 1 .. N-1 is a gateway like ``llmplane gateway``'s over the same state directory,
 except where ``up``'s own gateway reads the runtime: its endpoints come from the board, the
@@ -54,9 +55,9 @@ class UpWorkers:
     def __init__(
         self, workers: int, host: str, port: int, state_dir: Path, config: GatewayConfig
     ) -> None:
-        self.sock = listen(host, port)
-        self.port = self.sock.getsockname()[1]
-        self.share = Share(workers, self.sock)
+        socks = listen(host, port, workers)
+        self.port = socks[0].getsockname()[1]
+        self.share = Share(workers, socks)
         self.board = EndpointBoard()
         self.seat: Seat = self.share.seat(PLATFORM)
         self.grace = config.shutdown_grace
@@ -72,6 +73,7 @@ class UpWorkers:
                 if os.getppid() != parent:
                     os._exit(0)
                 os.close(self._ready_r)
+                socks[PLATFORM].close()  # the platform's own: it serves it, not us
 
                 def worker(seat: Seat, ready: Any) -> int:
                     run(_serve(seat, ready, host, state_dir, config, self.board))
@@ -88,6 +90,11 @@ class UpWorkers:
                 sys.stderr.flush()
                 os._exit(code)
         os.close(ready_w)
+        # The supervisor holds workers 1 .. N-1's sockets; were the platform to hold them too,
+        # a dead supervisor's would stay in the group and take connections nobody accepts.
+        for i, sock in enumerate(socks):
+            if i != PLATFORM:
+                sock.close()
         self._exited = False
 
     async def serving(self) -> None:
@@ -133,7 +140,6 @@ class UpWorkers:
         with contextlib.suppress(OSError):
             os.close(self._ready_r)
         self.share.close()
-        self.sock.close()
 
 
 async def _serve(

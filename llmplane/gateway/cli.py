@@ -235,15 +235,15 @@ async def serve(
 
 
 def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``--workers N`` > 1: bind the socket here, fork the workers onto it."""
+    """``--workers N`` > 1: bind the workers' sockets here, fork the workers onto them."""
     from llmplane.gateway.workers.share import Share, listen
     from llmplane.gateway.workers.supervisor import Supervisor
 
     try:
-        sock = listen(args.host, args.port)
+        socks = listen(args.host, args.port, args.workers)
     except OSError as e:
         raise _listen_error(args, e) from None
-    host, port = sock.getsockname()[:2]
+    host, port = socks[0].getsockname()[:2]
 
     def worker(seat: Seat, ready: Callable[[], None]) -> int:
         try:
@@ -257,12 +257,11 @@ def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
         print(f"LISTENING {host}:{port}", flush=True)
         _log_hot_path()
 
-    share = Share(args.workers, sock)
+    share = Share(args.workers, socks)
     try:
         return Supervisor(share, worker, config.shutdown_grace).run(serving)
     finally:
         share.close()
-        sock.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

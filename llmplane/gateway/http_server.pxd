@@ -21,6 +21,8 @@ cdef class Response:
     cdef public object raw_headers
     cdef public object status
 
+    cpdef bytes encode(self, bint keep_alive, bint head, bytes date)
+
 
 cdef class StreamResponse:
     cdef public bint _chunked
@@ -54,7 +56,32 @@ cdef class _Protocol:
     cdef public object idle_since
     cdef public object parser
     cdef public object queue
-    cdef public object server
+    cdef public HttpServer server
     cdef public object task
     cdef public object transport
     cdef public bint write_paused
+
+    cpdef bint _wake(self) except -1
+    cpdef _fail(self, Response response)
+
+
+cdef class HttpServer:
+    cdef public dict routes
+    cdef public dict allowed
+    cdef public object fallback
+    cdef public object max_body
+    cdef public object keepalive_timeout
+    cdef public object header_timeout
+    cdef public object max_connections
+    cdef public object guard
+    cdef public object refused
+    cdef public object timed_out
+    cdef public set connections
+    cdef public bint closing
+    cdef public object idle
+    cdef public bytes date
+    cdef public object _server
+    cdef public object _ticker
+    cdef public object loop
+
+    cpdef dispatch(self, HttpRequest request)

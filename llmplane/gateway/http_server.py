@@ -35,6 +35,10 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
+try:
+    import cython
+except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
+    from llmplane import cython_shim as cython
 from llmplane.aio import wait_event
 
 log = logging.getLogger("llmplane.gateway.http_server")
@@ -555,6 +559,7 @@ class _Protocol:
 
     # --- serving ------------------------------------------------------------------------------
 
+    @cython.locals(request=HttpRequest, whole=Response)
     async def _serve(self) -> None:
         queue = self.queue
         server = self.server
@@ -596,7 +601,8 @@ class _Protocol:
                         self.transport.close()
                         return
                 else:
-                    self.transport.write(response.encode(request.keep_alive, head, server.date))
+                    whole = response
+                    self.transport.write(whole.encode(request.keep_alive, head, server.date))
                 if not request.keep_alive or server.closing:
                     self.transport.close()
                     return

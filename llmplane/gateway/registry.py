@@ -25,7 +25,12 @@ class EndpointState:
     lora_waiting: frozenset[str] = frozenset()
     max_lora: int = 0
     scraped_at: float = 0.0  # monotonic time of the last good scrape; 0 = never
-    has_load_metrics: bool | None = None  # None = not known yet
+    # None = not known yet; False also for an engine whose gauges do not show this gateway's
+    # load (``unseen_load``).
+    has_load_metrics: bool | None = None
+    # Requests this gateway had in flight, summed over the last scrapes in a row whose engine
+    # reported none running or waiting (``unseen_load``).
+    unseen: int = 0
     scrape_ok: bool = True
     served_models: frozenset[str] | None = None  # from /v1/models; None = unknown
     # The engine's prefix-cache counters in prompt tokens (console and /metrics only).
@@ -130,6 +135,33 @@ def scraped_room(
         return capacity, 0.0
     capacity = capacity if capacity > held else held
     return capacity, capacity - held
+
+
+# ``unseen`` from which an engine's gauges are taken not to show this gateway's load.
+UNSEEN_LOAD = 32
+
+
+def unseen_load(unseen: int, waiting: float, running: float, sent: int) -> int:
+    """``unseen`` after a scrape that reported ``waiting`` and ``running``, sent while this
+    gateway had ``sent`` requests in flight to the endpoint: the requests the engine did not
+    report, summed over scrapes in a row (any request reported running or waiting ends the
+    run), capped at ``UNSEEN_LOAD``. From ``UNSEEN_LOAD`` on the engine is scheduled as one
+    without load metrics (``has_load_metrics`` False: the queue estimate is the in-flight
+    count, saturated at ``saturation_inflight``) until a scrape reports a request.
+
+    An OpenAI-compatible server whose ``/metrics`` has vLLM's gauges at 0 whatever it serves
+    (a proxy, a stand-in, nginx answering a fixed completion) would otherwise look like an
+    engine that never queues and never holds more than this gateway had in flight at a
+    scrape: ``scraped_room`` learns its capacity only from that, so a closed loop of clients
+    kept it saturated and most requests waited in flow control. A real engine reports what it
+    runs: a request it has not received yet (in transit, being tokenized) or has finished but
+    not yet answered is missing from its gauges for a few milliseconds, which a scrape may
+    catch for one or two requests, never for 32 over consecutive scrapes while it is loaded
+    (and a loaded engine reports running requests at almost every scrape)."""
+    if running > 0 or waiting > 0:
+        return 0
+    unseen += sent
+    return unseen if unseen < UNSEEN_LOAD else UNSEEN_LOAD
 
 
 def queue_estimates(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:

@@ -95,19 +95,34 @@ class Backend:
         return state.endpoint.with_port(self.port)
 
 
-@dataclass(slots=True)
 class Decision:
-    """One per request (not frozen: a frozen dataclass's __init__ costs a call per field)."""
+    """One per request (a plain class: a frozen dataclass's __init__ costs a call per field,
+    and compiled, routing.pxd makes it an extension type whose fields are read directly)."""
 
-    route: str  # what matched, for metrics and logs
-    backend: Backend
-    model: str  # the model name sent upstream
-    # The route's criticality (an InferenceModel that names one); None when the route does
-    # not say: the gateway's route stage then sets the tenant's default, else Default.
-    criticality: str | None = None
-    lora: bool = False
-    load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
-    tenant: str | None = None  # the caller's Tenant name (set by the route stage)
+    __slots__ = ("backend", "criticality", "load", "lora", "model", "route", "tenant")
+
+    def __init__(
+        self,
+        route: str,
+        backend: Backend,
+        model: str,
+        criticality: str | None = None,
+        lora: bool = False,
+        load: DeclaredAdapter | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        self.route = route  # what matched, for metrics and logs
+        self.backend = backend
+        self.model = model  # the model name sent upstream
+        # The route's criticality (an InferenceModel that names one); None when the route
+        # does not say: the gateway's route stage then sets the tenant's default, else Default.
+        self.criticality = criticality
+        self.lora = lora
+        self.load = load  # a declared adapter no replica holds: load it first
+        self.tenant = tenant  # the caller's Tenant name (set by the route stage)
+
+    def __repr__(self) -> str:
+        return f"Decision(route={self.route!r}, model={self.model!r})"
 
 
 # --- matching -------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ then one float parse): a vLLM ``/metrics`` page is tens of kilobytes of histogra
 ``prometheus_client``'s parser would turn into thousands of objects 20 times a second per
 replica. Metric names per engine are in ``ENGINE_METRICS``; an engine with none of them (or no
 ``/metrics``) is marked ``has_load_metrics = False`` and scheduled on the gateway's own
-in-flight counts. Each endpoint also has its ``/v1/models`` read every few seconds, which tells
-which base model and LoRA adapters it serves.
+in-flight counts; so is an engine whose gauges say nothing runs while this gateway has requests
+on it (``registry.unseen_load``), until they show a request. Each endpoint also has its
+``/v1/models`` read every few seconds, which tells which base model and LoRA adapters it serves.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import orjson
 
 from llmplane.aio import wait_event
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.registry import EndpointState, scraped_room
+from llmplane.gateway.registry import UNSEEN_LOAD, EndpointState, scraped_room, unseen_load
 from llmplane.gateway.upstream_client import UpstreamPool
 
 log = logging.getLogger("llmplane.gateway")
@@ -207,9 +208,10 @@ def apply_metrics(
     if m.prefix_queries is not None:
         state.prefix_hits = m.prefix_hits or 0.0
         state.prefix_queries = m.prefix_queries
-    state.has_load_metrics = m.any
-    state.scraped_at = now if m.any else 0.0
     sent = state.inflight if inflight_at_start is None else inflight_at_start
+    state.unseen = unseen_load(state.unseen, state.waiting, state.running, sent) if m.any else 0
+    state.has_load_metrics = m.any and state.unseen < UNSEEN_LOAD  # see ``unseen_load``
+    state.scraped_at = now if m.any else 0.0
     state.inflight_at_scrape = sent
     state.capacity, state.room = scraped_room(
         state.capacity,
@@ -396,7 +398,9 @@ class Scraper:
                 await self.scrape_once(state)
             except Exception:
                 log.exception("scraping %s failed", state.address)
-            healthy = state.has_load_metrics and state.scrape_ok
+            # An engine whose gauges do not show the load (``unseen_load``) is scraped as one
+            # that has them: the first scrape that reports a request gives them back.
+            healthy = state.scrape_ok and (state.has_load_metrics or blind(state))
             busy = state.inflight or state.running or state.waiting or _signals(state) != before
             pause = (interval if busy else min(pause * 2, idle_max)) if healthy else interval
             kept = bool(healthy and not busy and pause > interval)  # _idle_wait follows
@@ -439,6 +443,12 @@ class Scraper:
                 elif state.scraped_at:
                     state.scraped_at = now  # peer workers: ``ScrapeFollower`` does the same
             await asyncio.sleep(tick)
+
+
+def blind(state: EndpointState) -> bool:
+    """Whether the engine has load metrics that do not show this gateway's load
+    (``registry.unseen_load``)."""
+    return state.unseen >= UNSEEN_LOAD
 
 
 def _signals(state: EndpointState) -> tuple[object, ...]:

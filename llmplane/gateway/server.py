@@ -18,17 +18,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+try:
+    import cython
+except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
+    from llmplane import cython_shim as cython
 from llmplane.aio import call_on
 from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
-from llmplane.gateway.auth import SECRET_KIND, Authenticator
+from llmplane.gateway.auth import SECRET_KIND, Authenticator, Tenant
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
@@ -308,13 +312,16 @@ class Gateway:
 
     # --- request path -----------------------------------------------------------------------------
 
+    @cython.locals(ctx=RequestContext, request=HttpRequest)
     async def handle(self, request: HttpRequest) -> StreamResponse:
         ctx = RequestContext(request)
         reservations: list[Held] = []
         try:
             body = self._body(request) if request.too_large else request.body
             ctx.inference = InferenceRequest(request.path, request.headers, body)
-            await self.route(ctx, reservations)
+            pending = self.route_now(ctx, reservations)
+            if pending is not None:
+                await pending
             response = await self._serve(ctx)
             ctx.status = response.status
             return response
@@ -325,7 +332,8 @@ class Gateway:
             ctx.status = 499
             raise
         finally:
-            await self.finish(ctx, reservations)
+            if not self.finish_now(ctx, reservations):
+                await self.finish(ctx, reservations)
 
     # The stages below are shared with the endpoint picker (llmplane/epp), which runs them on
     # Envoy's ext_proc stream instead of an HTTP request.
@@ -335,6 +343,16 @@ class Gateway:
         in the routing table (404 / 503; a route without a criticality takes the tenant's),
         let the request hooks reserve (429 from a route's or the tenant's rate limit; each
         reservation is appended for ``finish``), and rewrite the model the route sends."""
+        pending = self.route_now(ctx, reservations)
+        if pending is not None:
+            await pending
+        return ctx.decision  # type: ignore[return-value]
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
+    def route_now(self, ctx: RequestContext, reservations: list[Held]) -> Awaitable[None] | None:
+        """``route`` without a coroutine while nothing in it waits (a route with ready
+        replicas, hooks that reserve by plain functions: the usual case); else the awaitable
+        that does the rest (await it)."""
         inference = ctx.inference
         assert inference is not None
         tenant = self.auth.authenticate(ctx.request.headers)
@@ -345,11 +363,43 @@ class Gateway:
         try:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
         except GatewayError as err:
-            decision = await self._activate(err, inference, ctx.request.headers)
+            return self._route_held(ctx, reservations, tenant, err)
         if not decision.backend.candidates and inference.model in self.table.activatable:
+            return self._route_held(ctx, reservations, tenant, None)
+        self._decided(ctx, decision, tenant)
+        return self._reserve(ctx, reservations, self._hook_calls, 0)
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
+    async def _route_held(
+        self,
+        ctx: RequestContext,
+        reservations: list[Held],
+        tenant: Tenant | None,
+        err: GatewayError | None,
+    ) -> None:
+        """``route_now`` for a model without a ready replica (``err``: the table's answer):
+        held at the activator until one is ready, then the rest of the stage."""
+        inference = ctx.inference
+        assert inference is not None
+        headers = ctx.request.headers
+        decision = (
+            await self._activate(err, inference, headers)
+            if err is not None
+            else await self._hold(inference, headers)
+        )
+        if err is not None and (
+            not decision.backend.candidates and inference.model in self.table.activatable
+        ):
             # A ModelRoute / InferenceModel whose targets select no replica yet: its Playground
             # is scaled to zero, starting or restarting (routing.py's activatable routes).
-            decision = await self._hold(inference, ctx.request.headers)
+            decision = await self._hold(inference, headers)
+        self._decided(ctx, decision, tenant)
+        pending = self._reserve(ctx, reservations, self._hook_calls, 0)
+        if pending is not None:
+            await pending
+
+    @cython.locals(ctx=RequestContext, decision=Decision)
+    def _decided(self, ctx: RequestContext, decision: Decision, tenant: Tenant | None) -> None:
         ctx.decision = decision
         if tenant is not None:
             decision.tenant = tenant.name
@@ -357,21 +407,46 @@ class Gateway:
                 decision.criticality = tenant.criticality
         elif decision.criticality is None:
             decision.criticality = "Default"
-        for hook, reserve_now, settle_now in self._hook_calls:
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
+    def _reserve(
+        self, ctx: RequestContext, reservations: list[Held], calls: list[Any], start: int
+    ) -> Awaitable[None] | None:
+        """The request hooks' reservations from ``calls[start]`` on (``_hook_calls``, kept
+        across waits), then the model the route sends; at the first hook to be awaited, the
+        awaitable that does the rest."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
+        for i in range(start, len(calls)):
+            hook, reserve_now, settle_now = calls[i]
             if reserve_now is None:
-                reservation = await hook.reserve(inference, decision)
-            else:
-                reservation = reserve_now(inference, decision)
-                if reservation is LATER:
-                    reservation = await hook.reserve(inference, decision)
+                return self._reserve_later(ctx, reservations, calls, i)
+            reservation = reserve_now(inference, decision)
+            if reservation is LATER:
+                return self._reserve_later(ctx, reservations, calls, i)
             reservations.append((hook, settle_now, reservation))
             if isinstance(reservation, Reservation):
                 ctx.adopt(reservation)
         if decision.model != inference.model:
             inference.rewrite_model(decision.model)
             ctx.sent_model = decision.model
-        return decision
+        return None
 
+    @cython.locals(ctx=RequestContext)
+    async def _reserve_later(
+        self, ctx: RequestContext, reservations: list[Held], calls: list[Any], i: int
+    ) -> None:
+        """Hook ``calls[i]``'s reservation awaited, then the others (``_reserve``)."""
+        hook, _, settle_now = calls[i]
+        reservation = await hook.reserve(ctx.inference, ctx.decision)
+        reservations.append((hook, settle_now, reservation))
+        if isinstance(reservation, Reservation):
+            ctx.adopt(reservation)
+        pending = self._reserve(ctx, reservations, calls, i + 1)
+        if pending is not None:
+            await pending
+
+    @cython.locals(ctx=RequestContext)
     def refused(self, ctx: RequestContext, err: GatewayError) -> None:
         """Note a request answered with ``err`` instead of being served."""
         ctx.status = err.status
@@ -380,13 +455,10 @@ class Gateway:
         if err.code == "overloaded" and ctx.inference is not None:
             self.metrics.shed.labels(ctx.inference.model).inc()
 
+    @cython.locals(ctx=RequestContext)
     async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
-        if ctx.seat is not None:
-            self.flow.release(ctx.seat)
-            ctx.seat = None
-        if self.flow.queues:  # a slot may have freed
-            self.flow.pump()
+        self._release(ctx)
         usage = Usage.of(ctx.usage)
         for hook, settle_now, reservation in reservations:
             try:
@@ -403,6 +475,33 @@ class Gateway:
             except Exception:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)
+
+    @cython.locals(ctx=RequestContext)
+    def finish_now(self, ctx: RequestContext, reservations: list[Held]) -> bool:
+        """``finish`` without a coroutine when every hook settles by a plain function
+        (``settle_now``, as the built-in ones do); False, with nothing done, when one is to be
+        awaited."""
+        for held in reservations:
+            if held[1] is None:
+                return False
+        self._release(ctx)
+        usage = Usage.of(ctx.usage)
+        for _, settle_now, reservation in reservations:
+            try:
+                settle_now(ctx.inference, ctx.decision, reservation, usage, ctx.status)
+            except Exception:
+                log.exception("request hook settle failed")
+        self._observe(ctx, usage)
+        return True
+
+    @cython.locals(ctx=RequestContext)
+    def _release(self, ctx: RequestContext) -> None:
+        """The request's flow-control seat back, and waiters let go if a slot freed."""
+        if ctx.seat is not None:
+            self.flow.release(ctx.seat)
+            ctx.seat = None
+        if self.flow.queues:  # a slot may have freed
+            self.flow.pump()
 
     async def _activate(
         self, err: GatewayError, inference: InferenceRequest, headers: Any
@@ -433,26 +532,54 @@ class Gateway:
             )
         return request.body
 
-    async def _serve(self, ctx: RequestContext) -> StreamResponse:
+    @cython.locals(ctx=RequestContext)
+    def _serve(self, ctx: RequestContext) -> Awaitable[StreamResponse]:
+        """Admission, the scheduler's pick and the proxy (await the result). Not a coroutine
+        itself: a request that neither waits in flow control nor loads an adapter first (the
+        usual case) gets the proxy's own, two coroutines less per request."""
+        assert ctx.decision is not None
+        now = time.monotonic()
+        candidates, waits = self._admission(ctx, now)
+        if waits or ctx.decision.load is not None:
+            return self._serve_admitted(ctx, candidates, waits, now)
+        return self._send(ctx, self._prefill_room(ctx, self._seated(ctx, candidates)), now)
+
+    async def _serve_admitted(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool, now: float
+    ) -> StreamResponse:
+        """``_serve`` for a request that waits in flow control or for an adapter first."""
+        candidates = await self._admit_rest(ctx, candidates, waits)
+        if ctx.waited is not None:
+            now = time.monotonic()
+        return await self._send(ctx, candidates, now)
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
+    def _send(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now: float
+    ) -> Awaitable[StreamResponse]:
+        """The pick over the admitted ``candidates`` and its proxying (await the result)."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         backend = decision.backend
-        now = time.monotonic()
-        candidates = await self.admit(ctx, now)
-        if ctx.waited is not None:
-            now = time.monotonic()
         sched = self.scheduling_context(ctx, now)
         if backend.pd is not None and not inference.path.endswith("/embeddings"):
             # Prefill/decode disaggregation: a prefill replica, then a decode replica.
-            return await self.pd.serve(ctx, candidates, sched)
+            return self.pd.serve(ctx, candidates, sched)
         n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
         pick = self.schedule(ctx, candidates, sched, n)
-        return await self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
+        return self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
 
     async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
         """The candidates admission lets the request use (503 none ready; every one saturated:
         wait in flow control, or 429 for Sheddable with it off), with a declared LoRA adapter
         loaded first where no replica holds it yet."""
+        candidates, waits = self._admission(ctx, now)
+        return await self._admit_rest(ctx, candidates, waits)
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
+    def _admission(self, ctx: RequestContext, now: float) -> tuple[Sequence[EndpointState], bool]:
+        """Admission's candidates (or its 503 / 429) and whether the request is to wait in
+        flow control for them."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         flow = self.flow
@@ -464,25 +591,57 @@ class Gateway:
         waits = flow.enabled and flow.needed(key, candidates, now)
         if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
             waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+        return candidates, waits
+
+    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
+    async def _admit_rest(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool
+    ) -> Sequence[EndpointState]:
+        """``admit`` after ``_admission``: the wait in flow control, the seat, the adapter."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
         if waits:
-            ctx.waited = await flow.wait(
-                key, candidates, criticality, ctx.tenant, ctx.weight, len(inference.body)
+            criticality = decision.criticality or "Default"
+            ctx.waited = await self.flow.wait(
+                decision.backend.ref,
+                candidates,
+                criticality,
+                ctx.tenant,
+                ctx.weight,
+                len(inference.body),
             )
             # Ejections may have changed while it waited.
             candidates = self.admission.admit(
                 inference.model, decision, time.monotonic(), criticality, shed=False
             )
-        if flow.counts(candidates):
-            ctx.seat = flow.seat(key, ctx.tenant, ctx.weight)
-            candidates = flow.room(candidates, time.monotonic())
+        candidates = self._seated(ctx, candidates)
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
-        if self.config.saturation_max_prefilling and decision.backend.pd is None:
+        return self._prefill_room(ctx, candidates)
+
+    @cython.locals(ctx=RequestContext)
+    def _seated(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState]
+    ) -> Sequence[EndpointState]:
+        """Where requests are counted for their flow's fair share (a reserve, engines that
+        order by priority): the request's seat in its flow, and the candidates with room."""
+        flow = self.flow
+        if flow.counts(candidates):
+            ctx.seat = flow.seat(ctx.decision.backend.ref, ctx.tenant, ctx.weight)
+            candidates = flow.room(candidates, time.monotonic())
+        return candidates
+
+    @cython.locals(ctx=RequestContext)
+    def _prefill_room(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState]
+    ) -> Sequence[EndpointState]:
+        if self.config.saturation_max_prefilling and ctx.decision.backend.pd is None:
             # (Prefill/decode pairs: pd.py picks each role among its own endpoints.)
             candidates = self.admission.with_prefill_room(candidates)
         return candidates
 
+    @cython.locals(ctx=RequestContext)
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
@@ -496,6 +655,7 @@ class Gateway:
             self._warm,
         )
 
+    @cython.locals(ctx=RequestContext)
     def schedule(
         self,
         ctx: RequestContext,
@@ -516,6 +676,7 @@ class Gateway:
         ctx.scores = pick.scores
         return pick
 
+    @cython.locals(ctx=RequestContext)
     def _observe(self, ctx: RequestContext, usage: Usage | None) -> None:
         elapsed = time.perf_counter() - ctx.t0
         m = self.metrics

@@ -31,6 +31,17 @@ cdef class _Connection:
     cdef public UpstreamPool pool
     cdef public object transport
 
+    cpdef _whole_read(self, data)
+    cpdef _parse(self)
+    cpdef _parse_chunked(self)
+    cpdef bint _head(self, head) except -1
+    cpdef _push(self, piece)
+    cpdef _finish_body(self)
+    cpdef _fail(self, err)
+    cpdef _wake_all(self)
+    cpdef exchange(self, data)
+    cpdef finish(self)
+
 
 cdef class UpstreamPool:
     cdef public object limit
@@ -43,3 +54,9 @@ cdef class UpstreamPool:
     cdef public object _waiters
     cdef public bint _closed
     cdef public object _deadlines
+
+    cpdef _Connection _idle_one(self, address)
+    cpdef _release(self, _Connection conn)
+    cpdef _discard(self, _Connection conn)
+    cpdef _forget(self, _Connection conn)
+    cpdef _wake(self)

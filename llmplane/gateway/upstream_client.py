@@ -37,6 +37,10 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+try:
+    import cython
+except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
+    from llmplane import cython_shim as cython
 from llmplane.gateway.deadlines import Deadlines
 
 _CRLF = b"\r\n"
@@ -107,7 +111,8 @@ class RawHeaders(Mapping[str, str]):
                 line for line in self._lines if line[: line.find(b":")].strip().lower() not in skip
             ]
         else:
-            kept = [line for name, line in zip(names, self._lines, strict=True) if name not in skip]
+            # (the parser builds both lists together: one name per line)
+            kept = [line for name, line in zip(names, self._lines) if name not in skip]  # noqa: B905
         return b"\r\n".join(kept) + b"\r\n" if kept else b""
 
 
@@ -597,6 +602,7 @@ class UpstreamPool:
             deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
         return deadlines
 
+    @cython.locals(conn=_Connection)
     async def request(
         self, address: str, data: bytes, timeout: float | None = None
     ) -> tuple[int, RawHeaders, bytes]:

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, eventually, gateway, sim_process, wait_for
 from llmplane.testing.kube_emulator import KubeEmulator, pod
+from llmplane.testing.pinned import on_worker
 from llmplane.testing.sockets import established
 from tests.integration.test_gateway_kube import (
     BACKEND_LABEL,
@@ -110,8 +111,22 @@ def inflight_gauge(text: str, address: str) -> float:
 
 
 def session() -> aiohttp.ClientSession:
-    # A new connection per request: the kernel hands each to whichever worker accepts it.
+    # A new connection per request: the kernel hashes each onto one worker's socket.
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
+@contextlib.asynccontextmanager
+async def per_worker(gateway_pid: int, **kwargs: Any) -> AsyncIterator[dict[int, Any]]:
+    """Worker pid -> a session whose every request reaches that worker (a new connection per
+    request unless ``kwargs`` say otherwise; ``llmplane/testing/pinned.py``)."""
+    among = workers_of(gateway_pid)
+    kwargs.setdefault("force_close", True)
+    pinned = {pid: on_worker(pid, among, **kwargs) for pid in among}
+    try:
+        yield pinned
+    finally:
+        for s in pinned.values():
+            await s.close()
 
 
 async def chat(s: aiohttp.ClientSession, url: str, model: str, tokens: int = 2) -> int:
@@ -134,9 +149,9 @@ async def metrics(s: aiohttp.ClientSession, url: str) -> str:
 
 @contextlib.contextmanager
 def only_among(keep: int, among: set[int]) -> Iterator[None]:
-    """Every process in ``among`` but ``keep`` stopped (SIGSTOP): new connections, queued on the
-    shared socket, can only be accepted by ``keep``. Which worker the kernel would pick otherwise
-    is up to it (one worker waking first may accept a whole burst)."""
+    """Every process in ``among`` but ``keep`` stopped (SIGSTOP): nothing but ``keep`` moves.
+    Open connections to ``keep`` first (``per_worker``): a new connection the kernel hashes
+    onto a stopped worker's socket waits in its backlog until the worker runs again."""
     others = among - {keep}
     for pid in others:
         os.kill(pid, signal.SIGSTOP)
@@ -147,11 +162,6 @@ def only_among(keep: int, among: set[int]) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
-def only(gateway_pid: int, worker: int) -> contextlib.AbstractContextManager[None]:
-    """Only ``worker`` of the gateway ``gateway_pid``'s workers accepts new connections."""
-    return only_among(worker, workers_of(gateway_pid))
-
-
 def test_workers_share_inflight_counts(gw, engines):
     """4 slow requests held by each worker: /metrics answered by either worker counts all 8
     in flight to the engine (each alone would count its own 4)."""
@@ -159,24 +169,24 @@ def test_workers_share_inflight_counts(gw, engines):
     a, b = sorted(workers_of(gw.pid))
 
     async def run() -> None:
-        async with session() as s:
+        async with per_worker(gw.pid) as pinned:
             requests = []
             for worker in (a, b):
-                with only(gw.pid, worker):
-                    batch = [asyncio.ensure_future(chat(s, gw.url, SLOW, 200)) for _ in range(4)]
-                    requests += batch
+                s = pinned[worker]
+                batch = [asyncio.ensure_future(chat(s, gw.url, SLOW, 200)) for _ in range(4)]
+                requests += batch
 
-                    async def mine_held(n: int = len(requests)) -> bool:
-                        return inflight_gauge(await metrics(s, gw.url), slow_address) == n
+                async def mine_held(n: int = len(requests), s: Any = s) -> bool:
+                    return inflight_gauge(await metrics(s, gw.url), slow_address) == n
 
-                    # The metrics read comes from the same worker: its own 4 (and the other's).
-                    await eventually(mine_held, timeout=20, what=f"{len(requests)} in flight")
+                # The metrics read comes from the same worker: its own 4 (and the other's).
+                await eventually(mine_held, timeout=20, what=f"{len(requests)} in flight")
             for worker in (a, b):
-                with only(gw.pid, worker):
-                    seen = [
-                        inflight_gauge(await metrics(s, gw.url), slow_address) for _ in range(3)
-                    ]
-                    assert seen == [8, 8, 8], (worker, seen)
+                seen = [
+                    inflight_gauge(await metrics(pinned[worker], gw.url), slow_address)
+                    for _ in range(3)
+                ]
+                assert seen == [8, 8, 8], (worker, seen)
             for request in requests:  # no need to wait 40 s: the client goes away (499)
                 request.cancel()
             await asyncio.gather(*requests, return_exceptions=True)
@@ -197,18 +207,16 @@ def test_each_workers_console_charts_every_workers_requests(gw):
     a, b = sorted(workers_of(gw.pid))
 
     async def run() -> None:
-        async with session() as s:
+        async with per_worker(gw.pid) as pinned:
             for worker, n in ((a, 3), (b, 7)):
-                with only(gw.pid, worker):
-                    for _ in range(n):
-                        assert await chat(s, gw.url, FAST, 1) == 200
+                for _ in range(n):
+                    assert await chat(pinned[worker], gw.url, FAST, 1) == 200
             seen: dict[int, float] = {}
 
             async def both_chart_10() -> bool:
                 for worker in (a, b):
-                    with only(gw.pid, worker):
-                        async with s.get(f"{gw.url}/console/api/stats") as resp:
-                            points = (await resp.json())["points"]
+                    async with pinned[worker].get(f"{gw.url}/console/api/stats") as resp:
+                        points = (await resp.json())["points"]
                     seen[worker] = sum(p["requests"] for p in points)
                 return set(seen.values()) == {10}
 
@@ -218,6 +226,58 @@ def test_each_workers_console_charts_every_workers_requests(gw):
                 raise AssertionError(f"{err}; charted by worker pid: {seen}") from None
 
     asyncio.run(run())
+
+
+ROUNDS = 5
+CONNECTIONS = 32
+AT_LEAST = 4  # of the 32, on each worker
+
+
+async def open_keepalive(url: str, n: int) -> list[tuple[asyncio.StreamReader, Any]]:
+    """``n`` keep-alive connections opened at once (as wrk does), each answered once."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def one() -> tuple[asyncio.StreamReader, Any]:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200"), "GET /health"
+        return reader, writer
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def test_keepalive_connections_spread_over_both_workers(gw):
+    """32 keep-alive connections opened at once, 5 rounds: every round, each worker holds at
+    least 4 of them (counted per worker process from /proc). Each worker accepts on its own
+    SO_REUSEPORT socket and the kernel hashes each connection's addresses onto one, so a
+    worker's share is Binomial(32, 1/2): one round fails by chance with probability
+    2 * P(X <= 3) = 2 * (1 + 32 + 496 + 4960) / 2^32 = 2.6e-6, the test 1.3e-5. On one shared
+    socket, the worker that wakes first took all 32 in 1 of 3 runs of wrk."""
+    workers = workers_of(gw.pid)
+    assert len(workers) == 2
+
+    async def run() -> list[list[int]]:
+        spreads = []
+        for _ in range(ROUNDS):
+            conns = await open_keepalive(gw.url, CONNECTIONS)
+            try:
+                held = established(workers)
+                spreads.append(
+                    sorted(
+                        sum(1 for local, _ in held[pid].values() if local == gw.port)
+                        for pid in workers
+                    )
+                )
+            finally:
+                for _, writer in conns:
+                    writer.close()
+                await asyncio.gather(*(w.wait_closed() for _, w in conns), return_exceptions=True)
+        return spreads
+
+    spreads = asyncio.run(run())
+    assert all(sum(s) == CONNECTIONS for s in spreads), spreads
+    assert all(s[0] >= AT_LEAST for s in spreads), spreads
 
 
 def requests_counted(text: str, model: str) -> float:
@@ -236,24 +296,23 @@ def test_rate_limit_exact_across_workers_and_metrics_aggregated(gw):
     prompt = "x" * (4 * PROMPT_TOKENS)  # the sim counts ceil(chars / 4), as the gateway does
 
     async def run() -> list[int]:
-        async with session() as s:
+        async with per_worker(gw.pid) as pinned, session() as s:
 
-            async def one() -> int:
+            async def one(s: aiohttp.ClientSession) -> int:
                 body = {"model": LIMITED, "prompt": prompt, "max_tokens": 1}
                 async with s.post(f"{gw.url}/v1/completions", json=body) as resp:
                     await resp.read()
                     return resp.status
 
             statuses: list[int] = []
-            for worker in sorted(workers_of(gw.pid)):
-                with only(gw.pid, worker):
-                    statuses += await asyncio.gather(*(one() for _ in range(30)))
+            for worker in sorted(pinned):
+                statuses += await asyncio.gather(*(one(pinned[worker]) for _ in range(30)))
 
             # Every request is counted before its answer is sent; the answering worker adds
             # its peer's counters, read from the peer's socket within MetricsPeer.timeout
-            # (2 s): on a loaded machine the peer, just woken from SIGSTOP, can answer
-            # later, and that one /metrics counts the answering worker's requests alone. Each
-            # alone counts 30, so only the sum of both reaches 60.
+            # (2 s): on a loaded machine the peer can answer later, and that one /metrics
+            # counts the answering worker's requests alone. Each alone counts 30, so only the
+            # sum of both reaches 60.
             counts: list[float] = []
 
             async def both_counted() -> bool:
@@ -295,9 +354,13 @@ def test_killed_worker_is_replaced_while_requests_succeed(gw):
                 return new.pop() if new else None
 
             replacement = await eventually(replaced, timeout=20, what="a replacement worker")
-            # ... which serves: with the surviving worker stopped, it takes every request.
-            with only(gw.pid, replacement):
-                statuses.extend(await asyncio.gather(*(chat(s, gw.url, FAST) for _ in range(8))))
+            # ... which serves, on the socket the victim served.
+            async with per_worker(gw.pid) as pinned:
+                statuses.extend(
+                    await asyncio.gather(
+                        *(chat(pinned[replacement], gw.url, FAST) for _ in range(8))
+                    )
+                )
             assert set(statuses) == {200}, statuses
             return replacement
 
@@ -360,13 +423,10 @@ def test_a_worker_reuses_its_warm_connections_among_alike_replicas(tmp_path):
         assert len(set(before.values())) < 6, before  # the follower scrapes nothing itself
 
         async def run() -> None:
-            # One keep-alive connection, accepted by the follower (the scraper stopped a
-            # moment): then both run, and every request on it reaches the follower.
-            pinned = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+            # One keep-alive connection, accepted by the follower: every request on it reaches
+            # the follower.
+            pinned = on_worker(follower, workers, limit=1)
             try:
-                with only(gw.pid, follower):
-                    async with pinned.get(f"{gw.url}/health") as resp:
-                        assert resp.status == 200
                 for _ in range(12):
                     assert await chat(pinned, gw.url, WARM, 1) == 200
             finally:
@@ -446,14 +506,12 @@ async def test_autoscaling_signals_add_up_over_workers(tmp_path, monkeypatch):
                 async def routable(s: aiohttp.ClientSession) -> bool:
                     return await chat(s, gw.url, MODEL) == 200
 
-                # One keep-alive connection per worker (opened while the other is stopped):
-                # a request on it reaches that worker while both run.
+                # One keep-alive connection accepted by each worker.
                 pinned = {}
                 for worker in (a, b):
-                    one = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+                    one = on_worker(worker, {a, b}, limit=1)
                     pinned[worker] = one
-                    with only(gw.pid, worker):
-                        await eventually(lambda s=one: routable(s), timeout=20, what="routable")
+                    await eventually(lambda s=one: routable(s), timeout=20, what="routable")
                 try:
                     for worker, n in ((a, 4), (b, 6)):  # plus the first one each above
                         sent = [chat(pinned[worker], gw.url, MODEL) for _ in range(n)]

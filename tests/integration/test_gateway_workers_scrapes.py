@@ -17,7 +17,15 @@ import aiohttp
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, eventually, gateway, sim_process, wait_for
-from tests.integration.test_gateway_workers import access_lines, chat, only, session, workers_of
+from llmplane.testing.pinned import on_worker
+from tests.integration.test_gateway_workers import (
+    access_lines,
+    chat,
+    only_among,
+    per_worker,
+    session,
+    workers_of,
+)
 
 INTERVAL = 0.1  # scrapeInterval and scrapeIdleInterval: every endpoint, busy or idle
 WINDOW = 3.0
@@ -67,7 +75,7 @@ def test_two_workers_scrape_each_engine_once_per_interval(tmp_path: Path) -> Non
         engine, gw = two_workers(group, tmp_path, "", "--step-time", "0.2")
 
         async def run() -> None:
-            async with session() as s:
+            async with session() as s, per_worker(gw.pid) as pinned:
                 await eventually(lambda: scrapes(s, engine.url), timeout=20, what="a first scrape")
                 # One scraper: about 1 / INTERVAL a second (pauses jittered by +-20 %); each
                 # worker scraping would be twice that.
@@ -78,12 +86,10 @@ def test_two_workers_scrape_each_engine_once_per_interval(tmp_path: Path) -> Non
                 # use, scraped by worker 0 alone.
                 index: dict[int, int] = {}
                 held = []
-                for n, pid in enumerate(sorted(workers_of(gw.pid)), 1):
-                    with only(gw.pid, pid):
-                        held += [
-                            asyncio.ensure_future(chat(s, gw.url, MODEL, 200)) for _ in range(2)
-                        ]
-                        assert await chat(s, gw.url, MODEL, 1) == 200
+                for n, pid in enumerate(sorted(pinned), 1):
+                    one = pinned[pid]
+                    held += [asyncio.ensure_future(chat(one, gw.url, MODEL, 200)) for _ in range(2)]
+                    assert await chat(one, gw.url, MODEL, 1) == 200
                     lines = wait_for(
                         lambda n=n: len(x := access_lines(gw.output())) == n and x,
                         timeout=10,
@@ -92,13 +98,12 @@ def test_two_workers_scrape_each_engine_once_per_interval(tmp_path: Path) -> Non
                     index[pid] = lines[-1]["worker"]
                 assert sorted(index.values()) == [0, 1], index
                 for pid in index:
-                    with only(gw.pid, pid):
 
-                        async def loaded() -> bool:
-                            async with s.get(f"{gw.url}/metrics") as resp:
-                                return kv_usage(await resp.text(), engine.address) > 0
+                    async def loaded(one: aiohttp.ClientSession = pinned[pid]) -> bool:
+                        async with one.get(f"{gw.url}/metrics") as resp:
+                            return kv_usage(await resp.text(), engine.address) > 0
 
-                        await eventually(loaded, timeout=10, what=f"KV use seen by {index[pid]}")
+                    await eventually(loaded, timeout=10, what=f"KV use seen by {index[pid]}")
                 for request in held:
                     request.cancel()
                 await asyncio.gather(*held, return_exceptions=True)
@@ -152,9 +157,11 @@ def test_two_workers_read_each_engine_model_list_once(tmp_path: Path) -> None:
                 assert 0.3 / MODELS_EVERY <= rate <= 1.3 / MODELS_EVERY, rate
 
                 index: dict[int, int] = {}
-                for n, pid in enumerate(sorted(workers_of(gw.pid)), 1):
-                    with only(gw.pid, pid):
-                        assert await chat(s, gw.url, MODEL, 1) == 200
+                among = workers_of(gw.pid)
+                # One keep-alive connection accepted by each worker.
+                pinned = {pid: on_worker(pid, among, limit=1) for pid in among}
+                for n, pid in enumerate(sorted(among), 1):
+                    assert await chat(pinned[pid], gw.url, MODEL, 1) == 200
                     lines = wait_for(
                         lambda n=n: len(x := access_lines(gw.output())) == n and x,
                         timeout=10,
@@ -167,13 +174,16 @@ def test_two_workers_read_each_engine_model_list_once(tmp_path: Path) -> None:
                 async with s.post(f"{engine.url}/v1/load_lora_adapter", json=body) as resp:
                     assert resp.status == 200, await resp.text()
                 for worker in (0, 1):  # worker 1 alone: worker 0 stopped, nothing read anew
-                    with only(gw.pid, index[worker]):
+                    one = pinned[index[worker]]
+                    with only_among(index[worker], among):
 
-                        async def routable() -> bool:
-                            return await chat(s, gw.url, "sc-adapter", 1) == 200
+                        async def routable(one: aiohttp.ClientSession = one) -> bool:
+                            return await chat(one, gw.url, "sc-adapter", 1) == 200
 
                         await eventually(
                             routable, timeout=15, what=f"the adapter routed by worker {worker}"
                         )
+                for one in pinned.values():
+                    await one.close()
 
         asyncio.run(run())

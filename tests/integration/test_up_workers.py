@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 
 from llmplane.testing import Processes, Up, eventually, wait_for
+from llmplane.testing.pinned import on_worker
 from tests.integration.test_gateway_workers import access_lines, alive, chat, inflight_gauge
-from tests.integration.test_gateway_workers import only_among as only
 from tests.integration.test_gateway_workers import session as new_session
 from tests.integration.test_up_autoscale import SCALE_TO_ZERO, elastic_fleet, spec_replicas
 from tests.integration.upcli import sim_fleet, status
@@ -69,6 +69,9 @@ def test_workers_share_inflight_console_and_scrapes(tmp_path: Path, processes: P
     workers = {up.pid, worker1}
 
     async def run() -> None:
+        # Per worker: new connections it accepts (``fresh``), one keep-alive one (``pinned``).
+        fresh = {pid: on_worker(pid, workers, force_close=True) for pid in workers}
+        pinned = {pid: on_worker(pid, workers, limit=1) for pid in workers}
         async with new_session() as s:
             await eventually(lambda: chat(s, up.url, MODEL, 1), timeout=20, what="routable")
             async with s.get(f"{up.url}/console/api/fleet") as resp:
@@ -76,22 +79,14 @@ def test_workers_share_inflight_console_and_scrapes(tmp_path: Path, processes: P
             address = replicas[0]["address"]
             held = []
             for n, pid in enumerate((up.pid, worker1), 1):
-                with only(pid, workers):
-                    held += [asyncio.ensure_future(chat(s, up.url, MODEL, 200)) for _ in range(3)]
+                one = fresh[pid]
+                held += [asyncio.ensure_future(chat(one, up.url, MODEL, 200)) for _ in range(3)]
 
-                    async def counted(n: int = 3 * n) -> bool:
-                        async with s.get(f"{up.url}/metrics") as resp:
-                            return inflight_gauge(await resp.text(), address) == n
+                async def counted(n: int = 3 * n, one: aiohttp.ClientSession = one) -> bool:
+                    async with one.get(f"{up.url}/metrics") as resp:
+                        return inflight_gauge(await resp.text(), address) == n
 
-                    await eventually(counted, timeout=20, what=f"{3 * n} in flight")
-            # One keep-alive connection per worker (opened while the other is stopped): a
-            # request on it reaches that worker while both run, as the console's relay needs.
-            pinned = {}
-            for pid in (up.pid, worker1):
-                pinned[pid] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
-                with only(pid, workers):
-                    async with pinned[pid].get(f"{up.url}/health") as resp:
-                        assert resp.status == 200
+                await eventually(counted, timeout=20, what=f"{3 * n} in flight")
             try:
                 for pid, one in pinned.items():  # each worker counts both workers' requests
                     for _ in range(3):
@@ -119,9 +114,10 @@ def test_workers_share_inflight_console_and_scrapes(tmp_path: Path, processes: P
                     return sum(p["requests"] for p in (await resp.json())["points"])
 
             before = await charted()
-            with only(worker1, workers):
-                for _ in range(5):
-                    assert await chat(s, up.url, MODEL, 1) == 200
+            for _ in range(5):
+                assert await chat(fresh[worker1], up.url, MODEL, 1) == 200
+            for one in fresh.values():
+                await one.close()
 
             async def counted_in_charts() -> bool:
                 return await charted() - before >= 5
@@ -168,17 +164,22 @@ def test_killed_worker_is_replaced_and_sigterm_drains_everything(
                 return new.pop() if new else None
 
             replacement = await eventually(replaced, timeout=30, what="a replacement worker")
-            # ... which serves: with the platform stopped, it takes every request.
-            with only(replacement, {up.pid, replacement}):
-                statuses.extend(await asyncio.gather(*(chat(s, up.url, MODEL) for _ in range(4))))
-            assert set(statuses) == {200}, statuses
-
-            # SIGTERM while requests are in flight on both workers: they finish (200).
+            # ... which serves, on the socket the victim served.
             workers = {up.pid, replacement}
-            held = []
-            for n, pid in enumerate(sorted(workers), 1):
-                with only(pid, workers):
-                    held += [asyncio.ensure_future(chat(s, up.url, MODEL, 100)) for _ in range(2)]
+            fresh = {pid: on_worker(pid, workers, force_close=True) for pid in workers}
+            try:
+                statuses.extend(
+                    await asyncio.gather(
+                        *(chat(fresh[replacement], up.url, MODEL) for _ in range(4))
+                    )
+                )
+                assert set(statuses) == {200}, statuses
+
+                # SIGTERM while requests are in flight on both workers: they finish (200).
+                held = []
+                for n, pid in enumerate(sorted(workers), 1):
+                    one = fresh[pid]
+                    held += [asyncio.ensure_future(chat(one, up.url, MODEL, 100)) for _ in range(2)]
 
                     async def counted(n: int = 2 * n) -> bool:  # the engine runs them
                         async with s.get(f"http://{address}/metrics") as resp:
@@ -186,8 +187,11 @@ def test_killed_worker_is_replaced_and_sigterm_drains_everything(
                         return sum(map(float, RUNNING.findall(text))) == n
 
                     await eventually(counted, timeout=20, what=f"{2 * n} in flight")
-            os.kill(up.pid, signal.SIGTERM)
-            assert await asyncio.gather(*held) == [200] * 4
+                os.kill(up.pid, signal.SIGTERM)
+                assert await asyncio.gather(*held) == [200] * 4
+            finally:
+                for one in fresh.values():
+                    await one.close()
 
     asyncio.run(run())
     assert up.exited(60) == 0  # by itself, on the one SIGTERM
@@ -214,10 +218,7 @@ def test_a_request_held_by_worker_1_scales_from_zero(tmp_path: Path, processes: 
     _, (worker1,) = followers(up)
 
     async def run() -> int:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as one:
-            with only(worker1, {up.pid, worker1}):  # a connection to worker 1
-                async with one.get(f"{up.url}/health") as resp:
-                    assert resp.status == 200
+        async with on_worker(worker1, {up.pid, worker1}, limit=1) as one:
             body = {"model": MODEL, "prompt": "hello", "max_tokens": 5}
             async with one.post(f"{up.url}/v1/completions", json=body) as resp:
                 await resp.read()

@@ -45,6 +45,7 @@ def playground_yaml(models: Path, replicas: int = 2) -> str:
         "--dtype", "bfloat16",
         "--max-model-len", "512",
         "--max-num-seqs", "2",  # so concurrent requests queue (the gateway must see it)
+        "--scheduling-policy", "priority",  # the gateway then sends each request's priority
         "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
         "--lora-modules", f"a1={models / 'lora-a1'}",
     ]  # fmt: skip
@@ -220,6 +221,20 @@ def test_chat_completions_and_streaming_with_usage_through_the_gateway(fleet: Fl
     deltas = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
     assert len(deltas) >= 2, chunks
     assert chunks[-1]["usage"]["completion_tokens"] == 10
+
+
+def test_the_gateway_sends_its_priority_to_vllm_run_with_priority_scheduling(fleet: Fleet) -> None:
+    # The Playground's args say --scheduling-policy priority: the runtime marks its endpoints
+    # so and the gateway appends each request's priority to the body (gateway/flowcontrol/
+    # priority.py). vLLM keeps the last of duplicate keys, so a client's own invalid priority,
+    # which vLLM refuses when sent to a replica directly, is replaced and served.
+    body = {"model": NAME, "prompt": "ranked", "max_tokens": 2, "priority": "not a number"}
+    code, _, direct = http(f"http://{fleet.replica_addresses()[0]}/v1/completions", body)
+    assert code == 400 and direct["error"]["param"] == "body.priority", direct
+    for _ in range(4):  # whichever replica it goes to
+        code, _, served = http(f"{fleet.up.url}/v1/completions", body)
+        assert code == 200, served
+        assert served["usage"]["completion_tokens"] == 2
 
 
 def test_gateway_sees_vllms_queue_and_kv_cache_under_load(fleet: Fleet) -> None:

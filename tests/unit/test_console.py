@@ -68,8 +68,7 @@ def test_workers_read_each_others_totals_from_shared_memory() -> None:
     real shared-memory share the supervisor makes; no socket, nobody asked): worker 0's ring
     counts worker 2's requests, worker 1's counts worker 0's; a report being rewritten
     reads as its previous copy."""
-    sock = listen("127.0.0.1", 0)
-    share = Share(3, sock)
+    share = Share(3, listen("127.0.0.1", 0, 3))
     try:
         seats = [share.seat(i) for i in range(3)]
         metrics = [GatewayMetrics() for _ in seats]
@@ -97,7 +96,6 @@ def test_workers_read_each_others_totals_from_shared_memory() -> None:
         assert dict(stats[0].peers())[(2, os.getpid())] == totals(metrics[2])
     finally:
         share.close()
-        sock.close()
 
 
 def test_quantile_interpolates_inside_the_bucket() -> None:

@@ -206,3 +206,47 @@ def test_a_priority_engine_counts_shares_without_a_reserve_and_seats_note_the_sh
     for seat in [*big, small]:
         fc.release(seat)
     assert fc.shares.backends == {}
+
+
+@pytest.mark.parametrize("priority_scheduling", [True, False])
+async def test_for_priority_engines_critical_takes_the_reserve_whatever_its_share(
+    priority_scheduling: bool,
+) -> None:
+    fc = flow_control(reserve=1)
+    a = Endpoint(1, priority_scheduling)
+    a.inflight = 2  # at the rule and its reserve: everyone waits
+    seats = [fc.seat("pool", "crit", 1) for _ in range(3)] + [fc.seat("pool", "small", 1)]
+    # On arrival: crit is over its share (3 of 4 in flight, two tenants).
+    a.inflight = 1
+    assert fc.reserved("pool", (a,), "Critical", "crit", 1, 0.0) is priority_scheduling
+    a.inflight = 2
+    went: list[str] = []
+
+    async def request(criticality: str, tenant: str) -> None:
+        await fc.wait("pool", (a,), criticality, tenant, 1, 10)
+        a.inflight += 1
+        went.append(tenant)
+
+    tasks = [
+        asyncio.create_task(request(c, t)) for c, t in (("Default", "big"), ("Critical", "crit"))
+    ]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert fc.waiting() == 2
+    a.inflight = 1  # room within the reserve only
+    fc.pump()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    # From the queue: under-share waiters first (big: nothing in flight), whatever the band.
+    assert went == ["big"]
+    a.inflight = 1  # room within the reserve again
+    fc.pump()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    # Then, for a priority engine only, the over-share Critical waiter.
+    assert went == (["big", "crit"] if priority_scheduling else ["big"])
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for seat in seats:
+        fc.release(seat)

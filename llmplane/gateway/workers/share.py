@@ -1,7 +1,7 @@
 """What the supervisor sets up before it forks (``Share``) and one worker's place in it
-(``Seat``): the listening socket, the in-flight table, the scraped engine metrics, the shared
-token buckets, the prefix picks, the workers' reports and the private directory of the
-workers' metrics sockets."""
+(``Seat``): the listening sockets (one per worker), the in-flight table, the scraped engine
+metrics, the shared token buckets, the prefix picks, the workers' reports and the private
+directory of the workers' metrics sockets."""
 
 from __future__ import annotations
 
@@ -33,22 +33,47 @@ ENDPOINT_CAPACITY = 16_384  # endpoint addresses one gateway run can see
 BUCKET_CAPACITY = 4_096  # rate-limit buckets (route x direction)
 
 
-def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """The listening socket a supervisor binds once and its workers all accept on."""
+def listen(host: str, port: int, count: int, backlog: int = 2048) -> list[socket.socket]:
+    """``count`` listening sockets on one address, one per worker, joined by ``SO_REUSEPORT``:
+    the kernel spreads new connections over them by a hash of the connection's addresses
+    (docs/gateway.md, "Workers"). Port 0 binds the first to any free port and the rest to it.
+
+    ``SO_REUSEPORT`` lets any socket of this user with the option join a group on the port,
+    so a fixed port is first checked free by a plain bind (``EADDRINUSE`` if anything
+    listens there, another gateway's group included) rather than silently shared."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=backlog)
+    if port:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as create_server's: IPv6 only
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind((host, port))
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            socks.append(
+                socket.create_server((host, port), family=family, backlog=backlog, reuse_port=True)
+            )
+            port = socks[0].getsockname()[1]
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 class Share:
     def __init__(
         self,
         workers: int,
-        sock: socket.socket,
+        socks: list[socket.socket],
         endpoint_capacity: int = ENDPOINT_CAPACITY,
         bucket_capacity: int = BUCKET_CAPACITY,
     ) -> None:
         self.workers = workers
-        self.sock = sock
+        # Worker i serves socks[i] alone; the supervisor keeps them all open, so while a dead
+        # worker is replaced its connections wait in its socket's backlog.
+        self.socks = socks
         self.locks = Locks()
         self.inflight = InflightTable(workers, endpoint_capacity, self.locks)
         self.scrapes = ScrapeTable(endpoint_capacity)
@@ -63,11 +88,20 @@ class Share:
     def seat(self, index: int) -> Seat:
         return Seat(self, index)
 
+    def keep_only(self, index: int) -> None:
+        """In worker ``index`` after the fork: close the other workers' listening sockets (a
+        worker must never hold a peer's, or that peer's replacement would share its queue)."""
+        for i, sock in enumerate(self.socks):
+            if i != index:
+                sock.close()
+
     def reaped(self, index: int) -> None:
         """Worker ``index`` is gone: its in-flight requests with it."""
         self.inflight.clear(index)
 
     def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -78,7 +112,7 @@ class Seat:
         self.share = share
         self.index = index
         self.workers = share.workers
-        self.sock = share.sock
+        self.sock = share.socks[index]
         self.metrics = MetricsPeer(
             share.socket_path(index),
             [share.socket_path(i) for i in range(share.workers) if i != index],

@@ -1,7 +1,8 @@
-"""The supervisor of ``llmplane gateway --workers N``: it holds the listening socket and the
-shared memory, forks N workers that all accept on that socket, replaces a worker that dies
-(the socket stays open, so clients only see the kernel queue a connection for a moment), and
-on SIGTERM / SIGINT passes the signal on and waits while the workers drain.
+"""The supervisor of ``llmplane gateway --workers N``: it holds the listening sockets (one
+per worker, one ``SO_REUSEPORT`` group) and the shared memory, forks N workers, worker i
+accepting on socket i alone, replaces a worker that dies (its socket stays open here, so new
+connections hashed to it wait in its backlog for the replacement, which inherits the socket),
+and on SIGTERM / SIGINT passes the signal on and waits while the workers drain.
 
 The supervisor runs no event loop and imports nothing after the fork: a plain ``select`` on
 a signal wake-up pipe and a pipe the workers write their index to once they serve."""
@@ -78,6 +79,7 @@ class Supervisor:
                     signal.signal(sig, signal.SIG_DFL)
                 for fd in (self._wake_r, self._wake_w, self._ready_r):
                     os.close(fd)
+                self.share.keep_only(index)
                 ready_w = self._ready_w
 
                 def ready() -> None:
