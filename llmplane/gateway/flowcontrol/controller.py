@@ -15,10 +15,8 @@ burst of completions from releasing more requests than there is room for.
 With a reserve (``flowControlReserve``, ``share.py``): a request whose flow holds less than
 its fair share of the backend's requests in flight goes at once to an endpoint within the
 reserve past the saturation rule, instead of waiting behind over-share flows. When the
-backend's engines order their queues by priority (``priority.py``), a Critical request may use
-the reserve whatever its tenant's share, on arrival and from the queue after the under-share
-waiters: the engine serves it before every Default request anyway, so holding it in the
-gateway only adds its wait there.
+backend's engines order their queues by priority (``priority.py``), the shares are counted
+even without a reserve: a request's priority says whether its tenant was under its share.
 
 The state is per gateway process (each worker of a multi-worker gateway keeps its own queues,
 over the load it sees on the shared engines): see docs/gateway.md, "Flow control".
@@ -155,9 +153,7 @@ class FlowControl:
         if not self.reserve or criticality == "Sheddable":
             return False
         flow = flow_of(tenant)
-        if not (criticality == "Critical" and prioritized(candidates)) and not self.shares.under(
-            key, flow, weight, self.queues.get(key)
-        ):
+        if not self.shares.under(key, flow, weight, self.queues.get(key)):
             return False
         if not self._reserve_left(candidates, now):
             return False
@@ -270,10 +266,9 @@ class FlowControl:
 
     def _under_share(self, key: str, queue: FlowQueue) -> Waiter | None:
         """The first waiter, by band (not Sheddable), whose flow is under its fair share; taken
-        out of the queue. For priority engines, when there is none, a Critical waiter (by the
-        band's round-robin) whatever its share: after the under-share ones, so a Critical
-        backlog never holds a small tenant in the gateway (tried: Critical first took the
-        small tenant's p99 from 2.4x to 7.6x its unloaded one, docs/benchmarks.md)."""
+        out of the queue. (For priority engines, letting Critical waiters take the reserve
+        whatever their share was tried and not adopted: docs/benchmarks.md, "Engine-side
+        priority".)"""
         under = self.shares.under
         for band in queue.bands[: BAND["Sheddable"]]:
             for flow in band.flows.values():
@@ -281,8 +276,6 @@ class FlowControl:
                     waiter = flow.waiters[0]
                     queue.remove(waiter)
                     return waiter
-        if queue.bands[BAND["Critical"]].count and prioritized(queue.candidates):
-            return queue.pop()
         return None
 
     def _taken(self, key: str, queue: FlowQueue) -> None:
