@@ -2,7 +2,9 @@
 workers share in-flight counts (every worker's /metrics and scheduler see the requests the
 other one holds), a local token rate limit admits exactly its tokens across both, /metrics is
 one aggregated view, the access log is one stream of whole JSON lines from both workers, a
-SIGKILLed worker is replaced while requests keep succeeding, and SIGTERM drains."""
+SIGKILLed worker is replaced while requests keep succeeding, SIGTERM drains, and keep-alive
+connections opened at once spread over both workers (one SO_REUSEPORT socket each). A test
+reaches a chosen worker through ``llmplane/testing/pinned.py``."""
 
 from __future__ import annotations
 
