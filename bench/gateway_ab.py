@@ -24,14 +24,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import orjson
 
 from bench.common import (
+    build_native,
     checkout,
     cpu_seconds,
     gateway_proc,
@@ -210,17 +209,6 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def build_native(tree: Path) -> None:
-    """Compile ``tree``'s hot path in place, as ``pip install`` does (a failure leaves it pure
-    Python, which the count of loaded compiled modules then shows)."""
-    subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-        cwd=tree,
-        check=False,
-        capture_output=True,
-    )
 
 
 def native_modules(pid: int) -> int:
