@@ -24,14 +24,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import orjson
 
 from bench.common import (
+    build_native,
     checkout,
     cpu_seconds,
     gateway_proc,
@@ -52,7 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", required=True, help="git ref of the build to compare against")
+    p.add_argument("--baseline", help="git ref of the build to compare against")
+    p.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="instead of --baseline: a checkout already built (its compiled hot path as it is)",
+    )
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--concurrency", type=int, default=8)
@@ -89,14 +93,19 @@ def main(argv: list[str] | None = None) -> None:
         help="do not build the baseline's compiled hot path (it runs pure Python)",
     )
     args = p.parse_args(argv)
+    if (args.baseline is None) == (args.baseline_tree is None):
+        p.error("give one of --baseline REF or --baseline-tree PATH")
 
     from llmplane.gateway.discovery.store_endpoints import endpoint_object
 
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-ab-"))
-    base_tree = checkout(args.baseline, work / "baseline")
-    if not args.pure_baseline:
-        build_native(base_tree)
+    if args.baseline_tree is not None:
+        base_tree = args.baseline_tree
+    else:
+        base_tree = checkout(args.baseline, work / "baseline")
+        if not args.pure_baseline:
+            build_native(base_tree)
     procs: list[Process] = []
     cleanup: list[Path] = []
     try:
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         print()
         print(
-            f"`python -m bench.gateway_ab --baseline {args.baseline} --rounds {args.rounds} "
+            f"`python -m bench.gateway_ab --baseline {args.baseline or args.baseline_tree} "
+            f"--rounds {args.rounds} "
             f"--duration {args.duration:g} --concurrency {args.concurrency} "
             f"--workers {args.workers}{' --nginx' if args.nginx else ''}"
             f"{' --new-connections' if args.new_connections else ''}` "
@@ -194,21 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for proc in reversed(procs):
             proc.stop()
-        remove_checkout(base_tree)
+        if args.baseline_tree is None:
+            remove_checkout(base_tree)
         shutil.rmtree(work, ignore_errors=True)
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def build_native(tree: Path) -> None:
-    """Compile ``tree``'s hot path in place, as ``pip install`` does (a failure leaves it pure
-    Python, which the count of loaded compiled modules then shows)."""
-    subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-        cwd=tree,
-        check=False,
-        capture_output=True,
-    )
 
 
 def native_modules(pid: int) -> int:

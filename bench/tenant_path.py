@@ -185,7 +185,9 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
         **relayed_headers(s.upstream, "127.0.0.1:1", None, lines),
     ).encode(True, False, DATE)
     wire_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
-    parser = SimpleNamespace(_header_bytes=0, _headers=Headers())
+    parser = _Protocol.__new__(_Protocol)  # its fields only (compiled, an extension type)
+    parser._header_bytes = 0
+    parser._headers = Headers()
     sent = SimpleNamespace(n=0)
     server = socket.create_server(("127.0.0.1", 0))
     writer = socket.create_connection(server.getsockname())

@@ -155,6 +155,9 @@ def kill_run(tree: Path, state: str, workers: int, name: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", help="git ref to compare against (default: this tree only)")
+    p.add_argument(
+        "--baseline-tree", type=Path, help="instead of --baseline: a checkout already built"
+    )
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     p.add_argument("--workers", type=int, default=2)
@@ -163,7 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-spread-"))
     builds: dict[str, Path] = {}
-    if args.baseline:
+    if args.baseline_tree:
+        builds["baseline"] = args.baseline_tree
+    elif args.baseline:
         builds["baseline"] = checkout(args.baseline, work / "baseline")
         build_native(builds["baseline"])
     builds["candidate"] = ROOT
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     finally:
         nginx.stop()
-        if "baseline" in builds:
+        if "baseline" in builds and not args.baseline_tree:
             remove_checkout(builds["baseline"])
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(nginx_prefix, ignore_errors=True)
