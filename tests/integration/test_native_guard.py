@@ -168,7 +168,9 @@ from .typed import Box
 def unbox(box: Box) -> int:
     return box.n
 '''
-USER_PXD = "import cython\nfrom pkg.typed cimport Box\n\n@cython.locals(box=Box)\ncpdef unbox(box)\n"
+USER_PXD = (
+    "import cython\nfrom pkg.typed cimport Box\n\n@cython.locals(box=Box)\ncpdef unbox(box)\n"
+)
 
 TYPED_PROBE = """\
 import json
