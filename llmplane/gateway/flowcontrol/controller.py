@@ -16,9 +16,7 @@ With a reserve (``flowControlReserve``, ``share.py``): a request whose flow hold
 its fair share of the backend's requests in flight goes at once to an endpoint within the
 reserve past the saturation rule, instead of waiting behind over-share flows; of those, to
 where it starts soonest (``soonest``: a free sequence slot, the fewest prefills under way),
-not the scheduler's usual pick, since what it waits for there is the engine's step. Until
-its first chunk nothing else is sent to that endpoint (``alone``): its prefill step is not
-shared with the next request's. When the
+not the scheduler's usual pick, since what it waits for there is the engine's step. When the
 backend's engines order their queues by priority (``priority.py``), the shares are counted
 even without a reserve: a request's priority says whether its tenant was under its share.
 
@@ -146,9 +144,6 @@ class FlowControl:
         self.reserve = reserve if enabled and saturated_by is not None else 0
         self.saturated_by = saturated_by
         self.shares = Shares()  # in flight per backend and flow (counted with a reserve)
-        # Endpoints a request sent through the reserve is prefilling on: saturated for the
-        # rest while a stream there has not answered its first chunk (by address).
-        self.alone: dict[str, EndpointState] = {}
         self.ttl = ttl
         self.limits = limits or Limits()
         self.retry_after = retry_after
@@ -159,33 +154,7 @@ class FlowControl:
     def needed(self, key: str, candidates: Sequence[EndpointState], now: float) -> bool:
         """Whether a request for backend ``key`` must wait: others wait already, or every
         candidate is saturated."""
-        if key in self.queues:
-            return True
-        if self.alone:  # only with a reserve: see ``_held``
-            return self._full(candidates, now)
-        return self.saturated(candidates, now)
-
-    def _full(self, candidates: Sequence[EndpointState], now: float) -> bool:
-        """Every candidate saturated, or held for a reserve request's prefill (``alone``)."""
-        if not self.alone:
-            return self.saturated(candidates, now)
-        saturated_by = self.saturated_by
-        assert saturated_by is not None
-        for state in candidates:
-            if not saturated_by(state, now, 0) and not self._held(state):
-                return False
-        return True
-
-    def _held(self, state: EndpointState) -> bool:
-        """Whether ``state`` is kept for a request sent through the reserve: until no stream
-        there is before its first chunk (then it is let go)."""
-        alone = self.alone
-        if state.address not in alone:
-            return False
-        if state.prefilling > 0:
-            return True
-        del alone[state.address]
-        return False
+        return key in self.queues or self.saturated(candidates, now)
 
     def reserved(
         self,
@@ -221,19 +190,11 @@ class FlowControl:
         saturated_by = self.saturated_by
         if not self.reserve or saturated_by is None:
             return candidates
-        room = [
-            state
-            for state in candidates
-            if not saturated_by(state, now, 0) and not (self.alone and self._held(state))
-        ]
+        room = [state for state in candidates if not saturated_by(state, now, 0)]
         if room:
             return room
         room = [state for state in candidates if not saturated_by(state, now, self.reserve)]
-        if not room:
-            return candidates
-        state = soonest(room)[0]  # held for it until its first chunk: its step to itself
-        self.alone[state.address] = state
-        return [state]
+        return soonest(room) if room else candidates
 
     def counts(self, candidates: Sequence[EndpointState]) -> bool:
         """Whether requests to these candidates are counted for their flow's fair share: with
@@ -305,7 +266,7 @@ class FlowControl:
         if queue.granted or not queue.count:
             return
         now = time.monotonic()
-        if not self._full(queue.candidates, now):
+        if not self.saturated(queue.candidates, now):
             waiter = queue.pop()
         elif self.reserve and self._reserve_left(queue.candidates, now):
             waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter
