@@ -240,8 +240,16 @@ def take_levels(
     return levels
 
 
+class PlanState:
+    """What ``reserve_levels`` reads and writes of a plan (``local.LocalPlan`` is one):
+    compiled, an extension type whose fields the loop reads as C struct members instead of
+    looking each up by name."""
+
+    __slots__ = ("_levels", "amount_kinds", "bucket_list", "header_lines", "lines")
+
+
 def reserve_levels(
-    plan: Any,
+    plan: PlanState,
     doc: dict[str, Any],
     count: Callable[..., int],
     model: str,

@@ -35,6 +35,7 @@ from llmplane.gateway.ratelimit.buckets import (
     COMPILED,
     KINDS,
     HeaderLines,
+    PlanState,
     TokenBucket,
     duration,
     reserve_levels,
@@ -260,26 +261,21 @@ def _straight_render(rows: tuple[tuple[str, int], ...], fmt: str) -> Callable[..
     return _made(lines, "render", MS=_MILLISECONDS, ceil=math.ceil, duration=duration, FMT=fmt)
 
 
-class LocalPlan:
+class LocalPlan(PlanState):
     """One limit's local buckets in the order a request takes them (the amounts of a take
     and a settlement are given in ``directions``' order), with their header names, limit
     values and the headers' template made once. Valid until the limits change (the limiter
     drops its plans then)."""
 
     __slots__ = (
-        "_levels",
         "_renderer",
         "_settled",
         "_straight",
-        "amount_kinds",
-        "bucket_list",
         "buckets",
         "directions",
         "format",
         "has_requests",
-        "header_lines",
         "limits",
-        "lines",
         "lock",
         "reserve",
         "settle",
