@@ -31,13 +31,15 @@ cdef class PlanState:
     cdef public tuple amount_kinds, bucket_list
     cdef public HeaderLines header_lines
     cdef public bytes lines
+    cdef public object count, default, out
 
 
 @cython.locals(b=TokenBucket, level=cython.double, stamp=cython.double, taken=cython.double,
                i=Py_ssize_t, n=Py_ssize_t, short=bint, same=bint, levels=list, amounts=list,
-               buckets=tuple, kind=int, last=list, h=HeaderLines, lines=object)
-cpdef list reserve_levels(PlanState plan, object doc, object count, object model, object sent,
-                          object out, object default, double now, list counted)
+               buckets=tuple, kind=int, last=list, h=HeaderLines, lines=object,
+               out=object, default=object)
+cpdef list reserve_levels(PlanState plan, object doc, object model, object sent, double now,
+                          list counted)
 
 
 @cython.locals(b=TokenBucket, level=cython.double, burst=cython.double, t=cython.double,

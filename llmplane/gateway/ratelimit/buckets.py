@@ -245,30 +245,38 @@ class PlanState:
     compiled, an extension type whose fields the loop reads as C struct members instead of
     looking each up by name."""
 
-    __slots__ = ("_levels", "amount_kinds", "bucket_list", "header_lines", "lines")
+    __slots__ = (
+        "_levels",
+        "amount_kinds",
+        "bucket_list",
+        "count",
+        "default",
+        "header_lines",
+        "lines",
+        "out",
+    )
 
 
 def reserve_levels(
     plan: PlanState,
     doc: dict[str, Any],
-    count: Callable[..., int],
     model: str,
     sent: str,
-    out: Callable[[dict[str, Any], int, int], int],
-    default: int,
     now: float,
     counted: list[int],
 ) -> list[int] | None:
     """``local.LocalPlan.reserve`` as one loop over the plan's buckets (``TokenBucket`` itself):
     a request's amounts (per ``plan.amount_kinds``: one request, the output reservation
-    ``out(doc, default, limit)``, the input count ``count(doc, model, sent)`` made once and
-    left in ``counted``, or both), each checked against its limit, and the take
+    ``plan.out(doc, plan.default, limit)``, the input count ``plan.count(doc, model, sent)``
+    made once and left in ``counted``, or both), each checked against its limit, and the take
     (``take_levels``' arithmetic); the plan's header lines rendered again only when the levels
     after the take differ from the last ones (by its ``header_lines``, a ``HeaderLines``, when
     it has one). Returns the amounts taken, or None (nothing taken: too large, or it does not
     fit now)."""
     amounts = []
     c = None
+    out = plan.out
+    default = plan.default
     for kind, limit in plan.amount_kinds:
         if kind == 0:
             a = 1
@@ -276,7 +284,7 @@ def reserve_levels(
             a = out(doc, default, limit)
         else:  # the input count, made once
             if c is None:
-                c = count(doc, model, sent)
+                c = plan.count(doc, model, sent)
                 counted.append(c)
             a = c + out(doc, default, limit) if kind == 3 else c
         if a > limit:

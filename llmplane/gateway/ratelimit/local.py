@@ -42,7 +42,8 @@ from llmplane.gateway.ratelimit.buckets import (
     settle_levels,
     take_levels,
 )
-from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
+from llmplane.gateway.tokens import TokenCounter
 
 # Whether a new plan of a process's own buckets takes and settles with the compiled loops
 # (``buckets.take_levels`` / ``settle_levels``) instead of the written-out functions.
@@ -127,7 +128,11 @@ def _straight_reserve(
     path then answers with the 429, reusing the input count left in ``counted``). The header lines are rendered into the plan only when
     the levels after the take differ from the last ones."""
     n = len(rows)
-    lines = ["def reserve(plan, doc, count, model, sent, out, default, now, counted):"]
+    lines = [
+        "def reserve(plan, doc, model, sent, now, counted):",
+        "    out = plan.out",
+        "    default = plan.default",
+    ]
     counted = False
     for i, (direction, limit) in enumerate(rows):
         if direction == REQUESTS:
@@ -136,7 +141,7 @@ def _straight_reserve(
             lines.append(f"    a{i} = out(doc, default, {limit})")
         else:  # INPUT, BUDGET: the input count, made once
             if not counted:
-                lines.append("    c = count(doc, model, sent)")
+                lines.append("    c = plan.count(doc, model, sent)")
                 lines.append("    counted.append(c)")
                 counted = True
             if direction == BUDGET and not embeddings:
@@ -282,8 +287,20 @@ class LocalPlan(PlanState):
         "take",
     )
 
-    def __init__(self, buckets: dict[str, TokenBucket], embeddings: bool = False) -> None:
+    def __init__(
+        self,
+        buckets: dict[str, TokenBucket],
+        embeddings: bool = False,
+        count: Callable[..., int] | None = None,
+        default: int = 256,
+    ) -> None:
         self.buckets = buckets  # direction -> bucket, in the order of a take
+        # What ``reserve`` makes a request's amounts with (``RateLimiter``'s, bound once):
+        # ``count(doc, model, sent)`` the input tokens, ``out(doc, default, limit)`` the
+        # output reservation.
+        self.count = count if count is not None else TokenCounter(None).count
+        self.out = output_reservation
+        self.default = default
         self.directions = tuple(buckets)
         self.bucket_list = tuple(buckets.values())
         # (direction, the limit: tokens per unit), what a request's amounts are checked against
@@ -322,9 +339,9 @@ class LocalPlan(PlanState):
             else _straight_settle(self.directions)(*self.bucket_list, self.give)
         )
         self.settle = self._settled if self.lock is None else self._settle_locked
-        # ``reserve(plan, doc, count, model, sent, out, default, now, counted)``: the amounts
-        # (``count(doc, model, sent)``, ``out(doc, default, limit)``) and the take in one
-        # call (``_straight_reserve``), for buckets of this process; the header lines are
+        # ``reserve(plan, doc, model, sent, now, counted)``: the amounts (with ``count`` and
+        # ``out``) and the take in one call (``_straight_reserve``, or the compiled
+        # ``buckets.reserve_levels``), for buckets of this process; the header lines are
         # then in ``lines``. None for shared buckets (amounts made outside their lock) and
         # for a plan without buckets.
         self.reserve: Callable[..., list[int] | None] | None = None
