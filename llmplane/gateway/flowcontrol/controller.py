@@ -19,7 +19,9 @@ burst of completions from releasing more requests than there is room for.
 
 With a reserve (``flowControlReserve``, ``share.py``): a request whose flow holds less than
 its fair share of the backend's requests in flight goes at once to an endpoint within the
-reserve past the saturation rule, instead of waiting behind over-share flows. When the
+reserve past the saturation rule, instead of waiting behind over-share flows; of those, to
+where it starts soonest (``soonest``: a free sequence slot, the fewest prefills under way),
+not the scheduler's usual pick, since what it waits for there is the engine's step. When the
 backend's engines order their queues by priority (``priority.py``), the shares are counted
 even without a reserve: a request's priority says whether its tenant was under its share.
 
@@ -53,6 +55,22 @@ def flow_of(tenant: str | None) -> str:
 Saturated = Callable[[Sequence[EndpointState], float], bool]
 # Whether one endpoint is saturated with ``extra`` more allowed past each limit.
 SaturatedBy = Callable[[EndpointState, float, int], bool]
+
+
+def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+    """Of endpoints past the saturation rule (the reserve), those where a request sent now
+    starts its prefill soonest: one with a sequence slot free (below its ``capacity``, when
+    known) over one where it would wait for a running request to end, then the fewest streams
+    before their first chunk (each is a prefill in the step under way or in the next one, the
+    step this request joins), then the fewest requests in flight."""
+    keys = [_start_key(state) for state in candidates]
+    best = min(keys)
+    return [state for state, key in zip(candidates, keys, strict=True) if key == best]
+
+
+def _start_key(state: EndpointState) -> tuple[bool, int, int]:
+    capacity = state.capacity
+    return (bool(capacity) and state.inflight >= capacity, state.prefilling, state.inflight)
 
 
 def prioritized(candidates: Sequence[EndpointState]) -> bool:
@@ -180,11 +198,11 @@ class FlowControl:
         saturated_by = self.saturated_by
         if not self.reserve or saturated_by is None:
             return candidates
-        for extra in (0, self.reserve):
-            room = [state for state in candidates if not saturated_by(state, now, extra)]
-            if room:
-                return room
-        return candidates
+        room = [state for state in candidates if not saturated_by(state, now, 0)]
+        if room:
+            return room
+        room = [state for state in candidates if not saturated_by(state, now, self.reserve)]
+        return soonest(room) if room else candidates
 
     def counts(self, candidates: Sequence[EndpointState]) -> bool:
         """Whether requests to these candidates are counted for their flow's fair share: with

@@ -17,8 +17,9 @@ instead of formatting them again: a tenant well inside its limits finds its buck
 before every request, and takes the same amounts.
 
 Compiled (setup.py's hot path), the buckets' numbers are C doubles and the take and the
-settlement are loops over them in C (``buckets.reserve_levels``, ``settle_levels``),
-which beat the written-out Python there; ``LOOPS`` says which a new plan uses (the tests
+settlement are loops over them in C (``buckets.reserve_levels``, ``settle_levels``) and the
+header lines are written in C (``buckets.HeaderLines``), which beat the written-out Python
+there; ``LOOPS`` says which a new plan uses (the tests
 check both against the general path)."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 from llmplane.gateway.ratelimit.buckets import (
     COMPILED,
     KINDS,
+    HeaderLines,
     TokenBucket,
     duration,
     reserve_levels,
@@ -275,6 +277,7 @@ class LocalPlan:
         "directions",
         "format",
         "has_requests",
+        "header_lines",
         "limits",
         "lines",
         "lock",
@@ -342,6 +345,9 @@ class LocalPlan:
             lines.append(f"{names[0]}: {int(bucket.burst)}\r\n{names[1]}: %d\r\n{names[2]}: %s\r\n")
         self.format = "".join(lines)
         self._renderer = _straight_render(self.limits, self.format)
+        # With the loops, the lines are written by ``buckets.HeaderLines`` (C arithmetic into
+        # a C buffer when compiled; ``_renderer`` for what it leaves to Python).
+        self.header_lines = HeaderLines(self.format, self.limits) if loops else None
         # The levels the last take left and the lines rendered for them.
         self._levels: list[float] | None = None
         self.lines = b""
@@ -364,7 +370,9 @@ class LocalPlan:
 
     def _render(self, levels: list[float]) -> None:
         """``lines``: the header lines of the buckets at ``levels`` (after a take)."""
-        self.lines = self._renderer(self.bucket_list, levels)
+        h = self.header_lines
+        lines = h.render(self.bucket_list, levels) if h is not None else None
+        self.lines = lines if lines is not None else self._renderer(self.bucket_list, levels)
         self._levels = levels
 
     def give(self, deltas: Sequence[int], now: float) -> None:
