@@ -653,6 +653,7 @@ class Gateway:
             self.config.metrics_staleness,
             now,
             self._warm,
+            inference.prompt_bound(),
         )
 
     @cython.locals(ctx=RequestContext)
