@@ -22,6 +22,7 @@ from llmplane.gateway.workers.shm import region
 RING_BYTES = 4 << 20  # per worker: at 64 blocks a pick, about 8,000 picks of slack
 _HEAD = struct.Struct("<IHHI")
 _BIG_ENDIAN = sys.byteorder == "big"  # records are little-endian
+_KEYS_KEPT = 4096
 
 
 class PickRings:
@@ -68,6 +69,8 @@ class PickFeed:
     def publish(self, scorer: int, key: str, hashes: Sequence[int]) -> None:
         known = self._keys.get(key)
         if known is None:
+            if len(self._keys) >= _KEYS_KEPT:  # endpoints come and go: never grow unbounded
+                self._keys.clear()
             raw = key.encode()
             known = self._keys[key] = (len(raw), raw + bytes(-(_HEAD.size + len(raw)) % 8))
         key_len, padded = known
