@@ -3,7 +3,8 @@ plus Critical and Sheddable traffic, with flow control off (today's behaviour) a
 
     python -m bench.overload [--replicas 2] [--max-num-seqs 8] [--time-scale 10]
                              [--prompt-tokens 400] [--max-tokens 10] [--duration 60]
-                             [--load 3.0] [--ttl 10] [--seed 1] [--cap-inflight N]
+                             [--shape fixed|mixed] [--load 3.0] [--ttl 10] [--seed 1]
+                             [--cap-inflight N]
                              [--max-prefilling N[,N...]] [--reserve N[,N...]]
                              [--variant SETTING=N[,...]]... [--skip PHASE[,...]]
                              [--write [--section NAME]]
@@ -11,7 +12,10 @@ plus Critical and Sheddable traffic, with flow control off (today's behaviour) a
 The fleet: ``--replicas`` sim engines (``--max-num-seqs`` running sequences each, modelled
 time slowed by ``--time-scale`` so the client and the gateway are far from the CPU limit).
 Each request is a streamed completion of ``--prompt-tokens`` fresh tokens (no prefix-cache
-hits) and exactly ``--max-tokens`` output tokens. Four Tenants with keys: ``big`` and
+hits) and exactly ``--max-tokens`` output tokens; with ``--shape mixed`` instead lengths in the
+range of ShareGPT chat: prompts and outputs drawn from clipped lognormals (``MIXED``: prompts
+50-1000 tokens around a median of 200, outputs 20-300 around 80), the same lengths for the
+same arrival in every phase. Four Tenants with keys: ``big`` and
 ``small`` (Default; big sends 10x small's rate), ``critical`` (Critical) and ``bulk``
 (Sheddable). Offered load per class, in units of the measured capacity C: small 0.1 C,
 big 1.0 C, critical 0.4 C, bulk 1.5 C (x ``--load`` / 3).
@@ -45,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import math
 import os
 import random
 import shutil
@@ -76,6 +81,9 @@ CLASSES = {  # tenant -> (criticality, share of the offered load in units of 0.1
     "critical": ("Critical", 4),
     "bulk": ("Sheddable", 15),
 }
+# --shape mixed: (median, sigma of its log, min, max) of the prompt and the output tokens, a
+# lognormal clipped to the range of ShareGPT-style chat turns (seeded: the same in every phase).
+MIXED = {"prompt": (200, 0.8, 50, 1000), "output": (80, 0.8, 20, 300)}
 TIMING = b": llmplane-sim-timing "  # the sims' --report-timing comment
 WORDS = [c + v + d for c in "bcdfghjklmnprstvz" for v in "aeiou" for d in "bcdfghjklmnprstvz"]
 
@@ -200,12 +208,28 @@ async def one(
         o.error = f"{type(err).__name__}: {err}"
 
 
-def request_body(rng: random.Random, args: argparse.Namespace) -> bytes:
+def lognormal(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
+    return min(high, max(low, round(rng.lognormvariate(math.log(median), sigma))))
+
+
+def lengths(rng: random.Random, args: argparse.Namespace) -> tuple[int, int]:
+    """A request's prompt and output tokens: the fixed ones, or drawn (``--shape mixed``)."""
+    if args.shape == "fixed":
+        return args.prompt_tokens, args.max_tokens
+    return lognormal(rng, *MIXED["prompt"]), lognormal(rng, *MIXED["output"])
+
+
+def request_body(
+    rng: random.Random, args: argparse.Namespace, size: tuple[int, int] | None = None
+) -> bytes:
+    """A fresh prompt from ``rng``; of ``size`` (prompt, output tokens), else drawn from
+    ``rng`` too."""
+    prompt_tokens, max_tokens = size or lengths(rng, args)
     return orjson.dumps(
         {
             "model": MODEL,
-            "prompt": prompt(rng, args.prompt_tokens),
-            "max_tokens": args.max_tokens,
+            "prompt": prompt(rng, prompt_tokens),
+            "max_tokens": max_tokens,
             "ignore_eos": True,
             "stream": True,
         }
@@ -241,8 +265,9 @@ async def open_loop(
                 next_at += rng.expovariate(rate)
                 if next_at >= end:
                     return
+                size = lengths(rng, args)  # the arrival's, the same in every phase
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-                body = request_body(prompts, args)
+                body = request_body(prompts, args, size)
                 out = results[name].outcomes
                 tasks.append(asyncio.create_task(one(session, url, keys[name], body, out)))
 
@@ -291,6 +316,20 @@ async def serving(url: str, keys: dict[str, str], args, timeout: float = 120.0) 
                 await asyncio.sleep(0.2)
 
 
+def shape_text(args: argparse.Namespace) -> str:
+    if args.shape == "fixed":
+        return f"{args.prompt_tokens} prompt + {args.max_tokens} output tokens"
+    (pm, ps, plo, phi), (om, os_, olo, ohi) = MIXED["prompt"], MIXED["output"]
+    rng = random.Random("shape")
+    drawn = [lengths(rng, args) for _ in range(10000)]
+    means = [sum(d[i] for d in drawn) / len(drawn) for i in (0, 1)]
+    return (
+        f"mixed lengths (lognormal, clipped): prompts median {pm} sigma {ps} in {plo}-{phi} "
+        f"tokens (mean {means[0]:.0f}), outputs median {om} sigma {os_} in {olo}-{ohi} "
+        f"(mean {means[1]:.0f})"
+    )
+
+
 def gateway(
     state: str,
     work: Path,
@@ -319,6 +358,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--max-tokens", type=int, default=10)
     p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument(
+        "--shape",
+        choices=("fixed", "mixed"),
+        default="fixed",
+        help="request lengths: --prompt-tokens / --max-tokens, or mixed (ShareGPT-like)",
+    )
     p.add_argument("--load", type=float, default=3.0, help="offered load / capacity")
     p.add_argument("--ttl", type=float, default=10.0, help="flowControlTtl, seconds")
     p.add_argument("--seed", type=int, default=1)
@@ -506,8 +551,7 @@ def main(argv: list[str] | None = None) -> None:
             ),
             "",
             f"Fleet: {args.replicas} sim replicas x {args.max_num_seqs} sequences, time scale "
-            f"{args.time_scale:g}, {args.prompt_tokens} prompt + {args.max_tokens} output tokens "
-            f"per streamed request; measured capacity {cap:.1f} req/s. Offered for "
+            f"{args.time_scale:g}, {shape_text(args)} per streamed request; measured capacity {cap:.1f} req/s. Offered for "
             f"{args.duration:g} s at {args.load:g}x: {rate_text} req/s. Flow control TTL "
             f"{args.ttl:g} s, saturationQueue 0, saturationMaxInflight {inflight_cap} (0: none)"
             + (

@@ -7,6 +7,7 @@ import itertools
 import os
 import random
 
+import orjson
 import pytest
 
 from bench import workloads as wl
@@ -153,3 +154,26 @@ def test_write_section_replaces_in_place(tmp_path: os.PathLike[str]) -> None:
     assert "one" not in text and text.index("three") < text.index("two")
     assert text.startswith("# R\n\nintro")
     assert table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---:|\n| 1 | 2 |"
+
+
+def test_overload_mixed_shape_lengths() -> None:
+    import argparse
+    import statistics
+
+    from bench import overload
+
+    mixed = argparse.Namespace(shape="mixed", prompt_tokens=400, max_tokens=10)
+    drawn = [overload.lengths(random.Random(f"1-{i}"), mixed) for i in range(2000)]
+    prompts, outputs = [d[0] for d in drawn], [d[1] for d in drawn]
+    assert min(prompts) >= 50 and max(prompts) <= 1000 and len(set(prompts)) > 300
+    assert min(outputs) >= 20 and max(outputs) <= 300 and len(set(outputs)) > 150
+    assert 170 <= statistics.median(prompts) <= 230 and 65 <= statistics.median(outputs) <= 95
+    # Seeded: an arrival's lengths are the same in every phase.
+    assert overload.lengths(random.Random("x"), mixed) == overload.lengths(
+        random.Random("x"), mixed
+    )
+    fixed = argparse.Namespace(shape="fixed", prompt_tokens=400, max_tokens=10)
+    rng = random.Random(5)
+    assert overload.lengths(rng, fixed) == (400, 10) and rng.random() == random.Random(5).random()
+    body = orjson.loads(overload.request_body(random.Random(2), mixed, (120, 33)))
+    assert body["max_tokens"] == 33 and len(body["prompt"]) == 4 * 120

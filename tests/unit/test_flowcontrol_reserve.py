@@ -22,6 +22,8 @@ class Endpoint:
     def __init__(self, limit: int, priority_scheduling: bool = False) -> None:
         self.limit = limit
         self.inflight = 0
+        self.prefilling = 0  # streams before their first chunk
+        self.capacity = 0.0  # sequence slots (0: not known)
         self.endpoint = SimpleNamespace(priority_scheduling=priority_scheduling)
 
 
@@ -206,3 +208,42 @@ def test_a_priority_engine_counts_shares_without_a_reserve_and_seats_note_the_sh
     for seat in [*big, small]:
         fc.release(seat)
     assert fc.shares.backends == {}
+
+
+def test_the_reserve_sends_to_the_endpoint_where_the_request_starts_soonest() -> None:
+    # Real endpoint states under the gateway's own saturation rule (saturationMaxInflight 2,
+    # a reserve of 2): every endpoint is at the rule, so an admitted request goes within the
+    # reserve, to a free sequence slot first, then to the fewest prefills under way, then to
+    # the fewest in flight.
+    from llmplane.gateway.admission import Admission
+    from llmplane.gateway.config import GatewayConfig
+    from llmplane.gateway.outliers import Outliers
+    from llmplane.gateway.registry import EndpointState
+    from llmplane.runtime.endpoint import Endpoint as Replica
+
+    config = GatewayConfig(saturation_max_inflight=2, saturation_inflight=2)
+    admission = Admission(config, Outliers(config))
+    fc = FlowControl(admission.all_saturated, reserve=2, saturated_by=admission.saturated)
+    a, b, c = (EndpointState(Replica(f"127.0.0.1:{p}", {}, "m", max_num_seqs=3)) for p in (1, 2, 3))
+
+    def load(state: EndpointState, inflight: int, prefilling: int) -> None:
+        state.inflight, state.prefilling = inflight, prefilling
+
+    load(a, 2, 1)
+    load(b, 2, 0)
+    load(c, 3, 0)  # its 3 slots taken: a request sent there waits for one to free
+    assert fc.room((a, b, c), 0.0) == [b]  # a slot free and no prefill under way
+    load(b, 3, 0)
+    assert fc.room((a, b, c), 0.0) == [a]  # the only free slot, though a prefill is under way
+    load(a, 3, 1)
+    assert fc.room((a, b, c), 0.0) == [b, c]  # no slot anywhere: no prefill under way
+    load(c, 4, 0)
+    assert fc.room((a, b, c), 0.0) == [b]  # c's reserve is used up
+    for state in (a, b, c):
+        state.capacity = 0.0  # slots not known: by prefills, then in flight
+    load(a, 2, 0)
+    load(b, 3, 0)
+    load(c, 2, 0)
+    assert fc.room((a, b, c), 0.0) == [a, c]  # ties stay for the scheduler to choose from
+    load(b, 1, 2)
+    assert fc.room((a, b, c), 0.0) == [b]  # below the rule: the scheduler's choice, as before

@@ -246,6 +246,23 @@ def test_idle_rows_are_not_republished_and_take_the_heartbeat():
     assert reader.scraped_at == 102.3  # not kept: the row's own scrape time
 
 
+def test_a_kept_row_made_fresh_by_the_heartbeat_wakes_the_follower():
+    """A request held while the copy was stale may go once the heartbeat makes it fresh: no
+    row changes while every client waits in this worker, so nothing else would wake it."""
+    table = ScrapeTable(4)
+    changes: list[int] = []
+    writer, reader, publisher, follower = _pair(table, changes)
+    apply_metrics(writer, LoadMetrics(waiting=0, running=0, kv=0.0), now=100.0)
+    table.beat(100.0)
+    publisher.publish(writer, True)
+    assert follower.poll(100.0) and changes == [1]
+    assert not follower.poll(100.05) and changes == [1]  # nothing new: no wake-up
+    publisher.flush(100.3)  # a heartbeat: the copy (100.0) was past metricsStaleness
+    assert not follower.poll(100.32)  # no row changed ...
+    assert reader.scraped_at == 100.3 and changes == [1, 1]  # ... but fresh again: woken
+    assert not follower.poll(100.35) and changes == [1, 1]
+
+
 def test_model_lists_reach_followers_once_read():
     table = ScrapeTable(4)
     changes: list[int] = []

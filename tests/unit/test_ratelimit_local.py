@@ -17,6 +17,7 @@ from llmplane.gateway.hooks import header_pairs
 from llmplane.gateway.ratelimit import local
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
+    HeaderLines,
     TokenBucket,
     rate_headers,
     reserve_levels,
@@ -25,7 +26,7 @@ from llmplane.gateway.ratelimit.buckets import (
     take_levels,
 )
 from llmplane.gateway.ratelimit.limiter import RateLimiter
-from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
 from llmplane.gateway.ratelimit.local import LocalPlan
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.workers.buckets import SharedTokenBucket
@@ -171,7 +172,7 @@ def test_the_one_call_reserve_takes_what_the_general_path_takes(loops: bool):
         for embeddings in (False, True):
             kept = [d for d in directions if not (embeddings and d == OUTPUT)]
             fast, general = twins(kept)
-            plan = LocalPlan(fast, embeddings)
+            plan = LocalPlan(fast, embeddings, limiter.counter.count, limiter.default_output)
             assert plan.reserve is not None
             assert (plan.reserve is reserve_levels) == loops
             now = 0.0
@@ -180,17 +181,7 @@ def test_the_one_call_reserve_takes_what_the_general_path_takes(loops: bool):
                 inference = random_request(rng, embeddings)
                 counted: list[int] = []
                 before = plan.lines
-                amounts = plan.reserve(
-                    plan,
-                    inference.doc,
-                    limiter.counter.count,
-                    "m",
-                    "m",
-                    output_reservation,
-                    limiter.default_output,
-                    now,
-                    counted,
-                )
+                amounts = plan.reserve(plan, inference.doc, "m", "m", now, counted)
                 want, too_large = limiter._amounts(
                     inference,
                     _Decision(),  # type: ignore[arg-type]
@@ -295,3 +286,121 @@ def test_a_shared_bucket_keeps_the_arithmetic_of_a_local_one():
         assert (values[0], values[1]) == (mine.level, mine.stamp)
         assert shared.state("requests") == mine.state("requests")
     assert values[0] < 0 < values[1]  # an overuse debit was covered too
+
+
+# Resets (seconds) at the boundaries of each format: sub-second (rounded up to whole ms),
+# seconds with three decimals (trailing zeros dropped), minutes, an hour and more (left to
+# Python), and third decimals just beside a tie.
+BOUNDARY_RESETS = [
+    0.0,
+    -0.0,
+    -3.0,
+    1e-12,
+    0.0004,
+    0.001,
+    0.0010001,
+    0.5,
+    0.999,
+    0.9994,
+    0.9996,
+    0.99999999,
+    1.0,
+    1.0004,
+    1.0006,
+    1.05,
+    1.1,
+    1.25,
+    9.999,
+    10.0,
+    12.3456,
+    59.999,
+    59.9994,
+    59.9996,
+    59.99999,
+    60.0,
+    60.0004,
+    60.0006,
+    61.5,
+    119.9996,
+    754.125,
+    3599.9994,
+    3599.9996,
+    3600.0,
+    7384.5,
+    1e9,
+]
+
+
+def test_header_lines_write_the_general_paths_bytes_across_every_unit_boundary():
+    """``buckets.HeaderLines`` (what a compiled plan writes its lines with; run compiled and
+    pure) against ``rate_headers``: remaining counts of nothing, fractions, whole tokens and
+    large numbers, and every reset format at its boundaries; what it leaves to Python (an hour
+    or more, a near tie) is None, and nothing else is."""
+    rng = random.Random(13)
+    rendered_here = left = 0
+    for directions in ([REQUESTS], [INPUT, OUTPUT], [REQUESTS, INPUT, OUTPUT, BUDGET]):
+        for limit in (1, 7, 4000, 18_000_000, 4_000_000_000, 9_000_000_000_000_000):
+            for reset in BOUNDARY_RESETS:
+                rates = {d: rng.choice((limit / 3600.0, limit / 1.0, 5000.0)) for d in directions}
+                # The first bucket's level gives exactly ``reset``; the others' are random.
+                levels = [limit - reset * rates[directions[0]]] + [
+                    rng.choice((limit, 0.0, -rng.random() * 50, rng.random() * limit))
+                    for _ in directions[1:]
+                ]
+                buckets = tuple(TokenBucket(rates[d], limit, 0.0) for d in directions)
+                plan = LocalPlan(dict(zip(directions, buckets, strict=True)))
+                lines = HeaderLines(plan.format, plan.limits).render(buckets, levels)
+                states = [
+                    BucketState(d, limit, rates[d], level)
+                    for d, level in zip(directions, levels, strict=True)
+                ]
+                want = rendered(rate_headers(states))
+                resets = [
+                    (limit - level) / rates[d] for d, level in zip(directions, levels, strict=True)
+                ]
+                if lines is None:
+                    left += 1
+                    assert any(s >= 3600 or _near_tie(s) for s in resets), (levels, want)
+                else:
+                    rendered_here += 1
+                    assert lines == want, (levels, rates)
+    assert rendered_here > 300 and left > 50, (rendered_here, left)
+
+
+def _near_tie(seconds: float) -> bool:
+    """A reset whose thousandths (of its seconds within the minute) are within 1e-4 of .5."""
+    part = (seconds % 60.0 if seconds >= 60 else seconds) * 1000.0
+    return seconds >= 1 and abs(part - int(part) - 0.5) <= 1.01e-4
+
+
+def test_header_lines_leave_a_near_tie_to_python_and_python_rounds_it_as_rate_headers():
+    """A third decimal that is almost exactly a half: the integer arithmetic cannot tell
+    which way the exact value rounds, so ``HeaderLines`` leaves it (None) and the plan's
+    lines come from Python's formatting, as ``rate_headers`` renders them."""
+    bucket = TokenBucket(1.0, 100, 0.0)
+    plan = LocalPlan({INPUT: bucket})
+    for reset in (1.0005, 2.0015, 59.9995, 60.0005, 754.0125):
+        level = 100 - reset
+        assert HeaderLines(plan.format, plan.limits).render((bucket,), [level]) is None
+        plan._render([level])
+        state = BucketState(INPUT, 100, 1.0, level)
+        assert plan.lines == rendered(rate_headers([state]))
+
+
+def test_with_the_loops_a_plan_writes_its_lines_with_header_lines(loops: bool):
+    """With the loops (a compiled gateway's plans) the lines of ordinary levels never reach
+    the Python renderer; its fallback (an hour or more) still does."""
+    plan = LocalPlan({REQUESTS: TokenBucket(1.0, 10, 0.0), OUTPUT: TokenBucket(1.0, 90, 0.0)})
+    assert (plan.header_lines is not None) == loops
+    python = plan._renderer
+    calls = []
+    plan._renderer = lambda *args: calls.append(args) or python(*args)
+    amounts = plan.reserve(plan, {"max_tokens": 5}, "m", "m", 3.0, [])
+    assert amounts == [1, 5]
+    assert plan.lines == rendered(
+        rate_headers([BucketState(REQUESTS, 10, 1.0, 9.0), BucketState(OUTPUT, 90, 1.0, 85.0)])
+    )
+    assert len(calls) == (0 if loops else 1)
+    plan._render([9.0, 90.0 - 4000.0])  # a reset of over an hour: Python's
+    assert len(calls) == (1 if loops else 2)
+    assert b"x-ratelimit-reset-tokens: 1h6m" in plan.lines

@@ -7,14 +7,21 @@ raises the 429 when its TTL ends, its band is full or it is evicted for a higher
 client that goes away cancels its task and the waiter leaves the queue.
 
 Dispatch is event driven: ``pump`` runs when a request finishes (a slot freed), when an
-endpoint was scraped (fresh load), and when the endpoint list changes; never on a timer. One
+endpoint was scraped or its metrics kept fresh (fresh load), and when the endpoint list
+changes. Capacity can also free without an event this process sees (with several workers:
+another worker's requests finishing, a dead worker's counts released by the supervisor), so
+while anything waits a re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL
+while an endpoint has room (a replacement worker's requests did: docs/benchmarks.md, "A
+killed worker"). One
 waiter per backend is dispatched at a time: the next one only after the dispatched request has
 taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
 burst of completions from releasing more requests than there is room for.
 
 With a reserve (``flowControlReserve``, ``share.py``): a request whose flow holds less than
 its fair share of the backend's requests in flight goes at once to an endpoint within the
-reserve past the saturation rule, instead of waiting behind over-share flows. When the
+reserve past the saturation rule, instead of waiting behind over-share flows; of those, to
+where it starts soonest (``soonest``: a free sequence slot, the fewest prefills under way),
+not the scheduler's usual pick, since what it waits for there is the engine's step. When the
 backend's engines order their queues by priority (``priority.py``), the shares are counted
 even without a reserve: a request's priority says whether its tenant was under its share.
 
@@ -48,6 +55,22 @@ def flow_of(tenant: str | None) -> str:
 Saturated = Callable[[Sequence[EndpointState], float], bool]
 # Whether one endpoint is saturated with ``extra`` more allowed past each limit.
 SaturatedBy = Callable[[EndpointState, float, int], bool]
+
+
+def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+    """Of endpoints past the saturation rule (the reserve), those where a request sent now
+    starts its prefill soonest: one with a sequence slot free (below its ``capacity``, when
+    known) over one where it would wait for a running request to end, then the fewest streams
+    before their first chunk (each is a prefill in the step under way or in the next one, the
+    step this request joins), then the fewest requests in flight."""
+    keys = [_start_key(state) for state in candidates]
+    best = min(keys)
+    return [state for state, key in zip(candidates, keys, strict=True) if key == best]
+
+
+def _start_key(state: EndpointState) -> tuple[bool, int, int]:
+    capacity = state.capacity
+    return (bool(capacity) and state.inflight >= capacity, state.prefilling, state.inflight)
 
 
 def prioritized(candidates: Sequence[EndpointState]) -> bool:
@@ -118,6 +141,7 @@ class FlowControl:
         retry_after: float = 1.0,
         reserve: int = 0,
         saturated_by: SaturatedBy | None = None,
+        recheck: float = 0.05,
     ) -> None:
         self.saturated = saturated  # every one of these endpoints is saturated now
         self.enabled = enabled
@@ -129,6 +153,8 @@ class FlowControl:
         self.ttl = ttl
         self.limits = limits or Limits()
         self.retry_after = retry_after
+        self.recheck = recheck  # seconds between re-checks while anything waits (0: none)
+        self._rechecking: asyncio.TimerHandle | None = None
         self.queues: dict[str, FlowQueue] = {}  # by backend; only while something waits
         self.metrics = FlowMetrics()
         self.collector = _QueueCollector(self)
@@ -172,11 +198,11 @@ class FlowControl:
         saturated_by = self.saturated_by
         if not self.reserve or saturated_by is None:
             return candidates
-        for extra in (0, self.reserve):
-            room = [state for state in candidates if not saturated_by(state, now, extra)]
-            if room:
-                return room
-        return candidates
+        room = [state for state in candidates if not saturated_by(state, now, 0)]
+        if room:
+            return room
+        room = [state for state in candidates if not saturated_by(state, now, self.reserve)]
+        return soonest(room) if room else candidates
 
     def counts(self, candidates: Sequence[EndpointState]) -> bool:
         """Whether requests to these candidates are counted for their flow's fair share: with
@@ -222,6 +248,8 @@ class FlowControl:
                 victim, "evicted", "evicted from the gateway's queue by higher-priority requests"
             )
         waiter.timer = loop.call_later(self.ttl, self._expire, key, queue, waiter)
+        if self._rechecking is None and self.recheck > 0:
+            self._rechecking = loop.call_later(self.recheck, self._recheck)
         self._pump(key, queue)
         try:
             await waiter.future
@@ -243,6 +271,16 @@ class FlowControl:
         """Capacity may have freed (a request finished, a scrape, new endpoints): dispatch."""
         for key, queue in list(self.queues.items()):
             self._pump(key, queue)
+
+    def _recheck(self) -> None:
+        """The periodic re-check while anything waits (see the module docstring)."""
+        self._rechecking = None
+        if not self.queues:
+            return
+        self.pump()
+        if self.queues:
+            loop = asyncio.get_running_loop()
+            self._rechecking = loop.call_later(self.recheck, self._recheck)
 
     def _pump(self, key: str, queue: FlowQueue) -> None:
         if queue.granted or not queue.count:

@@ -4,13 +4,16 @@
 Compiled (setup.py's hot path), ``buckets.pxd`` makes ``TokenBucket`` a C type whose level,
 stamp, rate and burst are C doubles, and ``take_levels`` / ``settle_levels`` loops over them in
 C: a plan's take and settlement (``local.py`` uses them when ``COMPILED``; in pure Python it
-uses its written-out functions instead, which are faster there). A subclass that keeps its
+uses its written-out functions instead, which are faster there); ``HeaderLines`` writes a
+plan's ``x-ratelimit-*`` lines into a C buffer, the numbers as integers (what a tenant whose
+levels change with every request pays on each one). A subclass that keeps its
 level elsewhere (``workers/buckets.py``) must override every method that reads it."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -20,13 +23,16 @@ from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS
 
 try:
     import cython
-
-    COMPILED: bool = cython.compiled
 except ImportError:  # Cython is only needed to build the compiled hot path
-    COMPILED = False
+    from llmplane import cython_shim as cython  # type: ignore[no-redef]
+
+COMPILED: bool = cython.compiled
 
 # A bucket's direction as ``settle_levels`` reads it (``KINDS[direction]``).
 KINDS = {REQUESTS: 0, "output": 1, INPUT: 2, BUDGET: 3}
+
+# ``HeaderLines``' buffer: the lines' constant text and the largest values must fit.
+LINES_CAPACITY = 4096
 
 
 class TokenBucket:
@@ -234,26 +240,43 @@ def take_levels(
     return levels
 
 
+class PlanState:
+    """What ``reserve_levels`` reads and writes of a plan (``local.LocalPlan`` is one):
+    compiled, an extension type whose fields the loop reads as C struct members instead of
+    looking each up by name."""
+
+    __slots__ = (
+        "_levels",
+        "amount_kinds",
+        "bucket_list",
+        "count",
+        "default",
+        "header_lines",
+        "lines",
+        "out",
+    )
+
+
 def reserve_levels(
-    plan: Any,
+    plan: PlanState,
     doc: dict[str, Any],
-    count: Callable[..., int],
     model: str,
     sent: str,
-    out: Callable[[dict[str, Any], int, int], int],
-    default: int,
     now: float,
     counted: list[int],
 ) -> list[int] | None:
     """``local.LocalPlan.reserve`` as one loop over the plan's buckets (``TokenBucket`` itself):
     a request's amounts (per ``plan.amount_kinds``: one request, the output reservation
-    ``out(doc, default, limit)``, the input count ``count(doc, model, sent)`` made once and
-    left in ``counted``, or both), each checked against its limit, and the take
+    ``plan.out(doc, plan.default, limit)``, the input count ``plan.count(doc, model, sent)``
+    made once and left in ``counted``, or both), each checked against its limit, and the take
     (``take_levels``' arithmetic); the plan's header lines rendered again only when the levels
-    after the take differ from the last ones. Returns the amounts taken, or None (nothing
-    taken: too large, or it does not fit now)."""
+    after the take differ from the last ones (by its ``header_lines``, a ``HeaderLines``, when
+    it has one). Returns the amounts taken, or None (nothing taken: too large, or it does not
+    fit now)."""
     amounts = []
     c = None
+    out = plan.out
+    default = plan.default
     for kind, limit in plan.amount_kinds:
         if kind == 0:
             a = 1
@@ -261,7 +284,7 @@ def reserve_levels(
             a = out(doc, default, limit)
         else:  # the input count, made once
             if c is None:
-                c = count(doc, model, sent)
+                c = plan.count(doc, model, sent)
                 counted.append(c)
             a = c + out(doc, default, limit) if kind == 3 else c
         if a > limit:
@@ -295,8 +318,14 @@ def reserve_levels(
         levels.append(level)
         if same and level != last[i]:
             same = False
-    if not same:
-        plan._render(levels)
+    if not same:  # ``plan._render``, inline
+        h = plan.header_lines
+        lines = h.render(buckets, levels) if h is not None else None
+        if lines is None:
+            plan._render(levels)
+        else:
+            plan.lines = lines
+            plan._levels = levels
     return amounts
 
 
@@ -351,3 +380,187 @@ def settle_levels(
                 level = burst
         level += delta
         b.level = level if level < burst else burst
+
+
+class HeaderLines:
+    """A plan's ``x-ratelimit-*`` lines for its buckets at given levels (after a take), as
+    ``rate_headers`` renders them: written straight into a buffer of bytes, the remaining
+    counts and the resets' text made from integers (compiled: C arithmetic into a C buffer,
+    what a tenant whose levels change with every request pays on each one). ``fmt`` is the
+    plan's format (``local.LocalPlan.format``: the constant text, ``%d`` / ``%s`` where a value
+    goes), ``rows`` its (direction, limit) in the plan's order.
+
+    ``render`` returns None for what it leaves to ``duration`` (resets of an hour or more,
+    a reset whose third decimal is a near tie, values too large or not numbers): the caller
+    renders those lines in Python (``local._straight_render``)."""
+
+    __slots__ = ("codes", "ends", "limit_texts", "limits", "text")
+
+    def __init__(self, fmt: str, rows: Sequence[tuple[str, int]]) -> None:
+        parts = [part.encode() for part in re.split("%[ds]", fmt)]
+        # Per value of ``fmt``: -1, -2, -3 the scarcest token bucket's limit, remaining and
+        # reset (before the first token bucket's own lines); 2 i bucket i's remaining, 2 i + 1
+        # its reset.
+        codes: list[int] = []
+        first = next((i for i, (d, _) in enumerate(rows) if d != REQUESTS), -1)
+        for i in range(len(rows)):
+            if i == first:
+                codes += [-1, -2, -3]
+            codes += [2 * i, 2 * i + 1]
+        if len(parts) != len(codes) + 1:
+            raise ValueError(f"a plan's format has {len(parts) - 1} values, not {len(codes)}")
+        self.text = b"".join(parts)
+        ends = []
+        end = 0
+        for part in parts:
+            end += len(part)
+            ends.append(end)
+        self.ends = tuple(ends)
+        self.codes = tuple(codes)
+        self.limits = tuple(float(limit) for _, limit in rows)
+        # Token buckets' limits as text (None: a requests bucket, never the scarcest).
+        self.limit_texts = tuple(
+            None if d == REQUESTS else str(limit).encode() for d, limit in rows
+        )
+        widest = max((len(t) for t in self.limit_texts if t is not None), default=0)
+        if len(self.text) + len(codes) * max(widest, 24) > LINES_CAPACITY:
+            self.codes = None  # (never rendered here: the caller's Python does it)
+
+    def render(self, buckets: Sequence[TokenBucket], levels: Sequence[float]) -> bytes | None:
+        """The lines of ``buckets`` (``TokenBucket`` itself: their ``rate``) at ``levels``,
+        or None (see the class)."""
+        codes = self.codes
+        if codes is None:
+            return None
+        limits = self.limits
+        limit_texts = self.limit_texts
+        ends = self.ends
+        text = self.text
+        if not cython.compiled:
+            buf = bytearray(LINES_CAPACITY)
+        scarcest = -1  # the token bucket with the smallest share left (the first of equals)
+        share = 0.0
+        for i in range(len(limits)):
+            if limit_texts[i] is not None:
+                level = levels[i]
+                limit = limits[i]
+                x = level / limit
+                if scarcest < 0 or x < share:
+                    scarcest = i
+                    share = x
+        n = 0
+        start = 0
+        for j in range(len(codes)):
+            end = ends[j]
+            n = _put_text(buf, n, text, start, end)
+            start = end
+            code = codes[j]
+            if code == -1:
+                limit_text = limit_texts[scarcest]
+                n = _put_text(buf, n, limit_text, 0, len(limit_text))
+                continue
+            i = scarcest if code < 0 else code >> 1
+            level = levels[i]
+            if code == -2 or (code >= 0 and not code & 1):  # remaining: whole tokens, >= 0
+                if not level < 1e18:
+                    return None
+                whole = int(level) if level > 0 else 0
+                n = _put_int(buf, n, whole)
+            else:
+                b = buckets[i]
+                limit = limits[i]
+                n = _put_reset(buf, n, (limit - level) / b.rate)
+                if n < 0:
+                    return None
+        n = _put_text(buf, n, text, start, len(text))
+        if not cython.compiled:
+            return bytes(buf[:n])
+        return buf[:n]  # type: ignore[no-any-return]
+
+
+def _put_text(buf: Any, n: int, text: bytes, start: int, end: int) -> int:
+    """``text[start:end]`` into ``buf`` at ``n``; where it ends."""
+    if cython.compiled:  # (memcpy: libc's, cimported by buckets.pxd)
+        memcpy(cython.address(buf[n]), cython.cast(cython.p_const_char, text) + start, end - start)  # noqa: F821
+    else:
+        buf[n : n + end - start] = text[start:end]
+    return n + end - start
+
+
+def _put_int(buf: Any, n: int, value: int) -> int:
+    """``value`` (>= 0) in decimal into ``buf`` at ``n``; where it ends."""
+    start = n
+    while True:
+        buf[n] = 48 + value % 10
+        value //= 10
+        n += 1
+        if not value:
+            break
+    end = n
+    n -= 1
+    while start < n:  # the digits came last first
+        c = buf[start]
+        buf[start] = buf[n]
+        buf[n] = c
+        start += 1
+        n -= 1
+    return end
+
+
+def _put_seconds(buf: Any, n: int, seconds: float) -> int:
+    """``f"{seconds:.3f}".rstrip("0").rstrip(".")`` (0 <= seconds <= 60) into ``buf``; -1
+    when the third decimal is a near tie (``seconds * 1000`` carries a rounding error far
+    below the margin, so outside it the rounded integer is the exact value's)."""
+    m = seconds * 1000.0
+    thousandths = int(m)  # (m >= 0: its floor)
+    part = m - thousandths
+    if 0.4999 <= part <= 0.5001:
+        return -1
+    if part > 0.5:
+        thousandths += 1
+    n = _put_int(buf, n, thousandths // 1000)
+    thousandths %= 1000
+    if thousandths:
+        buf[n] = 46  # .
+        buf[n + 1] = 48 + thousandths // 100
+        n += 2
+        tens = thousandths % 100
+        if tens:
+            buf[n] = 48 + tens // 10
+            n += 1
+            if tens % 10:
+                buf[n] = 48 + tens % 10
+                n += 1
+    return n
+
+
+def _put_reset(buf: Any, n: int, seconds: float) -> int:
+    """``duration(seconds)`` into ``buf`` at ``n`` for resets under an hour; -1 otherwise
+    (and for a near tie: ``_put_seconds``)."""
+    if seconds <= 0:  # 0s
+        buf[n] = 48
+        buf[n + 1] = 115
+        return n + 2
+    if seconds < 1:  # whole milliseconds, rounded up, at least 1
+        m = seconds * 1000.0
+        ms = int(m)
+        if ms < m:  # (m > 0: its ceiling)
+            ms += 1
+        n = _put_int(buf, n, ms if ms > 1 else 1)
+        buf[n] = 109  # m
+        buf[n + 1] = 115  # s
+        return n + 2
+    if seconds < 60:
+        n = _put_seconds(buf, n, seconds)
+    elif seconds < 3600:  # divmod(seconds, 60): ``seconds - rest`` is a whole multiple of
+        rest = seconds % 60.0  # 60, exact in a double, and so is the quotient
+        minutes = int((seconds - rest) / 60.0)
+        n = _put_int(buf, n, minutes)
+        buf[n] = 109  # m
+        n = _put_seconds(buf, n + 1, rest)
+    else:  # hours (and what is not a number)
+        return -1
+    if n < 0:
+        return n
+    buf[n] = 115  # s
+    return n + 1

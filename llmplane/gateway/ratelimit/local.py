@@ -17,8 +17,9 @@ instead of formatting them again: a tenant well inside its limits finds its buck
 before every request, and takes the same amounts.
 
 Compiled (setup.py's hot path), the buckets' numbers are C doubles and the take and the
-settlement are loops over them in C (``buckets.reserve_levels``, ``settle_levels``),
-which beat the written-out Python there; ``LOOPS`` says which a new plan uses (the tests
+settlement are loops over them in C (``buckets.reserve_levels``, ``settle_levels``) and the
+header lines are written in C (``buckets.HeaderLines``), which beat the written-out Python
+there; ``LOOPS`` says which a new plan uses (the tests
 check both against the general path)."""
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ from typing import Any
 from llmplane.gateway.ratelimit.buckets import (
     COMPILED,
     KINDS,
+    HeaderLines,
+    PlanState,
     TokenBucket,
     duration,
     reserve_levels,
     settle_levels,
     take_levels,
 )
-from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
+from llmplane.gateway.tokens import TokenCounter
 
 # Whether a new plan of a process's own buckets takes and settles with the compiled loops
 # (``buckets.take_levels`` / ``settle_levels``) instead of the written-out functions.
@@ -124,7 +128,11 @@ def _straight_reserve(
     path then answers with the 429, reusing the input count left in ``counted``). The header lines are rendered into the plan only when
     the levels after the take differ from the last ones."""
     n = len(rows)
-    lines = ["def reserve(plan, doc, count, model, sent, out, default, now, counted):"]
+    lines = [
+        "def reserve(plan, doc, model, sent, now, counted):",
+        "    out = plan.out",
+        "    default = plan.default",
+    ]
     counted = False
     for i, (direction, limit) in enumerate(rows):
         if direction == REQUESTS:
@@ -133,7 +141,7 @@ def _straight_reserve(
             lines.append(f"    a{i} = out(doc, default, {limit})")
         else:  # INPUT, BUDGET: the input count, made once
             if not counted:
-                lines.append("    c = count(doc, model, sent)")
+                lines.append("    c = plan.count(doc, model, sent)")
                 lines.append("    counted.append(c)")
                 counted = True
             if direction == BUDGET and not embeddings:
@@ -258,33 +266,41 @@ def _straight_render(rows: tuple[tuple[str, int], ...], fmt: str) -> Callable[..
     return _made(lines, "render", MS=_MILLISECONDS, ceil=math.ceil, duration=duration, FMT=fmt)
 
 
-class LocalPlan:
+class LocalPlan(PlanState):
     """One limit's local buckets in the order a request takes them (the amounts of a take
     and a settlement are given in ``directions``' order), with their header names, limit
     values and the headers' template made once. Valid until the limits change (the limiter
     drops its plans then)."""
 
     __slots__ = (
-        "_levels",
         "_renderer",
         "_settled",
         "_straight",
-        "amount_kinds",
-        "bucket_list",
         "buckets",
         "directions",
         "format",
         "has_requests",
         "limits",
-        "lines",
         "lock",
         "reserve",
         "settle",
         "take",
     )
 
-    def __init__(self, buckets: dict[str, TokenBucket], embeddings: bool = False) -> None:
+    def __init__(
+        self,
+        buckets: dict[str, TokenBucket],
+        embeddings: bool = False,
+        count: Callable[..., int] | None = None,
+        default: int = 256,
+    ) -> None:
         self.buckets = buckets  # direction -> bucket, in the order of a take
+        # What ``reserve`` makes a request's amounts with (``RateLimiter``'s, bound once):
+        # ``count(doc, model, sent)`` the input tokens, ``out(doc, default, limit)`` the
+        # output reservation.
+        self.count = count if count is not None else TokenCounter(None).count
+        self.out = output_reservation
+        self.default = default
         self.directions = tuple(buckets)
         self.bucket_list = tuple(buckets.values())
         # (direction, the limit: tokens per unit), what a request's amounts are checked against
@@ -323,9 +339,9 @@ class LocalPlan:
             else _straight_settle(self.directions)(*self.bucket_list, self.give)
         )
         self.settle = self._settled if self.lock is None else self._settle_locked
-        # ``reserve(plan, doc, count, model, sent, out, default, now, counted)``: the amounts
-        # (``count(doc, model, sent)``, ``out(doc, default, limit)``) and the take in one
-        # call (``_straight_reserve``), for buckets of this process; the header lines are
+        # ``reserve(plan, doc, model, sent, now, counted)``: the amounts (with ``count`` and
+        # ``out``) and the take in one call (``_straight_reserve``, or the compiled
+        # ``buckets.reserve_levels``), for buckets of this process; the header lines are
         # then in ``lines``. None for shared buckets (amounts made outside their lock) and
         # for a plan without buckets.
         self.reserve: Callable[..., list[int] | None] | None = None
@@ -342,6 +358,9 @@ class LocalPlan:
             lines.append(f"{names[0]}: {int(bucket.burst)}\r\n{names[1]}: %d\r\n{names[2]}: %s\r\n")
         self.format = "".join(lines)
         self._renderer = _straight_render(self.limits, self.format)
+        # With the loops, the lines are written by ``buckets.HeaderLines`` (C arithmetic into
+        # a C buffer when compiled; ``_renderer`` for what it leaves to Python).
+        self.header_lines = HeaderLines(self.format, self.limits) if loops else None
         # The levels the last take left and the lines rendered for them.
         self._levels: list[float] | None = None
         self.lines = b""
@@ -364,7 +383,9 @@ class LocalPlan:
 
     def _render(self, levels: list[float]) -> None:
         """``lines``: the header lines of the buckets at ``levels`` (after a take)."""
-        self.lines = self._renderer(self.bucket_list, levels)
+        h = self.header_lines
+        lines = h.render(self.bucket_list, levels) if h is not None else None
+        self.lines = lines if lines is not None else self._renderer(self.bucket_list, levels)
         self._levels = levels
 
     def give(self, deltas: Sequence[int], now: float) -> None:
