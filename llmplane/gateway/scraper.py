@@ -256,7 +256,7 @@ class Scraper:
     ) -> None:
         self.config = config
         self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
-        self.on_scraped: Callable[[], None] | None = None  # after each scrape of an endpoint
+        self.on_scraped: Callable[[], None] | None = None  # after each scrape (or idle refresh)
         # With several workers (gateway/workers/scrapes.py) one scrapes for all: it
         # ``publish``es each state after a scrape (with whether its idle ticker keeps the
         # state's ``scraped_at`` fresh from now on) and each changed /v1/models list
@@ -437,11 +437,15 @@ class Scraper:
         tick = max(self.config.metrics_staleness / 2, 0.01)
         while self._idle:
             now = time.monotonic()
+            refreshed = False
             for state, wake in list(self._idle.values()):
                 if state.inflight != state.inflight_at_scrape:
                     wake.set()
                 elif state.scraped_at:
                     state.scraped_at = now  # peer workers: ``ScrapeFollower`` does the same
+                    refreshed = True
+            if refreshed and self.on_scraped is not None:
+                self.on_scraped()  # fresh again: a request held on the stale age may go
             await asyncio.sleep(tick)
 
 

@@ -371,6 +371,35 @@ def test_killed_worker_is_replaced_while_requests_succeed(gw):
     assert "exited (signal 9); starting a new one" in gw.output()
 
 
+def test_a_killed_workers_inflight_requests_stop_counting(gw, engines):
+    """4 slow requests held by a worker that is SIGKILLed: they will never finish, and the
+    supervisor releases its in-flight counts when it reaps it (the survivor's /metrics, and
+    its saturation rule, stop counting them); the survivor's own 2 stay counted."""
+    slow_address = engines[0].address
+    victim, survivor = sorted(workers_of(gw.pid))
+
+    async def run() -> None:
+        async with per_worker(gw.pid) as pinned:
+            held = [
+                asyncio.ensure_future(chat(pinned[survivor], gw.url, SLOW, 200)) for _ in range(2)
+            ]
+            held += [
+                asyncio.ensure_future(chat(pinned[victim], gw.url, SLOW, 200)) for _ in range(4)
+            ]
+
+            async def counted(n: int) -> bool:
+                return inflight_gauge(await metrics(pinned[survivor], gw.url), slow_address) == n
+
+            await eventually(lambda: counted(6), timeout=20, what="6 in flight")
+            os.kill(victim, signal.SIGKILL)
+            await eventually(lambda: counted(2), timeout=20, what="the victim's 4 released")
+            for request in held:
+                request.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+
+    asyncio.run(run())
+
+
 def test_sigterm_drains_both_workers(gw, engines):
     """SIGTERM to the supervisor while slow requests are in flight: they finish with 200,
     and the whole gateway exits 0."""

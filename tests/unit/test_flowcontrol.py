@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.flowcontrol import FlowControl, FlowQueue, Full, Limits, Waiter
 from llmplane.gateway.flowcontrol.queue import BAND
+from llmplane.testing import eventually
 
 CRITICAL, DEFAULT, SHEDDABLE = BAND["Critical"], BAND["Default"], BAND["Sheddable"]
 
@@ -362,3 +363,20 @@ def test_a_tenant_weight_out_of_range_is_refused(weight: object) -> None:
         parse_document(doc)
     doc["spec"]["weight"] = 7
     assert parse_document(doc)[0].spec.weight == 7
+
+
+async def test_a_waiter_goes_when_room_frees_without_an_event_here() -> None:
+    """Capacity freed by nothing this process sees (another worker's requests finishing, a
+    dead worker's counts released): the re-check dispatches the waiter long before its TTL,
+    and stops once nothing waits."""
+    room = Room()
+    fc = flow_control(room, ttl=30.0, recheck=0.01)
+    task = asyncio.create_task(fc.wait("b", (), "Default", "t", 1, 10))
+    await wait_until(lambda: fc.waiting() == 1)
+    room.slots = 1  # no pump
+    async with asyncio.timeout(5):
+        waited = await task
+    assert waited < 5
+    await eventually(
+        lambda: not fc.queues and fc._rechecking is None, timeout=5, what="the re-check stopped"
+    )

@@ -7,6 +7,7 @@ scraper's heartbeat, and model lists read by the scraping worker reach the other
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -32,6 +33,7 @@ from llmplane.gateway.workers.scrapes import (
     apply_row,
 )
 from llmplane.gateway.workers.shm import Directory, Locks
+from llmplane.gateway.workers.wake import WakeTable
 from llmplane.runtime.endpoint import Endpoint
 
 
@@ -246,6 +248,23 @@ def test_idle_rows_are_not_republished_and_take_the_heartbeat():
     assert reader.scraped_at == 102.3  # not kept: the row's own scrape time
 
 
+def test_a_kept_row_made_fresh_by_the_heartbeat_wakes_the_follower():
+    """A request held while the copy was stale may go once the heartbeat makes it fresh: no
+    row changes while every client waits in this worker, so nothing else would wake it."""
+    table = ScrapeTable(4)
+    changes: list[int] = []
+    writer, reader, publisher, follower = _pair(table, changes)
+    apply_metrics(writer, LoadMetrics(waiting=0, running=0, kv=0.0), now=100.0)
+    table.beat(100.0)
+    publisher.publish(writer, True)
+    assert follower.poll(100.0) and changes == [1]
+    assert not follower.poll(100.05) and changes == [1]  # nothing new: no wake-up
+    publisher.flush(100.3)  # a heartbeat: the copy (100.0) was past metricsStaleness
+    assert not follower.poll(100.32)  # no row changed ...
+    assert reader.scraped_at == 100.3 and changes == [1, 1]  # ... but fresh again: woken
+    assert not follower.poll(100.35) and changes == [1, 1]
+
+
 def test_model_lists_reach_followers_once_read():
     table = ScrapeTable(4)
     changes: list[int] = []
@@ -316,3 +335,33 @@ def test_endpoint_board_carries_the_list_and_skips_a_torn_copy():
     board.publish([Endpoint(f"10.0.0.{i}:1", labels={"x": "y" * 100}) for i in range(100)])
     assert not discovery.poll()  # too big for this board: not published, nothing torn
     assert discovery.endpoints() == endpoints[:1]
+
+
+async def test_a_peer_completion_wakes_a_worker_with_requests_waiting():
+    table = WakeTable(2)
+    try:
+        a, b = table.waker(0), table.waker(1)
+        pumped = asyncio.Event()
+        a.start(lambda: None)
+        b.start(pumped.set)
+        a.wake_peers()  # nothing waits in b: not woken
+        assert table.words[3] == 0  # b's ``poked``
+        b.waiting(1)
+        a.wake_peers()
+        a.wake_peers()  # already woken: no second write
+        assert table.words[3] == 1
+        await asyncio.wait_for(pumped.wait(), 5)
+        assert b.woken == 1 and table.words[3] == 0  # read, cleared: the next one wakes it
+        pumped.clear()
+        a.wake_peers()
+        await asyncio.wait_for(pumped.wait(), 5)
+        assert b.woken == 2
+        b.waiting(-1)
+        b.waiting(2)
+        table.clear(1)  # b died: its waiting requests with it
+        a.wake_peers()
+        assert table.words[2] == 0 and table.words[3] == 0
+        a.close()
+        b.close()
+    finally:
+        table.close()

@@ -7,7 +7,12 @@ raises the 429 when its TTL ends, its band is full or it is evicted for a higher
 client that goes away cancels its task and the waiter leaves the queue.
 
 Dispatch is event driven: ``pump`` runs when a request finishes (a slot freed), when an
-endpoint was scraped (fresh load), and when the endpoint list changes; never on a timer. One
+endpoint was scraped or its metrics kept fresh (fresh load), and when the endpoint list
+changes. Capacity can also free without an event this process sees (with several workers:
+another worker's requests finishing, a dead worker's counts released by the supervisor), so
+while anything waits a re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL
+while an endpoint has room (a replacement worker's requests did: docs/benchmarks.md, "A
+killed worker"). One
 waiter per backend is dispatched at a time: the next one only after the dispatched request has
 taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
 burst of completions from releasing more requests than there is room for.
@@ -136,6 +141,7 @@ class FlowControl:
         retry_after: float = 1.0,
         reserve: int = 0,
         saturated_by: SaturatedBy | None = None,
+        recheck: float = 0.05,
     ) -> None:
         self.saturated = saturated  # every one of these endpoints is saturated now
         self.enabled = enabled
@@ -147,6 +153,8 @@ class FlowControl:
         self.ttl = ttl
         self.limits = limits or Limits()
         self.retry_after = retry_after
+        self.recheck = recheck  # seconds between re-checks while anything waits (0: none)
+        self._rechecking: asyncio.TimerHandle | None = None
         self.queues: dict[str, FlowQueue] = {}  # by backend; only while something waits
         self.metrics = FlowMetrics()
         self.collector = _QueueCollector(self)
@@ -240,6 +248,8 @@ class FlowControl:
                 victim, "evicted", "evicted from the gateway's queue by higher-priority requests"
             )
         waiter.timer = loop.call_later(self.ttl, self._expire, key, queue, waiter)
+        if self._rechecking is None and self.recheck > 0:
+            self._rechecking = loop.call_later(self.recheck, self._recheck)
         self._pump(key, queue)
         try:
             await waiter.future
@@ -261,6 +271,16 @@ class FlowControl:
         """Capacity may have freed (a request finished, a scrape, new endpoints): dispatch."""
         for key, queue in list(self.queues.items()):
             self._pump(key, queue)
+
+    def _recheck(self) -> None:
+        """The periodic re-check while anything waits (see the module docstring)."""
+        self._rechecking = None
+        if not self.queues:
+            return
+        self.pump()
+        if self.queues:
+            loop = asyncio.get_running_loop()
+            self._rechecking = loop.call_later(self.recheck, self._recheck)
 
     def _pump(self, key: str, queue: FlowQueue) -> None:
         if queue.granted or not queue.count:

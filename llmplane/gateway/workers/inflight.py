@@ -25,7 +25,7 @@ class InflightTable:
 
     def clear(self, worker: int) -> None:
         """Zero ``worker``'s row: its requests died with it (the supervisor calls this when it
-        reaps a worker, the replacement when it starts)."""
+        reaps a worker, before its replacement starts)."""
         start = worker * self.capacity
         zeros = memoryview(bytes(self.capacity * 8)).cast("q")
         self.counts[start : start + self.capacity] = zeros

@@ -282,7 +282,8 @@ class ScrapePublisher:
 class ScrapeFollower:
     """A worker that does not scrape: every ``interval`` it copies the rows and model lists
     published since it last looked into its states and calls ``on_changed`` (metrics) or
-    ``on_models_changed`` (routes) if any changed.
+    ``on_models_changed`` (routes) if any changed (``on_changed`` also when the heartbeat made
+    a kept row fresh again).
 
     Kept rows take the heartbeat as ``scraped_at`` while the endpoint's shared in-flight count
     is the one at its scrape (see the module docstring). When the heartbeat is older than
@@ -357,13 +358,17 @@ class ScrapeFollower:
         if generation != self._generation or rescan:
             self._generation = generation
             changed = self._copy_rows() or changed
+        refreshed = False
         if heartbeat != self._heartbeat and not self.orphaned:
             self._heartbeat = heartbeat
             for state in self.kept.values():
                 # Scraper._keep_idle_fresh's rule, on the shared in-flight count.
-                if state.scraped_at and state.inflight == state.inflight_at_scrape:
-                    state.scraped_at = max(state.scraped_at, heartbeat)
-        if changed and self.on_changed is not None:
+                if state.inflight == state.inflight_at_scrape and 0 < state.scraped_at < heartbeat:
+                    state.scraped_at = heartbeat
+                    refreshed = True
+        # Fresh again is a change too: a request held while the copy was stale may go (no
+        # row changes while every client waits here, so nothing else would release it).
+        if (changed or refreshed) and self.on_changed is not None:
             self.on_changed()
         return changed
 
