@@ -42,6 +42,9 @@ HOT_PATH = [
     "llmplane.gateway.ratelimit.limits",
     "llmplane.gateway.ratelimit.local",
     "llmplane.gateway.ratelimit.limiter",
+    # Several workers: the shared in-flight counts every admission and pick reads.
+    "llmplane.gateway.workers.inflight",
+    "llmplane.gateway.workers.wake",
 ]
 
 setup(ext_modules=extensions(HOT_PATH), cmdclass={"build_ext": BuildHotPath})

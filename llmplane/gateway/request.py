@@ -157,6 +157,16 @@ class InferenceRequest:
             self._prompt = prompt_text(self.doc).encode("utf-8", "surrogatepass")
         return self._prompt
 
+    def prompt_bound(self) -> int:
+        """An upper bound on ``len(self.prompt)`` without extracting it, or -1. A chat request's
+        prompt is its messages' roles and texts, each from a JSON string no shorter in the body
+        than in UTF-8, plus two bytes a message where the body has at least ``{}``: never
+        longer than the body (while the body is the doc's: not ``dirty``). Other prompts
+        (token-id lists rendered as numbers) have no such bound."""
+        if self.dirty or not isinstance(self.doc.get("messages"), list):
+            return -1
+        return len(self.body)
+
     def rewrite_model(self, model: str) -> None:
         """Send ``model`` upstream instead of the requested name."""
         if model != self.doc.get("model"):

@@ -239,6 +239,8 @@ class Gateway:
             await source.start()
         if self.scrape_follower is not None:
             self.scrape_follower.start()
+        if self.seat is not None:
+            self.seat.waker.start(self.flow.pump)
         self.usage.start()
 
     def _following(self) -> list[Following]:
@@ -255,6 +257,7 @@ class Gateway:
             await extension.close()
         if self.seat is not None:
             await self.seat.metrics.close()
+            self.seat.waker.close()
         if self._follower is not None:
             await self._follower.close()
         for source in self._following():
@@ -502,6 +505,8 @@ class Gateway:
             ctx.seat = None
         if self.flow.queues:  # a slot may have freed
             self.flow.pump()
+        if self.seat is not None:  # for the other workers' waiting requests too
+            self.seat.waker.wake_peers()
 
     async def _activate(
         self, err: GatewayError, inference: InferenceRequest, headers: Any
@@ -602,14 +607,21 @@ class Gateway:
         assert inference is not None and decision is not None
         if waits:
             criticality = decision.criticality or "Default"
-            ctx.waited = await self.flow.wait(
-                decision.backend.ref,
-                candidates,
-                criticality,
-                ctx.tenant,
-                ctx.weight,
-                len(inference.body),
-            )
+            waker = self.seat.waker if self.seat is not None else None
+            if waker is not None:
+                waker.waiting(1)  # the other workers' completions wake it too
+            try:
+                ctx.waited = await self.flow.wait(
+                    decision.backend.ref,
+                    candidates,
+                    criticality,
+                    ctx.tenant,
+                    ctx.weight,
+                    len(inference.body),
+                )
+            finally:
+                if waker is not None:
+                    waker.waiting(-1)
             # Ejections may have changed while it waited.
             candidates = self.admission.admit(
                 inference.model, decision, time.monotonic(), criticality, shed=False
@@ -653,6 +665,7 @@ class Gateway:
             self.config.metrics_staleness,
             now,
             self._warm,
+            inference.prompt_bound(),
         )
 
     @cython.locals(ctx=RequestContext)

@@ -7,6 +7,7 @@ scraper's heartbeat, and model lists read by the scraping worker reach the other
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -32,6 +33,7 @@ from llmplane.gateway.workers.scrapes import (
     apply_row,
 )
 from llmplane.gateway.workers.shm import Directory, Locks
+from llmplane.gateway.workers.wake import WakeTable
 from llmplane.runtime.endpoint import Endpoint
 
 
@@ -333,3 +335,33 @@ def test_endpoint_board_carries_the_list_and_skips_a_torn_copy():
     board.publish([Endpoint(f"10.0.0.{i}:1", labels={"x": "y" * 100}) for i in range(100)])
     assert not discovery.poll()  # too big for this board: not published, nothing torn
     assert discovery.endpoints() == endpoints[:1]
+
+
+async def test_a_peer_completion_wakes_a_worker_with_requests_waiting():
+    table = WakeTable(2)
+    try:
+        a, b = table.waker(0), table.waker(1)
+        pumped = asyncio.Event()
+        a.start(lambda: None)
+        b.start(pumped.set)
+        a.wake_peers()  # nothing waits in b: not woken
+        assert table.words[3] == 0  # b's ``poked``
+        b.waiting(1)
+        a.wake_peers()
+        a.wake_peers()  # already woken: no second write
+        assert table.words[3] == 1
+        await asyncio.wait_for(pumped.wait(), 5)
+        assert b.woken == 1 and table.words[3] == 0  # read, cleared: the next one wakes it
+        pumped.clear()
+        a.wake_peers()
+        await asyncio.wait_for(pumped.wait(), 5)
+        assert b.woken == 2
+        b.waiting(-1)
+        b.waiting(2)
+        table.clear(1)  # b died: its waiting requests with it
+        a.wake_peers()
+        assert table.words[2] == 0 and table.words[3] == 0
+        a.close()
+        b.close()
+    finally:
+        table.close()

@@ -26,7 +26,7 @@ from llmplane.gateway.ratelimit.buckets import (
     take_levels,
 )
 from llmplane.gateway.ratelimit.limiter import RateLimiter
-from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
 from llmplane.gateway.ratelimit.local import LocalPlan
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.workers.buckets import SharedTokenBucket
@@ -172,7 +172,10 @@ def test_the_one_call_reserve_takes_what_the_general_path_takes(loops: bool):
         for embeddings in (False, True):
             kept = [d for d in directions if not (embeddings and d == OUTPUT)]
             fast, general = twins(kept)
-            plan = LocalPlan(fast, embeddings)
+            # The gateway's plan counts with ``estimate_tokens`` when no tokenizer is set
+            # (count None), else with the limiter's counter: both ways, one each.
+            count = limiter.counter.count if embeddings else None
+            plan = LocalPlan(fast, embeddings, count, limiter.default_output)
             assert plan.reserve is not None
             assert (plan.reserve is reserve_levels) == loops
             now = 0.0
@@ -181,17 +184,7 @@ def test_the_one_call_reserve_takes_what_the_general_path_takes(loops: bool):
                 inference = random_request(rng, embeddings)
                 counted: list[int] = []
                 before = plan.lines
-                amounts = plan.reserve(
-                    plan,
-                    inference.doc,
-                    limiter.counter.count,
-                    "m",
-                    "m",
-                    output_reservation,
-                    limiter.default_output,
-                    now,
-                    counted,
-                )
+                amounts = plan.reserve(plan, inference.doc, "m", "m", now, counted)
                 want, too_large = limiter._amounts(
                     inference,
                     _Decision(),  # type: ignore[arg-type]
@@ -405,7 +398,7 @@ def test_with_the_loops_a_plan_writes_its_lines_with_header_lines(loops: bool):
     python = plan._renderer
     calls = []
     plan._renderer = lambda *args: calls.append(args) or python(*args)
-    amounts = plan.reserve(plan, {"max_tokens": 5}, None, "m", "m", output_reservation, 16, 3.0, [])
+    amounts = plan.reserve(plan, {"max_tokens": 5}, "m", "m", 3.0, [])
     assert amounts == [1, 5]
     assert plan.lines == rendered(
         rate_headers([BucketState(REQUESTS, 10, 1.0, 9.0), BucketState(OUTPUT, 90, 1.0, 85.0)])

@@ -356,19 +356,13 @@ class RateLimiter:
                     if not (embeddings and d == OUTPUT)
                 },
                 embeddings,
+                self.counter.count if self.counter.paths else None,
+                self.default_output,
             )
         reserve = plan.reserve
         if reserve is not None:  # buckets of this process: amounts and take in one call
             amounts = reserve(
-                plan,
-                inference.doc,
-                self.counter.count,
-                decision.model,
-                inference.model,
-                output_reservation,
-                self.default_output,
-                self.clock(),
-                counted,
+                plan, inference.doc, decision.model, inference.model, self.clock(), counted
             )
             if amounts is None:
                 return None

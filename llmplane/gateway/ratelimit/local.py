@@ -35,13 +35,15 @@ from llmplane.gateway.ratelimit.buckets import (
     COMPILED,
     KINDS,
     HeaderLines,
+    PlanState,
     TokenBucket,
     duration,
     reserve_levels,
     settle_levels,
     take_levels,
 )
-from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
+from llmplane.gateway.tokens import estimate_tokens
 
 # Whether a new plan of a process's own buckets takes and settles with the compiled loops
 # (``buckets.take_levels`` / ``settle_levels``) instead of the written-out functions.
@@ -126,7 +128,10 @@ def _straight_reserve(
     path then answers with the 429, reusing the input count left in ``counted``). The header lines are rendered into the plan only when
     the levels after the take differ from the last ones."""
     n = len(rows)
-    lines = ["def reserve(plan, doc, count, model, sent, out, default, now, counted):"]
+    lines = [
+        "def reserve(plan, doc, model, sent, now, counted):",
+        "    default = plan.default",
+    ]
     counted = False
     for i, (direction, limit) in enumerate(rows):
         if direction == REQUESTS:
@@ -135,7 +140,8 @@ def _straight_reserve(
             lines.append(f"    a{i} = out(doc, default, {limit})")
         else:  # INPUT, BUDGET: the input count, made once
             if not counted:
-                lines.append("    c = count(doc, model, sent)")
+                lines.append("    count = plan.count")
+                lines.append("    c = estimate(doc) if count is None else count(doc, model, sent)")
                 lines.append("    counted.append(c)")
                 counted = True
             if direction == BUDGET and not embeddings:
@@ -159,7 +165,7 @@ def _straight_reserve(
         f"        plan._render([{levels}])",
         f"    return [{', '.join(f'a{i}' for i in range(n))}]",
     ]
-    return _made(lines, "reserve")
+    return _made(lines, "reserve", out=output_reservation, estimate=estimate_tokens)
 
 
 @functools.cache
@@ -260,34 +266,40 @@ def _straight_render(rows: tuple[tuple[str, int], ...], fmt: str) -> Callable[..
     return _made(lines, "render", MS=_MILLISECONDS, ceil=math.ceil, duration=duration, FMT=fmt)
 
 
-class LocalPlan:
+class LocalPlan(PlanState):
     """One limit's local buckets in the order a request takes them (the amounts of a take
     and a settlement are given in ``directions``' order), with their header names, limit
     values and the headers' template made once. Valid until the limits change (the limiter
     drops its plans then)."""
 
     __slots__ = (
-        "_levels",
         "_renderer",
         "_settled",
         "_straight",
-        "amount_kinds",
-        "bucket_list",
         "buckets",
         "directions",
         "format",
         "has_requests",
-        "header_lines",
         "limits",
-        "lines",
         "lock",
         "reserve",
         "settle",
         "take",
     )
 
-    def __init__(self, buckets: dict[str, TokenBucket], embeddings: bool = False) -> None:
+    def __init__(
+        self,
+        buckets: dict[str, TokenBucket],
+        embeddings: bool = False,
+        count: Callable[..., int] | None = None,
+        default: int = 256,
+    ) -> None:
         self.buckets = buckets  # direction -> bucket, in the order of a take
+        # What ``reserve`` counts a request's input tokens with (``RateLimiter``'s counter,
+        # bound once; None: ``estimate_tokens``, a counter without tokenizers) and the output
+        # reservation's default.
+        self.count = count
+        self.default = default
         self.directions = tuple(buckets)
         self.bucket_list = tuple(buckets.values())
         # (direction, the limit: tokens per unit), what a request's amounts are checked against
@@ -326,9 +338,9 @@ class LocalPlan:
             else _straight_settle(self.directions)(*self.bucket_list, self.give)
         )
         self.settle = self._settled if self.lock is None else self._settle_locked
-        # ``reserve(plan, doc, count, model, sent, out, default, now, counted)``: the amounts
-        # (``count(doc, model, sent)``, ``out(doc, default, limit)``) and the take in one
-        # call (``_straight_reserve``), for buckets of this process; the header lines are
+        # ``reserve(plan, doc, model, sent, now, counted)``: the amounts (with ``count`` and
+        # ``out``) and the take in one call (``_straight_reserve``, or the compiled
+        # ``buckets.reserve_levels``), for buckets of this process; the header lines are
         # then in ``lines``. None for shared buckets (amounts made outside their lock) and
         # for a plan without buckets.
         self.reserve: Callable[..., list[int] | None] | None = None

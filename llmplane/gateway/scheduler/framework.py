@@ -30,6 +30,7 @@ class SchedulingContext:
         "lora",
         "model",
         "now",
+        "prompt_bound",
         "staleness",
         "warm",
     )
@@ -43,8 +44,12 @@ class SchedulingContext:
         staleness: float = 0.2,
         now: float | None = None,
         warm: Callable[[str], bool] | None = None,
+        prompt_bound: int = -1,
     ) -> None:
         self.model = model
+        # An upper bound on ``len(prompt)`` known without computing it (-1: none), so that a
+        # prompt too short for a single prefix block is never extracted.
+        self.prompt_bound = prompt_bound
         if callable(prompt):
             self._prompt: bytes | None = None
             self._prompt_source: Callable[[], bytes] | None = prompt

@@ -176,9 +176,12 @@ class PrefixCacheScorer:
         key = ("prefix", self.block_size, self.max_blocks)
         cached = ctx.cache.get(key)
         if cached is None:
-            cached = ctx.cache[key] = block_hashes(
-                ctx.prompt, ctx.model, self.block_size, self.max_blocks
-            )
+            if 0 <= ctx.prompt_bound < self.block_size:
+                cached = ctx.cache[key] = []  # not one full block: what block_hashes gives
+            else:
+                cached = ctx.cache[key] = block_hashes(
+                    ctx.prompt, ctx.model, self.block_size, self.max_blocks
+                )
         return cached
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:

@@ -11,6 +11,8 @@ skips to the present and loses those picks (counted in ``lost``)."""
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,8 @@ from llmplane.gateway.workers.shm import region
 
 RING_BYTES = 4 << 20  # per worker: at 64 blocks a pick, about 8,000 picks of slack
 _HEAD = struct.Struct("<IHHI")
+_BIG_ENDIAN = sys.byteorder == "big"  # records are little-endian
+_KEYS_KEPT = 4096
 
 
 class PickRings:
@@ -48,6 +52,9 @@ class PickFeed:
         self.read = {i: positions[i] for i in self.peers}  # start at the present
         self.scorers: list[PrefixCacheScorer] = []
         self.lost = 0
+        # Per endpoint key: its encoded length and the bytes between a record's head and its
+        # hashes (the key and its padding), built once (publish runs once a request).
+        self._keys: dict[str, tuple[int, bytes]] = {}
 
     def attach(self, plugins: dict[str, Any]) -> None:
         """Share the picks of every prefix scorer in a scheduler's plugins (the same config in
@@ -60,30 +67,34 @@ class PickFeed:
                 self.scorers.append(plugin)
 
     def publish(self, scorer: int, key: str, hashes: Sequence[int]) -> None:
-        raw = key.encode()
+        known = self._keys.get(key)
+        if known is None:
+            if len(self._keys) >= _KEYS_KEPT:  # endpoints come and go: never grow unbounded
+                self._keys.clear()
+            raw = key.encode()
+            known = self._keys[key] = (len(raw), raw + bytes(-(_HEAD.size + len(raw)) % 8))
+        key_len, padded = known
         n = len(hashes)
-        pad = -(_HEAD.size + len(raw)) % 8
-        length = _HEAD.size + len(raw) + pad + 8 * n
+        length = _HEAD.size + len(padded) + 8 * n
         if length > self.size // 4:
             return
-        record = b"".join(
-            (
-                _HEAD.pack(length, scorer, len(raw), n),
-                raw,
-                bytes(pad),
-                struct.pack(f"<{n}Q", *hashes),
-            )
-        )
+        packed = array("Q", hashes)
+        if _BIG_ENDIAN:
+            packed.byteswap()
+        record = _HEAD.pack(length, scorer, key_len, n) + padded + packed.tobytes()
         positions = self.rings.positions
         at = positions[self.index]
         self._write(at % self.size, record)
         positions[self.index] = at + length  # published once written
 
     def _write(self, offset: int, data: bytes) -> None:
-        first = min(len(data), self.size - offset)
-        self.mine[offset : offset + first] = data[:first]
-        if first < len(data):
-            self.mine[0 : len(data) - first] = data[first:]
+        end = offset + len(data)
+        if end <= self.size:
+            self.mine[offset:end] = data
+            return
+        first = self.size - offset
+        self.mine[offset:] = data[:first]
+        self.mine[0 : len(data) - first] = data[first:]
 
     def apply(self) -> None:
         """Add the picks peers published since the last call to our prefix indexes."""

@@ -26,6 +26,7 @@ from llmplane.gateway.workers.scrapes import (
     column_of,
 )
 from llmplane.gateway.workers.shm import Locks
+from llmplane.gateway.workers.wake import Waker, WakeTable
 from llmplane.runtime.endpoint import Endpoint
 
 SCRAPER = 0  # the worker that scrapes the engines for all (its replacement takes over)
@@ -80,6 +81,7 @@ class Share:
         self.buckets = SharedBuckets(bucket_capacity, self.locks)
         self.picks = PickRings(workers)
         self.reports = WorkerReports(workers)
+        self.wake = WakeTable(workers)
         self.dir = tempfile.mkdtemp(prefix="llmplane-workers-")  # 0700: ours alone
 
     def socket_path(self, index: int) -> str:
@@ -96,12 +98,14 @@ class Share:
                 sock.close()
 
     def reaped(self, index: int) -> None:
-        """Worker ``index`` is gone: its in-flight requests with it."""
+        """Worker ``index`` is gone: its in-flight and waiting requests with it."""
         self.inflight.clear(index)
+        self.wake.clear(index)
 
     def close(self) -> None:
         for sock in self.socks:
             sock.close()
+        self.wake.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -118,6 +122,8 @@ class Seat:
             [share.socket_path(i) for i in range(share.workers) if i != index],
         )
         self.picks: PickFeed = share.picks.feed(index)
+        # Requests waiting in this worker's flow control, woken by the others' completions.
+        self.waker: Waker = share.wake.waker(index)
         # Whether this worker scrapes every endpoint (over its proxy's pool, which keeps its
         # connections to all of them warm); the others prefer endpoints they hold one to.
         self.scrapes = index == SCRAPER
