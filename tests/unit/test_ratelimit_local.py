@@ -172,7 +172,10 @@ def test_the_one_call_reserve_takes_what_the_general_path_takes(loops: bool):
         for embeddings in (False, True):
             kept = [d for d in directions if not (embeddings and d == OUTPUT)]
             fast, general = twins(kept)
-            plan = LocalPlan(fast, embeddings, limiter.counter.count, limiter.default_output)
+            # The gateway's plan counts with ``estimate_tokens`` when no tokenizer is set
+            # (count None), else with the limiter's counter: both ways, one each.
+            count = limiter.counter.count if embeddings else None
+            plan = LocalPlan(fast, embeddings, count, limiter.default_output)
             assert plan.reserve is not None
             assert (plan.reserve is reserve_levels) == loops
             now = 0.0

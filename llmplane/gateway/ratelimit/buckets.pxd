@@ -4,6 +4,9 @@
 cimport cython
 from libc.string cimport memcpy
 
+from llmplane.gateway.ratelimit.limits cimport output_reservation
+from llmplane.gateway.tokens cimport estimate_tokens
+
 
 cdef class TokenBucket:
     cdef public double burst, level, rate, stamp
@@ -31,13 +34,13 @@ cdef class PlanState:
     cdef public tuple amount_kinds, bucket_list
     cdef public HeaderLines header_lines
     cdef public bytes lines
-    cdef public object count, default, out
+    cdef public object count, default
 
 
 @cython.locals(b=TokenBucket, level=cython.double, stamp=cython.double, taken=cython.double,
                i=Py_ssize_t, n=Py_ssize_t, short=bint, same=bint, levels=list, amounts=list,
                buckets=tuple, kind=int, last=list, h=HeaderLines, lines=object,
-               out=object, default=object)
+               count=object, default=object)
 cpdef list reserve_levels(PlanState plan, object doc, object model, object sent, double now,
                           list counted)
 

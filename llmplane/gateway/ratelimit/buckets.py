@@ -19,7 +19,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS
+from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS, output_reservation
+from llmplane.gateway.tokens import estimate_tokens
 
 try:
     import cython
@@ -253,7 +254,6 @@ class PlanState:
         "default",
         "header_lines",
         "lines",
-        "out",
     )
 
 
@@ -267,26 +267,27 @@ def reserve_levels(
 ) -> list[int] | None:
     """``local.LocalPlan.reserve`` as one loop over the plan's buckets (``TokenBucket`` itself):
     a request's amounts (per ``plan.amount_kinds``: one request, the output reservation
-    ``plan.out(doc, plan.default, limit)``, the input count ``plan.count(doc, model, sent)``
-    made once and left in ``counted``, or both), each checked against its limit, and the take
+    ``output_reservation(doc, plan.default, limit)``, the input count made once and left in
+    ``counted``: ``plan.count(doc, model, sent)``, or ``estimate_tokens(doc)`` when the plan's
+    count is None; or both; compiled, both are C calls), each checked against its limit, and the take
     (``take_levels``' arithmetic); the plan's header lines rendered again only when the levels
     after the take differ from the last ones (by its ``header_lines``, a ``HeaderLines``, when
     it has one). Returns the amounts taken, or None (nothing taken: too large, or it does not
     fit now)."""
     amounts = []
     c = None
-    out = plan.out
     default = plan.default
     for kind, limit in plan.amount_kinds:
         if kind == 0:
             a = 1
         elif kind == 1:
-            a = out(doc, default, limit)
+            a = output_reservation(doc, default, limit)
         else:  # the input count, made once
             if c is None:
-                c = plan.count(doc, model, sent)
+                count = plan.count
+                c = estimate_tokens(doc) if count is None else count(doc, model, sent)
                 counted.append(c)
-            a = c + out(doc, default, limit) if kind == 3 else c
+            a = c + output_reservation(doc, default, limit) if kind == 3 else c
         if a > limit:
             return None
         amounts.append(a)

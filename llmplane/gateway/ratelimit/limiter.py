@@ -356,7 +356,7 @@ class RateLimiter:
                     if not (embeddings and d == OUTPUT)
                 },
                 embeddings,
-                self.counter.count,
+                self.counter.count if self.counter.paths else None,
                 self.default_output,
             )
         reserve = plan.reserve

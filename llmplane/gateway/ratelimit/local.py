@@ -43,7 +43,7 @@ from llmplane.gateway.ratelimit.buckets import (
     take_levels,
 )
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS, output_reservation
-from llmplane.gateway.tokens import TokenCounter
+from llmplane.gateway.tokens import estimate_tokens
 
 # Whether a new plan of a process's own buckets takes and settles with the compiled loops
 # (``buckets.take_levels`` / ``settle_levels``) instead of the written-out functions.
@@ -130,7 +130,6 @@ def _straight_reserve(
     n = len(rows)
     lines = [
         "def reserve(plan, doc, model, sent, now, counted):",
-        "    out = plan.out",
         "    default = plan.default",
     ]
     counted = False
@@ -141,7 +140,8 @@ def _straight_reserve(
             lines.append(f"    a{i} = out(doc, default, {limit})")
         else:  # INPUT, BUDGET: the input count, made once
             if not counted:
-                lines.append("    c = plan.count(doc, model, sent)")
+                lines.append("    count = plan.count")
+                lines.append("    c = estimate(doc) if count is None else count(doc, model, sent)")
                 lines.append("    counted.append(c)")
                 counted = True
             if direction == BUDGET and not embeddings:
@@ -165,7 +165,7 @@ def _straight_reserve(
         f"        plan._render([{levels}])",
         f"    return [{', '.join(f'a{i}' for i in range(n))}]",
     ]
-    return _made(lines, "reserve")
+    return _made(lines, "reserve", out=output_reservation, estimate=estimate_tokens)
 
 
 @functools.cache
@@ -295,11 +295,10 @@ class LocalPlan(PlanState):
         default: int = 256,
     ) -> None:
         self.buckets = buckets  # direction -> bucket, in the order of a take
-        # What ``reserve`` makes a request's amounts with (``RateLimiter``'s, bound once):
-        # ``count(doc, model, sent)`` the input tokens, ``out(doc, default, limit)`` the
-        # output reservation.
-        self.count = count if count is not None else TokenCounter(None).count
-        self.out = output_reservation
+        # What ``reserve`` counts a request's input tokens with (``RateLimiter``'s counter,
+        # bound once; None: ``estimate_tokens``, a counter without tokenizers) and the output
+        # reservation's default.
+        self.count = count
         self.default = default
         self.directions = tuple(buckets)
         self.bucket_list = tuple(buckets.values())
