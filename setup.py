@@ -24,6 +24,7 @@ HOT_PATH = [
     "llmplane.gateway.usage",
     "llmplane.gateway.registry",
     "llmplane.gateway.admission",
+    "llmplane.gateway.outliers",
     "llmplane.gateway.routing",
     "llmplane.gateway.deadlines",
     "llmplane.gateway.observability",
