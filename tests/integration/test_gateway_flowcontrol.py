@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmplane.controlplane.autoscaling import INFLIGHT
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
+from llmplane.gateway.proxy import ENDPOINT_HEADER
 from llmplane.gateway.server import Gateway
 from llmplane.gateway.signals import GatewaySignals
 from llmplane.keys import create_key
@@ -242,9 +243,15 @@ async def test_an_in_flight_cap_keeps_the_rest_in_the_gateway(gateways, store, s
 
 
 async def stream(
-    client: aiohttp.ClientSession, gw: Gateway, key: str, prompt: str, tokens: int
-) -> tuple[int, int, float]:
-    """POST a streamed completion; (status, chunks with a choice, monotonic time it ended)."""
+    client: aiohttp.ClientSession,
+    gw: Gateway,
+    key: str,
+    prompt: str,
+    tokens: int,
+    first: asyncio.Event | None = None,
+) -> tuple[int, int, float, str]:
+    """POST a streamed completion; (status, chunks with a choice, monotonic time it ended, the
+    endpoint that served it). Sets ``first`` at its first line."""
     chunks = 0
     async with client.post(
         f"http://127.0.0.1:{gw.port}/v1/completions",
@@ -252,8 +259,10 @@ async def stream(
         headers={"Authorization": f"Bearer {key}"},
     ) as r:
         async for line in r.content:
+            if first is not None:
+                first.set()
             chunks += line.startswith(b"data: {")
-        return r.status, chunks, time.monotonic()
+        return r.status, chunks, time.monotonic(), r.headers.get(ENDPOINT_HEADER, "")
 
 
 async def test_a_first_token_releases_the_next_waiter(gateways, store, processes, client):
@@ -283,7 +292,7 @@ async def test_a_first_token_releases_the_next_waiter(gateways, store, processes
     assert state.prefilling == 1 and state.inflight == 1  # it waits in the gateway
     await eventually(lambda: not gw.flow.queues, what="the second released", timeout=30)
     assert not first.done()  # released while the first stream still decodes
-    (s1, n1, t1), (s2, n2, t2) = await asyncio.gather(first, second)
+    (s1, n1, t1, _), (s2, n2, t2, _) = await asyncio.gather(first, second)
     assert (s1, n1, s2, n2) == (200, 30, 200, 3)
     assert t2 < t1  # it ran beside the first one's decode, not after it
     assert state.prefilling == 0 and state.inflight == 0

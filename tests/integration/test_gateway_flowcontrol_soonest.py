@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import random
 
-import aiohttp
-
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
-from llmplane.gateway.proxy import ENDPOINT_HEADER
 from llmplane.testing import eventually
-from tests.integration.test_gateway_flowcontrol import MODEL, TOKEN_TIME, sample, start
+from tests.integration.test_gateway_flowcontrol import (
+    MODEL,
+    TOKEN_TIME,
+    sample,
+    start,
+    stream,
+)
 
 
 def words(tokens: int, seed: str) -> str:
@@ -27,25 +30,6 @@ def words(tokens: int, seed: str) -> str:
         " " + rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") + rng.choice("bdfgklmnprstvz")
         for _ in range(tokens)
     )
-
-
-async def stream(
-    client: aiohttp.ClientSession,
-    port: int,
-    key: str,
-    tokens: int,
-    first: asyncio.Event,
-    prompt: str,
-) -> tuple[int, str]:
-    """A streamed completion; sets ``first`` at its first chunk. (status, endpoint)."""
-    async with client.post(
-        f"http://127.0.0.1:{port}/v1/completions",
-        json={"model": MODEL, "prompt": prompt, "max_tokens": tokens, "stream": True},
-        headers={"Authorization": f"Bearer {key}"},
-    ) as r:
-        async for _ in r.content:
-            first.set()
-        return r.status, r.headers.get(ENDPOINT_HEADER, "")
 
 
 async def test_the_reserve_sends_to_the_endpoint_with_no_prefill_under_way(
@@ -63,12 +47,11 @@ async def test_the_reserve_sends_to_the_endpoint_with_no_prefill_under_way(
         saturation_max_inflight=2,
         flow_control_reserve=1,
     )
-    port = gw.port
     tokens = int(60.0 / TOKEN_TIME)  # decoding for the whole test
     decoding = [asyncio.Event(), asyncio.Event()]
     tasks = [
         asyncio.create_task(
-            stream(client, port, keys["big"], tokens, e, words(8000, f"decode {i}"))
+            stream(client, gw, keys["big"], words(8000, f"decode {i}"), tokens, first=e)
         )
         for i, e in enumerate(decoding)
     ]
@@ -86,7 +69,7 @@ async def test_the_reserve_sends_to_the_endpoint_with_no_prefill_under_way(
     states = {s.address: s for s in gw.registry.states.values()}
     prefilled = [asyncio.Event(), asyncio.Event()]
     tasks += [
-        asyncio.create_task(stream(client, port, keys["big"], 3, e, words(4000, f"busy {i}")))
+        asyncio.create_task(stream(client, gw, keys["big"], words(4000, f"busy {i}"), 3, first=e))
         for i, e in enumerate(prefilled)
     ]
     await eventually(
@@ -100,8 +83,8 @@ async def test_the_reserve_sends_to_the_endpoint_with_no_prefill_under_way(
     )
     assert not any(event.is_set() for event in prefilled)  # still in prefill
 
-    status, endpoint = await asyncio.wait_for(
-        stream(client, port, keys["small"], 3, asyncio.Event(), words(10, "small")), 30
+    status, _, _, endpoint = await asyncio.wait_for(
+        stream(client, gw, keys["small"], words(10, "small"), 3), 30
     )
     assert (status, endpoint) == (200, free.address)
     assert sample(gw, "llmplane_gateway_flow_reserved_total", tenant="small") == 1
