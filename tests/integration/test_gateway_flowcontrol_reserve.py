@@ -1,7 +1,8 @@
 """Flow control's reserve end to end: a gateway in front of a real sim engine, Tenants with
 real keys, ``saturationMaxInflight: 1`` (the rule, on the gateway's own count) and
-``flowControlReserve: 1``. A tenant with nothing in flight goes at once, past a backlog of a
-tenant over its share (even a Critical one) and a Sheddable waiter, which stay queued."""
+``flowControlReserve: 1``. A tenant with no recent dispatch goes at once, past a backlog of a
+tenant over its share of the recent dispatches (even a Critical one) and a Sheddable waiter,
+which stay queued."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ async def test_an_under_share_tenant_goes_past_a_backlog_within_the_reserve(
         flow_control_reserve=1,
     )
     state = next(iter(gw.registry.states.values()))
+    for i in range(3):  # big's recent service: over its share from here on
+        assert (await complete(client, gw, keys["big"], 1, f"warm {i}"))[0] == 200
     long = asyncio.create_task(complete(client, gw, keys["big"], int(3.0 / TOKEN_TIME), "long"))
     await eventually(lambda: state.inflight == 1, what="the big tenant's long request sent")
     waiting = [
@@ -50,7 +53,7 @@ async def test_an_under_share_tenant_goes_past_a_backlog_within_the_reserve(
     assert sample(gw, "llmplane_gateway_flow_reserved_total", tenant="big") == 0
     results = await asyncio.gather(long, *waiting)
     assert [r[0] for r in results] == [200, 200, 200]
-    await eventually(lambda: not gw.flow.shares.backends, what="every seat released")
+    await eventually(lambda: not gw.flow.shares.held(), what="every seat released")
 
 
 async def test_a_sheddable_backlog_does_not_cut_the_shares(gateways, store, processes, client):
@@ -86,4 +89,4 @@ async def test_a_sheddable_backlog_does_not_cut_the_shares(gateways, store, proc
     assert sample(gw, "llmplane_gateway_flow_reserved_total", tenant="small") == 1
     results = await asyncio.gather(*longs, bulk)
     assert [r[0] for r in results] == [200] * 4
-    await eventually(lambda: not gw.flow.shares.backends, what="every seat released")
+    await eventually(lambda: not gw.flow.shares.held(), what="every seat released")

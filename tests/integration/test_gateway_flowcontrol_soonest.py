@@ -91,4 +91,4 @@ async def test_the_reserve_sends_to_the_endpoint_with_no_prefill_under_way(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await eventually(lambda: not gw.flow.shares.backends, what="every seat released")
+    await eventually(lambda: not gw.flow.shares.held(), what="every seat released")

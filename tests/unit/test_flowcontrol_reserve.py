@@ -5,6 +5,7 @@ endpoint), on arrival and from the queue."""
 from __future__ import annotations
 
 import asyncio
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from llmplane.gateway.config import config_from_dict
 from llmplane.gateway.flowcontrol import FlowControl
 from llmplane.gateway.flowcontrol.queue import FlowQueue, Limits, Waiter
-from llmplane.gateway.flowcontrol.share import Shares
+from llmplane.gateway.flowcontrol.share import FORGET, TAU, Seat, Shares
 
 
 class Endpoint:
@@ -42,65 +43,157 @@ def flow_control(reserve: int = 1) -> FlowControl:
 # --- Shares ----------------------------------------------------------------------------------
 
 
-def test_a_flow_with_nothing_in_flight_is_under_its_share() -> None:
-    shares = Shares()
+class Clock:
+    """A deterministic clock for the decayed dispatch counts."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def shares_at(slack: int = 1) -> tuple[Shares, Clock]:
+    clock = Clock()
+    return Shares(slack=slack, tau=TAU, clock=clock), clock
+
+
+def test_a_flow_never_dispatched_is_under_its_share() -> None:
+    shares, _ = shares_at()
     for _ in range(8):
         shares.take("b", "big", 1)
     assert shares.under("b", "small", 1, None)
     assert not shares.under("b", "big", 1, None)  # the only active flow holds everything
 
 
-def test_the_share_is_in_flight_over_the_active_flows_by_weight() -> None:
-    shares = Shares()
-    seats = [shares.take("b", "big", 1) for _ in range(6)]
-    small = [shares.take("b", "small", 1) for _ in range(2)]
-    # 8 in flight, two flows: 4 each. small holds 2: under; big holds 6: over.
+def test_a_burst_of_a_low_rate_flow_stays_under_its_share() -> None:
+    # The overload benchmark's case: big dispatches 4 a second, critical 3, small one every
+    # 2 s, and each request lasts 2 s. Over 20 s each one's count settles near its rate x
+    # TAU. Then small bursts 6 requests at once: it holds 7 seats of 21, its seat share with
+    # three flows (the old test: at its share, so it waited), yet it got ~8 of ~43 recent
+    # dispatches, far below its third; and 7 seats are within 21/3 + the slack 2.
+    shares, clock = shares_at(slack=2)
+    seats: list[tuple[float, Seat]] = []
+    for tick in range(80):  # 20 s in quarter seconds
+        clock.now = tick * 0.25
+        while seats and seats[0][0] <= clock.now - 2.0:
+            shares.release(seats.pop(0)[1])
+        seats.append((clock.now, shares.take("b", "big", 1)))
+        if tick % 4 != 3:
+            seats.append((clock.now, shares.take("b", "critical", 1)))
+        if tick % 8 == 0:
+            seats.append((clock.now, shares.take("b", "small", 1)))
+    for _ in range(6):
+        assert shares.under("b", "small", 1, None)
+        seats.append((clock.now, shares.take("b", "small", 1)))
+    assert shares.in_flight("b", "small") == 7 and shares.held() == 21
+    assert shares.served("b", "small") < shares.served("b", "big") / 2
+    assert shares.under("b", "small", 1, None)
+    # The high-rate flows are over their shares all along.
+    assert not shares.under("b", "big", 1, None)
+    assert not shares.under("b", "critical", 1, None)
+    for _, seat in seats:
+        shares.release(seat)
+    assert shares.held() == 0
+
+
+def test_a_high_rate_flow_is_over_and_weights_scale_the_share() -> None:
+    shares, _ = shares_at(slack=8)  # the guard out of the way
+    for _ in range(6):
+        shares.take("b", "big", 1)
+    for _ in range(2):
+        shares.take("b", "small", 1)
+    # 8 dispatches, two flows: 4 each. small got 2: under; big 6: over.
     assert shares.under("b", "small", 1, None)
     assert not shares.under("b", "big", 1, None)
-    small.append(shares.take("b", "small", 1))
-    small.append(shares.take("b", "small", 1))
-    # 10 in flight, small holds 4 of its 5.
-    assert shares.under("b", "small", 1, None)
-    small.append(shares.take("b", "small", 1))
+    for _ in range(3):
+        shares.take("b", "small", 1)
     assert shares.under("b", "small", 1, None)  # 5 of a share of 5.5
-    small.append(shares.take("b", "small", 1))
+    shares.take("b", "small", 1)
     assert not shares.under("b", "small", 1, None)  # 6 of 12: at its share, not under
     # Weight 3 to 1: small's share is 12 x 3/4.
     assert shares.under("b", "small", 3, None)
-    for seat in seats + small:
+    assert not shares.under("b", "big", 1, None)
+
+
+def test_dispatch_counts_decay_and_a_quiet_flow_is_forgotten() -> None:
+    shares, clock = shares_at(slack=8)
+    old = [shares.take("b", "a", 1) for _ in range(6)]  # a's burst, long ago
+    for seat in old:
         shares.release(seat)
-    assert shares.backends == {}  # nothing left behind
+    assert not shares.under("b", "a", 1, None)  # a alone: it has everything
+    clock.now = TAU
+    assert shares.served("b", "a") == pytest.approx(6 / math.e)
+    c = [shares.take("b", "c", 1) for _ in range(3)]
+    # a's 6 decayed to 2.2 of a total of 5.2: under its half now; c's 3 over it.
+    assert shares.under("b", "a", 1, None)
+    assert not shares.under("b", "c", 1, None)
+    clock.now = 3 * TAU  # a's count 0.3, c's 1.4: c is still over its half
+    assert not shares.under("b", "c", 1, None)
+    clock.now = 5 * TAU  # a's count below FORGET and nothing in flight: no claimant any more
+    assert shares.served("b", "a") < FORGET
+    assert not shares.under("b", "c", 1, None)
+    assert "a" not in shares.backends["b"].flows
+    clock.now = 20 * TAU  # c's seats keep it counted: alone, it has everything
+    assert not shares.under("b", "c", 1, None) and shares.held() == 3
+    for seat in c:
+        shares.release(seat)
+    assert shares.under("b", "c", 1, None)  # then forgotten: nothing left behind
+    assert shares.backends == {}
+
+
+def test_the_slot_hog_guard_holds_a_flow_at_its_seats_plus_the_slack() -> None:
+    # A flow with few but long requests: a low dispatch rate, its seats held for a long time.
+    shares, clock = shares_at(slack=2)
+    hog = []
+    for tick in range(40):  # big: 40 short requests over 20 s, 2 in flight at a time
+        clock.now = tick * 0.5
+        seat = shares.take("b", "big", 1)
+        if tick % 10 == 0:
+            hog.append(shares.take("b", "hog", 1))  # never finishes
+        shares.release(seat)
+    big = [shares.take("b", "big", 1) for _ in range(2)]
+    # hog: ~4 x e^-k recent dispatches against big's ~20: under by service, yet 4 seats of
+    # 6, a seat share of 3, plus the slack 2: 4 < 5, still allowed.
+    assert shares.served("b", "hog") < shares.served("b", "big") / 2
+    assert shares.under("b", "hog", 1, None)
+    hog.append(shares.take("b", "hog", 1))
+    assert shares.under("b", "hog", 1, None)  # 5 seats of 7: 5 < 3.5 + 2
+    hog.append(shares.take("b", "hog", 1))
+    # 6 seats of 8 against 4 + 2: held by the guard although under by service.
+    assert shares.served("b", "hog") < shares.served("b", "big") / 2
+    assert not shares.under("b", "hog", 1, None)
+    for seat in hog + big:
+        shares.release(seat)
+    assert shares.held() == 0
 
 
 def test_waiting_flows_count_as_active() -> None:
-    shares = Shares()
-    seats = [shares.take("b", "a", 1) for _ in range(3)]
+    shares, _ = shares_at(slack=8)
+    for _ in range(3):
+        shares.take("b", "a", 1)
     shares.take("b", "c", 1)
-    # 4 in flight, a and c active: a's share 2, it holds 3.
-    assert not shares.under("b", "a", 1, None)
-    assert shares.in_flight("b", "a") == 3
-    shares.release(seats[0])
-    # 3 in flight: a holds 2 of a share of 1.5; with two more flows waiting, of 0.75.
-    assert not shares.under("b", "a", 1, None)
+    # 4 dispatches, a and c active: c's share 2, it got 1: under.
+    assert shares.under("b", "c", 1, None)
     queue = FlowQueue(Limits())
     queue.offer(Waiter(1, "d", 1, 0.0))
     queue.offer(Waiter(0, "e", 1, 0.0))
-    # c holds 1: of a share of 1.5 with a alone beside it, of 0.75 with d and e waiting too.
-    assert shares.under("b", "c", 1, None)
+    # With d and e waiting too: a share of 1, c got 1: not under.
     assert not shares.under("b", "c", 1, queue)
+    assert shares.under("b", "d", 1, queue)  # never dispatched
 
 
 def test_a_flow_with_only_sheddable_requests_waiting_is_no_claimant() -> None:
     # The reserve never serves Sheddable requests: their tenant does not cut the others'
     # shares (the overload benchmark's small tenant, queued in a burst behind a heavy one).
-    shares = Shares()
+    shares, _ = shares_at(slack=8)
     for _ in range(2):
         shares.take("b", "big", 1)
     small = shares.take("b", "small", 1)
     queue = FlowQueue(Limits())
     for _ in range(5):
         queue.offer(Waiter(2, "bulk", 1, 0.0))
-    # 3 in flight, big and small active: small's share 1.5, it holds 1.
+    # 3 dispatches, big and small active: small's share 1.5, it got 1.
     assert shares.under("b", "small", 1, queue)
     # The same tenant with a Default request waiting is a claimant: a share of 1.
     queue.offer(Waiter(1, "bulk", 1, 0.0))
@@ -135,7 +228,7 @@ def test_the_reserve_is_for_under_share_flows_and_never_for_sheddable() -> None:
     for seat in seats:
         assert seat is not None
         fc.release(seat)
-    assert fc.shares.backends == {}
+    assert fc.shares.held() == 0
 
 
 def test_without_a_reserve_nothing_is_counted_and_nobody_goes_past_the_rule() -> None:
@@ -143,6 +236,8 @@ def test_without_a_reserve_nothing_is_counted_and_nobody_goes_past_the_rule() ->
     a = Endpoint(1)
     a.inflight = 1
     assert not fc.counts((a,))  # nothing counted: no seat taken
+    assert fc.shares.slack == 1  # the guard's slack for priority engines: one seat
+    assert flow_control(reserve=2).shares.slack == 2  # the reserve's
     assert not fc.reserved("pool", (a,), "Critical", "small", 1, 0.0)
     assert fc.room((a,), 0.0) == (a,)
 
@@ -207,7 +302,7 @@ def test_a_priority_engine_counts_shares_without_a_reserve_and_seats_note_the_sh
     assert not off.counts((prio,))
     for seat in [*big, small]:
         fc.release(seat)
-    assert fc.shares.backends == {}
+    assert fc.shares.held() == 0
 
 
 def test_the_reserve_sends_to_the_endpoint_where_the_request_starts_soonest() -> None:

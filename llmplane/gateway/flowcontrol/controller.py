@@ -17,8 +17,9 @@ waiter per backend is dispatched at a time: the next one only after the dispatch
 taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
 burst of completions from releasing more requests than there is room for.
 
-With a reserve (``flowControlReserve``, ``share.py``): a request whose flow holds less than
-its fair share of the backend's requests in flight goes at once to an endpoint within the
+With a reserve (``flowControlReserve``, ``share.py``): a request whose flow is under its fair
+share of the backend's recent dispatches (and within its share of the seats plus the reserve)
+goes at once to an endpoint within the
 reserve past the saturation rule, instead of waiting behind over-share flows; of those, to
 where it starts soonest (``soonest``: a free sequence slot, the fewest prefills under way),
 not the scheduler's usual pick, since what it waits for there is the engine's step. When the
@@ -149,7 +150,9 @@ class FlowControl:
         # needs ``saturated_by``; nothing with flow control off).
         self.reserve = reserve if enabled and saturated_by is not None else 0
         self.saturated_by = saturated_by
-        self.shares = Shares()  # in flight per backend and flow (counted with a reserve)
+        # Dispatches and seats per backend and flow (counted with a reserve or priority
+        # engines); the slot-hog guard's slack is the reserve (at least one).
+        self.shares = Shares(slack=max(1, self.reserve))
         self.ttl = ttl
         self.limits = limits or Limits()
         self.retry_after = retry_after

@@ -11,7 +11,7 @@ most of the small tenant's slowest TTFTs). A priority engine orders its waiting 
 
 with band Critical 0, Default 1, Sheddable 2: Critical -2 / -1, Default 0 / 1, Sheddable
 2 / 3. Bands first (Critical before Default before Sheddable), and inside a band a tenant
-under its fair share of the backend's requests in flight (``share.py``, decided when the
+under its fair share of the backend's recent dispatches (``share.py``, decided when the
 request is admitted) ahead of one over it. A client that reaches the engine directly sends
 vLLM's default 0: it ranks with an under-share Default request.
 

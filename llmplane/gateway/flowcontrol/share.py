@@ -1,45 +1,81 @@
-"""Fair shares of a backend's in-flight requests, for the flow-control reserve.
+"""Fair shares of a backend's service, for the flow-control reserve and engine priority.
 
 With ``flowControlReserve: N`` a request may go past the saturation rule, by at most N per
-endpoint, when its flow (tenant) holds less than its fair share of the backend's requests in
-flight: ``in flight x weight / sum of the weights of the active flows`` (a flow is active
-with a request in flight or one waiting in a band the reserve serves: Critical or Default),
-or nothing at all. Over-share flows and Sheddable requests wait. A tenant that sends little
-then finds room at once even while a heavy tenant's backlog keeps every engine at its limit:
-the idea of max-min fairness (a flow below its share goes first) and of Kubernetes API
-Priority and Fairness' seats, applied to the moment of dispatch. What the reserve lends is paid back: the endpoint stays saturated for
-everyone else until its load is below the rule again.
+endpoint, when its flow (tenant) is under its fair share of the backend's service; the engine
+priority (``priority.py``) ranks a request by the same test. The share is of **recent
+dispatches**, not of seats: a flow is under when its decayed count of dispatches (requests
+that passed admission; each counts 1, decaying with time constant ``TAU``) is below
+``the backend's decayed total x weight / sum of the weights of the active flows`` — the
+least-attained-service idea of fair queuing (a flow that got less service recently goes
+first), applied at the moment of dispatch. Active: a flow with a request in flight, one
+dispatched recently (its count not yet decayed below ``FORGET``) or one waiting in a band the
+reserve serves (Critical or Default). Over-share flows and Sheddable requests wait. What the
+reserve lends is paid back: the endpoint stays saturated for everyone else until its load is
+below the rule again.
 
-``Shares`` counts, per backend and flow, the requests that passed admission and have not
-finished (only when the reserve is configured); a ``Seat`` is one of them.
+Why dispatches and not seats (requests in flight, the test before): under load every request
+lasts as long as the engine's queue and steps make it (about 2 s in the overload benchmark's
+first shape), so a tenant sending a tenth of another's rate still holds its share of the seats
+after a burst of a few arrivals, and then waited in the gateway as "over its share"
+(docs/benchmarks.md, "Share by service"). Its dispatch rate stays a fraction of its share
+whatever its requests' length.
+
+Why ``TAU`` = 5 s: long against a request's life under load (1-2 s) and the gaps between a
+small flow's arrivals (about 1.3 s at 0.76 req/s), so a burst of a few requests moves its count
+by little against the backend's total (about 38 at 7.6 dispatches/s); short enough that a flow
+that stops sending is forgotten within about ten seconds and one that starts a backlog is over
+its share within a few.
+
+The slot-hog guard: a flow with few but long requests has a low dispatch rate yet could hold
+every slot the reserve lends. So a flow is also over when its requests in flight reach its
+in-flight share (``in flight x weight / the active flows' weights``) plus ``slack`` (the
+reserve, at least 1): a burst of up to ``slack`` requests past its seat share still goes; a
+flow holding more seats than that waits like any over-share flow.
 
 Why a flow with only Sheddable requests waiting is no claimant: those are the requests
 overload sheds and the reserve never serves, yet counted, every tenant of a backend with a
-Sheddable backlog had its share cut (by a quarter with four tenants), and a small tenant with
-a short burst in flight (4 of 15, over 15/4) was queued behind the heavy tenant's backlog:
-the slowest small requests of the overload benchmark lost 0.2-0.9 s there
-(docs/benchmarks.md, "Overload").
+Sheddable backlog had its share cut (by a quarter with four tenants; docs/benchmarks.md,
+"Overload").
+
+``Shares`` counts, per backend and flow, the requests that passed admission (only when the
+reserve is configured or an engine orders by priority: nothing on the default path); a ``Seat``
+is one of them until it finishes.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
+
 from llmplane.gateway.flowcontrol.queue import BAND, FlowQueue
 
 SERVED = BAND["Sheddable"]  # the bands before it are the ones the reserve serves
+TAU = 5.0  # seconds: the time constant of the decayed dispatch counts (see above)
+FORGET = 0.1  # a flow with nothing in flight whose count decayed below this is forgotten
+
+
+class _Flow:
+    __slots__ = ("at", "inflight", "served", "weight")
+
+    def __init__(self, weight: int) -> None:
+        self.inflight = 0  # requests in flight
+        self.served = 0.0  # decayed count of dispatches, as of ``at``
+        self.at = 0.0
+        self.weight = weight  # its latest weight
 
 
 class _Backend:
-    __slots__ = ("counts", "total", "weights")
+    __slots__ = ("flows", "total")
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {}  # flow -> requests in flight (only flows with some)
-        self.weights: dict[str, int] = {}  # flow -> its latest weight
-        self.total = 0
+        self.flows: dict[str, _Flow] = {}
+        self.total = 0  # requests in flight
 
 
 class Seat:
     """One request in flight, counted for its flow until ``Shares.release``; ``under``: its
-    flow held less than its fair share when it was admitted (``priority.py`` ranks it so)."""
+    flow was under its fair share when it was admitted (``priority.py`` ranks it so)."""
 
     __slots__ = ("backend", "flow", "key", "under")
 
@@ -51,51 +87,103 @@ class Seat:
 
 
 class Shares:
-    """Requests in flight per backend and flow (see the module docstring)."""
+    """Dispatches and requests in flight per backend and flow (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        slack: int = 1,
+        tau: float = TAU,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.backends: dict[str, _Backend] = {}
+        self.slack = slack  # seats past its in-flight share a flow may hold (the guard)
+        self.tau = tau
+        self.clock = clock
 
     def take(self, key: str, flow: str, weight: int, under: bool = True) -> Seat:
+        """Count a dispatch of ``flow`` to backend ``key`` and its seat until ``release``."""
+        now = self.clock()
         backend = self.backends.get(key)
         if backend is None:
+            self._sweep(now)
             backend = self.backends[key] = _Backend()
-        backend.counts[flow] = backend.counts.get(flow, 0) + 1
-        backend.weights[flow] = weight
+        state = backend.flows.get(flow)
+        if state is None:
+            state = backend.flows[flow] = _Flow(weight)
+        state.served = self._decayed(state, now) + 1.0
+        state.at = now
+        state.weight = weight
+        state.inflight += 1
         backend.total += 1
         return Seat(key, backend, flow, under)
 
     def release(self, seat: Seat) -> None:
         backend = seat.backend
-        n = backend.counts.get(seat.flow, 0) - 1
-        if n < 0:
+        state = backend.flows.get(seat.flow)
+        if state is None or state.inflight <= 0:
             return  # released twice: keep the counts right
+        state.inflight -= 1
         backend.total -= 1
-        if n:
-            backend.counts[seat.flow] = n
-        else:
-            del backend.counts[seat.flow]
-            del backend.weights[seat.flow]
-            if not backend.total and self.backends.get(seat.key) is backend:
-                del self.backends[seat.key]
 
     def in_flight(self, key: str, flow: str) -> int:
         backend = self.backends.get(key)
-        return backend.counts.get(flow, 0) if backend is not None else 0
+        state = backend.flows.get(flow) if backend is not None else None
+        return state.inflight if state is not None else 0
+
+    def held(self) -> int:
+        """Requests in flight over every backend (0 once every seat is released)."""
+        return sum(backend.total for backend in self.backends.values())
+
+    def served(self, key: str, flow: str) -> float:
+        """``flow``'s decayed count of dispatches to ``key`` now."""
+        backend = self.backends.get(key)
+        state = backend.flows.get(flow) if backend is not None else None
+        return self._decayed(state, self.clock()) if state is not None else 0.0
 
     def under(self, key: str, flow: str, weight: int, queue: FlowQueue | None) -> bool:
-        """Whether ``flow`` (weight ``weight``) holds less than its fair share of ``key``'s
-        requests in flight, counting the flows waiting in ``queue``'s Critical and Default
-        bands as active."""
+        """Whether ``flow`` (weight ``weight``) is under its fair share of ``key``'s recent
+        dispatches and within its in-flight share plus the slack, counting the flows waiting
+        in ``queue``'s Critical and Default bands as active."""
         backend = self.backends.get(key)
-        mine = backend.counts.get(flow, 0) if backend is not None else 0
-        if not mine:
+        if backend is None:
             return True
-        assert backend is not None
-        weights = dict(backend.weights)
+        now = self.clock()
+        self._prune(key, backend, now)
+        mine = backend.flows.get(flow)
+        if mine is None:
+            return True
+        weights = {name: state.weight for name, state in backend.flows.items()}
         if queue is not None:
             for band in queue.bands[:SERVED]:
                 for name, waiting in band.flows.items():
                     weights.setdefault(name, waiting.weight)
         weights[flow] = weight
-        return mine * sum(weights.values()) < backend.total * weight
+        total_weight = sum(weights.values())
+        served = sum(self._decayed(state, now) for state in backend.flows.values())
+        if self._decayed(mine, now) * total_weight >= served * weight:
+            return False
+        # The slot-hog guard: in flight below its share of the seats plus the slack.
+        return mine.inflight * total_weight < (backend.total * weight + self.slack * total_weight)
+
+    def _decayed(self, state: _Flow, now: float) -> float:
+        if now <= state.at:
+            return state.served
+        return state.served * math.exp((state.at - now) / self.tau)
+
+    def _prune(self, key: str, backend: _Backend, now: float) -> None:
+        """Forget the flows with nothing in flight whose count has decayed away."""
+        gone = [
+            name
+            for name, state in backend.flows.items()
+            if not state.inflight and self._decayed(state, now) < FORGET
+        ]
+        for name in gone:
+            del backend.flows[name]
+        if not backend.flows and self.backends.get(key) is backend:
+            del self.backends[key]
+
+    def _sweep(self, now: float) -> None:
+        """Prune every backend (when a new one is counted: keeps backends no request goes to
+        any more from staying)."""
+        for key, backend in list(self.backends.items()):
+            self._prune(key, backend, now)
