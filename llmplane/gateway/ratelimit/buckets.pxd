@@ -37,6 +37,7 @@ cdef class PlanState:
     cdef public object count, default
     cdef public tuple kinds
     cdef public bint loops
+    cdef public object give_all
 
 
 @cython.locals(b=TokenBucket, level=cython.double, stamp=cython.double, taken=cython.double,

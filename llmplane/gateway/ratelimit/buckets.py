@@ -245,8 +245,8 @@ class PlanState:
     """What ``reserve_levels`` reads and writes of a plan (``local.LocalPlan`` is one):
     compiled, an extension type whose fields the loop reads as C struct members instead of
     looking each up by name. ``loops``: the plan takes and settles with ``reserve_levels`` /
-    ``settle_levels`` (over ``bucket_list``, ``kinds`` their ``KINDS``), which the limiter
-    then calls directly."""
+    ``settle_levels`` (over ``bucket_list``, ``kinds`` their ``KINDS``, ``give_all`` what
+    gives a failed request's amounts back), which the limiter then calls directly."""
 
     __slots__ = (
         "_levels",
@@ -254,6 +254,7 @@ class PlanState:
         "bucket_list",
         "count",
         "default",
+        "give_all",
         "header_lines",
         "kinds",
         "lines",

@@ -23,6 +23,6 @@ cdef class RateLimiter:
     cdef public dict limits, tenant_limits
     cdef public tuple plans
 
-    @cython.locals(plans=dict, plan=PlanState, amounts=list)
+    @cython.locals(plans=dict, plan=PlanState, amounts=list, path=str)
     cpdef _reserve_local(self, InferenceRequest inference, object decision, object limit,
                          list counted)

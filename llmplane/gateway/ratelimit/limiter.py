@@ -358,7 +358,8 @@ class RateLimiter:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
         429, reusing the input count left in ``counted``)."""
-        embeddings = inference.path.endswith("/embeddings")
+        path = inference.path
+        embeddings = path.endswith("/embeddings")
         # One plan per limit and set of directions (an embedding takes no output tokens).
         plans = self.plans[embeddings]
         plan = plans.get(limit.key)
@@ -580,7 +581,7 @@ class RateLimiter:
                 settle_levels(
                     plan.bucket_list,
                     plan.kinds,
-                    plan.give,
+                    plan.give_all,
                     reservation.amounts,  # type: ignore[arg-type]
                     prompt,
                     completion,

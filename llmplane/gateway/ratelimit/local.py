@@ -325,6 +325,7 @@ class LocalPlan(PlanState):
         # (the limiter's direct calls: never for a plan without buckets, which takes nothing)
         self.loops = bool(loops and buckets)
         self.kinds = tuple(KINDS[d] for d in self.directions)
+        self.give_all = self.give  # (bound once: not a method object per settlement)
         self._straight = take_levels if loops else _straight_take(len(buckets))
         # ``take`` and ``settle``: straight to the work for buckets of this process, inside
         # the lock for buckets shared by worker processes.
