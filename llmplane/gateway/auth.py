@@ -36,6 +36,11 @@ from llmplane.gateway import apikeys
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.observability import Counter
 
+try:
+    import cython
+except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
+    from llmplane import cython_shim as cython  # type: ignore[no-redef]
+
 log = logging.getLogger("llmplane.gateway")
 
 KIND = "Tenant"
@@ -46,14 +51,19 @@ MAX_KEY_CHARS = 128  # our keys have 61
 # Keys the fingerprints of presented keys: random per process, so a fingerprint says nothing
 # outside it and nobody can make two keys with one fingerprint.
 _FINGERPRINT_KEY = secrets.token_bytes(32)
-# Keyed once: a fingerprint copies this state (cheaper than keying BLAKE2b per request).
-_FINGERPRINT = hashlib.blake2b(key=_FINGERPRINT_KEY, digest_size=16)
+# BLAKE2b-128 of the secret followed by the presented key (BLAKE2 is a secure MAC keyed by a
+# prefix: no length extension): a fingerprint copies this state, with the secret absorbed,
+# and one compression takes both for keys of up to 96 bytes. (BLAKE2b's own keyed mode pads
+# the key to a block of its own, a second compression a request: 0.29 vs 0.20 us.)
+_FINGERPRINT = hashlib.blake2b(_FINGERPRINT_KEY, digest_size=16)
 _GLOB = re.compile(r"[*?\[]")
 INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer <key>'."
 
 
 class Tenant:
-    """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded)."""
+    """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded).
+    Compiled (``auth.pxd``), the tenant, its table and the authenticator are extension
+    types: a request's check reads their fields as C struct members."""
 
     __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name", "weight")
 
@@ -250,6 +260,7 @@ class Authenticator:
     def enabled(self) -> bool:
         return self.table.tenants > 0 or not self.loopback
 
+    @cython.locals(table=TenantTable)
     def authenticate(self, headers: Mapping[str, str]) -> Tenant | None:
         """The calling tenant (None while authentication is off); 401 without a live key.
 

@@ -61,9 +61,12 @@ class StreamFilter(Protocol):
 class Reservation:
     """What a hook returns when it adds response headers or filters the stream.
     ``response_lines``: CRLF-terminated ``name: value`` lines (ASCII), appended to the
-    response head as they are; when set, the gateway ignores ``response_headers``."""
+    response head as they are; when set, the gateway ignores ``response_headers`` (which
+    then reads as those lines' pairs, made when asked for). Compiled (``hooks.pxd``), an
+    extension type: a hook making one per request (the rate limiter) sets its fields as C
+    struct members."""
 
-    __slots__ = ("response_headers", "response_lines", "stream_filter")
+    __slots__ = ("_headers", "response_lines", "stream_filter")
 
     def __init__(
         self,
@@ -71,9 +74,19 @@ class Reservation:
         stream_filter: StreamFilter | None = None,
         response_lines: bytes | None = None,
     ) -> None:
-        self.response_headers = response_headers
+        self._headers = response_headers
         self.stream_filter = stream_filter
         self.response_lines = response_lines
+
+    @property
+    def response_headers(self) -> dict[str, str] | None:
+        if self._headers is None and self.response_lines:
+            self._headers = header_pairs(self.response_lines)
+        return self._headers
+
+    @response_headers.setter
+    def response_headers(self, value: dict[str, str] | None) -> None:
+        self._headers = value
 
 
 def header_pairs(lines: bytes) -> dict[str, str]:

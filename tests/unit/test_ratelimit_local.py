@@ -407,3 +407,76 @@ def test_with_the_loops_a_plan_writes_its_lines_with_header_lines(loops: bool):
     plan._render([9.0, 90.0 - 4000.0])  # a reset of over an hour: Python's
     assert len(calls) == (1 if loops else 2)
     assert b"x-ratelimit-reset-tokens: 1h6m" in plan.lines
+
+
+def test_the_limiters_fast_path_reserves_and_settles_as_its_general_path(loops: bool):
+    """``RateLimiter.reserve_now`` / ``settle_now`` of a tenant's local limit (the fast path:
+    with the loops the limiter calls ``reserve_levels`` / ``settle_levels`` itself and makes
+    the reservation field by field) against the same limiter's general path
+    (``_reserve_general``: ``Taken`` parts, ``rate_headers``, ``settle_deltas``) on a twin
+    limiter: the same admissions, amounts, levels, stamps, header bytes and settlements, for
+    completions and embeddings; an embedding under an output-only limit takes nothing."""
+    from llmplane.gateway.hooks import Usage
+    from llmplane.gateway.ratelimit.error import RateLimitError
+    from tests.unit.test_ratelimit_math import Clock
+    from tests.unit.test_tenant_limits import _Decision as TenantDecision
+    from tests.unit.test_tenant_limits import tenant
+
+    rng = random.Random(13)
+    seen = {"admitted": 0, "refused": 0, "settled": 0, "embeddings": 0}
+    spec = {
+        "requestsPerUnit": 40,
+        "inputTokensPerUnit": 3000,
+        "outputTokensPerUnit": 900,
+        "unit": "minute",
+        "budget": {"tokens": 20000, "unit": "day"},
+    }
+    for rate_limit in (spec, {"outputTokensPerUnit": 900, "unit": "minute"}):
+        clock = Clock()
+        fast, general = (RateLimiter(GatewayConfig(), clock=clock) for _ in range(2))
+        for limiter in (fast, general):
+            limiter.update([tenant("a", rate_limit)])
+        limit = fast.tenant_limits["a"]
+        decision = TenantDecision("a")
+        for _ in range(300):
+            clock.now += rng.choice((0.0, 0.01, 0.5, 5.0))
+            embeddings = rng.random() < 0.25
+            inference = random_request(rng, embeddings)
+            try:
+                theirs = general._reserve_general(inference, decision, [limit], [])
+            except RateLimitError:
+                # The fast path leaves a refusal to the general path, which raises it.
+                with pytest.raises(RateLimitError):
+                    fast.reserve_now(inference, decision)
+                seen["refused"] += 1
+                theirs = mine = None
+            else:
+                mine = fast.reserve_now(inference, decision)
+            if theirs is None:
+                assert mine is None
+            else:
+                assert mine is not None and mine.plan is not None
+                seen["admitted"] += 1
+                seen["embeddings"] += embeddings
+                assert mine.response_lines == rendered(theirs.response_headers)
+                assert mine.response_headers == theirs.response_headers
+                assert [(p.limit, p.mode, p.amounts) for p in mine.taken] == [
+                    (p.limit, p.mode, p.amounts) for p in theirs.taken
+                ]
+                assert mine.stream_filter is None and theirs.stream_filter is None
+                if rng.random() < 0.7:
+                    clock.now += rng.choice((0.0, 0.05))
+                    usage = Usage(rng.randint(0, 900), rng.randint(0, 300))
+                    status = rng.choice((200, 200, 500))
+                    reported = usage if rng.random() < 0.8 else None
+                    fast.settle_now(inference, decision, mine, reported, status)
+                    general.settle_now(inference, decision, theirs, reported, status)
+                    seen["settled"] += 1
+            assert fast.local.keys() == general.local.keys()
+            for key, bucket in fast.local.items():
+                assert bucket.level == general.local[key].level, key
+                assert bucket.stamp == general.local[key].stamp, key
+        # An embedding takes no output tokens: under an output-only limit, nothing at all.
+        if len(limit.tokens) == 1:
+            assert fast.reserve_now(random_request(rng, True), decision) is None
+    assert all(seen.values()), seen

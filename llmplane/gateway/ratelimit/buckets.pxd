@@ -35,6 +35,8 @@ cdef class PlanState:
     cdef public HeaderLines header_lines
     cdef public bytes lines
     cdef public object count, default
+    cdef public tuple kinds
+    cdef public bint loops
 
 
 @cython.locals(b=TokenBucket, level=cython.double, stamp=cython.double, taken=cython.double,

@@ -244,7 +244,9 @@ def take_levels(
 class PlanState:
     """What ``reserve_levels`` reads and writes of a plan (``local.LocalPlan`` is one):
     compiled, an extension type whose fields the loop reads as C struct members instead of
-    looking each up by name."""
+    looking each up by name. ``loops``: the plan takes and settles with ``reserve_levels`` /
+    ``settle_levels`` (over ``bucket_list``, ``kinds`` their ``KINDS``), which the limiter
+    then calls directly."""
 
     __slots__ = (
         "_levels",
@@ -253,7 +255,9 @@ class PlanState:
         "count",
         "default",
         "header_lines",
+        "kinds",
         "lines",
+        "loops",
     )
 
 

@@ -12,16 +12,19 @@ from typing import Any
 from prometheus_client import Counter
 
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.hooks import LATER, Usage, header_pairs
+from llmplane.gateway.hooks import LATER, Usage
 from llmplane.gateway.hooks import Reservation as HookReservation
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
+    PlanState,
     TokenBucket,
     duration,
     rate_headers,
+    reserve_levels,
     reserve_local,
     retry_after,
     settle_deltas,
+    settle_levels,
 )
 from llmplane.gateway.ratelimit.error import RateLimitError
 from llmplane.gateway.ratelimit.limits import (
@@ -39,6 +42,11 @@ from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
 from llmplane.gateway.tokens import TokenCounter
+
+try:
+    import cython
+except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
+    from llmplane import cython_shim as cython  # type: ignore[no-redef]
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -70,9 +78,10 @@ class Reservation(HookReservation):
     ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``). The
     single-limit fast path keeps its plan, limit and amounts (in the plan's ``directions``
     order) instead of a ``Taken`` list, and its headers as lines (the ``taken`` list and the
-    headers' dict are made if asked for)."""
+    headers' dict are made if asked for). Compiled (``limiter.pxd``), an extension type the
+    fast path makes without a call to ``__init__`` (``_fast``)."""
 
-    __slots__ = ("_headers", "_taken", "amounts", "limit", "plan")
+    __slots__ = ("_taken", "amounts", "limit", "plan")
 
     def __init__(
         self,
@@ -92,16 +101,6 @@ class Reservation(HookReservation):
         self.limit = limit
         self.amounts = amounts
 
-    @property  # type: ignore[override]
-    def response_headers(self) -> dict[str, str] | None:
-        if self._headers is None and self.response_lines:
-            self._headers = header_pairs(self.response_lines)
-        return self._headers
-
-    @response_headers.setter
-    def response_headers(self, value: dict[str, str] | None) -> None:
-        self._headers = value
-
     @property
     def taken(self) -> list[Taken]:
         if self._taken is None:
@@ -109,6 +108,20 @@ class Reservation(HookReservation):
             pairs = list(zip(self.plan.directions, self.amounts, strict=True))
             self._taken = [Taken(self.limit, "local", pairs)]
         return self._taken
+
+
+def _fast(plan: LocalPlan, limit: RouteLimit, amounts: list[int]) -> Reservation:
+    """The fast path's reservation: ``Reservation(None, None, plan, limit, amounts,
+    plan.lines)`` with its fields set directly (compiled: C struct members, no ``__init__``)."""
+    reservation = Reservation.__new__(Reservation)
+    reservation._headers = None
+    reservation.stream_filter = None
+    reservation._taken = None
+    reservation.plan = plan
+    reservation.limit = limit
+    reservation.amounts = amounts
+    reservation.response_lines = plan.lines
+    return reservation
 
 
 def _what(direction: str) -> str:
@@ -230,6 +243,7 @@ class RateLimiter:
                 found.append(limit)
         return found
 
+    @cython.locals(inference=InferenceRequest)
     def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object:
         """The reservation (or None, or the 429 raised) when every applicable limit is on
         local buckets: a single one admitting the request takes the fast path
@@ -359,6 +373,16 @@ class RateLimiter:
                 self.counter.count if self.counter.paths else None,
                 self.default_output,
             )
+        if plan.loops:  # the compiled loops: a C call (what ``plan.reserve`` is then)
+            amounts = reserve_levels(
+                plan, inference.doc, decision.model, inference.model, self.clock(), counted
+            )
+            if amounts is None:
+                return None
+            reservation = _fast(plan, limit, amounts)
+            if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
+                self._usage_filter(reservation, inference)
+            return reservation
         reserve = plan.reserve
         if reserve is not None:  # buckets of this process: amounts and take in one call
             amounts = reserve(
@@ -535,6 +559,7 @@ class RateLimiter:
             kind="requests" if blocking.direction == REQUESTS else "tokens",
         )
 
+    @cython.locals(plan=PlanState, reservation=Reservation)
     def settle_now(
         self,
         inference: InferenceRequest,
@@ -551,6 +576,18 @@ class RateLimiter:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
         plan = reservation.plan
         if plan is not None:
+            if plan.loops:  # the compiled loop: a C call (what ``plan.settle`` is then)
+                settle_levels(
+                    plan.bucket_list,
+                    plan.kinds,
+                    plan.give,
+                    reservation.amounts,  # type: ignore[arg-type]
+                    prompt,
+                    completion,
+                    status,
+                    self.clock,
+                )
+                return
             plan.settle(reservation.amounts, prompt, completion, status, self.clock)  # type: ignore[arg-type]
             return
         for part in reservation._taken or ():

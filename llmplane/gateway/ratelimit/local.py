@@ -322,6 +322,9 @@ class LocalPlan(PlanState):
         loops = (
             LOOPS and self.lock is None and all(type(b) is TokenBucket for b in self.bucket_list)
         )
+        # (the limiter's direct calls: never for a plan without buckets, which takes nothing)
+        self.loops = bool(loops and buckets)
+        self.kinds = tuple(KINDS[d] for d in self.directions)
         self._straight = take_levels if loops else _straight_take(len(buckets))
         # ``take`` and ``settle``: straight to the work for buckets of this process, inside
         # the lock for buckets shared by worker processes.
@@ -331,9 +334,7 @@ class LocalPlan(PlanState):
         self._settled: Callable[
             [Sequence[int], int | None, int | None, int, Callable[[], float]], None
         ] = (
-            functools.partial(
-                settle_levels, self.bucket_list, tuple(KINDS[d] for d in self.directions), self.give
-            )
+            functools.partial(settle_levels, self.bucket_list, self.kinds, self.give)
             if loops
             else _straight_settle(self.directions)(*self.bucket_list, self.give)
         )
