@@ -147,8 +147,7 @@ class Shares:
         backend = self.backends.get(key)
         if backend is None:
             return True
-        now = self.clock()
-        self._prune(key, backend, now)
+        served = self._prune(key, backend, self.clock())
         mine = backend.flows.get(flow)
         if mine is None:
             return True
@@ -159,8 +158,7 @@ class Shares:
                     weights.setdefault(name, waiting.weight)
         weights[flow] = weight
         total_weight = sum(weights.values())
-        served = sum(self._decayed(state, now) for state in backend.flows.values())
-        if self._decayed(mine, now) * total_weight >= served * weight:
+        if served[flow] * total_weight >= sum(served.values()) * weight:
             return False
         # The slot-hog guard: in flight below its share of the seats plus the slack.
         return mine.inflight * total_weight < (backend.total * weight + self.slack * total_weight)
@@ -170,17 +168,19 @@ class Shares:
             return state.served
         return state.served * math.exp((state.at - now) / self.tau)
 
-    def _prune(self, key: str, backend: _Backend, now: float) -> None:
-        """Forget the flows with nothing in flight whose count has decayed away."""
-        gone = [
-            name
-            for name, state in backend.flows.items()
-            if not state.inflight and self._decayed(state, now) < FORGET
-        ]
-        for name in gone:
-            del backend.flows[name]
+    def _prune(self, key: str, backend: _Backend, now: float) -> dict[str, float]:
+        """Forget the flows with nothing in flight whose count has decayed away; the decayed
+        counts of the flows kept."""
+        served: dict[str, float] = {}
+        for name, state in list(backend.flows.items()):
+            count = self._decayed(state, now)
+            if state.inflight or count >= FORGET:
+                served[name] = count
+            else:
+                del backend.flows[name]
         if not backend.flows and self.backends.get(key) is backend:
             del self.backends[key]
+        return served
 
     def _sweep(self, now: float) -> None:
         """Prune every backend (when a new one is counted: keeps backends no request goes to

@@ -374,24 +374,16 @@ class RateLimiter:
                 self.counter.count if self.counter.paths else None,
                 self.default_output,
             )
-        if plan.loops:  # the compiled loops: a C call (what ``plan.reserve`` is then)
-            amounts = reserve_levels(
-                plan, inference.doc, decision.model, inference.model, self.clock(), counted
-            )
+        reserve = plan.reserve
+        if reserve is not None:  # buckets of this process: amounts and take in one call
+            doc, now = inference.doc, self.clock()
+            if plan.loops:  # the compiled loops (what ``reserve`` is then): a C call
+                amounts = reserve_levels(plan, doc, decision.model, inference.model, now, counted)
+            else:
+                amounts = reserve(plan, doc, decision.model, inference.model, now, counted)
             if amounts is None:
                 return None
             reservation = _fast(plan, limit, amounts)
-            if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
-                self._usage_filter(reservation, inference)
-            return reservation
-        reserve = plan.reserve
-        if reserve is not None:  # buckets of this process: amounts and take in one call
-            amounts = reserve(
-                plan, inference.doc, decision.model, inference.model, self.clock(), counted
-            )
-            if amounts is None:
-                return None
-            lines = plan.lines
         else:
             amounts, too_large = self._amounts(
                 inference, decision, plan.limits, embeddings, counted
@@ -401,8 +393,7 @@ class RateLimiter:
             taken = plan.take(amounts, self.clock())
             if taken is None:
                 return None
-            lines = taken
-        reservation = Reservation(None, None, plan, limit, amounts, lines)
+            reservation = Reservation(None, None, plan, limit, amounts, taken)
         if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
             self._usage_filter(reservation, inference)
         return reservation
