@@ -737,11 +737,10 @@ def _window(text: str) -> float:
 
 @app.command()
 def version() -> None:
-    """The installed version, and whether the gateway's hot path runs compiled."""
-    from llmplane import __version__, native
+    """The installed version."""
+    from llmplane import __version__
 
     out.print(f"llmplane {__version__}")
-    out.print(f"gateway hot path: {escape(native.status())}")
 
 
 from llmplane.keys import KeyError_  # noqa: E402

@@ -36,11 +36,6 @@ from llmplane.gateway import apikeys
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.observability import Counter
 
-try:
-    import cython
-except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
-    from llmplane import cython_shim as cython  # type: ignore[no-redef]
-
 log = logging.getLogger("llmplane.gateway")
 
 KIND = "Tenant"
@@ -61,9 +56,7 @@ INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer 
 
 
 class Tenant:
-    """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded).
-    Compiled (``auth.pxd``), the tenant, its table and the authenticator are extension
-    types: a request's check reads their fields as C struct members."""
+    """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded)."""
 
     __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name", "weight")
 
@@ -260,7 +253,6 @@ class Authenticator:
     def enabled(self) -> bool:
         return self.table.tenants > 0 or not self.loopback
 
-    @cython.locals(table=TenantTable)
     def authenticate(self, headers: Mapping[str, str]) -> Tenant | None:
         """The calling tenant (None while authentication is off); 401 without a live key.
 

@@ -18,7 +18,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llmplane import native
 from llmplane.aio import run, wait_event
 from llmplane.console.api import Console
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
@@ -183,11 +182,6 @@ def _workers(text: str) -> int:
     return n
 
 
-def _log_hot_path() -> None:
-    """Once the gateway serves: whether its hot path runs compiled (docs/gateway.md)."""
-    logging.getLogger("llmplane.gateway").info("hot path: %s", native.status())
-
-
 def _listen_error(args: argparse.Namespace, e: OSError) -> StartupError:
     reason = os.strerror(e.errno) if e.errno else str(e)
     return StartupError(
@@ -219,7 +213,6 @@ async def serve(
         scaler = kube_activation.attach(gateway, store)
     if ready is None:
         print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
-        _log_hot_path()
     else:
         ready()
     collector = asyncio.create_task(freeze_survivors(), name="gc")  # see llmplane/gcpolicy.py
@@ -255,7 +248,6 @@ def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
 
     def serving() -> None:
         print(f"LISTENING {host}:{port}", flush=True)
-        _log_hot_path()
 
     share = Share(args.workers, socks)
     try:

@@ -62,9 +62,7 @@ class Reservation:
     """What a hook returns when it adds response headers or filters the stream.
     ``response_lines``: CRLF-terminated ``name: value`` lines (ASCII), appended to the
     response head as they are; when set, the gateway ignores ``response_headers`` (which
-    then reads as those lines' pairs, made when asked for). Compiled (``hooks.pxd``), an
-    extension type: a hook making one per request (the rate limiter) sets its fields as C
-    struct members."""
+    then reads as those lines' pairs, made when asked for)."""
 
     __slots__ = ("_headers", "response_lines", "stream_filter")
 

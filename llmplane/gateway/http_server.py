@@ -35,10 +35,6 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
-try:
-    import cython
-except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
-    from llmplane import cython_shim as cython
 from llmplane.aio import wait_event
 
 log = logging.getLogger("llmplane.gateway.http_server")
@@ -276,8 +272,7 @@ def _error(status: int, message: str, code: str) -> Response:
 
 
 class _Protocol:
-    """One client connection (an asyncio protocol by its methods: a compiled class cannot
-    derive from ``asyncio.Protocol``, llmplane/gateway/http_server.pxd)."""
+    """One client connection (an asyncio protocol by its methods)."""
 
     __slots__ = (
         "_body",
@@ -559,7 +554,6 @@ class _Protocol:
 
     # --- serving ------------------------------------------------------------------------------
 
-    @cython.locals(request=HttpRequest, whole=Response)
     async def _serve(self) -> None:
         queue = self.queue
         server = self.server

@@ -20,10 +20,6 @@ from typing import Any
 import aiohttp
 import orjson
 
-try:
-    import cython
-except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
-    from llmplane import cython_shim as cython
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import GatewayError
@@ -291,7 +287,6 @@ class Proxy:
     def attempts(self, ctx: RequestContext, what: str = "any endpoint") -> Attempts:
         return Attempts(ctx, self.retries, what)
 
-    @cython.locals(ctx=RequestContext)
     async def serve(
         self, ctx: RequestContext, pick: Pick, profile: Profile, sched: SchedulingContext
     ) -> StreamResponse:
@@ -318,7 +313,6 @@ class Proxy:
             return response
         raise attempts.exhausted()
 
-    @cython.locals(ctx=RequestContext)
     def judge(self, ctx: RequestContext, state: EndpointState) -> None:
         """Tell outlier ejection how an attempt that reached the client went."""
         if (ctx.upstream_status or 0) >= 500 or ctx.upstream_broken:
@@ -326,7 +320,6 @@ class Proxy:
         else:
             self.outliers.success(state)
 
-    @cython.locals(ctx=RequestContext)
     def send(
         self,
         ctx: RequestContext,
@@ -362,7 +355,6 @@ class Proxy:
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             raise attempt_failure(err, timeout, failure) from None
 
-    @cython.locals(ctx=RequestContext)
     async def _unary(
         self, ctx: RequestContext, address: str, wire: bytes, state: EndpointState, may_retry: bool
     ) -> Response:
@@ -388,7 +380,6 @@ class Proxy:
             ),
         )
 
-    @cython.locals(ctx=RequestContext)
     async def _stream(
         self, ctx: RequestContext, address: str, wire: bytes, state: EndpointState, may_retry: bool
     ) -> StreamResponse:

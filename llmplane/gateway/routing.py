@@ -96,8 +96,7 @@ class Backend:
 
 
 class Decision:
-    """One per request (a plain class: a frozen dataclass's __init__ costs a call per field,
-    and compiled, routing.pxd makes it an extension type whose fields are read directly)."""
+    """One per request (a plain class: a frozen dataclass's __init__ costs a call per field)."""
 
     __slots__ = ("backend", "criticality", "load", "lora", "model", "route", "tenant")
 

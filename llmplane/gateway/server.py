@@ -23,10 +23,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-try:
-    import cython
-except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
-    from llmplane import cython_shim as cython
 from llmplane.aio import call_on
 from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
@@ -315,7 +311,6 @@ class Gateway:
 
     # --- request path -----------------------------------------------------------------------------
 
-    @cython.locals(ctx=RequestContext, request=HttpRequest)
     async def handle(self, request: HttpRequest) -> StreamResponse:
         ctx = RequestContext(request)
         reservations: list[Held] = []
@@ -351,7 +346,6 @@ class Gateway:
             await pending
         return ctx.decision  # type: ignore[return-value]
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     def route_now(self, ctx: RequestContext, reservations: list[Held]) -> Awaitable[None] | None:
         """``route`` without a coroutine while nothing in it waits (a route with ready
         replicas, hooks that reserve by plain functions: the usual case); else the awaitable
@@ -372,7 +366,6 @@ class Gateway:
         self._decided(ctx, decision, tenant)
         return self._reserve(ctx, reservations, self._hook_calls, 0)
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest)
     async def _route_held(
         self,
         ctx: RequestContext,
@@ -401,7 +394,6 @@ class Gateway:
         if pending is not None:
             await pending
 
-    @cython.locals(ctx=RequestContext, decision=Decision)
     def _decided(self, ctx: RequestContext, decision: Decision, tenant: Tenant | None) -> None:
         ctx.decision = decision
         if tenant is not None:
@@ -411,7 +403,6 @@ class Gateway:
         elif decision.criticality is None:
             decision.criticality = "Default"
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     def _reserve(
         self, ctx: RequestContext, reservations: list[Held], calls: list[Any], start: int
     ) -> Awaitable[None] | None:
@@ -435,7 +426,6 @@ class Gateway:
             ctx.sent_model = decision.model
         return None
 
-    @cython.locals(ctx=RequestContext)
     async def _reserve_later(
         self, ctx: RequestContext, reservations: list[Held], calls: list[Any], i: int
     ) -> None:
@@ -449,7 +439,6 @@ class Gateway:
         if pending is not None:
             await pending
 
-    @cython.locals(ctx=RequestContext)
     def refused(self, ctx: RequestContext, err: GatewayError) -> None:
         """Note a request answered with ``err`` instead of being served."""
         ctx.status = err.status
@@ -458,7 +447,6 @@ class Gateway:
         if err.code == "overloaded" and ctx.inference is not None:
             self.metrics.shed.labels(ctx.inference.model).inc()
 
-    @cython.locals(ctx=RequestContext)
     async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
         """Settle the hooks on the usage the engine reported, then metrics and the access log."""
         self._release(ctx)
@@ -479,7 +467,6 @@ class Gateway:
                 log.exception("request hook settle failed")
         self._observe(ctx, usage)
 
-    @cython.locals(ctx=RequestContext)
     def finish_now(self, ctx: RequestContext, reservations: list[Held]) -> bool:
         """``finish`` without a coroutine when every hook settles by a plain function
         (``settle_now``, as the built-in ones do); False, with nothing done, when one is to be
@@ -497,7 +484,6 @@ class Gateway:
         self._observe(ctx, usage)
         return True
 
-    @cython.locals(ctx=RequestContext)
     def _release(self, ctx: RequestContext) -> None:
         """The request's flow-control seat back, and waiters let go if a slot freed."""
         if ctx.seat is not None:
@@ -537,7 +523,6 @@ class Gateway:
             )
         return request.body
 
-    @cython.locals(ctx=RequestContext)
     def _serve(self, ctx: RequestContext) -> Awaitable[StreamResponse]:
         """Admission, the scheduler's pick and the proxy (await the result). Not a coroutine
         itself: a request that neither waits in flow control nor loads an adapter first (the
@@ -558,7 +543,6 @@ class Gateway:
             now = time.monotonic()
         return await self._send(ctx, candidates, now)
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     def _send(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now: float
     ) -> Awaitable[StreamResponse]:
@@ -581,7 +565,6 @@ class Gateway:
         candidates, waits = self._admission(ctx, now)
         return await self._admit_rest(ctx, candidates, waits)
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     def _admission(self, ctx: RequestContext, now: float) -> tuple[Sequence[EndpointState], bool]:
         """Admission's candidates (or its 503 / 429) and whether the request is to wait in
         flow control for them."""
@@ -598,7 +581,6 @@ class Gateway:
             waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
         return candidates, waits
 
-    @cython.locals(ctx=RequestContext, inference=InferenceRequest, decision=Decision)
     async def _admit_rest(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool
     ) -> Sequence[EndpointState]:
@@ -632,7 +614,6 @@ class Gateway:
             self._rebuild()
         return self._prefill_room(ctx, candidates)
 
-    @cython.locals(ctx=RequestContext)
     def _seated(
         self, ctx: RequestContext, candidates: Sequence[EndpointState]
     ) -> Sequence[EndpointState]:
@@ -644,7 +625,6 @@ class Gateway:
             candidates = flow.room(candidates, time.monotonic())
         return candidates
 
-    @cython.locals(ctx=RequestContext)
     def _prefill_room(
         self, ctx: RequestContext, candidates: Sequence[EndpointState]
     ) -> Sequence[EndpointState]:
@@ -653,7 +633,6 @@ class Gateway:
             candidates = self.admission.with_prefill_room(candidates)
         return candidates
 
-    @cython.locals(ctx=RequestContext)
     def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
@@ -668,7 +647,6 @@ class Gateway:
             inference.prompt_bound(),
         )
 
-    @cython.locals(ctx=RequestContext)
     def schedule(
         self,
         ctx: RequestContext,
@@ -689,7 +667,6 @@ class Gateway:
         ctx.scores = pick.scores
         return pick
 
-    @cython.locals(ctx=RequestContext)
     def _observe(self, ctx: RequestContext, usage: Usage | None) -> None:
         elapsed = time.perf_counter() - ctx.t0
         m = self.metrics

@@ -31,11 +31,6 @@ from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
 from llmplane.store.usage import USAGE_FILENAME, UsageLog
 
-try:
-    import cython
-except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
-    from llmplane import cython_shim as cython  # type: ignore[no-redef]
-
 log = logging.getLogger("llmplane.gateway")
 
 
@@ -70,8 +65,7 @@ class _Series:
 
 
 class TenantUsage:
-    """The ``RequestHook`` counting each tenant's usage; ``start`` / ``close`` run the flusher.
-    Compiled (``tenant_usage.pxd``), it and its series are extension types."""
+    """The ``RequestHook`` counting each tenant's usage; ``start`` / ``close`` run the flusher."""
 
     def __init__(
         self,
@@ -119,7 +113,6 @@ class TenantUsage:
     ) -> None:
         self.settle_now(inference, decision, reservation, usage, status)
 
-    @cython.locals(series=_Series)
     def settle_now(
         self,
         inference: InferenceRequest,

@@ -37,10 +37,6 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-try:
-    import cython
-except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
-    from llmplane import cython_shim as cython
 from llmplane.gateway.deadlines import Deadlines
 
 _CRLF = b"\r\n"
@@ -53,7 +49,7 @@ KEEPALIVE_TIMEOUT = 4.0
 
 log = logging.getLogger("llmplane.gateway")
 
-# A connection's states, and a response body's framing modes (C ints when compiled).
+# A connection's states, and a response body's framing modes.
 _IDLE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
 _LENGTH, _CHUNKED, _UNTIL_CLOSE, _EMPTY = 0, 1, 2, 3
 
@@ -155,8 +151,7 @@ class UpstreamResponse:
 
 
 class _Connection:
-    """One upstream connection (an asyncio protocol by its methods: a compiled class cannot
-    derive from ``asyncio.Protocol``, llmplane/gateway/upstream_client.pxd)."""
+    """One upstream connection (an asyncio protocol by its methods)."""
 
     __slots__ = (
         "_body_left",
@@ -602,7 +597,6 @@ class UpstreamPool:
             deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
         return deadlines
 
-    @cython.locals(conn=_Connection)
     async def request(
         self, address: str, data: bytes, timeout: float | None = None
     ) -> tuple[int, RawHeaders, bytes]:

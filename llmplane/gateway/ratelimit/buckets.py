@@ -22,12 +22,7 @@ from typing import Any
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS, output_reservation
 from llmplane.gateway.tokens import estimate_tokens
 
-try:
-    import cython
-except ImportError:  # Cython is only needed to build the compiled hot path
-    from llmplane import cython_shim as cython  # type: ignore[no-redef]
-
-COMPILED: bool = cython.compiled
+COMPILED = False
 
 # A bucket's direction as ``settle_levels`` reads it (``KINDS[direction]``).
 KINDS = {REQUESTS: 0, "output": 1, INPUT: 2, BUDGET: 3}
@@ -442,8 +437,7 @@ class HeaderLines:
         limit_texts = self.limit_texts
         ends = self.ends
         text = self.text
-        if not cython.compiled:
-            buf = bytearray(LINES_CAPACITY)
+        buf = bytearray(LINES_CAPACITY)
         scarcest = -1  # the token bucket with the smallest share left (the first of equals)
         share = 0.0
         for i in range(len(limits)):
@@ -479,17 +473,12 @@ class HeaderLines:
                 if n < 0:
                     return None
         n = _put_text(buf, n, text, start, len(text))
-        if not cython.compiled:
-            return bytes(buf[:n])
-        return buf[:n]  # type: ignore[no-any-return]
+        return bytes(buf[:n])
 
 
 def _put_text(buf: Any, n: int, text: bytes, start: int, end: int) -> int:
     """``text[start:end]`` into ``buf`` at ``n``; where it ends."""
-    if cython.compiled:  # (memcpy: libc's, cimported by buckets.pxd)
-        memcpy(cython.address(buf[n]), cython.cast(cython.p_const_char, text) + start, end - start)  # noqa: F821
-    else:
-        buf[n : n + end - start] = text[start:end]
+    buf[n : n + end - start] = text[start:end]
     return n + end - start
 
 

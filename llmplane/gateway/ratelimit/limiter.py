@@ -16,7 +16,6 @@ from llmplane.gateway.hooks import LATER, Usage
 from llmplane.gateway.hooks import Reservation as HookReservation
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
-    PlanState,
     TokenBucket,
     duration,
     rate_headers,
@@ -42,11 +41,6 @@ from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
 from llmplane.gateway.tokens import TokenCounter
-
-try:
-    import cython
-except ImportError:  # no Cython: pure Python, its decorators do nothing (llmplane/cython_shim.py)
-    from llmplane import cython_shim as cython  # type: ignore[no-redef]
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -243,7 +237,6 @@ class RateLimiter:
                 found.append(limit)
         return found
 
-    @cython.locals(inference=InferenceRequest)
     def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object:
         """The reservation (or None, or the 429 raised) when every applicable limit is on
         local buckets: a single one admitting the request takes the fast path
@@ -551,7 +544,6 @@ class RateLimiter:
             kind="requests" if blocking.direction == REQUESTS else "tokens",
         )
 
-    @cython.locals(plan=PlanState, reservation=Reservation)
     def settle_now(
         self,
         inference: InferenceRequest,
