@@ -36,8 +36,8 @@ own buckets) or ``closed`` (503 with Retry-After).
 Modules: ``limits`` (ModelRoute and Tenant rateLimit -> ``RouteLimit``), ``buckets`` (token-bucket maths,
 ``x-ratelimit-*`` headers, settlement), ``error`` (the 429), ``usage_filter`` (injecting
 ``include_usage`` and dropping the usage chunk), ``redis_store`` (the shared buckets' Lua
-scripts), ``local`` (the fast path of a single limit on local buckets: one call that takes
-every bucket and writes the headers) and ``limiter`` (``RateLimiter``, the hook).
+scripts), ``local`` (a single limit's local buckets resolved once, with the header lines of
+its last take) and ``limiter`` (``RateLimiter``, the hook).
 """
 
 from llmplane.gateway.ratelimit.error import RateLimitError

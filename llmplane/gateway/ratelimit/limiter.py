@@ -19,11 +19,9 @@ from llmplane.gateway.ratelimit.buckets import (
     TokenBucket,
     duration,
     rate_headers,
-    reserve_levels,
     reserve_local,
     retry_after,
     settle_deltas,
-    settle_levels,
 )
 from llmplane.gateway.ratelimit.error import RateLimitError
 from llmplane.gateway.ratelimit.limits import (
@@ -69,53 +67,18 @@ class Taken:
 
 class Reservation(HookReservation):
     """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` or
-    ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``). The
-    single-limit fast path keeps its plan, limit and amounts (in the plan's ``directions``
-    order) instead of a ``Taken`` list, and its headers as lines (the ``taken`` list and the
-    headers' dict are made if asked for). Compiled (``limiter.pxd``), an extension type the
-    fast path makes without a call to ``__init__`` (``_fast``)."""
+    ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``)."""
 
-    __slots__ = ("_taken", "amounts", "limit", "plan")
+    __slots__ = ("taken",)
 
     def __init__(
         self,
-        taken: list[Taken] | None,
+        taken: list[Taken],
         response_headers: dict[str, str] | None = None,
-        plan: LocalPlan | None = None,
-        limit: RouteLimit | None = None,
-        amounts: list[int] | None = None,
         response_lines: bytes | None = None,
     ) -> None:
-        # The base's fields set here: one call a request less than super().__init__.
-        self._headers = response_headers
-        self.response_lines = response_lines
-        self.stream_filter = None
-        self._taken = taken
-        self.plan = plan
-        self.limit = limit
-        self.amounts = amounts
-
-    @property
-    def taken(self) -> list[Taken]:
-        if self._taken is None:
-            assert self.plan is not None and self.limit is not None and self.amounts is not None
-            pairs = list(zip(self.plan.directions, self.amounts, strict=True))
-            self._taken = [Taken(self.limit, "local", pairs)]
-        return self._taken
-
-
-def _fast(plan: LocalPlan, limit: RouteLimit, amounts: list[int]) -> Reservation:
-    """The fast path's reservation: ``Reservation(None, None, plan, limit, amounts,
-    plan.lines)`` with its fields set directly (compiled: C struct members, no ``__init__``)."""
-    reservation = Reservation.__new__(Reservation)
-    reservation._headers = None
-    reservation.stream_filter = None
-    reservation._taken = None
-    reservation.plan = plan
-    reservation.limit = limit
-    reservation.amounts = amounts
-    reservation.response_lines = plan.lines
-    return reservation
+        super().__init__(response_headers, None, response_lines)
+        self.taken = taken
 
 
 def _what(direction: str) -> str:
@@ -239,35 +202,18 @@ class RateLimiter:
 
     def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object:
         """The reservation (or None, or the 429 raised) when every applicable limit is on
-        local buckets: a single one admitting the request takes the fast path
+        local buckets: a single one admitting the request reuses its plan
         (``_reserve_local``). ``LATER`` when a limit lives in Redis: ``reserve`` waits."""
-        if not self.limits:
-            if not self.tenant_limits:
-                return None
-            # Tenant limits only (the common case): no list of applicable limits.
-            tenant = decision.tenant
-            limit = self.tenant_limits.get(tenant) if tenant is not None else None
-            if limit is None:
-                return None
-            if limit.redis is not None:
-                return LATER
-            counted: list[int] = []  # the input count, made once for the request
-            reservation = self._reserve_local(inference, decision, limit, counted)
-            if reservation is not None:
-                return reservation
-            return self._reserve_general(inference, decision, [limit], counted)
         limits = self.applicable(decision)
         if not limits:
             return None
-        counted = []
+        if any(limit.redis is not None for limit in limits):
+            return LATER
+        counted: list[int] = []  # the input count, made once for the request
         if len(limits) == 1:
-            if limits[0].redis is not None:
-                return LATER
             reservation = self._reserve_local(inference, decision, limits[0], counted)
             if reservation is not None:
                 return reservation
-        elif any(limit.redis is not None for limit in limits):
-            return LATER
         return self._reserve_general(inference, decision, limits, counted)
 
     def _reserve_general(
@@ -351,8 +297,7 @@ class RateLimiter:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
         429, reusing the input count left in ``counted``)."""
-        path = inference.path
-        embeddings = path.endswith("/embeddings")
+        embeddings = inference.path.endswith("/embeddings")
         # One plan per limit and set of directions (an embedding takes no output tokens).
         plans = self.plans[embeddings]
         plan = plans.get(limit.key)
@@ -362,31 +307,16 @@ class RateLimiter:
                     d: self._bucket(limit, d, n)
                     for d, n in limit.tokens
                     if not (embeddings and d == OUTPUT)
-                },
-                embeddings,
-                self.counter.count if self.counter.paths else None,
-                self.default_output,
+                }
             )
-        reserve = plan.reserve
-        if reserve is not None:  # buckets of this process: amounts and take in one call
-            doc, now = inference.doc, self.clock()
-            if plan.loops:  # the compiled loops (what ``reserve`` is then): a C call
-                amounts = reserve_levels(plan, doc, decision.model, inference.model, now, counted)
-            else:
-                amounts = reserve(plan, doc, decision.model, inference.model, now, counted)
-            if amounts is None:
-                return None
-            reservation = _fast(plan, limit, amounts)
-        else:
-            amounts, too_large = self._amounts(
-                inference, decision, plan.limits, embeddings, counted
-            )
-            if too_large is not None or not amounts:
-                return None
-            taken = plan.take(amounts, self.clock())
-            if taken is None:
-                return None
-            reservation = Reservation(None, None, plan, limit, amounts, taken)
+        amounts, too_large = self._amounts(inference, decision, plan.limits, embeddings, counted)
+        if too_large is not None or not amounts:
+            return None
+        lines = plan.take(amounts, self.clock())
+        if lines is None:
+            return None
+        pairs = list(zip(plan.directions, amounts, strict=True))
+        reservation = Reservation([Taken(limit, "local", pairs)], None, lines)
         if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
             self._usage_filter(reservation, inference)
         return reservation
@@ -558,23 +488,7 @@ class RateLimiter:
         prompt = completion = None
         if usage is not None:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        plan = reservation.plan
-        if plan is not None:
-            if plan.loops:  # the compiled loop: a C call (what ``plan.settle`` is then)
-                settle_levels(
-                    plan.bucket_list,
-                    plan.kinds,
-                    plan.give_all,
-                    reservation.amounts,  # type: ignore[arg-type]
-                    prompt,
-                    completion,
-                    status,
-                    self.clock,
-                )
-                return
-            plan.settle(reservation.amounts, prompt, completion, status, self.clock)  # type: ignore[arg-type]
-            return
-        for part in reservation._taken or ():
+        for part in reservation.taken:
             deltas = settle_deltas(part.amounts, prompt, completion, status)
             if deltas:
                 self._apply(part, deltas)

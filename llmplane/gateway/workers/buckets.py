@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 
-from llmplane.gateway.ratelimit.buckets import BucketState, TokenBucket
+from llmplane.gateway.ratelimit.buckets import TokenBucket
 from llmplane.gateway.workers.shm import LOCK_BUCKET_KEYS, LOCK_BUCKETS, Directory, Locks, region
 
 
@@ -76,24 +76,6 @@ class SharedTokenBucket(TokenBucket):
     def stamp(self, value: float) -> None:
         self._values[self._at + 1] = value
 
-    # TokenBucket's methods over the shared level and stamp: compiled, TokenBucket's own read
-    # its C fields (buckets.pxd), which a shared bucket does not use.
-
-    def refill(self, now: float) -> None:
-        if now > self.stamp:
-            self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
-            self.stamp = now
-        elif self.level > self.burst:  # the limit was lowered
-            self.level = float(self.burst)
-
-    def wait(self, amount: float) -> float:
-        level = self.level
-        return 0.0 if level >= amount else (amount - level) / self.rate
-
     def adjust(self, delta: float, now: float) -> None:
         with self._lock:
-            self.refill(now)
-            self.level = min(float(self.burst), self.level + delta)
-
-    def state(self, direction: str, wait: float = 0.0) -> BucketState:
-        return BucketState(direction, int(self.burst), self.rate, self.level, wait)
+            super().adjust(delta, now)
