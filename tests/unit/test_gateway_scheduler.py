@@ -81,10 +81,9 @@ def test_kv_and_least_request_scorers():
     ),
     st.sampled_from([0.5, 1, 4, 10]),
 )
-def test_fused_queue_filter_and_least_request_agree_with_their_definitions(rows, threshold):
-    """The low-queue filter's one-pass form keeps exactly the endpoints whose
-    ``queue_estimates`` value is below the threshold, and the least-request scorer's lookup
-    table gives the min-max formula's scores."""
+def test_queue_filter_and_least_request_agree_with_their_definitions(rows, threshold):
+    """The low-queue filter keeps exactly the endpoints whose ``queue_estimates`` value is
+    below the threshold, and the least-request scorer gives the min-max formula's scores."""
     states = []
     for i, (waiting, inflight, at_scrape, scraped_at, has_metrics) in enumerate(rows):
         states.append(

@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from llmplane.gateway.scheduler import fused
 from llmplane.gateway.scheduler import plugins as p
 from llmplane.gateway.scheduler.framework import Profile, Scheduler
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
@@ -160,7 +159,6 @@ def build_scheduler(config: dict[str, Any] | None = None) -> Scheduler:
                 profile.observers.append(plugin)
         if profile.picker is None:
             profile.picker = p.MaxScorePicker()
-        profile.fused = fused.plan(profile.filters, profile.scorers)
         profiles[name] = profile
     if not profiles:
         raise ConfigError("schedulingProfiles: at least one profile is needed")

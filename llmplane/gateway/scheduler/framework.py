@@ -116,8 +116,6 @@ class Profile:
     scorers: list[tuple[Any, float]] = field(default_factory=list)
     picker: Any = None
     observers: list[Any] = field(default_factory=list)  # plugins with on_pick
-    # The same filters and scorers fused into two passes (scheduler/fused.py), if they fit.
-    fused: Any = None
 
     def run(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], n: int) -> Pick:
         order = getattr(self.picker, "order", None)
@@ -127,11 +125,7 @@ class Profile:
             # orders by the scores takes it.
             only = endpoints[0]
             return Pick([only], {only.address: 0.0}, self.name)
-        done = self.fused.run(ctx, endpoints) if self.fused is not None else None
-        if done is not None:
-            kept, totals = done
-        else:
-            kept, totals = self.score(ctx, endpoints)
+        kept, totals = self.score(ctx, endpoints)
         if order is not None:  # a picker that decides from the scores alone: no index lookups
             warm = ctx.warm
             if warm is None:

@@ -6,20 +6,18 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from itertools import count
-from operator import attrgetter
 
-from llmplane.gateway.registry import EndpointState, below_queue, queue_estimates
+from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.framework import SchedulingContext, Scores
 
 _random = random.random
 _sample = random.sample
-_inflight = attrgetter("inflight")
 
 
 def _min_max_inverse(values: list[float]) -> list[float]:
     """1 for the smallest value, 0 for the largest, linear between; all 1 when equal."""
-    lo = min(values)
-    hi = max(values)
+    lo = min(values, default=0.0)
+    hi = max(values, default=0.0)
     if hi <= lo:
         return [1.0] * len(values)
     span = hi - lo
@@ -50,7 +48,8 @@ class LowQueueFilter:
         self.threshold = threshold
 
     def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
-        return below_queue(endpoints, ctx.staleness, ctx.now, self.threshold)
+        queues = queue_estimates(endpoints, ctx.staleness, ctx.now)
+        return [e for e, q in zip(endpoints, queues, strict=True) if q < self.threshold]
 
 
 # --- scorers ------------------------------------------------------------------------------------
@@ -94,15 +93,7 @@ class LeastRequestScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        inflight = list(map(_inflight, endpoints))
-        lo, hi = min(inflight, default=0), max(inflight, default=0)
-        if hi <= lo:
-            return [1.0] * len(inflight)
-        span = float(hi - lo)
-        if hi <= 4 * len(inflight):  # small counts: one score per count, looked up in C
-            table = [(hi - v) / span for v in range(hi + 1)]
-            return list(map(table.__getitem__, inflight))
-        return [(hi - v) / span for v in inflight]
+        return _min_max_inverse([float(e.inflight) for e in endpoints])
 
 
 class LoraAffinityScorer:
