@@ -8,7 +8,6 @@ import os
 import platform
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -277,33 +276,6 @@ def checkout(ref: str, into: Path) -> Path:
         capture_output=True,
     )
     return into
-
-
-def build_native(tree: Path) -> str:
-    """Compile ``tree``'s hot path in place, as ``pip install`` does (a baseline left pure
-    Python would credit the other build with the compilation), and return what ``llmplane
-    version`` then says of it (a failed build leaves it pure Python, and says so)."""
-    subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-        cwd=tree,
-        check=False,
-        capture_output=True,
-    )
-    return native_status(tree)
-
-
-def native_status(tree: Path) -> str:
-    """``llmplane version``'s line on ``tree``'s compiled hot path (as a gateway of that tree
-    runs it: the same environment, ``LLMPLANE_PURE_PYTHON`` included)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "llmplane.cli", "version"],
-        cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    return next((line for line in out.stdout.splitlines() if "hot path" in line), out.stderr)
 
 
 def remove_checkout(tree: Path) -> None:

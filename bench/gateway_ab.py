@@ -3,13 +3,10 @@
     python -m bench.gateway_ab --baseline HEAD~1 [--rounds 8] [--duration 3] [--concurrency 8]
                                [--stream-tokens 64] [--no-stream] [--upstream-max-running 1024]
                                [--access-log] [--workers N|auto] [--nginx]
-                               [--new-connections] [--pure-baseline]
+                               [--new-connections]
 
-The baseline is a git ref checked out into a temporary worktree and built as an install builds
-it (its compiled hot path, ``setup.py build_ext --inplace``: a baseline left pure Python would
-credit the candidate with the compilation; ``--pure-baseline`` skips the build); the candidate
-is this working tree (with its compiled hot path if built). Each build's count of loaded
-compiled modules is printed. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
+The baseline is a git ref checked out into a temporary worktree (or ``--baseline-tree``, a
+checkout as it is); the candidate is this working tree. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
 off unless ``--access-log``) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
 one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
 Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from
@@ -30,7 +27,6 @@ from pathlib import Path
 import orjson
 
 from bench.common import (
-    build_native,
     checkout,
     cpu_seconds,
     gateway_proc,
@@ -55,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--baseline-tree",
         type=Path,
-        help="instead of --baseline: a checkout already built (its compiled hot path as it is)",
+        help="instead of --baseline: a checkout, run as it is",
     )
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--duration", type=float, default=3.0)
@@ -87,11 +83,6 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="a new client connection per request (wrk sends Connection: close)",
     )
-    p.add_argument(
-        "--pure-baseline",
-        action="store_true",
-        help="do not build the baseline's compiled hot path (it runs pure Python)",
-    )
     args = p.parse_args(argv)
     if (args.baseline is None) == (args.baseline_tree is None):
         p.error("give one of --baseline REF or --baseline-tree PATH")
@@ -104,8 +95,6 @@ def main(argv: list[str] | None = None) -> None:
         base_tree = args.baseline_tree
     else:
         base_tree = checkout(args.baseline, work / "baseline")
-        if not args.pure_baseline:
-            build_native(base_tree)
     procs: list[Process] = []
     cleanup: list[Path] = []
     try:
@@ -148,7 +137,6 @@ def main(argv: list[str] | None = None) -> None:
         for name, url in urls.items():  # warm up: connections, caches, the prefix index
             gws[name].wait_http(url, bodies["unary"])
             wrk(url, bodies["unary"], args.concurrency, 1)
-            print(f"{name}: {native_modules(gws[name].pid)} compiled modules loaded", flush=True)
         headers = {"Connection": "close"} if args.new_connections else None
         cells: dict[tuple[str, str], list[dict[str, float]]] = {}
         for r in range(args.rounds):
@@ -209,13 +197,6 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def native_modules(pid: int) -> int:
-    """How many compiled hot-path modules (``llmplane/_native/``, llmplane/native.py) the
-    process has mapped: which build runs compiled."""
-    with open(f"/proc/{pid}/maps") as maps:
-        return len({line.split()[-1] for line in maps if "/_native/" in line})
 
 
 if __name__ == "__main__":

@@ -17,9 +17,7 @@ them full and the ``x-ratelimit-*`` values repeat (what a tenant well inside its
 sees); ``--limits busy`` sets per-hour limits that refill slower than the run takes (and
 still never refuse within a run of a few minutes), so the values change with every request.
 ``--baseline REF`` adds the same three gateways of another build (a git ref, checked out into a
-temporary worktree and built as an install builds it, its compiled hot path included unless
-``--pure-baseline``) to every round: what a change to these paths gained. Each build's compiled
-hot path (``llmplane version``) is printed: compare compiled with compiled. Reported: medians over
+temporary worktree) to every round: what a change to these paths gained. Reported: medians over
 rounds of req/s, gateway CPU per request and wrk's p50/p99, and the ratios.
 """
 
@@ -36,13 +34,11 @@ import orjson
 
 from bench.common import (
     ROOT,
-    build_native,
     checkout,
     cpu_seconds,
     gateway_proc,
     machine,
     machine_line,
-    native_status,
     remove_checkout,
     store_objects,
     table,
@@ -99,11 +95,6 @@ def main(argv: list[str] | None = None) -> None:
         default=["open", "keyed", "limited"],
         help="which gateways to run (e.g. only 'limited' with --baseline: more rounds a minute)",
     )
-    p.add_argument(
-        "--pure-baseline",
-        action="store_true",
-        help="do not build the baseline's compiled hot path (it runs pure Python)",
-    )
     args = p.parse_args(argv)
 
     from llmplane.gateway import apikeys
@@ -112,10 +103,6 @@ def main(argv: list[str] | None = None) -> None:
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="llmplane-auth-"))
     base_tree = checkout(args.baseline, work / "baseline") if args.baseline else None
-    print(f"this tree: {native_status(ROOT)}", flush=True)
-    if base_tree is not None:
-        built = native_status(base_tree) if args.pure_baseline else build_native(base_tree)
-        print(f"baseline {args.baseline}: {built}", flush=True)
     procs: list[Process] = []
     try:
         up = upstream_proc()
@@ -192,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             f"--concurrency {args.concurrency} --tenants {args.tenants} --limits {args.limits}"
             f"{' --kinds ' + ' '.join(args.kinds) if len(args.kinds) < 3 else ''}"
             f"{' --baseline ' + args.baseline if args.baseline else ''}"
-            f"{' --pure-baseline' if args.pure_baseline else ''}` "
+            "` "
             f"({machine_line(info, list(os.getloadavg()))}); medians over rounds"
         )
         print()

@@ -9,9 +9,8 @@ are limited (as ``bench/tenant_auth.py``'s three gateways, minus the HTTP and th
 
 Each round times ``--requests`` requests of each kind in turn; reported: the best round of
 each kind in microseconds a request, and what a Tenant adds. ``--baseline REF`` runs the same
-measurement on another build (a git ref, checked out into a temporary worktree and built
-with its compiled hot path, as an install builds it) in a subprocess, alternating with this
-tree's. ``--stages`` times each stage of a request alone
+measurement on another build (a git ref, checked out into a temporary worktree) in a
+subprocess, alternating with this tree's. ``--stages`` times each stage of a request alone
 instead (and what the gateway does for a Tenant outside these stages: parsing the key's
 header, forwarding the request upstream, sending the larger response head over a loopback TCP
 socket), to account for what a Tenant costs stage by stage. ``--limits busy`` uses
@@ -185,7 +184,7 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
         **relayed_headers(s.upstream, "127.0.0.1:1", None, lines),
     ).encode(True, False, DATE)
     wire_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
-    parser = _Protocol.__new__(_Protocol)  # its fields only (compiled, an extension type)
+    parser = _Protocol.__new__(_Protocol)  # its fields only
     parser._header_bytes = 0
     parser._headers = Headers()
     sent = SimpleNamespace(n=0)
@@ -281,11 +280,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     from bench.common import (
         ROOT,
-        build_native,
         checkout,
         machine,
         machine_line,
-        native_status,
         remove_checkout,
     )
 
@@ -294,8 +291,6 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="llmplane-tenant-path-"))
     if args.baseline:
         builds = {f"baseline {args.baseline}": checkout(args.baseline, tmp / "baseline"), **builds}
-    for name, tree in builds.items():  # compiled against compiled
-        print(f"{name}: {native_status(tree) if tree == ROOT else build_native(tree)}", flush=True)
     flags = ["--rounds", str(args.rounds), "--requests", str(args.requests)]
     flags += ["--limits", args.limits, *(["--stages"] if args.stages else [])]
     try:

@@ -37,7 +37,6 @@ import orjson
 
 from bench.common import (
     ROOT,
-    build_native,
     checkout,
     gateway_proc,
     remove_checkout,
@@ -170,7 +169,6 @@ def main(argv: list[str] | None = None) -> None:
         builds["baseline"] = args.baseline_tree
     elif args.baseline:
         builds["baseline"] = checkout(args.baseline, work / "baseline")
-        build_native(builds["baseline"])
     builds["candidate"] = ROOT
     nginx, nginx_address, nginx_prefix = nginx_proc()
     state = str(work / "state")

@@ -126,7 +126,7 @@ def test_a_remembered_bearer_key_is_answered_inline_and_the_rest_by_caller() -> 
     good, other = apikeys.new_key(), apikeys.new_key()
     calls = []
 
-    class Counted(Authenticator):  # (compiled, an extension type: no instance attributes)
+    class Counted(Authenticator):
         def caller(self, headers):  # type: ignore[no-untyped-def]
             calls.append(1)
             return super().caller(headers)
