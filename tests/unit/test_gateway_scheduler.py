@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.config import DEFAULT_CONFIG, ConfigError, build_scheduler
-from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.framework import Profile, SchedulingContext
 from llmplane.gateway.scheduler.plugins import (
     KVCacheScorer,
     LeastRequestScorer,
@@ -296,10 +296,22 @@ def test_filter_that_removes_everything_is_skipped():
     assert sched.pick(ctx(model="m"), [a], 1).endpoints == [a]
 
 
+def test_a_profile_adds_its_scorers_scores_by_weight():
+    a = state(1, kv_usage=0.2, has_kv=True, inflight=2)
+    b = state(2, kv_usage=0.9, has_kv=True, inflight=6)
+    c = state(3, kv_usage=0.5, has_kv=True, inflight=4)
+    scorers = [(KVCacheScorer(), 2.0), (LeastRequestScorer(), 0.5), (QueueScorer(), 0.25)]
+    profile = Profile("p", scorers=scorers, picker=MaxScorePicker())
+    kept, totals = profile.score(ctx(), [a, b, c])
+    want = [2.0 * 0.8 + 0.5 * 1.0 + 0.25 * 1.0, 2.0 * 0.1, 2.0 * 0.5 + 0.5 * 0.5 + 0.25 * 0.5]
+    assert kept == [a, b, c] and totals == pytest.approx(want)
+    pick = profile.run(ctx(), [a, b, c], 3)
+    assert pick.endpoints == [a, c, b]
+    assert pick.scores == {a.address: 2.35, c.address: 1.375, b.address: 0.2}
+
+
 @pytest.mark.parametrize("profile", ["default", "least", "random"])
-def test_one_candidate_is_picked_as_the_general_path_picks_it(profile):
-    # One candidate takes a shortcut (framework.Profile.run): the same Pick as the filters,
-    # scorers and picker give it, whether a filter keeps it or would remove it.
+def test_one_candidate_is_picked_whether_a_filter_keeps_it_or_would_remove_it(profile):
     sched = build_scheduler(
         {
             "plugins": [
@@ -325,7 +337,7 @@ def test_one_candidate_is_picked_as_the_general_path_picks_it(profile):
         pick = sched.pick(ctx(prompt=b"x" * 200), [a], 2, profile)
         assert pick.endpoints == [a] and pick.profile == profile
         assert pick.scores == {a.address: 0.0}
-        kept, totals = prof.score(ctx(prompt=b"x" * 200), [a])  # the general path, for one
+        kept, totals = prof.score(ctx(prompt=b"x" * 200), [a])
         assert kept == [a] and totals == [0.0]
         assert prof.picker.order(totals, 2) == [0]
 

@@ -122,6 +122,12 @@ def test_duration_is_openai_style():
     assert duration(0.0123) == "13ms"
     assert duration(1) == "1s"
     assert duration(1.5) == "1.5s"
+    assert duration(0.0004) == "1ms"  # rounded up to whole milliseconds, at least 1
+    assert duration(0.999) == "999ms"
+    assert duration(12.3456) == "12.346s"  # three decimals, trailing zeros dropped
+    assert duration(1.05) == "1.05s"
+    assert duration(754.125) == "12m34.125s"
+    assert duration(7384.5) == "2h3m4.5s"
     assert duration(360) == "6m0s"
     assert duration(3723) == "1h2m3s"
     assert duration(30 * 86400) == "720h0m0s"

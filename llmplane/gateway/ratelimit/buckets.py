@@ -99,8 +99,6 @@ def duration(seconds: float) -> str:
         return "0s"
     if seconds < 1:
         return f"{max(1, math.ceil(seconds * 1000))}ms"
-    if seconds < 60:  # what the general case gives (both divmods leave it as it is), faster
-        return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     text = f"{secs:.3f}".rstrip("0").rstrip(".") + "s"

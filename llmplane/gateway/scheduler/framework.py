@@ -119,12 +119,6 @@ class Profile:
 
     def run(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], n: int) -> Pick:
         order = getattr(self.picker, "order", None)
-        if len(endpoints) == 1 and n > 0 and order is not None:
-            # One candidate, the pick both paths below come to: a filter keeps it or, would it
-            # remove it, is skipped; no scorer runs for one (its total is 0.0); a picker that
-            # orders by the scores takes it.
-            only = endpoints[0]
-            return Pick([only], {only.address: 0.0}, self.name)
         kept, totals = self.score(ctx, endpoints)
         if order is not None:  # a picker that decides from the scores alone: no index lookups
             warm = ctx.warm
@@ -163,19 +157,9 @@ class Profile:
 
 
 def weighted_sum(scored: Sequence[tuple[Sequence[float], float]], n: int) -> list[float]:
-    """sum(weight * score) per endpoint, in one pass over the endpoints for up to three
-    scorers (the default profile has three; at 1,000 endpoints a pass is tens of us)."""
-    if not scored:
-        return [0.0] * n
-    if len(scored) == 1:
-        ((a, wa),) = scored
-        return [wa * x for x in a]
-    if len(scored) == 2:
-        (a, wa), (b, wb) = scored
-        return [wa * x + wb * y for x, y in zip(a, b, strict=True)]
-    (a, wa), (b, wb), (c, wc) = scored[:3]
-    totals = [wa * x + wb * y + wc * z for x, y, z in zip(a, b, c, strict=True)]
-    for scores, w in scored[3:]:
+    """sum(weight * score) per endpoint, the scorers added in their order."""
+    totals = [0.0] * n
+    for scores, w in scored:
         totals = [t + w * x for t, x in zip(totals, scores, strict=True)]
     return totals
 

@@ -211,8 +211,6 @@ class MaxScorePicker(_Picker):
     def order(
         self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
     ) -> list[int]:
-        if len(scores) == 1:  # one candidate (or one left after filtering): nothing to order
-            return [0] if n > 0 else []
         # Sort indices by score (C speed), then shuffle only the runs of equal scores that
         # reach into the first n: 4x cheaper than a random key per endpoint.
         order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
