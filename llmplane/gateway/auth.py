@@ -254,35 +254,16 @@ class Authenticator:
         return self.table.tenants > 0 or not self.loopback
 
     def authenticate(self, headers: Mapping[str, str]) -> Tenant | None:
-        """The calling tenant (None while authentication is off); 401 without a live key.
-
-        The common case inline (``presented_key`` and ``TenantTable.find`` of a Bearer key
-        that passed before): its fingerprint and one dict lookup, without their calls (a call
-        costs the gateway far more than it costs a micro-benchmark, docs/benchmarks.md);
-        anything else, ``caller``."""
-        table = self.table
-        if table.tenants == 0 and self.loopback:
+        """The calling tenant (None while authentication is off); 401 without a live key."""
+        if self.table.tenants == 0 and self.loopback:
             return None
-        auth = dict.get(headers, "authorization")  # type: ignore[arg-type]
-        if auth is not None:
-            scheme, _, value = auth.partition(" ")
-            key = value.strip()
-            if key and len(key) <= MAX_KEY_CHARS and scheme.lower() == "bearer":
-                mac = _FINGERPRINT.copy()
-                mac.update(key.encode())
-                record = table.verified.get(mac.digest())
-                if record is not None:
-                    return record.tenant
         return self.caller(headers)
 
     @staticmethod
     def permit(tenant: Tenant, model: str) -> None:
         """403 unless ``tenant`` may use ``model``: the same answer whether the model exists
         or not, so a key learns nothing about models beyond its own."""
-        verdict = tenant._verdicts.get(model)  # ``allows``' remembered verdict, inline
-        if verdict is None:
-            verdict = tenant.allows(model)
-        if not verdict:
+        if not tenant.allows(model):
             raise GatewayError(
                 403,
                 f"The model {model!r} does not exist or this key may not use it.",
