@@ -212,7 +212,7 @@ def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
             try:
                 theirs = general._reserve_general(inference, decision, [limit], [])
             except RateLimitError:
-                # The fast path leaves a refusal to the general path, which raises it.
+                # The plan leaves a refusal to the general path, which raises it.
                 with pytest.raises(RateLimitError):
                     fast.reserve_now(inference, decision)
                 seen["refused"] += 1

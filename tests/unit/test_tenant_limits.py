@@ -97,10 +97,10 @@ async def test_tenant_token_limits_settle_on_usage():
 
 
 async def test_a_refused_request_is_counted_once():
-    """The fast path's input count is reused by the general path that builds the 429 (a
-    model's tokenizer is the dearest step of a reservation, and refusals come in floods).
-    A tokenizer is configured (for another model), so the limiter counts with its counter,
-    which the test watches; without any the fast path calls ``estimate_tokens`` itself."""
+    """The input count made for the limit's plan is reused by the general path that builds
+    the 429 (a model's tokenizer is the dearest step of a reservation, and refusals come in
+    floods). A tokenizer is configured (for another model): the limiter's counter, which the
+    test watches, then counts every request."""
     limiter, _ = limiter_with(
         tenant("a", {"inputTokensPerUnit": 100, "unit": "minute"}),
         rate_limit_tokenizers={"another-model": "/nonexistent/tokenizer.json"},

@@ -341,7 +341,7 @@ class RateLimiter:
         embedding's without OUTPUT: it takes no output tokens), in their order, and the first
         (direction, size, amount) whose amount is larger than its bucket (it could never fit),
         if any. ``counted`` holds the input count once made (shared by the limits of a
-        request). The fast path and the general path both take these amounts."""
+        request). A plan and the general path both take these amounts."""
         doc = inference.doc
         amounts: list[int] = []
         for direction, tokens in rows:
