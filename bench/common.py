@@ -329,7 +329,7 @@ def gateway_proc(
 
 
 def upstream_proc(*extra: str) -> Process:
-    """``bench/gateway_upstream.py`` (model ``bench``, no modelled delay) on a free port,
+    """The stand-in upstream, ``llmplane.testing.upstream`` (model ``bench``, no modelled delay) on a free port,
     launched."""
     return testing.upstream_process("bench", "--delay", "0", *extra).launch()
 

@@ -2,7 +2,7 @@
 
     python -m bench.epp [--rounds 3] [--duration 3] [--concurrency 8 32] [--no-write]
 
-One upstream (``bench/gateway_upstream.py --delay 0``: never the bottleneck), the same wrk
+One upstream (``llmplane/testing/upstream.py --delay 0``: never the bottleneck), the same wrk
 load, and in front of it, each its own process(es) on 127.0.0.1:
 
 - ``direct``: the upstream itself (the floor);

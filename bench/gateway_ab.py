@@ -7,7 +7,7 @@
 
 The baseline is a git ref checked out into a temporary worktree (or ``--baseline-tree``, a
 checkout as it is); the candidate is this working tree. Both run as ``python -m llmplane.gateway.cli`` (uvloop, default profile, access log
-off unless ``--access-log``) in front of the same ``bench/gateway_upstream.py --delay 0``. Each round gives each build
+off unless ``--access-log``) in front of the same ``llmplane/testing/upstream.py --delay 0``. Each round gives each build
 one wrk cell per mode, in alternating order, so drifts in the machine's load hit both alike.
 Reported: medians over rounds of req/s, gateway CPU per request (utime + stime from
 /proc/<pid>/stat around the cell), wrk's p50/p99 and the share of requests held in flow control

@@ -2,7 +2,7 @@
 
     python -m bench.gateway_overhead [--duration 5] [--concurrency 1 8 32 128] [--write]
 
-The upstream (``bench/gateway_upstream.py --fixed``) returns one fixed small completion JSON.
+The upstream (``llmplane/testing/upstream.py --fixed``) returns one fixed small completion JSON.
 The gateway runs as its own process (``python -m llmplane.gateway.cli``) with the upstream
 registered as an external ``Endpoint``; the load generator is ``wrk`` (a separate process;
 ``apt-get install -y wrk``), or an aiohttp client pool in another process when wrk is missing.
@@ -162,7 +162,7 @@ def write_doc(rows: list[dict[str, float]], sched: dict[str, float], duration: f
     lines = [
         f"`python -m bench.gateway_overhead --duration {duration:g} --write` on {os.cpu_count()} CPUs "
         f"({platform.processor() or platform.machine()}), Python {platform.python_version()}. Upstream: "
-        "`bench/gateway_upstream.py --fixed` (aiohttp, one fixed small completion JSON). Gateway: "
+        "`llmplane/testing/upstream.py --fixed` (aiohttp, one fixed small completion JSON). Gateway: "
         "`python -m llmplane.gateway.cli` in its own process (uvloop, default scheduling profile, "
         f"metrics scraping on, access log off). Load generator: {tool}, in its own process. "
         "Upstream, gateway and load generator share the same cores, so the figures include their "

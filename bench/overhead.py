@@ -3,7 +3,7 @@
     python -m bench.overhead [--duration 5] [--concurrency 1 8 32 128] [--systems ...]
                              [--no-write]
 
-Upstream: ``bench/gateway_upstream.py --delay 0`` (aiohttp + uvloop: a small completion JSON,
+Upstream: ``llmplane/testing/upstream.py --delay 0`` (aiohttp + uvloop: a small completion JSON,
 or an SSE stream of ``--stream-tokens`` chunks, nothing modelled). Systems, each its own
 process on 127.0.0.1:
 

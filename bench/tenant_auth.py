@@ -8,7 +8,7 @@ alternating wrk cells.
                                 [--limits all|requests|busy] [--baseline REF]
 
 All gateways are ``python -m llmplane.gateway.cli`` of this tree (uvloop, access log off) in
-front of one ``bench/gateway_upstream.py --delay 0``; unary completions only (the key is
+front of one ``llmplane/testing/upstream.py --delay 0``; unary completions only (the key is
 checked once per request, before anything is streamed). ``--tenants N`` stores N Tenants of
 one key each (the request's key is the last), to show the lookup does not scan.
 ``--limits requests`` limits only requests (one bucket) instead of requests and tokens.

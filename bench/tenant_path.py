@@ -35,7 +35,7 @@ import orjson
 
 KINDS = ("open", "keyed", "limited")
 BODY = orjson.dumps({"model": "bench", "prompt": "Say hello.", "max_tokens": 16})
-# What bench/gateway_upstream.py reports for every unary request, and its response head.
+# What llmplane/testing/upstream.py reports for every unary request, and its response head.
 USAGE = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
 UPSTREAM_HEAD = [
     (b"content-type", b"Content-Type: application/json; charset=utf-8"),

@@ -10,7 +10,7 @@ settings otherwise (access log on, to a file; default scheduling profile, scrapi
 ``vllm-router`` 0.1.17 (Rust, round_robin). Non-streaming (``unary``): a chat completion
 through each to nginx answering a fixed completion (``bench/nginx_upstream.py``, about 100k
 req/s direct: never the bottleneck). Streaming (``stream``): a 64-chunk SSE completion from
-``bench/gateway_upstream.py`` (one Python process: the bottleneck of its cells), which reports
+``llmplane/testing/upstream.py`` (one Python process: the bottleneck of its cells), which reports
 its KV use as running / ``--stream-max-running`` (8: full at 8 streams, so llmplane's
 saturation rule holds the rest in flow control, by design; vllm-router reads no metrics).
 ``stream-nginx``: nginx answering the same request with a fixed 64-event stream in one body

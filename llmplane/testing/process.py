@@ -1,5 +1,5 @@
 """One launcher for the servers tests and benchmarks start as child processes: the sim, the
-gateway, ``llmplane up`` and the stand-in upstream (``bench/gateway_upstream.py``).
+gateway, ``llmplane up`` and the stand-in upstream (``llmplane.testing.upstream``).
 
 Each runs in its own session, its stdout and stderr go to one anonymous temporary file (a pipe
 nobody drains could block a chatty child), and it is ready once its output matches a pattern
@@ -247,9 +247,9 @@ def sim_process(model: str = "sim-model", *args: str, **kw: Any) -> Process:
 
 
 def upstream_process(model: str = "bench", *args: str, **kw: Any) -> Process:
-    """The stand-in vLLM-shaped upstream (``bench/gateway_upstream.py``) on a free port, for
+    """The stand-in vLLM-shaped upstream (``llmplane.testing.upstream``) on a free port, for
     exact control of delays and injected failures (not started)."""
-    argv = ["-m", "bench.gateway_upstream", "--model", model, "--port", "0", *args]
+    argv = ["-m", "llmplane.testing.upstream", "--model", model, "--port", "0", *args]
     return python(*argv, name=f"upstream {model}", **kw)
 
 

@@ -3,7 +3,7 @@ process) adds ``priority`` to what it sends an endpoint whose engine orders its 
 (``schedulingPolicy: priority``), from the request's band and its tenant's share, and relays
 the client's bytes untouched to every other endpoint.
 
-The bytes are read back from the stand-in engine (``bench/gateway_upstream.py`` reports the
+The bytes are read back from the stand-in engine (``llmplane/testing/upstream.py`` reports the
 last body it served); the ordering from the real simulated engine (``llmplane.sim
 --scheduling-policy priority``): a Critical request sent after queued Default ones reaches
 the engine's batch first.

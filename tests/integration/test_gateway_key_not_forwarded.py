@@ -1,5 +1,5 @@
 """A Tenant's API key stays at the gateway: ``llmplane gateway`` (a real process) in front of
-the stand-in engine (``bench/gateway_upstream.py``, which reports the headers of the last
+the stand-in engine (``llmplane/testing/upstream.py``, which reports the headers of the last
 inference request it served) sends the request upstream without ``Authorization`` or
 ``x-api-key`` once a key authenticated it; other headers go through. Without any Tenant the
 client's ``Authorization`` still reaches the engine (an engine's own ``--api-key``)."""

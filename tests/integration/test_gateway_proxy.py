@@ -1,6 +1,6 @@
 """The gateway as a proxy: Playground routing, OpenAI errors, streaming, usage, the openai client.
 
-Upstreams are real processes: ``bench/gateway_upstream.py`` (a small vLLM-shaped server that
+Upstreams are real processes: ``llmplane/testing/upstream.py`` (a small vLLM-shaped server that
 stands in for ``llmplane.sim`` where a test needs exact control of delays and failures).
 """
 

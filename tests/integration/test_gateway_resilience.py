@@ -1,5 +1,5 @@
 """Retries, timeouts, outlier ejection and admission (shedding), with real upstream processes
-(``bench/gateway_upstream.py``: exact control of delays and injected failures)."""
+(``llmplane/testing/upstream.py``: exact control of delays and injected failures)."""
 
 from __future__ import annotations
 

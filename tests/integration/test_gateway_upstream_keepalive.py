@@ -1,6 +1,6 @@
 """Upstreams that close idle keep-alive connections (vLLM's uvicorn after 5 s): a request never
 fails because the connection it was written on was being closed. Real upstream processes
-(``bench/gateway_upstream.py --keepalive-timeout``: aiohttp's server closing idle connections);
+(``llmplane/testing/upstream.py --keepalive-timeout``: aiohttp's server closing idle connections);
 the gateway's pool keeps its idle connections longer than the upstream on purpose, so that
 requests meet connections the upstream has closed or is closing."""
 

@@ -1,4 +1,5 @@
-"""The local runtime with real processes: a stand-in engine (fake_engine.py) under supervision."""
+"""The local runtime with real processes: the stand-in upstream (``llmplane.testing.upstream``)
+as an engine under supervision."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from llmplane.runtime.local import LocalRuntime
 from llmplane.runtime.processes import is_alive, spawn, stop_group
 from llmplane.testing import eventually, keeps
 
-FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))
+STANDIN = [sys.executable, "-m", "llmplane.testing.upstream"]
 KEY = "default/chat"
 
 
@@ -63,7 +64,7 @@ def engine_plan(
         liveness_probe=liveness,
         local=LocalLaunch(
             argv=argv
-            or [sys.executable, FAKE_ENGINE, "--port", "8080", "--host", "0.0.0.0", *engine_args],
+            or [*STANDIN, "--port", "8080", "--host", "0.0.0.0", "--model", "fake", *engine_args],
             install_hint="pip install fake-engine",
             health_path=health_path,
         ),
@@ -157,7 +158,7 @@ async def test_two_replicas_ready_with_own_ports_and_labels(runtime: LocalRuntim
     assert runtime.test_changes["change"] > 0  # type: ignore[attr-defined]
     log = runtime.log_path(KEY, 1)
     assert log == status.items[1].log_path
-    assert "fake engine: listening on 127.0.0.1" in log.read_text()
+    assert "LISTENING 127.0.0.1:" in log.read_text()
     assert sorted(recorded_pids(runtime.state_dir)) == sorted(i.pid for i in status.items)
 
 
@@ -192,7 +193,7 @@ async def test_crash_loop_backs_off_exponentially(runtime: LocalRuntime) -> None
     assert item.phase == "Pending" and item.reason == "CrashLoopBackOff"
     assert item.last_exit_code == 3 and item.restarts >= 3
     assert "exited with code 3" in item.message and "last exit code 3" in item.message
-    assert "fake engine: exiting with code 3 (boom)" in item.message  # the log's last lines
+    assert "upstream: exiting with code 3 (boom)" in item.message  # the log's last lines
     status = runtime.status(KEY)
     assert status.reason == "CrashLoopBackOff" and status.ready == 0
     assert runtime.endpoints() == []
@@ -236,7 +237,7 @@ async def test_scale_down_drains_in_flight_requests(runtime: LocalRuntime) -> No
 async def test_drain_uses_engine_metrics_without_inflight_callback(tmp_path: Path) -> None:
     rt = LocalRuntime(tmp_path, backoff_base=0.2, stop_timeout=2)
     try:
-        await rt.realise(engine_plan("--metrics"))
+        await rt.realise(engine_plan())
         await eventually(lambda: ready(rt) == 1, what="ready")
         item = rt.status(KEY).items[0]
         request = asyncio.ensure_future(get(item.address, "/hold?seconds=1.5"))
@@ -300,7 +301,7 @@ async def test_missing_engine_is_reported_once_with_the_hint(runtime: LocalRunti
 
 
 async def test_template_change_rolls_one_replica_at_a_time(runtime: LocalRuntime) -> None:
-    await runtime.realise(engine_plan(replicas=2, env={"FAKE_VERSION": "1"}))
+    await runtime.realise(engine_plan(replicas=2, env={"UPSTREAM_VERSION": "1"}))
     await eventually(lambda: ready(runtime) == 2, what="2 ready")
     old = {i.index: i.pid for i in runtime.status(KEY).items}
     least_ready, most_starting = 2, 0
@@ -312,7 +313,7 @@ async def test_template_change_rolls_one_replica_at_a_time(runtime: LocalRuntime
         most_starting = max(most_starting, len(starting))
 
     runtime.on_change = watch
-    await runtime.realise(engine_plan(replicas=2, env={"FAKE_VERSION": "2"}))
+    await runtime.realise(engine_plan(replicas=2, env={"UPSTREAM_VERSION": "2"}))
     status = runtime.status(KEY)
     assert status.updated == 1 and status.ready == 2  # a surge replica for index 0 first
 
@@ -326,8 +327,8 @@ async def test_template_change_rolls_one_replica_at_a_time(runtime: LocalRuntime
     for item in runtime.status(KEY).items:
         assert item.pid != old[item.index] and not is_alive(old[item.index])
         _, body = await get(item.address, "/info")
-        assert orjson.loads(body)["env"] == {"FAKE_VERSION": "2"}
-    await runtime.realise(engine_plan(replicas=2, env={"FAKE_VERSION": "2"}))  # idempotent
+        assert orjson.loads(body)["env"] == {"UPSTREAM_VERSION": "2"}
+    await runtime.realise(engine_plan(replicas=2, env={"UPSTREAM_VERSION": "2"}))  # idempotent
     assert [i.pid for i in runtime.status(KEY).items] == [
         i.pid for i in runtime.status(KEY).items if i.phase == "Ready"
     ]
@@ -391,7 +392,8 @@ async def test_readiness_and_liveness_failures(runtime: LocalRuntime) -> None:
             previous()
 
     runtime.on_change = record
-    await get(first.address, "/admin/health?ok=0")
+    async with aiohttp.ClientSession() as session:
+        await session.post(f"http://{first.address}/admin", json={"healthy": False})
     await eventually(lambda: any(p == "NotReady" for p, _, _ in seen), what="NotReady")
     not_ready = next(s for s in seen if s[0] == "NotReady")
     assert not_ready == ("NotReady", first.pid, False)  # same process, no longer an endpoint

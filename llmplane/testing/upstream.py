@@ -1,28 +1,39 @@
-"""A small OpenAI/vLLM-shaped upstream for gateway tests and the overhead benchmark.
+"""The stand-in upstream: a small vLLM-shaped server with exact control of delays, failures and
+process behaviour, for tests and benchmarks (``llmplane.sim`` is the realistic engine).
 
-``python -m bench.gateway_upstream --model NAME --port 0`` prints ``LISTENING 127.0.0.1:<port>``.
-It answers chat/completions/embeddings (echoing the requested ``model``, as vLLM does, and 404
-for a model it does not serve), streams SSE with usage, lists its base model and LoRA adapters
-on ``/v1/models`` and reports vLLM's load metrics on ``/metrics`` (running = requests in
-progress up to ``--max-running``, the rest waiting; KV use = running / max-running).
+``python -m llmplane.testing.upstream --model NAME --port 0`` prints ``LISTENING host:port``
+(``upstream_process`` in ``llmplane.testing.process`` starts it). It answers chat, completions
+and embeddings (echoing the requested ``model``, as vLLM does, and 404 for a model it does not
+serve), streams SSE with usage, lists its base model and LoRA adapters on ``/v1/models`` and
+reports vLLM's load metrics on ``/metrics`` (running = requests in progress up to
+``--max-running``, the rest waiting; KV use = running / max-running).
 
-``--keepalive-timeout S`` closes a keep-alive connection idle for S seconds (vLLM's uvicorn:
-5 s), as engines do (tests of the gateway's stale-connection handling).
+Control while it runs:
 
-``--zero-metrics`` makes its gauges say that nothing runs or waits whatever it serves, as some
-OpenAI-compatible servers' do (the gateway's ``registry.unseen_load``).
+- ``POST /admin`` ``{"delay": S, "fail_status": N, "healthy": false}`` sets the delay of each
+  request, a status every inference request fails with (0: none) and what ``/health`` says;
+  ``GET /admin``: requests served, in progress, the headers and body of the last one;
+- ``GET /hold?seconds=S`` answers ``done`` after S seconds, counted as running meanwhile;
+- ``GET /info``: pid, argv, host, port, the child's pid and the ``UPSTREAM_*`` environment.
 
-``--fixed`` turns it into the benchmark's minimal upstream: one fixed small completion JSON for
-every POST, nothing computed.
-
-It stands in for ``llmplane.sim`` (the full simulated engine) where a test needs exact control
-(delays, failures) rather than a model of an engine.
+Options: ``--delay``/``--tokens`` per request; ``--keepalive-timeout S`` closes a keep-alive
+connection idle for S seconds (vLLM's uvicorn: 5 s); ``--zero-metrics`` makes the gauges say
+nothing runs or waits whatever it serves, as some OpenAI-compatible servers' do (the gateway's
+``registry.unseen_load``); ``--fixed`` answers every POST with one fixed completion, nothing
+computed or counted, so its gauges always say 0 (the overhead benchmark's minimal upstream). As an engine process under the local
+runtime's supervision: ``--unhealthy-for S`` (``/health`` 503 for S seconds), ``--exit-after S``
+with ``--exit-code N``, ``--ignore-sigterm``, ``--spawn-child`` (a child in its process group,
+as an engine's worker).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import orjson
@@ -49,6 +60,11 @@ class Upstream:
         self.max_running = args.max_running
         self.zero_metrics = args.zero_metrics
         self.fail_status = 0
+        self.healthy = True
+        self.healthy_after = time.monotonic() + args.unhealthy_for
+        self.host = args.host
+        self.port = 0  # once listening
+        self.child: int | None = None
         self.inflight = 0
         self.served = 0
         self.running_loras: dict[str, int] = {}
@@ -218,8 +234,40 @@ class Upstream:
             self.delay = float(doc["delay"])
         if "fail_status" in doc:
             self.fail_status = int(doc["fail_status"])
+        if "healthy" in doc:
+            self.healthy = bool(doc["healthy"])
         return web.json_response(
-            {"delay": self.delay, "fail_status": self.fail_status, "served": self.served}
+            {
+                "delay": self.delay,
+                "fail_status": self.fail_status,
+                "healthy": self.healthy,
+                "served": self.served,
+            }
+        )
+
+    async def health(self, request: web.Request) -> web.Response:
+        ok = self.healthy and time.monotonic() >= self.healthy_after
+        return web.Response(text="ok" if ok else "unhealthy", status=200 if ok else 503)
+
+    async def hold(self, request: web.Request) -> web.Response:
+        self.inflight += 1
+        try:
+            await asyncio.sleep(float(request.query.get("seconds", "1")))
+        finally:
+            self.inflight -= 1
+        return web.Response(text="done")
+
+    async def info(self, request: web.Request) -> web.Response:
+        env = {k: v for k, v in os.environ.items() if k.startswith("UPSTREAM_")}
+        return web.json_response(
+            {
+                "pid": os.getpid(),
+                "argv": sys.argv,
+                "host": self.host,
+                "port": self.port,
+                "child": self.child,
+                "env": env,
+            }
         )
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -240,29 +288,40 @@ async def fixed(request: web.Request) -> web.Response:
 
 async def main_async(args: argparse.Namespace) -> None:
     app = web.Application()
+    upstream = Upstream(args)
+    app.router.add_get("/v1/models", upstream.models)
+    app.router.add_get("/metrics", upstream.metrics)
     if args.fixed:
         app.router.add_post("/{tail:.*}", fixed)
     else:
-        upstream = Upstream(args)
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
             app.router.add_post(path, upstream.infer)
-        app.router.add_get("/v1/models", upstream.models)
-        app.router.add_get("/metrics", upstream.metrics)
         app.router.add_post("/admin", upstream.admin)
         app.router.add_get("/admin", upstream.stats)
-    app.router.add_get("/health", lambda r: web.Response(text="ok"))
+        app.router.add_get("/hold", upstream.hold)
+        app.router.add_get("/info", upstream.info)
+    app.router.add_get("/health", upstream.health)
+    if args.spawn_child:  # like an engine's worker process: same process group, no PDEATHSIG
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        upstream.child = child.pid
+    if args.exit_after is not None:
+        print(f"upstream: exiting with code {args.exit_code} (boom)", flush=True)
+        if args.exit_after <= 0:
+            os._exit(args.exit_code)
+        asyncio.get_running_loop().call_later(args.exit_after, os._exit, args.exit_code)
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=args.keepalive_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=2048)
+    site = web.TCPSite(runner, args.host, args.port, backlog=2048)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    print(f"LISTENING 127.0.0.1:{port}", flush=True)
+    upstream.port = site._server.sockets[0].getsockname()[1]
+    print(f"LISTENING {args.host}:{upstream.port}", flush=True)
     await asyncio.Event().wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bench")
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--lora-modules", nargs="*", default=[])
     parser.add_argument("--delay", type=float, default=0.0, help="seconds per request")
@@ -283,7 +342,18 @@ def main() -> None:
         help="/metrics says 0 running and 0 waiting whatever is in progress (as "
         "bench/nginx_upstream.py's fixed page): gauges that do not show the load",
     )
+    parser.add_argument(
+        "--unhealthy-for", type=float, default=0.0, help="seconds /health answers 503 at first"
+    )
+    parser.add_argument("--exit-after", type=float, default=None, help="exit after S seconds")
+    parser.add_argument("--exit-code", type=int, default=1, help="the code --exit-after exits with")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument(
+        "--spawn-child", action="store_true", help="start a child process in its process group"
+    )
     args = parser.parse_args()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         import uvloop
 
