@@ -1,6 +1,6 @@
 """Flow control in front of upstreams whose load gauges say nothing runs (``registry.unseen_load``):
-the stand-in upstream with ``--zero-metrics`` and nginx answering a fixed completion
-(bench/nginx_upstream.py, the gateway benchmark's upstream). Once the gateway has sent them
+the stand-in upstream with ``--zero-metrics`` and with ``--fixed`` (a fixed completion, as
+the gateway benchmark's nginx upstream answers). Once the gateway has sent them
 requests that their gauges never showed, they are scheduled on its in-flight count: a burst
 beyond what it had learned they hold is not held in the flow-control queue (which held almost
 every request of a closed loop of 32 clients before). A sim, which reports what it runs, is
@@ -9,11 +9,9 @@ still held when saturated."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import aiohttp
 
-from bench.nginx_upstream import nginx_proc
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.registry import UNSEEN_LOAD, EndpointState
@@ -75,11 +73,12 @@ async def test_a_burst_onto_an_upstream_whose_gauges_say_nothing_runs_is_not_hel
     assert state.has_load_metrics is False and state.unseen == UNSEEN_LOAD
 
 
-async def test_a_closed_loop_in_front_of_nginx_is_not_held(gateways, store, processes, client):
-    nginx, address, prefix = nginx_proc()
-    processes.add(nginx)
+async def test_a_closed_loop_in_front_of_a_fixed_answer_is_not_held(
+    gateways, store, processes, client
+):
+    fixed = processes.upstream("bench", "--fixed")
     try:
-        store.apply(endpoint_object("nginx", address, "bench"))
+        store.apply(endpoint_object("fixed", fixed.address, "bench"))
         gw = await gateways(store, config=GatewayConfig())
         state = await only_state(gw)
         url = f"http://127.0.0.1:{gw.port}/v1/chat/completions"
@@ -100,7 +99,7 @@ async def test_a_closed_loop_in_front_of_nginx_is_not_held(gateways, store, proc
             await eventually(
                 lambda: state.has_load_metrics is False,
                 timeout=30,
-                what="nginx's gauges given up while 32 clients loop",
+                what="the upstream's gauges given up while 32 clients loop",
             )
             # Those held before (counted when dispatched) leave the queue; none joins it.
             await eventually(lambda: gw.flow.waiting() == 0, what="the queue drained")
@@ -116,8 +115,7 @@ async def test_a_closed_loop_in_front_of_nginx_is_not_held(gateways, store, proc
         assert sum(counts) > 0
         assert held(gw) == before
     finally:
-        nginx.stop()
-        shutil.rmtree(prefix, ignore_errors=True)
+        fixed.stop()
 
 
 async def test_a_sim_that_reports_its_load_is_still_held_when_saturated(

@@ -1,10 +1,10 @@
-"""A SIGKILLed worker of ``llmplane gateway --workers 2`` in front of real nginx answering a
-fixed completion (bench/nginx_upstream.py: its load gauges always say 0), while 8 clients send
+"""A SIGKILLed worker of ``llmplane gateway --workers 2`` in front of an upstream answering a
+fixed completion (the stand-in upstream with ``--fixed``: its gauges always say 0), while 8 clients send
 requests, each on a new connection (the kernel hashes each onto one worker's socket): every
 request sent after the victim is reaped succeeds, and none is held in flow control to its TTL.
 
 The replacement (a follower of worker 0's scrapes) used to hold its first requests to the TTL
-and answer 429: they queued while its copy of nginx's idle row was a moment past
+and answer 429: they queued while its copy of the upstream's idle row was a moment past
 ``metricsStaleness``, the next heartbeat made the copy fresh again without waking the queue,
 and with every client queued there nothing else changed (docs/benchmarks.md, "A killed
 worker"). The TTL is 3 s here, so a hold shows as a 429, not as a slow test. The scrape
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -26,18 +24,17 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from bench.nginx_upstream import nginx_proc
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
-from llmplane.testing import Processes, eventually, gateway
+from llmplane.testing import Processes, eventually, gateway, upstream_process
 
 TTL = 3.0
 CLIENTS = 8
 ROUNDS = 3  # a fresh gateway each: the hold showed in about half of such runs
 AFTER = 6000  # requests answered after the kill before a round ends (a few seconds)
-WARM = 3000  # requests before the kill (about a second: nginx's row is kept by then)
+WARM = 3000  # requests before the kill (about a second: the upstream's row is kept by then)
 BODY = orjson.dumps(
-    {"model": "nginx", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    {"model": "fixed", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 )
 
 
@@ -50,7 +47,7 @@ def per_worker(output: str) -> collections.Counter[int]:
     return collections.Counter(
         orjson.loads(line)["worker"]
         for line in output.splitlines()
-        if line.startswith('{"method"') and '"nginx"' in line
+        if line.startswith('{"method"') and '"fixed"' in line
     )
 
 
@@ -107,39 +104,30 @@ async def round_(url: str, gw_pid: int, output, victim_of) -> list[tuple[float, 
 
 
 async def test_a_killed_worker_is_replaced_and_no_request_waits_to_the_ttl(tmp_path):
-    nginx, address, prefix = nginx_proc()
-    try:
-        with Processes() as group:
-            group.add(nginx)
-            store = open_store(tmp_path / "state")
-            store.apply(endpoint_object("nginx", address, "nginx"))
-            store.close()
-            config = tmp_path / "gateway.yaml"
-            config.write_text(f"gateway:\n  flowControlTtl: {TTL}\n  scrapeInterval: 0.15\n")
-            # The later-forked worker (a scrape follower) twice, worker 0 (the scraper) once.
-            for victim_of in (max, min, max)[:ROUNDS]:
-                (gw,) = group.start(
-                    gateway(
-                        "--workers",
-                        "2",
-                        "--config",
-                        str(config),
-                        "--log-level",
-                        "WARNING",
-                        state_dir=tmp_path / "state",
-                    )
+    with upstream_process("fixed", "--fixed") as fixed, Processes() as group:
+        store = open_store(tmp_path / "state")
+        store.apply(endpoint_object("fixed", fixed.address, "fixed"))
+        store.close()
+        config = tmp_path / "gateway.yaml"
+        config.write_text(f"gateway:\n  flowControlTtl: {TTL}\n  scrapeInterval: 0.15\n")
+        # The later-forked worker (a scrape follower) twice, worker 0 (the scraper) once.
+        for victim_of in (max, min, max)[:ROUNDS]:
+            (gw,) = group.start(
+                gateway(
+                    "--workers",
+                    "2",
+                    "--config",
+                    str(config),
+                    "--log-level",
+                    "WARNING",
+                    state_dir=tmp_path / "state",
                 )
-                try:
-                    after = await round_(
-                        f"{gw.url}/v1/chat/completions", gw.pid, gw.output, victim_of
-                    )
-                finally:
-                    gw.stop()
-                statuses = collections.Counter(status for _, status in after)
-                slowest = max(lat for lat, _ in after)
-                assert set(statuses) == {200}, (victim_of.__name__, statuses)
-                assert slowest < TTL / 2, (victim_of.__name__, slowest)
-    finally:
-        with contextlib.suppress(Exception):
-            nginx.stop()
-        shutil.rmtree(prefix, ignore_errors=True)
+            )
+            try:
+                after = await round_(f"{gw.url}/v1/chat/completions", gw.pid, gw.output, victim_of)
+            finally:
+                gw.stop()
+            statuses = collections.Counter(status for _, status in after)
+            slowest = max(lat for lat, _ in after)
+            assert set(statuses) == {200}, (victim_of.__name__, statuses)
+            assert slowest < TTL / 2, (victim_of.__name__, slowest)
