@@ -1,4 +1,5 @@
-"""The benchmark's workload generators make what they claim; percentiles and report helpers."""
+"""The benchmark's workload generators make what they claim; percentiles and report helpers.
+In the suite (pyproject's testpaths): the published figures are only as right as these."""
 
 from __future__ import annotations
 
