@@ -1,5 +1,6 @@
-"""Test kit shared by tests and benchmarks: process launchers (``process``), waiting on a
-condition (``wait``), and the Kubernetes API emulator (``kube``, NOT a Kubernetes API server)."""
+"""Test kit shared by tests and benchmarks: process launchers (``process``), the stand-in
+upstream (``upstream``), waiting on a condition (``wait``), the Kubernetes API emulator
+(``kube_emulator``, NOT a Kubernetes API server) and more (docs/testing.md)."""
 
 from llmplane.testing.process import (
     Process,

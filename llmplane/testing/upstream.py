@@ -334,7 +334,7 @@ def main() -> None:
         help="seconds an idle keep-alive connection stays open (aiohttp's default: 75)",
     )
     parser.add_argument(
-        "--fixed", action="store_true", help="fixed JSON for every POST (benchmark)"
+        "--fixed", action="store_true", help="fixed JSON for every POST, gauges at 0 (benchmark)"
     )
     parser.add_argument(
         "--zero-metrics",
