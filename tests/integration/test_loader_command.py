@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmplane.loader.command import main
-from tests.integration.test_loader_servers import FakeHub, fake_hub
+from tests.integration.loader_servers import FakeHub, fake_hub
 
 __all__ = ["fake_hub"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmplane.loader import LoadError, load_model, model_path
-from tests.integration.test_loader_servers import FakeGCS, fake_gcs
+from tests.integration.loader_servers import FakeGCS, fake_gcs
 
 __all__ = ["fake_gcs"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from llmplane.api.llmaz import ModelHub, ModelSource
 from llmplane.loader import LoadError, load_model, load_model_async, model_path
-from tests.integration.test_loader_servers import FakeHub, fake_hub
+from tests.integration.loader_servers import FakeHub, fake_hub
 
 __all__ = ["fake_hub"]
 

@@ -8,7 +8,7 @@ import pytest
 
 from llmplane.api.llmaz import ModelHub, ModelSource
 from llmplane.loader import LoadError, load_model
-from tests.integration.test_loader_servers import FakeModelScope, fake_modelscope
+from tests.integration.loader_servers import FakeModelScope, fake_modelscope
 
 __all__ = ["fake_modelscope"]
 

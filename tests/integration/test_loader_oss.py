@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmplane.loader import LoadError, load_model, model_path
-from tests.integration.test_loader_servers import FakeOSS, fake_oss
+from tests.integration.loader_servers import FakeOSS, fake_oss
 
 __all__ = ["fake_oss"]
 

@@ -15,7 +15,7 @@ import boto3
 import pytest
 
 from llmplane.loader import LoadError, load_model, model_path
-from tests.integration.test_loader_servers import MotoS3, moto_s3
+from tests.integration.loader_servers import MotoS3, moto_s3
 
 __all__ = ["moto_s3"]
 
