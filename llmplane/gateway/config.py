@@ -122,8 +122,8 @@ class GatewayConfig:
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).
     hooks: list[Any] = field(default_factory=list)
     # Token rate limits (ModelRoute.spec.rateLimit, see llmplane.gateway.ratelimit).
-    # Output tokens reserved for a request without max_tokens / max_completion_tokens (capped
-    # at the bucket; the real output is settled from usage afterwards).
+    # Output tokens reserved per prompt and choice of a request without max_tokens /
+    # max_completion_tokens (capped at the bucket; the real output is settled from usage).
     rate_limit_default_output_tokens: int = 256
     # global.redis unreachable: "open" admits (availability first; errors are counted),
     # "local" falls back to this process's buckets, "closed" answers 503.
@@ -169,7 +169,16 @@ def _check_settings(config: GatewayConfig) -> None:
         raise ValueError("gateway.flowControl: must be true or false")
     if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
         raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
-    for name in ("saturationMaxInflight", "saturationMaxPrefilling", "flowControlReserve"):
+    for name in ("clientHeaderTimeout", "clientBodyTimeout"):
+        value = getattr(config, _snake(name))
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"gateway.{name}: must be a number of seconds (0: no limit)")
+    for name in (
+        "saturationMaxInflight",
+        "saturationMaxPrefilling",
+        "flowControlReserve",
+        "maxBodyBytesTotal",
+    ):
         cap = getattr(config, _snake(name))
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValueError(f"gateway.{name}: must be a whole number (0: off)")
