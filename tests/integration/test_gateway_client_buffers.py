@@ -175,7 +175,7 @@ def test_a_body_sent_too_slowly_gets_408(tmp_path: Path, engine: Process, framin
         status, top, body = parse(answer)
         assert_openai_error(status, body, 408, "request_timeout")
         assert b"Connection: close" in top
-        assert 1.5 < took < 5, f"408 after {took:.1f} s with a 2 s body timeout"
+        assert 1.5 < took < 8, f"408 after {took:.1f} s with a 2 s body timeout"
         # A body that arrives in time is served whatever its pace within the limit.
         with socket.create_connection(("127.0.0.1", gw.port)) as s:
             data = orjson.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1})
