@@ -33,6 +33,7 @@ from typing import Any
 
 from llmplane.api.llmplane import API_KEY_SECRET_LABEL
 from llmplane.gateway import apikeys
+from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.observability import Counter
 
@@ -266,7 +267,7 @@ class Authenticator:
         if not tenant.allows(model):
             raise GatewayError(
                 403,
-                f"The model {model!r} does not exist or this key may not use it.",
+                f"The model {shown(model)} does not exist or this key may not use it.",
                 "model_not_allowed",
                 param="model",
             )

@@ -24,6 +24,10 @@ from llmplane.gateway.upstream_client import KEEPALIVE_TIMEOUT
 class GatewayConfig:
     # Requests with a larger body get 413.
     max_body_bytes: int = 16 * 1024 * 1024
+    # Request bodies held at once by a gateway process, across all client connections: from a
+    # body's first byte until its request is answered (pipelined ones included). A body that
+    # would go over gets 503 with Retry-After and its connection is closed. 0: no cap.
+    max_body_bytes_total: int = 256 * 1024 * 1024
     # Admission: an endpoint is saturated when its queue or KV use is above these, or its
     # metrics are older than ``metrics_staleness`` seconds. Engines without load metrics are
     # saturated when the gateway has more than ``saturation_inflight`` requests on them.
@@ -77,6 +81,9 @@ class GatewayConfig:
     # A request head (request line and headers) must arrive within this many seconds of its
     # first byte (or of connecting), else 408 and close; 0: no limit.
     client_header_timeout: float = 10.0
+    # A request body must arrive within this many seconds of its head's end, else 408 and
+    # close; 0: no limit (an idle connection is then closed after client_keepalive_timeout).
+    client_body_timeout: float = 60.0
     # Client connections open at once; over it a new one gets 503 and is closed. 0: no cap.
     max_client_connections: int = 0
     # Host names requests may name (port ignored) besides the loopback names a gateway on a
@@ -115,8 +122,8 @@ class GatewayConfig:
     # Request hooks: see llmplane.gateway.hooks (the token rate limiter is always installed).
     hooks: list[Any] = field(default_factory=list)
     # Token rate limits (ModelRoute.spec.rateLimit, see llmplane.gateway.ratelimit).
-    # Output tokens reserved for a request without max_tokens / max_completion_tokens (capped
-    # at the bucket; the real output is settled from usage afterwards).
+    # Output tokens reserved per prompt and choice of a request without max_tokens /
+    # max_completion_tokens (capped at the bucket; the real output is settled from usage).
     rate_limit_default_output_tokens: int = 256
     # global.redis unreachable: "open" admits (availability first; errors are counted),
     # "local" falls back to this process's buckets, "closed" answers 503.
@@ -162,7 +169,16 @@ def _check_settings(config: GatewayConfig) -> None:
         raise ValueError("gateway.flowControl: must be true or false")
     if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
         raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
-    for name in ("saturationMaxInflight", "saturationMaxPrefilling", "flowControlReserve"):
+    for name in ("clientHeaderTimeout", "clientBodyTimeout"):
+        value = getattr(config, _snake(name))
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"gateway.{name}: must be a number of seconds (0: no limit)")
+    for name in (
+        "saturationMaxInflight",
+        "saturationMaxPrefilling",
+        "flowControlReserve",
+        "maxBodyBytesTotal",
+    ):
         cap = getattr(config, _snake(name))
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValueError(f"gateway.{name}: must be a whole number (0: off)")

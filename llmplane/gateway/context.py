@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from llmplane.gateway.clip import MAX_SHOWN, clip
 from llmplane.gateway.hooks import Reservation, StreamFilter
 from llmplane.gateway.http_server import HttpRequest
 from llmplane.gateway.request import InferenceRequest
@@ -114,10 +115,10 @@ class RequestContext:
     def access_record(self, elapsed: float, prompt: int | None, completion: int | None) -> dict:
         """The access-log line of this request (``elapsed`` seconds since t0)."""
         request = self.request
-        record: dict[str, Any] = {"method": request.method, "path": request.path}
+        record: dict[str, Any] = {"method": request.method, "path": clip(request.path)}
         inference = self.inference
         if inference is not None:
-            record["model"] = inference.model
+            record["model"] = clip(inference.model)
             record["stream"] = inference.stream
         if self.decision is not None:
             record["route"] = self.decision.route
@@ -155,5 +156,5 @@ class RequestContext:
             record["prompt_tokens"] = prompt
             record["completion_tokens"] = completion
         if self.error:
-            record["error"] = self.error
+            record["error"] = clip(self.error, 4 * MAX_SHOWN)  # client strings in it are clipped
         return record

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable
 
+from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import HttpRequest, Response
 
@@ -69,7 +70,7 @@ def make_guard(listen_host: str, allowed_hosts: Iterable[str]) -> Guard:
             else:
                 return GatewayError(
                     403,
-                    f"Host {host!r} is not allowed: the gateway answers requests for "
+                    f"Host {shown(host)} is not allowed: the gateway answers requests for "
                     f"{', '.join(sorted(allowed))} (add a name to gateway.allowedHosts)",
                     "host_not_allowed",
                 ).response()
@@ -83,7 +84,7 @@ def make_guard(listen_host: str, allowed_hosts: Iterable[str]) -> Guard:
                 else:
                     return GatewayError(
                         415,
-                        f"Content-Type {kind!r} is not supported: send application/json",
+                        f"Content-Type {shown(kind)} is not supported: send application/json",
                         "unsupported_media_type",
                     ).response()
         return None

@@ -36,6 +36,7 @@ import httptools
 import orjson
 
 from llmplane.aio import wait_event
+from llmplane.gateway.clip import clip
 
 log = logging.getLogger("llmplane.gateway.http_server")
 
@@ -266,7 +267,10 @@ Handler = Callable[[HttpRequest], Awaitable["Response | StreamResponse"]]
 
 
 def _error(status: int, message: str, code: str) -> Response:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
+    # (the types of gateway/errors.py, which builds on this module)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 503:
+        kind = "service_unavailable"
     body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
     return Response(status=status, body=body, content_type="application/json")
 
@@ -283,6 +287,7 @@ class _Protocol:
         "_header_bytes",
         "_headers",
         "_heads",
+        "_held",
         "_in_body",
         "_more",
         "_read_paused",
@@ -290,6 +295,7 @@ class _Protocol:
         "_size",
         "_too_large",
         "_url",
+        "body_since",
         "busy",
         "closed",
         "head_since",
@@ -325,13 +331,17 @@ class _Protocol:
         self._size = 0
         self._header_bytes = 0
         self._too_large = False
-        self._refusal: Response | None = None  # answered instead of the request (417)
+        self._refusal: Response | None = None  # answered instead of the request (417, 503)
         self._complete = False  # the last message ended (an upgrade after it needs no reply)
         # Raw bytes a head may still take; counted as they arrive, because httptools keeps
         # an unfinished header line to itself (growing it by copying) until the line ends.
         self._head_left = MAX_HEADER_BYTES
         self._heads = 0  # heads completed: tells data_received a head ended inside a piece
         self._in_body = False  # between a head's end and its message's end
+        self.body_since: float | None = None  # when the body being read began (its head ended)
+        # Body bytes of this connection counted in ``server.body_bytes``: the body being read,
+        # and those of its requests queued or being answered.
+        self._held = 0
         self._failed = False  # a parse error is queued: read nothing more
         # When the head being read began (None: between requests, where the keep-alive idle
         # timeout applies instead); a new connection must send its first head in time too.
@@ -363,6 +373,22 @@ class _Protocol:
             self._drain.set_exception(ConnectionResetError("the client closed the connection"))
             self._drain.exception()  # retrieved: nobody may be waiting
         self.queue.clear()
+        # Nothing of the connection outlives it: the parser holds this protocol's callbacks
+        # (a cycle only a full garbage collection would find), and the body it was reading
+        # would stay with them.
+        self.parser = None  # type: ignore[assignment]
+        self._body = b""
+        self._headers = Headers()
+        self._url = b""
+        self._refusal = None
+        self._drain = self._more = None
+        self._release(self._held)
+
+    def _release(self, size: int) -> None:
+        """``size`` body bytes of this connection are no longer held."""
+        size = min(size, self._held)
+        self._held -= size
+        self.server.body_bytes -= size
 
     def data_received(self, data: bytes) -> None:
         if self._failed:
@@ -475,6 +501,7 @@ class _Protocol:
         self._head_left = MAX_HEADER_BYTES
         self.head_since = None
         self._in_body = True
+        self.body_since = time.monotonic()
         headers = self._headers
         length = dict.get(headers, "content-length")
         limit = self.server.max_body
@@ -490,11 +517,27 @@ class _Protocol:
     def on_body(self, body: bytes) -> None:
         if self._too_large or self._refusal is not None:
             return
-        self._size += len(body)
-        if self._size > self.server.max_body:
+        size = len(body)
+        self._size += size
+        server = self.server
+        if self._size > server.max_body:
             self._too_large = True
+            self._release(len(self._body))
             self._body = b""
             return
+        if server.max_body_total and server.body_bytes + size > server.max_body_total:
+            # Over the bodies held at once: the rest of this one is read and dropped (as for
+            # a 413), then 503 and close.
+            server.bodies_refused += 1
+            self._release(len(self._body))
+            self._body = b""
+            self._refusal = _error(
+                503, "the gateway holds too many request bodies at once; retry later", "server_busy"
+            )
+            self._refusal.headers = {**(self._refusal.headers or {}), "Retry-After": "1"}
+            return
+        server.body_bytes += size
+        self._held += size
         collected = self._body
         if not collected:
             self._body = body  # one piece: kept as it came, no copy
@@ -512,6 +555,7 @@ class _Protocol:
         headers = self._headers
         self._complete = True
         self._in_body = False
+        self.body_since = None
         if method == "CONNECT":  # a proxy request: not for us; one answer, then close
             self._refusal = _error(405, "CONNECT is not supported", "method_not_allowed")
             self._refusal.headers = {**(self._refusal.headers or {}), "Allow": "GET, HEAD, POST"}
@@ -581,8 +625,9 @@ class _Protocol:
                     refusal = guard(request) if guard is not None else None
                     response = refusal or await server.dispatch(request)
                 except Exception:
-                    log.exception("handler failed: %s %s", request.method, request.path)
+                    log.exception("handler failed: %s %s", request.method, clip(request.path))
                     response = _error(500, "internal error in the gateway", "internal_error")
+                self._release(len(request.body))  # the handler is done with it
                 if self.closed:
                     return
                 if isinstance(response, StreamResponse):
@@ -639,8 +684,10 @@ class HttpServer:
         fallback: Handler,
         *,
         max_body: int,
+        max_body_total: int = 0,
         keepalive_timeout: float = 75.0,
         header_timeout: float = HEADER_TIMEOUT,
+        body_timeout: float = 0.0,
         max_connections: int = 0,
         guard: Callable[[HttpRequest], Response | None] | None = None,
     ) -> None:
@@ -655,6 +702,12 @@ class HttpServer:
             self.allowed[path] = f"{known}, {method}" if known else method
         self.fallback = fallback
         self.max_body = max_body
+        # Body bytes held at once across all connections (``_Protocol._held``); over
+        # ``max_body_total`` (0: no cap) a body gets 503 and its connection is closed.
+        self.max_body_total = max_body_total
+        self.body_bytes = 0
+        self.bodies_refused = 0
+        self.body_timeout = body_timeout  # seconds from a head's end to its body's; 0: none
         self.keepalive_timeout = keepalive_timeout
         self.header_timeout = header_timeout
         self.max_connections = max_connections  # 0: no cap
@@ -683,7 +736,7 @@ class HttpServer:
     @staticmethod
     async def _not_allowed(request: HttpRequest, allow: str) -> Response:
         response = _error(
-            405, f"{request.method} is not allowed on {request.path}", "method_not_allowed"
+            405, f"{request.method} is not allowed on {clip(request.path)}", "method_not_allowed"
         )
         response.headers = {**(response.headers or {}), "Allow": allow}
         return response
@@ -717,17 +770,27 @@ class HttpServer:
             now = time.monotonic()
             idle_limit = now - self.keepalive_timeout if self.keepalive_timeout else None
             head_limit = now - self.header_timeout if self.header_timeout else None
+            body_limit = now - self.body_timeout if self.body_timeout else None
             for conn in list(self.connections):
                 if conn.busy or conn.queue:
                     continue
                 since = conn.head_since
+                body_since = conn.body_since
                 if since is not None and head_limit is not None and since < head_limit:
-                    self.timed_out += 1
-                    timeout = _error(408, "the request head took too long", "request_timeout")
-                    conn.transport.write(timeout.encode(False, False, self.date))
-                    conn.transport.close()
+                    self._time_out(conn, "the request head took too long")
+                elif body_since is not None and body_limit is not None:
+                    if body_since < body_limit:
+                        self._time_out(conn, "the request body took too long")
                 elif since is None and idle_limit is not None and conn.idle_since < idle_limit:
                     conn.transport.close()
+
+    def _time_out(self, conn: _Protocol, message: str) -> None:
+        """408 and close: a head or a body that did not arrive in time."""
+        self.timed_out += 1
+        conn.transport.write(
+            _error(408, message, "request_timeout").encode(False, False, self.date)
+        )
+        conn.transport.close()
 
     async def close(self, grace: float = 60.0) -> None:
         """Stop accepting, close idle connections, let in-flight requests finish (up to

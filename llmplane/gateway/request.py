@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import GatewayError
 
 
@@ -62,6 +63,10 @@ _BOOLEANS = ("stream", "echo", "logprobs", "ignore_eos")
 _INTEGERS = ("max_tokens", "max_completion_tokens", "n", "best_of", "top_logprobs", "seed")
 _NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _MINIMUM = {"n": 1, "best_of": 1, "max_tokens": 0, "max_completion_tokens": 0, "top_logprobs": 0}
+# Choices generated per prompt: OpenAI's own ceiling for ``n`` (docs/security.md). An engine
+# computes every one of them; ``n: 1000000`` is refused here instead of being forwarded.
+MAX_CHOICES = 128
+_MAXIMUM = {"n": MAX_CHOICES, "best_of": MAX_CHOICES}
 
 
 def _invalid(param: str, message: str) -> GatewayError:
@@ -89,33 +94,40 @@ def check_fields(doc: dict[str, Any]) -> None:
             continue
         if kind == "boolean":
             if value is not True and value is not False:
-                raise _invalid(key, f"{value!r} is not of type 'boolean' - '{key}'")
+                raise _invalid(key, f"{shown(value)} is not of type 'boolean' - '{key}'")
         elif kind == "integer":
             if type(value) is not int:
-                raise _invalid(key, f"{value!r} is not of type 'integer' - '{key}'")
+                raise _invalid(key, f"{shown(value)} is not of type 'integer' - '{key}'")
             low = _MINIMUM.get(key)
             if low is not None and value < low:
                 raise _invalid(key, f"{value} is less than the minimum of {low} - '{key}'")
+            high = _MAXIMUM.get(key)
+            if high is not None and value > high:
+                raise _invalid(key, f"{value} is greater than the maximum of {high} - '{key}'")
         elif kind == "number":
             if type(value) is not int and type(value) is not float:
-                raise _invalid(key, f"{value!r} is not of type 'number' - '{key}'")
+                raise _invalid(key, f"{shown(value)} is not of type 'number' - '{key}'")
         elif kind == "object":
             _check_stream_options(value)
         elif kind == "array":
             if not isinstance(value, list):
-                raise _invalid("messages", f"{value!r} is not of type 'array' - 'messages'")
+                raise _invalid("messages", f"{shown(value)} is not of type 'array' - 'messages'")
         elif not isinstance(value, str | list):
-            raise _invalid("prompt", f"{value!r} is not of type 'string' or 'array' - 'prompt'")
+            raise _invalid(
+                "prompt", f"{shown(value)} is not of type 'string' or 'array' - 'prompt'"
+            )
 
 
 def _check_stream_options(options: Any) -> None:
     if not isinstance(options, dict):
-        raise _invalid("stream_options", f"{options!r} is not of type 'object' - 'stream_options'")
+        raise _invalid(
+            "stream_options", f"{shown(options)} is not of type 'object' - 'stream_options'"
+        )
     usage = options.get("include_usage")
     if usage is not None and usage is not True and usage is not False:
         raise _invalid(
             "stream_options.include_usage",
-            f"{usage!r} is not of type 'boolean' - 'stream_options.include_usage'",
+            f"{shown(usage)} is not of type 'boolean' - 'stream_options.include_usage'",
         )
 
 

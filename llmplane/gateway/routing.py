@@ -33,6 +33,7 @@ from typing import Any
 
 from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
+from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.playgrounds import (
@@ -255,7 +256,7 @@ class RoutingTable:
             )
         known = self.model_names()
         hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
-        raise GatewayError(404, f"the model {model!r} does not exist{hint}", "model_not_found")
+        raise GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
 
     def _resolve_route(
         self, routes: list[_Route], model: str, lora: bool, path: str, headers: Mapping[str, str]

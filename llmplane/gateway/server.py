@@ -29,6 +29,7 @@ from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
 from llmplane.gateway.auth import SECRET_KIND, Authenticator, Tenant
+from llmplane.gateway.clip import clip
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
@@ -197,8 +198,10 @@ class Gateway:
             routes(self),
             self.not_found,
             max_body=self.config.max_body_bytes,
+            max_body_total=self.config.max_body_bytes_total,
             keepalive_timeout=self.config.client_keepalive_timeout,
             header_timeout=self.config.client_header_timeout,
+            body_timeout=self.config.client_body_timeout,
             max_connections=self.config.max_client_connections,
             guard=make_guard(host, self.config.allowed_hosts),
         )
@@ -759,7 +762,7 @@ class Gateway:
 
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
-            404, f"no such path: {request.method} {request.path}", "not_found"
+            404, f"no such path: {request.method} {clip(request.path)}", "not_found"
         ).response()
 
 

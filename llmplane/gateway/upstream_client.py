@@ -46,6 +46,10 @@ _NO_BODY = frozenset({204, 304})
 # Idle keep-alive connections are closed after this many seconds: below the 5 s after which
 # uvicorn (vLLM, llmplane's llama.cpp engine) and cpp-httplib (llama-server) close theirs.
 KEEPALIVE_TIMEOUT = 4.0
+# A streamed body's pieces that have arrived and not been taken (``next_piece``): above this,
+# the connection stops reading until they are, so a client that reads slowly (or never) holds
+# the engine back through TCP instead of the gateway buffering the whole generation.
+STREAM_HIGH_WATER = 256 * 1024
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -156,6 +160,7 @@ class _Connection:
     __slots__ = (
         "_body_left",
         "_buf",
+        "_buffered",
         "_chunk_left",
         "_closed_exc",
         "_done",
@@ -165,6 +170,7 @@ class _Connection:
         "_mode",
         "_piece_waiter",
         "_pieces",
+        "_read_paused",
         "_state",
         "_status",
         "_whole",
@@ -187,6 +193,8 @@ class _Connection:
         self._head_waiter: asyncio.Future[tuple[int, RawHeaders]] | None = None
         self._piece_waiter: asyncio.Future[None] | None = None
         self._pieces: collections.deque[bytes] = collections.deque()
+        self._buffered = 0  # bytes in ``_pieces`` of a streamed body
+        self._read_paused = False  # reading paused until the pieces are taken
         self._done = False
         self._mode = _LENGTH
         self._body_left = 0
@@ -439,6 +447,12 @@ class _Connection:
 
     def _push(self, piece: bytes) -> None:
         self._pieces.append(piece)
+        if not self._whole:  # a streamed body: pause reading while nobody takes it
+            self._buffered += len(piece)
+            t = self.transport
+            if self._buffered > STREAM_HIGH_WATER and not self._read_paused and t is not None:
+                self._read_paused = True
+                t.pause_reading()
         w = self._piece_waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -508,10 +522,21 @@ class _Connection:
         self.transport.write(data)
         return waiter  # type: ignore[return-value]
 
+    def _resume(self) -> None:
+        """The streamed pieces were taken: read again."""
+        self._buffered = 0
+        if self._read_paused:
+            self._read_paused = False
+            t = self.transport
+            if t is not None and not t.is_closing():
+                t.resume_reading()
+
     async def next_piece(self) -> bytes:
         while True:
             pieces = self._pieces
             if pieces:
+                if self._buffered:
+                    self._resume()
                 if len(pieces) == 1:
                     return pieces.popleft()
                 # Everything that has arrived, as one piece: one write to the client.
@@ -535,6 +560,7 @@ class _Connection:
         complete = self._done and not self._pieces
         self._state = _IDLE
         self._pieces.clear()
+        self._resume()
         t = self.transport  # ``usable``, inline: once per request
         if (
             complete

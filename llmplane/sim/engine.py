@@ -20,7 +20,7 @@ from llmplane.sim.scheduler import Scheduler, Sequence
 class Group:
     """The sequences of one HTTP request and the future its handler waits on."""
 
-    __slots__ = ("max_tokens", "n", "remaining", "seqs", "stream", "waiter")
+    __slots__ = ("max_tokens", "n", "remaining", "seqs", "stream", "waiter", "woken")
 
     def __init__(self, stream: bool, n: int = 1, max_tokens: int | None = None) -> None:
         self.stream = stream
@@ -29,13 +29,21 @@ class Group:
         self.seqs: list[Sequence] = []
         self.remaining = 0
         self.waiter: asyncio.Future | None = None
+        # A wake while the handler was not waiting (a stream's write blocked on a slow
+        # client): its next wait returns at once instead of missing the last tokens.
+        self.woken = False
 
     def wake(self) -> None:
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
+        else:
+            self.woken = True
 
     async def wait(self) -> None:
+        if self.woken:
+            self.woken = False
+            return
         self.waiter = asyncio.get_running_loop().create_future()
         try:
             await self.waiter

@@ -17,6 +17,7 @@ TYPES = {
     401: "invalid_request_error",
     403: "invalid_request_error",
     404: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     417: "invalid_request_error",
     429: "rate_limit_error",

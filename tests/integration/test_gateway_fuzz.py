@@ -32,7 +32,8 @@ EXAMPLES = 420  # 420 x 25 = 10,500 requests
 SETTINGS = {
     "maxBodyBytes": 4096,
     "clientHeaderTimeout": 2,
-    "clientKeepaliveTimeout": 2,  # a body shorter than its Content-Length: closed after 2-3 s
+    "clientKeepaliveTimeout": 2,
+    "clientBodyTimeout": 2,  # a body shorter than its Content-Length: 408 after 2-3 s
     "defaultRetryAttempts": 0,
     "streamStallTimeout": 5,
     "defaultTimeout": 10,

@@ -5,6 +5,8 @@ Host checks)."""
 
 from __future__ import annotations
 
+import logging
+
 import aiohttp
 import orjson
 import pytest
@@ -85,6 +87,9 @@ async def post(client, gw, body, headers=JSON, path="/v1/completions"):
         ("max_tokens", -1),
         ("n", "3"),
         ("n", 0),
+        ("n", 1000000),  # forwarded before: the engine computed every choice
+        ("n", 129),
+        ("best_of", 1000000),
         ("stream_options", "include_usage"),
         ("stream_options", {"include_usage": "yes"}),
         ("temperature", "hot"),
@@ -138,6 +143,36 @@ async def test_unknown_model_names_share_one_metric_label(gateway, client) -> No
     assert models == {"", "limited"}, models  # the routed name, and one value for the rest
     assert "no-such-model" not in text
     assert len(text) < 64 * 1024
+
+
+HUGE = 8 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/completions", {"model": "m" * HUGE, "prompt": "hi"}, 404),
+        ("/v1/chat/completions", {"model": "é" * (HUGE // 2), "messages": []}, 404),
+        ("/v1/completions", {"model": "limited", "prompt": "hi", "stream": "s" * HUGE}, 400),
+        ("/v1/completions", {"model": "limited", "prompt": {"text": "x" * HUGE}}, 400),
+        ("/v1/completions", {"model": "limited", "prompt": "hi", "n": ["n"] * 100000}, 400),
+        ("/v1/" + "p" * 60000, {"model": "limited", "prompt": "hi"}, 404),
+    ],
+    ids=["model", "utf-8 model", "string field", "object field", "list field", "path"],
+)
+async def test_client_strings_are_clipped_in_errors_and_logs(
+    gateway, client, caplog, path, body, status
+) -> None:
+    """Before: an 8 MB ``model`` was echoed in the 404 and written twice to the log (the
+    access line's model and its error)."""
+    caplog.set_level(logging.INFO, logger="llmplane")
+    got, _, raw = await post(client, gateway, body, path=path)
+    assert got == status, raw[:300]
+    assert len(raw) < 2048, f"a {len(raw)}-byte error body echoes the client's string"
+    message = orjson.loads(raw)["error"]["message"]
+    assert "characters)" in message or "..." in message, message
+    logged = sum(len(r.getMessage()) for r in caplog.records)
+    assert logged < 8192, f"{logged} characters logged for one request"
 
 
 @pytest.mark.parametrize(

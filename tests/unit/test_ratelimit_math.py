@@ -186,6 +186,18 @@ def test_output_reservation():
     assert output_reservation({}, 256, 1000) == 256
     assert output_reservation({}, 256, 100) == 100  # the default never exceeds the bucket
     assert output_reservation({"max_tokens": 5000}, 256, 100) == 5000  # asked: may not fit
+    # Every prompt and every choice the engine generates, by the field it honours on its API.
+    prompts = {"prompt": ["a", "b", "c"], "max_tokens": 10}
+    assert output_reservation(prompts, 256, 1000) == 30
+    assert output_reservation({**prompts, "prompt": [[1, 2], [3]]}, 256, 1000) == 20
+    assert output_reservation({**prompts, "prompt": [1, 2, 3]}, 256, 1000) == 10  # one prompt
+    assert output_reservation({**prompts, "n": 2, "best_of": 4}, 256, 1000) == 120
+    assert output_reservation({"prompt": ["a"] * 5}, 256, 100) == 500  # the default per prompt
+    completions = {"prompt": "a", "max_completion_tokens": 1, "max_tokens": 5000}
+    assert output_reservation(completions, 256, 100) == 5000  # completions honour max_tokens
+    chat = {"messages": [], "max_completion_tokens": 1, "max_tokens": 5000}
+    assert output_reservation(chat, 256, 100) == 1  # chat honours max_completion_tokens
+    assert output_reservation({**chat, "prompt": ["a", "b"]}, 256, 100) == 10000  # either API
 
 
 def test_inject_include_usage():

@@ -13,9 +13,10 @@ atomic over both directions, timed by Redis ``TIME`` (never a gateway's clock).
 A request on a limited route:
 
 1. **reserve** (before scheduling): input tokens counted by ``llmplane.gateway.tokens``
-   (the model's tokenizer, else ``ceil(chars / 4)``); output tokens reserved up to
-   ``max_completion_tokens`` / ``max_tokens`` times ``n`` (without either:
-   ``rate_limit_default_output_tokens``, never more than the bucket). Both buckets are taken
+   (the model's tokenizer, else ``ceil(chars / 4)``); output tokens reserved for every
+   prompt and choice the engine generates, by the field it honours
+   (``limits.output_reservation``; without one: ``rate_limit_default_output_tokens`` per
+   sequence, never more than the bucket). Both buckets are taken
    together or not at all. A reservation larger than a bucket can never fit: 429 at once,
    without ``Retry-After``. Otherwise, when it does not fit now: 429 with ``Retry-After``
    (whole seconds until it would fit) and OpenAI's ``x-ratelimit-*-tokens`` headers.

@@ -371,7 +371,7 @@ class RateLimiter:
         """The 429 without Retry-After of an amount larger than its bucket (counted)."""
         self._count(self.rejections, limit.ref, direction, "too_large")
         state = BucketState(direction, tokens, tokens / limit.period_of(direction), tokens)
-        reduce = " (max_tokens)" if direction in (OUTPUT, BUDGET) else ""
+        reduce = " (max_tokens, prompts or n)" if direction in (OUTPUT, BUDGET) else ""
         return RateLimitError(
             f"Request too large for model {inference.model!r} on {_what(direction)} "
             f"per {limit.unit_of(direction)} ({limit.ref}): Limit {tokens}, Requested "

@@ -126,13 +126,35 @@ def tenant_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
     return limits
 
 
+def _given(doc: dict[str, Any], key: str) -> int | None:
+    value = doc.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _prompts(prompt: Any) -> int:
+    """Prompts in a completions ``prompt``: a list of strings or of token-id lists is one
+    prompt per item; a string or one token-id list is one."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
+
+
 def output_reservation(doc: dict[str, Any], default: int, burst: int) -> int:
-    """``max_completion_tokens`` (else ``max_tokens``) times ``n``; without either the default,
-    capped at the bucket (the actual output is settled afterwards anyway)."""
-    n = doc.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = doc.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value * choices
-    return min(default * choices, burst)
+    """The output tokens the engine may generate for ``doc``: tokens per sequence times
+    sequences, where a sequence is one choice (``n``, or ``best_of`` when larger: the engine
+    generates them all) of one prompt. Tokens per sequence are the field the engine honours
+    on the request's API: chat ``max_completion_tokens``, else ``max_tokens``; completions
+    ``max_tokens`` only (an engine ignores ``max_completion_tokens`` there). Without it, the
+    default, capped at the bucket (the actual output is settled afterwards). The body alone
+    decides, whatever the path: a body with both ``messages`` and ``prompt`` reserves for the
+    API that would generate more. More than the bucket: the 429 of a request too large."""
+    choices = max(_given(doc, "n") or 1, _given(doc, "best_of") or 1)
+    fallback = min(default, burst)
+    most = 0
+    if "messages" in doc or "prompt" not in doc:  # chat (or a body no API would generate for)
+        each = _given(doc, "max_completion_tokens") or _given(doc, "max_tokens") or fallback
+        most = each * choices
+    if "prompt" in doc:
+        each = _given(doc, "max_tokens") or fallback
+        most = max(most, each * choices * _prompts(doc["prompt"]))
+    return most
