@@ -28,13 +28,14 @@ import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmplane.api.gie import InferenceModel, InferencePool
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.disaggregated import GROUP_KEY, pd_pairs
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.playgrounds import (
     DeclaredAdapter,
@@ -539,6 +540,11 @@ def build_table(
             profile=profiles.get(name),
             **defaults,
         )
+    for name, decodes, prefill, mode in pd_pairs(by_kind["Playground"], states):
+        default = table.defaults.get(name)
+        if default is not None:  # decode replicas, each paired with a prefill one (pd.py)
+            pd = PDBackend(GROUP_KEY, prefill, mode)
+            table.defaults[name] = replace(default, candidates=decodes, pd=pd)
     _adapter_routes(
         table,
         states,

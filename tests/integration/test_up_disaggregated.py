@@ -1,0 +1,83 @@
+"""``llmplane up`` with a disaggregated Playground on the sim (examples/disaggregated-sim.yaml):
+two role workloads, and the gateway serves the model name on a prefill + decode pair."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from pathlib import Path
+
+import orjson
+
+from llmplane.testing import Processes, wait_for
+from tests.integration.upcli import cli, condition, http, status
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "disaggregated-sim.yaml"
+MODEL = "llama3-8b-pd"
+
+
+def role_ports(state_dir: Path) -> dict[str, set[int]]:
+    """Engine ports per role, from the runtime's record of the processes it started."""
+    data = orjson.loads((state_dir / "runtime" / "processes.json").read_bytes())
+    out: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+    for record in data["processes"]:
+        argv = record["argv"]
+        role = argv[argv.index("--role") + 1]
+        out[role].add(int(argv[argv.index("--port") + 1]))
+    return out
+
+
+def external_tokens(port: int) -> float:
+    """The sim's count of prompt tokens it took from a KV transfer instead of computing."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(
+        r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\} (\S+)',
+        text,
+        re.M,
+    )
+    assert match, "the sim exports vllm:prompt_tokens_by_source_total"
+    return float(match.group(1))
+
+
+def test_disaggregated_example_serves_on_pairs(tmp_path: Path, processes: Processes) -> None:
+    state = tmp_path / "state"
+    # A smaller copy of the example: 1 prefill + 2 decode (the machine is shared).
+    doc = (
+        EXAMPLE.read_text()
+        .replace("replicas: 2", "replicas: 1")
+        .replace("replicas: 4", "replicas: 2")
+    )
+    path = tmp_path / "pd.yaml"
+    path.write_text(doc)
+    up = processes.up(state, str(path))
+
+    def available() -> bool:
+        return condition(state, "Playground", MODEL, "Available").get("status") == "True"
+
+    wait_for(available, 90, what="the disaggregated Playground to be Available")
+    assert status(state, "Playground", MODEL)["readyReplicas"] == 3
+    assert {s.split()[0] for s in cli("get", "isvc", state_dir=state).stdout.splitlines()[1:]} == {
+        f"{MODEL}-prefill",
+        f"{MODEL}-decode",
+    }
+    ports = role_ports(state)
+    assert (len(ports["prefill"]), len(ports["decode"])) == (1, 2)
+    before = {p: external_tokens(p) for p in ports["decode"]}
+
+    prompt = "Tell me about disaggregated serving " * 20
+    requests = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}),
+        ("/v1/completions", {"prompt": prompt}),
+    ]
+    for path_, body in requests:
+        code, headers, data = http(f"{up.url}{path_}", {"model": MODEL, "max_tokens": 5, **body})
+        assert code == 200, data
+        assert data["usage"]["completion_tokens"] == 5
+        prefill = int(headers["x-llmplane-prefill-endpoint"].rsplit(":", 1)[1])
+        decode = int(headers["x-llmplane-endpoint"].rsplit(":", 1)[1])
+        assert prefill in ports["prefill"] and decode in ports["decode"], headers
+    # The decode replicas took the prompts from the prefill side instead of computing them.
+    moved = sum(external_tokens(p) - before[p] for p in ports["decode"])
+    assert moved > 0, "no prompt token came from the prefill replica"
