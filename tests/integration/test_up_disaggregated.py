@@ -41,6 +41,33 @@ def external_tokens(port: int) -> float:
     return float(match.group(1))
 
 
+# The explicit Kthena way still works on the labels llmplane gives the roles.
+ROUTED = f"""
+apiVersion: networking.serving.volcano.sh/v1alpha1
+kind: ModelServer
+metadata: {{name: pd-servers}}
+spec:
+  model: {MODEL}
+  inferenceEngine: vLLM
+  workloadSelector:
+    matchLabels: {{llmaz.io/model-name: {MODEL}}}
+    pdGroup:
+      groupKey: llmplane.io/pd-group
+      prefillLabels: {{llmplane.io/role: prefill}}
+      decodeLabels: {{llmplane.io/role: decode}}
+  kvConnector: {{type: nixl}}
+---
+apiVersion: networking.serving.volcano.sh/v1alpha1
+kind: ModelRoute
+metadata: {{name: pd-chat}}
+spec:
+  modelName: pd-chat
+  rules:
+    - targetModels:
+        - modelServerName: pd-servers
+"""
+
+
 def test_disaggregated_example_serves_on_pairs(tmp_path: Path, processes: Processes) -> None:
     state = tmp_path / "state"
     # A smaller copy of the example: 1 prefill + 2 decode (the machine is shared).
@@ -51,7 +78,9 @@ def test_disaggregated_example_serves_on_pairs(tmp_path: Path, processes: Proces
     )
     path = tmp_path / "pd.yaml"
     path.write_text(doc)
-    up = processes.up(state, str(path))
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(ROUTED)
+    up = processes.up(state, str(path), str(routes))
 
     def available() -> bool:
         return condition(state, "Playground", MODEL, "Available").get("status") == "True"
@@ -67,12 +96,14 @@ def test_disaggregated_example_serves_on_pairs(tmp_path: Path, processes: Proces
     before = {p: external_tokens(p) for p in ports["decode"]}
 
     prompt = "Tell me about disaggregated serving " * 20
+    chat = {"messages": [{"role": "user", "content": prompt}]}
     requests = [
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}),
-        ("/v1/completions", {"prompt": prompt}),
+        (MODEL, "/v1/chat/completions", chat),
+        (MODEL, "/v1/completions", {"prompt": prompt}),
+        ("pd-chat", "/v1/chat/completions", chat),  # through the explicit ModelServer
     ]
-    for path_, body in requests:
-        code, headers, data = http(f"{up.url}{path_}", {"model": MODEL, "max_tokens": 5, **body})
+    for model, path_, body in requests:
+        code, headers, data = http(f"{up.url}{path_}", {"model": model, "max_tokens": 5, **body})
         assert code == 200, data
         assert data["usage"]["completion_tokens"] == 5
         prefill = int(headers["x-llmplane-prefill-endpoint"].rsplit(":", 1)[1])
