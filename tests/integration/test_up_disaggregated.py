@@ -112,3 +112,12 @@ def test_disaggregated_example_serves_on_pairs(tmp_path: Path, processes: Proces
     # The decode replicas took the prompts from the prefill side instead of computing them.
     moved = sum(external_tokens(p) - before[p] for p in ports["decode"])
     assert moved > 0, "no prompt token came from the prefill replica"
+
+    # The console's fleet shows one workload per role, with its replicas and endpoints.
+    _, _, fleet = http(f"{up.url}/console/api/fleet")
+    roles = {w["role"]: w for w in fleet["workloads"] if w["playground"] == MODEL}
+    assert set(roles) == {"prefill", "decode"}
+    for role, workload in roles.items():
+        assert workload["name"] == f"{MODEL}-{role}"
+        assert workload["ready"] == workload["desired"] == len(ports[role])
+        assert {r["port"] for r in workload["replicas"]} == ports[role]
