@@ -177,6 +177,12 @@ def scaled_workloads(pg: Playground) -> list[tuple[str | None, str]]:
     ]
 
 
+def pair_key(pg: Playground) -> str:
+    """Where the activator counts requests held for a disaggregated Playground (it holds them
+    by Playground until both roles have a replica): the demand that wakes both roles."""
+    return f"{pg.namespace}/{pg.name}"
+
+
 def replica_requests(service: Mapping[str, Any] | None) -> dict[str, float]:
     """A replica's resource requests (cpu cores, memory bytes) from its inference Service."""
     svc = service or {}
@@ -284,7 +290,7 @@ class Autoscaler:
             trigger,
             sample,
             self.signals.requests_seen(key),
-            self.signals.held(key),
+            self.signals.held(key) + (self.signals.held(pair_key(pg)) if role else 0),
             replica_requests(self.store.get("Service", service or pg.name, pg.namespace)),
             now,
             role,

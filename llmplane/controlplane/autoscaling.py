@@ -148,7 +148,11 @@ def role_trigger(role: str, elastic: ElasticConfig | None) -> ScaleTrigger | Non
     ``scaleTrigger``, else the role's default (``ROLE_TRIGGERS``); None without elasticConfig."""
     if elastic is None:
         return None
-    return effective_trigger(elastic, ROLE_TRIGGERS[role])
+    default = ROLE_TRIGGERS[role]
+    own = elastic.scale_trigger
+    if own is not None and not own.hpa.metrics:  # behavior only: the role's own metrics
+        return ScaleTrigger(hpa=own.hpa.model_copy(update={"metrics": default.hpa.metrics}))
+    return effective_trigger(elastic, default)
 
 
 # --- inputs and outputs ------------------------------------------------------------------------

@@ -542,7 +542,9 @@ def build_table(
         )
     for name, decodes, prefill, mode in pd_pairs(by_kind["Playground"], states):
         default = table.defaults.get(name)
-        if default is not None:  # decode replicas, each paired with a prefill one (pd.py)
+        if default is not None and not (decodes and prefill):
+            del table.defaults[name]  # no pair yet: activatable (held until both roles are up)
+        elif default is not None:  # decode replicas, each paired with a prefill one (pd.py)
             pd = PDBackend(GROUP_KEY, prefill, mode)
             table.defaults[name] = replace(default, candidates=decodes, pd=pd)
     _adapter_routes(

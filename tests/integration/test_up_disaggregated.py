@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 
+from llmplane.store.paths import open_store
 from llmplane.testing import Processes, wait_for
 from tests.integration.upcli import cli, condition, http, status
 
@@ -121,3 +122,37 @@ def test_disaggregated_example_serves_on_pairs(tmp_path: Path, processes: Proces
         assert workload["name"] == f"{MODEL}-{role}"
         assert workload["ready"] == workload["desired"] == len(ports[role])
         assert {r["port"] for r in workload["replicas"]} == ports[role]
+
+
+def test_roles_scale_to_zero_together_and_a_request_wakes_the_pair(
+    tmp_path: Path, processes: Processes
+) -> None:
+    elastic = (
+        "{minReplicas: 0, maxReplicas: 2, scaleToZeroAfterSeconds: 2, "
+        "scaleTrigger: {hpa: {behavior: {scaleDown: {stabilizationWindowSeconds: 1}}}}}"
+    )
+    doc = EXAMPLE.read_text()
+    doc = doc.replace("replicas: 2", f"replicas: 1\n        elasticConfig: {elastic}")
+    doc = doc.replace("replicas: 4", f"replicas: 1\n        elasticConfig: {elastic}")
+    path = tmp_path / "pd.yaml"
+    path.write_text(doc)
+    state = tmp_path / "state"
+    up = processes.up(
+        state, str(path), args=["--autoscale-interval", "0.2", "--autoscale-window", "1"]
+    )
+
+    def role_replicas() -> tuple[int, int]:
+        with open_store(state) as store:
+            dis = store.get("Playground", MODEL, "default")["spec"]["llmplane"]["disaggregation"]
+        return dis["prefill"]["replicas"], dis["decode"]["replicas"]
+
+    wait_for(lambda: role_replicas() == (0, 0), 60, what="both roles scaled to zero when idle")
+    wait_for(lambda: not up.engine_pids(), 30, what="no engine left")
+
+    # A request is held while both roles start, then served on the pair.
+    body = {"model": MODEL, "prompt": "wake up " * 50, "max_tokens": 4}
+    code, headers, data = http(f"{up.url}/v1/completions", body)
+    assert code == 200, data
+    assert "x-llmplane-prefill-endpoint" in headers
+    assert role_replicas() == (1, 1)
+    assert len(up.engine_pids()) == 2
