@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -109,7 +109,8 @@ class LoraAdapter(ApiModel):
             )
 
 
-KV_CONNECTORS = ("sharedStorage", "nixl", "lmcache", "mooncake", "offloading")
+ExtraKey = Annotated[str, Field(min_length=1, max_length=128)]
+ExtraText = Annotated[str, Field(max_length=4096)]
 
 
 class KVConnector(ApiModel):
@@ -120,10 +121,11 @@ class KVConnector(ApiModel):
     those names; ``offloading``: vLLM's OffloadingConnector (CPU memory, per replica)."""
 
     type: Literal["sharedStorage", "nixl", "lmcache", "mooncake", "offloading"] = "sharedStorage"
-    extra_config: dict[str, str | int | float | bool] | None = Field(
+    extra_config: dict[ExtraKey, ExtraText | int | float | bool] | None = Field(
         default=None,
         max_length=32,
-        description="Merged into vLLM's kv_connector_extra_config (e.g. num_cpu_blocks).",
+        description="Merged into vLLM's kv_connector_extra_config (e.g. num_cpu_blocks; "
+        "shared_storage_path replaces the directory llmplane chooses).",
     )
 
 
@@ -231,6 +233,16 @@ class Playground(Resource):
     kind: Literal["Playground"] = "Playground"
     spec: PlaygroundSpec
     status: ScaleStatus | None = None
+
+    def check(self, path: str) -> Iterator[Violation]:
+        # Role Services are named <name>-prefill / <name>-decode: still DNS-1123 labels.
+        longest = 63 - len("-prefill")
+        if self.spec.disaggregation is not None and len(self.name) > longest:
+            yield Violation(
+                join_path(join_path(path, "metadata"), "name"),
+                f"at most {longest} characters with llmplane.disaggregation (its workloads are "
+                "named <name>-prefill and <name>-decode)",
+            )
 
 
 class ServiceSpec(ApiModel):

@@ -36,6 +36,23 @@ def test_a_valid_declaration_is_accepted() -> None:
     assert errors_of(pg_doc(spec)) == []
 
 
+def test_a_long_name_leaves_room_for_the_role_suffix() -> None:
+    doc = pg_doc(disaggregated())
+    doc["metadata"]["name"] = "p" * 56
+    assert_error(doc, "metadata.name", "at most 55 characters")
+    doc["metadata"]["name"] = "p" * 55
+    assert errors_of(doc) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"k" * 129: 1}, {"path": "x" * 4097}, {f"k{i}": i for i in range(33)}, {"k": [1]}, {"": 1}],
+)
+def test_extra_config_is_bounded(extra: dict[str, Any]) -> None:
+    doc = pg_doc(disaggregated(kvConnector={"type": "offloading", "extraConfig": extra}))
+    assert any("extraConfig" in m for m in errors_of(doc)), errors_of(doc)
+
+
 @pytest.mark.parametrize(
     ("spec", "path", "fragment"),
     [
