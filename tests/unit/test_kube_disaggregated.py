@@ -83,3 +83,29 @@ def test_every_connector_renders_valid_workloads(connector: str) -> None:
             }
         else:
             assert "nixl" not in ports and "VLLM_NIXL_SIDE_CHANNEL_HOST" not in env
+
+
+def test_sglang_prefill_pods_expose_the_bootstrap_port() -> None:
+    doc = PLAYGROUND.replace("CONNECTOR", "mooncake").replace(
+        "  modelClaim: {modelName: m}",
+        "  modelClaim: {modelName: m}\n  backendRuntimeConfig: {backendName: sglang}",
+    )
+    objects = _render(doc)
+    for obj in objects:
+        validate(obj)
+    lws = _lws(objects)
+    ports = {
+        name: {
+            p.get("name")
+            for p in _runner(o["spec"]["leaderWorkerTemplate"]["workerTemplate"]).get("ports") or []
+        }
+        for name, o in lws.items()
+    }
+    assert "bootstrap" in ports["m-prefill"] and "bootstrap" not in ports["m-decode"]
+    prefill = _runner(lws["m-prefill"]["spec"]["leaderWorkerTemplate"]["workerTemplate"])
+    assert prefill["args"][-4:] == [
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-transfer-backend",
+        "mooncake",
+    ]

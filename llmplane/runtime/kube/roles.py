@@ -7,7 +7,8 @@ KV connector needs in the pod (``controlplane/disaggregation.py`` has the engine
 - ``nixl``: the side-channel port (5600, ``nixl``) and ``VLLM_NIXL_SIDE_CHANNEL_HOST`` = the
   pod IP, so decode pods reach prefill pods directly;
 - ``mooncake``, ``lmcache``, ``offloading``: the engine flags only (their stores are
-  configured with ``kvConnector.extraConfig`` and envs).
+  configured with ``kvConnector.extraConfig`` and envs);
+- SGLang: the prefill pods' bootstrap port (8998, ``bootstrap``), where decode pods pull the KV.
 
 Each role Service becomes its own LeaderWorkerSet (or Deployment) and is scaled on its own.
 """
@@ -24,19 +25,24 @@ from llmplane.controlplane.disaggregation import (
     engine_family,
     services_for,
 )
+from llmplane.controlplane.plan import ROLE_LABEL
 from llmplane.runtime.kube.base import runner_container
 from llmplane.runtime.kube.service import playground_objects, service_for_playground, service_object
 
 KV_MOUNT_PATH = "/workspace/kv"
 KV_HOST_ROOT = "/var/lib/llmplane/kv"
 KV_VOLUME = "kv-shared"
+SGLANG_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
 
 
 def _connector_pod(service: Service, pg: Playground) -> Service:
     dis = pg.spec.disaggregation
     assert dis is not None
     kind = dis.kv_connector.type
-    if engine_family(pg.spec.backend_runtime_config.backend_name) != "vllm":
+    family = engine_family(pg.spec.backend_runtime_config.backend_name)
+    if family == "sglang" and (service.metadata.labels or {}).get(ROLE_LABEL) == "prefill":
+        kind = "sglang-prefill"  # decode replicas pull the KV from its bootstrap server
+    elif family != "vllm":
         return service
     data = dump_resource(service)
     template = data["spec"]["workloadTemplate"]
@@ -53,6 +59,10 @@ def _connector_pod(service: Service, pg: Playground) -> Service:
             )
             runner.setdefault("volumeMounts", []).append(
                 {"name": KV_VOLUME, "mountPath": KV_MOUNT_PATH}
+            )
+        elif kind == "sglang-prefill":
+            runner.setdefault("ports", []).append(
+                {"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"}
             )
         elif kind == "nixl":
             runner.setdefault("ports", []).append(
