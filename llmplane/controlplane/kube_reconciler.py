@@ -21,7 +21,12 @@ from llmplane.api.documents import InvalidResources, parse_document
 from llmplane.api.inference import BackendRuntime, Playground, Service
 from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane import planning
-from llmplane.controlplane.disaggregation import roles_status, service_names
+from llmplane.controlplane.disaggregation import (
+    ROLES,
+    role_service_name,
+    roles_status,
+    service_names,
+)
 from llmplane.controlplane.plan import BACKEND_LABEL, ROLE_LABEL
 from llmplane.controlplane.planning import PlanningError
 from llmplane.controlplane.status import playground_status, same_status, service_status
@@ -132,6 +137,14 @@ class Reconciler:
             hpa = await self.client.get_or_none(kinds.HPA, name, namespace)
             if hpa is not None and _controlled_by(hpa, obj):
                 await self.client.delete(kinds.HPA, name, namespace)
+        # Services it owns under other names (it switched to or from disaggregation).
+        wanted = {service.name for service in services}
+        for other in (pg.name, *(role_service_name(pg.name, role) for role in ROLES)):
+            if other in wanted:
+                continue
+            old = await self.client.get_or_none(kinds.INFERENCE_SERVICE, other, namespace)
+            if old is not None and _controlled_by(old, obj):
+                await self.client.delete(kinds.INFERENCE_SERVICE, other, namespace)
         stored = {}
         for service in services:
             role = (service.metadata.labels or {}).get(ROLE_LABEL, "")

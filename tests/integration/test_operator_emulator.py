@@ -406,3 +406,13 @@ async def test_disaggregated_playground_runs_roles_scaled_apart() -> None:
         await kube.wait_for(scaled)
         decode = kube.get(LWS, "LeaderWorkerSet", f"{name}-decode", "default")
         assert decode["spec"]["replicas"] == 1 and decode["metadata"]["generation"] == 1
+
+        # Back to one workload: the Playground's own Service replaces the role Services.
+        await kube.patch(SVC, "Playground", name, "default", {"spec": {"llmplane": None}})
+        await kube.wait_for(lambda: kube.get(SVC, "Service", name, "default"))
+        await kube.wait_for(
+            lambda: all(
+                kube.get(SVC, "Service", f"{name}-{role}", "default") is None
+                for role in ("prefill", "decode")
+            )
+        )
