@@ -10,6 +10,7 @@ import pytest
 
 from llmplane.controlplane.plan import PD_GROUP_LABEL, ROLE_LABEL
 from llmplane.render import render_objects
+from llmplane.runtime.kube import KubeOptions
 from tests.unit.test_kube_manifests import EXAMPLES, _render, _runner
 from tests.unit.test_kube_schemas import validate
 
@@ -109,3 +110,20 @@ def test_sglang_prefill_pods_expose_the_bootstrap_port() -> None:
         "--disaggregation-transfer-backend",
         "mooncake",
     ]
+
+
+def test_deployment_mode_gives_one_deployment_per_role() -> None:
+    objects = _render(
+        PLAYGROUND.replace("CONNECTOR", "nixl"), KubeOptions(use_leader_worker_set=False)
+    )
+    for obj in objects:
+        validate(obj)
+    deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+    assert {n: d["spec"]["replicas"] for n, d in deployments.items()} == {
+        "m-prefill": 2,
+        "m-decode": 3,
+    }
+    for name, deployment in deployments.items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels[ROLE_LABEL] == name.split("-")[1]
+        assert labels[PD_GROUP_LABEL] == "m"
