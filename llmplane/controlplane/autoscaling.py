@@ -117,7 +117,6 @@ DEFAULT_TRIGGER: ScaleTrigger = _default_trigger()
 8 requests in flight per replica on average (engine-agnostic: every backend has it)."""
 
 
-
 def _pods_trigger(*targets: tuple[str, float]) -> ScaleTrigger:
     metrics = [
         MetricSpec(
