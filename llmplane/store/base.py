@@ -112,7 +112,7 @@ class Store(Protocol):
     Every method returns fresh dicts; mutating them never changes what is stored.
     """
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], *, force_conflicts: bool = False) -> dict[str, Any]:
         """Create or update by (kind, namespace, name) and return the stored object.
 
         Create sets uid, resourceVersion, generation 1 and creationTimestamp. Update replaces
@@ -121,10 +121,16 @@ class Store(Protocol):
         that changes nothing changes nothing (no new resourceVersion, no watch event).
         A ``metadata.resourceVersion`` in ``obj`` that differs from the stored one (or any,
         when nothing is stored) raises ``Conflict``.
+
+        API-owned fields (``Resource.api_owned``, e.g. a Tenant's ``spec.keys``) that ``obj``
+        leaves out keep their stored values; ``obj`` may not drop or change them unless
+        ``force_conflicts`` (``OwnedFieldConflict``; see ``llmplane/store/owned.py``).
         """
         ...
 
-    def apply_many(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def apply_many(
+        self, objs: list[dict[str, Any]], *, force_conflicts: bool = False
+    ) -> list[dict[str, Any]]:
         """``apply`` each object in ONE transaction: all are stored or none is."""
         ...
 

@@ -54,6 +54,7 @@ from llmplane.store.base import (
     object_key,
     ref,
 )
+from llmplane.store.owned import keep_owned
 from llmplane.store.selectors import as_selector
 
 SCHEMA_VERSION = 1
@@ -349,7 +350,7 @@ class SQLiteStore:
     # --- writes -------------------------------------------------------------------------------
 
     def _apply_in(
-        self, conn: sqlite3.Connection, obj: dict[str, Any]
+        self, conn: sqlite3.Connection, obj: dict[str, Any], force_conflicts: bool
     ) -> tuple[dict[str, Any], bool]:
         """Apply within the caller's transaction; returns (stored object, changed?)."""
         key = object_key(obj)
@@ -405,6 +406,7 @@ class SQLiteStore:
         )
         if current is not None and "status" in current:
             desired["status"] = current["status"]  # apply never writes status
+        keep_owned(current, desired, force_conflicts)
 
         if current is not None:
             if desired == current:
@@ -415,15 +417,17 @@ class SQLiteStore:
         self._record(conn, "ADDED" if current is None else "MODIFIED", key, desired)
         return desired, True
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return self.apply_many([obj])[0]
+    def apply(self, obj: dict[str, Any], *, force_conflicts: bool = False) -> dict[str, Any]:
+        return self.apply_many([obj], force_conflicts=force_conflicts)[0]
 
-    def apply_many(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def apply_many(
+        self, objs: list[dict[str, Any]], *, force_conflicts: bool = False
+    ) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
         changed = False
         with self._write() as conn:
             for obj in objs:
-                stored, did_change = self._apply_in(conn, obj)
+                stored, did_change = self._apply_in(conn, obj, force_conflicts)
                 results.append(stored)
                 changed |= did_change
         if changed:
