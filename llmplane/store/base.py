@@ -36,6 +36,12 @@ class StoreError(Exception):
     """Anything the store refuses to do, with a message fit to show a user."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be read or written right now (disk full, another process holding its
+    write lock past the busy timeout, an I/O error): nothing was changed, and the same call may
+    work later."""
+
+
 class Conflict(StoreError):
     """The caller's resourceVersion is stale: the object changed (or vanished) since it was read."""
 

@@ -50,6 +50,7 @@ from llmplane.store.base import (
     LabelSelector,
     NotFound,
     StoreError,
+    StoreUnavailable,
     WatchEvent,
     object_key,
     ref,
@@ -227,8 +228,8 @@ class SQLiteStore:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 break
             except sqlite3.OperationalError as e:
-                if time.monotonic() > deadline:
-                    raise StoreError(f"cannot open the store at {self.path}: {e}") from e
+                if time.monotonic() > deadline or "locked" not in str(e):
+                    raise StoreUnavailable(f"cannot open the store at {self.path}: {e}") from e
                 time.sleep(0.01)
         if str(mode).lower() != "wal":
             raise StoreError(f"cannot put {self.path} in WAL mode (got {mode!r})")
@@ -261,14 +262,27 @@ class SQLiteStore:
             conn = self._db()
             try:
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as e:
-                raise StoreError(f"the store at {self.path} is busy: {e}") from e
+            except sqlite3.Error as e:
+                raise StoreUnavailable(self._problem(e)) from e
             try:
                 yield conn
                 conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
+            except BaseException as e:
+                # SQLite may have rolled back already (a full disk at COMMIT): then this fails.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):  # disk full, I/O error: one line, not a trace
+                    raise StoreUnavailable(self._problem(e)) from e
                 raise
+
+    def _problem(self, error: sqlite3.Error) -> str:
+        text = str(error)
+        if "locked" in text or "busy" in text:
+            return (
+                f"the store at {self.path} is busy: {text} (another process has held its "
+                f"write lock for over {self.busy_timeout:g}s); nothing was written"
+            )
+        return f"cannot write the store at {self.path}: {text}; nothing was written"
 
     @contextlib.contextmanager
     def _read(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
