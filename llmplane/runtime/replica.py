@@ -253,13 +253,15 @@ class Replica:
         argv = rewrite_argv(engine_argv(local.argv), port)
         token = uuid.uuid4().hex
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
+        with open(self.log_path, "ab", buffering=0) as log_file:  # unbuffered: nothing at close
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            log_file.write(
-                f"--- llmplane {stamp}: starting {self.name} (restart {self.restarts}): "
-                f"{' '.join(argv)}\n".encode()
-            )
-            log_file.flush()
+            try:
+                log_file.write(
+                    f"--- llmplane {stamp}: starting {self.name} (restart {self.restarts}): "
+                    f"{' '.join(argv)}\n".encode()
+                )
+            except OSError as err:  # a full disk: the engine may still run; say so once here
+                log.warning("%s: cannot write to %s: %s", self.name, self.log_path, err)
             proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
         self.port, self.proc, self.token = port, proc, token
         self.longest_ready = 0.0
