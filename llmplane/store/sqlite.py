@@ -217,7 +217,7 @@ class SQLiteStore:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as e:
-            raise StoreError(f"cannot open the store at {self.path}: {e}") from e
+            raise StoreError(f"cannot open the store at {self.path}: {e}{self._full(e)}") from e
         return conn
 
     def _init_db(self) -> None:
@@ -229,7 +229,9 @@ class SQLiteStore:
                 break
             except sqlite3.OperationalError as e:
                 if time.monotonic() > deadline or "locked" not in str(e):
-                    raise StoreUnavailable(f"cannot open the store at {self.path}: {e}") from e
+                    raise StoreUnavailable(
+                        f"cannot open the store at {self.path}: {e}{self._full(e)}"
+                    ) from e
                 time.sleep(0.01)
         if str(mode).lower() != "wal":
             raise StoreError(f"cannot put {self.path} in WAL mode (got {mode!r})")
@@ -282,7 +284,20 @@ class SQLiteStore:
                 f"the store at {self.path} is busy: {text} (another process has held its "
                 f"write lock for over {self.busy_timeout:g}s); nothing was written"
             )
-        return f"cannot write the store at {self.path}: {text}; nothing was written"
+        return (
+            f"cannot write the store at {self.path}: {text}{self._full(error)}; nothing was written"
+        )
+
+    def _full(self, error: Exception) -> str:
+        """A note that the disk is full when it is and ``error`` does not say so (SQLite says
+        only "disk I/O error" when it cannot create its shared-memory file)."""
+        if "disk is full" in str(error):
+            return ""
+        try:
+            stats = os.statvfs(self.path.parent)
+        except OSError:
+            return ""
+        return " (the disk is full)" if stats.f_bavail * stats.f_frsize < 65536 else ""
 
     @contextlib.contextmanager
     def _read(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:

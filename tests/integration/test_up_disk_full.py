@@ -141,3 +141,29 @@ def test_up_survives_a_full_disk_and_recovers(
     assert "llmp-" in cli("keys", "create", "during-c", state_dir=state).stdout
     output = up.output()
     assert "supervisor failed" not in output and "Traceback" not in output, output[-3000:]
+
+
+def test_commands_on_a_full_disk_without_up(small_disk: Path, tmp_path: Path) -> None:
+    """No ``up`` holding the store open: SQLite cannot even create its shared-memory file."""
+    state = small_disk / "state"
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS)
+    cli("keys", "create", "before", state_dir=state)
+    filler = small_disk / "filler"
+    fill(filler)
+    try:
+        for args in (
+            ("apply", "-f", str(tenants)),
+            ("keys", "create", "during-c"),
+            ("keys", "revoke", "before", "x"),
+            ("delete", "tenant", "before"),
+            ("get", "tenants"),
+        ):
+            proc = cli(*args, state_dir=state, check=False)
+            lines = proc.stderr.strip().splitlines()
+            assert proc.returncode == 1 and len(lines) == 1, (args, proc.stderr)
+            assert "disk is full" in lines[0] and "llmp-" not in proc.stdout, (args, proc.stderr)
+    finally:
+        filler.unlink()
+    listing = cli("get", "tenants", state_dir=state).stdout
+    assert "before" in listing and "during" not in listing, listing
