@@ -18,7 +18,7 @@ import orjson
 
 from llmplane.runtime.sockets import listening
 from llmplane.testing import Processes, always, wait_for
-from tests.integration.upcli import status
+from tests.integration.upcli import http, status
 
 HOSTILE = {
     "hos": ["--hos", "0.0.0.0"],
@@ -47,14 +47,14 @@ spec:
 """
 
 
-def playground(name: str, backend: str, args: list[str]) -> str:
+def playground(name: str, backend: str, args: list[str], model: str = "tiny") -> str:
     return f"""
 apiVersion: inference.llmaz.io/v1alpha1
 kind: Playground
 metadata: {{name: {name}}}
 spec:
   replicas: 1
-  modelClaim: {{modelName: tiny}}
+  modelClaim: {{modelName: {model}}}
   backendRuntimeConfig:
     backendName: {backend}
     args: {json.dumps(["--time-scale", "0.01", *args])}
@@ -64,7 +64,7 @@ spec:
 MODEL = """
 apiVersion: llmaz.io/v1alpha1
 kind: OpenModel
-metadata: {name: tiny}
+metadata: {name: NAME}
 spec:
   familyName: tiny
   source: {uri: "host:///dev/null"}
@@ -104,7 +104,8 @@ def engines(state_dir: Path) -> dict[str, dict]:
 def test_engine_args_never_open_a_local_engine_to_the_network(
     tmp_path: Path, processes: Processes
 ) -> None:
-    docs = [MODEL, EXPOSED_BACKEND, playground("exposed", "exposed", [])]
+    docs = [MODEL.replace("NAME", "tiny"), MODEL.replace("NAME", "other"), EXPOSED_BACKEND]
+    docs.append(playground("exposed", "exposed", [], model="other"))
     docs += [playground(name, "sim", args) for name, args in HOSTILE.items()]
     path = tmp_path / "fleet.yaml"
     path.write_text("---".join(docs))
@@ -138,6 +139,17 @@ def test_engine_args_never_open_a_local_engine_to_the_network(
         exposed_failed, 120, every=0.25, what="the exposed engine reported ListensBeyondLoopback"
     )
     assert "exposed" not in engines(up.state_dir), "the exposed engine still runs"
+    # Its model is not held for an engine that will not come: a 503 that says why, at once.
+    _, _, doc = wait_for(
+        lambda: (
+            (r := http(f"{up.url}/v1/completions", {"model": "other", "prompt": "hi"}))[0] == 503
+            and r
+        ),
+        30,
+        every=0.25,
+        what="503 for the exposed engine's model",
+    )
+    assert "ListensBeyondLoopback" in doc["error"]["message"], doc
     # Stopped for good (not restarted into the same exposure) and never Ready.
     always(
         lambda: (
