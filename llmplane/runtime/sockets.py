@@ -56,6 +56,10 @@ def listening(pid: int) -> list[tuple[str, int]]:
         except OSError:
             continue
         for line in lines:
+            # The table lists every socket of the namespace (the gateway's connections too):
+            # split only LISTEN rows (" 0A " occurs nowhere else: addresses have no spaces).
+            if f" {_LISTEN} " not in line:
+                continue
             fields = line.split()
             if len(fields) > 9 and fields[3] == _LISTEN and fields[9] in inodes:
                 found.append(_address(fields[1]))
