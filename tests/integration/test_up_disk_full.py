@@ -1,8 +1,8 @@
 """A full disk under the state directory is survived (issue 27, item 7).
 
 ``llmplane up`` with sim replicas on a real 8 MiB tmpfs (we are root in CI; skipped where
-``mount`` is not allowed), filled with a file: an engine that dies meanwhile is restarted once
-space returns instead of leaving its replica ``Failed``; ``llmplane apply`` and ``llmplane
+``mount`` is not allowed), filled with a file: engines that die meanwhile (all of a model's) are
+restarted once space returns instead of leaving its replica ``Failed``; ``llmplane apply`` and ``llmplane
 keys create`` print one line and exit 1 without storing anything; ``up`` keeps running and
 logs no traceback. The mount is removed whatever happens.
 """
@@ -71,14 +71,14 @@ def fill(path: Path) -> None:
         os.close(fd)
 
 
-def serving(state: Path, dead: int) -> bool:
-    """The recorded engines are two live processes answering on their ports, ``dead`` not
-    among them."""
+def serving(state: Path, dead: set[int]) -> bool:
+    """The recorded engines are two live processes answering on their ports, none of them
+    one of ``dead``."""
     try:
         records = orjson.loads((state / "runtime" / "processes.json").read_bytes())["processes"]
     except (OSError, ValueError):
         return False
-    if len(records) != 2 or dead in {r["pid"] for r in records}:
+    if len(records) != 2 or dead & {r["pid"] for r in records}:
         return False
     for record in records:
         port = record["argv"][record["argv"].index("--port") + 1]
@@ -105,14 +105,15 @@ def test_up_survives_a_full_disk_and_recovers(
     fleet.write_text(sim_fleet("tiny", 2))
     up = processes.up(state, str(fleet), args=["-v"])
     wait_for(lambda: ready(state), 90, every=0.25, what="two replicas ready")
-    pids = wait_for(lambda: len(p := up.engine_pids()) == 2 and p, 10, what="two engines")
-    victim = min(pids)
+    victims = wait_for(lambda: len(p := up.engine_pids()) == 2 and p, 10, what="two engines")
 
     filler = small_disk / "filler"
     fill(filler)
     try:
-        # An engine dies while the disk is full: its supervisor must carry on.
-        os.killpg(victim, signal.SIGKILL)
+        # Both engines die while the disk is full (the model has none): their supervisors
+        # must carry on.
+        for victim in victims:
+            os.killpg(victim, signal.SIGKILL)
         tenants = tmp_path / "tenants.yaml"
         tenants.write_text(TENANTS)
         for args in (
@@ -129,9 +130,9 @@ def test_up_survives_a_full_disk_and_recovers(
     finally:
         filler.unlink()
 
-    # Space is back: the dead engine's replica serves again (a new process), nothing of the
+    # Space is back: the dead engines' replicas serve again (a new process), nothing of the
     # refused commands was stored, and the same commands work now.
-    wait_for(lambda: serving(state, victim), 120, every=0.25, what="two engines serving again")
+    wait_for(lambda: serving(state, victims), 120, every=0.25, what="two engines serving again")
     wait_for(lambda: ready(state), 30, every=0.25, what="two replicas ready again")
     with open_store(state) as store:
         assert not [
