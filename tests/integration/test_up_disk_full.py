@@ -1,10 +1,10 @@
 """A full disk under the state directory is survived (issue 27, item 7).
 
 ``llmplane up`` with sim replicas on a real 8 MiB tmpfs (we are root in CI; skipped where
-``mount`` is not allowed), filled with a file: engines that die meanwhile (all of a model's) are
-restarted once space returns instead of leaving its replica ``Failed``; ``llmplane apply`` and ``llmplane
-keys create`` print one line and exit 1 without storing anything; ``up`` keeps running and
-logs no traceback. The mount is removed whatever happens.
+``mount`` is not allowed), filled with a file: engines that die meanwhile (all of a model's)
+are restarted once space returns instead of leaving their replicas ``Failed``; ``llmplane
+apply`` and ``llmplane keys create`` print one line and exit 1 without storing anything;
+``up`` keeps running and logs no traceback. The mount is removed whatever happens.
 """
 
 from __future__ import annotations
