@@ -107,14 +107,26 @@ def validate(files: Files) -> None:
 
 
 @app.command()
-def apply(files: Files, state_dir: StateDir = None) -> None:
+def apply(
+    files: Files,
+    state_dir: StateDir = None,
+    force_conflicts: Annotated[
+        bool,
+        typer.Option(
+            "--force-conflicts",
+            help="Let the files replace fields llmplane's commands write (a Tenant's keys): "
+            "without it, fields a file leaves out are kept and dropping or changing them is "
+            "refused.",
+        ),
+    ] = False,
+) -> None:
     """Create or update resources. If any document is invalid, nothing is stored."""
     parsed = _read(files)
     _warn(parsed.warnings)
     store = _store(state_dir)
     docs = [dump_resource(r) for r in parsed.resources]
     before = [_get_or_none(store, d) for d in docs]
-    after = store.apply_many(docs)
+    after = store.apply_many(docs, force_conflicts=force_conflicts)
     for old, new, r in zip(before, after, parsed.resources, strict=True):
         if old is None:
             verb = "created"

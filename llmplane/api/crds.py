@@ -381,7 +381,21 @@ def openapi_schema(cls: type[Resource]) -> dict[str, Any]:
         schema.pop("required", None)
     schema.pop(PRESERVE_UNKNOWN, None)
     schema.pop("default", None)
+    for owned in cls.api_owned:
+        if owned.list_key is not None:
+            _keyed_list(schema, owned.path.split("."), owned.list_key)
     return _Converter._ordered(schema)
+
+
+def _keyed_list(schema: dict[str, Any], path: list[str], key: str) -> None:
+    """Make the list at ``path`` a map list keyed by ``key``: server-side apply then merges it
+    item by item between field managers (``kubectl apply --server-side`` of a Tenant file keeps
+    the keys another manager added), as the embedded store does with API-owned fields."""
+    node = schema
+    for part in path:
+        node = node["properties"][part]
+    node["x-kubernetes-list-type"] = "map"
+    node["x-kubernetes-list-map-keys"] = [key]
 
 
 def _kind(cls: type[Resource]) -> str:

@@ -280,9 +280,36 @@ def parse_paths(paths: Iterable[str | Path]) -> Parsed:
     return parsed
 
 
+def _was_set(model: BaseModel, path: list[str]) -> bool:
+    """Whether the document gave the field at ``path`` (wire names), not only its default."""
+    node: Any = model
+    for part in path:
+        if not isinstance(node, BaseModel):
+            return True  # below a free-form value: it was given with it
+        name = next((n for n, f in type(node).model_fields.items() if (f.alias or n) == part), None)
+        if name is None or name not in node.model_fields_set:
+            return False
+        node = getattr(node, name)
+    return True
+
+
+def _drop(data: dict[str, Any], path: list[str]) -> None:
+    for part in path[:-1]:
+        data = data.get(part)  # type: ignore[assignment]
+        if not isinstance(data, dict):
+            return
+    data.pop(path[-1], None)
+
+
 def dump_resource(resource: Resource) -> dict[str, Any]:
-    """The wire form: user's fields plus defaults, in Kubernetes' top-level key order."""
+    """The wire form: user's fields plus defaults, in Kubernetes' top-level key order.
+
+    API-owned fields (``Resource.api_owned``) the document did not set are left out, not
+    defaulted: an apply of it then keeps what llmplane's commands wrote there."""
     data = resource.to_dict()
+    for owned in type(resource).api_owned:
+        if not _was_set(resource, owned.path.split(".")):
+            _drop(data, owned.path.split("."))
     ordered = {
         k: data[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in data
     }

@@ -21,6 +21,7 @@ from pydantic import Field
 from llmplane.api.base import (
     DNS1123_SUBDOMAIN,
     ApiModel,
+    ApiOwned,
     ConditionedStatus,
     Resource,
     Violation,
@@ -206,6 +207,9 @@ class Tenant(Resource):
     printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("CRITICALITY", "string", ".spec.criticality"),
         ("MODELS", "string", ".spec.models"),
+    )
+    api_owned: ClassVar[tuple[ApiOwned, ...]] = (
+        ApiOwned("spec.keys", "llmplane keys", list_key="id"),
     )
 
     api_version: Literal["llmplane.io/v1alpha1"] = "llmplane.io/v1alpha1"

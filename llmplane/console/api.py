@@ -44,6 +44,9 @@ API = f"{PREFIX}/api"
 LOG_TAIL_BYTES = 64 * 1024
 API_NAMES = ("models", "fleet", "stats", "resources", "logs", "whoami")  # under API/
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# ASCII digits only: str.isdigit also takes other scripts' digits and superscripts, and int()
+# refuses 5,000 digits (fullmatch: "$" would let a trailing newline through).
+_INDEX = re.compile(r"[0-9]{1,6}")
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -232,8 +235,8 @@ class Console:
         q = _query(request)
         namespace, _, name = q.get("workload", "").partition("/")
         replica = q.get("replica", "0")
-        if not (_NAME.match(namespace) and _NAME.match(name) and replica.isdigit()):
-            return _error(400, "give workload=NAMESPACE/NAME and replica=INDEX")
+        if not (_NAME.match(namespace) and _NAME.match(name) and _INDEX.fullmatch(replica)):
+            return _error(400, "give workload=NAMESPACE/NAME and replica=INDEX (0-999999)")
         key = f"{namespace}/{name}"
         if self.runtime.status(key) is None:
             return _error(404, f"no workload {key} is running here")
@@ -242,6 +245,8 @@ class Console:
             text = await asyncio.to_thread(_tail, path, LOG_TAIL_BYTES)
         except FileNotFoundError:
             text, note = "", f"replica {replica} of {key} has no log yet"
+        except OSError as err:  # unreadable: say so, as the page shows a missing log
+            text, note = "", f"the log of replica {replica} of {key} cannot be read: {err.strerror}"
         else:
             note = ""
         return _json({"workload": key, "replica": int(replica), "text": text, "note": note})

@@ -26,7 +26,8 @@ from llmplane.api.llmaz import OpenModel
 from llmplane.api.units import parse_quantity
 from llmplane.controlplane import autoscaling
 from llmplane.controlplane.events import record_event
-from llmplane.store.base import Conflict, Store
+from llmplane.quiet import QuietRetries
+from llmplane.store.base import Conflict, Store, StoreUnavailable
 
 log = logging.getLogger("llmplane.autoscaler")
 
@@ -192,6 +193,7 @@ class Autoscaler:
         self.clock = clock
         self.deciders = Deciders(self.config.window)
         self._kicked = asyncio.Event()
+        self._store_trouble = QuietRetries(log, "autoscaling (writing replicas to the store)")
 
     def kick(self) -> None:
         """Decide now (a request is waiting for a model without a replica)."""
@@ -204,8 +206,12 @@ class Autoscaler:
                 if refresh is not None:
                     await refresh()
                 self.step()
+            except StoreUnavailable as err:  # disk full, locked: the next pass retries
+                self._store_trouble.failed(err)
             except Exception:  # a bug must not stop autoscaling for good
                 log.exception("autoscaling pass failed")
+            else:
+                self._store_trouble.succeeded()
             await wait_event(self._kicked, self.config.interval)
             self._kicked.clear()
 

@@ -40,8 +40,9 @@ from llmplane.controlplane.status import (
     same_status,
     service_status,
 )
+from llmplane.quiet import QuietRetries
 from llmplane.runtime.base import PROGRESS_REASONS, Runtime, RuntimeStatus
-from llmplane.store.base import Store
+from llmplane.store.base import Store, StoreUnavailable
 
 log = logging.getLogger("llmplane.controller")
 
@@ -58,6 +59,7 @@ class Controller:
         self._dirty = asyncio.Event()
         self.loads = ModelLoads(cache_dir, self.kick)
         self._realised: dict[str, str] = {}  # service key -> plan template hash + replicas
+        self._store_trouble = QuietRetries(log, "reconciling (writing status to the store)")
 
     def kick(self) -> None:
         self._dirty.set()
@@ -71,8 +73,12 @@ class Controller:
                 await asyncio.sleep(0.02)  # coalesce bursts of events
                 try:
                     await self.reconcile()
+                except StoreUnavailable as err:  # disk full, locked: the next pass retries
+                    self._store_trouble.failed(err)
                 except Exception:  # a bug must not stop the control loop
                     log.exception("reconcile failed")
+                else:
+                    self._store_trouble.succeeded()
         finally:
             watcher.cancel()
             self.loads.cancel()

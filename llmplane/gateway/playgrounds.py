@@ -44,6 +44,7 @@ _FAILING_REASONS = frozenset(
         "LivenessProbeFailed",
         "EngineNotInstalled",
         "NoLocalCommand",
+        "ListensBeyondLoopback",
     }
 )
 

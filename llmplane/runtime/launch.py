@@ -23,7 +23,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 LOCAL_HOST = "127.0.0.1"
-_HOST_FLAGS = ("--host", "--hostname")  # the second is text-generation-inference's
+# The flags that choose where an engine listens; --hostname is text-generation-inference's.
+_BIND_FLAGS = ("--host", "--hostname", "--port")
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Interpreter names that mean "a Python", not a particular one: a local command starting with one
@@ -50,35 +51,56 @@ def free_port(preferred: int | None = None) -> int:
         return s.getsockname()[1]
 
 
+def bind_flag(arg: str) -> str | None:
+    """The host or port flag ``arg`` (``--opt`` or ``--opt=value``) sets, if any.
+
+    Python engines parse their command line with argparse, which takes any unambiguous prefix
+    of a long option (``--hos``, ``--ho=``, ``--po`` mean ``--host`` and ``--port``), so a
+    prefix counts as the flag itself. ``--h`` and ``--p`` count too: ambiguous for an engine
+    with ``--help`` or another ``--p...`` option (it then refuses to start), never anything
+    else a loopback engine needs.
+    """
+    if not arg.startswith("--") or len(arg) < 3:
+        return None
+    name = arg.split("=", 1)[0]
+    if name in _BIND_FLAGS:
+        return name
+    for flag in _BIND_FLAGS:  # --host before --hostname: a prefix of both means --host
+        if flag.startswith(name):
+            return flag
+    return None
+
+
 def rewrite_argv(argv: Sequence[str], port: int) -> list[str]:
     """Point the engine's ``--port`` at ``port`` and its ``--host`` at 127.0.0.1.
 
     ``--port X`` / ``--port=X`` become the replica's port and ``--host X`` / ``--host=X`` (or
-    text-generation-inference's ``--hostname``) become 127.0.0.1. When the command has no
-    ``--port`` flag at all, ``--port N --host 127.0.0.1`` is appended (only ``--port N`` if it
-    already names a host). A command that names a port but no host is left binding wherever the
-    engine binds by default: engines spell that flag differently.
+    text-generation-inference's ``--hostname``) become 127.0.0.1, also when spelled as a
+    prefix argparse accepts (``--hos X``, ``--ho=X``: :func:`bind_flag`; the full flag name is
+    written). When the command has no port flag at all, ``--port N --host 127.0.0.1`` is
+    appended (only ``--port N`` if it already names a host). A command that names a port but no
+    host is left binding wherever the engine binds by default (engines spell that flag
+    differently); the runtime then checks what the engine bound (``sockets.py``).
     """
     out: list[str] = []
     has_port = has_host = False
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--port", *_HOST_FLAGS):
-            out += [arg, str(port) if arg == "--port" else LOCAL_HOST]
-            has_port |= arg == "--port"
-            has_host |= arg in _HOST_FLAGS
-            i += 2  # skip the old value (if the flag is the last word, there is none)
-            continue
-        if arg.startswith("--port="):
-            out.append(f"--port={port}")
-            has_port = True
-        elif arg.startswith(tuple(f"{f}=" for f in _HOST_FLAGS)):
-            out.append(f"{arg.split('=', 1)[0]}={LOCAL_HOST}")
-            has_host = True
-        else:
+        flag = bind_flag(arg)
+        if flag is None:
             out.append(arg)
-        i += 1
+            i += 1
+            continue
+        value = str(port) if flag == "--port" else LOCAL_HOST
+        has_port |= flag == "--port"
+        has_host |= flag != "--port"
+        if "=" in arg:
+            out.append(f"{flag}={value}")
+            i += 1
+        else:
+            out += [flag, value]
+            i += 2  # skip the old value (if the flag is the last word, there is none)
     if not has_port:
         out += ["--port", str(port)]
         if not has_host:

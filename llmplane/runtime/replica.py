@@ -27,10 +27,12 @@ from llmplane.runtime.endpoint import Endpoint, max_num_seqs, priority_schedulin
 from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
 from llmplane.runtime.placement import UNSCHEDULABLE, FlavorOption, Placement
 from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, spawn, start_ticks, stop_group
+from llmplane.runtime.sockets import beyond_loopback
 from llmplane.runtime.status import (
     CRASH_LOOP,
     ENGINE_NOT_INSTALLED,
     FAILED,
+    LISTENS_BEYOND_LOOPBACK,
     LIVENESS_PROBE_FAILED,
     NOT_READY,
     PENDING,
@@ -177,6 +179,9 @@ class Replica:
                     reason, cause = await self._watch()
                     if self._must_stop():
                         return
+                    if reason == LISTENS_BEYOND_LOOPBACK:
+                        self._set(FAILED, reason, cause)
+                        return
                     if self.last_exit_code == ENGINE_MISSING_EXIT and not self.was_ready:
                         # A launcher (sh -c, llmplane's engine shims) found no engine: the
                         # shell's "command not found" status. Restarting cannot help.
@@ -248,13 +253,15 @@ class Replica:
         argv = rewrite_argv(engine_argv(local.argv), port)
         token = uuid.uuid4().hex
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
+        with open(self.log_path, "ab", buffering=0) as log_file:  # unbuffered: nothing at close
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            log_file.write(
-                f"--- llmplane {stamp}: starting {self.name} (restart {self.restarts}): "
-                f"{' '.join(argv)}\n".encode()
-            )
-            log_file.flush()
+            try:
+                log_file.write(
+                    f"--- llmplane {stamp}: starting {self.name} (restart {self.restarts}): "
+                    f"{' '.join(argv)}\n".encode()
+                )
+            except OSError as err:  # a full disk: the engine may still run; say so once here
+                log.warning("%s: cannot write to %s: %s", self.name, self.log_path, err)
             proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
         self.port, self.proc, self.token = port, proc, token
         self.longest_ready = 0.0
@@ -318,11 +325,15 @@ class Replica:
             failure = await self._startup(plan.startup_probe, started)
             if failure:
                 return STARTUP_PROBE_FAILED, failure
+            if exposed := self._exposed():
+                return LISTENS_BEYOND_LOOPBACK, exposed
         after_startup = loop.time()
         checks = []
         if plan.readiness_probe is not None:
             self._set(STARTING, None, "waiting for the readiness probe")
             checks.append(self._readiness(plan.readiness_probe, started, after_startup))
+        elif exposed := self._exposed():
+            return LISTENS_BEYOND_LOOPBACK, exposed
         else:
             self._set(READY)
         if plan.liveness_probe is not None:
@@ -336,6 +347,24 @@ class Replica:
         finally:
             for t in tasks:
                 t.cancel()
+
+    def _exposed(self) -> str | None:
+        """Why the engine must not serve: it listens beyond loopback (checked before it first
+        becomes Ready, so no request ever reaches an exposed engine); None when it does not.
+
+        Only the process llmplane started is checked (the one serving HTTP); the sockets its
+        own worker processes open among themselves are the engine's business.
+        """
+        assert self.proc is not None
+        addresses = beyond_loopback(self.proc.pid)
+        if not addresses:
+            return None
+        return (
+            f"the engine listens on {', '.join(addresses)}, beyond loopback; a local engine "
+            f"must listen on {LOCAL_HOST} only (llmplane passes --host {LOCAL_HOST}): remove "
+            "whatever makes it bind elsewhere (an option, an environment variable, a config "
+            "file) from the BackendRuntime or Playground; not restarted until then"
+        )
 
     def _url(self, probe: HttpProbe) -> str:
         local = self.plan.local
@@ -376,6 +405,8 @@ class Replica:
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
+                    if self.phase != READY and (exposed := self._exposed()):
+                        return LISTENS_BEYOND_LOOPBACK, exposed
                     self._set(READY)
             else:
                 successes, failures = 0, failures + counted

@@ -21,6 +21,9 @@ CRASH_LOOP = "CrashLoopBackOff"
 NO_LOCAL_COMMAND = "NoLocalCommand"
 STARTUP_PROBE_FAILED = "StartupProbeFailed"
 LIVENESS_PROBE_FAILED = "LivenessProbeFailed"
+# The engine listened beyond loopback (0.0.0.0, ::, a LAN address) although told 127.0.0.1:
+# stopped, and not restarted until the plan changes (a restart would open it again).
+LISTENS_BEYOND_LOOPBACK = "ListensBeyondLoopback"
 # An engine that served (was Ready) and then exited or failed its liveness probe: it waits out
 # its back-off like the others, but it is not known to be failing, so the gateway holds
 # requests for it (activator) instead of answering that the engine fails.

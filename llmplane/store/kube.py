@@ -233,10 +233,12 @@ class KubeStore:
             "(the gateway only reads the API)"
         )
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], *, force_conflicts: bool = False) -> dict[str, Any]:
         raise self._read_only("apply")
 
-    def apply_many(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def apply_many(
+        self, objs: list[dict[str, Any]], *, force_conflicts: bool = False
+    ) -> list[dict[str, Any]]:
         raise self._read_only("apply")
 
     def delete(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
