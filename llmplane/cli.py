@@ -500,6 +500,9 @@ def up(
         handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    from llmplane.fdlimit import raise_open_files
+
+    raise_open_files()  # before the workers fork (they inherit it): llmplane/fdlimit.py
     if access_log:
         import sys
 
