@@ -13,6 +13,7 @@ in ``processes.py``; ports and argv in ``launch.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -26,7 +27,14 @@ from llmplane.runtime import probes
 from llmplane.runtime.endpoint import Endpoint, max_num_seqs, priority_scheduling
 from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
 from llmplane.runtime.placement import UNSCHEDULABLE, FlavorOption, Placement
-from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, spawn, start_ticks, stop_group
+from llmplane.runtime.processes import (
+    TOKEN_ENV,
+    ProcessRecord,
+    signal_group,
+    spawn,
+    start_ticks,
+    stop_group,
+)
 from llmplane.runtime.status import (
     CRASH_LOOP,
     ENGINE_NOT_INSTALLED,
@@ -36,6 +44,7 @@ from llmplane.runtime.status import (
     PENDING,
     READY,
     RESTARTING,
+    SHORT_OF_RESOURCES,
     STARTING,
     STARTUP_PROBE_FAILED,
     TERMINATING,
@@ -49,6 +58,7 @@ log = logging.getLogger("llmplane.runtime.local")
 
 LOG_TAIL_LINES = 10  # of the engine log, in a crash-loop message
 ENGINE_MISSING_EXIT = 127  # what shells return for "command not found"
+SHORTAGE_RETRY = 2.0  # seconds before starting again after llmplane's own shortage
 
 
 class Replica:
@@ -172,6 +182,16 @@ class Replica:
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{err}. {hint}")
                     return
                 except OSError as err:
+                    if probes.own_shortage(err):  # ours, not the engine's: no crash counted
+                        self.runtime.short_of(f"starting {self.name}: {err}")
+                        self._set(
+                            PENDING,
+                            SHORT_OF_RESOURCES,
+                            f"llmplane could not start the engine ({err}); "
+                            f"trying again in {SHORTAGE_RETRY:g}s",
+                        )
+                        await asyncio.sleep(SHORTAGE_RETRY)
+                        continue
                     reason, cause = CRASH_LOOP, f"the engine could not be started: {err}"
                 else:
                     reason, cause = await self._watch()
@@ -256,21 +276,28 @@ class Replica:
             )
             log_file.flush()
             proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
+        try:
+            self.runtime.table.add(
+                ProcessRecord(
+                    pid=proc.pid,
+                    pgid=proc.pid,
+                    start_ticks=start_ticks(proc.pid),
+                    token=token,
+                    workload=self.plan.key,
+                    replica=self.index,
+                    argv=argv,
+                )
+            )
+        except BaseException:  # unrecorded (out of descriptors?): no process may outlive that
+            signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            with contextlib.suppress(OSError):
+                self.runtime.table.discard(token)
+            raise
         self.port, self.proc, self.token = port, proc, token
         self.longest_ready = 0.0
         self.was_ready = False
         self.started_at = asyncio.get_running_loop().time()
-        self.runtime.table.add(
-            ProcessRecord(
-                pid=proc.pid,
-                pgid=proc.pid,
-                start_ticks=start_ticks(proc.pid),
-                token=token,
-                workload=self.plan.key,
-                replica=self.index,
-                argv=argv,
-            )
-        )
         self._set(STARTING, None, "waiting for the engine to answer its probes")
 
     async def _watch(self) -> tuple[str, str]:
@@ -345,14 +372,23 @@ class Replica:
         # Whatever port the plan names (the container's 8080), the engine listens on ours.
         return f"http://{LOCAL_HOST}:{self.port}{path}"
 
-    async def _check(self, probe: HttpProbe) -> tuple[bool, str]:
+    async def _check(self, probe: HttpProbe) -> tuple[bool | None, str]:
+        """One attempt: True, False, or None when llmplane lacked the resources to ask (the
+        callers count it neither way: an engine is never blamed for our own shortage)."""
         timeout = probe.timeout_seconds if probe.timeout_seconds > 0 else 1
-        return await probes.http_ok(self._url(probe), timeout)
+        ok, detail = await probes.http_ok(self._url(probe), timeout)
+        if ok is None:
+            self.runtime.short_of(f"probing {self.name}: {detail}")
+        else:
+            self.runtime.not_short()
+        return ok, detail
 
     async def _startup(self, probe: HttpProbe, started: float) -> str | None:
         successes = failures = 0
         async for counted in probes.schedule(probe, started, started, hurry=lambda: True):
             ok, detail = await self._check(probe)
+            if ok is None:
+                continue
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
@@ -373,6 +409,8 @@ class Replica:
             probe, started, not_before, hurry=hurry, phase=probes.spread(probe)
         ):
             ok, detail = await self._check(probe)
+            if ok is None:
+                continue
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
@@ -392,6 +430,8 @@ class Replica:
         failures = 0
         async for _ in probes.schedule(probe, started, not_before, phase=probes.spread(probe)):
             ok, detail = await self._check(probe)
+            if ok is None:
+                continue
             failures = 0 if ok else failures + 1
             if failures >= max(probe.failure_threshold, 1):
                 return LIVENESS_PROBE_FAILED, f"liveness probe failed {failures} times ({detail})"
