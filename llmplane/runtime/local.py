@@ -23,6 +23,8 @@ import aiohttp
 
 from llmplane.controlplane.plan import WorkloadPlan
 from llmplane.runtime import logs
+from llmplane.runtime.capacity import replica_ceiling
+from llmplane.runtime.capacity import start_concurrency as capacity_start_concurrency
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import free_port
 from llmplane.runtime.placement import NVIDIA_GPU, DevicePool, detect_nvidia_gpus
@@ -55,6 +57,9 @@ class LocalRuntime:
     ``log_check_interval`` seconds, see ``logs.py``).
     ``gpus``: the host's NVIDIA GPUs (``--gpus``); None asks ``nvidia-smi``. Replicas get
     distinct devices per their flavors' limits (``placement.py``).
+    ``max_replicas``: the most replicas one workload runs, whatever its plan asks;
+    ``start_concurrency``: engines started at once (spawned, not yet Ready), one fork at a
+    time. None: ``capacity.py``'s defaults.
     """
 
     def __init__(
@@ -70,6 +75,8 @@ class LocalRuntime:
         log_max_bytes: int = logs.DEFAULT_MAX_BYTES,
         log_check_interval: float = logs.CHECK_INTERVAL,
         gpus: Sequence[str] | None = None,
+        max_replicas: int | None = None,
+        start_concurrency: int | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.on_change = on_change
@@ -84,6 +91,9 @@ class LocalRuntime:
         self.devices = DevicePool(
             {NVIDIA_GPU: list(gpus) if gpus is not None else detect_nvidia_gpus()}
         )
+        self.max_replicas = max_replicas if max_replicas is not None else replica_ceiling()
+        self.starting = asyncio.Semaphore(start_concurrency or capacity_start_concurrency())
+        self.forking = asyncio.Lock()  # one fork at a time: each blocks the event loop
         self.table = ProcessTable(self.state_dir / "runtime" / "processes.json")
         self._workloads: dict[str, Workload] = {}
         self._removing: dict[str, Workload] = {}

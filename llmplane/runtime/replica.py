@@ -89,6 +89,7 @@ class Replica:
         self.supervisor: asyncio.Task[None] | None = None
         self.spawning: asyncio.Task[None] | None = None
         self.stopping = False  # terminating: nothing may start a process for this replica again
+        self.slot = False  # holds one of the runtime's start slots (spawned, not yet Ready)
 
     @property
     def name(self) -> str:
@@ -142,7 +143,22 @@ class Replica:
             self.longest_ready = max(self.longest_ready, now - self.ready_since)
             self.ready_since = None
         self.phase, self.reason, self.message = phase, reason, message
+        if phase == READY:
+            self._give_slot()
         self.workload.changed()
+
+    async def _take_slot(self) -> None:
+        """Wait for one of the runtime's start slots (``capacity.start_concurrency``)."""
+        starting = self.runtime.starting
+        if starting.locked():
+            self._set(PENDING, None, "waiting to start: other engines of this machine are starting")
+        await starting.acquire()
+        self.slot = True
+
+    def _give_slot(self) -> None:
+        if self.slot:
+            self.slot = False
+            self.runtime.starting.release()
 
     # -- supervision -------------------------------------------------------------------------------
 
@@ -169,6 +185,8 @@ class Replica:
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{missing}. {hint}")
                     return
                 placement = await self._place()
+                if not self._must_stop():
+                    await self._take_slot()
                 if self._must_stop():
                     self._release_devices()
                     return
@@ -183,6 +201,7 @@ class Replica:
                     return
                 except OSError as err:
                     if probes.own_shortage(err):  # ours, not the engine's: no crash counted
+                        self._give_slot()
                         self.runtime.short_of(f"starting {self.name}: {err}")
                         self._set(
                             PENDING,
@@ -204,6 +223,7 @@ class Replica:
                         tail = _tail(self.log_path, 3)
                         self._set(FAILED, ENGINE_NOT_INSTALLED, f"{hint}. Engine log: {tail}")
                         return
+                self._give_slot()  # the process is gone: another replica may start
                 if self.longest_ready >= self.runtime.backoff_reset:
                     crashes = 0  # it ran well for a while: start the back-off over
                 delay = min(self.runtime.backoff_base * 2**crashes, self.runtime.backoff_cap)
@@ -225,6 +245,8 @@ class Replica:
             if self.proc is not None:
                 await stop_group(self.proc, self.proc.pid, self.runtime.stop_timeout)
                 self._forget_process()
+        finally:
+            self._give_slot()  # however it ended
 
     def _must_stop(self) -> bool:
         return self.stopping or self.runtime.closed
@@ -275,7 +297,9 @@ class Replica:
                 f"{' '.join(argv)}\n".encode()
             )
             log_file.flush()
-            proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
+            async with self.runtime.forking:  # each fork blocks the loop: one at a time,
+                proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
+                await asyncio.sleep(0)  # and the gateway's requests answered in between
         try:
             self.runtime.table.add(
                 ProcessRecord(
