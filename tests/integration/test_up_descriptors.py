@@ -6,7 +6,7 @@ connections (new ones that send nothing, keep-alive ones after a request) and wi
 connections in the middle of a request head, and checks that the engines keep their pids and
 stay Ready, that ``/health`` and a chat answer while idle connections fill the cap, that the
 connections past the cap are refused with 503 + ``Retry-After`` when none is idle, and that
-the soft limit is raised to the hard one. With the cap turned off (``maxClientConnections:
+the soft limit is raised to the hard one (in `up`, `llmplane gateway` and their workers). With the cap turned off (``maxClientConnections:
 0``) the descriptors do run out: the probes that cannot be made must not stop an engine.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from llmplane.fdlimit import client_connection_cap
-from llmplane.testing import Processes, Up, always, wait_for
+from llmplane.testing import Process, Processes, Up, always, wait_for
 from tests.integration.upcli import http, sim_fleet, status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,3 +275,18 @@ def test_own_shortage_is_not_blamed_on_the_engines(tmp_path: Path, processes: Pr
     output = up.output()
     assert output.count("short of its own resources") == 1, output[-3000:]
     assert "liveness probe failed" not in output and "restarting" not in output, output[-3000:]
+
+
+def test_llmplane_gateway_raises_the_soft_limit_for_its_workers(
+    tmp_path: Path, processes: Processes
+) -> None:
+    argv = ["prlimit", "--nofile=256:4096", sys.executable, "-m", "llmplane.cli", "gateway"]
+    argv += ["--port", "0", "--state-dir", str(tmp_path / "state"), "--workers", "2"]
+    gateway = processes.start(Process(argv, name="llmplane gateway --workers 2"))[0]
+    workers = wait_for(
+        lambda: len(kids := _children(gateway.pid)) == 2 and kids, 10, what="two workers"
+    )
+    for pid in {gateway.pid, *workers}:
+        assert limits(pid) == (4096, 4096), pid
+    code, _, body = http(f"{gateway.url}/health")
+    assert code == 200, body
