@@ -6,8 +6,9 @@ connections (new ones that send nothing, keep-alive ones after a request) and wi
 connections in the middle of a request head, and checks that the engines keep their pids and
 stay Ready, that ``/health`` and a chat answer while idle connections fill the cap, that the
 connections past the cap are refused with 503 + ``Retry-After`` when none is idle, and that
-the soft limit is raised to the hard one (in `up`, `llmplane gateway` and their workers). With the cap turned off (``maxClientConnections:
-0``) the descriptors do run out: the probes that cannot be made must not stop an engine.
+the soft limit is raised to the hard one (``up``, ``llmplane gateway`` and their workers).
+With the cap turned off (``maxClientConnections: 0``) the descriptors do run out: the probes
+that cannot be made must not stop an engine.
 """
 
 from __future__ import annotations
