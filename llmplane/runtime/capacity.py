@@ -4,9 +4,9 @@ a time.
 ``replicas: 100000`` was accepted and made ``llmplane up`` fork engines for minutes. The
 ceiling belongs to this machine, not to the API: the resource schema (and so the CRDs) has no
 upper bound, because on Kubernetes the cluster's quotas and schedulers decide what fits.
-Embedded, ``llmplane apply`` and ``up -f`` refuse an object over it (nothing is stored) and
-the local runtime never starts more than it for one workload, whatever reached the store
-(an autoscaler without ``maxReplicas``, a store written elsewhere). Defaults are in
+Embedded, ``llmplane apply`` and ``up -f`` refuse an object over it (nothing is stored), the
+autoscaler never scales past it, and the local runtime never starts more than it for one
+workload, whatever reached the store (a store written elsewhere). Defaults are in
 docs/security.md ("Replicas").
 """
 

@@ -112,7 +112,7 @@ class Workload:
 
     def wanted(self) -> int:
         """Replicas to run: the plan's, at most the runtime's ceiling (``capacity.py``; what
-        reached the store past ``apply``'s check, an autoscaler without maxReplicas)."""
+        reached the store past ``apply``'s check and the autoscaler's)."""
         return min(self.plan.replicas, self.runtime.max_replicas)
 
     def start(self, index: int) -> None:

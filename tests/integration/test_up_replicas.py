@@ -94,7 +94,7 @@ def test_up_refuses_files_over_the_ceiling_and_runs_no_more_than_it(
     assert "spec.replicas: 3 is over this machine's limit of 2" in refused.output()
     assert spec_replicas(state) is None, "up stored a file it refused"
 
-    # Past apply's check (an autoscaler without maxReplicas, a store written elsewhere), the
+    # Past apply's check (a store written elsewhere, by an older llmplane), the
     # runtime still runs no more than the ceiling, and says why.
     with open_store(state) as store:
         for doc in _docs(fleet(tmp_path, 4)):
