@@ -14,6 +14,7 @@ that cannot be made must not stop an engine.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -291,3 +292,35 @@ def test_llmplane_gateway_raises_the_soft_limit_for_its_workers(
         assert limits(pid) == (4096, 4096), pid
     code, _, body = http(f"{gateway.url}/health")
     assert code == 200, body
+
+
+def test_an_engine_restart_that_finds_up_out_of_descriptors_waits_without_blame(
+    tmp_path: Path, processes: Processes
+) -> None:
+    up = start_up(processes, tmp_path, "256:256", gateway=", maxClientConnections: 0")
+    pids = up.engine_pids()
+    victim = max(pids)
+    with held() as idle:
+        for _ in range(400):
+            with contextlib.suppress(OSError):
+                connect(up, idle)
+        wait_for(lambda: "short of its own resources" in up.output(), 10, what="no descriptors")
+        os.kill(victim, signal.SIGKILL)  # a real crash: restarted after its back-off (10 s)
+        # The restart cannot get a descriptor: ShortOfResources, not a crash loop.
+        why = wait_for(
+            lambda: (
+                "ShortOfResources" in str(status(up.state_dir, "Service", MODEL))
+                and str(status(up.state_dir, "Service", MODEL))
+            ),
+            30,
+            what="the restart to wait for descriptors",
+        )
+        assert "could not start the engine" in why and "Too many open files" in why, why
+        assert "CrashLoopBackOff" not in str(status(up.state_dir, "Service", MODEL))
+    # Descriptors back: started at the next try (2 s), not after a doubled back-off (20 s).
+    wait_for(
+        lambda: status(up.state_dir, "Playground", MODEL).get("readyReplicas") == 2,
+        8,
+        what="the engine started again once descriptors are back",
+    )
+    assert len(up.engine_pids() & pids) == 1 and victim not in up.engine_pids()
