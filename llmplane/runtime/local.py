@@ -22,9 +22,7 @@ from typing import IO
 import aiohttp
 
 from llmplane.controlplane.plan import WorkloadPlan
-from llmplane.runtime import logs
-from llmplane.runtime.capacity import replica_ceiling
-from llmplane.runtime.capacity import start_concurrency as capacity_start_concurrency
+from llmplane.runtime import capacity, logs
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import free_port
 from llmplane.runtime.placement import NVIDIA_GPU, DevicePool, detect_nvidia_gpus
@@ -91,8 +89,8 @@ class LocalRuntime:
         self.devices = DevicePool(
             {NVIDIA_GPU: list(gpus) if gpus is not None else detect_nvidia_gpus()}
         )
-        self.max_replicas = max_replicas if max_replicas is not None else replica_ceiling()
-        self.starting = asyncio.Semaphore(start_concurrency or capacity_start_concurrency())
+        self.max_replicas = max_replicas if max_replicas is not None else capacity.replica_ceiling()
+        self.starting = asyncio.Semaphore(start_concurrency or capacity.start_concurrency())
         self.forking = asyncio.Lock()  # one fork at a time: each blocks the event loop
         self.table = ProcessTable(self.state_dir / "runtime" / "processes.json")
         self._workloads: dict[str, Workload] = {}
