@@ -88,6 +88,16 @@ def _read(files: list[str]) -> Parsed:
     return parsed
 
 
+def _check_capacity(resources: list[Resource]) -> None:
+    """What the embedded runtime cannot run is refused before anything is stored (the
+    replica ceiling, llmplane/runtime/capacity.py; Kubernetes has no such ceiling)."""
+    from llmplane.runtime import capacity
+
+    problems = capacity.check(resources)
+    if problems:
+        raise InvalidResources(problems)
+
+
 def _warn(warnings: list[str]) -> None:
     for w in warnings:
         err.print(f"[yellow]Warning:[/] {w}")
@@ -123,6 +133,7 @@ def apply(
     """Create or update resources. If any document is invalid, nothing is stored."""
     parsed = _read(files)
     _warn(parsed.warnings)
+    _check_capacity(parsed.resources)
     store = _store(state_dir)
     docs = [dump_resource(r) for r in parsed.resources]
     before = [_get_or_none(store, d) for d in docs]
@@ -466,9 +477,14 @@ def up(
 
     from rich.logging import RichHandler
 
+    from llmplane.runtime.capacity import CeilingSettingError, replica_ceiling
     from llmplane.store.paths import state_dir as resolve_state_dir
     from llmplane.up import run_up
 
+    try:
+        replica_ceiling()  # a bad LLMPLANE_MAX_REPLICAS is one line now, not a traceback later
+    except CeilingSettingError as e:
+        fail(str(e))
     gpu_ids = None
     if gpus is not None:
         from llmplane.runtime.placement import parse_device_list
@@ -481,6 +497,7 @@ def up(
     if files:
         parsed = _read(files)
         _warn(parsed.warnings)
+        _check_capacity(parsed.resources)
         docs = [dump_resource(r) for r in parsed.resources]
     if port:
         with socket.socket() as probe:
@@ -512,6 +529,9 @@ def up(
         handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    from llmplane.fdlimit import raise_open_files
+
+    raise_open_files()  # before the workers fork (they inherit it): llmplane/fdlimit.py
     if access_log:
         import sys
 

@@ -257,8 +257,14 @@ class Autoscaler:
             replica_requests(self.store.get("Service", pg.name, pg.namespace)),
             now,
         )
-        if decision.desired != current:
-            self._scale(pg, decision.desired, decision.reason, current)
+        desired, reason = decision.desired, decision.reason
+        # The embedded runtime's replica ceiling (runtime/capacity.py): a Playground without
+        # maxReplicas must not be scaled past what this machine runs for one object.
+        ceiling = getattr(self.runtime, "max_replicas", None)
+        if ceiling is not None and desired > ceiling:
+            desired, reason = ceiling, f"{reason}; limited to {ceiling} (this machine's ceiling)"
+        if desired != current:
+            self._scale(pg, desired, reason, current)
 
     def _scale(self, pg: Playground, desired: int, reason: str, current: int) -> None:
         obj = self.store.get("Playground", pg.name, pg.namespace)

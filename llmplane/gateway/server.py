@@ -30,7 +30,7 @@ from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
 from llmplane.gateway.auth import SECRET_KIND, Authenticator, Tenant
 from llmplane.gateway.clip import clip
-from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.config import GatewayConfig, client_connection_limit
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
@@ -202,7 +202,7 @@ class Gateway:
             keepalive_timeout=self.config.client_keepalive_timeout,
             header_timeout=self.config.client_header_timeout,
             body_timeout=self.config.client_body_timeout,
-            max_connections=self.config.max_client_connections,
+            max_connections=client_connection_limit(self.config),
             guard=make_guard(host, self.config.allowed_hosts),
         )
         self.host = host
@@ -214,7 +214,12 @@ class Gateway:
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
         )
-        log.info("gateway listening on %s:%d", host, self.port)
+        log.info(
+            "gateway listening on %s:%d (client connections at most %s)",
+            host,
+            self.port,
+            self.http.max_connections or "unlimited",
+        )
         if not self.auth.loopback and self.auth.table.tenants == 0:
             log.warning(
                 "listening on %s, beyond loopback, and no Tenant exists: every inference "

@@ -28,6 +28,11 @@ LISTENS_BEYOND_LOOPBACK = "ListensBeyondLoopback"
 # its back-off like the others, but it is not known to be failing, so the gateway holds
 # requests for it (activator) instead of answering that the engine fails.
 RESTARTING = "Restarting"
+# llmplane itself ran short of descriptors, memory or processes starting the engine: the
+# replica waits and tries again; the engine is not blamed (no back-off, no restart counted).
+SHORT_OF_RESOURCES = "ShortOfResources"
+# A workload asking for more replicas than the embedded runtime runs per object (capacity.py).
+OVER_REPLICA_CEILING = "OverReplicaCeiling"
 # Reasons a replica waits out a restart back-off with.
 RESTART_REASONS = (CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED, RESTARTING)
 
