@@ -16,9 +16,11 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
   ``/v1``), always 200, so the page learns it needs a key without a 401 (which the browser
   logs as a failed resource).
 
-Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). Without
-tenants everything is allowed, as the rest of the gateway is; when tenants and an admin key
-exist, pass a check of that key here (the static files carry no data and stay public).
+Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). By default
+(``key_refusal``): the admin key when one is configured; else, once the gateway asks inference
+requests for a key (a Tenant exists, or it listens beyond loopback), any live tenant key; else
+nothing, as the rest of a loopback gateway. The static files carry no data and stay public.
+Whatever is shown has its credentials masked (``redact.py``): resources, fleet messages, logs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from llmplane.console.fleet import snapshot
-from llmplane.console.redact import redact
+from llmplane.console.redact import redact, redact_text
 from llmplane.console.stats import RequestStats, peer_totals, report_totals
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import Response
@@ -113,6 +115,23 @@ def route_sources(table: Any) -> list[dict[str, str]]:
     return out
 
 
+def key_refusal(auth: Any, headers: Any) -> str | None:
+    """Why the console's API refuses a request's key (None: it may read): the admin key once
+    one is configured; else any live tenant key once inference needs a key."""
+    if auth.admin is not None:
+        return auth.admin_refusal(headers)
+    if not auth.enabled:
+        return None
+    try:
+        auth.caller(headers)
+    except GatewayError:
+        return (
+            "the console's API needs a key once a Tenant exists: a tenant's key, or the admin "
+            "key (gateway.adminKeyHash) when one is configured"
+        )
+    return None
+
+
 class Console:
     """The console as a gateway extension."""
 
@@ -122,8 +141,8 @@ class Console:
         self.gateway = gateway
         self.runtime = runtime
         auth = getattr(gateway, "auth", None)
-        if authorize is None and auth is not None:  # the gateway's admin key, if it has one
-            authorize = lambda request: auth.admin_refusal(request.headers)  # noqa: E731
+        if authorize is None and auth is not None:
+            authorize = lambda request: key_refusal(auth, request.headers)  # noqa: E731
         self.authorize = authorize
         seat = getattr(gateway, "seat", None)  # --workers N: count every worker's requests
         several = seat is not None and seat.workers > 1
@@ -193,7 +212,7 @@ class Console:
             return refused
         data = snapshot(self.gateway.store, self.runtime, self.gateway, self.stats.prefix_hit_rate)
         data["embedded"] = self.runtime is not None
-        return _json(data)
+        return _json(redact(data))
 
     async def series(self, request: Any) -> Any:
         if (refused := self._refused(request)) is not None:
@@ -244,6 +263,7 @@ class Console:
             text, note = "", f"replica {replica} of {key} has no log yet"
         else:
             note = ""
+        text = redact_text(text)
         return _json({"workload": key, "replica": int(replica), "text": text, "note": note})
 
 

@@ -45,7 +45,13 @@ from llmplane.gateway.proxy import Proxy
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
+from llmplane.gateway.routing import (
+    ROUTE_KINDS,
+    Decision,
+    RoutingTable,
+    build_table,
+    model_not_found,
+)
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
@@ -363,6 +369,9 @@ class Gateway:
         try:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
         except GatewayError as err:
+            if tenant is not None and err.code == "model_not_found":  # name only the key's
+                names = [n for n in self.table.model_names() if tenant.allows(n)]
+                raise model_not_found(inference.model, names) from None
             return self._route_held(ctx, reservations, tenant, err)
         if not decision.backend.candidates and inference.model in self.table.activatable:
             return self._route_held(ctx, reservations, tenant, None)
