@@ -209,7 +209,7 @@ class Gateway:
             header_timeout=self.config.client_header_timeout,
             body_timeout=self.config.client_body_timeout,
             max_connections=self.config.max_client_connections,
-            guard=make_guard(host, self.config.allowed_hosts),
+            guard=make_guard(host, self.config.allowed_hosts, self.config.allowed_origins),
         )
         self.host = host
         self.auth.loopback = is_loopback(host)
