@@ -13,7 +13,7 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
 - ``resources``: every stored object of every kind, as YAML (credentials masked);
 - ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only);
 - ``whoami``: what the presented key may do (``admin``: read the console API; ``chat``: call
-  ``/v1``), always 200, so the page learns it needs a key without a 401 (which the browser
+  ``/v1``; ``adminKey``: whether reading needs the admin key or a tenant's), always 200, so the page learns it needs a key without a 401 (which the browser
   logs as a failed resource).
 
 Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). By default
@@ -200,7 +200,8 @@ class Console:
                 chat = False
             else:
                 tenant = caller.name if caller is not None else None
-        return _json({"admin": admin, "chat": chat, "tenant": tenant})
+        admin_key = getattr(auth, "admin", None) is not None
+        return _json({"admin": admin, "chat": chat, "tenant": tenant, "adminKey": admin_key})
 
     async def models(self, request: Any) -> Any:
         if (refused := self._refused(request)) is not None:

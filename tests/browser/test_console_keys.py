@@ -30,12 +30,21 @@ spec:
 def keyed(tmp_path: Path) -> Iterator[tuple[Up, str, str]]:
     """``up`` with an admin key configured and a Tenant holding one key: (up, admin, tenant key)."""
     lines = cli("keys", "admin", state_dir=None).stdout.splitlines()
-    admin = lines[1]
     config = tmp_path / "gateway.yaml"
     config.write_text("\n".join(lines[3:]) + "\n")
+    yield from _up_with_tenant(tmp_path, lines[1], ["--gateway-config", str(config)])
+
+
+@pytest.fixture
+def tenant_only(tmp_path: Path) -> Iterator[tuple[Up, str, str]]:
+    """The same without an admin key: (up, "", tenant key)."""
+    yield from _up_with_tenant(tmp_path, "", [])
+
+
+def _up_with_tenant(tmp_path: Path, admin: str, args: list[str]) -> Iterator[tuple[Up, str, str]]:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(sim_fleet("tiny", 1, time_scale="3", playground="chat"))
-    up = Up(tmp_path / "state", str(fleet), args=["--gateway-config", str(config)]).start()
+    up = Up(tmp_path / "state", str(fleet), args=args).start()
     try:
         wait_for(
             lambda: status(up.state_dir, "Playground", "chat").get("readyReplicas") == 1,
@@ -134,3 +143,31 @@ def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> 
     assert not d.find_elements(By.CSS_SELECTOR, ".msg.assistant.error")
     assert tenant_key not in d.page_source
     browser.screenshot("chat-with-key")
+
+
+def test_without_an_admin_key_a_tenant_key_reads_the_console(
+    tenant_only: tuple[Up, str, str], browser: Browser
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    up, _, tenant_key = tenant_only
+    d = browser.driver
+    d.get(f"{up.url}/console/#fleet")
+    until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
+    assert "tenant API key" in d.find_element(By.ID, "key-kind").text
+    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
+    enter_key(browser, "llmp-wrong-key")
+    until(
+        browser,
+        lambda d: "not a live API key" in d.find_element(By.ID, "key-error").text,
+        "the wrong-key message",
+    )
+    enter_key(browser, tenant_key)
+    badge = '[data-workload="default/chat"] [data-testid="replicas"]'
+    until(
+        browser,
+        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, badge)] == ["1/1 ready"],
+        "the fleet page with the tenant key",
+    )
+    assert not d.find_element(By.ID, "key-panel").is_displayed()
+    assert tenant_key not in d.page_source

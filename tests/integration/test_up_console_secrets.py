@@ -132,7 +132,8 @@ def test_console_masks_credentials_and_needs_a_key_once_tenants_exist(
         assert _get(up, f"/console/api/{path}", "llmp-wrong-key")[0] == 401, path
     code, resources = _get(up, "/console/api/resources", key)
     assert code == 200
-    assert _get(up, "/console/api/whoami") == (200, {"admin": False, "chat": False, "tenant": None})
+    nobody = {"admin": False, "chat": False, "tenant": None, "adminKey": False}
+    assert _get(up, "/console/api/whoami") == (200, nobody)
     assert _get(up, "/console/api/whoami", key)[1]["admin"] is True
 
     # The Tenant's key salt and hash are in the store and nowhere in the console.
