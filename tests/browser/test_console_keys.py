@@ -76,34 +76,38 @@ def enter_key(browser: Browser, key: str) -> None:
     d.find_element(By.ID, "key-save").click()
 
 
+def unlock_fleet(browser: Browser, up: Up, asks: str, refusal: str, key: str) -> None:
+    """Open the Fleet page: the prompt (saying ``asks``) comes first, a wrong key gets
+    ``refusal`` and the prompt stays, ``key`` shows the fleet."""
+    from selenium.webdriver.common.by import By
+
+    d = browser.driver
+    d.get(f"{up.url}/console/#fleet")
+    until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
+    assert asks in d.find_element(By.ID, "key-kind").text
+    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
+    enter_key(browser, "llmp-wrong-key")
+    until(browser, lambda d: refusal in d.find_element(By.ID, "key-error").text, "the refusal")
+    assert d.find_element(By.ID, "key-panel").is_displayed()
+    browser.screenshot(f"wrong-key-{asks.split()[0]}")
+    enter_key(browser, key)
+    badge = '[data-workload="default/chat"] [data-testid="replicas"]'
+    until(
+        browser,
+        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, badge)] == ["1/1 ready"],
+        "the fleet page after the key",
+    )
+    assert not d.find_element(By.ID, "key-panel").is_displayed()
+
+
 def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
     up, admin, tenant_key = keyed
     d = browser.driver
-    d.get(f"{up.url}/console/#fleet")
-
     # --- the prompt, a wrong key, then the admin key shows the fleet --------------------------
-    until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
-    assert "admin key" in d.find_element(By.ID, "key-kind").text
-    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
-    enter_key(browser, "llmp-wrong-key")
-    until(
-        browser,
-        lambda d: "refused" in d.find_element(By.ID, "key-error").text,
-        "the wrong-key message",
-    )
-    assert d.find_element(By.ID, "key-panel").is_displayed()
-    browser.screenshot("wrong-key")
-    enter_key(browser, admin)
-    badge = '[data-workload="default/chat"] [data-testid="replicas"]'
-    until(
-        browser,
-        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, badge)] == ["1/1 ready"],
-        "the fleet page with the admin key",
-    )
-    assert not d.find_element(By.ID, "key-panel").is_displayed()
+    unlock_fleet(browser, up, "admin key", "not the admin key", admin)
     # The key is kept for the tab only and never written into the page.
     stored = d.execute_script("return sessionStorage.getItem('llmplane.key.admin')")
     assert stored == admin
@@ -148,26 +152,7 @@ def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> 
 def test_without_an_admin_key_a_tenant_key_reads_the_console(
     tenant_only: tuple[Up, str, str], browser: Browser
 ) -> None:
-    from selenium.webdriver.common.by import By
 
     up, _, tenant_key = tenant_only
-    d = browser.driver
-    d.get(f"{up.url}/console/#fleet")
-    until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
-    assert "tenant API key" in d.find_element(By.ID, "key-kind").text
-    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
-    enter_key(browser, "llmp-wrong-key")
-    until(
-        browser,
-        lambda d: "not a live API key" in d.find_element(By.ID, "key-error").text,
-        "the wrong-key message",
-    )
-    enter_key(browser, tenant_key)
-    badge = '[data-workload="default/chat"] [data-testid="replicas"]'
-    until(
-        browser,
-        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, badge)] == ["1/1 ready"],
-        "the fleet page with the tenant key",
-    )
-    assert not d.find_element(By.ID, "key-panel").is_displayed()
-    assert tenant_key not in d.page_source
+    unlock_fleet(browser, up, "tenant API key", "not a live API key", tenant_key)
+    assert tenant_key not in browser.driver.page_source

@@ -14,6 +14,7 @@ import pytest
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, Up, wait_for
 from tests.integration.openai_errors import assert_openai_error
+from tests.integration.test_up_tenants import TENANT  # team-a, models tiny-a*
 from tests.integration.upcli import cli, http, sim_fleet, status
 
 # Every value below is a credential the console must never show.
@@ -35,13 +36,6 @@ ENGINE_ARGS = [
     "--lora-modules",
     f"ad=https://user:{URL_SECRETS[0]}@hub.example/ad?token={URL_SECRETS[1]}&sig={URL_SECRETS[2]}",
 ]
-TENANT = """
-apiVersion: llmplane.io/v1alpha1
-kind: Tenant
-metadata: {name: team-a}
-spec:
-  models: ["tiny-a*"]
-"""
 TENANT_ALL = """
 apiVersion: llmplane.io/v1alpha1
 kind: Tenant
