@@ -1,4 +1,5 @@
-"""Who may talk to the gateway from a browser: Host and Content-Type checks on every request.
+"""Who may talk to the gateway from a browser: Origin, Host and Content-Type checks on every
+request.
 
 A gateway on loopback is still reachable from any web page the same machine's browser opens:
 a page may POST a "simple" request (``text/plain``, form encodings: no CORS preflight) to
@@ -118,7 +119,15 @@ def make_guard(
 
     def guard(request: HttpRequest) -> Response | None:
         headers = request.headers
-        if not any_origin and (foreign := cross_site(request, origins)) is not None:
+        if (
+            # Clients outside browsers send neither header: two lookups, no call.
+            (
+                dict.get(headers, "origin") is not None
+                or dict.get(headers, "sec-fetch-site") is not None
+            )
+            and not any_origin
+            and (foreign := cross_site(request, origins)) is not None
+        ):
             return GatewayError(
                 403,
                 f"{foreign}: requests from web pages on other origins are refused (add the "
