@@ -13,13 +13,14 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
 - ``resources``: every stored object of every kind, as YAML (credentials masked);
 - ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only);
 - ``whoami``: what the presented key may do (``admin``: read the console API; ``chat``: call
-  ``/v1``; ``adminKey``: whether reading needs the admin key or a tenant's), always 200, so the page learns it needs a key without a 401 (which the browser
+  ``/v1``; ``adminKey``: whether an admin key is configured), always 200, so the page learns it needs a key without a 401 (which the browser
   logs as a failed resource).
 
 Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). By default
-(``key_refusal``): the admin key when one is configured; else, once the gateway asks inference
-requests for a key (a Tenant exists, or it listens beyond loopback), any live tenant key; else
-nothing, as the rest of a loopback gateway. The static files carry no data and stay public.
+(``key_refusal``): the admin key when one is configured, or once the gateway asks inference
+requests for a key (a Tenant exists, or it listens beyond loopback; without an admin key
+configured, nobody then reads it); else nothing, as the rest of a loopback gateway. The static
+files carry no data and stay public.
 Whatever is shown has its credentials masked (``redact.py``): resources, fleet messages, logs.
 """
 
@@ -116,20 +117,18 @@ def route_sources(table: Any) -> list[dict[str, str]]:
 
 
 def key_refusal(auth: Any, headers: Any) -> str | None:
-    """Why the console's API refuses a request's key (None: it may read): the admin key once
-    one is configured; else any live tenant key once inference needs a key."""
+    """Why the console's API refuses a request (None: it may read): the admin key once one is
+    configured, and once inference needs a key (a Tenant exists, or the gateway listens beyond
+    loopback) whether or not one is. A tenant's key never reads it: tenants call models, the
+    console shows every tenant's models, replicas and logs."""
     if auth.admin is not None:
         return auth.admin_refusal(headers)
     if not auth.enabled:
         return None
-    try:
-        auth.caller(headers)
-    except GatewayError:
-        return (
-            "the console's API needs a key once a Tenant exists: a tenant's key, or the admin "
-            "key (gateway.adminKeyHash) when one is configured"
-        )
-    return None
+    return (
+        "the console's API needs the admin key once a Tenant exists, and none is configured: "
+        "run `llmplane keys admin` and start with the setting it prints (--gateway-config)"
+    )
 
 
 class Console:

@@ -76,28 +76,19 @@ def enter_key(browser: Browser, key: str) -> None:
     d.find_element(By.ID, "key-save").click()
 
 
-def unlock_fleet(browser: Browser, up: Up, asks: str, refusal: str, key: str) -> None:
-    """Open the Fleet page: the prompt (saying ``asks``) comes first, a wrong key gets
-    ``refusal`` and the prompt stays, ``key`` shows the fleet."""
+def prompt_refuses(browser: Browser, up: Up, asks: str, refusal: str, key: str) -> None:
+    """Open the Fleet page: the prompt (saying ``asks``) comes first, ``key`` gets ``refusal``
+    and the prompt stays, with no fleet shown."""
     from selenium.webdriver.common.by import By
 
     d = browser.driver
     d.get(f"{up.url}/console/#fleet")
     until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
     assert asks in d.find_element(By.ID, "key-kind").text
-    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
-    enter_key(browser, "llmp-wrong-key")
+    enter_key(browser, key)
     until(browser, lambda d: refusal in d.find_element(By.ID, "key-error").text, "the refusal")
     assert d.find_element(By.ID, "key-panel").is_displayed()
-    browser.screenshot(f"wrong-key-{asks.split()[0]}")
-    enter_key(browser, key)
-    badge = '[data-workload="default/chat"] [data-testid="replicas"]'
-    until(
-        browser,
-        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, badge)] == ["1/1 ready"],
-        "the fleet page after the key",
-    )
-    assert not d.find_element(By.ID, "key-panel").is_displayed()
+    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
 
 
 def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> None:
@@ -107,7 +98,16 @@ def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> 
     up, admin, tenant_key = keyed
     d = browser.driver
     # --- the prompt, a wrong key, then the admin key shows the fleet --------------------------
-    unlock_fleet(browser, up, "admin key", "not the admin key", admin)
+    prompt_refuses(browser, up, "admin key", "not the admin key", "llmp-wrong-key")
+    browser.screenshot("wrong-key")
+    enter_key(browser, admin)
+    badge = '[data-workload="default/chat"] [data-testid="replicas"]'
+    until(
+        browser,
+        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, badge)] == ["1/1 ready"],
+        "the fleet page with the admin key",
+    )
+    assert not d.find_element(By.ID, "key-panel").is_displayed()
     # The key is kept for the tab only and never written into the page.
     stored = d.execute_script("return sessionStorage.getItem('llmplane.key.admin')")
     assert stored == admin
@@ -149,10 +149,9 @@ def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> 
     browser.screenshot("chat-with-key")
 
 
-def test_without_an_admin_key_a_tenant_key_reads_the_console(
+def test_without_an_admin_key_a_tenant_key_does_not_read_the_console(
     tenant_only: tuple[Up, str, str], browser: Browser
 ) -> None:
-
     up, _, tenant_key = tenant_only
-    unlock_fleet(browser, up, "tenant API key", "not a live API key", tenant_key)
+    prompt_refuses(browser, up, "none is configured", "no admin key is configured", tenant_key)
     assert tenant_key not in browser.driver.page_source

@@ -14,7 +14,7 @@ import pytest
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, Up, wait_for
 from tests.integration.openai_errors import assert_openai_error
-from tests.integration.test_up_tenants import TENANT  # team-a, models tiny-a*
+from tests.integration.test_up_tenants import TENANT, _admin_key  # team-a: tiny-a*
 from tests.integration.upcli import cli, http, sim_fleet, status
 
 # Every value below is a credential the console must never show.
@@ -53,11 +53,10 @@ def _fleet_yaml() -> str:
     return sim_fleet("tiny-a", 1) + "---" + with_env + "---" + leaky
 
 
-@pytest.fixture
-def up(tmp_path: Path, processes: Processes) -> Up:
+def _start(tmp_path: Path, processes: Processes, args: list[str]) -> Up:
     path = tmp_path / "fleet.yaml"
     path.write_text(_fleet_yaml())
-    up = processes.up(tmp_path / "state", str(path))
+    up = processes.up(tmp_path / "state", str(path), args=args)
     for name in ("tiny-a", "tiny-b"):
         wait_for(
             lambda n=name: status(up.state_dir, "Playground", n).get("readyReplicas") == 1,
@@ -65,6 +64,18 @@ def up(tmp_path: Path, processes: Processes) -> Up:
             what=f"Playground {name} ready",
         )
     return up
+
+
+@pytest.fixture
+def up(tmp_path: Path, processes: Processes) -> Up:
+    return _start(tmp_path, processes, [])
+
+
+@pytest.fixture
+def admin_up(tmp_path: Path, processes: Processes) -> tuple[Up, str]:
+    """``up`` with an admin key configured: (up, the admin key)."""
+    admin, config = _admin_key(tmp_path)
+    return _start(tmp_path, processes, ["--gateway-config", str(config)]), admin
 
 
 def _get(up: Up, path: str, key: str | None = None) -> tuple[int, Any]:
@@ -118,28 +129,37 @@ def test_console_masks_credentials_and_needs_a_key_once_tenants_exist(
     code, fleet = _get(up, "/console/api/fleet")
     assert code == 200 and not _leaks(orjson.dumps(fleet).decode(), secrets)
 
-    # A Tenant with a key: the console's API needs a live key (no admin key is configured).
+    # A Tenant with a key and no admin key configured: nobody reads the console's API, the
+    # tenant's key included, and the answer says how to configure an admin key.
     key = _tenant_key(up.state_dir, tmp_path, TENANT, "team-a")
     wait_for(lambda: _get(up, "/console/api/fleet")[0] == 401, 30, what="console API 401")
     for path in ("models", "fleet", "stats", "resources", "logs?workload=default/leaky&replica=0"):
-        assert _get(up, f"/console/api/{path}")[0] == 401, path
-        assert _get(up, f"/console/api/{path}", "llmp-wrong-key")[0] == 401, path
-    code, resources = _get(up, "/console/api/resources", key)
-    assert code == 200
+        for presented in (None, "llmp-wrong-key", key):
+            code, doc = _get(up, f"/console/api/{path}", presented)
+            assert code == 401 and "llmplane keys admin" in doc["error"]["message"], (path, doc)
     nobody = {"admin": False, "chat": False, "tenant": None, "adminKey": False}
     assert _get(up, "/console/api/whoami") == (200, nobody)
-    assert _get(up, "/console/api/whoami", key)[1]["admin"] is True
+    tenant = {"admin": False, "chat": True, "tenant": "team-a", "adminKey": False}
+    assert _get(up, "/console/api/whoami", key) == (200, tenant)
 
+
+def test_with_the_admin_key_tenant_key_salts_and_hashes_stay_hidden(
+    admin_up: tuple[Up, str], tmp_path: Path
+) -> None:
+    up, admin = admin_up
+    key = _tenant_key(up.state_dir, tmp_path, TENANT, "team-a")
+    wait_for(lambda: _get(up, "/console/api/whoami", key)[1]["chat"], 30, what="the key live")
+    assert _get(up, "/console/api/resources", key)[0] == 401
+    code, resources = _get(up, "/console/api/resources", admin)
+    assert code == 200
     # The Tenant's key salt and hash are in the store and nowhere in the console.
     with open_store(up.state_dir) as store:
         stored = store.get("Tenant", "team-a", "default")
     assert stored is not None
-    salts = [k["salt"] for k in stored["spec"]["keys"]] + [
-        k["hash"] for k in stored["spec"]["keys"]
-    ]
+    hidden = [k[f] for k in stored["spec"]["keys"] for f in ("salt", "hash")]
     text = orjson.dumps(resources).decode()
-    assert salts and not _leaks(text, salts)
-    assert not _leaks(text, secrets)
+    assert hidden and not _leaks(text, hidden)
+    assert "team-a" in text and not _leaks(text, [*ENV_SECRETS.values(), *ARG_SECRETS])
 
 
 def _unknown(up: Up, model: str, key: str) -> tuple[int, dict[str, Any]]:

@@ -27,15 +27,15 @@ function h(tag, attrs, ...children) {
 function $(id) { return document.getElementById(id); }
 
 // --- keys ------------------------------------------------------------------------------------
-// Once a Tenant or an admin key exists, the console API wants a key (the admin key when one
-// is configured, else a tenant's) and chat a tenant key. The page asks whoami (always 200) before using a key, so a missing or wrong key shows
+// Once a Tenant or an admin key exists, the console API wants the admin key and chat a tenant
+// key. The page asks whoami (always 200) before using a key, so a missing or wrong key shows
 // the key prompt instead of a 401 in the browser. Keys live in sessionStorage only (gone with
 // the tab), are sent as `Authorization: Bearer`, and never written into the page.
 
 const auth = {
   storage: { admin: "llmplane.key.admin", chat: "llmplane.key.chat" },
   ok: { admin: false, chat: false },
-  adminKey: true, // whoami: is an admin key configured (else a tenant key reads the console)
+  adminKey: true, // whoami: is an admin key configured (else no key reads the console)
   pending: { admin: null, chat: null },
   waiters: [],
 
@@ -88,7 +88,8 @@ const auth = {
       ? "Chat needs a tenant API key (llmplane keys create TENANT)."
       : this.adminKey
         ? "This console needs the admin key (llmplane keys admin) to read the fleet."
-        : "This console needs a tenant API key (llmplane keys create TENANT) to read the fleet.";
+        : "This console needs the admin key, and none is configured: run llmplane keys admin " +
+          "and start with the setting it prints (--gateway-config).";
     $("key-error").textContent = "";
     $("key-input").value = "";
     $("key-panel").hidden = false;
@@ -109,9 +110,11 @@ const auth = {
       return;
     }
     if (!good) {
-      $("key-error").textContent = next.kind === "admin" && this.adminKey
-        ? "That key was refused: it is not the admin key."
-        : "That key was refused: it is not a live API key of a tenant.";
+      $("key-error").textContent = next.kind !== "admin"
+        ? "That key was refused: it is not a live API key of a tenant."
+        : this.adminKey
+          ? "That key was refused: it is not the admin key."
+          : "That key was refused: no admin key is configured.";
       return;
     }
     sessionStorage.setItem(this.storage[next.kind], key);
