@@ -369,9 +369,6 @@ class Gateway:
         try:
             decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
         except GatewayError as err:
-            if tenant is not None and err.code == "model_not_found":  # name only the key's
-                names = [n for n in self.table.model_names() if tenant.allows(n)]
-                raise model_not_found(inference.model, names) from None
             return self._route_held(ctx, reservations, tenant, err)
         if not decision.backend.candidates and inference.model in self.table.activatable:
             return self._route_held(ctx, reservations, tenant, None)
@@ -386,21 +383,30 @@ class Gateway:
         err: GatewayError | None,
     ) -> None:
         """``route_now`` for a model without a ready replica (``err``: the table's answer):
-        held at the activator until one is ready, then the rest of the stage."""
+        held at the activator until one is ready, then the rest of the stage. A model that
+        does not exist (or no longer, after the hold) is a 404 naming the caller's models."""
         inference = ctx.inference
         assert inference is not None
         headers = ctx.request.headers
-        decision = (
-            await self._activate(err, inference, headers)
-            if err is not None
-            else await self._hold(inference, headers)
-        )
-        if err is not None and (
-            not decision.backend.candidates and inference.model in self.table.activatable
-        ):
-            # A ModelRoute / InferenceModel whose targets select no replica yet: its Playground
-            # is scaled to zero, starting or restarting (routing.py's activatable routes).
-            decision = await self._hold(inference, headers)
+        try:
+            decision = (
+                await self._activate(err, inference, headers)
+                if err is not None
+                else await self._hold(inference, headers)
+            )
+            if err is not None and (
+                not decision.backend.candidates and inference.model in self.table.activatable
+            ):
+                # A ModelRoute / InferenceModel whose targets select no replica yet: its
+                # Playground is scaled to zero, starting or restarting (routing.py's
+                # activatable routes).
+                decision = await self._hold(inference, headers)
+        except GatewayError as refused:
+            if tenant is None or refused.code != "model_not_found":
+                raise
+            # A key is told only about the models it may use.
+            names = [n for n in self.table.model_names() if tenant.allows(n)]
+            raise model_not_found(inference.model, names) from None
         self._decided(ctx, decision, tenant)
         pending = self._reserve(ctx, reservations, self._hook_calls, 0)
         if pending is not None:
