@@ -152,6 +152,31 @@ def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> 
 def test_without_an_admin_key_a_tenant_key_does_not_read_the_console(
     tenant_only: tuple[Up, str, str], browser: Browser
 ) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
     up, _, tenant_key = tenant_only
     prompt_refuses(browser, up, "none is configured", "no admin key is configured", tenant_key)
-    assert tenant_key not in browser.driver.page_source
+    # Chat still works with the tenant's key: its models come from the key's /v1/models.
+    d = browser.driver
+    d.get(f"{up.url}/console/#chat")
+    until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the chat prompt")
+    assert "tenant API key" in d.find_element(By.ID, "key-kind").text
+    enter_key(browser, tenant_key)
+    until(
+        browser,
+        lambda d: (
+            [o.text for o in d.find_elements(By.CSS_SELECTOR, "#chat-model option")] == ["tiny"]
+        ),
+        "the key's model in the model list",
+    )
+    Select(d.find_element(By.ID, "chat-model")).select_by_value("tiny")
+    d.find_element(By.ID, "chat-text").send_keys("Tell me about llamas.")
+    d.find_element(By.ID, "chat-send").click()
+    until(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .meta .tps"),
+        "the streamed answer",
+    )
+    assert not d.find_element(By.ID, "key-panel").is_displayed()
+    assert tenant_key not in d.page_source

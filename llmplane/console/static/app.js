@@ -74,6 +74,14 @@ const auth = {
 
   forget(kind) { this.ok[kind] = false; },
 
+  // Drop the open prompts for `kind`: one that no key can satisfy must not hold up chat's.
+  dismiss(kind) {
+    const first = this.waiters[0];
+    this.waiters = this.waiters.filter((w) => w.kind !== kind);
+    this.pending[kind] = null;
+    if (first && first.kind === kind) this.open();
+  },
+
   prompt(kind) {
     return new Promise((resolve) => {
       this.waiters.push({ kind, resolve });
@@ -175,8 +183,7 @@ const chat = {
 
   async loadModels() {
     try {
-      const data = await getJSON(`${API}/models`);
-      this.models = data.models;
+      this.models = await this.routable();
     } catch (err) {
       this.models = [];
     }
@@ -185,6 +192,24 @@ const chat = {
     select.replaceChildren(...this.models.map((m) => h("option", { value: m.name }, m.name)));
     if (this.models.some((m) => m.name === previous)) select.value = previous;
     this.describeModel();
+  },
+
+  // The console's list of routable names; when no admin key is configured and the console API
+  // is closed (a Tenant exists), the chat key's own /v1/models instead.
+  async routable() {
+    if (!auth.ok.admin && !(await auth.allows("admin", auth.key("admin"))) && !auth.adminKey) {
+      auth.dismiss("admin");
+      await auth.ensure("chat");
+      const resp = await fetch("/v1/models", {
+        headers: { Accept: "application/json", ...auth.headers("chat") },
+        credentials: "same-origin",
+      });
+      if (resp.status === 401) auth.forget("chat");
+      if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+      const data = await resp.json();
+      return data.data.map((m) => ({ name: m.id, via: "this key's models" }));
+    }
+    return (await getJSON(`${API}/models`)).models;
   },
 
   describeModel() {
