@@ -83,7 +83,7 @@ def cross_site(request: HttpRequest, allowed: frozenset[str]) -> str | None:
         host = dict.get(headers, "host")
         if sep and host is not None and authority == host.strip().lower():
             return None  # the gateway's own page
-        return f"Origin {origin[:100]!r}"
+        return f"Origin {shown(origin)}"
     site = dict.get(headers, "sec-fetch-site")
     if site is not None and site.lower() in ("cross-site", "same-site"):
         if (
@@ -92,7 +92,7 @@ def cross_site(request: HttpRequest, allowed: frozenset[str]) -> str | None:
             and dict.get(headers, "sec-fetch-dest") == "document"
         ):
             return None  # a link followed to a page: nothing the other site can read
-        return f"Sec-Fetch-Site {site[:20]!r}"
+        return f"Sec-Fetch-Site {shown(site)}"
     return None
 
 
