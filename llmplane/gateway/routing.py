@@ -287,14 +287,14 @@ class RoutingTable:
         )
 
 
-# --- building ----------------------------------------------------------------------------------
-
-
 def model_not_found(model: str, known: Sequence[str]) -> GatewayError:
     """The 404 for a name nothing routes, naming up to 20 of ``known``: the names the caller
-    may use (a tenant's key sees only its own, ``Gateway.route_now``)."""
+    may use (a tenant's key sees only its own, ``Gateway._route_held``)."""
     hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
     return GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
+
+
+# --- building ----------------------------------------------------------------------------------
 
 
 def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
