@@ -13,12 +13,15 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
 - ``resources``: every stored object of every kind, as YAML (credentials masked);
 - ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only);
 - ``whoami``: what the presented key may do (``admin``: read the console API; ``chat``: call
-  ``/v1``), always 200, so the page learns it needs a key without a 401 (which the browser
+  ``/v1``; ``adminKey``: whether an admin key is configured), always 200, so the page learns it needs a key without a 401 (which the browser
   logs as a failed resource).
 
-Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). Without
-tenants everything is allowed, as the rest of the gateway is; when tenants and an admin key
-exist, pass a check of that key here (the static files carry no data and stay public).
+Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). By default
+(``key_refusal``): the admin key when one is configured, or once the gateway asks inference
+requests for a key (a Tenant exists, or it listens beyond loopback; without an admin key
+configured, nobody then reads it); else nothing, as the rest of a loopback gateway. The static
+files carry no data and stay public.
+Whatever is shown has its credentials masked (``redact.py``): resources, fleet messages, logs.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from llmplane.console.fleet import snapshot
-from llmplane.console.redact import redact
+from llmplane.console.redact import redact, redact_text
 from llmplane.console.stats import RequestStats, peer_totals, report_totals
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import Response
@@ -116,6 +119,21 @@ def route_sources(table: Any) -> list[dict[str, str]]:
     return out
 
 
+def key_refusal(auth: Any, headers: Any) -> str | None:
+    """Why the console's API refuses a request (None: it may read): the admin key once one is
+    configured, and once inference needs a key (a Tenant exists, or the gateway listens beyond
+    loopback) whether or not one is. A tenant's key never reads it: tenants call models, the
+    console shows every tenant's models, replicas and logs."""
+    if auth.admin is not None:
+        return auth.admin_refusal(headers)
+    if not auth.enabled:
+        return None
+    return (
+        "the console's API needs the admin key once a Tenant exists, and none is configured: "
+        "run `llmplane keys admin` and start with the setting it prints (--gateway-config)"
+    )
+
+
 class Console:
     """The console as a gateway extension."""
 
@@ -125,8 +143,8 @@ class Console:
         self.gateway = gateway
         self.runtime = runtime
         auth = getattr(gateway, "auth", None)
-        if authorize is None and auth is not None:  # the gateway's admin key, if it has one
-            authorize = lambda request: auth.admin_refusal(request.headers)  # noqa: E731
+        if authorize is None and auth is not None:
+            authorize = lambda request: key_refusal(auth, request.headers)  # noqa: E731
         self.authorize = authorize
         seat = getattr(gateway, "seat", None)  # --workers N: count every worker's requests
         several = seat is not None and seat.workers > 1
@@ -184,7 +202,8 @@ class Console:
                 chat = False
             else:
                 tenant = caller.name if caller is not None else None
-        return _json({"admin": admin, "chat": chat, "tenant": tenant})
+        admin_key = getattr(auth, "admin", None) is not None
+        return _json({"admin": admin, "chat": chat, "tenant": tenant, "adminKey": admin_key})
 
     async def models(self, request: Any) -> Any:
         if (refused := self._refused(request)) is not None:
@@ -196,7 +215,7 @@ class Console:
             return refused
         data = snapshot(self.gateway.store, self.runtime, self.gateway, self.stats.prefix_hit_rate)
         data["embedded"] = self.runtime is not None
-        return _json(data)
+        return _json(redact(data))
 
     async def series(self, request: Any) -> Any:
         if (refused := self._refused(request)) is not None:
@@ -249,6 +268,7 @@ class Console:
             text, note = "", f"the log of replica {replica} of {key} cannot be read: {err.strerror}"
         else:
             note = ""
+        text = redact_text(text)
         return _json({"workload": key, "replica": int(replica), "text": text, "note": note})
 
 

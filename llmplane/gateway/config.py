@@ -17,6 +17,7 @@ import yaml
 from llmplane.api import safe_yaml
 from llmplane.fdlimit import client_connection_cap, open_files_limit
 from llmplane.gateway.apikeys import parse_admin_setting
+from llmplane.gateway.exposure import check_origins
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.upstream_client import KEEPALIVE_TIMEOUT
 
@@ -93,6 +94,9 @@ class GatewayConfig:
     # Host names requests may name (port ignored) besides the loopback names a gateway on a
     # loopback address always accepts; "*" accepts any. See gateway/exposure.py.
     allowed_hosts: list[str] = field(default_factory=list)
+    # Origins (scheme://host[:port], "null", "*": any) of web pages allowed to call the
+    # gateway besides its own; requests from other pages get 403. See gateway/exposure.py.
+    allowed_origins: list[str] = field(default_factory=list)
     # Activator (gateway/activator.py): requests for a model without a ready replica wait up
     # to this long (0: answer 503 at once), at most this many and this many bytes per model;
     # a 503 then says Retry-After this many seconds.
@@ -169,6 +173,11 @@ def config_from_dict(doc: dict[str, Any] | None) -> GatewayConfig:
 
 
 def _check_settings(config: GatewayConfig) -> None:
+    if isinstance(config.allowed_origins, str):
+        config.allowed_origins = [config.allowed_origins]
+    if not isinstance(config.allowed_origins, list):
+        raise ValueError("gateway.allowedOrigins: must be a list of origins")
+    check_origins(config.allowed_origins)
     if not isinstance(config.flow_control, bool):
         raise ValueError("gateway.flowControl: must be true or false")
     if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,9 +254,7 @@ class RoutingTable:
                 "scaled to zero)",
                 "no_ready_endpoint",
             )
-        known = self.model_names()
-        hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
-        raise GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
+        raise model_not_found(model, self.model_names())
 
     def _resolve_route(
         self, routes: list[_Route], model: str, lora: bool, path: str, headers: Mapping[str, str]
@@ -287,6 +285,13 @@ class RoutingTable:
             f"({', '.join(r.ref for r in routes)})",
             "no_matching_route",
         )
+
+
+def model_not_found(model: str, known: Sequence[str]) -> GatewayError:
+    """The 404 for a name nothing routes, naming up to 20 of ``known``: the names the caller
+    may use (a tenant's key sees only its own, ``Gateway._route_held``)."""
+    hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
+    return GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
 
 
 # --- building ----------------------------------------------------------------------------------

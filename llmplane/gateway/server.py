@@ -45,7 +45,13 @@ from llmplane.gateway.proxy import Proxy
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
+from llmplane.gateway.routing import (
+    ROUTE_KINDS,
+    Decision,
+    RoutingTable,
+    build_table,
+    model_not_found,
+)
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 from llmplane.gateway.scraper import Scraper
@@ -203,7 +209,7 @@ class Gateway:
             header_timeout=self.config.client_header_timeout,
             body_timeout=self.config.client_body_timeout,
             max_connections=client_connection_limit(self.config),
-            guard=make_guard(host, self.config.allowed_hosts),
+            guard=make_guard(host, self.config.allowed_hosts, self.config.allowed_origins),
         )
         self.host = host
         self.auth.loopback = is_loopback(host)
@@ -382,21 +388,30 @@ class Gateway:
         err: GatewayError | None,
     ) -> None:
         """``route_now`` for a model without a ready replica (``err``: the table's answer):
-        held at the activator until one is ready, then the rest of the stage."""
+        held at the activator until one is ready, then the rest of the stage. A model that
+        does not exist (or no longer, after the hold) is a 404 naming the caller's models."""
         inference = ctx.inference
         assert inference is not None
         headers = ctx.request.headers
-        decision = (
-            await self._activate(err, inference, headers)
-            if err is not None
-            else await self._hold(inference, headers)
-        )
-        if err is not None and (
-            not decision.backend.candidates and inference.model in self.table.activatable
-        ):
-            # A ModelRoute / InferenceModel whose targets select no replica yet: its Playground
-            # is scaled to zero, starting or restarting (routing.py's activatable routes).
-            decision = await self._hold(inference, headers)
+        try:
+            decision = (
+                await self._activate(err, inference, headers)
+                if err is not None
+                else await self._hold(inference, headers)
+            )
+            if err is not None and (
+                not decision.backend.candidates and inference.model in self.table.activatable
+            ):
+                # A ModelRoute / InferenceModel whose targets select no replica yet: its
+                # Playground is scaled to zero, starting or restarting (routing.py's
+                # activatable routes).
+                decision = await self._hold(inference, headers)
+        except GatewayError as refused:
+            if tenant is None or refused.code != "model_not_found":
+                raise
+            # A key is told only about the models it may use.
+            names = [n for n in self.table.model_names() if tenant.allows(n)]
+            raise model_not_found(inference.model, names) from None
         self._decided(ctx, decision, tenant)
         pending = self._reserve(ctx, reservations, self._hook_calls, 0)
         if pending is not None:

@@ -187,7 +187,9 @@ async def test_relists_after_410_gone_and_reports_the_difference(
                     events.append((e.type, e.key[2]))
 
             task = asyncio.create_task(collect())
-            await asyncio.sleep(0.1)
+            # The watch is open once it reports a change made now.
+            await kube.create(server("probe"))
+            await eventually(lambda: ("ADDED", "probe") in events, what="the watch open")
             # Changes the store must not miss, then compaction: open watches end and resuming
             # from their resourceVersion gets 410, so the store lists again.
             await kube.create(openmodel("other"))  # moves the global resourceVersion on
@@ -196,7 +198,10 @@ async def test_relists_after_410_gone_and_reports_the_difference(
             await kube.create(server("c"))
             await eventually(lambda: {o["metadata"]["name"] for o in store.list("ModelServer")})
             await eventually(
-                lambda: {o["metadata"]["name"] for o in store.list("ModelServer")} == {"b", "c"}
+                lambda: (
+                    {o["metadata"]["name"] for o in store.list("ModelServer")}
+                    == {"b", "c", "probe"}
+                )
             )
             await eventually(lambda: ("DELETED", "a") in events and ("ADDED", "c") in events)
             assert "modelservers: resourceVersion" in caplog.text and "is gone" in caplog.text
