@@ -27,10 +27,12 @@ from llmplane.api.gie import (
     DEFAULT_EXTENSION_PORT,
     GIE_GROUP,
     Group,
-    InferencePool as InferencePoolV1Alpha2,
     Kind,
     ObjectName,
     PortNumber,
+)
+from llmplane.api.gie import (
+    InferencePool as InferencePoolV1Alpha2,
 )
 
 GROUP = "inference.networking.k8s.io"

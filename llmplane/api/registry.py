@@ -119,7 +119,9 @@ def resolve_kind(name: str) -> type[Resource]:
     wanted = name.lower()
     for served in SERVED.values():
         cls = served.model
-        if cls is not None and wanted in {f"{n}.{cls.group}" for n in (served.kind.lower(), cls.plural)}:
+        if cls is not None and wanted in {
+            f"{n}.{cls.group}" for n in (served.kind.lower(), cls.plural)
+        }:
             return cls
     for kind, cls in KINDS.items():
         names = {kind.lower(), cls.plural, *cls.short_names}

@@ -42,7 +42,11 @@ from llmplane.api.registry import KINDS, SERVED
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_CRDS = ROOT / "deploy" / "crds"
-EXAMPLE_DIRS = [ROOT / "examples", ROOT / "examples" / "gie-v1", ROOT / "llmplane" / "engines" / "builtin"]
+EXAMPLE_DIRS = [
+    ROOT / "examples",
+    ROOT / "examples" / "gie-v1",
+    ROOT / "llmplane" / "engines" / "builtin",
+]
 LLMAZ_KINDS = ("OpenModel", "Playground", "Service", "BackendRuntime")
 KIND_NAMES = sorted(KINDS)
 
