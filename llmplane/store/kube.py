@@ -1,7 +1,8 @@
 """A read-only ``Store`` over the Kubernetes API, for the in-cluster gateway.
 
 ``KubeStore`` lists and watches the kinds the gateway reads (Playground, OpenModel, ModelRoute,
-ModelServer, InferencePool, InferenceModel and llmplane.io Endpoint) through kubernetes_asyncio
+ModelServer, InferencePool of both groups, InferenceModel, InferenceObjective,
+InferenceModelRewrite and llmplane.io Endpoint) through kubernetes_asyncio
 (in-cluster config, else kubeconfig, or an explicit server URL) and serves ``list`` / ``get``
 from an in-memory cache that the watches keep current, like a client-go informer:
 
@@ -39,6 +40,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from llmplane.api.llmplane import API_KEY_SECRET_LABEL
+from llmplane.api.registry import to_storage
 from llmplane.kube.client import connect_api
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import SECRET, Kind
@@ -53,6 +55,8 @@ GATEWAY_KINDS = (
     "ModelServer",
     "InferencePool",
     "InferenceModel",
+    "InferenceObjective",
+    "InferenceModelRewrite",
     "Endpoint",
     "Tenant",
 )
@@ -101,6 +105,9 @@ class KubeStore:
         self._changed = asyncio.Event()
         self.informers: list[Informer] = []
         watched: list[tuple[Kind, str | None]] = [(Kind.of(kind), None) for kind in self.kinds]
+        # Older groups Kubernetes serves as resources of their own (InferencePool v1alpha2):
+        # read too, kept in the storage version's shape (``_record``).
+        watched += [(k, None) for k in Kind.served_of(self.kinds)]
         if key_secrets:  # Tenant keys' hashes (keys[].secretRef), labelled Secrets only
             watched.append((SECRET, API_KEY_SECRET_LABEL))
         for resource, selector in watched:
@@ -153,6 +160,10 @@ class KubeStore:
     # --- the cache -----------------------------------------------------------------------------
 
     def _record(self, type_: str, obj: dict[str, Any]) -> None:
+        """One change; an object of an older group is kept converted to its kind's storage
+        version, under the same key (a v1 and a v1alpha2 InferencePool of one name in one
+        namespace are one pool here: the last change wins)."""
+        obj = to_storage(obj)
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace") or "", meta["name"])
         if type_ == "DELETED":
