@@ -342,3 +342,14 @@ def test_unknown_api_version_names_every_accepted_one() -> None:
     doc["apiVersion"] = "inference.networking.k8s.io/v1alpha2"
     (message,) = errors_of(doc)
     assert repr(V1) in message and repr(V1ALPHA2) in message
+
+
+def test_printer_columns_resolve_on_the_wire_form() -> None:
+    from llmplane.printing import jsonpath
+
+    data = wire(pool(endpointPickerRef={"name": "epp", "port": {"number": 9002}}))
+    cols = {name: jsonpath(data, p) for name, _, p in KINDS["InferencePool"].printer_columns}
+    assert cols == {"PORT": 8000, "EPP": "epp"}
+    data = wire(objective(priority=-2))
+    cols = {name: jsonpath(data, p) for name, _, p in KINDS["InferenceObjective"].printer_columns}
+    assert cols == {"INFERENCE POOL": "p", "PRIORITY": -2}
