@@ -16,9 +16,10 @@ import pytest
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
-from llmplane.testing import eventually
+from llmplane.testing import eventually, wait_for
+from llmplane.testing.process import gateway
 from tests.integration.openai_errors import assert_openai_error
-from tests.integration.upcli import cli
+from tests.integration.upcli import cli, http
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "gie-v1"
 POOL_LABELS = {"app": "vllm-qwen3-32b"}  # what examples/gie-v1/inferencepool.yaml selects
@@ -190,3 +191,40 @@ async def test_rewrite_to_a_missing_or_h2c_pool_is_a_503(store, processes, gatew
     assert "HTTP/1.1" in assert_openai_error(status, reply, 503, "no_backend")["message"]
     status, reply = await chat(client, gw, "to-none")
     assert "does not exist" in assert_openai_error(status, reply, 503, "no_backend")["message"]
+
+
+def test_gateway_process_routes_the_published_examples(tmp_path: Path, processes) -> None:
+    """``llmplane apply -f`` of the examples and of Endpoints for three sims in the pool, then
+    the ``llmplane gateway`` process on that store (``llmplane up`` routes to the replicas it
+    runs itself; external Endpoints are the standalone gateway's): the rewrites and an
+    objective's header work through it."""
+    endpoints = tmp_path / "endpoints.yaml"
+    docs = []
+    for i, name in enumerate(SERVED):
+        sim = processes.sim(name)
+        docs.append(
+            f"""apiVersion: llmplane.io/v1alpha1
+kind: Endpoint
+metadata: {{name: r{i}}}
+spec:
+  address: {sim.address}
+  modelName: {name}
+  engine: vllm
+  labels: {{app: vllm-qwen3-32b}}
+"""
+        )
+    endpoints.write_text("---\n".join(docs))
+    state = tmp_path / "state"
+    cli("apply", "-f", str(endpoints), "-f", str(EXAMPLES), state_dir=state)
+    (gw,) = processes.start(gateway(state_dir=state))
+
+    def ask(model: str, headers: dict[str, str] | None = None) -> str:
+        status, _, body = http(
+            f"{gw.url}/v1/completions", {"model": model, "prompt": "x", "max_tokens": 1}, headers
+        )
+        return body["model"] if status == 200 else str(body)
+
+    wait_for(lambda: ask("small-segment-lora") == "small-segment-lora-v1", 30, what="the alias")
+    objective = {"x-llm-d-inference-objective": "base-model"}
+    assert ask("small-segment-lora", objective) == "small-segment-lora-v1"
+    assert ask("nothing-serves-this") == "Qwen/Qwen3-32B"
