@@ -118,10 +118,9 @@ def resolve_kind(name: str) -> type[Resource]:
     (``inferencepools.inference.networking.x-k8s.io``) resolves to that version's model."""
     wanted = name.lower()
     for served in SERVED.values():
-        cls = served.model
-        if cls is not None and wanted in {
-            f"{n}.{cls.group}" for n in (served.kind.lower(), cls.plural)
-        }:
+        cls = served.model or KINDS[served.kind]  # no model: the storage version's schema
+        group = served.api_version.rpartition("/")[0]
+        if wanted in {f"{n}.{group}" for n in (served.kind.lower(), cls.plural)}:
             return cls
     for kind, cls in KINDS.items():
         names = {kind.lower(), cls.plural, *cls.short_names}

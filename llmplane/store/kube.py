@@ -163,7 +163,10 @@ class KubeStore:
         """One change; an object of an older group is kept converted to its kind's storage
         version, under the same key (a v1 and a v1alpha2 InferencePool of one name in one
         namespace are one pool here: the last change wins)."""
-        obj = to_storage(obj)
+        try:
+            obj = to_storage(obj)
+        except (AttributeError, TypeError, ValueError):
+            pass  # not the shape its CRD promises: kept as is, routing reports it invalid
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace") or "", meta["name"])
         if type_ == "DELETED":

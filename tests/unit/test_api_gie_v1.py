@@ -353,3 +353,13 @@ def test_printer_columns_resolve_on_the_wire_form() -> None:
     data = wire(objective(priority=-2))
     cols = {name: jsonpath(data, p) for name, _, p in KINDS["InferenceObjective"].printer_columns}
     assert cols == {"INFERENCE POOL": "p", "PRIORITY": -2}
+
+
+def test_kind_names_resolve_per_group() -> None:
+    v1alpha2 = resolve_kind("inferencepools.inference.networking.x-k8s.io")
+    assert v1alpha2.api_version_string() == V1ALPHA2
+    assert resolve_kind("inferencepool.inference.networking.k8s.io") is KINDS["InferencePool"]
+    # The old group of an objective has no schema of its own: the storage version's.
+    old = resolve_kind("inferenceobjectives.inference.networking.x-k8s.io")
+    assert old is KINDS["InferenceObjective"] and old.api_version_string() == LLMD
+    assert resolve_kind("inferencemodelrewrite.llm-d.ai") is KINDS["InferenceModelRewrite"]
