@@ -30,6 +30,7 @@ The Kubernetes plumbing (``Informer``, ``Kind``, ``connect_api``) lives in ``llm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 from collections import deque
@@ -163,10 +164,9 @@ class KubeStore:
         """One change; an object of an older group is kept converted to its kind's storage
         version, under the same key (a v1 and a v1alpha2 InferencePool of one name in one
         namespace are one pool here: the last change wins)."""
-        try:
+        # Not the shape its CRD promises: kept as is, and routing reports it invalid.
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
             obj = to_storage(obj)
-        except (AttributeError, TypeError, ValueError):
-            pass  # not the shape its CRD promises: kept as is, routing reports it invalid
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace") or "", meta["name"])
         if type_ == "DELETED":
