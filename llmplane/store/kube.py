@@ -41,7 +41,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from llmplane.api.llmplane import API_KEY_SECRET_LABEL
-from llmplane.api.registry import to_storage
+from llmplane.api.registry import SERVED, to_storage
 from llmplane.kube.client import connect_api
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import SECRET, Kind
@@ -101,6 +101,8 @@ class KubeStore:
         self.kinds = tuple(kinds)
         self.owns_api = owns_api
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # Per key, the object from the storage version's group (False) and an older one (True).
+        self._sources: dict[tuple[str, str, str], dict[bool, dict[str, Any]]] = {}
         self._log: deque[KubeWatchEvent] = deque(maxlen=history)
         self._seq = 0
         self._changed = asyncio.Event()
@@ -161,20 +163,34 @@ class KubeStore:
     # --- the cache -----------------------------------------------------------------------------
 
     def _record(self, type_: str, obj: dict[str, Any]) -> None:
-        """One change; an object of an older group is kept converted to its kind's storage
-        version, under the same key (a v1 and a v1alpha2 InferencePool of one name in one
-        namespace are one pool here: the last change wins)."""
+        """One change. An object of an older group (InferencePool v1alpha2) is kept converted to
+        its kind's storage version; when both groups hold one of the same name in the same
+        namespace, the storage version's is the one the store shows, and deleting either
+        leaves the other."""
+        older = (obj.get("apiVersion"), obj.get("kind")) in SERVED
         # Not the shape its CRD promises: kept as is, and routing reports it invalid.
         with contextlib.suppress(AttributeError, TypeError, ValueError):
             obj = to_storage(obj)
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace") or "", meta["name"])
+        sources = self._sources.setdefault(key, {})
         if type_ == "DELETED":
-            self._objects.pop(key, None)
+            sources.pop(older, None)
         else:
-            self._objects[key] = obj
+            sources[older] = obj
+        visible = sources.get(False) or sources.get(True)
+        before = self._objects.get(key)
+        if visible is None:
+            del self._sources[key]
+            self._objects.pop(key, None)
+            type_, shown = "DELETED", before or obj
+        else:
+            self._objects[key] = visible
+            if visible is before:
+                return  # the shadowed older object changed: nothing the store shows did
+            type_, shown = ("MODIFIED" if before is not None else "ADDED"), visible
         self._seq += 1
-        self._log.append(KubeWatchEvent(type_, obj, self._seq))  # type: ignore[arg-type]
+        self._log.append(KubeWatchEvent(type_, shown, self._seq))  # type: ignore[arg-type]
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
