@@ -114,8 +114,9 @@ def in_version(obj: dict[str, Any], cls: type[Resource]) -> dict[str, Any]:
 def resolve_kind(name: str) -> type[Resource]:
     """``pl``, ``playground``, ``playgrounds``, ``Playground`` and ``playgrounds.inference.llmaz.io``.
 
-    A name qualified with the group of a served version with a schema of its own
-    (``inferencepools.inference.networking.x-k8s.io``) resolves to that version's model."""
+    A name qualified with the group of a served version resolves to that version's model
+    (``inferencepools.inference.networking.x-k8s.io``: v1alpha2), or to the storage version's
+    when the schema is the same (``inferenceobjectives.inference.networking.x-k8s.io``)."""
     wanted = name.lower()
     for served in SERVED.values():
         cls = served.model or KINDS[served.kind]  # no model: the storage version's schema
