@@ -22,8 +22,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmplane.api.base import Resource
-from llmplane.api.documents import InvalidResources, Parsed, dump_resource, parse_paths, parse_text
-from llmplane.api.registry import KINDS, resolve_kind
+from llmplane.api.documents import (
+    InvalidResources,
+    Parsed,
+    parse_paths,
+    parse_text,
+    stored_form,
+)
+from llmplane.api.registry import KINDS, in_version, resolve_kind
 from llmplane.printing import age, cell, jsonpath, to_yaml
 
 if TYPE_CHECKING:
@@ -135,7 +141,7 @@ def apply(
     _warn(parsed.warnings)
     _check_capacity(parsed.resources)
     store = _store(state_dir)
-    docs = [dump_resource(r) for r in parsed.resources]
+    docs = [stored_form(r) for r in parsed.resources]
     before = [_get_or_none(store, d) for d in docs]
     after = store.apply_many(docs, force_conflicts=force_conflicts)
     for old, new, r in zip(before, after, parsed.resources, strict=True):
@@ -205,6 +211,7 @@ def get(
             fail(f"invalid label selector: {e}")
         for message in store.corrupt(kind_name, ns):  # skipped by list: say so, by kind/name
             err.print(f"[yellow]Warning:[/] skipped {escape(message)}")
+    items = [in_version(o, cls) for o in items]
     if output == "yaml":
         if name:
             out.print(to_yaml(items[0]), end="")
@@ -498,7 +505,7 @@ def up(
         parsed = _read(files)
         _warn(parsed.warnings)
         _check_capacity(parsed.resources)
-        docs = [dump_resource(r) for r in parsed.resources]
+        docs = [stored_form(r) for r in parsed.resources]
     if port:
         with socket.socket() as probe:
             # As the real listener binds: connections the last `up` left in TIME_WAIT are fine.

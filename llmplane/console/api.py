@@ -111,6 +111,8 @@ def route_sources(table: Any) -> list[dict[str, str]]:
             via = "LoRA adapter"
         elif name in getattr(table, "inference_models", {}):
             via = "InferenceModel"
+        elif name in getattr(table, "rewrites", {}):
+            via = "InferenceModelRewrite"
         elif name in getattr(table, "defaults", {}):
             via = "served model"
         else:

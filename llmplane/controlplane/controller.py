@@ -37,6 +37,7 @@ from llmplane.controlplane.status import (
     WorkloadState,
     model_status,
     playground_status,
+    pool_ref_statuses,
     same_status,
     service_status,
 )
@@ -142,6 +143,8 @@ class Controller:
                 await self.runtime.remove(key)
                 log.info("removed workload %s", key)
 
+        self._write_pool_ref_statuses()
+
         # Playground status mirrors its Service (written after the Service pass).
         for pg in playgrounds:
             if (pg.namespace, pg.name) not in aborted:
@@ -161,6 +164,20 @@ class Controller:
         self.store.update_status(obj["kind"], meta["name"], meta.get("namespace"), new)
         old = cond.get_condition(obj, condition)
         return old, cond.get_condition({"status": new}, condition)
+
+    def _write_pool_ref_statuses(self) -> None:
+        """``Accepted`` on InferenceObjectives and InferenceModelRewrites (status.py)."""
+        pools = {
+            (o["metadata"].get("namespace") or "default", o["metadata"]["name"])
+            for o in self.store.list("InferencePool")
+        }
+        objects = [
+            *self.store.list("InferenceObjective"),
+            *self.store.list("InferenceModelRewrite"),
+        ]
+        for obj, new in pool_ref_statuses(objects, pools):
+            meta = obj["metadata"]
+            self.store.update_status(obj["kind"], meta["name"], meta.get("namespace"), new)
 
     # --- OpenModel ----------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
+from llmplane.gateway.flowcontrol.priority import level_of
 from llmplane.gateway.hooks import LATER, Held, RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
@@ -594,14 +595,14 @@ class Gateway:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         flow = self.flow
-        criticality = decision.criticality or "Default"  # set by the route stage
+        level = level_of(decision)  # the objective's priority, else the criticality
         candidates = self.admission.admit(
-            inference.model, decision, now, criticality, shed=not flow.enabled
+            inference.model, decision, now, level, shed=not flow.enabled
         )
         key = decision.backend.ref
         waits = flow.enabled and flow.needed(key, candidates, now)
         if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
-            waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+            waits = not flow.reserved(key, candidates, level, ctx.tenant, ctx.weight, now)
         return candidates, waits
 
     async def _admit_rest(
@@ -611,7 +612,7 @@ class Gateway:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         if waits:
-            criticality = decision.criticality or "Default"
+            level = level_of(decision)
             waker = self.seat.waker if self.seat is not None else None
             if waker is not None:
                 waker.waiting(1)  # the other workers' completions wake it too
@@ -619,7 +620,7 @@ class Gateway:
                 ctx.waited = await self.flow.wait(
                     decision.backend.ref,
                     candidates,
-                    criticality,
+                    level,
                     ctx.tenant,
                     ctx.weight,
                     len(inference.body),
@@ -629,7 +630,7 @@ class Gateway:
                     waker.waiting(-1)
             # Ejections may have changed while it waited.
             candidates = self.admission.admit(
-                inference.model, decision, time.monotonic(), criticality, shed=False
+                inference.model, decision, time.monotonic(), level, shed=False
             )
         candidates = self._seated(ctx, candidates)
         if decision.load is not None:

@@ -38,6 +38,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmplane.api.gie import GIE_GROUP, GIE_VERSION
 from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL, SERVICE_LABEL
 from llmplane.controlplane.planning import served_model_name
@@ -107,6 +108,8 @@ def _selectors(objects: Mapping[Any, dict[str, Any]]) -> dict[str, list[dict[str
             selector = (spec.get("workloadSelector") or {}).get("matchLabels") or {}
         elif obj.get("kind") == "InferencePool":
             selector = spec.get("selector") or {}
+            if obj.get("apiVersion") != f"{GIE_GROUP}/{GIE_VERSION}":  # v1: under matchLabels
+                selector = selector.get("matchLabels") or {}
         else:
             continue
         if isinstance(selector, Mapping):
