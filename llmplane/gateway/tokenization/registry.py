@@ -121,9 +121,12 @@ class Tokenization:
             log.info("model %s: no tokenizer in its files (%s); asking the engine", name, err)
             model.canary = "no-files"
             return
-        if not tokenizer.pieces.check(
-            tokenizer.render_chat(CANARY_CHAT) if tokenizer.templates else "x"
-        ):
+        try:
+            sample = tokenizer.render_chat(CANARY_CHAT) if tokenizer.templates else "x"
+        except (NoTokenIds, TemplateRefused) as err:
+            log.warning("model %s: its chat template fails on the canary prompt: %s", name, err)
+            sample = CANARY_PROMPT["prompt"]
+        if not tokenizer.pieces.check(sample):
             log.info("model %s: its tokenizer encodes whole texts (no piece cache)", name)
         model.tokenizer = tokenizer
         if model.addresses:
@@ -141,7 +144,10 @@ class Tokenization:
         for doc, chat in ((CANARY_CHAT, True), (CANARY_PROMPT, False)):
             if chat and not tokenizer.templates:
                 continue
-            local = tokenizer.chat_ids(doc) if chat else tokenizer.completion_ids(doc)
+            try:
+                local = tokenizer.chat_ids(doc) if chat else tokenizer.completion_ids(doc)
+            except (NoTokenIds, TemplateRefused):
+                continue  # logged when loaded; such requests get no ids
             body = tokenize_body(name, doc, chat)
             assert body is not None
             engine = await self.remote.ask(address, body)

@@ -34,6 +34,7 @@ MAX_WORK = 64 << 20  # characters (or items) built by operators, filters and cal
 MAX_VALUE = 8 << 20  # characters (or items) of any one value
 MAX_OUTPUT = 8 << 20  # characters of rendered text
 MAX_TEMPLATE = 1 << 20  # characters of template source
+MAX_BITS = 1 << 16  # bits of an integer the template computes with * or **
 
 
 class TemplateRefused(Exception):
@@ -74,6 +75,11 @@ def _check_size(size: int) -> None:
 def _checked(value: Any) -> Any:
     _check_size(_size(value))
     return value
+
+
+def _check_bits(bits: int) -> None:
+    if bits > MAX_BITS:
+        raise TemplateRefused(f"the chat template computed a number of more than {MAX_BITS} bits")
 
 
 def _check_args(args: Iterable[object]) -> None:
@@ -147,9 +153,11 @@ class _Environment(ImmutableSandboxedEnvironment):
             for seq, times in ((left, right), (right, left)):
                 if isinstance(seq, str | list | tuple) and type(times) is int:
                     _check_size(len(seq) * max(times, 0))
+            if type(left) is int and type(right) is int:
+                _check_bits(left.bit_length() + right.bit_length())
         elif operator == "**":
-            if type(right) is int and abs(right) > 256:
-                raise TemplateRefused(f"the chat template raised a number to the power {right}")
+            if type(left) is int and type(right) is int and abs(left) > 1:
+                _check_bits(left.bit_length() * right)
         elif operator == "+":
             if isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
                 _check_size(len(left) + len(right))
@@ -164,6 +172,11 @@ class _Environment(ImmutableSandboxedEnvironment):
         _check_args(args)
         _check_args(kwargs.values())
         return _checked(super().call(__context, __obj, *args, **kwargs))
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        # The sandbox would render an unsafe attribute as empty; a model's template that
+        # reaches for one is refused instead.
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r}")
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         wrapped = super().wrap_str_format(value)
@@ -256,7 +269,13 @@ class ChatTemplate:
             return "".join(out)
         except SecurityError as err:
             raise TemplateRefused(f"the chat template broke the sandbox's rules: {err}") from None
-        except (RecursionError, MemoryError, OverflowError) as err:
-            raise TemplateRefused(f"the chat template failed: {type(err).__name__}") from None
+        except jinja2.TemplateError:
+            raise  # raise_exception: the template refuses this input
+        except TemplateRefused:
+            raise
+        except Exception as err:  # a template that fails on this input, or recursion
+            raise TemplateRefused(
+                f"the chat template failed: {type(err).__name__}: {err}"
+            ) from None
         finally:
             _budget.reset(token)
