@@ -46,7 +46,10 @@ def tokenize_body(model: str, doc: dict[str, Any], chat: bool) -> dict[str, Any]
         elif not isinstance(prompt, str):
             return None
         fields = COMPLETION_FIELDS
-    body = {"model": model}
+    # vLLM's defaults written out, so that equal requests make equal bodies (and cache keys).
+    body: dict[str, Any] = {"model": model, "add_special_tokens": not chat}
+    if chat:
+        body.update(add_generation_prompt=True, continue_final_message=False)
     body.update((k, doc[k]) for k in fields if doc.get(k) is not None)
     return body
 
