@@ -175,3 +175,66 @@ def _exposition(tokenization: Tokenization) -> str:
     metrics = GatewayMetrics()
     metrics.add(tokenization.metrics())
     return metrics.render().decode()
+
+
+FLEET = """
+apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {{name: {name}}}
+spec:
+  familyName: tiny
+  source: {{uri: "host://{path}"}}
+---
+apiVersion: inference.llmaz.io/v1alpha1
+kind: Playground
+metadata: {{name: {name}}}
+spec:
+  replicas: 1
+  modelClaim: {{modelName: {name}}}
+  backendRuntimeConfig:
+    backendName: sim
+"""
+
+
+def test_up_checks_the_canary_of_a_model_with_files(tmp_path: Path, processes: Processes) -> None:
+    """End to end: the embedded runtime tells the gateway where the model's files are
+    (``Endpoint.model_path``), the gateway loads their tokenizer and checks it against the
+    engine's /tokenize. The sim's tokenizer is not the files' (a sim stands in for vLLM), so
+    the check reports a mismatch on the gateway's /metrics; a model without tokenizer files
+    reports nothing."""
+    pytest.importorskip("transformers")  # builds the tiny tokenizer (comes with vLLM)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from llmplane.testing import wait_for
+    from llmplane.testing.tiny_model import build_tokenizer
+    from tests.integration.upcli import status
+
+    build_tokenizer(tmp_path / "files")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        FLEET.format(name="with-files", path=tmp_path / "files")
+        + "---"
+        + FLEET.format(name="no-files", path="/dev/null")
+    )
+    up = processes.up(tmp_path / "state", str(fleet))
+    for name in ("with-files", "no-files"):
+        wait_for(
+            lambda name=name: status(up.state_dir, "Playground", name).get("readyReplicas") == 1,
+            90,
+            what=f"Playground {name} ready",
+        )
+
+    def mismatches() -> dict[str, float]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{up.url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        return {
+            s.labels["model"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "llmplane_gateway_tokenizer_mismatch_total"
+        }
+
+    wait_for(lambda: mismatches().get("with-files") == 1, 60, what="the canary's mismatch")
+    assert "no-files" not in mismatches()

@@ -16,6 +16,7 @@ lengths and where they part, and the model's tokens then come from the engine's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -72,6 +73,8 @@ class Tokenization:
     def __init__(self, timeout: float = 0.5, remote: RemoteTokenizer | None = None) -> None:
         self.models: dict[str, _Model] = {}
         self.remote = remote or RemoteTokenizer(timeout=timeout)
+        self._learning: asyncio.Task[None] | None = None
+        self._next: list[Endpoint] | None = None  # endpoints that came while learning
         self.mismatch = Counter(
             "llmplane_gateway_tokenizer_mismatch",
             "Canary prompts whose token ids from the model's files differ from the engine's "
@@ -84,6 +87,23 @@ class Tokenization:
         return [self.mismatch]
 
     # -- discovery ---------------------------------------------------------------------------
+
+    def follow(self, endpoints: Iterable[Endpoint]) -> None:
+        """``learn`` in the background (from discovery's callback, on the event loop); changes
+        that come while it runs are learnt after it, the latest only."""
+        self._next = list(endpoints)
+        if self._learning is None or self._learning.done():
+            self._learning = asyncio.get_running_loop().create_task(
+                self._follow(), name="tokenization: learn endpoints"
+            )
+
+    async def _follow(self) -> None:
+        while self._next is not None:
+            endpoints, self._next = self._next, None
+            try:
+                await self.learn(endpoints)
+            except Exception:  # a bug here must not stop routing
+                log.exception("tokenization: learning the endpoints failed")
 
     async def learn(self, endpoints: Iterable[Endpoint]) -> None:
         """Follow the endpoints: per served model name its files and addresses; load the
@@ -169,6 +189,8 @@ class Tokenization:
                 model.tokenizer = None
                 return False
             verdict = True
+        if verdict:
+            self.mismatch.labels(name)  # the series exists (at 0) once a check agreed
         model.canary = "match" if verdict else "undecided"
         if verdict is None:
             log.info(
@@ -217,6 +239,11 @@ class Tokenization:
             await self.remote.tokenize(entry.addresses[0], body)
 
     async def close(self) -> None:
+        if self._learning is not None:
+            self._learning.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._learning
+            self._learning = None
         await self.remote.close()
 
 
