@@ -93,9 +93,11 @@ class Tokenization:
         that come while it runs are learnt after it, the latest only."""
         self._next = list(endpoints)
         if self._learning is None or self._learning.done():
-            self._learning = asyncio.get_running_loop().create_task(
-                self._follow(), name="tokenization: learn endpoints"
-            )
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a synchronous caller): learnt on the next change
+                return
+            self._learning = loop.create_task(self._follow(), name="tokenization: learn endpoints")
 
     async def _follow(self) -> None:
         while self._next is not None:
