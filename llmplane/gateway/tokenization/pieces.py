@@ -23,7 +23,7 @@ from typing import Any
 
 log = logging.getLogger("llmplane.gateway.tokenization")
 
-CACHE_CHARS = 32 << 20  # characters of cached pieces (their ids take about as many bytes)
+CACHE_CHARS = 8 << 20  # characters of cached pieces per model (their ids take about as many bytes)
 
 
 def _position_dependent(node: Any) -> bool:
