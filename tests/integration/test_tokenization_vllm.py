@@ -72,8 +72,13 @@ def chat_requests() -> list[dict[str, Any]]:
         {"role": "developer", "content": "and exact"},
         {"role": "user", "content": [{"type": "text", "text": "one two"}]},
     ]  # fmt: skip
+    empty_calls = [
+        {"role": "user", "content": "hi", "name": "bob"},
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "user", "content": "again"},
+    ]
     out: list[dict[str, Any]] = []
-    for messages in [*CONVERSATIONS, with_string_arguments, parts]:
+    for messages in [*CONVERSATIONS, with_string_arguments, parts, empty_calls]:
         out.append({"messages": messages})
         out.append({"messages": messages, "add_generation_prompt": False})
         out.append({"messages": messages, "tools": TOOLS})

@@ -295,7 +295,7 @@ class ModelTokenizer:
             }
             if role == "assistant":
                 calls = message.get("tool_calls")
-                if calls is not None:
+                if calls is not None and calls != []:  # vLLM drops an empty list
                     parsed["tool_calls"] = _tool_calls(calls)
                 if message.get("reasoning") is not None:
                     parsed["reasoning"] = parsed["reasoning_content"] = message["reasoning"]
