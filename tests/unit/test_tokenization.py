@@ -296,6 +296,8 @@ HOSTILE = [
     "{% set s = 'abcdefghij' * 1000 %}{{ s|replace('', s)|replace('', s) }}",
     "{{ 'x'|center(1000000000) }}",
     "{{ 'x'|indent(1000000000, true) }}",
+    "{{ 'x'.ljust(1000000000) }}",
+    "{{ 'x'.zfill(1000000000) }}",
     "{{ '%999999999s' % 1 }}",
     "{{ '{:>999999999}'.format(1) }}",
     "{{ 9 ** 99999999 }}",
@@ -317,6 +319,11 @@ def test_hostile_templates_are_refused_within_bounds(source: str) -> None:
     # Bounded work: well under what the loops or allocations above would take unbounded
     # (a CPU-time ceiling on a shared machine, not a timing benchmark).
     assert time.process_time() - started < 30
+
+
+def test_large_numbers_are_fine_where_they_build_nothing() -> None:
+    source = "{{ 'id' ~ 123456789012 }} {{ [1, 2]|join(',') }} {{ missing|default(99999999999) }}"
+    assert ChatTemplate(source).render() == "id123456789012 1,2 99999999999"
 
 
 def test_hostile_template_gives_no_ids_not_an_error(base: Path, tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def _check_bits(bits: int) -> None:
 
 
 def _check_args(args: Iterable[object]) -> None:
-    """An integer argument sets a width or a count (``center``, ``indent``, ``batch``...)."""
+    """Integer arguments that set a width or a count (``center``, ``indent``, ``ljust``...)."""
     for arg in args:
         if type(arg) is int and abs(arg) > MAX_VALUE:
             raise TemplateRefused(f"the chat template passed {arg} to a function")
@@ -103,6 +103,12 @@ def _concat(*parts: Any) -> str:
     return "".join(texts)
 
 
+# Filters whose integer arguments size what they build (a width, a count).
+_SIZED_BY_ARGUMENT = frozenset(
+    {"center", "indent", "wordwrap", "batch", "slice", "truncate", "format", "random"}
+)
+
+
 def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     """A filter that checks its arguments before and its result after (``replace``, ``join``
     and ``sum`` their result's size before: one call can multiply a string's length)."""
@@ -110,8 +116,9 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
         _charge()
-        _check_args(args)
-        _check_args(kwargs.values())
+        if name in _SIZED_BY_ARGUMENT:
+            _check_args(args)
+            _check_args(kwargs.values())
         if name in ("join", "sum") and args and isinstance(args[0], list | tuple):
             _check_size(sum(map(_size, args[0])))
         elif name == "replace":
@@ -169,8 +176,9 @@ class _Environment(ImmutableSandboxedEnvironment):
         __self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any
     ) -> Any:
         _charge()
-        _check_args(args)
-        _check_args(kwargs.values())
+        if isinstance(getattr(__obj, "__self__", None), str | list | tuple):
+            _check_args(args)  # 'x'.ljust(n), 'x'.zfill(n), ...
+            _check_args(kwargs.values())
         return _checked(super().call(__context, __obj, *args, **kwargs))
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
