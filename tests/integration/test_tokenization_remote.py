@@ -169,6 +169,32 @@ async def test_canary_mismatch_is_counted_logged_and_falls_back_to_the_engine(
         await tokenization.close()
 
 
+async def test_an_undecided_canary_is_checked_again_when_endpoints_change(
+    processes: Processes, tmp_path: Path
+) -> None:
+    pytest.importorskip("transformers")  # builds the tiny tokenizer (comes with vLLM)
+    from llmplane.testing.tiny_model import build_tokenizer
+
+    build_tokenizer(tmp_path / "model")
+    files = str(tmp_path / "model")
+    upstream = processes.upstream(MODEL)  # no /tokenize
+    sim = processes.sim(MODEL)
+    tokenization = Tokenization(timeout=5)
+    try:
+        await tokenization.learn(
+            [Endpoint(address=upstream.address, model_name=MODEL, model_path=files)]
+        )
+        assert tokenization.models[MODEL].canary == "undecided"
+        assert tokenization.models[MODEL].tokenizer is not None  # its own files are used
+        await tokenization.learn(
+            [Endpoint(address=sim.address, model_name=MODEL, model_path=files)]
+        )
+        assert tokenization.models[MODEL].canary == "mismatch"
+        assert tokenization.mismatch.labels(MODEL).value == 1
+    finally:
+        await tokenization.close()
+
+
 def _exposition(tokenization: Tokenization) -> str:
     from llmplane.gateway.observability import GatewayMetrics
 

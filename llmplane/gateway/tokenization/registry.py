@@ -10,7 +10,8 @@ discovery: it loads a model's tokenizer the first time one of its endpoints name
 and completion, against that endpoint's /tokenize. A mismatch counts in
 ``llmplane_gateway_tokenizer_mismatch_total{model}``, logs a warning with both id lists'
 lengths and where they part, and the model's tokens then come from the engine's /tokenize
-(slower, but the engine's). An engine without /tokenize leaves the check undecided (logged).
+(slower, but the engine's). An engine that does not answer /tokenize leaves the check
+undecided (logged); it is tried again when the endpoints change.
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ class Tokenization:
         for name, model in list(self.models.items()):
             if model.path and model.loaded_from != model.path:
                 await self._load(name, model)
+            elif model.tokenizer is not None and model.canary == "undecided" and model.addresses:
+                await self.check_canary(name, model.addresses[0])  # the engine may answer now
 
     async def _load(self, name: str, model: _Model) -> None:
         path = model.path
