@@ -74,7 +74,9 @@ def chat_requests() -> list[dict[str, Any]]:
     ]  # fmt: skip
     empty_calls = [
         {"role": "user", "content": "hi", "name": "bob"},
-        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "assistant", "content": "ok", "tool_calls": []},
+        {"role": "user", "content": "and"},
+        {"role": "assistant", "content": None},
         {"role": "user", "content": "again"},
     ]
     out: list[dict[str, Any]] = []

@@ -351,3 +351,18 @@ def test_a_template_that_does_not_compile_means_no_local_tokenizer(
 
     with pytest.raises(TokenizerUnavailable):
         ModelTokenizer.load(directory)
+
+
+def test_names_of_one_model_share_its_tokenizer(base: Path) -> None:
+    from llmplane.controlplane.plan import MODEL_NAME_LABEL
+
+    tokenization = Tokenization()
+    endpoint = Endpoint(
+        address="", model_name="served", labels={MODEL_NAME_LABEL: "claimed"}, model_path=str(base)
+    )
+    asyncio.run(tokenization.learn([endpoint]))
+    served, claimed = tokenization.models["served"], tokenization.models["claimed"]
+    assert served.tokenizer is not None
+    assert served.tokenizer is claimed.tokenizer
+    asyncio.run(tokenization.learn([]))  # gone: forgotten
+    assert tokenization.models == {}

@@ -140,6 +140,14 @@ class Tokenization:
     async def _load(self, name: str, model: _Model) -> None:
         path = model.path
         model.loaded_from = path
+        twin = next(
+            (m for m in self.models.values() if m is not model and m.loaded_from == path),
+            None,
+        )
+        if twin is not None and twin.tokenizer is not None:
+            # Another name of the same model (its served name and its model-name label).
+            model.tokenizer, model.canary = twin.tokenizer, twin.canary
+            return
         try:
             tokenizer = await asyncio.to_thread(ModelTokenizer.load, path)
         except TokenizerUnavailable as err:
