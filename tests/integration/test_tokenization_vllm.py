@@ -79,8 +79,14 @@ def chat_requests() -> list[dict[str, Any]]:
         {"role": "assistant", "content": None},
         {"role": "user", "content": "again"},
     ]
+    billing_header = [
+        {"role": "system", "content": "x-anthropic-billing-header: cch=1a2b\nbe brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+        {"role": "user", "content": "ok"},
+    ]
     out: list[dict[str, Any]] = []
-    for messages in [*CONVERSATIONS, with_string_arguments, parts, empty_calls]:
+    for messages in [*CONVERSATIONS, with_string_arguments, parts, empty_calls, billing_header]:
         out.append({"messages": messages})
         out.append({"messages": messages, "add_generation_prompt": False})
         out.append({"messages": messages, "tools": TOOLS})

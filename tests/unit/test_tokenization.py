@@ -203,6 +203,9 @@ def test_content_parts_and_kwargs(base: Path, tmp_path: Path) -> None:
     assert "a\nb" in ModelTokenizer.load(base).render_chat({"messages": [message]})
     with pytest.raises(NoTokenIds):
         parts.chat_ids({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    for reserved in ("messages", "chat_template", "tokenize", "template_name"):
+        with pytest.raises(NoTokenIds):
+            parts.render_chat({"messages": [message], "chat_template_kwargs": {reserved: 1}})
     thinking = ModelTokenizer.load(with_template(base, tmp_path / "think", THINKING_TEMPLATE))
     doc = {"messages": [message], "chat_template_kwargs": {"enable_thinking": True, "other": 1}}
     assert thinking.render_chat(doc).endswith("<|assistant|>think:")

@@ -8,7 +8,8 @@ Files (a Hugging Face model directory): ``tokenizer.json`` (the ``tokenizers`` p
 A chat request becomes text as in vLLM's chat path: messages parsed the way vLLM parses them (text
 content joined with newlines, or kept as a list of ``{"type": "text"}`` parts for templates that
 loop over content; ``name``, ``tool_call_id``, ``tool_calls`` with their arguments decoded to
-objects, ``reasoning``; ``developer`` turned into ``system`` for templates that do not know it),
+objects, ``reasoning``; ``developer`` turned into ``system`` for templates that do not know it;
+an ``x-anthropic-billing-header`` first line dropped from system text),
 the template rendered with transformers' variables (special tokens, ``tools``, ``documents``,
 ``add_generation_prompt``, the request's ``chat_template_kwargs`` the template reads), and
 ``continue_final_message`` cutting the text after the final message as transformers does. The
@@ -33,15 +34,15 @@ from llmplane.gateway.tokenization.template import ChatTemplate, TemplateRefused
 SPECIAL_TOKENS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
 )  # fmt: skip
-# transformers' own apply_chat_template parameters, which vLLM lets a request's
-# chat_template_kwargs set whether or not the template reads them.
-_HF_PARAMETERS = frozenset(
-    {"conversation", "tools", "documents", "add_generation_prompt", "continue_final_message",
-     "padding", "truncation", "max_length", "return_tensors", "return_dict",
-     "return_assistant_tokens_mask", "tokenizer_kwargs"}
-)  # fmt: skip
+# What a request's chat_template_kwargs may set besides the template's own variables (vLLM
+# also lets through transformers' other apply_chat_template parameters, which do not reach
+# the template), and what it may not (vLLM and transformers refuse those).
+_PASSED = frozenset({"add_generation_prompt", "continue_final_message", "tools", "documents"})
+_RESERVED = frozenset({"messages", "conversation", "chat_template", "tokenize", "template_name"})
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
-_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal"})
+# vLLM drops this first line of a system message (Claude Code's, which changes every request).
+_BILLING_HEADER = "x-anthropic-billing-header"
 MAX_FILE = 64 << 20  # bytes of tokenizer.json (large vocabularies are a few tens of MB)
 
 
@@ -202,8 +203,10 @@ class ModelTokenizer:
         kwargs = doc.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise NoTokenIds("chat_template_kwargs is not an object")
+        if _RESERVED.intersection(kwargs):
+            raise NoTokenIds("chat_template_kwargs sets what the request itself sets")
         variables: dict[str, Any] = {
-            k: v for k, v in kwargs.items() if k in template.variables or k in _HF_PARAMETERS
+            k: v for k, v in kwargs.items() if k in template.variables or k in _PASSED
         }
         for key, default in (("add_generation_prompt", True), ("continue_final_message", False)):
             value = doc.get(key)
@@ -222,11 +225,11 @@ class ModelTokenizer:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         documents: Any = None,
-        template: str | None = None,
+        template_name: str | None = None,
         **kwargs: Any,
     ) -> str:
         """transformers' ``apply_chat_template(messages, tokenize=False, ...)``."""
-        chat = self.templates[template or self._template_name(tools)]
+        chat = self.templates[template_name or self._template_name(tools)]
         if continue_final_message:
             if add_generation_prompt:
                 raise NoTokenIds("continue_final_message with add_generation_prompt")
@@ -287,6 +290,12 @@ class ModelTokenizer:
                 raise NoTokenIds("a message is not an object with a role")
             role = message["role"]
             texts = _texts(message.get("content"))
+            if role == "system":
+                texts = [
+                    t.partition("\n")[2] if t.startswith(_BILLING_HEADER) else t
+                    for t in texts
+                    if not (t.startswith(_BILLING_HEADER) and not t.partition("\n")[2])
+                ]
             parsed: dict[str, Any] = {
                 "role": role,
                 "content": [{"type": "text", "text": t} for t in texts]
@@ -330,11 +339,12 @@ def _texts(content: object) -> list[str]:
         if isinstance(part, str):
             texts.append(part)
         elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
-            if not isinstance(part.get("text"), str):
-                raise NoTokenIds("a text part has no text")
-            texts.append(part["text"])
-        elif isinstance(part, dict) and part.get("type") == "refusal":
-            texts.append(str(part.get("refusal", "")))
+            text = part.get("refusal" if part["type"] == "refusal" else "text")
+            if text is None:
+                continue  # vLLM skips it
+            if not isinstance(text, str):
+                raise NoTokenIds("a text part's text is not text")
+            texts.append(text)
         else:
             raise NoTokenIds("a message has content other than text")
     return texts

@@ -232,6 +232,9 @@ class Tokenization:
             except (NoTokenIds, TemplateRefused) as err:
                 log.debug("model %s: no token ids: %s", name, err)
                 return None
+            except Exception as err:  # whatever a request holds, routing goes on without ids
+                log.warning("model %s: tokenizing a request failed: %r", name, err)
+                return None
         if not chat and _id_prompt(request.doc):
             return request.doc["prompt"]
         body = tokenize_body(name, request.doc, chat)
