@@ -62,7 +62,7 @@ result {{ message.tool_call_id }}: {{ message['content'] }}
 {% endif %}"""
 
 # Loops over a message's content parts (vLLM passes them as a list of text parts).
-PARTS_TEMPLATE = """{% for message in messages %}<|{{ message.role }}|>
+PARTS_TEMPLATE = """{% for message in messages %}{%- generation %}<|{{ message.role }}|>{%- endgeneration %}
 {% if message.content is string %}{{ message.content }}{% else %}
 {%- for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }} {% endif %}{% endfor %}
 {%- endif %}</s>
@@ -200,6 +200,9 @@ def test_content_parts_and_kwargs(base: Path, tmp_path: Path) -> None:
     }
     # A template that loops over content gets the parts; others get them joined by newlines.
     assert "a b " in parts.render_chat({"messages": [message]})
+    assert parts.chat_ids({"messages": [message]}) == hf_ids(
+        tmp_path / "parts", [message], add_generation_prompt=True
+    )
     assert "a\nb" in ModelTokenizer.load(base).render_chat({"messages": [message]})
     with pytest.raises(NoTokenIds):
         parts.chat_ids({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})

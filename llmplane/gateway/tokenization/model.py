@@ -74,12 +74,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _loops_over_content(source: str) -> bool:
+def _loops_over_content(tree: nodes.Template) -> bool:
     """vLLM's content-format detection, for the usual shapes: a template that loops over a
     message's ``content`` gets the OpenAI form (a list of parts), others a string."""
-    tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(
-        source.replace("{% generation %}", "").replace("{% endgeneration %}", "")
-    )
     message_vars = {
         loop.target.name
         for loop in tree.find_all(nodes.For)
@@ -132,7 +129,7 @@ class ModelTokenizer:
         self.openai_content: dict[str, bool] = {}
         for name, source in named.items():
             self.templates[name] = ChatTemplate(source)
-            self.openai_content[name] = _loops_over_content(source)
+            self.openai_content[name] = _loops_over_content(self.templates[name].tree)
 
     @classmethod
     def load(cls, directory: str | Path) -> ModelTokenizer:

@@ -252,11 +252,11 @@ class ChatTemplate:
         self.source = source
         env = _environment()
         try:
-            tree = env.parse(source)
-            # The variables the template reads (vLLM passes it only those of the request's
-            # ``chat_template_kwargs``), before the rewrite adds ours.
-            self.variables = frozenset(meta.find_undeclared_variables(tree))
-            self.template = env.from_string(_Rewrite().visit(tree))
+            # The template as written (the variables it reads, its loops), and the tree the
+            # rewrite changes into the one that runs.
+            self.tree = env.parse(source)
+            self.variables = frozenset(meta.find_undeclared_variables(self.tree))
+            self.template = env.from_string(_Rewrite().visit(env.parse(source)))
         except jinja2.TemplateError as err:
             raise TemplateRefused(f"the chat template does not compile: {err}") from None
 
