@@ -59,6 +59,7 @@ from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
+from llmplane.gateway.tokenization import Tokenization
 from llmplane.store.base import Store
 
 if TYPE_CHECKING:
@@ -160,6 +161,10 @@ class Gateway:
             usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
         )
         self.metrics.add(self.usage.metrics())
+        # The engines' token ids per model (precise prefix-cache routing) and the canary check
+        # of the model's own tokenizer against each engine's /tokenize.
+        self.tokenization = Tokenization()
+        self.metrics.add(self.tokenization.metrics())
         self.hooks = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
@@ -278,6 +283,7 @@ class Gateway:
             await self.scrape_follower.close()
         await self.ratelimiter.close()
         await self.usage.close()
+        await self.tokenization.close()
         await self.proxy.close()
 
     # --- routing table -------------------------------------------------------------------------
@@ -292,7 +298,9 @@ class Gateway:
         call_on(self._loop, self._sync_endpoints)  # perhaps a runtime thread told us
 
     def _sync_endpoints(self) -> None:
-        added, removed = self.registry.sync(self.discovery.endpoints())
+        endpoints = self.discovery.endpoints()
+        self.tokenization.follow(endpoints)
+        added, removed = self.registry.sync(endpoints)
         for state in removed:
             self.scraper.remove(state)
             self.adapters.forget(state.address)

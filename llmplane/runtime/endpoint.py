@@ -32,7 +32,9 @@ class Endpoint:
     queue estimate starts from it instead of learning it (``gateway/registry.scraped_room``).
     ``priority_scheduling``: the engine orders its waiting queue by each request's
     ``priority`` (vLLM's ``--scheduling-policy priority``); only then does the gateway send
-    one (``gateway/flowcontrol/priority.py``).
+    one (``gateway/flowcontrol/priority.py``). ``model_path``: the directory of the model's
+    files when the gateway can read them (the embedded runtime's model cache), from which it
+    tokenizes requests as the engine does (``gateway/tokenization``); empty otherwise.
     """
 
     address: str
@@ -46,6 +48,7 @@ class Endpoint:
     replica: int = 0
     max_num_seqs: int = 0
     priority_scheduling: bool = False
+    model_path: str = ""
 
     @property
     def host(self) -> str:

@@ -117,6 +117,7 @@ class Replica:
             replica=self.index,
             max_num_seqs=max_num_seqs([*plan.command, *plan.args]),
             priority_scheduling=priority_scheduling([*plan.command, *plan.args]),
+            model_path=next((m.path for m in plan.models if m.role != "draft"), ""),
         )
 
     def status(self) -> ReplicaStatus:
