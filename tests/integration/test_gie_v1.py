@@ -224,7 +224,13 @@ spec:
         )
         return body["model"] if status == 200 else str(body)
 
-    wait_for(lambda: ask("small-segment-lora") == "small-segment-lora-v1", 30, what="the alias")
+    # Until the gateway has read every replica's models, a pick may land on one that does not
+    # serve the adapter: wait for a run of answers, not one.
+    wait_for(
+        lambda: all(ask("small-segment-lora") == "small-segment-lora-v1" for _ in range(8)),
+        30,
+        what="the alias, eight times in a row",
+    )
     objective = {"x-llm-d-inference-objective": "base-model"}
     assert ask("small-segment-lora", objective) == "small-segment-lora-v1"
     assert ask("nothing-serves-this") == "Qwen/Qwen3-32B"
