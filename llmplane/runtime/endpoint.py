@@ -33,6 +33,9 @@ class Endpoint:
     ``priority_scheduling``: the engine orders its waiting queue by each request's
     ``priority`` (vLLM's ``--scheduling-policy priority``); only then does the gateway send
     one (``gateway/flowcontrol/priority.py``).
+    ``kv_events``: the ZMQ address the engine publishes its KV-cache events on
+    (``tcp://host:port`` or ``ipc:///path``; empty: it does not) and ``kv_events_replay``
+    its replay endpoint (empty: none); the gateway subscribes (``gateway/kvcache``).
     """
 
     address: str
@@ -46,6 +49,8 @@ class Endpoint:
     replica: int = 0
     max_num_seqs: int = 0
     priority_scheduling: bool = False
+    kv_events: str = ""
+    kv_events_replay: str = ""
 
     @property
     def host(self) -> str:

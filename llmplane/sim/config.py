@@ -8,6 +8,7 @@ written down in docs/sim.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 ROLES = ("both", "prefill", "decode")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
@@ -136,6 +137,10 @@ class SimConfig:
     report_timing: bool = False
     timing: TimingModel = field(default_factory=TimingModel)
     faults: Faults = field(default_factory=Faults)
+    # vLLM's --kv-events-config (llmplane/sim/kvevents.py; None: no events) and the form of
+    # its events: "map" (vLLM 0.32) or "positional" (earlier releases).
+    kv_events: Any = None
+    kv_events_wire: str = "map"
 
     @property
     def model_name(self) -> str:
