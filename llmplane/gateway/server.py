@@ -41,6 +41,7 @@ from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import LATER, Held, RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
+from llmplane.gateway.kvcache.routing import PreciseRouting
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -94,11 +95,13 @@ class Gateway:
         self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
+        self.metrics = GatewayMetrics(self)
+        # The replicas' KV events and the precise prefix scorer (gateway/kvcache/routing.py).
+        self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
         if seat is not None:
             seat.picks.attach(self.scheduler.plugins)
         self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
         self.adapters = Adapters(self.scraper.client)
-        self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
@@ -267,6 +270,7 @@ class Gateway:
             await self.scrape_follower.close()
         await self.ratelimiter.close()
         await self.usage.close()
+        await self.kv.close()
         await self.proxy.close()
 
     # --- routing table -------------------------------------------------------------------------
@@ -281,7 +285,9 @@ class Gateway:
         call_on(self._loop, self._sync_endpoints)  # perhaps a runtime thread told us
 
     def _sync_endpoints(self) -> None:
-        added, removed = self.registry.sync(self.discovery.endpoints())
+        endpoints = self.discovery.endpoints()
+        added, removed = self.registry.sync(endpoints)
+        self.kv.sync(endpoints)
         for state in removed:
             self.scraper.remove(state)
             self.adapters.forget(state.address)
@@ -666,6 +672,7 @@ class Gateway:
             now,
             self._warm,
             inference.prompt_bound(),
+            inference,
         )
 
     @cython.locals(ctx=RequestContext)

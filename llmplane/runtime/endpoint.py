@@ -9,6 +9,7 @@ depend on the runtime's output type, never the other way round.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,17 @@ class Endpoint:
         if claimed:
             names.add(claimed)
         return names
+
+
+# What an engine may name as its KV events address: a TCP host:port or a local socket path.
+_EVENTS_ADDRESS = re.compile(
+    r"^(tcp://[A-Za-z0-9.\-\[\]:]{1,260}:\d{1,5}|ipc:///[\x21-\x7e]{1,200})$"
+)
+
+
+def valid_events_address(address: str) -> bool:
+    """Whether ``address`` is a ZMQ address the gateway subscribes to (tcp:// or ipc://)."""
+    return bool(_EVENTS_ADDRESS.match(address))
 
 
 # Engine flags that set how many requests run at once: vLLM and the sim, SGLang.

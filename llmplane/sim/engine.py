@@ -129,7 +129,11 @@ class Engine:
             self.steps += 1
             records = sched.pool.events
             if records and self.kv_events is not None:
-                self.kv_events.publish(records)
+                faults = self.cfg.faults
+                send = faults.kv_events_drop <= 0
+                if not send:
+                    faults.kv_events_drop -= 1
+                self.kv_events.publish(records, send)
                 records.clear()
             metrics.iteration_tokens.observe(step.prefill_tokens + step.decode_seqs)
             if step.ttfts:

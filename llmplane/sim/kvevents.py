@@ -131,12 +131,15 @@ class KVEventPublisher:
         if self.replay is not None and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._serve_replay())
 
-    def publish(self, records: list[tuple]) -> None:
-        """One batch of the pool's records (dropped, as vLLM's, when the socket is full)."""
+    def publish(self, records: list[tuple], send: bool = True) -> None:
+        """One batch of the pool's records (dropped, as vLLM's, when the socket is full;
+        ``send`` False: only numbered and buffered, the fault ``kv_events_drop``)."""
         payload = encode_batch(time.time(), batch_events(records), self.positional)
         seq = self.seq
         self.seq += 1
         self.buffer.append((seq, payload))
+        if not send:
+            return
         with contextlib.suppress(zmq.Again):
             self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
 

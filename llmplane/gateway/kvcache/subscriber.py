@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -38,17 +37,16 @@ from zmq.utils.monitor import parse_monitor_message
 
 from llmplane.gateway.kvcache.events import BadPayload, Limits, decode_batch
 from llmplane.gateway.kvcache.index import BlockIndex
-from llmplane.runtime.endpoint import Endpoint
+from llmplane.runtime.endpoint import Endpoint, valid_events_address
 
 log = logging.getLogger("llmplane.gateway.kvcache")
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
-# What a replica may name as its events address: a TCP host:port or a local socket path.
-ADDRESS = re.compile(r"^(tcp://[A-Za-z0-9.\-\[\]:]{1,260}:\d{1,5}|ipc:///[\x21-\x7e]{1,200})$")
 
 
-def valid_address(address: str) -> bool:
-    return bool(ADDRESS.match(address))
+def replica_model(endpoint: Endpoint) -> str:
+    """The model a replica's blocks are indexed under: the name it serves."""
+    return endpoint.model_name or min(endpoint.served_names(), default="")
 
 
 class Feed:
@@ -251,15 +249,14 @@ class KVEventSubscriber:
             if feed is not None:
                 asyncio.get_running_loop().create_task(feed.stop())
                 self.index.remove_replica(replica)
-            if not valid_address(endpoint.kv_events) or (
-                endpoint.kv_events_replay and not valid_address(endpoint.kv_events_replay)
+            if not valid_events_address(endpoint.kv_events) or (
+                endpoint.kv_events_replay and not valid_events_address(endpoint.kv_events_replay)
             ):
                 log.warning("endpoint %s: KV events address not tcp:// or ipc://", replica)
                 continue
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
-            model = endpoint.model_name or next(iter(endpoint.served_names()), "")
-            self.index.add_replica(replica, model)
+            self.index.add_replica(replica, replica_model(endpoint))
             feed = Feed(
                 self._ctx,
                 replica,
