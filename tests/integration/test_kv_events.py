@@ -12,11 +12,13 @@ import shutil
 import signal
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import msgpack
+import orjson
 import pytest
 import zmq
 import zmq.asyncio
@@ -29,9 +31,11 @@ from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.sim.kvcache import chain_hashes
 from llmplane.sim.tokenizer import tokenize
-from llmplane.testing import Processes
+from llmplane.testing import Processes, wait_for
+from llmplane.testing.fleets import sim_fleet
 from llmplane.testing.process import sim_process
 from llmplane.testing.wait import eventually
+from tests.integration.upcli import http
 
 BLOCK = 16
 VOCAB = 128_256
@@ -321,3 +325,33 @@ async def test_the_gateway_routes_a_prompt_to_the_replica_that_holds_it(
     for sim in sims:
         line = f'llmplane_gateway_endpoint_kv_blocks{{endpoint="{sim.address}"}}'
         assert line in metrics and f"{line} 0.0" not in metrics
+
+
+def test_up_turns_events_on_for_its_sims_and_the_gateway_indexes_them(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """The local runtime gives each sim (as each vLLM) an ipc events socket in its state
+    directory and the endpoint its address: the built-in gateway indexes what the sim caches."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(sim_fleet("tiny", 2))
+    state = tmp_path / "state"
+    up = processes.up(state, str(fleet))
+    base = f"http://{up.address}"
+    prompt = " ".join(f"word{i}" for i in range(300))
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2}
+    wait_for(lambda: len(up.engine_pids()) == 2, 60, what="two engines")
+    wait_for(lambda: http(f"{base}/v1/completions", body)[0] == 200, 60, what="served")
+    argvs = orjson.loads((state / "runtime" / "processes.json").read_bytes())["processes"]
+    assert all("--kv-events-config" in r["argv"] for r in argvs)
+
+    def blocks() -> list[float]:
+        text = urllib.request.urlopen(f"{base}/metrics").read().decode()
+        return [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("llmplane_gateway_endpoint_kv_blocks{")
+        ]
+
+    full = len(tokenize(prompt, VOCAB)) // BLOCK
+    # Both replicas listed; the one that served holds the prompt's blocks, the other none.
+    wait_for(lambda: sorted(blocks()) == [0.0, full], 10, what=f"[0, {full}] blocks indexed")
