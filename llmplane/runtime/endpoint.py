@@ -9,6 +9,7 @@ depend on the runtime's output type, never the other way round.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,40 @@ def valid_events_address(address: str) -> bool:
     return bool(_EVENTS_ADDRESS.match(address))
 
 
+KV_EVENTS_FLAG = "--kv-events-config"  # vLLM's (the sim's too)
+
+
+def _bound_at(endpoint: object, host: str) -> str:
+    """Where a subscriber on ``host``'s network reaches a publisher endpoint the engine
+    binds (vLLM binds ``ipc://`` and ``*`` endpoints, connects out to any other)."""
+    if not isinstance(endpoint, str):
+        return ""
+    if endpoint.startswith("ipc://"):
+        return endpoint if host in ("127.0.0.1", "localhost") else ""
+    if endpoint.startswith("tcp://*:"):
+        return f"tcp://{host}:{endpoint.removeprefix('tcp://*:')}"
+    return ""
+
+
+def kv_events_addresses(argv: list[str], host: str) -> tuple[str, str] | None:
+    """(events, replay) addresses a gateway reaches for an engine started with ``argv`` on
+    ``host``, from its ``--kv-events-config`` (the last one wins); None when it has none,
+    ("", "") when it turns events off or publishes where the gateway cannot subscribe."""
+    values = _flag_values(argv, KV_EVENTS_FLAG)
+    if not values:
+        return None
+    try:
+        config = json.loads(values[-1])
+    except ValueError:
+        return "", ""
+    if not isinstance(config, dict) or config.get("enable_kv_cache_events") is not True:
+        return "", ""
+    if config.get("publisher") != "zmq":
+        return "", ""
+    events = _bound_at(config.get("endpoint", "tcp://*:5557"), host)
+    return events, _bound_at(config.get("replay_endpoint"), host) if events else ""
+
+
 # Engine flags that set how many requests run at once: vLLM and the sim, SGLang.
 CONCURRENCY_FLAGS = ("--max-num-seqs", "--max-running-requests")
 MAX_CONCURRENCY = 1 << 20
@@ -157,6 +192,16 @@ def pod_max_num_seqs(pod: Mapping[str, Any]) -> int:
         if found := max_num_seqs(argv):
             return found
     return 0
+
+
+def pod_kv_events(pod: Mapping[str, Any], host: str) -> tuple[str, str]:
+    """(events, replay) of the first container of a pod (at ``host``, its IP) that sets
+    ``--kv-events-config`` to a ``tcp://*:PORT`` endpoint; ("", "") when none does."""
+    for argv in _pod_argvs(pod):
+        found = kv_events_addresses(argv, host)
+        if found is not None:
+            return found
+    return "", ""
 
 
 def pod_priority_scheduling(pod: Mapping[str, Any]) -> bool:

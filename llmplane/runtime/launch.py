@@ -28,6 +28,8 @@ from pathlib import Path
 
 import xxhash
 
+from llmplane.runtime.endpoint import KV_EVENTS_FLAG, kv_events_addresses
+
 LOCAL_HOST = "127.0.0.1"
 _HOST_FLAGS = ("--host", "--hostname")  # the second is text-generation-inference's
 
@@ -207,7 +209,6 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-KV_EVENTS_FLAG = "--kv-events-config"
 # Engines that publish vLLM's KV-cache events (the sim does as vLLM does).
 KV_EVENTS_ENGINES = ("vllm", "sim")
 _SOCKET_PATH_MAX = 100  # a Unix socket path has at most 107 bytes
@@ -228,17 +229,6 @@ def kv_socket_dir(state_dir: Path) -> Path | None:
     return path
 
 
-def _subscribable(endpoint: object) -> str:
-    """The address a local subscriber reaches an endpoint the engine binds at."""
-    if not isinstance(endpoint, str):
-        return ""
-    if endpoint.startswith("ipc://"):
-        return endpoint
-    if endpoint.startswith("tcp://*:"):
-        return f"tcp://{LOCAL_HOST}:{endpoint.removeprefix('tcp://*:')}"
-    return ""  # the engine connects out (vLLM's rule): nothing to subscribe to
-
-
 def kv_events_argv(
     argv: Sequence[str], engine: str, sockets: Path | None, name: str
 ) -> tuple[list[str], str, str]:
@@ -247,26 +237,9 @@ def kv_events_argv(
     unless its command sets the flag itself (then the addresses are read from it; "" when
     it turns events off or connects out)."""
     argv = list(argv)
-    given = [a for a in argv if a == KV_EVENTS_FLAG or a.startswith(f"{KV_EVENTS_FLAG}=")]
-    if given:
-        config: object = None
-        for i, arg in enumerate(argv):
-            if arg == KV_EVENTS_FLAG and i + 1 < len(argv):
-                text = argv[i + 1]
-            elif arg.startswith(f"{KV_EVENTS_FLAG}="):
-                text = arg.partition("=")[2]
-            else:
-                continue
-            try:
-                config = json.loads(text)
-            except ValueError:
-                config = None
-        if not isinstance(config, dict) or not config.get("enable_kv_cache_events"):
-            return argv, "", ""
-        if config.get("publisher", "null") != "zmq":
-            return argv, "", ""
-        events = _subscribable(config.get("endpoint", "tcp://*:5557"))
-        return argv, events, _subscribable(config.get("replay_endpoint")) if events else ""
+    given = kv_events_addresses(argv, LOCAL_HOST)
+    if given is not None:
+        return argv, *given
     if engine not in KV_EVENTS_ENGINES or sockets is None:
         return argv, "", ""
     events = f"ipc://{sockets / name}.sock"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmplane.runtime.endpoint import pod_kv_events
 from llmplane.runtime.launch import kv_events_argv, kv_socket_dir
 
 
@@ -48,3 +49,17 @@ def test_a_command_that_sets_the_flag_keeps_it_and_is_read() -> None:
     for off in ('{"enable_kv_cache_events": false}', "not json", '{"publisher": "null"}'):
         assert kv_events_argv(["--kv-events-config", off], "vllm", Path("/x"), "n")[1:] == ("", "")
     assert kv_events_argv(["--kv-events-config"], "vllm", Path("/x"), "n")[1:] == ("", "")
+
+
+def test_a_pod_publishing_on_a_tcp_port_is_subscribed_at_its_ip() -> None:
+    config = json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
+         "replay_endpoint": "tcp://*:5558", "topic": "kv"}
+    )  # fmt: skip
+    pod = {"spec": {"containers": [{"name": "sidecar", "args": ["x"]},
+                                   {"command": ["vllm"], "args": ["--kv-events-config", config]}]}}  # fmt: skip
+    assert pod_kv_events(pod, "10.0.0.7") == ("tcp://10.0.0.7:5557", "tcp://10.0.0.7:5558")
+    ipc = config.replace("tcp://*:5557", "ipc:///tmp/kv.sock")  # not reachable from another pod
+    pod["spec"]["containers"][1]["args"][1] = ipc
+    assert pod_kv_events(pod, "10.0.0.7") == ("", "")
+    assert pod_kv_events({"spec": {"containers": "bad"}}, "10.0.0.7") == ("", "")
