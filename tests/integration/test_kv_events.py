@@ -355,3 +355,42 @@ def test_up_turns_events_on_for_its_sims_and_the_gateway_indexes_them(
     full = len(tokenize(prompt, VOCAB)) // BLOCK
     # Both replicas listed; the one that served holds the prompt's blocks, the other none.
     wait_for(lambda: sorted(blocks()) == [0.0, full], 10, what=f"[0, {full}] blocks indexed")
+
+
+async def test_sequence_numbers_starting_again_forget_the_replica(
+    subscriber: KVEventSubscriber, sockets: Path
+) -> None:
+    """A new publisher behind the same address (numbers from 0 again, the connection kept)."""
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    address = f"ipc://{sockets}/pub.sock"
+    pub.bind(address)
+
+    def batch(first: int) -> bytes:
+        stored = {"type": "BlockStored", "block_hashes": [first], "parent_block_hash": None,
+                  "token_ids": [first] * 4, "block_size": 4}  # fmt: skip
+        return msgpack.packb([time.time(), [stored]])
+
+    try:
+        subscriber.sync([Endpoint("p:1", model_name="m", kv_events=address)])
+
+        async def up() -> bool:
+            await pub.send_multipart((b"kv", (0).to_bytes(8, "big"), batch(7)))
+            return subscriber.index.held("p:1") == 1
+
+        await eventually(up, every=0.05, what="the subscription is up")
+        feed = subscriber.feeds["p:1"]
+        for seq in (1, 2):
+            await pub.send_multipart((b"kv", seq.to_bytes(8, "big"), batch(10 + seq)))
+        await eventually(lambda: subscriber.index.held("p:1") == 3, what="three blocks")
+        resets = feed.resets  # (the probes above may have sent 0 twice already)
+        await pub.send_multipart((b"kv", (0).to_bytes(8, "big"), batch(99)))
+        await eventually(
+            lambda: set(subscriber.index.replicas["p:1"].blocks) == {99},
+            what="only the new publisher's block",
+        )
+        assert feed.resets == resets + 1
+    finally:
+        pub.close(0)
+        ctx.term()

@@ -28,7 +28,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -279,42 +280,53 @@ class KVEventSubscriber:
 
     def collect(self) -> Iterator[Metric]:
         """Per replica (labelled by its address): blocks indexed, event lag, gaps."""
-        blocks = GaugeMetricFamily(
-            "llmplane_gateway_endpoint_kv_blocks",
-            "KV blocks the gateway's index holds for the endpoint (from its KV events)",
-            labels=["endpoint"],
-        )
-        lag = GaugeMetricFamily(
-            "llmplane_gateway_endpoint_kv_event_lag_seconds",
-            "Age of the endpoint's last KV event batch when it arrived",
-            labels=["endpoint"],
-        )
-        replayed = CounterMetricFamily(
-            "llmplane_gateway_kv_gaps_replayed",
-            "Gaps in an endpoint's KV events filled from its replay endpoint",
-            labels=["endpoint"],
-        )
-        lost = CounterMetricFamily(
-            "llmplane_gateway_kv_gaps_lost",
-            "Gaps in an endpoint's KV events that could not be replayed (its blocks forgotten)",
-            labels=["endpoint"],
-        )
-        resets = CounterMetricFamily(
-            "llmplane_gateway_kv_resets",
-            "Times an endpoint's blocks were forgotten: restart, dropped connection",
-            labels=["endpoint"],
-        )
+        families = []
+        for kind, name, doc, value in _METRICS:
+            family = kind(name, doc, labels=["endpoint"])
+            for replica, feed in self.feeds.items():
+                family.add_metric([replica], value(self.index, replica, feed))
+            families.append(family)
         dropped = CounterMetricFamily(
             "llmplane_gateway_kv_events_dropped",
             "KV event messages (or single events: reason 'event') refused",
             labels=["endpoint", "reason"],
         )
         for replica, feed in self.feeds.items():
-            blocks.add_metric([replica], self.index.held(replica))
-            lag.add_metric([replica], feed.lag)
-            replayed.add_metric([replica], feed.gaps_replayed)
-            lost.add_metric([replica], feed.gaps_lost)
-            resets.add_metric([replica], feed.resets)
             for reason, count in feed.dropped.items():
                 dropped.add_metric([replica, reason], count)
-        yield from (blocks, lag, replayed, lost, resets, dropped)
+        yield from (*families, dropped)
+
+
+# (family, name, help, value of one replica) of the per-replica metrics.
+_METRICS: tuple[tuple[Any, str, str, Callable[[BlockIndex, str, Feed], float]], ...] = (
+    (
+        GaugeMetricFamily,
+        "llmplane_gateway_endpoint_kv_blocks",
+        "KV blocks the gateway's index holds for the endpoint (from its KV events)",
+        lambda index, replica, _: index.held(replica),
+    ),
+    (
+        GaugeMetricFamily,
+        "llmplane_gateway_endpoint_kv_event_lag_seconds",
+        "Age of the endpoint's last KV event batch when it arrived",
+        lambda _, __, feed: feed.lag,
+    ),
+    (
+        CounterMetricFamily,
+        "llmplane_gateway_kv_gaps_replayed",
+        "Gaps in an endpoint's KV events filled from its replay endpoint",
+        lambda _, __, feed: feed.gaps_replayed,
+    ),
+    (
+        CounterMetricFamily,
+        "llmplane_gateway_kv_gaps_lost",
+        "Gaps in an endpoint's KV events that could not be replayed (its blocks forgotten)",
+        lambda _, __, feed: feed.gaps_lost,
+    ),
+    (
+        CounterMetricFamily,
+        "llmplane_gateway_kv_resets",
+        "Times an endpoint's blocks were forgotten: restart, dropped connection",
+        lambda _, __, feed: feed.resets,
+    ),
+)
