@@ -190,8 +190,9 @@ class Feed:
                 )
                 self.gaps_lost += 1
                 self.index.clear(self.replica)
-        if upto is not None and self.expected is not None and self.expected > upto:
-            self.replayed = range(upto, self.expected)
+        if self.expected is not None and self.expected > start:
+            # Numbers the replay applied may still arrive live (queued meanwhile): not a reset.
+            self.replayed = range(start, self.expected)
 
     async def _fetch(self, dealer: zmq.asyncio.Socket, start: int) -> tuple[bool, bool]:
         """(whether the end marker came, whether batches were missing on the way)."""
