@@ -215,6 +215,9 @@ async def test_a_restarted_sim_is_forgotten_within_a_second(
     await complete(client, again.address, prompts(2)[1])
     cache = await sim_cache(client, again.address)
     await eventually(lambda: indexed(subscriber, sim.address) == cache, what="relearnt")
+    subscriber.sync([])  # the replica leaves discovery: it leaves the index
+    assert sim.address not in subscriber.index.replicas and not subscriber.feeds
+    assert subscriber.index.sizes["m"] == 0
 
 
 async def test_hostile_publishers_cost_a_counter_not_the_index(

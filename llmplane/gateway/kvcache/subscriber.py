@@ -223,38 +223,37 @@ class KVEventSubscriber:
     """Feeds for every endpoint that publishes KV events, into one ``BlockIndex``."""
 
     def __init__(
-        self, index: BlockIndex | None = None, limits: Limits = Limits(), replay_timeout=1.0
+        self,
+        index: BlockIndex | None = None,
+        limits: Limits = Limits(),
+        replay_timeout: float = 1.0,
     ) -> None:
         self.index = index if index is not None else BlockIndex()
         self.limits = limits
         self.replay_timeout = replay_timeout
         self.feeds: dict[str, Feed] = {}
         self._ctx: zmq.asyncio.Context | None = None
-
-    def publishes(self, replica: str) -> bool:
-        return replica in self.feeds
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._refused: set[tuple[str, tuple[str, str]]] = set()  # warned about once
 
     def sync(self, endpoints: Iterable[Endpoint]) -> None:
         """Subscribe to new publishers, drop the ones gone (call on the event loop)."""
         wanted = {e.address: e for e in endpoints if e.kv_events}
-        for replica in [r for r in self.feeds if r not in wanted]:
-            feed = self.feeds.pop(replica)
-            asyncio.get_running_loop().create_task(feed.stop())
-            self.index.remove_replica(replica)
-        for replica, endpoint in wanted.items():
-            feed = self.feeds.get(replica)
-            if feed is not None and (feed.events, feed.replay) == (
+        for replica, feed in list(self.feeds.items()):
+            endpoint = wanted.get(replica)
+            if endpoint is None or (feed.events, feed.replay) != (
                 endpoint.kv_events,
                 endpoint.kv_events_replay,
             ):
+                self._drop(replica)
+        for replica, endpoint in wanted.items():
+            if replica in self.feeds:
                 continue
-            if feed is not None:
-                asyncio.get_running_loop().create_task(feed.stop())
-                self.index.remove_replica(replica)
-            if not valid_events_address(endpoint.kv_events) or (
-                endpoint.kv_events_replay and not valid_events_address(endpoint.kv_events_replay)
-            ):
-                log.warning("endpoint %s: KV events address not tcp:// or ipc://", replica)
+            addresses = (endpoint.kv_events, endpoint.kv_events_replay)
+            if not all(valid_events_address(a) for a in addresses if a):
+                if (replica, addresses) not in self._refused:
+                    self._refused.add((replica, addresses))
+                    log.warning("endpoint %s: KV events address not tcp:// or ipc://", replica)
                 continue
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
@@ -271,10 +270,19 @@ class KVEventSubscriber:
             self.feeds[replica] = feed
             feed.start()
 
+    def _drop(self, replica: str) -> None:
+        feed = self.feeds.pop(replica)
+        stopping = asyncio.get_running_loop().create_task(feed.stop())
+        self._stopping.add(stopping)  # (a task nothing refers to may be collected)
+        stopping.add_done_callback(self._stopping.discard)
+        self.index.remove_replica(replica)
+
     async def close(self) -> None:
         feeds, self.feeds = list(self.feeds.values()), {}
         for feed in feeds:
             await feed.stop()
+        for task in list(self._stopping):
+            await task
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
