@@ -7,9 +7,9 @@ consecutive blocks of one chain in one ``BlockStored`` (parent hash None for blo
 The PUB socket binds when the endpoint is ``ipc://`` or ``inproc://`` or has a ``*``, else it
 connects (vLLM's rule). With a ``replay_endpoint``, a ROUTER socket answers a request
 ``[b"", start sequence as 8 bytes]`` with every buffered batch from ``start`` on (``[b"",
-seq, payload]`` each, at most ``buffer_steps`` kept) and an end marker ``[b"", -1 as 8 signed
-bytes, b""]``. ``wire="positional"`` sends each event as a tagged array, as vLLM releases
-before 0.32 did.
+topic, seq, payload]`` each, at most ``buffer_steps`` kept) and an end marker ``[b"", b"", -1
+as 8 signed bytes, b""]``, as vLLM 0.32 does. ``wire="positional"`` sends each event as a
+tagged array, as vLLM releases before 0.32 did.
 """
 
 from __future__ import annotations
@@ -153,8 +153,10 @@ class KVEventPublisher:
             first = int.from_bytes(start, "big")
             for seq, payload in list(self.buffer):
                 if seq >= first:
-                    await self.replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-            await self.replay.send_multipart((client, b"", END_SEQ, b""))
+                    await self.replay.send_multipart(
+                        (client, b"", self.topic, seq.to_bytes(8, "big"), payload)
+                    )
+            await self.replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
     def close(self) -> None:
         if self._task is not None:

@@ -6,8 +6,9 @@ endpoints). Each message is three frames: topic (any; all are taken), an 8-byte 
 sequence number, the msgpack batch (``events.decode_batch``). The feed follows the numbers:
 
 - a number past the next one expected is a gap: the missing batches are asked from the
-  replica's replay endpoint (``kv_events_replay``, a ROUTER: ``[b"", start]`` -> ``[b"", seq,
-  payload]``... then ``[b"", -1, b""]``) and applied in order before the message; without a
+  replica's replay endpoint (``kv_events_replay``, a ROUTER: ``[b"", start]`` -> ``[b"", topic,
+  seq, payload]``... then ``[b"", b"", -1, b""]`` from vLLM 0.32, the same without the topic
+  frame from earlier releases) and applied in order before the message; without a
   replay endpoint, or when the engine no longer buffers them, the replica's blocks are
   forgotten (under-predicting is safe, predicting blocks that are gone is not);
 - on connecting (first time or again), batches the engine still buffers are replayed from 0,
@@ -203,6 +204,9 @@ class Feed:
             if not await dealer.poll(left * 1000):
                 return False, hole
             frames = await dealer.recv_multipart()
+            # vLLM 0.32: [b"", topic, seq, payload]; earlier releases: [b"", seq, payload].
+            if len(frames) == 4:
+                frames = [frames[0], frames[2], frames[3]]
             if len(frames) != 3 or len(frames[1]) != 8:
                 self.dropped["frames"] += 1
                 return False, hole
