@@ -28,6 +28,9 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.kvcache.events import Limits
 from llmplane.gateway.kvcache.index import block_keys
 from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
+from llmplane.gateway.request import InferenceRequest
+from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.precise_prefix import SimTokens
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.sim.kvcache import chain_hashes
 from llmplane.sim.tokenizer import tokenize
@@ -397,3 +400,24 @@ async def test_sequence_numbers_starting_again_forget_the_replica(
     finally:
         pub.close(0)
         ctx.term()
+
+
+async def test_the_sims_token_ids_are_what_the_sim_computes(
+    processes: Processes, client: aiohttp.ClientSession
+) -> None:
+    """The scorer keys a request by the token ids the sim itself computes (its /tokenize)."""
+    sim = processes.sim("m", "--time-scale", "0")
+    chat = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "héllo wörld " * 20}]}]}  # fmt: skip
+    for path, body in (
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", {**chat, "add_generation_prompt": False}),
+        ("/v1/completions", {"model": "m", "prompt": "once upon a time " * 30}),
+    ):
+        request = InferenceRequest(path, {}, orjson.dumps(body))
+        ctx = SchedulingContext("m", request=request)
+        ours = SimTokens().token_ids(ctx, "sim")
+        asked = {k: v for k, v in body.items() if k != "model"} | {"model": "m"}
+        async with client.post(f"http://{sim.address}/tokenize", json=asked) as r:
+            assert ours == (await r.json())["tokens"], path
+        assert SimTokens().token_ids(ctx, "vllm") is None
