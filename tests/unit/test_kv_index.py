@@ -141,8 +141,14 @@ def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> Non
         0.0,
         1.0,
     ]
-    scorer.tokens = Tokens(None)  # cannot tokenize: the approximate scores for all
-    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a", "c")) == [0.0, 1.0]
+    # Cannot tokenize: the approximate scores for all, publishing or not ("c" is held there).
+    scorer.tokens = Tokens(None)
+    fallback.index.add("a", fallback.hashes(SchedulingContext("m", b"x" * 64)))
+    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a", "b", "c")) == [
+        1.0,
+        0.0,
+        1.0,
+    ]
 
 
 def test_the_default_profile_takes_the_precise_scorer_while_replicas_publish() -> None:

@@ -30,6 +30,7 @@ from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.sim.tokenizer import render_chat, tokenize
 
 SIM_VOCAB = 128_256  # the sim's default --vocab-size
+_UNKNOWN = object()
 
 
 class TokenSource(Protocol):
@@ -92,20 +93,21 @@ class PrecisePrefixCacheScorer:
         self.index: BlockIndex | None = None
         self.tokens: TokenSource | None = None
 
-    def matches(self, ctx: SchedulingContext, model: str, engine: str) -> dict[str, float]:
-        """Replica -> score for the replicas of ``model`` holding the request's first block
-        (kept in ``ctx.cache`` for the request's later stages)."""
+    def matches(self, ctx: SchedulingContext, model: str, engine: str) -> dict[str, float] | None:
+        """Replica -> score for the replicas of ``model`` holding the request's first block;
+        None when the request's token ids are not known (kept in ``ctx.cache``)."""
         key = (self, model, engine)
-        found = ctx.cache.get(key)
-        if found is not None:
+        found = ctx.cache.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
             return found
-        found = {}
         index, tokens = self.index, self.tokens
-        sizes = index.block_sizes(model) if index is not None else []
-        ids = tokens.token_ids(ctx, engine) if sizes and tokens is not None else None
-        if ids and index is not None:
+        ids = tokens.token_ids(ctx, engine) if tokens is not None else None
+        if ids is None or index is None:
+            found = None
+        else:
+            found = {}
             root = root_key(ctx.model if ctx.lora else None)
-            for size in sizes:
+            for size in index.block_sizes(model):
                 keys = block_keys(ids, size, root)
                 if keys:
                     total = len(keys)
@@ -121,6 +123,8 @@ class PrecisePrefixCacheScorer:
         if first is None or not any(e.key in publishing for e in endpoints):
             return self._fallback(ctx, endpoints)
         scores = self.matches(ctx, replica_model(first), first.engine)
+        if scores is None:  # not tokenized: the approximate scores for every replica
+            return self._fallback(ctx, endpoints)
         if all(e.key in publishing for e in endpoints):
             return list(map(scores.get, (e.key for e in endpoints), repeat(0.0)))
         approximate = self._fallback(ctx, endpoints)
