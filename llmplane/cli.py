@@ -22,8 +22,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmplane.api.base import Resource
-from llmplane.api.documents import InvalidResources, Parsed, dump_resource, parse_paths, parse_text
-from llmplane.api.registry import KINDS, resolve_kind
+from llmplane.api.documents import (
+    InvalidResources,
+    Parsed,
+    parse_paths,
+    parse_text,
+    stored_form,
+)
+from llmplane.api.registry import KINDS, in_version, resolve_kind
 from llmplane.printing import age, cell, jsonpath, to_yaml
 
 if TYPE_CHECKING:
@@ -88,6 +94,16 @@ def _read(files: list[str]) -> Parsed:
     return parsed
 
 
+def _check_capacity(resources: list[Resource]) -> None:
+    """What the embedded runtime cannot run is refused before anything is stored (the
+    replica ceiling, llmplane/runtime/capacity.py; Kubernetes has no such ceiling)."""
+    from llmplane.runtime import capacity
+
+    problems = capacity.check(resources)
+    if problems:
+        raise InvalidResources(problems)
+
+
 def _warn(warnings: list[str]) -> None:
     for w in warnings:
         err.print(f"[yellow]Warning:[/] {w}")
@@ -107,14 +123,27 @@ def validate(files: Files) -> None:
 
 
 @app.command()
-def apply(files: Files, state_dir: StateDir = None) -> None:
+def apply(
+    files: Files,
+    state_dir: StateDir = None,
+    force_conflicts: Annotated[
+        bool,
+        typer.Option(
+            "--force-conflicts",
+            help="Let the files replace fields llmplane's commands write (a Tenant's keys): "
+            "without it, fields a file leaves out are kept and dropping or changing them is "
+            "refused.",
+        ),
+    ] = False,
+) -> None:
     """Create or update resources. If any document is invalid, nothing is stored."""
     parsed = _read(files)
     _warn(parsed.warnings)
+    _check_capacity(parsed.resources)
     store = _store(state_dir)
-    docs = [dump_resource(r) for r in parsed.resources]
+    docs = [stored_form(r) for r in parsed.resources]
     before = [_get_or_none(store, d) for d in docs]
-    after = store.apply_many(docs)
+    after = store.apply_many(docs, force_conflicts=force_conflicts)
     for old, new, r in zip(before, after, parsed.resources, strict=True):
         if old is None:
             verb = "created"
@@ -182,6 +211,7 @@ def get(
             fail(f"invalid label selector: {e}")
         for message in store.corrupt(kind_name, ns):  # skipped by list: say so, by kind/name
             err.print(f"[yellow]Warning:[/] skipped {escape(message)}")
+    items = [in_version(o, cls) for o in items]
     if output == "yaml":
         if name:
             out.print(to_yaml(items[0]), end="")
@@ -454,9 +484,14 @@ def up(
 
     from rich.logging import RichHandler
 
+    from llmplane.runtime.capacity import CeilingSettingError, replica_ceiling
     from llmplane.store.paths import state_dir as resolve_state_dir
     from llmplane.up import run_up
 
+    try:
+        replica_ceiling()  # a bad LLMPLANE_MAX_REPLICAS is one line now, not a traceback later
+    except CeilingSettingError as e:
+        fail(str(e))
     gpu_ids = None
     if gpus is not None:
         from llmplane.runtime.placement import parse_device_list
@@ -469,7 +504,8 @@ def up(
     if files:
         parsed = _read(files)
         _warn(parsed.warnings)
-        docs = [dump_resource(r) for r in parsed.resources]
+        _check_capacity(parsed.resources)
+        docs = [stored_form(r) for r in parsed.resources]
     if port:
         with socket.socket() as probe:
             # As the real listener binds: connections the last `up` left in TIME_WAIT are fine.
@@ -500,6 +536,9 @@ def up(
         handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    from llmplane.fdlimit import raise_open_files
+
+    raise_open_files()  # before the workers fork (they inherit it): llmplane/fdlimit.py
     if access_log:
         import sys
 

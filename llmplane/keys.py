@@ -62,7 +62,8 @@ def _change(
         edit(doc["spec"])
         resource, _ = parse_document(doc)  # raises InvalidResources: nothing stored
         try:
-            return store.apply(dump_resource(resource))
+            # This command owns spec.keys (Tenant.api_owned): it may drop and change keys.
+            return store.apply(dump_resource(resource), force_conflicts=True)
         except Conflict:
             continue
     raise KeyError_(f"Tenant/{tenant} keeps changing; try again")

@@ -9,16 +9,23 @@ from typing import Any
 import yaml
 
 _FILTER = re.compile(r'^(\w+)\[\?\(@\.(\w+)=="([^"]*)"\)\]$')
+_INDEX = re.compile(r"^(\w+)\[(\d+)\]$")
 
 
 def jsonpath(obj: Any, path: str) -> Any:
-    """The subset of JSONPath that CRD printer columns use: ``.a.b`` and ``.a[?(@.k=="v")].c``."""
+    """The subset of JSONPath that CRD printer columns use: ``.a.b``, ``.a[0].c`` and
+    ``.a[?(@.k=="v")].c``."""
     current = obj
     for part in _split(path):
         if current is None:
             return None
+        index = _INDEX.match(part)
         match = _FILTER.match(part)
-        if match:
+        if index:
+            field, i = index.group(1), int(index.group(2))
+            items = current.get(field) if isinstance(current, dict) else None
+            current = items[i] if isinstance(items, list) and i < len(items) else None
+        elif match:
             field, key, value = match.groups()
             items = current.get(field) if isinstance(current, dict) else None
             current = next(

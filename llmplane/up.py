@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmplane.aio import call_on
-from llmplane.api.documents import dump_resource, parse_text
+from llmplane.api.documents import parse_text, stored_form
 from llmplane.gcpolicy import freeze_survivors
 from llmplane.store.base import Store
 
@@ -34,7 +34,7 @@ def builtin_backends() -> list[dict[str, Any]]:
     docs = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
-            docs += [dump_resource(r) for r in parse_text(entry.read_text(), entry.name).resources]
+            docs += [stored_form(r) for r in parse_text(entry.read_text(), entry.name).resources]
     return docs
 
 

@@ -168,6 +168,24 @@ class ConditionedStatus(ApiModel):
     conditions: list[Condition] | None = None
 
 
+@dataclass(frozen=True)
+class ApiOwned:
+    """A field llmplane's own commands write into a user's object (a Tenant's ``spec.keys``,
+    written by ``llmplane keys``), as a field manager other than the user owns it under
+    Kubernetes' server-side apply.
+
+    An apply whose document leaves the field out keeps the stored value (``dump_resource``
+    leaves it out of the wire form, the store keeps what it has); a document that gives it may
+    add to it but not drop or change what is stored unless the apply forces it
+    (``llmplane/store/owned.py``). ``list_key`` makes a list of objects mergeable item by item,
+    like ``x-kubernetes-list-map-keys`` (it is also that in the CRD).
+    """
+
+    path: str  # in wire form, dotted: "spec.keys"
+    writer: str  # who writes it, for messages: "llmplane keys"
+    list_key: str | None = None
+
+
 class Resource(ApiModel):
     """A top-level object. Subclasses set the class variables that describe the kind."""
 
@@ -183,6 +201,8 @@ class Resource(ApiModel):
     printer_columns: ClassVar[tuple[tuple[str, str, str], ...]] = ()
     # Column title -> a JSONPath `llmplane get` shows when the column's own path finds nothing.
     printer_fallbacks: ClassVar[dict[str, str]] = {}
+    # Fields llmplane's commands write and an apply of the user's file must not erase.
+    api_owned: ClassVar[tuple[ApiOwned, ...]] = ()
 
     api_version: str
     kind: str

@@ -30,7 +30,7 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from llmplane.api.base import Resource
-from llmplane.api.registry import KINDS
+from llmplane.api.registry import KINDS, SERVED
 
 CATEGORY = "llmplane"
 GENERATED_HEADER = (
@@ -87,6 +87,9 @@ _PLAIN_KEYWORDS = (
     "maxItems",
     "minProperties",
     "maxProperties",
+    # CEL rules a model declares for the API server (json_schema_extra); llmplane checks the
+    # same rules in ``check()``.
+    "x-kubernetes-validations",
 )
 _PRINTER_COLUMN_TYPES = frozenset({"integer", "number", "string", "boolean", "date"})
 
@@ -381,7 +384,21 @@ def openapi_schema(cls: type[Resource]) -> dict[str, Any]:
         schema.pop("required", None)
     schema.pop(PRESERVE_UNKNOWN, None)
     schema.pop("default", None)
+    for owned in cls.api_owned:
+        if owned.list_key is not None:
+            _keyed_list(schema, owned.path.split("."), owned.list_key)
     return _Converter._ordered(schema)
+
+
+def _keyed_list(schema: dict[str, Any], path: list[str], key: str) -> None:
+    """Make the list at ``path`` a map list keyed by ``key``: server-side apply then merges it
+    item by item between field managers (``kubectl apply --server-side`` of a Tenant file keeps
+    the keys another manager added), as the embedded store does with API-owned fields."""
+    node = schema
+    for part in path:
+        node = node["properties"][part]
+    node["x-kubernetes-list-type"] = "map"
+    node["x-kubernetes-list-map-keys"] = [key]
 
 
 def _kind(cls: type[Resource]) -> str:
@@ -451,11 +468,15 @@ def crd_document(cls: type[Resource]) -> dict[str, Any]:
 
 
 def _kinds_in_order() -> list[type[Resource]]:
-    return sorted(KINDS.values(), key=lambda c: (c.group, c.plural))
+    """Every storage version, and the served versions Kubernetes knows as resources of their
+    own (an older group: InferencePool in inference.networking.x-k8s.io)."""
+    own = [v.model for v in SERVED.values() if v.crd and v.model is not None]
+    return sorted([*KINDS.values(), *own], key=lambda c: (c.group, c.plural))
 
 
 def crd_documents() -> list[dict[str, Any]]:
-    """One CRD per registered kind, sorted by group and plural."""
+    """One CRD per registered kind (and per served version in a group of its own), sorted
+    by group and plural."""
     return [crd_document(cls) for cls in _kinds_in_order()]
 
 

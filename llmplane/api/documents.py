@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from llmplane.api import safe_yaml
 from llmplane.api.base import Resource, join_path
 from llmplane.api.legacy import upgrade_legacy_fields
-from llmplane.api.registry import KINDS
+from llmplane.api.registry import KINDS, SERVED, to_storage
 
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -176,13 +176,23 @@ def parse_document(doc: Any, where: str = "") -> tuple[Resource, list[str]]:
             [f"{prefix}{label}: kind: unknown kind {kind!r}{hint}; known: {', '.join(KINDS)}"]
         )
     expected = cls.api_version_string()
-    if doc.get("apiVersion") != expected:
+    api_version = doc.get("apiVersion")
+    served = SERVED.get((api_version, kind)) if isinstance(api_version, str) else None
+    if api_version != expected and served is None:
+        accepted = [expected, *(v for v, k in SERVED if k == kind)]
         raise InvalidResources(
             [
-                f"{prefix}{label}: apiVersion: must be {expected!r} for {kind}, got {doc.get('apiVersion')!r}"
+                f"{prefix}{label}: apiVersion: must be "
+                f"{' or '.join(repr(v) for v in accepted)} for {kind}, got {api_version!r}"
             ]
         )
     doc, warnings = upgrade_legacy_fields(doc)
+    if served is not None and served.model is None:
+        # The same schema under an older group: validated and stored as the current one.
+        doc = served.to_storage(doc)
+        warnings.append(f"apiVersion {api_version} is deprecated: stored as {expected}")
+    elif served is not None:
+        cls = served.model  # validated as written; ``to_storage`` converts it for the store
     warnings = [f"{prefix}{label}: {w}" for w in warnings]
     try:
         resource = cls.model_validate(doc)
@@ -280,9 +290,46 @@ def parse_paths(paths: Iterable[str | Path]) -> Parsed:
     return parsed
 
 
+def _was_set(model: BaseModel, path: list[str]) -> bool:
+    """Whether the document gave the field at ``path`` (wire names), not only its default."""
+    node: Any = model
+    for part in path:
+        if not isinstance(node, BaseModel):
+            return True  # below a free-form value: it was given with it
+        name = next((n for n, f in type(node).model_fields.items() if (f.alias or n) == part), None)
+        if name is None or name not in node.model_fields_set:
+            return False
+        node = getattr(node, name)
+    return True
+
+
+def _drop(data: dict[str, Any], path: list[str]) -> None:
+    for part in path[:-1]:
+        data = data.get(part)  # type: ignore[assignment]
+        if not isinstance(data, dict):
+            return
+    data.pop(path[-1], None)
+
+
+def stored_form(resource: Resource) -> dict[str, Any]:
+    """What the store keeps: the wire form in the kind's storage version (a v1alpha2
+    InferencePool becomes a v1 one)."""
+    data = dump_resource(resource)
+    converted = to_storage(data)
+    if converted is data:
+        return data
+    return dump_resource(KINDS[data["kind"]].model_validate(converted))
+
+
 def dump_resource(resource: Resource) -> dict[str, Any]:
-    """The wire form: user's fields plus defaults, in Kubernetes' top-level key order."""
+    """The wire form: user's fields plus defaults, in Kubernetes' top-level key order.
+
+    API-owned fields (``Resource.api_owned``) the document did not set are left out, not
+    defaulted: an apply of it then keeps what llmplane's commands wrote there."""
     data = resource.to_dict()
+    for owned in type(resource).api_owned:
+        if not _was_set(resource, owned.path.split(".")):
+            _drop(data, owned.path.split("."))
     ordered = {
         k: data[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in data
     }

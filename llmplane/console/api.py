@@ -13,12 +13,15 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
 - ``resources``: every stored object of every kind, as YAML (credentials masked);
 - ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only);
 - ``whoami``: what the presented key may do (``admin``: read the console API; ``chat``: call
-  ``/v1``), always 200, so the page learns it needs a key without a 401 (which the browser
+  ``/v1``; ``adminKey``: whether an admin key is configured), always 200, so the page learns it needs a key without a 401 (which the browser
   logs as a failed resource).
 
-Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). Without
-tenants everything is allowed, as the rest of the gateway is; when tenants and an admin key
-exist, pass a check of that key here (the static files carry no data and stay public).
+Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). By default
+(``key_refusal``): the admin key when one is configured, or once the gateway asks inference
+requests for a key (a Tenant exists, or it listens beyond loopback; without an admin key
+configured, nobody then reads it); else nothing, as the rest of a loopback gateway. The static
+files carry no data and stay public.
+Whatever is shown has its credentials masked (``redact.py``): resources, fleet messages, logs.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from llmplane.console.fleet import snapshot
-from llmplane.console.redact import redact
+from llmplane.console.redact import redact, redact_text
 from llmplane.console.stats import RequestStats, peer_totals, report_totals
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import Response
@@ -44,6 +47,9 @@ API = f"{PREFIX}/api"
 LOG_TAIL_BYTES = 64 * 1024
 API_NAMES = ("models", "fleet", "stats", "resources", "logs", "whoami")  # under API/
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# ASCII digits only: str.isdigit also takes other scripts' digits and superscripts, and int()
+# refuses 5,000 digits (fullmatch: "$" would let a trailing newline through).
+_INDEX = re.compile(r"[0-9]{1,6}")
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -105,12 +111,29 @@ def route_sources(table: Any) -> list[dict[str, str]]:
             via = "LoRA adapter"
         elif name in getattr(table, "inference_models", {}):
             via = "InferenceModel"
+        elif name in getattr(table, "rewrites", {}):
+            via = "InferenceModelRewrite"
         elif name in getattr(table, "defaults", {}):
             via = "served model"
         else:
             via = "no ready endpoint"
         out.append({"name": name, "via": via})
     return out
+
+
+def key_refusal(auth: Any, headers: Any) -> str | None:
+    """Why the console's API refuses a request (None: it may read): the admin key once one is
+    configured, and once inference needs a key (a Tenant exists, or the gateway listens beyond
+    loopback) whether or not one is. A tenant's key never reads it: tenants call models, the
+    console shows every tenant's models, replicas and logs."""
+    if auth.admin is not None:
+        return auth.admin_refusal(headers)
+    if not auth.enabled:
+        return None
+    return (
+        "the console's API needs the admin key once a Tenant exists, and none is configured: "
+        "run `llmplane keys admin` and start with the setting it prints (--gateway-config)"
+    )
 
 
 class Console:
@@ -122,8 +145,8 @@ class Console:
         self.gateway = gateway
         self.runtime = runtime
         auth = getattr(gateway, "auth", None)
-        if authorize is None and auth is not None:  # the gateway's admin key, if it has one
-            authorize = lambda request: auth.admin_refusal(request.headers)  # noqa: E731
+        if authorize is None and auth is not None:
+            authorize = lambda request: key_refusal(auth, request.headers)  # noqa: E731
         self.authorize = authorize
         seat = getattr(gateway, "seat", None)  # --workers N: count every worker's requests
         several = seat is not None and seat.workers > 1
@@ -181,7 +204,8 @@ class Console:
                 chat = False
             else:
                 tenant = caller.name if caller is not None else None
-        return _json({"admin": admin, "chat": chat, "tenant": tenant})
+        admin_key = getattr(auth, "admin", None) is not None
+        return _json({"admin": admin, "chat": chat, "tenant": tenant, "adminKey": admin_key})
 
     async def models(self, request: Any) -> Any:
         if (refused := self._refused(request)) is not None:
@@ -193,7 +217,7 @@ class Console:
             return refused
         data = snapshot(self.gateway.store, self.runtime, self.gateway, self.stats.prefix_hit_rate)
         data["embedded"] = self.runtime is not None
-        return _json(data)
+        return _json(redact(data))
 
     async def series(self, request: Any) -> Any:
         if (refused := self._refused(request)) is not None:
@@ -232,8 +256,8 @@ class Console:
         q = _query(request)
         namespace, _, name = q.get("workload", "").partition("/")
         replica = q.get("replica", "0")
-        if not (_NAME.match(namespace) and _NAME.match(name) and replica.isdigit()):
-            return _error(400, "give workload=NAMESPACE/NAME and replica=INDEX")
+        if not (_NAME.match(namespace) and _NAME.match(name) and _INDEX.fullmatch(replica)):
+            return _error(400, "give workload=NAMESPACE/NAME and replica=INDEX (0-999999)")
         key = f"{namespace}/{name}"
         if self.runtime.status(key) is None:
             return _error(404, f"no workload {key} is running here")
@@ -242,8 +266,11 @@ class Console:
             text = await asyncio.to_thread(_tail, path, LOG_TAIL_BYTES)
         except FileNotFoundError:
             text, note = "", f"replica {replica} of {key} has no log yet"
+        except OSError as err:  # unreadable: say so, as the page shows a missing log
+            text, note = "", f"the log of replica {replica} of {key} cannot be read: {err.strerror}"
         else:
             note = ""
+        text = redact_text(text)
         return _json({"workload": key, "replica": int(replica), "text": text, "note": note})
 
 

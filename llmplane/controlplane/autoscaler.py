@@ -27,7 +27,8 @@ from llmplane.api.units import parse_quantity
 from llmplane.controlplane import autoscaling
 from llmplane.controlplane.disaggregation import ROLES, role_service_name, role_spec
 from llmplane.controlplane.events import record_event
-from llmplane.store.base import Conflict, Store
+from llmplane.quiet import QuietRetries
+from llmplane.store.base import Conflict, Store, StoreUnavailable
 
 log = logging.getLogger("llmplane.autoscaler")
 
@@ -222,6 +223,7 @@ class Autoscaler:
         self.clock = clock
         self.deciders = Deciders(self.config.window)
         self._kicked = asyncio.Event()
+        self._store_trouble = QuietRetries(log, "autoscaling (writing replicas to the store)")
 
     def kick(self) -> None:
         """Decide now (a request is waiting for a model without a replica)."""
@@ -234,8 +236,12 @@ class Autoscaler:
                 if refresh is not None:
                     await refresh()
                 self.step()
+            except StoreUnavailable as err:  # disk full, locked: the next pass retries
+                self._store_trouble.failed(err)
             except Exception:  # a bug must not stop autoscaling for good
                 log.exception("autoscaling pass failed")
+            else:
+                self._store_trouble.succeeded()
             await wait_event(self._kicked, self.config.interval)
             self._kicked.clear()
 
@@ -295,8 +301,14 @@ class Autoscaler:
             now,
             role,
         )
-        if decision.desired != current:
-            self._scale(pg, decision.desired, decision.reason, current, role)
+        desired, reason = decision.desired, decision.reason
+        # The embedded runtime's replica ceiling (runtime/capacity.py): a Playground without
+        # maxReplicas must not be scaled past what this machine runs for one object.
+        ceiling = getattr(self.runtime, "max_replicas", None)
+        if ceiling is not None and desired > ceiling:
+            desired, reason = ceiling, f"{reason}; limited to {ceiling} (this machine's ceiling)"
+        if desired != current:
+            self._scale(pg, desired, reason, current, role)
 
     def _scale(
         self, pg: Playground, desired: int, reason: str, current: int, role: str | None = None

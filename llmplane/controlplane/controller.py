@@ -44,11 +44,13 @@ from llmplane.controlplane.status import (
     WorkloadState,
     model_status,
     playground_status,
+    pool_ref_statuses,
     same_status,
     service_status,
 )
+from llmplane.quiet import QuietRetries
 from llmplane.runtime.base import PROGRESS_REASONS, Runtime, RuntimeStatus
-from llmplane.store.base import Store
+from llmplane.store.base import Store, StoreUnavailable
 
 log = logging.getLogger("llmplane.controller")
 
@@ -66,6 +68,7 @@ class Controller:
         self.loads = ModelLoads(cache_dir, self.kick)
         self.kv_dir = cache_dir / "kv"  # shared-storage KV connectors: one directory per Playground
         self._realised: dict[str, str] = {}  # service key -> plan template hash + replicas
+        self._store_trouble = QuietRetries(log, "reconciling (writing status to the store)")
 
     def kick(self) -> None:
         self._dirty.set()
@@ -79,8 +82,12 @@ class Controller:
                 await asyncio.sleep(0.02)  # coalesce bursts of events
                 try:
                     await self.reconcile()
+                except StoreUnavailable as err:  # disk full, locked: the next pass retries
+                    self._store_trouble.failed(err)
                 except Exception:  # a bug must not stop the control loop
                     log.exception("reconcile failed")
+                else:
+                    self._store_trouble.succeeded()
         finally:
             watcher.cancel()
             self.loads.cancel()
@@ -144,6 +151,8 @@ class Controller:
                 await self.runtime.remove(key)
                 log.info("removed workload %s", key)
 
+        self._write_pool_ref_statuses()
+
         # Playground status mirrors its Service (written after the Service pass).
         for pg in playgrounds:
             if (pg.namespace, pg.name) not in aborted:
@@ -163,6 +172,20 @@ class Controller:
         self.store.update_status(obj["kind"], meta["name"], meta.get("namespace"), new)
         old = cond.get_condition(obj, condition)
         return old, cond.get_condition({"status": new}, condition)
+
+    def _write_pool_ref_statuses(self) -> None:
+        """``Accepted`` on InferenceObjectives and InferenceModelRewrites (status.py)."""
+        pools = {
+            (o["metadata"].get("namespace") or "default", o["metadata"]["name"])
+            for o in self.store.list("InferencePool")
+        }
+        objects = [
+            *self.store.list("InferenceObjective"),
+            *self.store.list("InferenceModelRewrite"),
+        ]
+        for obj, new in pool_ref_statuses(objects, pools):
+            meta = obj["metadata"]
+            self.store.update_status(obj["kind"], meta["name"], meta.get("namespace"), new)
 
     # --- OpenModel ----------------------------------------------------------------------------
 

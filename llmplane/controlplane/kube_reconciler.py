@@ -29,9 +29,15 @@ from llmplane.controlplane.disaggregation import (
 )
 from llmplane.controlplane.plan import BACKEND_LABEL, ROLE_LABEL
 from llmplane.controlplane.planning import PlanningError
-from llmplane.controlplane.status import playground_status, same_status, service_status
+from llmplane.controlplane.status import (
+    playground_status,
+    pool_ref_statuses,
+    same_status,
+    service_status,
+)
 from llmplane.kube import kinds
 from llmplane.kube.client import KubeClient
+from llmplane.kube.kinds import Kind
 from llmplane.kube.metadata import slim
 from llmplane.operator.resources import kind_for
 from llmplane.runtime import kube
@@ -192,6 +198,21 @@ class Reconciler:
             if (model and model in names) or (backend and backend == uses):
                 meta = obj["metadata"]
                 await self.playground(meta.get("namespace") or "default", meta["name"])
+
+    async def pool_refs(self) -> None:
+        """``Accepted`` on every InferenceObjective and InferenceModelRewrite, from whether the
+        InferencePool each names exists (in either group's CRD)."""
+        pool_kinds = [Kind.of("InferencePool"), *Kind.served_of(["InferencePool"])]
+        pools = {
+            (o["metadata"].get("namespace") or "default", o["metadata"]["name"])
+            for kind in pool_kinds
+            for o in await self.client.list(kind)
+        }
+        for name in ("InferenceObjective", "InferenceModelRewrite"):
+            kind = Kind.of(name)
+            for obj, status in pool_ref_statuses(await self.client.list(kind), pools):
+                meta = obj["metadata"]
+                await self.client.patch_status(kind, meta["name"], meta.get("namespace"), status)
 
 
 __all__ = ["Reconciler", "parse"]

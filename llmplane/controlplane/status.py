@@ -1,4 +1,5 @@
-"""Status of OpenModel, Playground and Service: pure functions both substrates write with.
+"""Status of OpenModel, Playground, Service, InferenceObjective and InferenceModelRewrite: pure
+functions both substrates write with.
 
 The embedded controller (``controlplane/controller.py``) and the Kubernetes operator
 (``controlplane/kube_reconciler.py``, driven by ``operator/``) observe different things (local replicas; LeaderWorkerSets and
@@ -19,6 +20,10 @@ One llmplane addition, on both substrates: when the workload reports *why* it is
 available (``EngineNotInstalled``, ``CrashLoopBackOff``, a model that failed to load ...), that
 reason and message go to the Service's and the Playground's ``Available`` condition at once,
 instead of a generic ``NotReady`` (llmaz has no such causes to report).
+
+InferenceObjective and InferenceModelRewrite (llm-d's): ``Accepted`` True ``Accepted`` when
+the InferencePool their ``poolRef`` names exists (either group), else Unknown ``Pending`` saying
+which pool is missing, as llm-d's router leaves them until it has the pool.
 
 Every function returns a new status dict and never mutates its input; applying one twice with
 the same inputs gives the same result (``lastTransitionTime`` moves only on a status change).
@@ -215,3 +220,36 @@ def same_status(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
         return s
 
     return strip(a) == strip(b)
+
+
+def pool_ref_status(
+    status: dict[str, Any] | None, pool: str, pool_found: bool, generation: int | None
+) -> dict[str, Any]:
+    """An InferenceObjective's or InferenceModelRewrite's status given whether its pool exists."""
+    new = copy.deepcopy(status or {})
+    if pool_found:
+        args: tuple[str, str, str] = ("True", "Accepted", f"InferencePool {pool!r} found")
+    else:
+        args = ("Unknown", "Pending", f"InferencePool {pool!r} does not exist (yet)")
+    new["conditions"] = set_condition(
+        new.get("conditions"), "Accepted", *args, generation=generation
+    )
+    return new
+
+
+def pool_ref_statuses(
+    objects: list[dict[str, Any]], pools: set[tuple[str, str]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(object, its new status) of each InferenceObjective / InferenceModelRewrite whose status
+    changes, given the (namespace, name) of every InferencePool."""
+    out = []
+    for obj in objects:
+        meta = obj["metadata"]
+        pool = ((obj.get("spec") or {}).get("poolRef") or {}).get("name")
+        if not isinstance(pool, str):
+            continue
+        found = (meta.get("namespace") or "default", pool) in pools
+        new = pool_ref_status(obj.get("status"), pool, found, meta.get("generation"))
+        if not same_status(obj.get("status"), new):
+            out.append((obj, new))
+    return out

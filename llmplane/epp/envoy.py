@@ -40,9 +40,10 @@ _HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProt
 
 
 def fail_open(pool: dict[str, Any]) -> bool:
-    """``failure_mode_allow`` for an InferencePool: its ``extensionRef.failureMode`` is
-    FailOpen (the API's default is FailClose)."""
-    ref = (pool.get("spec") or {}).get("extensionRef") or {}
+    """``failure_mode_allow`` for an InferencePool: its picker's ``failureMode`` is FailOpen
+    (the API's default is FailClose); v1's ``endpointPickerRef``, v1alpha2's ``extensionRef``."""
+    spec = pool.get("spec") or {}
+    ref = spec.get("endpointPickerRef") or spec.get("extensionRef") or {}
     return ref.get("failureMode", "FailClose") == "FailOpen"
 
 

@@ -10,8 +10,8 @@ room in the engine: what it is sent starts at once instead of waiting in its que
 configured, ``saturation_max_prefilling`` streams sent that have not yet answered their
 first chunk (prefills under way: one more in the same engine step would slow each of them
 down). Then, with flow control on, the request waits in the gateway (``gateway/flowcontrol/``);
-with it off, a ``Sheddable`` request (the route's criticality, else its tenant's) gets a 429
-with ``Retry-After``.
+with it off, a ``Sheddable`` request (the route's criticality, else its tenant's) or one whose
+InferenceObjective has a negative priority gets a 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.flowcontrol.queue import SHEDDABLE_BAND, Level, band_of
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.routing import Decision
@@ -68,10 +69,11 @@ class Admission:
         return room or candidates
 
     def admit(
-        self, model: str, decision: Decision, now: float, criticality: str, shed: bool = True
+        self, model: str, decision: Decision, now: float, level: Level, shed: bool = True
     ) -> Sequence[EndpointState]:
         """The candidates to schedule over, or the GatewayError to answer with (a Sheddable
-        request over saturated candidates only when ``shed``)."""
+        request, or one of a negative priority, over saturated candidates only when
+        ``shed``)."""
         backend = decision.backend
         if not backend.candidates:
             raise GatewayError(
@@ -80,7 +82,7 @@ class Admission:
                 "no_ready_endpoint",
             )
         candidates = self.outliers.available(backend.candidates, now)
-        if shed and criticality == "Sheddable" and self.all_saturated(candidates, now):
+        if shed and band_of(level) >= SHEDDABLE_BAND and self.all_saturated(candidates, now):
             raise GatewayError(
                 429,
                 f"model {model!r} is overloaded: every endpoint is saturated and this "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmplane.aio import run, wait_event
 from llmplane.console.api import Console
+from llmplane.fdlimit import raise_open_files
 from llmplane.gateway.config import ConfigFileError, GatewayConfig, load_checked
 from llmplane.gateway.discovery import Discovery
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
@@ -263,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigFileError as e:
         print(f"llmplane gateway: {e}", file=sys.stderr)
         return 2
+    raise_open_files()  # before any fork: the workers inherit it (llmplane/fdlimit.py)
     try:
         if args.workers > 1:
             return supervise(args, config)

@@ -15,7 +15,9 @@ from typing import Any
 import yaml
 
 from llmplane.api import safe_yaml
+from llmplane.fdlimit import client_connection_cap, open_files_limit
 from llmplane.gateway.apikeys import parse_admin_setting
+from llmplane.gateway.exposure import check_origins
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.upstream_client import KEEPALIVE_TIMEOUT
 
@@ -84,11 +86,17 @@ class GatewayConfig:
     # A request body must arrive within this many seconds of its head's end, else 408 and
     # close; 0: no limit (an idle connection is then closed after client_keepalive_timeout).
     client_body_timeout: float = 60.0
-    # Client connections open at once; over it a new one gets 503 and is closed. 0: no cap.
-    max_client_connections: int = 0
+    # Client connections one gateway process holds at once. At the cap a new connection
+    # closes an idle keep-alive one (no request under way) to make room, else it gets 503 and
+    # is closed. None: derived from the open-files limit (``fdlimit.client_connection_cap``,
+    # docs/security.md); 0: no cap (the control plane may then run out of descriptors).
+    max_client_connections: int | None = None
     # Host names requests may name (port ignored) besides the loopback names a gateway on a
     # loopback address always accepts; "*" accepts any. See gateway/exposure.py.
     allowed_hosts: list[str] = field(default_factory=list)
+    # Origins (scheme://host[:port], "null", "*": any) of web pages allowed to call the
+    # gateway besides its own; requests from other pages get 403. See gateway/exposure.py.
+    allowed_origins: list[str] = field(default_factory=list)
     # Activator (gateway/activator.py): requests for a model without a ready replica wait up
     # to this long (0: answer 503 at once), at most this many and this many bytes per model;
     # a 503 then says Retry-After this many seconds.
@@ -165,10 +173,20 @@ def config_from_dict(doc: dict[str, Any] | None) -> GatewayConfig:
 
 
 def _check_settings(config: GatewayConfig) -> None:
+    if isinstance(config.allowed_origins, str):
+        config.allowed_origins = [config.allowed_origins]
+    if not isinstance(config.allowed_origins, list):
+        raise ValueError("gateway.allowedOrigins: must be a list of origins")
+    check_origins(config.allowed_origins)
     if not isinstance(config.flow_control, bool):
         raise ValueError("gateway.flowControl: must be true or false")
     if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
         raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
+    connections = config.max_client_connections
+    if connections is not None and (
+        isinstance(connections, bool) or not isinstance(connections, int) or connections < 0
+    ):
+        raise ValueError("gateway.maxClientConnections: must be a whole number (0: no cap)")
     for name in ("clientHeaderTimeout", "clientBodyTimeout"):
         value = getattr(config, _snake(name))
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -187,6 +205,14 @@ def _check_settings(config: GatewayConfig) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             camel = "flowControl" + "".join(w.title() for w in name.split("_"))
             raise ValueError(f"gateway.{camel}: must be a whole number of at least 1")
+
+
+def client_connection_limit(config: GatewayConfig) -> int:
+    """The client-connection cap in force (0: none): the setting, else what this process's
+    open-files limit leaves after the control plane's reserve."""
+    if config.max_client_connections is not None:
+        return config.max_client_connections
+    return client_connection_cap(open_files_limit())
 
 
 def load_config(path: str | Path | None) -> GatewayConfig:

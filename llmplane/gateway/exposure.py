@@ -1,4 +1,5 @@
-"""Who may talk to the gateway from a browser: Host and Content-Type checks on every request.
+"""Who may talk to the gateway from a browser: Origin, Host and Content-Type checks on every
+request.
 
 A gateway on loopback is still reachable from any web page the same machine's browser opens:
 a page may POST a "simple" request (``text/plain``, form encodings: no CORS preflight) to
@@ -8,11 +9,19 @@ loopback name (``localhost``, ``127.0.0.1``, ``[::1]``, with any port) or one of
 ``GatewayConfig.allowed_hosts``; anywhere else ``allowed_hosts``, when set, is the list.
 ``"*"`` allows any host. POSTs must carry a JSON body type (or none at all): anything else is
 415. A request without ``Host`` (HTTP/1.0 tools) is not a browser's and passes.
+
+Pages on another origin (another port of 127.0.0.1 included) are refused outright, 403
+``origin_not_allowed``: an ``Origin`` header that is neither the request's own (its scheme
+aside, the same host and port as ``Host``) nor in ``GatewayConfig.allowed_origins``
+(``null``, what sandboxed frames and files send, included), and, without ``Origin``,
+``Sec-Fetch-Site: cross-site`` or ``same-site`` except a GET that opens a page (a link to the
+console). Clients outside browsers (curl, the ``openai`` client) send neither and pass.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Iterable
 
 from llmplane.gateway.clip import shown
@@ -20,6 +29,8 @@ from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import HttpRequest, Response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
+
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[^/?#@\s:\[\]]+)(:[0-9]{1,5})?$")
 
 Guard = Callable[[HttpRequest], Response | None]
 
@@ -43,10 +54,58 @@ def host_name(value: str) -> str:
     return name.rstrip(".")
 
 
-def make_guard(listen_host: str, allowed_hosts: Iterable[str]) -> Guard:
+def origin_name(value: str) -> str:
+    """An origin as a browser writes it: ``scheme://host[:port]`` in lower case."""
+    return value.strip().lower().rstrip("/")
+
+
+def check_origins(values: Iterable[str]) -> None:
+    """ValueError unless each of ``values`` is ``*``, ``null`` or ``scheme://host[:port]``."""
+    for value in values:
+        if not isinstance(value, str) or not (
+            value in ("*", "null") or _ORIGIN.match(origin_name(value))
+        ):
+            raise ValueError(
+                f"gateway.allowedOrigins: {value!r} is not an origin: write "
+                "scheme://host[:port] (no path), null or *"
+            )
+
+
+def cross_site(request: HttpRequest, allowed: frozenset[str]) -> str | None:
+    """What makes ``request`` one a page on another origin sent (None: nothing does)."""
+    headers = request.headers
+    origin = dict.get(headers, "origin")
+    if origin is not None:
+        name = origin.strip().lower()
+        if name in allowed:
+            return None
+        _, sep, authority = name.partition("://")
+        host = dict.get(headers, "host")
+        if sep and host is not None and authority == host.strip().lower():
+            return None  # the gateway's own page
+        return f"Origin {shown(origin)}"
+    site = dict.get(headers, "sec-fetch-site")
+    if site is not None and site.lower() in ("cross-site", "same-site"):
+        if (
+            request.method in ("GET", "HEAD")
+            and dict.get(headers, "sec-fetch-mode") == "navigate"
+            and dict.get(headers, "sec-fetch-dest") == "document"
+        ):
+            return None  # a link followed to a page: nothing the other site can read
+        return f"Sec-Fetch-Site {shown(site)}"
+    return None
+
+
+def make_guard(
+    listen_host: str, allowed_hosts: Iterable[str], allowed_origins: Iterable[str] = ()
+) -> Guard:
     """The check ``HttpServer`` runs before routing each request (None: let it through)."""
     if isinstance(allowed_hosts, str):  # one name written without a list
         allowed_hosts = [allowed_hosts]
+    if isinstance(allowed_origins, str):
+        allowed_origins = [allowed_origins]
+    origins = frozenset(origin_name(o) for o in allowed_origins)
+    any_origin = "*" in origins
     allowed = {host_name(h) for h in allowed_hosts}
     any_host = "*" in allowed
     if is_loopback(listen_host):
@@ -60,6 +119,21 @@ def make_guard(listen_host: str, allowed_hosts: Iterable[str]) -> Guard:
 
     def guard(request: HttpRequest) -> Response | None:
         headers = request.headers
+        if (
+            # Clients outside browsers send neither header: two lookups, no call.
+            (
+                dict.get(headers, "origin") is not None
+                or dict.get(headers, "sec-fetch-site") is not None
+            )
+            and not any_origin
+            and (foreign := cross_site(request, origins)) is not None
+        ):
+            return GatewayError(
+                403,
+                f"{foreign}: requests from web pages on other origins are refused (add the "
+                "page's origin to gateway.allowedOrigins)",
+                "origin_not_allowed",
+            ).response()
         if check_host:
             host = dict.get(headers, "host")
             if host is None or host in passed:

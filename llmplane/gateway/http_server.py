@@ -9,7 +9,8 @@ parsed by httptools' callbacks into plain slotted objects, a response is one
 
 What it does: keep-alive and pipelining (requests on a connection are answered in order), the
 request-body limit (413 without buffering the rest), ``Expect: 100-continue``, HEAD for GET
-routes, write back-pressure for streams, an idle keep-alive timeout, and a graceful close that
+routes, write back-pressure for streams, an idle keep-alive timeout, a cap on connections (at it,
+an idle one is closed to make room, else 503), and a graceful close that
 lets in-flight requests finish. A handler is cancelled when its client goes away (aiohttp's
 default is to let it run): its upstream connection closes and the engine aborts the request.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import socket
 import time
@@ -43,6 +45,7 @@ log = logging.getLogger("llmplane.gateway.http_server")
 MAX_HEADER_BYTES = 64 * 1024  # request line + headers; over it: 431
 MAX_QUEUED = 32  # pipelined requests waiting on one connection before reading pauses
 HEADER_TIMEOUT = 10.0  # seconds from a head's first byte (or from connecting) to its end
+EVICTION_SCAN = 64  # connections looked at for an idle one when a new one arrives at the cap
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _STATUS_LINES: dict[int, bytes] = {}
@@ -352,7 +355,11 @@ class _Protocol:
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         server = self.server
-        if server.max_connections and len(server.connections) >= server.max_connections:
+        if (
+            server.max_connections
+            and len(server.connections) >= server.max_connections
+            and not server.make_room()
+        ):
             server.refused += 1
             response = _error(503, "too many connections to the gateway", "server_busy")
             response.headers = {**(response.headers or {}), "Retry-After": "1"}
@@ -445,6 +452,17 @@ class _Protocol:
                     self._fail(_error(431, message, "headers_too_large"))
                     return
             view = view[len(piece) :]
+
+    def idle(self) -> bool:
+        """No request under way, queued or arriving (a keep-alive connection between requests,
+        or a new one that has sent nothing): closing it loses nothing."""
+        return (
+            not self.busy
+            and not self.queue
+            and not self._in_body
+            and not self.closed
+            and self._head_left == MAX_HEADER_BYTES
+        )
 
     def eof_received(self) -> None:
         """The client shut its side: the transport closes (asyncio.Protocol's default)."""
@@ -713,6 +731,7 @@ class HttpServer:
         self.max_connections = max_connections  # 0: no cap
         self.guard = guard  # checked before routing; a Response it returns is the answer
         self.refused = 0  # connections turned away by the cap
+        self.evicted = 0  # idle connections closed to make room for a new one at the cap
         self.timed_out = 0  # connections closed for sending a head too slowly
         self.connections: set[_Protocol] = set()
         self.closing = False
@@ -743,6 +762,18 @@ class HttpServer:
 
     def busy(self) -> bool:
         return any(c.busy for c in self.connections)
+
+    def make_room(self) -> bool:
+        """At the connection cap: close an idle connection for the new one. Looks at no more
+        than ``EVICTION_SCAN`` connections, so a cap full of busy ones costs a new connection
+        little; False then (the new one is refused)."""
+        for conn in itertools.islice(self.connections, EVICTION_SCAN):
+            if conn.idle():
+                self.evicted += 1
+                self.connections.discard(conn)  # its place is the new connection's now
+                conn.transport.close()
+                return True
+        return False
 
     async def start(
         self, host: str, port: int, backlog: int = 2048, sock: socket.socket | None = None

@@ -44,6 +44,7 @@ _FAILING_REASONS = frozenset(
         "LivenessProbeFailed",
         "EngineNotInstalled",
         "NoLocalCommand",
+        "ListensBeyondLoopback",
     }
 )
 
@@ -113,7 +114,7 @@ def activatable_routes(
     selectors: Mapping[str, tuple[str, dict[str, str]]],
     playgrounds: list[dict[str, Any]],
 ) -> None:
-    """ModelRoute and InferenceModel names whose every target selects no replica yet, while a
+    """ModelRoute, InferenceModel and InferenceModelRewrite names whose every target selects no replica yet, while a
     Playground whose replicas a target would select is activatable (scaled to zero, starting,
     restarting): the activator holds their requests too, for that Playground."""
     own = dict(table.activatable)  # the Playgrounds' own models
@@ -146,6 +147,8 @@ def activatable_routes(
         )
     for name, entries in table.inference_models.items():
         hold(name, [entry[3] for entry in entries])
+    for name, rewrites in table.rewrites.items():
+        hold(name, [rewrites[0].backend])
 
 
 @dataclass(frozen=True)

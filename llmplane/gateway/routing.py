@@ -14,9 +14,20 @@ Resolution order for the request's ``model``:
    adapter. No rule matches: 404.
 2. Inference Extension ``InferenceModel`` with that ``modelName``: a ``targetModels`` entry at
    random by share (weight / sum) is sent as ``model``; endpoints from its ``InferencePool``.
+   An ``InferenceModelRewrite`` (llm-d.ai) rule with an ``Exact`` match on it (the oldest
+   rewrite first, then rule order): a ``targets`` entry at random by weight is sent as
+   ``model``, to the replicas of the rewrite's InferencePool.
 3. Without extra YAML: endpoints serving it (label ``llmaz.io/model-name`` from a Playground,
    or the endpoint's own served model name); a Playground's claimed model with no ready
    endpoint yet gives 503, not 404.
+4. A model nothing above knows: an InferenceModelRewrite rule without ``matches`` (oldest
+   first), else 404.
+
+InferencePools of both versions (v1 ``inference.networking.k8s.io``, v1alpha2
+``inference.networking.x-k8s.io``) are read as v1 (``api/gie_v1.py``). A request to a pool
+that names an ``InferenceObjective`` of that pool in ``x-llm-d-inference-objective`` (or
+``x-gateway-inference-objective``) gets the objective's integer priority (``Decision.priority``)
+for flow control.
 
 Over 500 lines on purpose: ``build_table`` and the lookups it serves share one set of route and
 backend types; Playground helpers and LoRA adapters already live in playgrounds.py / adapters.py.
@@ -27,12 +38,14 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llmplane.api.gie import InferenceModel, InferencePool
+from llmplane.api.gie import InferenceModel
+from llmplane.api.gie_v1 import H2C, pool_v1
 from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
+from llmplane.api.llmd import OBJECTIVE_HEADERS, InferenceModelRewrite, InferenceObjective
 from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.disaggregated import GROUP_KEY, pd_pairs
@@ -54,7 +67,16 @@ PROFILE_ANNOTATION = "llmplane.io/scheduling-profile"
 # and stream_stall_timeout (a ModelServer's trafficPolicy.timeout wins over the first).
 TIMEOUT_ANNOTATION = "llmplane.io/upstream-timeout"
 STALL_ANNOTATION = "llmplane.io/stream-stall-timeout"
-ROUTE_KINDS = ("ModelRoute", "ModelServer", "InferencePool", "InferenceModel", "Playground")
+ROUTE_KINDS = (
+    "ModelRoute",
+    "ModelServer",
+    "InferencePool",
+    "InferenceModel",
+    "InferenceObjective",
+    "InferenceModelRewrite",
+    "Playground",
+)
+POOL_GROUPS = ("inference.networking.k8s.io", "inference.networking.x-k8s.io")
 SGLANG = "sglang"  # the prefill/decode mode of SGLang engines (paired by bootstrap room)
 
 
@@ -100,7 +122,7 @@ class Backend:
 class Decision:
     """One per request (a plain class: a frozen dataclass's __init__ costs a call per field)."""
 
-    __slots__ = ("backend", "criticality", "load", "lora", "model", "route", "tenant")
+    __slots__ = ("backend", "criticality", "load", "lora", "model", "priority", "route", "tenant")
 
     def __init__(
         self,
@@ -111,6 +133,7 @@ class Decision:
         lora: bool = False,
         load: DeclaredAdapter | None = None,
         tenant: str | None = None,
+        priority: int | None = None,
     ) -> None:
         self.route = route  # what matched, for metrics and logs
         self.backend = backend
@@ -121,6 +144,9 @@ class Decision:
         self.lora = lora
         self.load = load  # a declared adapter no replica holds: load it first
         self.tenant = tenant  # the caller's Tenant name (set by the route stage)
+        # The InferenceObjective's priority the request named (higher first); None: its
+        # criticality's (flowcontrol/queue.py PRIORITY).
+        self.priority = priority
 
     def __repr__(self) -> str:
         return f"Decision(route={self.route!r}, model={self.model!r})"
@@ -183,6 +209,17 @@ class _Route:
     order: tuple[str, str, str]
 
 
+@dataclass(frozen=True)
+class _Rewrite:
+    """One InferenceModelRewrite rule: the names to send (by weight; none: the request's)
+    and its pool's backend (None: ``problem`` says why there is none)."""
+
+    ref: str
+    targets: tuple[tuple[str, float], ...]
+    backend: Backend | None
+    problem: str
+
+
 def _pick_weighted(items: list[Any], weights: list[float]) -> Any:
     total = sum(weights)
     if total <= 0:
@@ -209,12 +246,37 @@ class RoutingTable:
     # Placeholders whose requests the activator may hold -> their workload (namespace/name).
     activatable: dict[str, str] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
+    # InferenceModelRewrite rules by exact model name, and those without matches; each in
+    # precedence order (oldest rewrite, then rule order).
+    rewrites: dict[str, list[_Rewrite]] = field(default_factory=dict)
+    fallbacks: list[_Rewrite] = field(default_factory=list)
+    # (pool ref, InferenceObjective name) -> its priority.
+    objectives: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def model_names(self) -> list[str]:
         names = set(self.routes_by_model) | set(self.routes_by_lora)
         names |= set(self.inference_models) | set(self.defaults) | self.placeholders
-        names |= set(self.declared)
+        names |= set(self.declared) | set(self.rewrites)
         return sorted(names)
+
+    def _objective(self, decision: Decision, headers: Mapping[str, str]) -> Decision:
+        """``decision`` with the priority of the InferenceObjective the request names, when
+        it is one of the decision's pool."""
+        if self.objectives:
+            for header in OBJECTIVE_HEADERS:
+                name = headers.get(header)
+                if name:
+                    decision.priority = self.objectives.get((decision.backend.ref, name))
+                    break
+        return decision
+
+    def _rewrite(self, model: str, rule: _Rewrite) -> Decision:
+        if rule.backend is None:
+            raise GatewayError(503, f"model {model!r}: {rule.problem}", "no_backend")
+        if not rule.targets:
+            return Decision(rule.ref, rule.backend, model)
+        target = _pick_weighted([n for n, _ in rule.targets], [w for _, w in rule.targets])
+        return Decision(rule.ref, rule.backend, target)
 
     def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> Decision:
         routes = self.routes_by_model.get(model)
@@ -235,7 +297,10 @@ class RoutingTable:
                 raise GatewayError(
                     503, f"model {model!r}: every target model of {ref} has weight 0", "no_backend"
                 )
-            return Decision(ref, backend, target, criticality)
+            return self._objective(Decision(ref, backend, target, criticality), headers)
+        rewrites = self.rewrites.get(model)
+        if rewrites:
+            return self._objective(self._rewrite(model, rewrites[0]), headers)
         backend = self.defaults.get(model)
         if backend is not None:
             return Decision(
@@ -255,9 +320,9 @@ class RoutingTable:
                 "scaled to zero)",
                 "no_ready_endpoint",
             )
-        known = self.model_names()
-        hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
-        raise GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
+        if self.fallbacks:
+            return self._objective(self._rewrite(model, self.fallbacks[0]), headers)
+        raise model_not_found(model, self.model_names())
 
     def _resolve_route(
         self, routes: list[_Route], model: str, lora: bool, path: str, headers: Mapping[str, str]
@@ -288,6 +353,13 @@ class RoutingTable:
             f"({', '.join(r.ref for r in routes)})",
             "no_matching_route",
         )
+
+
+def model_not_found(model: str, known: Sequence[str]) -> GatewayError:
+    """The 404 for a name nothing routes, naming up to 20 of ``known``: the names the caller
+    may use (a tenant's key sees only its own, ``Gateway._route_held``)."""
+    hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
+    return GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
 
 
 # --- building ----------------------------------------------------------------------------------
@@ -343,12 +415,14 @@ def _valid(
     table: RoutingTable, by_kind: dict[str, list[dict[str, Any]]], kind: str, model: Any
 ) -> Iterator[tuple[dict[str, Any], str, str, Any]]:
     """(metadata, ref, namespace, parsed) of each ``kind`` object that validates against
-    ``model``; the others become the table's problems."""
+    ``model`` (a model class, or a function from the object to one); the others become the
+    table's problems."""
+    parse = getattr(model, "model_validate", model)
     for obj in by_kind[kind]:
         meta = obj["metadata"]
         ref = _ref(kind, meta)
         try:
-            parsed = model.model_validate(obj)
+            parsed = parse(obj)
         except Exception as err:
             table.problems[ref] = f"invalid: {err}"
             continue
@@ -481,24 +555,40 @@ def build_table(
 
     # InferencePools and InferenceModels
     pools: dict[tuple[str, str], Backend] = {}
-    for meta, ref, namespace, pool in _valid(table, by_kind, "InferencePool", InferencePool):
-        selectors[ref] = (namespace, dict(pool.spec.selector or {}))
+    missing: dict[tuple[str, str], str] = {}  # pools that route nothing, and why
+    for meta, ref, namespace, pool in _valid(table, by_kind, "InferencePool", pool_v1):
+        selector = pool.spec.selector.match_labels
+        if pool.spec.app_protocol == H2C:
+            missing[(namespace, meta["name"])] = table.problems[ref] = (
+                f"{ref} has appProtocol {H2C}: the gateway speaks HTTP/1.1 to model servers"
+            )
+            continue
+        selectors[ref] = (namespace, dict(selector))
         pools[(namespace, meta["name"])] = Backend(
             ref=ref,
             candidates=tuple(
-                s
-                for s in in_namespace(namespace)
-                if _selects(pool.spec.selector, s.endpoint.labels)
+                s for s in in_namespace(namespace) if _selects(selector, s.endpoint.labels)
             ),
-            port=pool.spec.target_port_number,
+            # Every port of a v1 pool is an endpoint of its own to an endpoint picker; this
+            # gateway sends to the first (docs/gateway.md).
+            port=pool.spec.target_ports[0].number,
             **_limits(meta, config),
             profile=_profile(meta),
             **defaults,
         )
+
+    def pool_of(namespace: str, ref: str, pool_ref: Any) -> tuple[Backend | None, str]:
+        if pool_ref.kind != "InferencePool" or pool_ref.group not in POOL_GROUPS:
+            return None, f"{ref} names a {pool_ref.kind} of group {pool_ref.group!r}, not a pool"
+        key = (namespace, pool_ref.name)
+        problem = missing.get(key) or (
+            f"{ref} names InferencePool {pool_ref.name!r}, which does not exist"
+        )
+        return pools.get(key), problem
+
     models = []
     for meta, ref, namespace, im in _valid(table, by_kind, "InferenceModel", InferenceModel):
-        backend = pools.get((namespace, im.spec.pool_ref.name))
-        problem = f"{ref} names InferencePool {im.spec.pool_ref.name!r}, which does not exist"
+        backend, problem = pool_of(namespace, ref, im.spec.pool_ref)
         models.append(
             (
                 (meta.get("creationTimestamp") or "", namespace, meta["name"]),
@@ -509,6 +599,35 @@ def build_table(
     models.sort(key=lambda m: m[0])
     for _, name, entry in models:
         table.inference_models.setdefault(name, []).append(entry)
+
+    # InferenceObjectives (priorities) and InferenceModelRewrites (llm-d.ai)
+    for _, ref, namespace, objective in _valid(
+        table, by_kind, "InferenceObjective", InferenceObjective
+    ):
+        backend, problem = pool_of(namespace, ref, objective.spec.pool_ref)
+        if backend is None:
+            table.problems[ref] = problem
+            continue
+        name = ref.rsplit("/", 1)[1]
+        table.objectives[(backend.ref, name)] = objective.spec.effective_priority
+    rewrites: list[tuple[tuple[str, str, str], int, str | None, _Rewrite]] = []
+    for meta, ref, namespace, rewrite in _valid(
+        table, by_kind, "InferenceModelRewrite", InferenceModelRewrite
+    ):
+        backend, problem = pool_of(namespace, ref, rewrite.spec.pool_ref)
+        order = (meta.get("creationTimestamp") or "", namespace, meta["name"])
+        for i, rule in enumerate(rewrite.spec.rules):
+            entry = _Rewrite(f"{ref}#{i}", tuple(rule.shares()), backend, problem)
+            for match in rule.matches or ():
+                rewrites.append((order, i, match.model.value, entry))
+            if not rule.matches:
+                rewrites.append((order, i, None, entry))
+    rewrites.sort(key=lambda r: (r[0], r[1]))
+    for _, _, exact, entry in rewrites:
+        if exact is None:
+            table.fallbacks.append(entry)
+        else:
+            table.rewrites.setdefault(exact, []).append(entry)
 
     # Playgrounds and plain endpoints: routable by the served model name.
     by_name: dict[str, list[EndpointState]] = {}

@@ -30,14 +30,16 @@ from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
 from llmplane.gateway.auth import SECRET_KIND, Authenticator, Tenant
 from llmplane.gateway.clip import clip
-from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.config import GatewayConfig, client_connection_limit
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
+from llmplane.gateway.flowcontrol.priority import level_of
 from llmplane.gateway.hooks import LATER, Held, RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
+from llmplane.gateway.kvcache.routing import PreciseRouting
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -45,13 +47,21 @@ from llmplane.gateway.proxy import Proxy
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import ROUTE_KINDS, Decision, RoutingTable, build_table
+from llmplane.gateway.routing import (
+    ROUTE_KINDS,
+    Decision,
+    RoutingTable,
+    build_table,
+    model_not_found,
+)
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
+from llmplane.gateway.scheduler.precise_prefix import ModelTokens
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
+from llmplane.gateway.tokenization import Tokenization
 from llmplane.store.base import Store
 
 if TYPE_CHECKING:
@@ -91,11 +101,13 @@ class Gateway:
         self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
+        self.metrics = GatewayMetrics(self)
+        # The replicas' KV events and the precise prefix scorer (gateway/kvcache/routing.py).
+        self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
         if seat is not None:
             seat.picks.attach(self.scheduler.plugins)
         self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
         self.adapters = Adapters(self.scraper.client)
-        self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
@@ -153,6 +165,11 @@ class Gateway:
             usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
         )
         self.metrics.add(self.usage.metrics())
+        # The engines' token ids per model (precise prefix-cache routing) and the canary check
+        # of the model's own tokenizer against each engine's /tokenize.
+        self.tokenization = Tokenization()
+        self.kv.add_tokens(ModelTokens(self.tokenization))  # before the sim's own
+        self.metrics.add(self.tokenization.metrics())
         self.hooks = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
@@ -202,8 +219,8 @@ class Gateway:
             keepalive_timeout=self.config.client_keepalive_timeout,
             header_timeout=self.config.client_header_timeout,
             body_timeout=self.config.client_body_timeout,
-            max_connections=self.config.max_client_connections,
-            guard=make_guard(host, self.config.allowed_hosts),
+            max_connections=client_connection_limit(self.config),
+            guard=make_guard(host, self.config.allowed_hosts, self.config.allowed_origins),
         )
         self.host = host
         self.auth.loopback = is_loopback(host)
@@ -214,7 +231,12 @@ class Gateway:
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
         )
-        log.info("gateway listening on %s:%d", host, self.port)
+        log.info(
+            "gateway listening on %s:%d (client connections at most %s)",
+            host,
+            self.port,
+            self.http.max_connections or "unlimited",
+        )
         if not self.auth.loopback and self.auth.table.tenants == 0:
             log.warning(
                 "listening on %s, beyond loopback, and no Tenant exists: every inference "
@@ -266,6 +288,8 @@ class Gateway:
             await self.scrape_follower.close()
         await self.ratelimiter.close()
         await self.usage.close()
+        await self.tokenization.close()
+        await self.kv.close()
         await self.proxy.close()
 
     # --- routing table -------------------------------------------------------------------------
@@ -280,7 +304,10 @@ class Gateway:
         call_on(self._loop, self._sync_endpoints)  # perhaps a runtime thread told us
 
     def _sync_endpoints(self) -> None:
-        added, removed = self.registry.sync(self.discovery.endpoints())
+        endpoints = self.discovery.endpoints()
+        self.tokenization.follow(endpoints)
+        added, removed = self.registry.sync(endpoints)
+        self.kv.sync(endpoints)
         for state in removed:
             self.scraper.remove(state)
             self.adapters.forget(state.address)
@@ -377,21 +404,30 @@ class Gateway:
         err: GatewayError | None,
     ) -> None:
         """``route_now`` for a model without a ready replica (``err``: the table's answer):
-        held at the activator until one is ready, then the rest of the stage."""
+        held at the activator until one is ready, then the rest of the stage. A model that
+        does not exist (or no longer, after the hold) is a 404 naming the caller's models."""
         inference = ctx.inference
         assert inference is not None
         headers = ctx.request.headers
-        decision = (
-            await self._activate(err, inference, headers)
-            if err is not None
-            else await self._hold(inference, headers)
-        )
-        if err is not None and (
-            not decision.backend.candidates and inference.model in self.table.activatable
-        ):
-            # A ModelRoute / InferenceModel whose targets select no replica yet: its Playground
-            # is scaled to zero, starting or restarting (routing.py's activatable routes).
-            decision = await self._hold(inference, headers)
+        try:
+            decision = (
+                await self._activate(err, inference, headers)
+                if err is not None
+                else await self._hold(inference, headers)
+            )
+            if err is not None and (
+                not decision.backend.candidates and inference.model in self.table.activatable
+            ):
+                # A ModelRoute / InferenceModel whose targets select no replica yet: its
+                # Playground is scaled to zero, starting or restarting (routing.py's
+                # activatable routes).
+                decision = await self._hold(inference, headers)
+        except GatewayError as refused:
+            if tenant is None or refused.code != "model_not_found":
+                raise
+            # A key is told only about the models it may use.
+            names = [n for n in self.table.model_names() if tenant.allows(n)]
+            raise model_not_found(inference.model, names) from None
         self._decided(ctx, decision, tenant)
         pending = self._reserve(ctx, reservations, self._hook_calls, 0)
         if pending is not None:
@@ -574,14 +610,14 @@ class Gateway:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         flow = self.flow
-        criticality = decision.criticality or "Default"  # set by the route stage
+        level = level_of(decision)  # the objective's priority, else the criticality
         candidates = self.admission.admit(
-            inference.model, decision, now, criticality, shed=not flow.enabled
+            inference.model, decision, now, level, shed=not flow.enabled
         )
         key = decision.backend.ref
         waits = flow.enabled and flow.needed(key, candidates, now)
         if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
-            waits = not flow.reserved(key, candidates, criticality, ctx.tenant, ctx.weight, now)
+            waits = not flow.reserved(key, candidates, level, ctx.tenant, ctx.weight, now)
         return candidates, waits
 
     async def _admit_rest(
@@ -591,7 +627,7 @@ class Gateway:
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         if waits:
-            criticality = decision.criticality or "Default"
+            level = level_of(decision)
             waker = self.seat.waker if self.seat is not None else None
             if waker is not None:
                 waker.waiting(1)  # the other workers' completions wake it too
@@ -599,7 +635,7 @@ class Gateway:
                 ctx.waited = await self.flow.wait(
                     decision.backend.ref,
                     candidates,
-                    criticality,
+                    level,
                     ctx.tenant,
                     ctx.weight,
                     len(inference.body),
@@ -609,7 +645,7 @@ class Gateway:
                     waker.waiting(-1)
             # Ejections may have changed while it waited.
             candidates = self.admission.admit(
-                inference.model, decision, time.monotonic(), criticality, shed=False
+                inference.model, decision, time.monotonic(), level, shed=False
             )
         candidates = self._seated(ctx, candidates)
         if decision.load is not None:
@@ -648,6 +684,7 @@ class Gateway:
             now,
             self._warm,
             inference.prompt_bound(),
+            inference,
         )
 
     def schedule(

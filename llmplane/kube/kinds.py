@@ -39,6 +39,18 @@ class Kind:
         model = KINDS[kind]
         return cls(model.group, model.version, model.plural, kind, model.namespaced)
 
+    @classmethod
+    def served_of(cls, kinds: tuple[str, ...] | list[str]) -> list[Kind]:
+        """The resources of older groups that serve these kinds too (InferencePool in
+        inference.networking.x-k8s.io/v1alpha2)."""
+        from llmplane.api.registry import SERVED
+
+        return [
+            cls(v.model.group, v.model.version, v.model.plural, v.kind, v.model.namespaced)
+            for v in SERVED.values()
+            if v.kind in kinds and v.crd and v.model is not None
+        ]
+
 
 OPENMODEL = Kind("llmaz.io", "v1alpha1", "openmodels", "OpenModel", namespaced=False)
 BACKENDRUNTIME = Kind(

@@ -96,6 +96,12 @@ class Operator:
             )
         for obj in await self.client.list(INFERENCE_SERVICE):
             await self.service(obj["metadata"].get("namespace", "default"), obj["metadata"]["name"])
+        await self.pool_refs()
+
+    async def pool_refs(self) -> None:
+        """InferenceObjectives' and InferenceModelRewrites' status (one pass, serialised)."""
+        assert self.reconciler is not None
+        await self._locked(("PoolRefs", "", ""), self.reconciler.pool_refs)
 
     async def _resync_loop(self) -> None:
         while True:
@@ -199,6 +205,15 @@ class Operator:
         async def backend_event(event: dict[str, Any], name: str, **_: Any) -> None:
             assert self.reconciler is not None
             await self.reconciler.playgrounds_using(backend=name)
+
+        async def pool_ref_event(**_: Any) -> None:
+            await self.pool_refs()
+
+        # An objective or rewrite changed, or a pool they may name came or went.
+        for name in ("InferenceObjective", "InferenceModelRewrite", "InferencePool"):
+            on_event(Kind.of(name))(pool_ref_event)
+        for served in Kind.served_of(["InferencePool"]):
+            on_event(served)(pool_ref_event)
 
         return registry
 

@@ -6,7 +6,8 @@ Three small facts the local runtime needs before it starts an engine process:
 * the plan's argv with ``--port``/``--host`` pointed at that port (:func:`rewrite_argv`),
 * whether the engine is installed at all (:func:`missing_engine`), so a missing engine is reported
   once with its install hint instead of crash-looping,
-* which interpreter runs a Python-module engine (:func:`engine_argv`): the one running llmplane.
+* which interpreter runs a Python-module engine (:func:`engine_argv`): the one running llmplane,
+* where the engine publishes its KV-cache events (:func:`kv_events_argv`).
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ import asyncio
 import contextlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import xxhash
+
+from llmplane.runtime.endpoint import KV_EVENTS_FLAG, kv_events_addresses
 
 LOCAL_HOST = "127.0.0.1"
-_HOST_FLAGS = ("--host", "--hostname")  # the second is text-generation-inference's
+# The flags that choose where an engine listens; --hostname is text-generation-inference's.
+_BIND_FLAGS = ("--host", "--hostname", "--port")
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Interpreter names that mean "a Python", not a particular one: a local command starting with one
@@ -50,35 +59,56 @@ def free_port(preferred: int | None = None) -> int:
         return s.getsockname()[1]
 
 
+def bind_flag(arg: str) -> str | None:
+    """The host or port flag ``arg`` (``--opt`` or ``--opt=value``) sets, if any.
+
+    Python engines parse their command line with argparse, which takes any unambiguous prefix
+    of a long option (``--hos``, ``--ho=``, ``--po`` mean ``--host`` and ``--port``), so a
+    prefix counts as the flag itself. ``--h`` and ``--p`` count too: ambiguous for an engine
+    with ``--help`` or another ``--p...`` option (it then refuses to start), never anything
+    else a loopback engine needs.
+    """
+    if not arg.startswith("--") or len(arg) < 3:
+        return None
+    name = arg.split("=", 1)[0]
+    if name in _BIND_FLAGS:
+        return name
+    for flag in _BIND_FLAGS:  # --host before --hostname: a prefix of both means --host
+        if flag.startswith(name):
+            return flag
+    return None
+
+
 def rewrite_argv(argv: Sequence[str], port: int) -> list[str]:
     """Point the engine's ``--port`` at ``port`` and its ``--host`` at 127.0.0.1.
 
     ``--port X`` / ``--port=X`` become the replica's port and ``--host X`` / ``--host=X`` (or
-    text-generation-inference's ``--hostname``) become 127.0.0.1. When the command has no
-    ``--port`` flag at all, ``--port N --host 127.0.0.1`` is appended (only ``--port N`` if it
-    already names a host). A command that names a port but no host is left binding wherever the
-    engine binds by default: engines spell that flag differently.
+    text-generation-inference's ``--hostname``) become 127.0.0.1, also when spelled as a
+    prefix argparse accepts (``--hos X``, ``--ho=X``: :func:`bind_flag`; the full flag name is
+    written). When the command has no port flag at all, ``--port N --host 127.0.0.1`` is
+    appended (only ``--port N`` if it already names a host). A command that names a port but no
+    host is left binding wherever the engine binds by default (engines spell that flag
+    differently); the runtime then checks what the engine bound (``sockets.py``).
     """
     out: list[str] = []
     has_port = has_host = False
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--port", *_HOST_FLAGS):
-            out += [arg, str(port) if arg == "--port" else LOCAL_HOST]
-            has_port |= arg == "--port"
-            has_host |= arg in _HOST_FLAGS
-            i += 2  # skip the old value (if the flag is the last word, there is none)
-            continue
-        if arg.startswith("--port="):
-            out.append(f"--port={port}")
-            has_port = True
-        elif arg.startswith(tuple(f"{f}=" for f in _HOST_FLAGS)):
-            out.append(f"{arg.split('=', 1)[0]}={LOCAL_HOST}")
-            has_host = True
-        else:
+        flag = bind_flag(arg)
+        if flag is None:
             out.append(arg)
-        i += 1
+            i += 1
+            continue
+        value = str(port) if flag == "--port" else LOCAL_HOST
+        has_port |= flag == "--port"
+        has_host |= flag != "--port"
+        if "=" in arg:
+            out.append(f"{flag}={value}")
+            i += 1
+        else:
+            out += [flag, value]
+            i += 2  # skip the old value (if the flag is the last word, there is none)
     if not has_port:
         out += ["--port", str(port)]
         if not has_host:
@@ -199,3 +229,48 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(shutil.which(a) or a, b)
     except OSError:
         return False
+
+
+# Engines that publish vLLM's KV-cache events (the sim does as vLLM does).
+KV_EVENTS_ENGINES = ("vllm", "sim")
+_SOCKET_PATH_MAX = 100  # a Unix socket path has at most 107 bytes
+
+
+def kv_socket_dir(state_dir: Path) -> Path | None:
+    """Where engines' KV event sockets go: ``<state_dir>/kv``, or a private directory under
+    the system's temporary one when that path is too long for a socket; None when neither
+    can be made (the engines then run without events)."""
+    path = Path(state_dir) / "kv"
+    if len(str(path)) + 40 > _SOCKET_PATH_MAX:
+        digest = xxhash.xxh32_hexdigest(str(Path(state_dir).resolve()).encode())
+        path = Path(tempfile.gettempdir()) / f"llmplane-kv-{os.getuid()}-{digest}"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+def kv_events_argv(
+    argv: Sequence[str], engine: str, sockets: Path | None, name: str
+) -> tuple[list[str], str, str]:
+    """(argv, events address, replay address): an engine that publishes KV events gets
+    ``--kv-events-config`` with ipc sockets ``<sockets>/<name>.sock`` and ``-replay.sock``
+    unless its command sets the flag itself (then the addresses are read from it; "" when
+    it turns events off or connects out)."""
+    argv = list(argv)
+    given = kv_events_addresses(argv, LOCAL_HOST)
+    if given is not None:
+        return argv, *given
+    if engine not in KV_EVENTS_ENGINES or sockets is None:
+        return argv, "", ""
+    events = f"ipc://{sockets / name}.sock"
+    replay = f"ipc://{sockets / name}-replay.sock"
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": events,
+        "replay_endpoint": replay,
+        "topic": "kv",
+    }
+    return [*argv, KV_EVENTS_FLAG, json.dumps(config)], events, replay

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
@@ -21,7 +22,7 @@ from typing import IO
 import aiohttp
 
 from llmplane.controlplane.plan import WorkloadPlan
-from llmplane.runtime import logs
+from llmplane.runtime import capacity, logs
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import free_port
 from llmplane.runtime.placement import NVIDIA_GPU, DevicePool, detect_nvidia_gpus
@@ -30,6 +31,8 @@ from llmplane.runtime.status import READY, WorkloadStatus
 from llmplane.runtime.workload import Workload
 
 log = logging.getLogger(__name__)
+
+SHORTAGE_LOG_INTERVAL = 60.0  # seconds: llmplane's own shortage is logged at most this often
 
 
 class StateDirInUse(RuntimeError):
@@ -52,6 +55,9 @@ class LocalRuntime:
     ``log_check_interval`` seconds, see ``logs.py``).
     ``gpus``: the host's NVIDIA GPUs (``--gpus``); None asks ``nvidia-smi``. Replicas get
     distinct devices per their flavors' limits (``placement.py``).
+    ``max_replicas``: the most replicas one workload runs, whatever its plan asks;
+    ``start_concurrency``: engines started at once (spawned, not yet Ready), one fork at a
+    time. None: ``capacity.py``'s defaults.
     """
 
     def __init__(
@@ -67,6 +73,8 @@ class LocalRuntime:
         log_max_bytes: int = logs.DEFAULT_MAX_BYTES,
         log_check_interval: float = logs.CHECK_INTERVAL,
         gpus: Sequence[str] | None = None,
+        max_replicas: int | None = None,
+        start_concurrency: int | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.on_change = on_change
@@ -81,6 +89,9 @@ class LocalRuntime:
         self.devices = DevicePool(
             {NVIDIA_GPU: list(gpus) if gpus is not None else detect_nvidia_gpus()}
         )
+        self.max_replicas = max_replicas if max_replicas is not None else capacity.replica_ceiling()
+        self.starting = asyncio.Semaphore(start_concurrency or capacity.start_concurrency())
+        self.forking = asyncio.Lock()  # one fork at a time: each blocks the event loop
         self.table = ProcessTable(self.state_dir / "runtime" / "processes.json")
         self._workloads: dict[str, Workload] = {}
         self._removing: dict[str, Workload] = {}
@@ -90,6 +101,8 @@ class LocalRuntime:
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
+        self._short = False  # a shortage was logged and nothing succeeded since (short_of)
+        self._short_logged: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -239,6 +252,27 @@ class LocalRuntime:
                 return port
             preferred = None
         raise RuntimeError("no free TCP port on 127.0.0.1")
+
+    def short_of(self, what: str) -> None:
+        """llmplane itself lacks a resource (EMFILE, ENOMEM ... while probing or starting an
+        engine). No engine is blamed for it; it is logged once, and again only if it comes
+        back ``SHORTAGE_LOG_INTERVAL`` seconds later (a limit reached is often reached again
+        and again, a probe succeeding in between)."""
+        now = time.monotonic()
+        if self._short_logged is None or now - self._short_logged >= SHORTAGE_LOG_INTERVAL:
+            self._short_logged = now
+            self._short = True
+            log.error(
+                "llmplane is short of its own resources (%s): probes that cannot be made count "
+                "as unknown and no engine is stopped for them; see docs/security.md (open files)",
+                what,
+            )
+
+    def not_short(self) -> None:
+        """A probe could be made again."""
+        if self._short:
+            self._short = False
+            log.warning("llmplane has its resources back: probing engines as usual")
 
     def release_port(self, port: int | None) -> None:
         self._ports.discard(port)  # type: ignore[arg-type]

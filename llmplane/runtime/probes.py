@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
@@ -49,8 +50,22 @@ class _StatusLine(asyncio.Protocol):
             self.status.set_exception(exc or ConnectionResetError("closed without an answer"))
 
 
-async def http_ok(url: str, timeout: float) -> tuple[bool, str]:
+# This process's own shortages (descriptors, memory, local ports, processes): an attempt that
+# fails with one says nothing about the engine.
+OWN_SHORTAGES = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EADDRNOTAVAIL, errno.EAGAIN}
+)
+
+
+def own_shortage(err: BaseException) -> bool:
+    """Whether ``err`` is llmplane's own lack of a resource rather than the engine's fault."""
+    return isinstance(err, OSError) and err.errno in OWN_SHORTAGES
+
+
+async def http_ok(url: str, timeout: float) -> tuple[bool | None, str]:
     """One probe attempt: GET ``url``; success is a 200-399 answer within ``timeout`` seconds.
+    None instead of False when the attempt failed for want of our own resources
+    (:func:`own_shortage`): the engine's state is unknown then, not bad.
 
     Redirects are not followed (a 3xx is already a success), as with the kubelet, and each
     attempt is a new connection, as the kubelet's are (an engine restarts on the same port).
@@ -77,7 +92,7 @@ async def http_ok(url: str, timeout: float) -> tuple[bool, str]:
     except TimeoutError:
         return False, f"GET {url}: no answer within {timeout:g}s"
     except (OSError, ValueError) as err:
-        return False, f"GET {url}: {err or type(err).__name__}"
+        return None if own_shortage(err) else False, f"GET {url}: {err or type(err).__name__}"
     finally:
         if transport is not None:
             transport.close()

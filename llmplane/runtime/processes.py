@@ -32,6 +32,8 @@ from typing import IO
 
 import orjson
 
+from llmplane.quiet import QuietRetries
+
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "LLMPLANE_PROCESS_TOKEN"
@@ -230,6 +232,7 @@ class ProcessTable:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._records: dict[str, ProcessRecord] = {}
+        self._trouble = QuietRetries(log, f"recording engine processes in {path}")
 
     def load(self) -> list[ProcessRecord]:
         try:
@@ -258,11 +261,20 @@ class ProcessTable:
         self._write()
 
     def _write(self) -> None:
+        """Write the record; a failure (a full disk) is logged, never raised: supervising the
+        engines matters more than the record, which the next change writes again in full."""
         data = {"version": 1, "processes": [asdict(r) for r in self._records.values()]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+            os.replace(tmp, self.path)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self._trouble.failed(err)
+        else:
+            self._trouble.succeeded()
 
 
 def find_leftovers(records: Sequence[ProcessRecord]) -> list[tuple[int, int | None]]:

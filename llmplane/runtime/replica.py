@@ -13,6 +13,7 @@ in ``processes.py``; ports and argv in ``launch.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -24,18 +25,35 @@ from typing import TYPE_CHECKING
 from llmplane.controlplane.plan import PLAYGROUND_LABEL, REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
 from llmplane.runtime.endpoint import Endpoint, max_num_seqs, priority_scheduling
-from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
+from llmplane.runtime.launch import (
+    LOCAL_HOST,
+    engine_argv,
+    kv_events_argv,
+    kv_socket_dir,
+    missing_engine,
+    rewrite_argv,
+)
 from llmplane.runtime.placement import UNSCHEDULABLE, FlavorOption, Placement
-from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, spawn, start_ticks, stop_group
+from llmplane.runtime.processes import (
+    TOKEN_ENV,
+    ProcessRecord,
+    signal_group,
+    spawn,
+    start_ticks,
+    stop_group,
+)
+from llmplane.runtime.sockets import beyond_loopback
 from llmplane.runtime.status import (
     CRASH_LOOP,
     ENGINE_NOT_INSTALLED,
     FAILED,
+    LISTENS_BEYOND_LOOPBACK,
     LIVENESS_PROBE_FAILED,
     NOT_READY,
     PENDING,
     READY,
     RESTARTING,
+    SHORT_OF_RESOURCES,
     STARTING,
     STARTUP_PROBE_FAILED,
     TERMINATING,
@@ -49,6 +67,7 @@ log = logging.getLogger("llmplane.runtime.local")
 
 LOG_TAIL_LINES = 10  # of the engine log, in a crash-loop message
 ENGINE_MISSING_EXIT = 127  # what shells return for "command not found"
+SHORTAGE_RETRY = 2.0  # seconds before starting again after llmplane's own shortage
 
 
 class Replica:
@@ -79,6 +98,8 @@ class Replica:
         self.supervisor: asyncio.Task[None] | None = None
         self.spawning: asyncio.Task[None] | None = None
         self.stopping = False  # terminating: nothing may start a process for this replica again
+        self.slot = False  # holds one of the runtime's start slots (spawned, not yet Ready)
+        self.kv_events = self.kv_events_replay = ""  # where its engine publishes KV events
 
     @property
     def name(self) -> str:
@@ -104,6 +125,9 @@ class Replica:
             replica=self.index,
             max_num_seqs=max_num_seqs([*plan.command, *plan.args]),
             priority_scheduling=priority_scheduling([*plan.command, *plan.args]),
+            model_path=next((m.path for m in plan.models if m.role != "draft"), ""),
+            kv_events=self.kv_events,
+            kv_events_replay=self.kv_events_replay,
         )
 
     def status(self) -> ReplicaStatus:
@@ -132,7 +156,22 @@ class Replica:
             self.longest_ready = max(self.longest_ready, now - self.ready_since)
             self.ready_since = None
         self.phase, self.reason, self.message = phase, reason, message
+        if phase == READY:
+            self._give_slot()
         self.workload.changed()
+
+    async def _take_slot(self) -> None:
+        """Wait for one of the runtime's start slots (``capacity.start_concurrency``)."""
+        starting = self.runtime.starting
+        if starting.locked():
+            self._set(PENDING, None, "waiting to start: other engines of this machine are starting")
+        await starting.acquire()
+        self.slot = True
+
+    def _give_slot(self) -> None:
+        if self.slot:
+            self.slot = False
+            self.runtime.starting.release()
 
     # -- supervision -------------------------------------------------------------------------------
 
@@ -159,6 +198,8 @@ class Replica:
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{missing}. {hint}")
                     return
                 placement = await self._place()
+                if not self._must_stop():
+                    await self._take_slot()
                 if self._must_stop():
                     self._release_devices()
                     return
@@ -172,10 +213,24 @@ class Replica:
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{err}. {hint}")
                     return
                 except OSError as err:
+                    if probes.own_shortage(err):  # ours, not the engine's: no crash counted
+                        self._give_slot()
+                        self.runtime.short_of(f"starting {self.name}: {err}")
+                        self._set(
+                            PENDING,
+                            SHORT_OF_RESOURCES,
+                            f"llmplane could not start the engine ({err}); "
+                            f"trying again in {SHORTAGE_RETRY:g}s",
+                        )
+                        await asyncio.sleep(SHORTAGE_RETRY)
+                        continue
                     reason, cause = CRASH_LOOP, f"the engine could not be started: {err}"
                 else:
                     reason, cause = await self._watch()
                     if self._must_stop():
+                        return
+                    if reason == LISTENS_BEYOND_LOOPBACK:
+                        self._set(FAILED, reason, cause)
                         return
                     if self.last_exit_code == ENGINE_MISSING_EXIT and not self.was_ready:
                         # A launcher (sh -c, llmplane's engine shims) found no engine: the
@@ -184,6 +239,7 @@ class Replica:
                         tail = _tail(self.log_path, 3)
                         self._set(FAILED, ENGINE_NOT_INSTALLED, f"{hint}. Engine log: {tail}")
                         return
+                self._give_slot()  # the process is gone: another replica may start
                 if self.longest_ready >= self.runtime.backoff_reset:
                     crashes = 0  # it ran well for a while: start the back-off over
                 delay = min(self.runtime.backoff_base * 2**crashes, self.runtime.backoff_cap)
@@ -205,6 +261,8 @@ class Replica:
             if self.proc is not None:
                 await stop_group(self.proc, self.proc.pid, self.runtime.stop_timeout)
                 self._forget_process()
+        finally:
+            self._give_slot()  # however it ended
 
     def _must_stop(self) -> bool:
         return self.stopping or self.runtime.closed
@@ -246,31 +304,49 @@ class Replica:
         local = self.plan.local
         assert local is not None
         argv = rewrite_argv(engine_argv(local.argv), port)
+        namespace, _, name = self.plan.key.partition("/")
+        argv, self.kv_events, self.kv_events_replay = kv_events_argv(
+            argv,
+            (self.plan.backend or "vllm").lower(),
+            kv_socket_dir(self.runtime.state_dir),
+            f"{namespace}-{name}-{self.index}"[-48:],
+        )
         token = uuid.uuid4().hex
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
+        with open(self.log_path, "ab", buffering=0) as log_file:  # unbuffered: nothing at close
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            log_file.write(
-                f"--- llmplane {stamp}: starting {self.name} (restart {self.restarts}): "
-                f"{' '.join(argv)}\n".encode()
+            try:
+                log_file.write(
+                    f"--- llmplane {stamp}: starting {self.name} (restart {self.restarts}): "
+                    f"{' '.join(argv)}\n".encode()
+                )
+            except OSError as err:  # a full disk: the engine may still run; say so once here
+                log.warning("%s: cannot write to %s: %s", self.name, self.log_path, err)
+            async with self.runtime.forking:  # each fork blocks the loop: one at a time,
+                proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
+                await asyncio.sleep(0)  # and the gateway's requests answered in between
+        try:
+            self.runtime.table.add(
+                ProcessRecord(
+                    pid=proc.pid,
+                    pgid=proc.pid,
+                    start_ticks=start_ticks(proc.pid),
+                    token=token,
+                    workload=self.plan.key,
+                    replica=self.index,
+                    argv=argv,
+                )
             )
-            log_file.flush()
-            proc = await spawn(argv, {**env, TOKEN_ENV: token}, log_file)
+        except BaseException:  # unrecorded (out of descriptors?): no process may outlive that
+            signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            with contextlib.suppress(OSError):
+                self.runtime.table.discard(token)
+            raise
         self.port, self.proc, self.token = port, proc, token
         self.longest_ready = 0.0
         self.was_ready = False
         self.started_at = asyncio.get_running_loop().time()
-        self.runtime.table.add(
-            ProcessRecord(
-                pid=proc.pid,
-                pgid=proc.pid,
-                start_ticks=start_ticks(proc.pid),
-                token=token,
-                workload=self.plan.key,
-                replica=self.index,
-                argv=argv,
-            )
-        )
         self._set(STARTING, None, "waiting for the engine to answer its probes")
 
     async def _watch(self) -> tuple[str, str]:
@@ -318,11 +394,15 @@ class Replica:
             failure = await self._startup(plan.startup_probe, started)
             if failure:
                 return STARTUP_PROBE_FAILED, failure
+            if exposed := self._exposed():
+                return LISTENS_BEYOND_LOOPBACK, exposed
         after_startup = loop.time()
         checks = []
         if plan.readiness_probe is not None:
             self._set(STARTING, None, "waiting for the readiness probe")
             checks.append(self._readiness(plan.readiness_probe, started, after_startup))
+        elif exposed := self._exposed():
+            return LISTENS_BEYOND_LOOPBACK, exposed
         else:
             self._set(READY)
         if plan.liveness_probe is not None:
@@ -337,6 +417,24 @@ class Replica:
             for t in tasks:
                 t.cancel()
 
+    def _exposed(self) -> str | None:
+        """Why the engine must not serve: it listens beyond loopback (checked before it first
+        becomes Ready, so no request ever reaches an exposed engine); None when it does not.
+
+        Only the process llmplane started is checked (the one serving HTTP); the sockets its
+        own worker processes open among themselves are the engine's business.
+        """
+        assert self.proc is not None
+        addresses = beyond_loopback(self.proc.pid)
+        if not addresses:
+            return None
+        return (
+            f"the engine listens on {', '.join(addresses)}, beyond loopback; a local engine "
+            f"must listen on {LOCAL_HOST} only (llmplane passes --host {LOCAL_HOST}): remove "
+            "whatever makes it bind elsewhere (an option, an environment variable, a config "
+            "file) from the BackendRuntime or Playground; not restarted until then"
+        )
+
     def _url(self, probe: HttpProbe) -> str:
         local = self.plan.local
         path = (local.health_path if local and local.health_path else None) or probe.path or "/"
@@ -345,14 +443,23 @@ class Replica:
         # Whatever port the plan names (the container's 8080), the engine listens on ours.
         return f"http://{LOCAL_HOST}:{self.port}{path}"
 
-    async def _check(self, probe: HttpProbe) -> tuple[bool, str]:
+    async def _check(self, probe: HttpProbe) -> tuple[bool | None, str]:
+        """One attempt: True, False, or None when llmplane lacked the resources to ask (the
+        callers count it neither way: an engine is never blamed for our own shortage)."""
         timeout = probe.timeout_seconds if probe.timeout_seconds > 0 else 1
-        return await probes.http_ok(self._url(probe), timeout)
+        ok, detail = await probes.http_ok(self._url(probe), timeout)
+        if ok is None:
+            self.runtime.short_of(f"probing {self.name}: {detail}")
+        else:
+            self.runtime.not_short()
+        return ok, detail
 
     async def _startup(self, probe: HttpProbe, started: float) -> str | None:
         successes = failures = 0
         async for counted in probes.schedule(probe, started, started, hurry=lambda: True):
             ok, detail = await self._check(probe)
+            if ok is None:
+                continue
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
@@ -373,9 +480,13 @@ class Replica:
             probe, started, not_before, hurry=hurry, phase=probes.spread(probe)
         ):
             ok, detail = await self._check(probe)
+            if ok is None:
+                continue
             if ok:
                 successes, failures = successes + 1, 0
                 if successes >= max(probe.success_threshold, 1):
+                    if self.phase != READY and (exposed := self._exposed()):
+                        return LISTENS_BEYOND_LOOPBACK, exposed
                     self._set(READY)
             else:
                 successes, failures = 0, failures + counted
@@ -392,6 +503,8 @@ class Replica:
         failures = 0
         async for _ in probes.schedule(probe, started, not_before, phase=probes.spread(probe)):
             ok, detail = await self._check(probe)
+            if ok is None:
+                continue
             failures = 0 if ok else failures + 1
             if failures >= max(probe.failure_threshold, 1):
                 return LIVENESS_PROBE_FAILED, f"liveness probe failed {failures} times ({detail})"

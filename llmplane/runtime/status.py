@@ -21,10 +21,18 @@ CRASH_LOOP = "CrashLoopBackOff"
 NO_LOCAL_COMMAND = "NoLocalCommand"
 STARTUP_PROBE_FAILED = "StartupProbeFailed"
 LIVENESS_PROBE_FAILED = "LivenessProbeFailed"
+# The engine listened beyond loopback (0.0.0.0, ::, a LAN address) although told 127.0.0.1:
+# stopped, and not restarted until the plan changes (a restart would open it again).
+LISTENS_BEYOND_LOOPBACK = "ListensBeyondLoopback"
 # An engine that served (was Ready) and then exited or failed its liveness probe: it waits out
 # its back-off like the others, but it is not known to be failing, so the gateway holds
 # requests for it (activator) instead of answering that the engine fails.
 RESTARTING = "Restarting"
+# llmplane itself ran short of descriptors, memory or processes starting the engine: the
+# replica waits and tries again; the engine is not blamed (no back-off, no restart counted).
+SHORT_OF_RESOURCES = "ShortOfResources"
+# A workload asking for more replicas than the embedded runtime runs per object (capacity.py).
+OVER_REPLICA_CEILING = "OverReplicaCeiling"
 # Reasons a replica waits out a restart back-off with.
 RESTART_REASONS = (CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED, RESTARTING)
 

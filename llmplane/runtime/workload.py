@@ -12,11 +12,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from llmplane.controlplane.plan import WorkloadPlan
+from llmplane.runtime.capacity import ENV as CEILING_ENV
 from llmplane.runtime.replica import Replica
 from llmplane.runtime.status import (
     ENGINE_NOT_INSTALLED,
     FAILED,
     NO_LOCAL_COMMAND,
+    OVER_REPLICA_CEILING,
     PENDING,
     READY,
     ReplicaStatus,
@@ -73,7 +75,7 @@ class Workload:
             for replica in sorted(self.live, key=lambda r: -r.index):
                 self.stop(replica)
             return
-        wanted = plan.replicas
+        wanted = self.wanted()
         current = plan.template_hash()
         for replica in sorted(self.live, key=lambda r: -r.index):
             if replica.index >= wanted:
@@ -107,6 +109,11 @@ class Workload:
                 elif not rolling:
                     self.start(index)  # the surge replica; `keep` stops once it is ready
                     rolling = True
+
+    def wanted(self) -> int:
+        """Replicas to run: the plan's, at most the runtime's ceiling (``capacity.py``; what
+        reached the store past ``apply``'s check and the autoscaler's)."""
+        return min(self.plan.replicas, self.runtime.max_replicas)
 
     def start(self, index: int) -> None:
         self._generation += 1
@@ -150,7 +157,7 @@ class Workload:
                     address=None,
                     log_path=self.runtime.log_path(plan.key, i),
                 )
-                for i in range(wanted)
+                for i in range(self.wanted())
             ]
             items += [r.status() for r in self.terminating]
         else:
@@ -166,7 +173,13 @@ class Workload:
             updated=len(updated),
         )
         worst = max(items, key=severity, default=None)
-        if worst is not None and severity(worst) > 0:
+        if wanted > self.wanted() and not self.removed:
+            result.reason = OVER_REPLICA_CEILING
+            result.message = (
+                f"{wanted} replicas asked, {self.wanted()} run: this machine's limit is "
+                f"{self.runtime.max_replicas} per object (set {CEILING_ENV} to change it)"
+            )
+        elif worst is not None and severity(worst) > 0:
             result.reason = worst.reason or worst.phase
             result.message = f"replica {worst.index}: {worst.message}" if worst.message else ""
         elif len(ready) < wanted:

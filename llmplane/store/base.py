@@ -36,6 +36,12 @@ class StoreError(Exception):
     """Anything the store refuses to do, with a message fit to show a user."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be read or written right now (disk full, another process holding its
+    write lock past the busy timeout, an I/O error): nothing was changed, and the same call may
+    work later."""
+
+
 class Conflict(StoreError):
     """The caller's resourceVersion is stale: the object changed (or vanished) since it was read."""
 
@@ -112,7 +118,7 @@ class Store(Protocol):
     Every method returns fresh dicts; mutating them never changes what is stored.
     """
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], *, force_conflicts: bool = False) -> dict[str, Any]:
         """Create or update by (kind, namespace, name) and return the stored object.
 
         Create sets uid, resourceVersion, generation 1 and creationTimestamp. Update replaces
@@ -121,10 +127,16 @@ class Store(Protocol):
         that changes nothing changes nothing (no new resourceVersion, no watch event).
         A ``metadata.resourceVersion`` in ``obj`` that differs from the stored one (or any,
         when nothing is stored) raises ``Conflict``.
+
+        API-owned fields (``Resource.api_owned``, e.g. a Tenant's ``spec.keys``) that ``obj``
+        leaves out keep their stored values; ``obj`` may not drop or change them unless
+        ``force_conflicts`` (``OwnedFieldConflict``; see ``llmplane/store/owned.py``).
         """
         ...
 
-    def apply_many(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def apply_many(
+        self, objs: list[dict[str, Any]], *, force_conflicts: bool = False
+    ) -> list[dict[str, Any]]:
         """``apply`` each object in ONE transaction: all are stored or none is."""
         ...
 

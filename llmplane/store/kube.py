@@ -1,7 +1,8 @@
 """A read-only ``Store`` over the Kubernetes API, for the in-cluster gateway.
 
 ``KubeStore`` lists and watches the kinds the gateway reads (Playground, OpenModel, ModelRoute,
-ModelServer, InferencePool, InferenceModel and llmplane.io Endpoint) through kubernetes_asyncio
+ModelServer, InferencePool of both groups, InferenceModel, InferenceObjective,
+InferenceModelRewrite and llmplane.io Endpoint) through kubernetes_asyncio
 (in-cluster config, else kubeconfig, or an explicit server URL) and serves ``list`` / ``get``
 from an in-memory cache that the watches keep current, like a client-go informer:
 
@@ -29,6 +30,7 @@ The Kubernetes plumbing (``Informer``, ``Kind``, ``connect_api``) lives in ``llm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 from collections import deque
@@ -39,6 +41,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from llmplane.api.llmplane import API_KEY_SECRET_LABEL
+from llmplane.api.registry import SERVED, to_storage
 from llmplane.kube.client import connect_api
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import SECRET, Kind
@@ -53,6 +56,8 @@ GATEWAY_KINDS = (
     "ModelServer",
     "InferencePool",
     "InferenceModel",
+    "InferenceObjective",
+    "InferenceModelRewrite",
     "Endpoint",
     "Tenant",
 )
@@ -96,11 +101,16 @@ class KubeStore:
         self.kinds = tuple(kinds)
         self.owns_api = owns_api
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # Per key, the object from the storage version's group (False) and an older one (True).
+        self._sources: dict[tuple[str, str, str], dict[bool, dict[str, Any]]] = {}
         self._log: deque[KubeWatchEvent] = deque(maxlen=history)
         self._seq = 0
         self._changed = asyncio.Event()
         self.informers: list[Informer] = []
         watched: list[tuple[Kind, str | None]] = [(Kind.of(kind), None) for kind in self.kinds]
+        # Older groups Kubernetes serves as resources of their own (InferencePool v1alpha2):
+        # read too, kept in the storage version's shape (``_record``).
+        watched += [(k, None) for k in Kind.served_of(self.kinds)]
         if key_secrets:  # Tenant keys' hashes (keys[].secretRef), labelled Secrets only
             watched.append((SECRET, API_KEY_SECRET_LABEL))
         for resource, selector in watched:
@@ -153,14 +163,34 @@ class KubeStore:
     # --- the cache -----------------------------------------------------------------------------
 
     def _record(self, type_: str, obj: dict[str, Any]) -> None:
+        """One change. An object of an older group (InferencePool v1alpha2) is kept converted to
+        its kind's storage version; when both groups hold one of the same name in the same
+        namespace, the storage version's is the one the store shows, and deleting either
+        leaves the other."""
+        older = (obj.get("apiVersion"), obj.get("kind")) in SERVED
+        # Not the shape its CRD promises: kept as is, and routing reports it invalid.
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            obj = to_storage(obj)
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace") or "", meta["name"])
+        sources = self._sources.setdefault(key, {})
         if type_ == "DELETED":
-            self._objects.pop(key, None)
+            sources.pop(older, None)
         else:
-            self._objects[key] = obj
+            sources[older] = obj
+        visible = sources.get(False) or sources.get(True)
+        before = self._objects.get(key)
+        if visible is None:
+            del self._sources[key]
+            self._objects.pop(key, None)
+            type_, shown = "DELETED", before or obj
+        else:
+            self._objects[key] = visible
+            if visible is before:
+                return  # the shadowed older object changed: nothing the store shows did
+            type_, shown = ("MODIFIED" if before is not None else "ADDED"), visible
         self._seq += 1
-        self._log.append(KubeWatchEvent(type_, obj, self._seq))  # type: ignore[arg-type]
+        self._log.append(KubeWatchEvent(type_, shown, self._seq))  # type: ignore[arg-type]
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -233,10 +263,12 @@ class KubeStore:
             "(the gateway only reads the API)"
         )
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], *, force_conflicts: bool = False) -> dict[str, Any]:
         raise self._read_only("apply")
 
-    def apply_many(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def apply_many(
+        self, objs: list[dict[str, Any]], *, force_conflicts: bool = False
+    ) -> list[dict[str, Any]]:
         raise self._read_only("apply")
 
     def delete(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:

@@ -50,10 +50,12 @@ from llmplane.store.base import (
     LabelSelector,
     NotFound,
     StoreError,
+    StoreUnavailable,
     WatchEvent,
     object_key,
     ref,
 )
+from llmplane.store.owned import keep_owned
 from llmplane.store.selectors import as_selector
 
 SCHEMA_VERSION = 1
@@ -215,7 +217,7 @@ class SQLiteStore:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as e:
-            raise StoreError(f"cannot open the store at {self.path}: {e}") from e
+            raise StoreError(f"cannot open the store at {self.path}: {e}{self._full(e)}") from e
         return conn
 
     def _init_db(self) -> None:
@@ -226,8 +228,10 @@ class SQLiteStore:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 break
             except sqlite3.OperationalError as e:
-                if time.monotonic() > deadline:
-                    raise StoreError(f"cannot open the store at {self.path}: {e}") from e
+                if time.monotonic() > deadline or "locked" not in str(e):
+                    raise StoreUnavailable(
+                        f"cannot open the store at {self.path}: {e}{self._full(e)}"
+                    ) from e
                 time.sleep(0.01)
         if str(mode).lower() != "wal":
             raise StoreError(f"cannot put {self.path} in WAL mode (got {mode!r})")
@@ -260,14 +264,40 @@ class SQLiteStore:
             conn = self._db()
             try:
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as e:
-                raise StoreError(f"the store at {self.path} is busy: {e}") from e
+            except sqlite3.Error as e:
+                raise StoreUnavailable(self._problem(e)) from e
             try:
                 yield conn
                 conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
+            except BaseException as e:
+                # SQLite may have rolled back already (a full disk at COMMIT): then this fails.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):  # disk full, I/O error: one line, not a trace
+                    raise StoreUnavailable(self._problem(e)) from e
                 raise
+
+    def _problem(self, error: sqlite3.Error) -> str:
+        text = str(error)
+        if "locked" in text or "busy" in text:
+            return (
+                f"the store at {self.path} is busy: {text} (another process has held its "
+                f"write lock for over {self.busy_timeout:g}s); nothing was written"
+            )
+        return (
+            f"cannot write the store at {self.path}: {text}{self._full(error)}; nothing was written"
+        )
+
+    def _full(self, error: Exception) -> str:
+        """A note that the disk is full when it is and ``error`` does not say so (SQLite says
+        only "disk I/O error" when it cannot create its shared-memory file)."""
+        if "disk is full" in str(error):
+            return ""
+        try:
+            stats = os.statvfs(self.path.parent)
+        except OSError:
+            return ""
+        return " (the disk is full)" if stats.f_bavail * stats.f_frsize < 65536 else ""
 
     @contextlib.contextmanager
     def _read(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
@@ -349,7 +379,7 @@ class SQLiteStore:
     # --- writes -------------------------------------------------------------------------------
 
     def _apply_in(
-        self, conn: sqlite3.Connection, obj: dict[str, Any]
+        self, conn: sqlite3.Connection, obj: dict[str, Any], force_conflicts: bool
     ) -> tuple[dict[str, Any], bool]:
         """Apply within the caller's transaction; returns (stored object, changed?)."""
         key = object_key(obj)
@@ -405,6 +435,7 @@ class SQLiteStore:
         )
         if current is not None and "status" in current:
             desired["status"] = current["status"]  # apply never writes status
+        keep_owned(current, desired, force_conflicts)
 
         if current is not None:
             if desired == current:
@@ -415,15 +446,17 @@ class SQLiteStore:
         self._record(conn, "ADDED" if current is None else "MODIFIED", key, desired)
         return desired, True
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return self.apply_many([obj])[0]
+    def apply(self, obj: dict[str, Any], *, force_conflicts: bool = False) -> dict[str, Any]:
+        return self.apply_many([obj], force_conflicts=force_conflicts)[0]
 
-    def apply_many(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def apply_many(
+        self, objs: list[dict[str, Any]], *, force_conflicts: bool = False
+    ) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
         changed = False
         with self._write() as conn:
             for obj in objs:
-                stored, did_change = self._apply_in(conn, obj)
+                stored, did_change = self._apply_in(conn, obj, force_conflicts)
                 results.append(stored)
                 changed |= did_change
         if changed:

@@ -66,7 +66,7 @@ class EmulatedKind:
 
 
 def default_kinds() -> list[EmulatedKind]:
-    from llmplane.api.registry import KINDS
+    from llmplane.api.registry import KINDS, SERVED
 
     kinds = [
         EmulatedKind("", "v1", "services", "Service"),
@@ -82,6 +82,10 @@ def default_kinds() -> list[EmulatedKind]:
     ]
     for kind, cls in KINDS.items():
         kinds.append(EmulatedKind(cls.group, cls.version, cls.plural, kind, cls.namespaced))
+    for served in SERVED.values():  # older groups with CRDs of their own (InferencePool v1alpha2)
+        own = served.model
+        if served.crd and own is not None:
+            kinds.append(EmulatedKind(own.group, own.version, own.plural, served.kind))
     return kinds
 
 

@@ -30,12 +30,21 @@ spec:
 def keyed(tmp_path: Path) -> Iterator[tuple[Up, str, str]]:
     """``up`` with an admin key configured and a Tenant holding one key: (up, admin, tenant key)."""
     lines = cli("keys", "admin", state_dir=None).stdout.splitlines()
-    admin = lines[1]
     config = tmp_path / "gateway.yaml"
     config.write_text("\n".join(lines[3:]) + "\n")
+    yield from _up_with_tenant(tmp_path, lines[1], ["--gateway-config", str(config)])
+
+
+@pytest.fixture
+def tenant_only(tmp_path: Path) -> Iterator[tuple[Up, str, str]]:
+    """The same without an admin key: (up, "", tenant key)."""
+    yield from _up_with_tenant(tmp_path, "", [])
+
+
+def _up_with_tenant(tmp_path: Path, admin: str, args: list[str]) -> Iterator[tuple[Up, str, str]]:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(sim_fleet("tiny", 1, time_scale="3", playground="chat"))
-    up = Up(tmp_path / "state", str(fleet), args=["--gateway-config", str(config)]).start()
+    up = Up(tmp_path / "state", str(fleet), args=args).start()
     try:
         wait_for(
             lambda: status(up.state_dir, "Playground", "chat").get("readyReplicas") == 1,
@@ -67,25 +76,38 @@ def enter_key(browser: Browser, key: str) -> None:
     d.find_element(By.ID, "key-save").click()
 
 
-def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> None:
+def ask_tiny(d: object) -> None:
+    """Send a chat message to model ``tiny``."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    up, admin, tenant_key = keyed
+    Select(d.find_element(By.ID, "chat-model")).select_by_value("tiny")  # type: ignore[attr-defined]
+    d.find_element(By.ID, "chat-text").send_keys("Tell me about llamas.")  # type: ignore[attr-defined]
+    d.find_element(By.ID, "chat-send").click()  # type: ignore[attr-defined]
+
+
+def prompt_refuses(browser: Browser, up: Up, asks: str, refusal: str, key: str) -> None:
+    """Open the Fleet page: the prompt (saying ``asks``) comes first, ``key`` gets ``refusal``
+    and the prompt stays, with no fleet shown."""
+    from selenium.webdriver.common.by import By
+
     d = browser.driver
     d.get(f"{up.url}/console/#fleet")
-
-    # --- the prompt, a wrong key, then the admin key shows the fleet --------------------------
     until(browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the key prompt")
-    assert "admin key" in d.find_element(By.ID, "key-kind").text
-    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
-    enter_key(browser, "llmp-wrong-key")
-    until(
-        browser,
-        lambda d: "refused" in d.find_element(By.ID, "key-error").text,
-        "the wrong-key message",
-    )
+    assert asks in d.find_element(By.ID, "key-kind").text
+    enter_key(browser, key)
+    until(browser, lambda d: refusal in d.find_element(By.ID, "key-error").text, "the refusal")
     assert d.find_element(By.ID, "key-panel").is_displayed()
+    assert not d.find_elements(By.CSS_SELECTOR, "[data-workload]")
+
+
+def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    up, admin, tenant_key = keyed
+    d = browser.driver
+    # --- the prompt, a wrong key, then the admin key shows the fleet --------------------------
+    prompt_refuses(browser, up, "admin key", "not the admin key", "llmp-wrong-key")
     browser.screenshot("wrong-key")
     enter_key(browser, admin)
     badge = '[data-workload="default/chat"] [data-testid="replicas"]'
@@ -110,9 +132,7 @@ def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> 
         ),
         "model tiny in the model list (the admin key kept across the reload)",
     )
-    Select(d.find_element(By.ID, "chat-model")).select_by_value("tiny")
-    d.find_element(By.ID, "chat-text").send_keys("Tell me about llamas.")
-    d.find_element(By.ID, "chat-send").click()
+    ask_tiny(d)
     until(
         browser, lambda d: d.find_element(By.ID, "key-panel").is_displayed(), "the chat key prompt"
     )
@@ -134,3 +154,40 @@ def test_console_asks_for_keys(keyed: tuple[Up, str, str], browser: Browser) -> 
     assert not d.find_elements(By.CSS_SELECTOR, ".msg.assistant.error")
     assert tenant_key not in d.page_source
     browser.screenshot("chat-with-key")
+
+
+def test_without_an_admin_key_a_tenant_key_does_not_read_the_console(
+    tenant_only: tuple[Up, str, str], browser: Browser
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    up, _, tenant_key = tenant_only
+    prompt_refuses(browser, up, "none is configured", "no admin key is configured", tenant_key)
+    # Chat still works with the tenant's key: its models come from the key's /v1/models.
+    d = browser.driver
+    d.get(f"{up.url}/console/#chat")
+    # The Fleet page's prompt (no key satisfies it) gives way to chat's.
+    until(
+        browser,
+        lambda d: (
+            d.find_element(By.ID, "key-panel").is_displayed()
+            and "tenant API key" in d.find_element(By.ID, "key-kind").text
+        ),
+        "the chat prompt",
+    )
+    enter_key(browser, tenant_key)
+    until(
+        browser,
+        lambda d: (
+            [o.text for o in d.find_elements(By.CSS_SELECTOR, "#chat-model option")] == ["tiny"]
+        ),
+        "the key's model in the model list",
+    )
+    ask_tiny(d)
+    until(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .meta .tps"),
+        "the streamed answer",
+    )
+    assert not d.find_element(By.ID, "key-panel").is_displayed()
+    assert tenant_key not in d.page_source

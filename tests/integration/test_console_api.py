@@ -143,7 +143,8 @@ async def test_admin_seam_refuses_every_api_call(console_gateway: Any) -> None:
     assert status == 200 and orjson.loads(body)["admin"] is False, body
     console.authorize = lambda request: None
     status, _, body = await get(console_gateway, "/console/api/whoami")
-    assert orjson.loads(body) == {"admin": True, "chat": True, "tenant": None}, body
+    expected = {"admin": True, "chat": True, "tenant": None, "adminKey": False}
+    assert orjson.loads(body) == expected, body
 
 
 def test_an_extension_never_replaces_the_api() -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from llmplane.engines import llamacpp_server
-from llmplane.runtime.launch import engine_argv, module_exists
+from llmplane.runtime.launch import engine_argv, module_exists, rewrite_argv
+from llmplane.sim import cli as sim_cli
 from llmplane.up import builtin_backends
 
 _OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
@@ -97,3 +98,31 @@ def test_builtins_bind_every_interface_in_containers_and_name_their_metrics() ->
         assert "--enable-metrics" in flags, f"sglang {config}: metrics are off without it"
     for config, flags in flags_by_config(builtin("llamacpp")).items():
         assert "--metrics" in flags, f"llamacpp {config}: metrics are off without it"
+
+
+# Spellings of "listen on every interface" argparse accepts (issue 27, item 8).
+HOSTILE_BINDS = [
+    ["--hos", "0.0.0.0"],
+    ["--ho=0.0.0.0"],
+    ["--host=::"],
+    ["--hos=0.0.0.0", "--po", "9"],
+    ["--port", "9", "--ho", "::", "--por=10"],
+]
+
+
+@pytest.mark.parametrize(
+    ("engine", "parse", "base"),
+    [
+        ("sim", lambda argv: sim_cli.build_parser().parse_args(argv), ["--model", "m"]),
+        ("llamacpp shim", llamacpp_server.parse_args, ["-m", "x.gguf"]),
+    ],
+)
+def test_engines_own_parsers_end_on_loopback_whatever_the_args(
+    engine: str, parse: Any, base: list[str]
+) -> None:
+    """The engines' real argument parsers: each hostile spelling binds every interface as
+    given, and 127.0.0.1 with the replica's port once the runtime rewrote it."""
+    for hostile in HOSTILE_BINDS:
+        assert parse([*base, *hostile]).host in ("0.0.0.0", "::"), (engine, hostile)
+        args = parse(rewrite_argv([*base, *hostile], 4321))
+        assert (args.host, args.port) == ("127.0.0.1", 4321), (engine, hostile)

@@ -367,5 +367,69 @@ current-context: emulator
         assert picker.returncode == 0, picker.output()
 
 
+async def test_v1_and_v1alpha2_pools_and_llm_d_kinds_from_their_own_crds(
+    engines: dict[str, Process],
+) -> None:
+    """A v1 pool (inference.networking.k8s.io) and a v1alpha2 pool (the x-k8s.io CRD), each
+    reached by an InferenceModelRewrite (llm-d.ai); an InferenceObjective's priority."""
+    new, old = ip(engines["a"]), ip(engines["b"])
+    llmd = "llm-d.ai/v1alpha2"
+
+    def rewrite(name: str, pool: str) -> dict[str, Any]:
+        return {
+            "apiVersion": llmd,
+            "kind": "InferenceModelRewrite",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "poolRef": {"name": pool},
+                "rules": [
+                    {"matches": [{"model": {"value": name}}], "targets": [{"modelRewrite": MODEL}]}
+                ],
+            },
+        }
+
+    async with KubeEmulator() as kube:
+        await kube.create(pod("new-0", {"pool": "new"}, new))
+        await kube.create(pod("old-0", {"pool": "old"}, old))
+        await kube.create(
+            {
+                "apiVersion": "inference.networking.k8s.io/v1",
+                "kind": "InferencePool",
+                "metadata": {"name": "new", "namespace": "default"},
+                "spec": {
+                    "selector": {"matchLabels": {"pool": "new"}},
+                    "targetPorts": [{"number": 8080}],
+                },
+            }
+        )
+        await kube.create(
+            {
+                "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+                "kind": "InferencePool",
+                "metadata": {"name": "old", "namespace": "default"},
+                "spec": {
+                    "selector": {"pool": "old"},
+                    "targetPortNumber": 8080,
+                    "extensionRef": {"name": "epp"},
+                },
+            }
+        )
+        await kube.create(rewrite("to-new", "new"))
+        await kube.create(rewrite("to-old", "old"))
+        await kube.create(
+            {
+                "apiVersion": llmd,
+                "kind": "InferenceObjective",
+                "metadata": {"name": "urgent", "namespace": "default"},
+                "spec": {"priority": 5, "poolRef": {"name": "new"}},
+            }
+        )
+        async with gateway_on(kube) as gateway:
+            await until(gateway.port, "to-new", lambda s, e, b: (s, e) == (200, f"{new}:8080"))
+            await until(gateway.port, "to-old", lambda s, e, b: (s, e) == (200, f"{old}:8080"))
+            headers = {"x-llm-d-inference-objective": "urgent"}
+            assert gateway.table.resolve("to-new", "/v1/completions", headers).priority == 5
+
+
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = [pytestmark, pytest.mark.skip(reason="needs 127.0.0.0/8 loopback (Linux)")]

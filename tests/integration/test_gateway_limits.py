@@ -167,23 +167,62 @@ def test_a_get_on_a_post_route_is_405_with_allow(gateway: GatewayProcess) -> Non
     assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
 
 
-def test_the_connection_cap_turns_away_the_extra_connection(tmp_path: Path) -> None:
-    gw = GatewayProcess(tmp_path, {"maxClientConnections": 4})
-    held = []
+def _closed_by_server(conn: socket.socket) -> bool:
+    conn.setblocking(False)
     try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.setblocking(True)
+
+
+def test_the_connection_cap_makes_room_from_idle_connections_else_refuses(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path, {"maxClientConnections": 4})
+    held: list[socket.socket] = []
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    try:
+        # Four idle keep-alive connections: a fifth client is served, one idle one is closed.
         for _ in range(4):
             conn = socket.create_connection(("127.0.0.1", gw.port))
-            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            conn.sendall(health)
             assert read_all(conn).startswith(b"HTTP/1.1 200 ")
             held.append(conn)
         with socket.create_connection(("127.0.0.1", gw.port)) as extra:
-            answer = read_all(extra)
-        assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer, answer
+            extra.sendall(health)
+            assert read_all(extra).startswith(b"HTTP/1.1 200 ")
+            closed = wait_for(
+                lambda: [c for c in held if _closed_by_server(c)] or None,
+                10,
+                what="an idle connection closed to make room",
+            )
+            assert len(closed) == 1, f"{len(closed)} idle connections closed for one new one"
+        for conn in held:
+            conn.close()
+        held.clear()
+
+        # Four connections in the middle of a request (a head still arriving): none is idle,
+        # so a fifth gets 503 + Retry-After and is closed.
+        for _ in range(4):
+            conn = socket.create_connection(("127.0.0.1", gw.port))
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            held.append(conn)
+
+        def refused() -> bytes | None:
+            with socket.create_connection(("127.0.0.1", gw.port)) as extra:
+                answer = read_all(extra)
+            return answer if answer.startswith(b"HTTP/1.1 503 ") else None
+
+        answer = wait_for(refused, 10, 0.05, what="a fifth connection refused")
+        assert b"Retry-After: 1" in answer and b"server_busy" in answer, answer
+        assert not any(_closed_by_server(c) for c in held), "a busy connection was closed"
         held.pop().close()
 
         def served() -> bool:
             with socket.create_connection(("127.0.0.1", gw.port)) as again:
-                again.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                again.sendall(health)
                 return read_all(again).startswith(b"HTTP/1.1 200 ")
 
         wait_for(served, 10, 0.05, what="a connection to be accepted once one closed")

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SVC = "inference.llmaz.io/v1alpha1"
 LWS = "leaderworkerset.x-k8s.io/v1"
+LLMD = "llm-d.ai/v1alpha2"
 
 
 def _wire(path: Path) -> list[dict[str, Any]]:
@@ -415,4 +416,55 @@ async def test_disaggregated_playground_runs_roles_scaled_apart() -> None:
                 kube.get(SVC, "Service", f"{name}-{role}", "default") is None
                 for role in ("prefill", "decode")
             )
+        )
+
+
+async def test_objectives_and_rewrites_are_accepted_when_their_pool_exists() -> None:
+    """The published examples (examples/gie-v1): the objectives and rewrites name a v1 pool
+    that exists (Accepted True); one naming a missing pool is Unknown/Pending until the pool
+    appears, here in the v1alpha2 group."""
+    async with running() as (kube, _):
+        for path in sorted((EXAMPLES / "gie-v1").glob("*.yaml")):
+            for doc in _wire(path):
+                await kube.create(doc)
+        orphan = {
+            "apiVersion": "llm-d.ai/v1alpha2",
+            "kind": "InferenceObjective",
+            "metadata": {"name": "orphan", "namespace": "default"},
+            "spec": {"priority": -1, "poolRef": {"name": "later"}},
+        }
+        await kube.create(orphan)
+
+        def accepted(kind: str, name: str) -> str | None:
+            c = _cond(kube.get(LLMD, kind, name, "default"), "Accepted")
+            return c and c["status"]
+
+        await eventually(
+            lambda: (
+                accepted("InferenceObjective", "base-model") == "True"
+                and accepted("InferenceModelRewrite", "small-segment-lora-alias") == "True"
+                and accepted("InferenceModelRewrite", "generic-fallback") == "True"
+                and accepted("InferenceObjective", "orphan") == "Unknown"
+            ),
+            what="objectives and rewrites of the existing pool accepted, the orphan pending",
+        )
+        assert (
+            _cond(kube.get(LLMD, "InferenceObjective", "orphan", "default"), "Accepted")["reason"]
+            == "Pending"
+        )
+        await kube.create(
+            {
+                "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+                "kind": "InferencePool",
+                "metadata": {"name": "later", "namespace": "default"},
+                "spec": {
+                    "selector": {"app": "x"},
+                    "targetPortNumber": 8000,
+                    "extensionRef": {"name": "e"},
+                },
+            }
+        )
+        await eventually(
+            lambda: accepted("InferenceObjective", "orphan") == "True",
+            what="the orphan accepted once its (v1alpha2) pool exists",
         )

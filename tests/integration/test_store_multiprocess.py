@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from llmplane.store import SQLiteStore
+from llmplane.store.sqlite import _waiters
+from llmplane.testing import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,7 +66,8 @@ async def test_watch_sees_write_from_another_process(tmp_path):
     with SQLiteStore(db) as store:
         async with contextlib.aclosing(store.watch(kind="Playground")) as watch:
             waiting = asyncio.ensure_future(anext(watch))
-            await asyncio.sleep(0.1)
+            # The watch has its starting point once it waits for changes to this file.
+            await eventually(lambda: _waiters.get(store._key), what="the watch waiting")
             assert not waiting.done()
             proc = start_writer(db, "remote", 1)
             await wait_writer(proc)

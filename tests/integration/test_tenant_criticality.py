@@ -67,6 +67,19 @@ async def test_tenant_criticality_applies_where_the_route_says_nothing(
             },
         }
     )
+    # An InferenceModel that names no criticality: the tenant's stays in force.
+    store.apply(
+        {
+            "apiVersion": GIE,
+            "kind": "InferenceModel",
+            "metadata": {"name": "plain", "namespace": "default"},
+            "spec": {
+                "modelName": "plain",
+                "poolRef": {"name": "p"},
+                "targetModels": [{"name": "base"}],
+            },
+        }
+    )
     batch, interactive = apikeys.new_key(), apikeys.new_key()
     store.apply(tenant("batch", "Sheddable", batch))
     store.apply(tenant("interactive", "Default", interactive))
@@ -86,4 +99,9 @@ async def test_tenant_criticality_applies_where_the_route_says_nothing(
     assert status == 200, body
     # The InferenceModel says Critical: the Sheddable tenant is served there.
     status, _, body = await post(client, gw, "chat", batch)
+    assert status == 200, body
+    # "plain" says nothing: Sheddable is shed there, Default is served.
+    status, _, body = await post(client, gw, "plain", batch)
+    assert_openai_error(status, body, 429, "overloaded")
+    status, _, body = await post(client, gw, "plain", interactive)
     assert status == 200, body

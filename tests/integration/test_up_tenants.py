@@ -8,7 +8,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from llmplane.testing import Processes, Up, wait_for
+from llmplane.testing import Processes, Up, always, wait_for
 from tests.integration.openai_errors import assert_openai_error
 from tests.integration.upcli import cli, http, sim_fleet, status
 
@@ -87,6 +87,13 @@ def test_keys_guard_models_metrics_and_never_leak(fleet: tuple[Up, str], tmp_pat
         what="the openai client served with the new key",
     )
     assert done.choices and done.model == "tiny-a"
+    # Applying the Tenant's file again (it has no keys: `llmplane keys` writes them), also with
+    # a changed spec, keeps the key working (issue 27; more cases in test_apply_owned_fields.py).
+    assert "unchanged" in cli("apply", "-f", str(tenant_file), state_dir=state).stdout
+    tenant_file.write_text(TENANT.replace("criticality: Critical", "weight: 2"))
+    assert "configured" in cli("apply", "-f", str(tenant_file), state_dir=state).stdout
+    assert key_id in cli("keys", "list", "team-a", state_dir=state).stdout
+    always(lambda: _complete(up, "tiny-a", _bearer(key))[0] == 200, 1, every=0.1)
     # x-api-key works too; /v1/models lists only what the key may use.
     assert _complete(up, "tiny-a", {"x-api-key": key})[0] == 200
     code, _, models = http(f"{up.url}/v1/models", headers=_bearer(key))

@@ -13,7 +13,7 @@ import yaml
 
 from llmplane.api.documents import InvalidResources, dump_resource, parse_document, parse_text
 from llmplane.api.gie import InferenceModel, InferencePool
-from llmplane.api.registry import KINDS, resolve_kind
+from llmplane.api.registry import KINDS, SERVED, resolve_kind
 from llmplane.printing import jsonpath
 from tests.unit.apihelpers import errors_of
 
@@ -78,13 +78,14 @@ def targets(*weights: int | None) -> list[dict[str, Any]]:
 
 def test_kinds_are_registered_namespaced_without_short_names() -> None:
     assert KINDS["InferenceModel"] is InferenceModel
-    assert KINDS["InferencePool"] is InferencePool
+    # v1 (inference.networking.k8s.io) is the pool's storage version; v1alpha2 is served.
+    assert SERVED[(API, "InferencePool")].model is InferencePool
     for cls, plural in ((InferenceModel, "inferencemodels"), (InferencePool, "inferencepools")):
         assert cls.api_version_string() == API
         assert cls.plural == plural
         assert cls.namespaced
         assert cls.short_names == ()  # upstream defines none
-        assert resolve_kind(plural) is cls
+        assert resolve_kind(plural) is KINDS[cls.__name__]
         assert resolve_kind(f"{plural}.inference.networking.x-k8s.io") is cls
 
 

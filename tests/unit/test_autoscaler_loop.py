@@ -134,3 +134,22 @@ def test_a_concurrent_edit_is_not_overwritten(store: Any) -> None:
     scaler._scale = user_edits_first  # type: ignore[method-assign]
     scaler.step()
     assert replicas(store) == 2  # the user's 2, not the autoscaler's 4
+
+
+def test_the_embedded_runtimes_replica_ceiling_bounds_a_scale_up(
+    store: Any, tmp_path: Path
+) -> None:
+    from llmplane.runtime.local import LocalRuntime
+
+    obj = store.get("Playground", "tiny", "default")
+    obj["spec"]["elasticConfig"].pop("maxReplicas")  # the autoscaler's own bound: 99999
+    obj.pop("status", None)
+    store.apply(obj)
+    runtime = LocalRuntime(tmp_path / "state", gpus=[], max_replicas=3)
+    source, clock = Source(), Clock()
+    scaler = Autoscaler(store, runtime, source, AutoscalerConfig(), clock=clock)
+    source.values = {"a": {"waiting": 1000.0}}
+    scaler.step()
+    assert replicas(store) == 3
+    events = events_for(store, store.get("Playground", "tiny", "default"))
+    assert "limited to 3 (this machine's ceiling)" in events[-1]["message"]

@@ -423,6 +423,23 @@ def test_idle_period_defaults_to_the_scale_down_window() -> None:
     assert d.desired == 0
 
 
+@pytest.mark.parametrize("window", [40, 100])
+def test_idle_period_default_is_the_window_where_the_load_already_says_zero(window: int) -> None:
+    """No load for longer than the scale-down window (stabilization lets 0 through), but a
+    request came within it: the default idle period (that window, not a constant) decides."""
+    trig = trigger(
+        pods("vllm:num_requests_waiting", 4),
+        behavior={"scaleDown": {"stabilizationWindowSeconds": window}},
+    )
+    el = elastic(0, 3)
+    h = History(last_request_at=T0 - window + 5, recommendations=((T0 - 2 * window, 0),))
+    d = decide(1, loads(0), el, trig, h, T0)
+    assert d.history.recommendations[-1] == (T0, 0)  # the load alone says zero
+    assert d.desired == 1 and f"idle period {window} s" in d.reason, d.reason
+    d = decide(1, loads(0), el, trig, d.history, T0 + 6)
+    assert d.desired == 0 and f"no request for {window} s" in d.reason, d.reason
+
+
 def test_held_requests_prevent_scale_down() -> None:
     trig = trigger(pods("vllm:num_requests_waiting", 4), behavior=NO_WINDOW)
     assert run(3, loads(0, 0, 0), trig, demand=5).desired == 3

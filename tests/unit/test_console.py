@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from llmplane.console.redact import MASK, redact, secret_key
+from llmplane.console.redact import MASK, redact, redact_text, secret_key
 from llmplane.console.stats import RequestStats, peer_totals, quantile, report_totals, totals
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.observability import GatewayMetrics
@@ -168,6 +168,64 @@ def test_secret_looking_fields_are_masked(name: str) -> None:
 @pytest.mark.parametrize("name", ["monkey", "keyName", "secretRef", "tokens", "replicas"])
 def test_ordinary_fields_stay(name: str) -> None:
     assert not secret_key(name)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "python -m vllm --api-key S3CR3T --port 1",
+        "python -m vllm --hf-token=S3CR3T",
+        "llama-server --admin-password\tS3CR3T",
+        "Namespace(model='m', api_key='S3CR3T', max_tokens=5)",
+        "non-default args: {'api_key': 'S3CR3T'}",
+        '{"token": "S3CR3T"}',
+        "HF_TOKEN=S3CR3T python -m x",
+        "Authorization: Bearer S3CR3T",
+        "GET https://hub.example/m?revision=main&token=S3CR3T&x=1",
+        "s3://bucket/m?X-Amz-Credential=S3CR3T&X-Amz-Signature=S3CR3T",
+        "git clone https://S3CR3T@github.com/o/r",
+        "postgres://user:S3CR3T@db:5432/x",
+        "ad=https://u:S3CR3T@hub.example/ad?token=S3CR3T",
+        "made llmp-abcdefghijkl-S3CR3TS3CR3TS3CR3T for ci",
+        "a bare hf_" + "S3CR3T" * 5,
+    ],
+)
+def test_credentials_in_text_are_masked(text: str) -> None:
+    assert "S3CR3T" not in redact_text(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "--max-tokens 5 --model m --ssl-keyfile /k --time-scale 0.01",
+        "max_tokens=5 keyName=x tokens: 7",
+        "https://hub.example/models/m at 12:30",
+    ],
+)
+def test_ordinary_text_stays(text: str) -> None:
+    assert redact_text(text) == text
+
+
+def test_env_lists_argv_tenant_keys_and_secrets_are_masked() -> None:
+    doc = {
+        "spec": {
+            "envs": [
+                {"name": "HF_TOKEN", "value": "a1"},
+                {"name": "AWS_SECRET_ACCESS_KEY", "value": "a2"},
+                {"name": "LOG_LEVEL", "value": "debug"},
+            ],
+            "args": ["--api-key", "a3", "--hf-token=a4", "--port", "8080"],
+            "keys": [{"id": "k1", "salt": "a5", "hash": "a6", "name": "ci"}],
+        }
+    }
+    masked = redact(doc)
+    text = str(masked)
+    assert not [s for s in ("a1", "a2", "a3", "a4", "a5", "a6") if f"'{s}'" in text], text
+    assert masked["spec"]["envs"][2]["value"] == "debug"
+    assert masked["spec"]["args"][3:] == ["--port", "8080"]
+    assert masked["spec"]["keys"][0]["id"] == "k1"
+    secret = {"kind": "Secret", "metadata": {"name": "s"}, "data": {"anything": "YQ=="}}
+    assert redact(secret)["data"] == {"anything": MASK}
 
 
 def _fleet(ready: int, desired: int = 2, loading: bool = False) -> dict[str, Any]:

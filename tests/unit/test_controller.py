@@ -85,8 +85,8 @@ def playground(replicas: int = 2, model: str = "tiny", backend: str = "sim") -> 
     }
 
 
-def condition(store: SQLiteStore, kind: str, type_: str) -> dict[str, Any]:
-    obj = store.get(kind, "tiny", None if kind == "OpenModel" else "default") or {}
+def condition(store: SQLiteStore, kind: str, type_: str, name: str = "tiny") -> dict[str, Any]:
+    obj = store.get(kind, name, None if kind == "OpenModel" else "default") or {}
     conditions = (obj.get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == type_), {})
 
@@ -342,3 +342,33 @@ async def test_a_disaggregated_playground_runs_roles_and_switches_back(store, co
     assert store.get("Service", "tiny", "default") is not None
     assert store.get("Service", "tiny-prefill", "default") is None
     assert sorted(runtime.removed) == [f"{KEY}-decode", f"{KEY}-prefill"]
+
+
+async def test_objectives_and_rewrites_are_accepted_once_their_pool_exists(store, controller):
+    def obj(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "llm-d.ai/v1alpha2",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"poolRef": {"name": "pool"}, **spec},
+        }
+
+    store.apply(obj("InferenceObjective", "o", {"priority": 3}))
+    store.apply(obj("InferenceModelRewrite", "r", {"rules": [{"matches": []}]}))
+    await controller.reconcile()
+    for kind, name in (("InferenceObjective", "o"), ("InferenceModelRewrite", "r")):
+        accepted = condition(store, kind, "Accepted", name)
+        assert (accepted["status"], accepted["reason"]) == ("Unknown", "Pending")
+        assert "'pool' does not exist" in accepted["message"]
+    store.apply(
+        {
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "kind": "InferencePool",
+            "metadata": {"name": "pool", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": [{"number": 1}]},
+        }
+    )
+    await controller.reconcile()
+    for kind, name in (("InferenceObjective", "o"), ("InferenceModelRewrite", "r")):
+        accepted = condition(store, kind, "Accepted", name)
+        assert (accepted["status"], accepted["reason"]) == ("True", "Accepted")

@@ -31,17 +31,22 @@ from llmplane.api.crds import (
     crd_document,
     crd_documents,
     crd_filename,
+    crd_name,
     crds_yaml,
     openapi_schema,
     write_crds,
 )
 from llmplane.api.documents import InvalidResources, parse_document
 from llmplane.api.legacy import upgrade_legacy_fields
-from llmplane.api.registry import KINDS
+from llmplane.api.registry import KINDS, SERVED
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_CRDS = ROOT / "deploy" / "crds"
-EXAMPLE_DIRS = [ROOT / "examples", ROOT / "llmplane" / "engines" / "builtin"]
+EXAMPLE_DIRS = [
+    ROOT / "examples",
+    ROOT / "examples" / "gie-v1",
+    ROOT / "llmplane" / "engines" / "builtin",
+]
 LLMAZ_KINDS = ("OpenModel", "Playground", "Service", "BackendRuntime")
 KIND_NAMES = sorted(KINDS)
 
@@ -62,11 +67,32 @@ K8S_VERSIONS = _shipped_versions()
 
 @pytest.fixture(scope="module")
 def crds() -> dict[str, dict[str, Any]]:
-    return {doc["spec"]["names"]["kind"]: doc for doc in crd_documents()}
+    """The CRD of each kind's storage version, by kind."""
+    return {
+        kind: doc
+        for doc in crd_documents()
+        if KINDS[kind := doc["spec"]["names"]["kind"]].group == doc["spec"]["group"]
+    }
+
+
+@pytest.fixture(scope="module")
+def crds_by_group() -> dict[tuple[str, str], dict[str, Any]]:
+    """Every CRD (older groups served as resources of their own too), by (group, kind)."""
+    return {(d["spec"]["group"], d["spec"]["names"]["kind"]): d for d in crd_documents()}
 
 
 def _schema(crds: dict[str, dict[str, Any]], kind: str) -> dict[str, Any]:
     return crds[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _schema_for(crds_by_group: dict[tuple[str, str], dict[str, Any]], doc: dict[str, Any]):
+    """The schema a document is checked against: its own group's CRD, else its kind's storage
+    version (an older group with the same schema and no CRD of its own)."""
+    group = str(doc.get("apiVersion", "")).rpartition("/")[0]
+    crd = crds_by_group.get((group, doc["kind"]))
+    if crd is None:
+        crd = crds_by_group[(KINDS[doc["kind"]].group, doc["kind"])]
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 # -- an API-server stand-in ------------------------------------------------------------------
@@ -132,6 +158,11 @@ def _server_errors(schema: dict[str, Any], doc: dict[str, Any]) -> list[str]:
 def test_every_registered_kind_has_a_crd(crds: dict[str, dict[str, Any]]) -> None:
     assert set(LLMAZ_KINDS) <= set(KINDS)
     assert set(crds) == set(KINDS)
+    # Older groups Kubernetes serves as resources of their own get a CRD too.
+    names = {d["metadata"]["name"] for d in crd_documents()}
+    assert names == {crd_name(c) for c in KINDS.values()} | {
+        crd_name(v.model) for v in SERVED.values() if v.crd and v.model is not None
+    }
     for kind, cls in KINDS.items():
         crd = crds[kind]
         assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
@@ -506,10 +537,10 @@ def test_examples_cover_the_llmaz_kinds() -> None:
 
 @pytest.mark.parametrize(("where", "doc"), DOCUMENTS, ids=[w for w, _ in DOCUMENTS])
 def test_crd_accepts_what_the_model_accepts(
-    crds: dict[str, dict[str, Any]], where: str, doc: dict[str, Any]
+    crds_by_group: dict[tuple[str, str], dict[str, Any]], where: str, doc: dict[str, Any]
 ) -> None:
     resource, _ = parse_document(doc, where)
-    schema = _schema(crds, doc["kind"])
+    schema = _schema_for(crds_by_group, doc)
     # Legacy shapes are upgraded by llmplane before validation; the CRD knows the current API.
     upgraded, _ = upgrade_legacy_fields(doc)
     assert _server_errors(schema, upgraded) == []
@@ -519,11 +550,11 @@ def test_crd_accepts_what_the_model_accepts(
 
 @pytest.mark.parametrize(("where", "doc"), DOCUMENTS, ids=[w for w, _ in DOCUMENTS])
 def test_server_defaults_equal_model_defaults(
-    crds: dict[str, dict[str, Any]], where: str, doc: dict[str, Any]
+    crds_by_group: dict[tuple[str, str], dict[str, Any]], where: str, doc: dict[str, Any]
 ) -> None:
     resource, _ = parse_document(doc, where)
     upgraded, _ = upgrade_legacy_fields(doc)
-    defaulted = _apply_defaults(_prune_nulls(upgraded), _schema(crds, doc["kind"]))
+    defaulted = _apply_defaults(_prune_nulls(upgraded), _schema_for(crds_by_group, doc))
     wire = resource.to_dict()
     for part in ("spec", "status"):
         assert defaulted.get(part) == wire.get(part), part
@@ -615,12 +646,13 @@ def test_write_crds_one_file_per_kind_and_removes_stale_ones(tmp_path: Path) -> 
     (tmp_path / "old.example.com_things.yaml").write_text(GENERATED_HEADER + "kind: X\n")
     (tmp_path / "kustomization.yaml").write_text("resources: []\n")
     paths = write_crds(tmp_path)
-    assert sorted(p.name for p in paths) == sorted(crd_filename(c) for c in KINDS.values())
+    own = [v.model for v in SERVED.values() if v.crd and v.model is not None]
+    assert sorted(p.name for p in paths) == sorted(crd_filename(c) for c in [*KINDS.values(), *own])
     assert not (tmp_path / "old.example.com_things.yaml").exists()
     assert (tmp_path / "kustomization.yaml").exists()
     for path in paths:
         (doc,) = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
-        cls = next(c for c in KINDS.values() if crd_filename(c) == path.name)
+        cls = next(c for c in [*KINDS.values(), *own] if crd_filename(c) == path.name)
         assert doc == crd_document(cls)
 
 

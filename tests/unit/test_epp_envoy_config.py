@@ -87,9 +87,19 @@ def test_gateway_api_example_validates() -> None:
 
     docs = list(yaml.safe_load_all((ROOT / "deploy/gateway-api/inference-pool.yaml").read_text()))
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["Gateway", "HTTPRoute", "InferencePool", "InferenceModel"]
+    assert kinds == [
+        "Gateway",
+        "HTTPRoute",
+        "InferencePool",
+        "InferenceModelRewrite",
+        "InferenceObjective",
+    ]
     for doc in docs[2:]:  # ours; Gateway / HTTPRoute are the Gateway API's
         validate(doc)
     route = docs[1]["spec"]["rules"][0]["backendRefs"][0]
-    assert (route["kind"], route["name"]) == ("InferencePool", docs[2]["metadata"]["name"])
+    assert (route["group"], route["kind"], route["name"]) == (
+        "inference.networking.k8s.io",
+        "InferencePool",
+        docs[2]["metadata"]["name"],
+    )
     assert fail_open(docs[2]) is True

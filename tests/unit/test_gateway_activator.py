@@ -32,7 +32,7 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
     assert act.held_for("default/pg") == 5 and act.held_for("default/other") == 0
     assert woken == ["default/pg"] * 5  # the autoscaler is asked at once, for each
     act.release(lambda model: True)  # still activatable: nothing moves
-    await asyncio.sleep(0.01)
+    assert act.held("m") == 5 and not any(w.future.done() for w in act.queues["m"].waiters)
     assert order == []
     act.release(lambda model: False)  # a replica is ready
     await asyncio.gather(*tasks)
@@ -69,6 +69,20 @@ async def test_hold_timeout_is_a_503_with_retry_after() -> None:
     assert err.value.response().headers["Retry-After"] == "7"
     assert act.queues == {}  # left the queue
     assert act.metrics.refused.labels("m", "timeout").value == 1
+
+
+@pytest.mark.parametrize("timeout", [0.3, 0.6])
+async def test_the_hold_lasts_the_hold_timeout(timeout: float) -> None:
+    """Measured on the loop's clock: not shorter than the setting, and well short of twice
+    it (a hold of a fixed or scaled length fails one of the two)."""
+    act = activator(activator_hold_timeout=timeout)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(GatewayError):
+        await asyncio.wait_for(act.hold("m", "default/pg", 1), 10 * timeout)
+    held = loop.time() - start
+    assert timeout <= held < 1.6 * timeout, f"held {held:.3f} s for a timeout of {timeout} s"
+    assert act.queues == {}
 
 
 async def test_disabled_hold_answers_at_once() -> None:

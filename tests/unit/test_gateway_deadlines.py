@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from llmplane.gateway.deadlines import Deadlines
+from llmplane.testing import eventually
 
 
 async def test_a_passed_deadline_raises_timeout_error() -> None:
@@ -26,7 +27,8 @@ async def test_a_block_that_ends_in_time_is_forgotten() -> None:
             await asyncio.sleep(0)
     assert not deadlines.pending
     # The timer still armed for the first deadline fires over an empty set: nothing happens.
-    await asyncio.sleep(0.08)
+    assert deadlines._timer is not None
+    await eventually(lambda: deadlines._timer is None, what="the first deadline's timer fired")
     assert not deadlines.pending
 
 

@@ -320,3 +320,126 @@ def test_routes_to_a_playground_without_replicas_are_activatable():
     }
     table = build_table([failing, *objects[1:]], [])
     assert table.activatable == {}
+
+
+# --- v1 InferencePools, InferenceModelRewrites, InferenceObjectives --------------------------
+
+LLMD = "llm-d.ai/v1alpha2"
+
+
+def pool_v1(name, labels, port=8000, **spec):
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"selector": {"matchLabels": labels}, "targetPorts": [{"number": port}], **spec},
+    }
+
+
+def rewrite(name, pool, rules, created="2024-01-01T00:00:00Z"):
+    return {
+        "apiVersion": LLMD,
+        "kind": "InferenceModelRewrite",
+        "metadata": {"name": name, "namespace": "default", "creationTimestamp": created},
+        "spec": {"poolRef": {"name": pool}, "rules": rules},
+    }
+
+
+def exact(value, *targets):
+    return {
+        "matches": [{"model": {"value": value}}],
+        "targets": [{"modelRewrite": t} for t in targets],
+    }
+
+
+def test_rewrite_precedence_exact_then_oldest_then_rule_order():
+    from llmplane.console.api import route_sources
+
+    objects = [
+        pool_v1("a", {"app": "a"}, 9000),
+        pool_v1("b", {"app": "b"}),
+        rewrite("newer", "b", [exact("x", "from-newer")], "2024-02-01T00:00:00Z"),
+        # The older rewrite: a generic rule first, then two exact rules for x.
+        rewrite(
+            "older",
+            "a",
+            [
+                {"targets": [{"modelRewrite": "fallback"}]},
+                exact("x", "first"),
+                exact("x", "second"),
+            ],
+        ),
+    ]
+    table = build_table(objects, STATES)
+    decision = table.resolve("x", "/v1/completions", {})
+    assert (decision.model, decision.backend.ref) == ("first", "InferencePool/default/a")
+    assert decision.backend.address(STATES[0]) == "10.0.0.1:9000"  # the pool's first port
+    assert [s.endpoint.address for s in decision.backend.candidates] == ["10.0.0.1:1"]
+    # Exact beats generic even when the generic rule is older or earlier.
+    fallback = table.resolve("unknown", "/v1/completions", {})
+    assert (fallback.model, fallback.backend.ref) == ("fallback", "InferencePool/default/a")
+    assert {"name": "x", "via": "InferenceModelRewrite"} in route_sources(table)
+
+
+def test_served_names_win_over_generic_rewrites_but_not_exact_ones():
+    objects = [
+        pool_v1("a", {"app": "a"}),
+        rewrite("r", "a", [{"targets": [{"modelRewrite": "z"}]}]),
+    ]
+    table = build_table(objects, STATES)
+    assert table.resolve("m", "/v1/completions", {}).model == "m"  # served by the endpoints
+    table = build_table([*objects, rewrite("s", "a", [exact("m", "m-v2")])], STATES)
+    assert table.resolve("m", "/v1/completions", {}).model == "m-v2"
+
+
+def test_objective_priority_only_for_its_own_pool():
+    def objective(name, pool, priority=None):
+        spec = {"poolRef": {"name": pool}}
+        if priority is not None:
+            spec["priority"] = priority
+        return {
+            "apiVersion": LLMD,
+            "kind": "InferenceObjective",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": spec,
+        }
+
+    objects = [
+        pool_v1("a", {"app": "a"}),
+        pool_v1("b", {"app": "b"}),
+        rewrite("r", "a", [exact("x", "x")]),
+        objective("mine", "a", -4),
+        objective("unset", "a"),
+        objective("theirs", "b", 9),
+    ]
+    table = build_table(objects, STATES)
+
+    def priority(name):
+        return table.resolve("x", "/", {"x-llm-d-inference-objective": name}).priority
+
+    assert priority("mine") == -4
+    assert priority("unset") == 0  # unset means 0
+    assert priority("theirs") is None  # an objective of another pool is ignored
+    assert table.resolve("x", "/", {}).priority is None
+
+
+def test_h2c_pool_and_foreign_pool_ref_are_problems():
+    objects = [
+        pool_v1("h", {"app": "a"}, appProtocol="kubernetes.io/h2c"),
+        rewrite("r", "h", [exact("x", "y")]),
+        {
+            **rewrite("s", "h", [exact("z", "y")]),
+            "spec": {
+                "poolRef": {"name": "h", "kind": "Service", "group": ""},
+                "rules": [exact("z", "y")],
+            },
+        },
+    ]
+    table = build_table(objects, STATES)
+    assert "h2c" in table.problems["InferencePool/default/h"]
+    with pytest.raises(GatewayError) as err:
+        table.resolve("x", "/", {})
+    assert err.value.status == 503 and "HTTP/1.1" in str(err.value)
+    with pytest.raises(GatewayError) as err:
+        table.resolve("z", "/", {})
+    assert err.value.status == 503 and "not a pool" in str(err.value)

@@ -400,3 +400,42 @@ def test_scheduling_is_fast_enough_to_measure_but_not_timed():
     start = time.perf_counter()
     assert len(sched.pick(ctx(prompt=prompt), states, 4).endpoints) == 4
     assert time.perf_counter() - start >= 0
+
+
+# llm-d's published EndpointPickerConfig (llm-d/llm-d-router deploy/config/epp-config.yaml).
+LLM_D_EPP_CONFIG = """\
+# Sample EPP configuration for running without P/D
+#
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: decode-filter
+- type: max-score-picker
+- type: single-profile-handler
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: max-score-picker
+  - pluginRef: prefix-cache-scorer
+    weight: 2
+"""
+
+
+def test_llm_d_endpoint_picker_config_is_read(tmp_path) -> None:
+    from llmplane.gateway.config import ConfigFileError, load_checked
+
+    path = tmp_path / "epp-config.yaml"
+    path.write_text(LLM_D_EPP_CONFIG)
+    scheduler = build_scheduler(load_checked(path).scheduler)
+    profile = scheduler.profiles["default"]
+    assert [(type(s).__name__, w) for s, w in profile.scorers] == [("PrefixCacheScorer", 2.0)]
+    assert type(profile.picker).__name__ == "MaxScorePicker"
+    for wrong, where in (
+        ("apiVersion: llm-d.ai/v1alpha1", "apiVersion: llm-d.ai/v2"),
+        ("kind: EndpointPickerConfig", "kind: SchedulerConfig"),
+    ):
+        path.write_text(LLM_D_EPP_CONFIG.replace(wrong, where))
+        with pytest.raises(ConfigFileError, match=where.split(":")[0]):
+            load_checked(path)

@@ -187,7 +187,9 @@ async def test_relists_after_410_gone_and_reports_the_difference(
                     events.append((e.type, e.key[2]))
 
             task = asyncio.create_task(collect())
-            await asyncio.sleep(0.1)
+            # The watch is open once it reports a change made now.
+            await kube.create(server("probe"))
+            await eventually(lambda: ("ADDED", "probe") in events, what="the watch open")
             # Changes the store must not miss, then compaction: open watches end and resuming
             # from their resourceVersion gets 410, so the store lists again.
             await kube.create(openmodel("other"))  # moves the global resourceVersion on
@@ -196,7 +198,10 @@ async def test_relists_after_410_gone_and_reports_the_difference(
             await kube.create(server("c"))
             await eventually(lambda: {o["metadata"]["name"] for o in store.list("ModelServer")})
             await eventually(
-                lambda: {o["metadata"]["name"] for o in store.list("ModelServer")} == {"b", "c"}
+                lambda: (
+                    {o["metadata"]["name"] for o in store.list("ModelServer")}
+                    == {"b", "c", "probe"}
+                )
             )
             await eventually(lambda: ("DELETED", "a") in events and ("ADDED", "c") in events)
             assert "modelservers: resourceVersion" in caplog.text and "is gone" in caplog.text
@@ -252,6 +257,8 @@ async def test_writes_are_refused_as_read_only() -> None:
             "ModelServer",
             "InferencePool",
             "InferenceModel",
+            "InferenceObjective",
+            "InferenceModelRewrite",
             "Endpoint",
             "Tenant",
         }
@@ -288,5 +295,66 @@ def test_the_charts_gateway_role_grants_exactly_reads_of_what_it_follows() -> No
         or (rule["resources"] == ["playgrounds/scale"] and set(rule["verbs"]) == {"get", "patch"})
         for rule in role["rules"]
     )
-    followed = {(r.group, r.plural) for r in [*map(Kind.of, GATEWAY_KINDS), POD]}
+    served = Kind.served_of(GATEWAY_KINDS)  # older groups it reads too
+    followed = {(r.group, r.plural) for r in [*map(Kind.of, GATEWAY_KINDS), *served, POD]}
     assert followed <= granted, followed - granted
+
+
+async def test_a_pool_in_both_groups_shows_the_v1_one_and_survives_either_deletion() -> None:
+    """A v1alpha2 InferencePool (inference.networking.x-k8s.io) is kept converted to v1; with a
+    v1 pool of the same name too, the v1 one is shown, and deleting either leaves the other."""
+    old = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferencePool",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {
+            "selector": {"app": "old"},
+            "targetPortNumber": 8000,
+            "extensionRef": {"name": "e"},
+        },
+    }
+    new = {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "new"}}, "targetPorts": [{"number": 9000}]},
+    }
+
+    def shown() -> dict[str, Any] | None:
+        pool = store.get("InferencePool", "p", "default")
+        return pool and pool["spec"]["selector"]["matchLabels"]
+
+    async with KubeEmulator() as kube:
+        await kube.create(old)
+        async with store_on(kube) as store:
+            await eventually(lambda: shown() == {"app": "old"}, what="the v1alpha2 pool as v1")
+            assert store.get("InferencePool", "p", "default")["apiVersion"] == (
+                "inference.networking.k8s.io/v1"
+            )
+            await kube.create(new)
+            await eventually(lambda: shown() == {"app": "new"}, what="the v1 pool wins")
+            # A change to the shadowed v1alpha2 pool does not replace the v1 one.
+            await kube.patch(
+                old["apiVersion"],
+                "InferencePool",
+                "p",
+                "default",
+                {"spec": {"selector": {"app": "older"}}},
+            )
+            await kube.patch(
+                new["apiVersion"],
+                "InferencePool",
+                "p",
+                "default",
+                {"metadata": {"labels": {"x": "y"}}},
+            )
+            await eventually(
+                lambda: store.get("InferencePool", "p", "default")["metadata"].get("labels"),
+                what="the v1 pool's change seen",
+            )
+            assert shown() == {"app": "new"}
+            await kube.delete(new["apiVersion"], "InferencePool", "p", "default")
+            await eventually(lambda: shown() == {"app": "older"}, what="the v1alpha2 pool again")
+            await kube.delete(old["apiVersion"], "InferencePool", "p", "default")
+            await eventually(lambda: shown() is None, what="no pool")
+            assert store.list("InferencePool") == []

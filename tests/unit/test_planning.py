@@ -95,6 +95,20 @@ def test_config_name_inference() -> None:
     assert config_name(pg, claims_of(pg)) == "model-parallelism"
 
 
+@pytest.mark.parametrize("explicit", ["default", "model-parallelism"])
+def test_an_explicit_config_name_wins_over_a_claimed_draft_model(explicit: str) -> None:
+    claims = {"models": [{"name": "llama3-8b"}, {"name": "llama3-1b", "role": "draft"}]}
+    pg = playground(
+        modelClaim=None, modelClaims=claims, backendRuntimeConfig={"configName": explicit}
+    )
+    assert config_name(pg, claims_of(pg)) == explicit
+    params = {"TP": "1", "PP": "2"} if explicit == "model-parallelism" else {}
+    flavors = [{"name": "f", "params": params}] if params else None
+    main = model(inferenceConfig={"flavors": flavors}) if flavors else model()
+    args = container(service(pg, main, model("llama3-1b")))["args"]
+    assert "--speculative-config" not in args, args
+
+
 def test_speculative_decoding_renders_the_draft_path() -> None:
     claims = {"models": [{"name": "llama3-8b"}, {"name": "llama3-1b", "role": "draft"}]}
     pg = playground(modelClaim=None, modelClaims=claims)

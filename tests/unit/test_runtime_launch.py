@@ -73,6 +73,21 @@ from llmplane.runtime.probes import parse_running_requests, schedule
         ),
         # a trailing flag without a value still gets one
         (["e", "--port"], ["e", "--port", "4321"]),
+        # prefixes argparse accepts are the flag itself (issue 27: --hos 0.0.0.0, --ho=0.0.0.0)
+        (
+            ["e", "--hos", "0.0.0.0", "--po=1"],
+            ["e", "--host", "127.0.0.1", "--port=4321"],
+        ),
+        (["e", "--ho=::", "--p", "9"], ["e", "--host=127.0.0.1", "--port", "4321"]),
+        (["e", "--h", "0.0.0.0"], ["e", "--host", "127.0.0.1", "--port", "4321"]),
+        (
+            ["e", "--hostn", "0.0.0.0", "--por", "1"],
+            ["e", "--hostname", "127.0.0.1", "--port", "4321"],
+        ),
+        (
+            ["e", "--port", "1", "--hostnam=0.0.0.0", "--host", "::"],
+            ["e", "--port", "4321", "--hostname=127.0.0.1", "--host", "127.0.0.1"],
+        ),
         # look-alikes are not touched
         (
             ["e", "--portal", "1", "--hosts=a", "--port", "1"],

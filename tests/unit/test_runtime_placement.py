@@ -13,6 +13,7 @@ from llmplane.runtime.placement import (
     Placement,
     parse_device_list,
 )
+from llmplane.testing import eventually
 
 GPU = "nvidia.com/gpu"
 TWO_THEN_ONE = [FlavorOption("a100x2", {GPU: 2}), FlavorOption("t4", {GPU: "1"})]
@@ -55,7 +56,8 @@ async def test_a_waiting_replica_is_woken_when_devices_are_released() -> None:
     pool = DevicePool({GPU: ["0"]})
     held = pool.place([FlavorOption(None, {GPU: 1})])
     waiter = asyncio.ensure_future(pool.wait_released())
-    await asyncio.sleep(0.01)
+    # The waiter is waiting once the pool has the event it waits on.
+    await eventually(lambda: pool._released is not None, what="the waiter waiting")
     assert not waiter.done()
     pool.release(held)  # type: ignore[arg-type]
     await asyncio.wait_for(waiter, 1)

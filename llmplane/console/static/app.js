@@ -35,6 +35,7 @@ function $(id) { return document.getElementById(id); }
 const auth = {
   storage: { admin: "llmplane.key.admin", chat: "llmplane.key.chat" },
   ok: { admin: false, chat: false },
+  adminKey: true, // whoami: is an admin key configured (else no key reads the console)
   pending: { admin: null, chat: null },
   waiters: [],
 
@@ -55,6 +56,7 @@ const auth = {
     });
     if (!resp.ok) throw new Error(`cannot check the key: HTTP ${resp.status}`);
     const data = await resp.json();
+    this.adminKey = data.adminKey !== false;
     return Boolean(data[kind]);
   },
 
@@ -72,6 +74,14 @@ const auth = {
 
   forget(kind) { this.ok[kind] = false; },
 
+  // Drop the open prompts for `kind`: one that no key can satisfy must not hold up chat's.
+  dismiss(kind) {
+    const first = this.waiters[0];
+    this.waiters = this.waiters.filter((w) => w.kind !== kind);
+    this.pending[kind] = null;
+    if (first && first.kind === kind) this.open();
+  },
+
   prompt(kind) {
     return new Promise((resolve) => {
       this.waiters.push({ kind, resolve });
@@ -82,9 +92,12 @@ const auth = {
   open() {
     const next = this.waiters[0];
     if (!next) { $("key-panel").hidden = true; return; }
-    $("key-kind").textContent = next.kind === "admin"
-      ? "This console needs the admin key (llmplane keys admin) to read the fleet."
-      : "Chat needs a tenant API key (llmplane keys create TENANT).";
+    $("key-kind").textContent = next.kind !== "admin"
+      ? "Chat needs a tenant API key (llmplane keys create TENANT)."
+      : this.adminKey
+        ? "This console needs the admin key (llmplane keys admin) to read the fleet."
+        : "This console needs the admin key, and none is configured: run llmplane keys admin " +
+          "and start with the setting it prints (--gateway-config).";
     $("key-error").textContent = "";
     $("key-input").value = "";
     $("key-panel").hidden = false;
@@ -105,9 +118,11 @@ const auth = {
       return;
     }
     if (!good) {
-      $("key-error").textContent = next.kind === "admin"
-        ? "That key was refused: it is not the admin key."
-        : "That key was refused: it is not a live API key of a tenant.";
+      $("key-error").textContent = next.kind !== "admin"
+        ? "That key was refused: it is not a live API key of a tenant."
+        : this.adminKey
+          ? "That key was refused: it is not the admin key."
+          : "That key was refused: no admin key is configured.";
       return;
     }
     sessionStorage.setItem(this.storage[next.kind], key);
@@ -168,8 +183,7 @@ const chat = {
 
   async loadModels() {
     try {
-      const data = await getJSON(`${API}/models`);
-      this.models = data.models;
+      this.models = await this.routable();
     } catch (err) {
       this.models = [];
     }
@@ -178,6 +192,24 @@ const chat = {
     select.replaceChildren(...this.models.map((m) => h("option", { value: m.name }, m.name)));
     if (this.models.some((m) => m.name === previous)) select.value = previous;
     this.describeModel();
+  },
+
+  // The console's list of routable names; when no admin key is configured and the console API
+  // is closed (a Tenant exists), the chat key's own /v1/models instead.
+  async routable() {
+    if (!auth.ok.admin && !(await auth.allows("admin", auth.key("admin"))) && !auth.adminKey) {
+      auth.dismiss("admin");
+      await auth.ensure("chat");
+      const resp = await fetch("/v1/models", {
+        headers: { Accept: "application/json", ...auth.headers("chat") },
+        credentials: "same-origin",
+      });
+      if (resp.status === 401) auth.forget("chat");
+      if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+      const data = await resp.json();
+      return data.data.map((m) => ({ name: m.id, via: "this key's models" }));
+    }
+    return (await getJSON(`${API}/models`)).models;
   },
 
   describeModel() {

@@ -28,7 +28,9 @@ namespace=<pod namespace>, engine=..., fixed_port=False)``:
 - ``workload`` is ``<namespace>/<inference Service name>`` (the LeaderWorkerSet's name label,
   else ``inference.llmaz.io/service-name``; a Playground's Service has its name), so the
   autoscaling signals the gateway serves (``gateway/signals.py``) are per Playground;
-- Kthena ``pdGroup`` role labels are ordinary pod labels and become endpoint labels.
+- Kthena ``pdGroup`` role labels are ordinary pod labels and become endpoint labels;
+- ``kv_events``: a container started with ``--kv-events-config`` binding ``tcp://*:PORT``
+  publishes its KV events at ``tcp://{podIP}:PORT`` (its replay endpoint likewise).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmplane.api.gie import GIE_GROUP, GIE_VERSION
 from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL, SERVICE_LABEL
 from llmplane.controlplane.planning import served_model_name
@@ -47,7 +50,12 @@ from llmplane.gateway.store_follower import StoreFollower
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import POD
 from llmplane.kube.pods import pod_address, pod_ready
-from llmplane.runtime.endpoint import Endpoint, pod_max_num_seqs, pod_priority_scheduling
+from llmplane.runtime.endpoint import (
+    Endpoint,
+    pod_kv_events,
+    pod_max_num_seqs,
+    pod_priority_scheduling,
+)
 from llmplane.store.base import Store
 from llmplane.store.kube import KubeStore
 
@@ -107,6 +115,8 @@ def _selectors(objects: Mapping[Any, dict[str, Any]]) -> dict[str, list[dict[str
             selector = (spec.get("workloadSelector") or {}).get("matchLabels") or {}
         elif obj.get("kind") == "InferencePool":
             selector = spec.get("selector") or {}
+            if obj.get("apiVersion") != f"{GIE_GROUP}/{GIE_VERSION}":  # v1: under matchLabels
+                selector = selector.get("matchLabels") or {}
         else:
             continue
         if isinstance(selector, Mapping):
@@ -225,8 +235,10 @@ class PodDiscovery(Subscribers):
         model = labels.get(MODEL_NAME_LABEL, "")
         backend = labels.get(BACKEND_LABEL, "")
         service = labels.get(LWS_NAME_LABEL) or labels.get(SERVICE_LABEL)
+        ip = pod["status"]["podIP"]
+        events, replay = pod_kv_events(pod, f"[{ip}]" if ":" in ip else ip)
         return Endpoint(
-            address=pod_address(pod["status"]["podIP"], self.port),
+            address=pod_address(ip, self.port),
             labels=labels,
             model_name=self._served.get(model, model) if model else "",
             backend=backend,
@@ -236,6 +248,8 @@ class PodDiscovery(Subscribers):
             workload=f"{namespace}/{service}" if service else "",
             max_num_seqs=pod_max_num_seqs(pod),
             priority_scheduling=pod_priority_scheduling(pod),
+            kv_events=events,
+            kv_events_replay=replay,
         )
 
     def _recompute(self) -> None:

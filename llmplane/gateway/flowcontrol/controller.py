@@ -2,7 +2,7 @@
 
 ``FlowControl.needed`` is the fast path's question (nothing waits for this backend and one of
 its candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
-``FlowQueue`` (band from its criticality, flow from its tenant) until it is dispatched, and
+``FlowQueue`` (band from its criticality or InferenceObjective priority, flow from its tenant) until it is dispatched, and
 raises the 429 when its TTL ends, its band is full or it is evicted for a higher band. A
 client that goes away cancels its task and the waiter leaves the queue.
 
@@ -39,7 +39,16 @@ from collections.abc import Callable, Sequence
 from prometheus_client.core import GaugeMetricFamily
 
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.flowcontrol.queue import BAND, BANDS, FlowQueue, Full, Limits, Waiter
+from llmplane.gateway.flowcontrol.queue import (
+    SHEDDABLE_BAND,
+    FlowQueue,
+    Full,
+    Level,
+    Limits,
+    Waiter,
+    band_name,
+    band_of,
+)
 from llmplane.gateway.flowcontrol.share import Seat, Shares
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
@@ -171,7 +180,7 @@ class FlowControl:
         self,
         key: str,
         candidates: Sequence[EndpointState],
-        criticality: str,
+        level: Level,
         tenant: str | None,
         weight: int,
         now: float,
@@ -179,14 +188,15 @@ class FlowControl:
         """With a reserve: whether this request may go now past the saturation rule (not
         Sheddable, its flow under its fair share, an endpoint with room within the reserve);
         ``room`` then narrows its candidates."""
-        if not self.reserve or criticality == "Sheddable":
+        band = band_of(level)
+        if not self.reserve or band >= SHEDDABLE_BAND:
             return False
         flow = flow_of(tenant)
         if not self.shares.under(key, flow, weight, self.queues.get(key)):
             return False
         if not self._reserve_left(candidates, now):
             return False
-        self.metrics.reserved.labels(BANDS[BAND.get(criticality, 1)], flow).inc()
+        self.metrics.reserved.labels(band_name(band), flow).inc()
         return True
 
     def _reserve_left(self, candidates: Sequence[EndpointState], now: float) -> bool:
@@ -227,14 +237,14 @@ class FlowControl:
         self,
         key: str,
         candidates: Sequence[EndpointState],
-        criticality: str,
+        level: Level,
         tenant: str | None,
         weight: int,
         size: int,
     ) -> float:
         """Wait for a dispatch; returns the seconds waited. GatewayError 429 when refused."""
         loop = asyncio.get_running_loop()
-        band = BAND.get(criticality, 1)
+        band = band_of(level)
         flow = flow_of(tenant)
         queue = self.queues.get(key)
         if queue is None:
@@ -259,7 +269,7 @@ class FlowControl:
             return loop.time() - waiter.queued_at
         except asyncio.CancelledError:
             if not waiter.granted and queue.remove(waiter):
-                self.metrics.left.labels(BANDS[band], flow).inc()
+                self.metrics.left.labels(band_name(band), flow).inc()
             raise
         finally:
             waiter.timer.cancel()
@@ -295,7 +305,7 @@ class FlowControl:
             waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter
             if waiter is None:
                 return
-            self.metrics.reserved.labels(BANDS[waiter.band], waiter.flow).inc()
+            self.metrics.reserved.labels(band_name(waiter.band), waiter.flow).inc()
         else:
             return
         assert waiter is not None
@@ -303,7 +313,7 @@ class FlowControl:
         queue.granted = True
         waiter.future.set_result(None)
         waited = asyncio.get_running_loop().time() - waiter.queued_at
-        self.metrics.wait.labels(BANDS[waiter.band], waiter.flow).observe(waited)
+        self.metrics.wait.labels(band_name(waiter.band), waiter.flow).observe(waited)
 
     def _under_share(self, key: str, queue: FlowQueue) -> Waiter | None:
         """The first waiter, by band (not Sheddable), whose flow is under its fair share; taken
@@ -311,7 +321,7 @@ class FlowControl:
         whatever their share was tried and not adopted: docs/benchmarks.md, "Engine-side
         priority".)"""
         under = self.shares.under
-        for band in queue.bands[: BAND["Sheddable"]]:
+        for band in queue.served_bands():
             for flow in band.flows.values():
                 if under(key, flow.name, flow.weight, queue):
                     waiter = flow.waiters[0]
@@ -339,7 +349,7 @@ class FlowControl:
             waiter.future.set_exception(self._refuse(waiter, reason, detail + "; retry later"))
 
     def _refuse(self, waiter: Waiter, reason: str, detail: str) -> GatewayError:
-        self.metrics.refused.labels(BANDS[waiter.band], waiter.flow, reason).inc()
+        self.metrics.refused.labels(band_name(waiter.band), waiter.flow, reason).inc()
         return GatewayError(
             429,
             f"every endpoint is saturated and the request was not served: {detail}",

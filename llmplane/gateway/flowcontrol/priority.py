@@ -10,7 +10,7 @@ most of the small tenant's slowest TTFTs). A priority engine orders its waiting 
     priority = 2 x (band - 1) + (0 if the tenant was under its fair share else 1)
 
 with band Critical 0, Default 1, Sheddable 2: Critical -2 / -1, Default 0 / 1, Sheddable
-2 / 3. Bands first (Critical before Default before Sheddable), and inside a band a tenant
+2 / 3. An InferenceObjective's integer priority p is band 1 - p (``queue.py``): -2p / -2p + 1. Bands first (Critical before Default before Sheddable), and inside a band a tenant
 under its fair share of the backend's recent dispatches (``share.py``, decided when the
 request is admitted) ahead of one over it. A client that reaches the engine directly sends
 vLLM's default 0: it ranks with an under-share Default request.
@@ -27,17 +27,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmplane.gateway.flowcontrol.queue import BAND
+from llmplane.gateway.flowcontrol.queue import DEFAULT_BAND, Level, band_of
 
 if TYPE_CHECKING:
     from llmplane.gateway.context import RequestContext
+    from llmplane.gateway.routing import Decision
 
-DEFAULT_BAND = BAND["Default"]
+
+def engine_priority(level: Level, under_share: bool) -> int:
+    """The engine priority of a request of ``level`` (a criticality or an integer priority;
+    the engine serves lower first)."""
+    return 2 * (band_of(level) - DEFAULT_BAND) + (0 if under_share else 1)
 
 
-def engine_priority(criticality: str, under_share: bool) -> int:
-    """The engine priority of a request of ``criticality`` (lower is served first)."""
-    return 2 * (BAND.get(criticality, DEFAULT_BAND) - DEFAULT_BAND) + (0 if under_share else 1)
+def level_of(decision: Decision) -> Level:
+    """A routed request's level: its InferenceObjective's priority, else its criticality (the
+    route's, else its tenant's, set by the route stage)."""
+    priority = decision.priority
+    return priority if priority is not None else decision.criticality or "Default"
 
 
 def with_priority(body: bytes, priority: int) -> bytes:
@@ -52,13 +59,12 @@ def with_priority(body: bytes, priority: int) -> bytes:
 
 
 def request_priority(ctx: RequestContext) -> int:
-    """The engine priority of the request ``ctx`` carries: its band (the route's
-    criticality) and whether its tenant was under its fair share when admitted (its seat; a
+    """The engine priority of the request ``ctx`` carries: its band (``level_of``) and whether its tenant was under its fair share when admitted (its seat; a
     request counted by no seat, flow control off, ranks as under)."""
     decision = ctx.decision
-    criticality = (decision.criticality if decision is not None else None) or "Default"
+    level = level_of(decision) if decision is not None else "Default"
     seat = ctx.seat
-    return engine_priority(criticality, seat is None or seat.under)
+    return engine_priority(level, seat is None or seat.under)
 
 
 def prioritized_body(ctx: RequestContext, body: bytes) -> bytes:

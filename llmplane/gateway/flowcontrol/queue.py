@@ -5,6 +5,11 @@ hangs on them) and answers three questions: may this one wait (``offer``: it may
 lower-band waiters are evicted for it; or it may not), which one goes next (``pop``), and take
 this one out (``remove``: a TTL, a client that left).
 
+Bands are integer priorities, higher first, as an InferenceObjective's ``priority`` says; a
+criticality is one of them: Critical 1, Default (upstream's Standard) 0, Sheddable -1, and any
+negative priority is sheddable, as in llm-d. Internally a band is numbered ``1 - priority`` so
+that Critical, Default and Sheddable are bands 0, 1 and 2 (``BAND``), lower served first.
+
 Order of dispatch: the highest band with a waiter (Critical, then Default, then Sheddable);
 inside a band, between flows (tenants), smooth weighted round-robin over the flows that have
 waiters: every flow with waiters gets ``weight / sum of weights`` of the dispatches and no flow
@@ -22,12 +27,32 @@ flooding the band pays); with nothing lower to evict the newcomer is refused.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 BANDS = ("Critical", "Default", "Sheddable")  # highest priority first
 BAND = {name: index for index, name in enumerate(BANDS)}
+BAND["Standard"] = BAND["Default"]  # upstream's name for the middle band
+PRIORITY = {name: 1 - band for name, band in BAND.items()}  # Critical 1, Default 0, Sheddable -1
+DEFAULT_BAND = BAND["Default"]
+SHEDDABLE_BAND = BAND["Sheddable"]  # this band and those after it are sheddable (priority < 0)
+
+# A request's level: a criticality name, or an InferenceObjective's integer priority.
+Level = str | int
+
+
+def band_of(level: Level) -> int:
+    """The band of a criticality (unknown names: Default) or an integer priority."""
+    if isinstance(level, str):
+        return BAND.get(level, DEFAULT_BAND)
+    return 1 - level
+
+
+def band_name(band: int) -> str:
+    """The band's metric label: its criticality's name, else ``priority:<n>``."""
+    return BANDS[band] if 0 <= band < len(BANDS) else f"priority:{1 - band}"
 
 
 class Waiter:
@@ -152,11 +177,12 @@ class Full(Exception):
 class FlowQueue:
     """Waiters of one backend, in bands (see the module docstring)."""
 
-    __slots__ = ("bands", "bytes", "candidates", "count", "granted", "limits")
+    __slots__ = ("bands", "bytes", "candidates", "count", "granted", "limits", "order")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.bands = tuple(Band() for _ in BANDS)
+        self.bands: dict[int, Band] = {}  # band number -> its waiters (bands once used stay)
+        self.order: list[int] = []  # band numbers, highest priority (lowest number) first
         self.count = 0
         self.bytes = 0
         self.granted = False  # a popped waiter has not taken its endpoint yet (caller's)
@@ -166,20 +192,24 @@ class FlowQueue:
         """Queue ``waiter`` (flow weight ``weight``); returns the waiters evicted for it.
         Raises ``Full`` (and changes nothing) when it may not wait."""
         lim = self.limits
-        band = self.bands[waiter.band]
+        band = self.bands.get(waiter.band) or Band()
         if band.count >= lim.band_requests or band.bytes + waiter.size > lim.band_bytes:
-            raise Full(f"the {BANDS[waiter.band]} band is full", "band_full")
+            raise Full(f"the {band_name(waiter.band)} band is full", "band_full")
         if waiter.size > lim.total_bytes:
             raise Full("the request is larger than the whole queue")
         # How much has to go from lower bands; refuse before evicting anything.
         need_count = self.count + 1 - lim.total_requests
         need_bytes = self.bytes + waiter.size - lim.total_bytes
-        if need_count > 0 or need_bytes > 0:
-            lower = self.bands[waiter.band + 1 :]
-            if sum(b.count for b in lower) < need_count or sum(b.bytes for b in lower) < need_bytes:
-                raise Full("the queue is full")
+        lower = [self.bands[n] for n in self.order if n > waiter.band]
+        if (need_count > 0 or need_bytes > 0) and (
+            sum(b.count for b in lower) < need_count or sum(b.bytes for b in lower) < need_bytes
+        ):
+            raise Full("the queue is full")
+        if waiter.band not in self.bands:
+            self.bands[waiter.band] = band
+            bisect.insort(self.order, waiter.band)
         evicted: list[Waiter] = []
-        for b in reversed(self.bands[waiter.band + 1 :]):
+        for b in reversed(lower):
             while b.count and (
                 self.count + 1 > lim.total_requests or self.bytes + waiter.size > lim.total_bytes
             ):
@@ -196,7 +226,8 @@ class FlowQueue:
         """The next waiter to dispatch, or None."""
         if not self.count:
             return None
-        for band in self.bands:
+        for number in self.order:
+            band = self.bands[number]
             if band.count:
                 waiter = band.pop()
                 self.count -= 1
@@ -206,7 +237,8 @@ class FlowQueue:
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (TTL, client gone); False if it is no longer queued."""
-        if self.bands[waiter.band].remove(waiter):
+        band = self.bands.get(waiter.band)
+        if band is not None and band.remove(waiter):
             self.count -= 1
             self.bytes -= waiter.size
             return True
@@ -215,7 +247,11 @@ class FlowQueue:
     def lengths(self) -> dict[tuple[str, str], int]:
         """(band, flow) -> waiters, for the queue gauge."""
         return {
-            (BANDS[i], flow.name): len(flow.waiters)
-            for i, band in enumerate(self.bands)
+            (band_name(number), flow.name): len(flow.waiters)
+            for number, band in self.bands.items()
             for flow in band.flows.values()
         }
+
+    def served_bands(self) -> list[Band]:
+        """The bands a reserve serves (not sheddable), highest first."""
+        return [self.bands[n] for n in self.order if n < SHEDDABLE_BAND]

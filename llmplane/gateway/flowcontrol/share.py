@@ -48,9 +48,8 @@ import math
 import time
 from collections.abc import Callable
 
-from llmplane.gateway.flowcontrol.queue import BAND, FlowQueue
+from llmplane.gateway.flowcontrol.queue import FlowQueue
 
-SERVED = BAND["Sheddable"]  # the bands before it are the ones the reserve serves
 TAU = 5.0  # seconds: the time constant of the decayed dispatch counts (see above)
 FORGET = 0.1  # a flow with nothing in flight whose count decayed below this is forgotten
 
@@ -153,7 +152,7 @@ class Shares:
             return True
         weights = {name: state.weight for name, state in backend.flows.items()}
         if queue is not None:
-            for band in queue.bands[:SERVED]:
+            for band in queue.served_bands():
                 for name, waiting in band.flows.items():
                     weights.setdefault(name, waiting.weight)
         weights[flow] = weight

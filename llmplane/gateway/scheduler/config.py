@@ -19,6 +19,10 @@ profiles naming the same plugin share its state (one prefix index). The profile 
 ``default`` (else the first) serves every route; a ModelServer, InferencePool or Playground
 picks another with the annotation ``llmplane.io/scheduling-profile: <name>``.
 
+The file may carry ``apiVersion: llm-d.ai/v1alpha1`` (or the deprecated
+``inference.networking.x-k8s.io/v1alpha1``) and ``kind: EndpointPickerConfig``, as llm-d's
+router's do; its other sections (featureGates, dataLayer, flowControl, ...) are not read.
+
 ``DEFAULT_CONFIG`` is the built-in profile: the one place to tune it.
 """
 
@@ -29,6 +33,7 @@ from typing import Any
 
 from llmplane.gateway.scheduler import plugins as p
 from llmplane.gateway.scheduler.framework import Profile, Scheduler
+from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -71,6 +76,9 @@ PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
     "queue-scorer": lambda n, _: p.QueueScorer(n),
     "kv-cache-utilization-scorer": lambda n, _: p.KVCacheScorer(n),
     "prefix-cache-scorer": _prefix,
+    # The blocks engines report in their KV events (scheduler/precise_prefix.py); in the
+    # default profile it takes the approximate scorer's place while some replica publishes.
+    "precise-prefix-cache-scorer": lambda n, _: PrecisePrefixCacheScorer(n),
     "least-request-scorer": lambda n, _: p.LeastRequestScorer(n),
     "lora-affinity-scorer": lambda n, _: p.LoraAffinityScorer(n),
     "session-affinity-scorer": lambda n, a: p.SessionAffinityScorer(
@@ -90,6 +98,7 @@ ALIASES = {
     "kv-cache-scorer": "kv-cache-utilization-scorer",
     "kv-cache": "kv-cache-utilization-scorer",
     "prefix-cache": "prefix-cache-scorer",
+    "precise-prefix-cache": "precise-prefix-cache-scorer",
     "least-request": "least-request-scorer",
     "lora-affinity": "lora-affinity-scorer",
     "session-affinity": "session-affinity-scorer",
@@ -98,8 +107,12 @@ ALIASES = {
     "max-score": "max-score-picker",
     "weighted-random": "weighted-random-picker",
 }
-# Accepted for compatibility with EndpointPickerConfig files; they have no effect here.
-IGNORED_TYPES = {"single-profile-handler"}
+# Accepted for compatibility with EndpointPickerConfig files; they have no effect here
+# (a disaggregated ModelServer's candidates are its decode replicas already: pd.py).
+IGNORED_TYPES = {"single-profile-handler", "decode-filter"}
+# A file may say what it is, as llm-d's router requires (the older group is deprecated there).
+API_VERSIONS = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
+KIND = "EndpointPickerConfig"
 
 
 class ConfigError(ValueError):
@@ -109,6 +122,13 @@ class ConfigError(ValueError):
 def build_scheduler(config: dict[str, Any] | None = None) -> Scheduler:
     """A Scheduler from an EndpointPickerConfig dict (None = ``DEFAULT_CONFIG``)."""
     config = config or DEFAULT_CONFIG
+    api_version, kind = config.get("apiVersion"), config.get("kind")
+    if api_version is not None and api_version not in API_VERSIONS:
+        raise ConfigError(
+            f"apiVersion: must be one of {', '.join(API_VERSIONS)}, got {api_version!r}"
+        )
+    if kind is not None and kind != KIND:
+        raise ConfigError(f"kind: must be {KIND!r}, got {kind!r}")
     instances: dict[str, Any] = {}
     for i, entry in enumerate(config.get("plugins") or []):
         if not isinstance(entry, dict) or "type" not in entry:

@@ -1,0 +1,150 @@
+"""Token ids of a rendered chat, from cached pieces: the cost of a long shared prefix is paid once.
+
+A Hugging Face tokenizer splits its input at added tokens (``<|user|>``, ``</s>`` ...) before
+anything else; each piece in between is normalised, pre-tokenised and encoded on its own. So
+when the text is cut right after such a token, the ids of the whole are the ids of the pieces,
+one after the other, and a piece seen before (a system prompt, the earlier turns of a
+conversation) costs a dictionary lookup. That holds unless a token eats the whitespace after it
+(``rstrip``), matches only as a whole word (``single_word``), or the pre-tokeniser treats the
+first piece of a text differently from the others (Metaspace's ``prepend_scheme: first``): with
+those, or when ``check`` finds a text whose pieces do not add up, every text is encoded whole.
+The cut tokens are found with one regular expression that matches as the tokenizer does
+(leftmost, then longest).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from array import array
+from collections import OrderedDict
+from typing import Any
+
+log = logging.getLogger("llmplane.gateway.tokenization")
+
+CACHE_CHARS = 8 << 20  # characters of cached pieces per model (their ids take about as many bytes)
+
+
+def _position_dependent(node: Any) -> bool:
+    """Whether a pre-tokeniser (recursively) treats a text's first piece differently."""
+    if isinstance(node, dict):
+        if node.get("type") == "Metaspace" and node.get("prepend_scheme", "always") == "first":
+            return True
+        return any(_position_dependent(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_position_dependent(v) for v in node)
+    return False
+
+
+def cut_tokens(config: dict[str, Any]) -> tuple[re.Pattern[str], frozenset[str]] | None:
+    """From tokenizer.json: a pattern matching every added token the tokenizer extracts before
+    normalising (longest first, as it does), and those after which a text may be cut; None
+    when no cut is safe."""
+    if _position_dependent(config.get("pre_tokenizer")) or _position_dependent(
+        config.get("normalizer")
+    ):
+        return None
+    added = [t for t in config.get("added_tokens") or [] if isinstance(t, dict)]
+    raw = [t for t in added if not t.get("normalized", False) and t.get("content")]
+    if not raw or any(t.get("single_word") for t in added):
+        return None
+    contents = sorted({t["content"] for t in raw}, key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, contents)))
+    cuts = frozenset(t["content"] for t in raw if not t.get("rstrip"))
+    return (pattern, cuts) if cuts else None
+
+
+class PieceEncoder:
+    """``encode(text)``: the tokenizer's ids for ``text`` (no special tokens added), from an LRU
+    of pieces bounded by ``max_chars``."""
+
+    def __init__(self, tokenizer: Any, config: dict[str, Any], max_chars: int = CACHE_CHARS):
+        self.tokenizer = tokenizer
+        self.max_chars = max_chars
+        self.cuts = cut_tokens(config)
+        self.cache: OrderedDict[str, array[int]] = OrderedDict()
+        self.chars = 0
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def from_file(cls, tokenizer: Any, path: str, max_chars: int = CACHE_CHARS) -> PieceEncoder:
+        with open(path, encoding="utf-8") as f:
+            return cls(tokenizer, json.load(f), max_chars)
+
+    def pieces(self, text: str) -> list[str]:
+        """``text`` cut right after each cut token."""
+        if self.cuts is None:
+            return [text]
+        pattern, cuts = self.cuts
+        out = []
+        start = 0
+        for match in pattern.finditer(text):
+            if match.group() in cuts:
+                out.append(text[start : match.end()])
+                start = match.end()
+        if start < len(text):
+            out.append(text[start:])
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        if self.cuts is None:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        pieces = self.pieces(text)
+        cache = self.cache
+        found: list[array[int] | None] = []
+        missing: list[str] = []
+        for piece in pieces:
+            ids = cache.get(piece)
+            if ids is None:
+                missing.append(piece)
+            else:
+                cache.move_to_end(piece)
+            found.append(ids)
+        if missing:
+            self.misses += len(missing)
+            encoded = dict(
+                zip(
+                    missing,
+                    self.tokenizer.encode_batch(missing, add_special_tokens=False),
+                    strict=True,
+                )
+            )
+        self.hits += len(pieces) - len(missing)
+        out: list[int] = []
+        for piece, ids in zip(pieces, found, strict=True):
+            if ids is None:
+                ids = self._store(piece, encoded[piece].ids)
+            out.extend(ids)
+        return out
+
+    def _store(self, piece: str, ids: list[int]) -> array[int]:
+        stored = array("I", ids)
+        if len(piece) > self.max_chars // 4:
+            return stored  # one piece may not push out most of the cache
+        if piece not in self.cache:
+            self.cache[piece] = stored
+            self.chars += len(piece)
+            while self.chars > self.max_chars:
+                old, _ = self.cache.popitem(last=False)
+                self.chars -= len(old)
+        return stored
+
+    def check(self, text: str) -> bool:
+        """Whether the pieces of ``text`` add up to its whole encoding; if not, cutting is turned
+        off (with a log line) and every text is encoded whole from then on."""
+        whole = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self.cuts is None:
+            return True
+        parts = self.encode(text)
+        if parts == whole:
+            return True
+        log.warning(
+            "tokenizer: the pieces of a text cut after its special tokens do not add up to its "
+            "encoding; encoding every text whole"
+        )
+        self.cuts = None
+        self.cache.clear()
+        self.chars = 0
+        return False

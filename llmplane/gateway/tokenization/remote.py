@@ -1,0 +1,161 @@
+"""Token ids from the engine itself (vLLM's ``POST /tokenize``), for models whose files the
+gateway does not have (a remote Endpoint, a pod on another node).
+
+The answer for one request text is cached (an LRU keyed by a hash of the /tokenize body,
+bounded in entries and in ids), so a conversation's repeated prefix, a retried request or a
+burst of the same prompt costs one round trip; concurrent asks for the same text share it. Every
+ask has a timeout and a bound on the answer's size; whatever goes wrong, the answer is ``None``
+("no token ids": the precise prefix scorer then contributes nothing), never an error to the
+client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import aiohttp
+import orjson
+from xxhash import xxh3_128_digest
+
+log = logging.getLogger("llmplane.gateway.tokenization")
+
+MAX_ANSWER = 16 << 20  # bytes of one /tokenize answer
+# The fields of a chat or completion request that change its tokens (vLLM's /tokenize schema).
+CHAT_FIELDS = (
+    "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+    "chat_template_kwargs", "tools",
+)  # fmt: skip
+COMPLETION_FIELDS = ("prompt", "add_special_tokens")
+
+
+def tokenize_body(model: str, doc: dict[str, Any], chat: bool) -> dict[str, Any] | None:
+    """The /tokenize body that gives a chat or completion request's ids; None when /tokenize
+    cannot say (a batch of prompts, a chat template sent with the request)."""
+    if chat:
+        if not isinstance(doc.get("messages"), list) or doc.get("chat_template") is not None:
+            return None
+        fields = CHAT_FIELDS
+    else:
+        prompt = doc.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            doc = {**doc, "prompt": prompt[0]}
+        elif not isinstance(prompt, str):
+            return None
+        fields = COMPLETION_FIELDS
+    # vLLM's defaults written out, so that equal requests make equal bodies (and cache keys).
+    body: dict[str, Any] = {"model": model, "add_special_tokens": not chat}
+    if chat:
+        body.update(add_generation_prompt=True, continue_final_message=False)
+    body.update((k, doc[k]) for k in fields if doc.get(k) is not None)
+    return body
+
+
+class RemoteTokenizer:
+    """Asks an engine's /tokenize, with a cache of answers."""
+
+    def __init__(
+        self, timeout: float = 0.5, max_entries: int = 4096, max_ids: int = 8 << 20
+    ) -> None:
+        self.timeout = timeout
+        self.max_entries = max_entries
+        self.max_ids = max_ids
+        self.cache: OrderedDict[bytes, list[int]] = OrderedDict()
+        self.ids = 0
+        self.asks = 0  # round trips made (tests, debugging)
+        self.failures = 0
+        self._pending: dict[bytes, asyncio.Future[list[int] | None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    @staticmethod
+    def key(body: dict[str, Any]) -> bytes:
+        return xxh3_128_digest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+
+    def cached(self, body: dict[str, Any]) -> list[int] | None:
+        key = self.key(body)
+        ids = self.cache.get(key)
+        if ids is not None:
+            self.cache.move_to_end(key)
+        return ids
+
+    async def tokenize(self, address: str, body: dict[str, Any]) -> list[int] | None:
+        """The ids the engine at ``address`` gives ``body``; None on any failure."""
+        key = self.key(body)
+        ids = self.cache.get(key)
+        if ids is not None:
+            self.cache.move_to_end(key)
+            return ids
+        pending = self._pending.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            ids = await self.ask(address, body)
+            if ids is not None:
+                self._store(key, ids)
+            future.set_result(ids)
+            return ids
+        except BaseException:
+            future.set_result(None)
+            raise
+        finally:
+            del self._pending[key]
+
+    async def ask(self, address: str, body: dict[str, Any]) -> list[int] | None:
+        """One /tokenize round trip, uncached."""
+        self.asks += 1
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self._client().post(
+                    f"http://{address}/tokenize",
+                    data=orjson.dumps(body),
+                    headers={"Content-Type": "application/json"},
+                ) as resp:
+                    data = await _read_bounded(resp)
+                    if resp.status != 200:
+                        raise ValueError(f"HTTP {resp.status}: {data[:200]!r}")
+            tokens = orjson.loads(data).get("tokens")
+            if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+                raise ValueError("the answer has no list of token ids")
+            return tokens
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, AttributeError) as err:
+            self.failures += 1
+            log.debug("tokenize at %s failed: %s", address, err)
+            return None
+
+    def _store(self, key: bytes, ids: list[int]) -> None:
+        if len(ids) > self.max_ids // 4:
+            return
+        self.cache[key] = ids
+        self.ids += len(ids)
+        while len(self.cache) > self.max_entries or self.ids > self.max_ids:
+            _, old = self.cache.popitem(last=False)
+            self.ids -= len(old)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                await self._session.close()
+            self._session = None
+
+
+async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
+    if (resp.content_length or 0) > MAX_ANSWER:
+        raise ValueError(f"answer of {resp.content_length} bytes")
+    chunks = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > MAX_ANSWER:
+            raise ValueError(f"answer of more than {MAX_ANSWER} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

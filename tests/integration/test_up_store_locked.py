@@ -1,0 +1,75 @@
+"""A store another process keeps locked costs one warning line, not a traceback per pass
+(issue 27, item 13).
+
+``llmplane up`` with sim replicas; a second process takes the SQLite write lock and holds it
+while an engine is killed (so the controller has status to write, pass after pass): ``up``
+logs one warning naming the problem, nothing more until the lock goes, then one line that the
+store works again, and the status catches up. ``llmplane apply`` meanwhile says in one line
+that the store is busy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from llmplane.store.paths import db_path
+from llmplane.testing import Processes, always, wait_for
+from tests.integration.upcli import cli, sim_fleet, status
+
+HOLD_LOCK = (
+    "import sqlite3, sys\n"
+    "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "c.execute('BEGIN IMMEDIATE')\n"
+    "print('locked', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+WARNING = "reconciling(writingstatustothestore):"  # whitespace removed: the console wraps
+
+
+def flat(text: str) -> str:
+    return "".join(text.split())
+
+
+def test_a_locked_store_is_one_warning_then_quiet(tmp_path: Path, processes: Processes) -> None:
+    state = tmp_path / "state"
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(sim_fleet("tiny", 1))
+    up = processes.up(state, str(fleet), args=["-v"])
+    wait_for(
+        lambda: status(state, "Playground", "tiny").get("readyReplicas") == 1,
+        90,
+        every=0.25,
+        what="the replica ready",
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(db_path(state))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        os.killpg(min(up.engine_pids()), signal.SIGKILL)  # status to write, again and again
+        wait_for(lambda: WARNING in flat(up.output()), 40, every=0.25, what="the warning")
+        # The CLI: one line, exit 1 (after the store's busy timeout).
+        proc = cli("apply", "-f", str(fleet), state_dir=state, check=False)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "is busy" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        # More controller passes (every 5 s, each waiting 10 s for the lock): no more lines.
+        always(lambda: flat(up.output()).count(WARNING) == 1, 20, every=0.5, what="one warning")
+    finally:
+        holder.communicate("", timeout=10)  # closes stdin: the holder ends, the lock goes
+    wait_for(lambda: "worksagain" in flat(up.output()), 40, every=0.25, what="'works again'")
+    wait_for(
+        lambda: status(state, "Playground", "tiny").get("readyReplicas") == 1,
+        60,
+        every=0.25,
+        what="the status caught up",
+    )
+    output = up.output()
+    assert flat(output).count(WARNING) == 1, output[-3000:]
+    assert "Traceback" not in output and "reconcile failed" not in output, output[-3000:]
