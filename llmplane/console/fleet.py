@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from llmplane.controlplane.disaggregation import ROLES, role_service_name
 from llmplane.controlplane.events import events_for
 from llmplane.controlplane.plan import REPLICA_LABEL, SERVICE_LABEL
 from llmplane.store.base import Store
@@ -133,22 +134,31 @@ def snapshot(
     by_key = {
         (s["metadata"].get("namespace") or "default", s["metadata"]["name"]): s for s in services
     }
-    pairs: list[tuple[dict[str, Any] | None, dict[str, Any] | None]] = []
+    # (Playground, Service, role): a disaggregated Playground is one workload per role.
+    pairs: list[tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]] = []
     for pg in playgrounds:
-        key = (pg["metadata"].get("namespace") or "default", pg["metadata"]["name"])
-        pairs.append((pg, by_key.pop(key, None)))
+        namespace = pg["metadata"].get("namespace") or "default"
+        if ((pg.get("spec") or {}).get("llmplane") or {}).get("disaggregation"):
+            for role in ROLES:
+                name = role_service_name(pg["metadata"]["name"], role)
+                pairs.append((pg, by_key.pop((namespace, name), None), role))
+            continue
+        pairs.append((pg, by_key.pop((namespace, pg["metadata"]["name"]), None), None))
     for svc in by_key.values():
         if _owned_by_playground(svc) is None:
-            pairs.append((None, svc))
+            pairs.append((None, svc, None))
 
     workloads = []
-    for pg, svc in pairs:
+    for pg, svc, role in pairs:
         main = pg if pg is not None else svc
         assert main is not None
         meta = main["metadata"]
         namespace = meta.get("namespace") or "default"
-        name = meta["name"]
-        spec_replicas = (main.get("spec") or {}).get("replicas")
+        name = meta["name"] if role is None else role_service_name(meta["name"], role)
+        spec = main.get("spec") or {}
+        if role is not None:
+            spec = (spec["llmplane"]["disaggregation"] or {}).get(role) or {}
+        spec_replicas = spec.get("replicas")
         desired = 1 if spec_replicas is None else int(spec_replicas)
         status = runtime.status(f"{namespace}/{name}") if runtime is not None else None
         replicas = []
@@ -189,12 +199,14 @@ def snapshot(
                 "kind": main["kind"],
                 "namespace": namespace,
                 "name": name,
+                "role": role,  # prefill | decode for a disaggregated Playground's workloads
+                "playground": meta["name"] if pg is not None else None,
                 "models": _models_of(pg, svc),
                 "backend": _backend_of(pg, svc),
                 "desired": desired,
                 "ready": ready,
                 "replicas": replicas,
-                "conditions": _conditions(main),
+                "conditions": _conditions(svc if role is not None else main),
                 "events": _events(store, pg, svc) if events else [],
             }
         )

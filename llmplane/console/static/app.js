@@ -413,7 +413,8 @@ const fleet = {
   card(w, embedded) {
     const ok = w.ready >= w.desired && w.desired > 0;
     const head = h("div", { class: "card-head" },
-      h("h3", {}, `${w.kind} ${w.namespace}/${w.name}`),
+      h("h3", {}, w.role ? `${w.kind} ${w.namespace}/${w.playground}` : `${w.kind} ${w.namespace}/${w.name}`),
+      w.role ? h("span", { class: "badge role", "data-testid": "role", title: "disaggregated role (its own workload)" }, w.role) : null,
       h("span", { class: `badge ${ok ? "ok" : "warn"} replicas`, "data-testid": "replicas", title: "ready / desired replicas" }, `${w.ready}/${w.desired} ready`),
       h("span", { class: "muted" }, `model ${w.models.join(", ") || "–"} · backend ${w.backend || "–"}`));
     // Available/Ready say whether it serves (green or red); others (Progressing) are context.
