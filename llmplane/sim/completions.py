@@ -28,7 +28,14 @@ from llmplane.sim.protocol import (
     token_text,
 )
 from llmplane.sim.scheduler import Sequence
-from llmplane.sim.tokenizer import render_chat, sequence_seed, tokenize
+from llmplane.sim.tokenizer import (
+    continuation,
+    final_words,
+    message_text,
+    render_chat,
+    sequence_seed,
+    tokenize,
+)
 from llmplane.sim.wire import SSE_HEADERS, error_response, json_response
 
 log = logging.getLogger("llmplane.sim")
@@ -44,8 +51,23 @@ class CompletionRoutes:
         return await self._generate(request, chat=False)
 
     def _prompts(self, body: dict, chat: bool) -> list[list[int]]:
+        return self._raw_prompts(body, chat)
+
+    def _seeded_prompts(self, body: dict, chat: bool) -> list[tuple[list[int], list[int], int]]:
+        """Each prompt as (its ids, the ids its seed hashes, pseudo-words it continues)."""
         prompts = self._raw_prompts(body, chat)
-        return prompts
+        if not chat:
+            return [(ids, *continuation(ids, self.word_ids)) for ids in prompts]
+        ids = prompts[0]
+        if body.get("continue_final_message"):
+            # As vLLM's continue_final_message: the last (assistant) message is left open and
+            # generation continues it; its pseudo-words are a generation to go on with.
+            messages = body["messages"]
+            words = final_words(message_text(messages[-1].get("content")))
+            if words and len(messages) > 1:
+                return [(ids, tokenize(render_chat(messages[:-1], True), self.cfg.vocab_size),
+                         words)]  # fmt: skip
+        return [(ids, ids, 0)]
 
     def _check_ids(self, ids: list) -> list[int]:
         vocab = self.cfg.vocab_size
@@ -77,7 +99,15 @@ class CompletionRoutes:
                         "model_type", f"body.messages.{i}", "Input should be a valid dictionary",
                         m,
                     )  # fmt: skip
-            text = render_chat(messages, bool(body.get("add_generation_prompt", True)))
+            cont = bool(body.get("continue_final_message", False))
+            agp = bool(body.get("add_generation_prompt", True))
+            if cont and agp:
+                raise ApiError(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
+            text = render_chat(messages, agp)
+            if cont:
+                text = text[:-1]  # the final message stays open: no newline after it
             return [tokenize(text, vocab)]
         prompt = body.get("prompt")
         if prompt is None or prompt == "" or prompt == []:
@@ -110,7 +140,7 @@ class CompletionRoutes:
             body = await self._json(request)
             lora = self._resolve_model(body.get("model"))
             sp = parse_sampling(body, chat)
-            prompts = self._prompts(body, chat)
+            prompts = self._seeded_prompts(body, chat)
             remote_decode, remote_prefill = self._pd_flags(body)
         except ApiError as e:
             return error_response(e)
@@ -129,7 +159,7 @@ class CompletionRoutes:
                     "Please request fewer output tokens.", p, sp.max_tokens,
                 )
             )  # fmt: skip
-        for pi, ids in enumerate(prompts):
+        for pi, (ids, seed_ids, start) in enumerate(prompts):
             plen = len(ids)
             if plen == 0:
                 return error_response(
@@ -176,8 +206,8 @@ class CompletionRoutes:
                     )
                 )
             for j in range(sp.n):
-                seed = sequence_seed(cfg.seed, ids, key, j)
-                plan = plan_output(seed, max_tokens, sp, cfg.mean_output_len)
+                seed = sequence_seed(cfg.seed, seed_ids, key, j)
+                plan = plan_output(seed, max_tokens, sp, cfg.mean_output_len, start)
                 seqs.append(
                     Sequence(
                         ids,
@@ -191,10 +221,11 @@ class CompletionRoutes:
                         remote_prefill=remote_prefill,
                         index=pi * sp.n + j,
                         priority=sp.priority,
+                        word_start=start,
                     )
                 )
         # vLLM counts the prompt once per prompt, not once per choice.
-        prompt_tokens = sum(len(p) for p in prompts)
+        prompt_tokens = sum(len(p[0]) for p in prompts)
         model = lora or self.model
         rid = self._next_id("chatcmpl-" if chat else "cmpl-")
         created = int(time.time())
@@ -267,9 +298,13 @@ class CompletionRoutes:
         out: list[bytes] = []
         # Like vLLM, the role chunk goes out with the first token, not before it.
         role_pending = chat
+        with_ids = sp.return_token_ids
         while True:
             if role_pending and any(s.num_output for s in seqs):
-                out.extend(w.role(s.index, s.prompt_len) for s in seqs)
+                out.extend(
+                    w.role(s.index, s.prompt_len, s.token_ids[: s.prompt_len] if with_ids else None)
+                    for s in seqs
+                )
                 role_pending = False
             done = True
             for i, seq in enumerate(seqs):
@@ -283,12 +318,17 @@ class CompletionRoutes:
                     plen = seq.prompt_len
                     while k < n:
                         text = token_text(words_[k], k, cut)
+                        ids = pids = None
+                        if with_ids:
+                            ids = [seq.token_ids[plen + k]]
+                            if k == 0 and not chat:
+                                pids = seq.token_ids[:plen]
                         k += 1
                         if k == last + 1:
                             out.append(w.last(idx, text, seq.finish_reason, seq.stop_reason,
-                                              plen, k))  # fmt: skip
+                                              plen, k, ids, pids))  # fmt: skip
                         else:
-                            out.append(w.token(idx, text, plen, k))
+                            out.append(w.token(idx, text, plen, k, ids, pids))
                     sent[i] = k
                 if k < seq.target_len:
                     done = False
