@@ -33,6 +33,7 @@ class RequestContext:
         "events",
         "failures",
         "inference",
+        "migrations",
         "pd",
         "prefill_endpoint",
         "prefill_ms",
@@ -82,6 +83,7 @@ class RequestContext:
         # For the access log.
         self.attempts = 0
         self.failures: list[str] | None = None
+        self.migrations: list[str] | None = None  # "reason from->to" per stream migration
         self.sent_model: str | None = None
         self.sched_ms: float | None = None
         self.profile: str | None = None
@@ -147,6 +149,8 @@ class RequestContext:
             record["failures"] = self.failures
         if self.attempts:
             record["attempts"] = self.attempts
+        if self.migrations is not None:
+            record["migrations"] = self.migrations
         record["status"] = self.status
         record["endpoint"] = self.endpoint
         record["total_ms"] = round(elapsed * 1000, 3)

@@ -40,6 +40,7 @@ from llmplane.gateway.flowcontrol.priority import level_of
 from llmplane.gateway.hooks import LATER, Held, RequestHook, Reservation, Usage
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.kvcache.routing import PreciseRouting
+from llmplane.gateway.migration import Migrator
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -150,6 +151,9 @@ class Gateway:
             self.metrics.stalls,
             self.metrics.resends,
         )
+        # MIGRATION: lost streams continue on the scheduler's next pick (gateway/migration.py)
+        self.proxy.migrator = Migrator(self.repick, self.config.migration_max_sequence)
+        self.metrics.add(self.proxy.migrator.metrics())
         self.scraper.upstream = lambda: self.proxy.pool  # scrapes keep routed connections warm
         if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
             self.proxy.first_chunk = self._capacity_changed
@@ -686,6 +690,24 @@ class Gateway:
             inference.prompt_bound(),
             inference,
         )
+
+    def repick(self, ctx: RequestContext, exclude: set[str]) -> EndpointState | None:
+        """MIGRATION: the scheduler's pick for a stream's continuation among the available
+        candidates but ``exclude`` (addresses that failed it); None when none is left."""
+        assert ctx.decision is not None and ctx.inference is not None
+        now = time.monotonic()
+        try:
+            candidates = self.admission.admit(
+                ctx.inference.model, ctx.decision, now, level_of(ctx.decision), shed=False
+            )
+        except GatewayError:
+            return None
+        rest = [s for s in candidates if s.endpoint.address not in exclude]
+        if not rest:
+            return None
+        sched = self.scheduling_context(ctx, now)
+        pick = self.scheduler.pick(sched, rest, 1, ctx.decision.backend.profile)
+        return pick.endpoints[0] if pick.endpoints else None
 
     def schedule(
         self,
