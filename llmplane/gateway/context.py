@@ -83,7 +83,8 @@ class RequestContext:
         # For the access log.
         self.attempts = 0
         self.failures: list[str] | None = None
-        self.migrations: list[str] | None = None  # "reason from->to" per stream migration
+        # One per stream migration: reason, from, to, resume_ms (gateway/migration.py).
+        self.migrations: list[dict[str, Any]] | None = None
         self.sent_model: str | None = None
         self.sched_ms: float | None = None
         self.profile: str | None = None

@@ -421,8 +421,10 @@ class Migrator:
                 continue
             splice.started()
             self.migrations.labels(route, reason).inc()
-            self.resume.labels(route).observe(time.perf_counter() - t0)
-            note = f"{reason} {failed.endpoint.address}->{address}"
+            resumed = time.perf_counter() - t0
+            self.resume.labels(route).observe(resumed)
+            note = {"reason": reason, "from": failed.endpoint.address, "to": address,
+                    "resume_ms": round(resumed * 1000, 3)}  # fmt: skip
             ctx.migrations = [*ctx.migrations, note] if ctx.migrations else [note]
             ctx.endpoint = address
             return state, resp, first
