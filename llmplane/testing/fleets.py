@@ -38,3 +38,34 @@ spec:
     backendName: sim
     args: {engine_args}
 """
+
+
+def vllm_fleet(
+    name: str, model_dir: str, replicas: int, args: Sequence[str] = (), cache_gib: int = 1
+) -> str:
+    """YAML for an OpenModel ``name`` of the model files in ``model_dir`` and a Playground of
+    ``replicas`` vLLM (CPU build) engines serving it with ``args``, offline, with ``cache_gib``
+    GiB of KV cache."""
+    envs = [
+        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(cache_gib)},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+    ]
+    return f"""
+apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {{name: {name}}}
+spec:
+  familyName: llama
+  source: {{uri: "host://{model_dir}"}}
+---
+apiVersion: inference.llmaz.io/v1alpha1
+kind: Playground
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  modelClaim: {{modelName: {name}}}
+  backendRuntimeConfig:
+    backendName: vllm
+    args: {json.dumps(list(args))}
+    envs: {json.dumps(envs)}
+"""

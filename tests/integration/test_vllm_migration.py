@@ -6,7 +6,6 @@ continues on the other, and the client's full text equals the uninterrupted run'
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -18,6 +17,7 @@ import orjson
 import pytest
 
 from llmplane.testing import Up, wait_for
+from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
 from tests.integration.upcli import condition, status
 from tests.integration.vllm_cpu import require_vllm
@@ -30,37 +30,12 @@ TOKENS = 60
 KILL_AFTER = 20
 
 
-def fleet_yaml(model: Path) -> str:
-    args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4"]
-    envs = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-            {"name": "HF_HUB_OFFLINE", "value": "1"}]  # fmt: skip
-    return f"""
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {NAME}}}
-spec:
-  familyName: llama
-  source: {{uri: "host://{model}"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {NAME}}}
-spec:
-  replicas: 2
-  modelClaims:
-    models: [{{name: {NAME}}}]
-  backendRuntimeConfig:
-    backendName: vllm
-    args: {json.dumps(args)}
-    envs: {json.dumps(envs)}
-"""
-
-
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     root = tmp_path_factory.mktemp("vllm-migration")
     model = build_tiny_llama(root / "model")
-    (root / "fleet.yaml").write_text(fleet_yaml(model))
+    args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4"]
+    (root / "fleet.yaml").write_text(vllm_fleet(NAME, str(model), 2, args))
     process = Up(root / "state", str(root / "fleet.yaml"))
     try:
         process.start()
