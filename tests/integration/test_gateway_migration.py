@@ -7,6 +7,7 @@ accounting (what rate limits and tenant usage read) counts each generation once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -83,7 +84,8 @@ async def uninterrupted(address: str) -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
-async def test_streams_continue_on_another_replica(engines, sig):
+async def test_streams_continue_on_another_replica(engines, sig, caplog):
+    caplog.set_level(logging.INFO, logger="llmplane.gateway.access")
     discovery = StaticDiscovery(
         [
             Endpoint(e.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True, engine="sim")
@@ -148,5 +150,12 @@ async def test_streams_continue_on_another_replica(engines, sig):
                 in metrics
             )
             assert "llmplane_gateway_stream_resume_seconds_count" in metrics
+            # the access log's field: one continuation per moved stream, away from the victim
+            logged = [orjson.loads(r.getMessage()) for r in caplog.records
+                      if r.name == "llmplane.gateway.access"]  # fmt: skip
+            moves = [m for line in logged for m in line.get("migrations") or ()]
+            assert len(moves) == moved and {m["from"] for m in moves} == {victim}
+            assert all(m["reason"] == reason and m["to"] != victim for m in moves)
+            assert all(m["resume_ms"] >= 0 for m in moves)
     finally:
         await gw.close()
