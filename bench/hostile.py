@@ -178,7 +178,7 @@ def health_cell(times: list[float | None], p50: bool = True) -> str:
     missed = len(times) - len(answered)
     if not answered:
         return f"none of {len(times)} answered within {HEALTH_TIMEOUT:g} s"
-    text = f"max {max(answered):.2f} s"
+    text = f"max {max(answered):.3f} s"
     if p50:
         text = f"p50 {statistics.median(answered):.3f} s, " + text
     if missed:
@@ -277,6 +277,8 @@ def idle_connections(tree: Path, work: Path, count: int, window: float) -> Figur
                 seen |= up.engine_pids()
                 time.sleep(0.25)
             open_now = sum(1 for s in socks if _still_open(s))
+            lost = pids - up.engine_pids()
+            emfile = up.output().count("Too many open files")
         finally:
             for s in socks:
                 s.close()
@@ -287,7 +289,8 @@ def idle_connections(tree: Path, work: Path, count: int, window: float) -> Figur
         ),
         "1: descriptors of `up` before / max during": f"{fds_before} / {max(fds)}",
         "1: `/health` answer time": health_cell(health),
-        "1: engine restarts (new pids)": str(len(seen - pids)),
+        "1: engines stopped / started (pids gone / new)": f"{len(lost)} / {len(seen - pids)}",
+        "1: lines of `up`'s output with `Too many open files`": str(emfile),
         "1: Ready replicas (min / at the end)": (
             f"{min(ready_known)} / {ready_known[-1]}" if ready_known else "unknown"
         ),
@@ -369,7 +372,7 @@ def scale_up(
             time.sleep(before_term)  # the scale-up runs for this long
         finally:
             health = watch.stop()
-        engines = len(up.engine_pids())
+        running = len(marked(marker))
         assert up.proc is not None
         up.proc.send_signal(signal.SIGTERM)
         began = time.monotonic()
@@ -381,7 +384,8 @@ def scale_up(
         left = marked(marker)
     watch.thread.join(HEALTH_TIMEOUT + 1)
     return {
-        f"2: engines running {before_term:g} s after `replicas: 1 -> {replicas}`": str(engines),
+        f"2: processes of `up` (itself included) {before_term:g} s after `replicas: 1 -> "
+        f"{replicas}`": str(running),
         "2: `/health` answer time during the scale-up": health,
         "2: SIGTERM -> `up` exited": stop,
         "2: processes left when `up` exited": str(len(left)),
