@@ -379,16 +379,18 @@ def scale_up(
         try:
             up.exited(stop_wait)
             stop = f"{time.monotonic() - began:.1f} s"
+            left = f"{len(marked(marker))}"
         except TimeoutError:
             stop = f"not within {stop_wait:g} s (then SIGKILL)"
-        left = marked(marker)
+            left = f"{len(marked(marker))} still running, `up` included"
+            print(f"up did not stop; the end of its output:\n{up.output()[-4000:]}", flush=True)
     watch.thread.join(HEALTH_TIMEOUT + 1)
     return {
         f"2: processes of `up` (itself included) {before_term:g} s after `replicas: 1 -> "
         f"{replicas}`": str(running),
         "2: `/health` answer time during the scale-up": health,
         "2: SIGTERM -> `up` exited": stop,
-        "2: processes left when `up` exited": str(len(left)),
+        "2: processes left when `up` exited": left,
     }
 
 
