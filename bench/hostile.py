@@ -68,6 +68,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Process, Processes, Up, sim_process, wait_for
 from llmplane.testing.fleets import sim_fleet
+from llmplane.testing.process import carrying
 
 MODEL = "tiny"
 MIB = 1024 * 1024
@@ -102,20 +103,7 @@ def describe(tree: Path) -> str:
 def marked(marker: str) -> list[int]:
     """Live processes whose environment carries ``marker`` (``up`` and the engines it forked,
     which run in sessions of their own)."""
-    needle = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return carrying(MARKER, marker)
 
 
 def sweep(marker: str) -> None:
