@@ -7,6 +7,7 @@ looks at where requests went (the sims' own counters)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -421,3 +422,24 @@ async def test_the_sims_token_ids_are_what_the_sim_computes(
         async with client.post(f"http://{sim.address}/tokenize", json=asked) as r:
             assert ours == (await r.json())["tokens"], path
         assert SimTokens().token_ids(ctx, "vllm") is None
+
+
+async def test_closing_while_replicas_keep_appearing_returns_and_starts_no_feed(
+    processes: Processes, sockets: Path
+) -> None:
+    """``up`` closes the gateway while its runtime still starts replicas: endpoints that appear
+    after ``close`` began get no feed, and ``close`` returns (a feed started then kept a socket
+    open, and the context's ``term`` blocked the event loop, so SIGTERM never finished)."""
+    flags_a, events_a, replay_a = events_flags(sockets, "a")
+    flags_b, events_b, replay_b = events_flags(sockets, "b")
+    a = start_sim(processes, flags_a)
+    b = start_sim(processes, flags_b)
+    first = Endpoint(a.address, model_name="m", kv_events=events_a, kv_events_replay=replay_a)
+    late = Endpoint(b.address, model_name="m", kv_events=events_b, kv_events_replay=replay_b)
+    subscriber = KVEventSubscriber()
+    subscriber.sync([first])
+    closing = asyncio.ensure_future(subscriber.close())
+    await eventually(lambda: not subscriber.feeds, what="close() has taken the feeds")
+    subscriber.sync([first, late])  # a replica turned Ready while the gateway closes
+    await asyncio.wait_for(closing, 10)
+    assert subscriber.feeds == {}
