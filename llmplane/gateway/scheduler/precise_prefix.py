@@ -11,8 +11,8 @@ the sim's rule for sim replicas (``SimTokens``). A replica that does not publish
 request the source cannot tokenize, gets the ``fallback`` scorer's score (the approximate
 ``prefix-cache`` one in the default profile), so one profile serves a mixed fleet.
 
-In the built-in default profile it takes the approximate scorer's place (same weight) while
-some replica publishes events (``use_in_default``), and gives it back when none does.
+In the built-in default profile it serves the ``prefill-cost`` scorer (``prefill_cost.py``),
+which weighs what each replica holds against its queue, while some replica publishes events.
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from typing import Any, Protocol
 from llmplane.gateway.kvcache.index import BlockIndex, block_keys, root_key
 from llmplane.gateway.kvcache.subscriber import replica_model
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
+from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.sim.tokenizer import render_chat, tokenize
 
 SIM_VOCAB = 128_256  # the sim's default --vocab-size
 _UNKNOWN = object()
+# ctx.cache key: replica -> prompt tokens the index says it holds, for the access log.
+PREDICTED = "cached_tokens_predicted"
+PROMPT_TOKENS = "prompt_tokens"  # ctx.cache key: the request's token count, once tokenized
 
 
 class TokenSource(Protocol):
@@ -126,19 +129,27 @@ class PrecisePrefixCacheScorer:
             found = None
         else:
             found = {}
+            ctx.cache[PROMPT_TOKENS] = len(ids)
+            tokens = ctx.cache.setdefault(PREDICTED, {})
             root = root_key(ctx.model if ctx.lora else None)
             for size in index.block_sizes(model):
                 keys = block_keys(ids, size, root)
                 if keys:
                     total = len(keys)
+                    # The engine computes the prompt's last token whatever it holds.
+                    usable = (len(ids) - 1) // size
                     for replica, held in index.matches(model, size, keys).items():
                         found[replica] = held / total
+                        tokens[replica] = min(held, usable) * size
         ctx.cache[key] = found
         return found
 
+    def publishing(self) -> dict[str, Any]:
+        """The replicas whose events the index follows."""
+        return self.index.replicas if self.index is not None else {}
+
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        index = self.index
-        publishing = index.replicas if index is not None else {}
+        publishing = self.publishing()
         first = endpoints[0].endpoint if endpoints else None
         if first is None or not any(e.key in publishing for e in endpoints):
             return self._fallback(ctx, endpoints)
@@ -159,17 +170,11 @@ class PrecisePrefixCacheScorer:
         return self.fallback.score(ctx, endpoints)
 
 
-def use_in_default(scheduler: Scheduler, scorer: PrecisePrefixCacheScorer, active: bool) -> None:
-    """Put ``scorer`` in the approximate prefix scorer's place in the default profile (its
-    weight; the approximate one stays its fallback and keeps learning from picks), or take it
-    out again."""
-    profile = scheduler.profiles[scheduler.default]
-    for i, (plugin, weight) in enumerate(profile.scorers):
-        if active and type(plugin) is PrefixCacheScorer:
-            scorer.fallback = plugin
-            profile.scorers[i] = (scorer, weight)
-        elif not active and plugin is scorer and scorer.fallback is not None:
-            profile.scorers[i] = (scorer.fallback, weight)
-        else:
-            continue
-        return
+def predicted_cached_tokens(ctx: SchedulingContext, replica: str) -> int | None:
+    """The prompt tokens the index says ``replica`` holds for this request (the leading run
+    of its blocks), or None when no precise prediction was made for it (no replica of the
+    model publishes events, the request was not tokenized, or no precise scorer ran)."""
+    tokens = ctx.cache.get(PREDICTED)
+    if tokens is None:
+        return None
+    return tokens.get(replica, 0)
