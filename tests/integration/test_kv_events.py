@@ -8,12 +8,10 @@ looks at where requests went (the sims' own counters)."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -42,16 +40,6 @@ from tests.integration.upcli import http
 
 BLOCK = 16
 VOCAB = 128_256
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    """A short directory for ipc sockets (a Unix socket path has at most 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="kv", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
