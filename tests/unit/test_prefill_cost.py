@@ -12,6 +12,7 @@ from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer
 from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+from llmplane.gateway.scraper import apply_metrics, parse_metrics
 from llmplane.runtime.endpoint import Endpoint
 from tests.unit.test_kv_index import Tokens
 
@@ -91,3 +92,21 @@ def test_without_token_ids_the_approximate_fractions_of_the_prompt_bytes_count()
     cost.prefix.fallback = fallback
     scores = cost.score(SchedulingContext("m", prompt, now=time.monotonic()), [a, b])
     assert scores[1] == 1.0 > scores[0]
+
+
+def test_the_scraper_reads_block_size_and_prefill_counters() -> None:
+    def body(block_size: str) -> bytes:
+        return (
+            "vllm:num_requests_waiting 0\nvllm:num_requests_running 1\n"
+            "vllm:prompt_tokens_total 5000\nvllm:prefix_cache_hits_total 1000\n"
+            "vllm:request_prefill_time_seconds_sum 2.0\n"
+            f'vllm:cache_config_info{{block_size="{block_size}",model_name="m"}} 1.0\n'
+        ).encode()
+
+    m = parse_metrics(body("128"), "vllm")
+    assert (m.block_size, m.prompt_tokens, m.prefix_hits, m.prefill_seconds) == (128, 5000, 1000, 2)
+    state = EndpointState(Endpoint("a", model_name="m"))
+    apply_metrics(state, m, time.monotonic())
+    assert state.block_size == 128 and state.prefill_rate == 0  # one reading: no interval yet
+    for hostile in ("0", "-16", "16.5", "1e9", "99999999", "x", ""):
+        assert parse_metrics(body(hostile), "vllm").block_size == 0, hostile
