@@ -167,6 +167,13 @@ def test_predicted_cached_tokens_are_the_leading_run_less_the_last_token() -> No
     # The access log's prediction: the leading run's tokens, never the prompt's last token.
     assert predicted_cached_tokens(ctx, "a") == 12 and predicted_cached_tokens(ctx, "b") == 0
     assert predicted_cached_tokens(SchedulingContext("m"), "a") is None  # no prediction made
+    # Without a precise prediction: the approximate index's matched bytes / 4.
+    approximate = PrefixCacheScorer(block_size=8)
+    guess = SchedulingContext("m", b"x" * 64)
+    approximate.index.add("c", approximate.hashes(guess))
+    assert approximate.score(guess, states("a", "c")) == [0.0, 1.0]
+    assert predicted_cached_tokens(guess, "c") == 64 // 4
+    assert predicted_cached_tokens(guess, "a") == 0
     index.apply("a", stored([4, 5, 6], PROMPT[12:], parent=3))
     whole = SchedulingContext("m", b"x" * 64)
     assert scorer.score(whole, states("a", "b")) == [1.0, 0.0]

@@ -32,7 +32,8 @@ SIM_VOCAB = 128_256  # the sim's default --vocab-size
 _UNKNOWN = object()
 # ctx.cache key: replica -> prompt tokens the index says it holds, for the access log.
 PREDICTED = "cached_tokens_predicted"
-PROMPT_TOKENS = "prompt_tokens"  # ctx.cache key: the request's token count, once tokenized
+PROMPT_TOKENS = "prompt_tokens"
+BYTES_PER_TOKEN = 4  # the approximate index's bytes -> tokens (the sim's own rule; English ~4)  # ctx.cache key: the request's token count, once tokenized
 
 
 class TokenSource(Protocol):
@@ -172,9 +173,13 @@ class PrecisePrefixCacheScorer:
 
 def predicted_cached_tokens(ctx: SchedulingContext, replica: str) -> int | None:
     """The prompt tokens the index says ``replica`` holds for this request (the leading run
-    of its blocks), or None when no precise prediction was made for it (no replica of the
-    model publishes events, the request was not tokenized, or no precise scorer ran)."""
+    of its blocks); where no precise prediction was made (no replica of the model publishes
+    events, the request was not tokenized, the profile has no precise scorer), the approximate
+    index's estimate (its matched bytes / ``BYTES_PER_TOKEN``); None when neither scored."""
     tokens = ctx.cache.get(PREDICTED)
-    if tokens is None:
-        return None
-    return tokens.get(replica, 0)
+    if tokens is not None:
+        return tokens.get(replica, 0)
+    for scorer, matched in ctx.cache.items():
+        if isinstance(scorer, PrefixCacheScorer) and isinstance(matched, dict):
+            return matched.get(replica, 0) * scorer.block_size // BYTES_PER_TOKEN
+    return None

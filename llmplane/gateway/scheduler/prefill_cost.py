@@ -30,13 +30,13 @@ from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.plugins import LeastRequestScorer, LowQueueFilter
 from llmplane.gateway.scheduler.precise_prefix import (
+    BYTES_PER_TOKEN,
     PROMPT_TOKENS,
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
 )
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 
-BYTES_PER_TOKEN = 4  # a prompt the gateway could not tokenize: its length estimated
 LEARN = 0.2  # weight of the newest request in ``uncached_per_request``
 
 
