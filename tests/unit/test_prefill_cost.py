@@ -9,8 +9,12 @@ from llmplane.gateway.kvcache.events import Batch, Stored
 from llmplane.gateway.kvcache.index import BlockIndex
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer
-from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer
+from llmplane.gateway.scheduler.precise_prefix import (
+    PENDING_SECONDS,
+    PrecisePrefixCacheScorer,
+    predicted_cached_tokens,
+)
+from llmplane.gateway.scheduler.prefill_cost import PENDING_PREFERENCE, PrefillCostScorer
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.gateway.scraper import apply_metrics, parse_metrics
 from llmplane.runtime.endpoint import Endpoint
@@ -54,6 +58,7 @@ def test_affinity_holds_until_the_queue_costs_more_than_recomputing() -> None:
     cost.score(first, [a, b])
     cost.on_pick(first, a)  # requests sent to "a" compute 600 tokens each
     assert cost.per_request["a"] == 600
+    now += PENDING_SECONDS  # (the pick's own blocks no longer count as pending on "a")
     # 4 waiting on "a": 4 * 600 + 600 = 3,000 tokens of prefill ahead < 3,600 on idle "b".
     loaded(a, 4, now)
     assert cost.costs(ctx(now), [a, b]) == [3_000, 3_600]
@@ -110,3 +115,27 @@ def test_the_scraper_reads_block_size_and_prefill_counters() -> None:
     assert state.block_size == 128 and state.prefill_rate == 0  # one reading: no interval yet
     for hostile in ("0", "-16", "16.5", "1e9", "99999999", "x", ""):
         assert parse_metrics(body(hostile), "vllm").block_size == 0, hostile
+
+
+def test_a_request_just_sent_is_pending_on_its_replica_until_its_events_or_the_time() -> None:
+    cost, (a, b) = fleet(held_by_a=0)  # nothing reported anywhere yet
+    now = time.monotonic()
+    b.block_size = a.block_size = BS  # from the engines' metrics: keys before any event
+    first = ctx(now)
+    assert cost.score(first, [a, b]) == [1.0, 1.0]
+    cost.on_pick(first, b)
+    # The same prompt again before "b" reported it: not predicted cached (it may run beside
+    # the first and compute the blocks too), but "b" is preferred among equal costs ...
+    again = ctx(now + 1)
+    assert cost.uncached(again, [a, b]) == [3_600, 3_600]
+    assert predicted_cached_tokens(again, "b") == 0
+    assert cost.costs(again, [a, b]) == [3_600, 3_600 * (1 - PENDING_PREFERENCE * 3_500 / 3_600)]
+    # ... and queued behind it there, the blocks will be cached by the time it runs.
+    b.prefilling = 1
+    behind = ctx(now + 1)
+    assert cost.costs(behind, [a, b])[1] < 3_600
+    assert predicted_cached_tokens(behind, "b") == 3_500
+    expired = ctx(now + PENDING_SECONDS + 1)
+    assert cost.costs(expired, [a, b]) == [3_600, 3_600 + 3_600]
+    cost.prefix._prune(now + PENDING_SECONDS + 1)
+    assert not cost.prefix.pending and not cost.prefix._expiries

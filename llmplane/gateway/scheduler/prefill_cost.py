@@ -17,6 +17,11 @@ the request's own uncached tokens, at that replica's observed prefill speed:
   (``EndpointState.observe_prefill``); replicas not yet measured count at the fleet's median
   (so a homogeneous fleet compares work alone).
 
+Blocks of requests just sent to a replica and not yet reported by its events (the precise
+scorer's pending blocks) count as cached there for a request that would wait behind those
+requests (``ahead`` >= 1), and make their replica up to ``PENDING_PREFERENCE`` cheaper
+otherwise, so a new group follows its first request instead of spreading.
+
 score = lowest cost among the candidates / the candidate's cost, in (0, 1]. So a replica holding
 the prefix keeps it under load, and gives it up only when its queue costs more than
 recomputing the prefix elsewhere (the direction of llm-d's predicted-latency routing).
@@ -31,6 +36,8 @@ from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.plugins import LeastRequestScorer, LowQueueFilter
 from llmplane.gateway.scheduler.precise_prefix import (
     BYTES_PER_TOKEN,
+    PENDING,
+    PREDICTED,
     PROMPT_TOKENS,
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
@@ -38,6 +45,9 @@ from llmplane.gateway.scheduler.precise_prefix import (
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 
 LEARN = 0.2  # weight of the newest request in ``uncached_per_request``
+# A replica the request's prefix was just sent to (its blocks pending) looks this much cheaper
+# at most: a new group follows its first request rather than spread over near-equal replicas.
+PENDING_PREFERENCE = 0.1
 
 
 class PrefillCostScorer:
@@ -66,15 +76,27 @@ class PrefillCostScorer:
         """Each candidate's expected seconds to first token (relative where speeds are not
         known: see the module docstring)."""
         uncached = self.uncached(ctx, endpoints)
-        ctx.cache[self] = dict(zip((e.key for e in endpoints), uncached, strict=True))
         queues = queue_estimates(endpoints, ctx.staleness, ctx.now)
         known = sorted(e.prefill_rate for e in endpoints if e.prefill_rate > 0)
         typical = known[len(known) // 2] if known else 1.0
+        pending = ctx.cache.get(PENDING) or {}
+        total = ctx.cache.get(PROMPT_TOKENS) or 0
+        learned = ctx.cache[self] = {}
         out = []
         for e, mine, queued in zip(endpoints, uncached, queues, strict=True):
             ahead = max(queued, float(e.prefilling))
+            soon = pending.get(e.key, 0)
+            if soon and ahead >= 1 and total - soon < mine:
+                # Queued behind the requests computing those blocks: cached when it runs (the
+                # prediction the access log shows too).
+                mine = max(float(total - soon), 1.0)
+                ctx.cache.setdefault(PREDICTED, {})[e.key] = soon
+            learned[e.key] = mine
             per_request = self.per_request.get(e.key, mine)
-            out.append((ahead * per_request + mine) / (e.prefill_rate or typical))
+            cost = (ahead * per_request + mine) / (e.prefill_rate or typical)
+            if soon:
+                cost *= 1.0 - PENDING_PREFERENCE * soon / total
+            out.append(cost)
         return out
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
@@ -83,7 +105,9 @@ class PrefillCostScorer:
         return [best / c if c > 0 else 1.0 for c in costs]
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
-        """Learn the uncached tokens of what is sent to ``endpoint``."""
+        """Learn the uncached tokens of what is sent to ``endpoint`` (and the precise scorer
+        its pending blocks)."""
+        self.prefix.on_pick(ctx, endpoint)
         scored = ctx.cache.get(self)
         mine = scored.get(endpoint.key) if scored is not None else None
         if mine is None:
