@@ -166,7 +166,8 @@ class PrecisePrefixCacheScorer:
                     if self.pending:
                         soon = ctx.cache.setdefault(PENDING, {})
                         for replica, n in self._pending_runs(keys, ctx.now).items():
-                            soon[replica] = min(max(n, runs.get(replica, 0)), usable) * size
+                            if min(n, usable) > runs.get(replica, 0):  # beyond what it reported
+                                soon[replica] = min(n, usable) * size
         ctx.cache[key] = found
         return found
 

@@ -82,6 +82,7 @@ class PrefillCostScorer:
         pending = ctx.cache.get(PENDING) or {}
         total = ctx.cache.get(PROMPT_TOKENS) or 0
         learned = ctx.cache[self] = {}
+        uncached_at = dict(zip((e.key for e in endpoints), uncached, strict=True))
         out = []
         for e, mine, queued in zip(endpoints, uncached, queues, strict=True):
             ahead = max(queued, float(e.prefilling))
@@ -94,8 +95,8 @@ class PrefillCostScorer:
             learned[e.key] = mine
             per_request = self.per_request.get(e.key, mine)
             cost = (ahead * per_request + mine) / (e.prefill_rate or typical)
-            if soon:
-                cost *= 1.0 - PENDING_PREFERENCE * soon / total
+            if soon:  # by the blocks not reported yet
+                cost *= 1.0 - PENDING_PREFERENCE * (soon - (total - uncached_at[e.key])) / total
             out.append(cost)
         return out
 
