@@ -349,6 +349,7 @@ def test_up_turns_events_on_for_its_sims_and_the_gateway_indexes_them(
     full = len(tokenize(prompt, VOCAB)) // BLOCK
     # Both replicas listed; the one that served holds the prompt's blocks, the other none.
     wait_for(lambda: sorted(blocks()) == [0.0, full], 10, what=f"[0, {full}] blocks indexed")
+
     # The console's fleet page shows them, and the block size: from the events where the
     # replica sent some, else from the engine's vllm:cache_config_info (the scraper's).
     def views() -> list[dict]:
