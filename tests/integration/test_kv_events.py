@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
-import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -43,16 +41,6 @@ from tests.integration.upcli import http
 
 BLOCK = 16
 VOCAB = 128_256
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    """A short directory for ipc sockets (a Unix socket path has at most 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="kv", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -362,6 +350,20 @@ def test_up_turns_events_on_for_its_sims_and_the_gateway_indexes_them(
     full = len(tokenize(prompt, VOCAB)) // BLOCK
     # Both replicas listed; the one that served holds the prompt's blocks, the other none.
     wait_for(lambda: sorted(blocks()) == [0.0, full], 10, what=f"[0, {full}] blocks indexed")
+
+    # The console's fleet page shows them, and the block size: from the events where the
+    # replica sent some, else from the engine's vllm:cache_config_info (the scraper's).
+    def views() -> list[dict]:
+        page = http(f"{base}/console/api/fleet")[2]
+        return [r["endpoint"] for w in page["workloads"] for r in w["replicas"] if r["endpoint"]]
+
+    shown = wait_for(
+        lambda: (v := views()) and all(e["kvBlockSize"] for e in v) and v,
+        10,
+        what="both replicas' block sizes on the fleet page",
+    )
+    assert sorted(e["kvBlocks"] for e in shown) == [0, full], shown
+    assert [e["kvBlockSize"] for e in shown] == [BLOCK, BLOCK], shown
 
 
 async def test_sequence_numbers_starting_again_forget_the_replica(
