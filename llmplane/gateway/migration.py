@@ -167,6 +167,8 @@ class Splice:
         if again and isinstance(usage, dict):
             self._usage(usage)
             changed = True
+        if again and self.chat and obj.get("object") == "text_completion":
+            obj["object"] = "chat.completion.chunk"
         if obj.get("choices") and not keep:
             return b""  # a continuation's role chunk: the client had one
         return b"data: " + orjson.dumps(obj) + b"\n\n" if changed else event + b"\n\n"
@@ -184,6 +186,12 @@ class Splice:
 
     def _choice(self, choice: dict[str, Any], again: bool) -> bool:
         changed = False
+        if self.chat and "text" in choice and "delta" not in choice:
+            # a chat continued as a completion: its chunks in the chat's shape
+            text = choice.pop("text")
+            choice.pop("prompt_token_ids", None)
+            choice["delta"] = {"content": text}
+            changed = True
         if "prompt_token_ids" in choice:  # a completion's first chunk's
             changed = self._prompt(choice, again)
         if choice.get("index", 0) != 0:
@@ -237,8 +245,16 @@ class Splice:
             return None
         return limit - self.tokens
 
-    def continuation(self) -> bytes:
-        """The request that generates the rest of this generation."""
+    @property
+    def by_ids(self) -> bool:
+        """Whether the continuation is token level (on /v1/completions, chat included)."""
+        return self.prompt_ids is not None and len(self.ids) == self.tokens
+
+    def continuation(self, path: str) -> tuple[str, bytes]:
+        """The request (path and body) that generates the rest of this generation; ``path``
+        is the client's (with its query)."""
+        if self.chat and self.by_ids:
+            return _completions_path(path), self._chat_by_ids()
         body = dict(self.request)
         sent = self.tokens
         for key in ("max_tokens", "max_completion_tokens"):
@@ -263,6 +279,21 @@ class Splice:
         else:
             assert self.prompt_ids is not None
             body["prompt"] = self.prompt_ids + self.ids
+        return path, orjson.dumps(body)
+
+    def _chat_by_ids(self) -> bytes:
+        """A chat's continuation as a completion of the templated prompt's ids + the ids
+        generated so far: exactly the tokens the client received, where re-tokenizing the
+        text (``continue_final_message``) may merge them differently."""
+        request = self.request
+        body = {k: request[k] for k in _SAMPLING if k in request}
+        assert self.prompt_ids is not None
+        body["prompt"] = self.prompt_ids + self.ids
+        left = self.remaining()
+        body["max_tokens"] = left  # None: up to the context's end, as the chat's default
+        if isinstance(body.get("min_tokens"), int):
+            body["min_tokens"] = max(0, body["min_tokens"] - self.tokens)
+        body["return_token_ids"] = True
         return orjson.dumps(body)
 
     def can_continue(self) -> str | None:
@@ -306,6 +337,21 @@ class Splice:
             out = b"data: " + orjson.dumps(obj) + b"\n\n"
         self.done = True
         return out + b"data: [DONE]\n\n"
+
+
+# What a chat continued as a completion keeps of its request: the sampling parameters.
+_SAMPLING = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
+             "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "presence_penalty",
+             "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias",
+             "bad_words", "allowed_token_ids", "skip_special_tokens",
+             "spaces_between_special_tokens", "include_stop_str_in_output", "user",
+             "priority", "cache_salt")  # fmt: skip
+
+
+def _completions_path(path: str) -> str:
+    """``/v1/chat/completions?q`` -> ``/v1/completions?q``."""
+    head, sep, query = path.partition("?")
+    return head.removesuffix("/chat/completions") + "/completions" + sep + query
 
 
 def _text(content: Any) -> str:
@@ -398,9 +444,8 @@ class Migrator:
                 break
             address = backend.address(state)
             exclude.add(state.endpoint.address)
-            wire = encode_request(
-                "POST", ctx.request.path_qs, address, headers, splice.continuation()
-            )
+            path, body = splice.continuation(ctx.request.path_qs)
+            wire = encode_request("POST", path, address, headers, body)
             state.add_inflight(1)
             resp: UpstreamResponse | None = None
             try:

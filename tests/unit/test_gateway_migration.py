@@ -45,8 +45,14 @@ def test_a_completion_stream_continues_at_the_token_level():
     assert sent_events[0]["choices"][0]["prompt_token_ids"] is None
     assert splice.feed(completion("a", " ba", [9])[:-3]) == b""  # lost mid-event
     assert splice.can_continue() is None
-    cont = orjson.loads(splice.continuation())
-    assert cont["prompt"] == [1, 2, 7, 8] and cont["max_tokens"] == 3 and cont["min_tokens"] == 1
+    path, cont = splice.continuation("/v1/completions")
+    cont = orjson.loads(cont)
+    assert (
+        path == "/v1/completions"
+        and cont["prompt"] == [1, 2, 7, 8]
+        and cont["max_tokens"] == 3
+        and cont["min_tokens"] == 1
+    )
     assert cont["seed"] == 4 and cont["temperature"] == 0 and cont["return_token_ids"]
     splice.started()
     rest = (
@@ -63,40 +69,68 @@ def test_a_completion_stream_continues_at_the_token_level():
     assert splice.done and splice.tokens == 5
 
 
-def test_a_chat_stream_continues_its_final_message():
+def chunk(rid: str, delta: dict, ids: list[int] | None, **top) -> bytes:
+    return ev({"id": rid, "object": "chat.completion.chunk", "created": 1, "model": "m",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                            "token_ids": ids}], **top})  # fmt: skip
+
+
+def test_a_chat_stream_continues_as_a_completion_of_its_token_ids():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_completion_tokens": 10, "temperature": 0, "seed": 2, "tools": None}  # fmt: skip
+    splice, _ = Splice.of(orjson.dumps(body), chat=True)
+    splice.feed(
+        chunk("a", {"role": "assistant", "content": ""}, None, prompt_token_ids=[5, 6])
+        + chunk("a", {"content": "Hel"}, [1])
+    )
+    path, cont = splice.continuation("/v1/chat/completions?x=1")
+    assert path == "/v1/completions?x=1"
+    assert orjson.loads(cont) == {"model": "m", "stream": True, "temperature": 0, "seed": 2,
+                                  "prompt": [5, 6, 1], "max_tokens": 9,
+                                  "return_token_ids": True}  # fmt: skip
+    splice.started()
+    out = events(
+        splice.feed(
+            completion("b", "lo", [2], prompt_ids=[5, 6, 1])
+            + completion("b", "!", [3], finish="length")
+        )
+    )
+    assert [e["object"] for e in out] == ["chat.completion.chunk"] * 2
+    assert [e["choices"][0]["delta"] for e in out] == [{"content": "lo"}, {"content": "!"}]
+    assert all("text" not in e["choices"][0] and e["id"] == "a" for e in out)
+
+
+def test_a_chat_stream_without_prompt_ids_continues_its_final_message():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
             "max_completion_tokens": 10, "return_token_ids": True}  # fmt: skip
     splice, sent = Splice.of(orjson.dumps(body), chat=True)
     assert orjson.loads(sent) == body  # the client asked for ids: they stay
 
-    def chunk(rid: str, delta: dict, ids: list[int] | None, **top) -> bytes:
-        return ev({"id": rid, "created": 1, "model": "m",
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": None,
-                                "token_ids": ids}], **top})  # fmt: skip
-
     out = splice.feed(
-        chunk("a", {"role": "assistant", "content": ""}, None, prompt_token_ids=[5, 6])
+        chunk("a", {"role": "assistant", "content": ""}, None)
         + chunk("a", {"content": "Hel"}, [1])
         + chunk("a", {"content": "lo"}, [2])
     )
-    assert events(out)[0]["prompt_token_ids"] == [5, 6]
-    cont = orjson.loads(splice.continuation())
+    assert events(out)[1]["choices"][0]["token_ids"] == [1]  # asked for: kept
+    path, cont = splice.continuation("/v1/chat/completions")
+    cont = orjson.loads(cont)
+    assert path == "/v1/chat/completions"
     assert cont["messages"][-1] == {"role": "assistant", "content": "Hello"}
     assert cont["continue_final_message"] is True and cont["add_generation_prompt"] is False
     assert cont["max_completion_tokens"] == 8
     splice.started()
     out = events(
         splice.feed(
-            chunk("b", {"role": "assistant", "content": ""}, None, prompt_token_ids=[5, 6, 9])
+            chunk("b", {"role": "assistant", "content": ""}, None)
             + chunk("b", {"content": " you"}, [3])
         )
     )
-    # the continuation's role chunk is not sent again; its prompt ids are not the client's
+    # the continuation's role chunk is not sent again
     assert len(out) == 1 and out[0]["choices"][0]["delta"] == {"content": " you"}
     assert out[0]["id"] == "a" and out[0]["choices"][0]["token_ids"] == [3]
     # a second migration continues the message the first one continued
     splice.started()
-    again = orjson.loads(splice.continuation())
+    again = orjson.loads(splice.continuation("/v1/chat/completions")[1])
     assert again["messages"][-1]["content"] == "Hello you"
     assert len(again["messages"]) == 2
 
