@@ -457,10 +457,12 @@ class Migrator:
                     first = await resp.readany()
                 if not first:
                     raise aiohttp.ClientError("an empty response")
-            except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            except BaseException as err:
                 state.add_inflight(-1)
                 if resp is not None:
                     resp.release()
+                if not isinstance(err, TimeoutError | aiohttp.ClientError | OSError):
+                    raise  # cancelled (the client went away, the gateway stops)
                 ctx.failed(address, f"continuation: {type(err).__name__}: {err}")
                 splice.migrations += 1  # a failed try counts against the limit
                 continue
