@@ -245,14 +245,15 @@ class CompletionRoutes:
         make = chat_choice if chat else completion_choice
         for seq in seqs:
             completion_tokens += seq.num_output
-            choices.append(
-                make(
-                    seq.index,
-                    seq_text(seq.out_words, seq.text_cut),
-                    seq.finish_reason,
-                    seq.stop_reason,
-                )
-            )
+            choice = make(
+                seq.index, seq_text(seq.out_words, seq.text_cut), seq.finish_reason,
+                seq.stop_reason,
+            )  # fmt: skip
+            if sp.return_token_ids:  # as vLLM: the choice's ids (and a completion's prompt's)
+                choice["token_ids"] = seq.token_ids[seq.prompt_len :]
+                if not chat:
+                    choice["prompt_token_ids"] = seq.token_ids[: seq.prompt_len]
+            choices.append(choice)
         kv_params = None
         if remote_decode:
             kv_params = {
@@ -264,19 +265,14 @@ class CompletionRoutes:
                 "remote_port": self.port,
                 "tp_size": 1,
             }
-        render = chat_response if chat else completion_response
-        return json_response(
-            render(
-                rid,
-                created,
-                model,
-                choices,
-                prompt_tokens,
-                completion_tokens,
-                kv_params,
-                self.fingerprint,
-            )
-        )
+        if chat:
+            prompt_ids = seqs[0].token_ids[: seqs[0].prompt_len] if sp.return_token_ids else None
+            body = chat_response(rid, created, model, choices, prompt_tokens, completion_tokens,
+                                 kv_params, self.fingerprint, prompt_ids)  # fmt: skip
+        else:
+            body = completion_response(rid, created, model, choices, prompt_tokens,
+                                       completion_tokens, kv_params, self.fingerprint)  # fmt: skip
+        return json_response(body)
 
     async def _stream(
         self, request: web.BaseRequest, group: Group, chat: bool, rid: str, created: int,

@@ -294,7 +294,7 @@ def usage(prompt: int, completion: int) -> dict:
 
 def chat_response(
     rid: str, created: int, model: str, choices: list[dict], prompt: int, completion: int,
-    kv_params: dict | None, fingerprint: str,
+    kv_params: dict | None, fingerprint: str, prompt_ids: list[int] | None = None,
 ) -> bytes:  # fmt: skip
     return orjson.dumps(
         {
@@ -307,7 +307,7 @@ def chat_response(
             "system_fingerprint": fingerprint,
             "usage": usage(prompt, completion),
             "prompt_logprobs": None,
-            "prompt_token_ids": None,
+            "prompt_token_ids": prompt_ids,
             "prompt_text": None,
             "kv_transfer_params": kv_params,
             "ec_transfer_params": None,

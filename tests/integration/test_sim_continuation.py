@@ -55,6 +55,10 @@ async def test_completion_continues_from_token_ids(engine, ignore_eos):
             assert [t for c in parts for t in c["token_ids"]] == ids[k:]
             assert text[: 4 * k] + "".join(c["text"] for c in parts) == text
             assert parts[-1]["finish_reason"] == finish
+        # unary: the same ids in the choice, the prompt's too
+        async with session.post(url, json=body) as resp:
+            choice = (await resp.json())["choices"][0]
+            assert choice["token_ids"] == ids and choice["prompt_token_ids"] == prompt_ids
         # without return_token_ids the ids are null, as vLLM's
         plain = await stream(session, url, {**body, "return_token_ids": False})
         assert all(e["choices"][0]["token_ids"] is None for e in plain if e["choices"])
@@ -69,7 +73,12 @@ async def test_chat_continues_the_final_message(engine):
         whole = await stream(session, url, {**body, "return_token_ids": True})
         assert whole[0]["prompt_token_ids"]
         text = "".join(e["choices"][0]["delta"].get("content") or "" for e in whole[1:])
-        assert len([e for e in whole[1:] if e["choices"][0]["token_ids"]]) == 40
+        ids = [t for e in whole[1:] for t in e["choices"][0]["token_ids"]]
+        assert len(ids) == 40
+        async with session.post(url, json={**body, "return_token_ids": True}) as resp:
+            unary = await resp.json()
+            assert unary["prompt_token_ids"] == whole[0]["prompt_token_ids"]
+            assert unary["choices"][0]["token_ids"] == ids
         cont = {
             **body,
             "messages": [*messages, {"role": "assistant", "content": text[:40]}],
