@@ -48,7 +48,7 @@ _NOT_SPLICED = ("tools", "functions", "response_format", "guided_json", "guided_
 
 
 class LostStream(Exception):
-    """The engine sent an error event in the middle of a stream."""
+    """An event says the stream is lost (an engine's error event, not an event at all)."""
 
 
 def spliceable(body: dict[str, Any], chat: bool) -> bool:
@@ -71,9 +71,25 @@ def spliceable(body: dict[str, Any], chat: bool) -> bool:
 class Splice:
     """One streamed generation across the replicas that serve it (see the module's doc)."""
 
-    __slots__ = ("base", "chat", "client_ids", "done", "error_event", "finished", "head",
-                 "ids", "migrations", "parts", "prompt_ids", "request", "tail", "tokens",
-                 "usage_wanted")  # fmt: skip
+    __slots__ = (
+        "base",
+        "chat",
+        "client_ids",
+        "done",
+        "error_event",
+        "failed",
+        "finished",
+        "head",
+        "ids",
+        "lost",
+        "migrations",
+        "parts",
+        "prompt_ids",
+        "request",
+        "tail",
+        "tokens",
+        "usage_wanted",
+    )  # fmt: skip
 
     def __init__(self, request: dict[str, Any], chat: bool) -> None:
         self.request = request  # the body as sent the first time (parsed)
@@ -88,10 +104,12 @@ class Splice:
         self.tokens = 0  # completion tokens sent so far
         self.base = 0  # of them, those before the current attempt
         self.migrations = 0
+        self.failed: set[str] = set()  # replicas it ran or was tried on: not picked again
         self.finished = False  # the choice's finish_reason was sent
         self.done = False  # [DONE] was sent
         self.tail = b""
         self.error_event: bytes | None = None  # an engine's error event, held back
+        self.lost: str | None = None  # why the current replica's stream is lost (feed)
 
     @classmethod
     def of(cls, body: bytes, chat: bool) -> tuple[Splice, bytes] | None:
@@ -115,19 +133,26 @@ class Splice:
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to send the client for ``chunk`` from the upstream: whole events only,
-        rewritten. Raises LostStream at an engine's error event (nothing of it is sent)."""
+        rewritten. At an engine's error event (or an event that cannot be one) ``lost`` says
+        why, and nothing of it or after it is sent; what came before it is."""
+        if self.lost is not None:
+            return b""
         buf = self.tail + chunk if self.tail else chunk
         end = buf.rfind(b"\n\n")
         if end == -1:
             if len(buf) > MAX_EVENT:
-                raise LostStream(f"an SSE event longer than {MAX_EVENT} bytes")
-            self.tail = buf
+                self.lost = f"an SSE event longer than {MAX_EVENT} bytes"
+            self.tail = buf if self.lost is None else b""
             return b""
         self.tail = buf[end + 2 :]
         out = []
         for event in buf[:end].split(b"\n\n"):
             if event:
-                piece = self._event(event)
+                try:
+                    piece = self._event(event)
+                except LostStream as err:
+                    self.lost, self.tail = str(err), b""
+                    break
                 if piece:
                     out.append(piece)
         return b"".join(out)
@@ -314,6 +339,7 @@ class Splice:
         self.migrations += 1
         self.base = self.tokens
         self.tail = b""
+        self.lost = self.error_event = None
 
     def ending(self) -> bytes:
         """The end of a stream lost after its final chunk: the usage chunk the client asked
@@ -433,7 +459,8 @@ class Migrator:
         why = splice.can_continue()
         if why is None and splice.sequence > self.max_sequence:
             why = f"{splice.sequence} tokens exceed the migration limit of {self.max_sequence}"
-        exclude = {failed.endpoint.address}
+        exclude = splice.failed
+        exclude.add(failed.endpoint.address)
         while why is None:
             if splice.migrations >= backend.migration_limit:
                 why = f"the route's migration limit ({backend.migration_limit}) was reached"

@@ -25,7 +25,7 @@ from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.flowcontrol.priority import prioritized_body
 from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
-from llmplane.gateway.migration import LostStream, Migrator, Splice, failed_event
+from llmplane.gateway.migration import Migrator, Splice, failed_event
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
@@ -450,11 +450,7 @@ class Proxy:
                 lost: str | None = None
                 while chunk:
                     if splice is not None:  # whole events only, as the client's stream
-                        try:
-                            chunk = splice.feed(chunk)
-                        except LostStream as err:
-                            ctx.error, lost = f"stream lost: {err}", "engine_error"
-                            break
+                        chunk = splice.feed(chunk)
                     scanner.feed(chunk)
                     data = chunk if relay is None else relay.feed(chunk)
                     # What has arrived goes now; the head with the first piece and, once the
@@ -465,6 +461,9 @@ class Proxy:
                     elif data or last:
                         await out.write(data, last)  # a client that went away raises here
                     if last:
+                        break
+                    if splice is not None and splice.lost is not None:
+                        ctx.error, lost = f"stream lost: {splice.lost}", "engine_error"
                         break
                     try:
                         if watch is not None:
@@ -498,8 +497,10 @@ class Proxy:
                 )
                 if isinstance(moved, str):  # the client gets an error event, the stream ends
                     ctx.error = f"{ctx.error or 'stream lost'}; not continued: {moved}"
-                    data = splice.error_event or failed_event(
-                        f"the model server was lost mid-stream and {moved}"
+                    data = (
+                        splice.error_event + b"data: [DONE]\n\n"
+                        if splice.error_event
+                        else failed_event(f"the model server was lost mid-stream and {moved}")
                     )
                     await (out.write(data) if out.prepared else out.prepare(ctx.request, data))
                     ctx.upstream_broken = True

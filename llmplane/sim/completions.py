@@ -39,6 +39,11 @@ from llmplane.sim.tokenizer import (
 from llmplane.sim.wire import SSE_HEADERS, error_response, json_response
 
 log = logging.getLogger("llmplane.sim")
+# vLLM's event when its engine fails in the middle of a stream (then [DONE]).
+ENGINE_ERROR = (
+    b'data: {"error": {"object": "error", "message": "EngineCore encountered an issue.", '
+    b'"type": "InternalServerError", "param": null, "code": 500}}\n\n' + DONE
+)
 
 
 class CompletionRoutes:
@@ -286,10 +291,14 @@ class CompletionRoutes:
         sent = [0] * len(seqs)
         f = self.faults
         limit = None
-        if f.disconnect_after is not None and (
+        ending = b""  # what a cut stream ends with (nothing: the connection is closed)
+        if (f.disconnect_after is not None or f.error_event_after is not None) and (
             f.disconnect_rate >= 1.0 or self.fault_rng.random() < f.disconnect_rate
         ):
-            limit = f.disconnect_after
+            if f.disconnect_after is not None:
+                limit = f.disconnect_after
+            else:
+                limit, ending = f.error_event_after, ENGINE_ERROR
         events = 0
         out: list[bytes] = []
         # Like vLLM, the role chunk goes out with the first token, not before it.
@@ -336,8 +345,10 @@ class CompletionRoutes:
                 out.append(DONE)
             if out:
                 if limit is not None and events + len(out) >= limit:
-                    await resp.write(b"".join(out[: max(0, limit - events)]))
-                    if request.transport is not None:
+                    await resp.write(b"".join(out[: max(0, limit - events)]) + ending)
+                    if ending:
+                        await resp.write_eof()
+                    elif request.transport is not None:
                         request.transport.close()
                     self.engine.abort(group)
                     group.remaining = 0

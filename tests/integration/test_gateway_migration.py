@@ -159,3 +159,40 @@ async def test_streams_continue_on_another_replica(engines, sig, caplog):
             assert all(m["resume_ms"] >= 0 for m in moves)
     finally:
         await gw.close()
+
+
+async def test_engine_error_events_and_cut_streams_continue_elsewhere(engines):
+    """One sim ends its streams with vLLM's engine-failure event after 30 events, another cuts
+    them after 60; every stream still completes with the uninterrupted text, and a replica
+    that lost a stream is never picked for it again."""
+    discovery = StaticDiscovery(
+        [
+            Endpoint(e.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True, engine="sim")
+            for e in engines
+        ]
+    )
+    expected = await uninterrupted(engines[2].address)
+    gw = await start_gateway(None, discovery, config=GatewayConfig(default_timeout=10.0))
+    try:
+        async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as s:
+            for engine, fault in zip(engines, ({"error_event_after": 30},
+                                               {"disconnect_after": 60}), strict=False):  # fmt: skip
+                async with s.post(f"http://{engine.address}/admin/faults", json=fault) as r:
+                    assert r.status == 200, await r.text()
+            tasks = []
+            for i in range(STREAMS):
+                path, body = request(i)
+                tasks.append(read(s, f"http://127.0.0.1:{gw.port}{path}", body, set()))
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 90)
+            for i, (_, raw) in enumerate(results):
+                assert raw[-1] == b"[DONE]" and not any(b'"error"' in e for e in raw), raw[-3:]
+                events = [orjson.loads(e) for e in raw[:-1]]
+                assert text_of(events, i % 2 == 1) == expected[i][0], f"stream {i} differs"
+                assert events[-1]["usage"]["completion_tokens"] == TOKENS
+        metrics = gw.metrics.render().decode()
+        for reason in ("engine_error", "broken"):
+            assert f'reason="{reason}",route="Model/{MODEL}"' in metrics, reason
+        # no stream failed to move (no sample of the failure counter)
+        assert "llmplane_gateway_stream_migration_failures_total{" not in metrics
+    finally:
+        await gw.close()

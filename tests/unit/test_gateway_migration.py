@@ -5,9 +5,8 @@ real engines are tests/integration/test_gateway_migration.py."""
 from __future__ import annotations
 
 import orjson
-import pytest
 
-from llmplane.gateway.migration import MAX_EVENT, LostStream, Splice, spliceable
+from llmplane.gateway.migration import MAX_EVENT, Splice, spliceable
 
 
 def ev(obj: dict | str) -> bytes:
@@ -137,16 +136,21 @@ def test_a_chat_stream_without_prompt_ids_continues_its_final_message():
 
 def test_engine_error_events_and_endless_events_lose_the_stream():
     splice, _ = Splice.of(b'{"prompt": "x", "stream": true}', chat=False)
-    splice.feed(completion("a", " x", [1], prompt_ids=[3]))
-    with pytest.raises(LostStream):
-        splice.feed(ev({"error": {"message": "boom", "code": 500}}))
-    assert b"boom" in splice.error_event
-    with pytest.raises(LostStream):
-        splice.feed(b"data: " + b"x" * (MAX_EVENT + 1))
+    # the events before the error event in the same chunk still go out; nothing after it
+    out = splice.feed(
+        completion("a", " x", [1], prompt_ids=[3])
+        + ev({"error": {"message": "boom", "code": 500}})
+        + completion("a", " y", [2])
+    )
+    assert [e["choices"][0]["text"] for e in events(out)] == [" x"]
+    assert "boom" in splice.lost and b"boom" in splice.error_event and splice.tokens == 1
+    assert splice.feed(completion("a", " z", [4])) == b""
+    splice.started()  # a continuation starts clean
+    assert splice.lost is None and splice.error_event is None
+    assert splice.feed(b"data: " + b"x" * (MAX_EVENT + 1)) == b"" and "longer" in splice.lost
     fresh, _ = Splice.of(b'{"prompt": "x", "stream": true}', chat=False)
-    fresh.feed(completion("a", " x", [1], prompt_ids=[3]))
-    with pytest.raises(LostStream):  # [DONE] before a finish reason
-        fresh.feed(b"data: [DONE]\n\n")
+    fresh.feed(completion("a", " x", [1], prompt_ids=[3]) + b"data: [DONE]\n\n")
+    assert fresh.lost == "the stream ended without a finish reason" and not fresh.done
 
 
 def test_what_cannot_be_continued():
