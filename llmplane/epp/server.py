@@ -21,7 +21,7 @@ from llmplane.epp.envoy import BOOTSTRAP_MAX_BODY
 from llmplane.epp.picker import EndpointPickerService
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Discovery
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import HttpRequest, HttpServer, Response
 from llmplane.gateway.server import Gateway
 from llmplane.store.base import Store
@@ -102,7 +102,7 @@ class EndpointPicker:
         return Response(body=b'{"status":"ok"}', content_type="application/json")
 
     async def _not_found(self, request: HttpRequest) -> Response:
-        return GatewayError(404, f"no such path: {request.path}", "not_found").response()
+        return GatewayError(404, f"no such path: {request.path}", ErrorCode.NOT_FOUND).response()
 
 
 async def start_picker(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily
 
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.observability import Counter, Histogram
 
 COLD_START_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -157,7 +157,7 @@ class Activator:
         return GatewayError(
             503,
             f"model {model!r} has no ready endpoint: {detail}; retry later",
-            "no_ready_endpoint",
+            ErrorCode.NO_READY_ENDPOINT,
             retry_after=self.config.activator_retry_after,
         )
 

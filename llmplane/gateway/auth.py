@@ -34,7 +34,7 @@ from typing import Any
 from llmplane.api.llmplane import API_KEY_SECRET_LABEL
 from llmplane.gateway import apikeys
 from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.observability import Counter
 
 log = logging.getLogger("llmplane.gateway")
@@ -268,7 +268,7 @@ class Authenticator:
             raise GatewayError(
                 403,
                 f"The model {shown(model)} does not exist or this key may not use it.",
-                "model_not_allowed",
+                ErrorCode.MODEL_NOT_ALLOWED,
                 param="model",
             )
 
@@ -276,7 +276,7 @@ class Authenticator:
         """The tenant whose live key was presented; 401 without one."""
         record = self.table.find(presented_key(headers))
         if record is None:
-            raise GatewayError(401, INVALID_KEY, "invalid_api_key")
+            raise GatewayError(401, INVALID_KEY, ErrorCode.INVALID_API_KEY)
         return record.tenant
 
     def admin_refusal(self, headers: Mapping[str, str]) -> str | None:

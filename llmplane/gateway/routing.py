@@ -39,7 +39,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmplane.api.gie import InferenceModel
@@ -48,7 +48,7 @@ from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.api.llmd import OBJECTIVE_HEADERS, InferenceModelRewrite, InferenceObjective
 from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady
 from llmplane.gateway.playgrounds import (
     DeclaredAdapter,
     activatable_routes,
@@ -118,37 +118,22 @@ class Backend:
         return state.endpoint.with_port(self.port)
 
 
+@dataclass(frozen=True, slots=True)
 class Decision:
-    """One per request (a plain class: a frozen dataclass's __init__ costs a call per field)."""
+    """What the routing table decided for one request; never changed afterwards (what a later
+    stage adds, the request's ``RequestContext`` holds)."""
 
-    __slots__ = ("backend", "criticality", "load", "lora", "model", "priority", "route", "tenant")
-
-    def __init__(
-        self,
-        route: str,
-        backend: Backend,
-        model: str,
-        criticality: str | None = None,
-        lora: bool = False,
-        load: DeclaredAdapter | None = None,
-        tenant: str | None = None,
-        priority: int | None = None,
-    ) -> None:
-        self.route = route  # what matched, for metrics and logs
-        self.backend = backend
-        self.model = model  # the model name sent upstream
-        # The route's criticality (an InferenceModel that names one); None when the route
-        # does not say: the gateway's route stage then sets the tenant's default, else Default.
-        self.criticality = criticality
-        self.lora = lora
-        self.load = load  # a declared adapter no replica holds: load it first
-        self.tenant = tenant  # the caller's Tenant name (set by the route stage)
-        # The InferenceObjective's priority the request named (higher first); None: its
-        # criticality's (flowcontrol/queue.py PRIORITY).
-        self.priority = priority
-
-    def __repr__(self) -> str:
-        return f"Decision(route={self.route!r}, model={self.model!r})"
+    route: str  # what matched, for metrics and logs
+    backend: Backend
+    model: str  # the model name sent upstream
+    # The route's criticality (an InferenceModel that names one); None when the route does
+    # not say (the request then takes its tenant's, else Default: ``RequestContext.level``).
+    criticality: str | None = None
+    lora: bool = False
+    load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
+    # The InferenceObjective's priority the request named (higher first); None: its
+    # criticality's (flowcontrol/queue.py PRIORITY).
+    priority: int | None = None
 
 
 # --- matching -------------------------------------------------------------------------------
@@ -265,13 +250,13 @@ class RoutingTable:
             for header in OBJECTIVE_HEADERS:
                 name = headers.get(header)
                 if name:
-                    decision.priority = self.objectives.get((decision.backend.ref, name))
-                    break
+                    priority = self.objectives.get((decision.backend.ref, name))
+                    return replace(decision, priority=priority)
         return decision
 
     def _rewrite(self, model: str, rule: _Rewrite) -> Decision:
         if rule.backend is None:
-            raise GatewayError(503, f"model {model!r}: {rule.problem}", "no_backend")
+            raise GatewayError(503, f"model {model!r}: {rule.problem}", ErrorCode.NO_BACKEND)
         if not rule.targets:
             return Decision(rule.ref, rule.backend, model)
         target = _pick_weighted([n for n, _ in rule.targets], [w for _, w in rule.targets])
@@ -289,12 +274,14 @@ class RoutingTable:
         if candidates:
             ref, criticality, shares, backend, problem = candidates[0]
             if backend is None:
-                raise GatewayError(503, f"model {model!r}: {problem}", "no_backend")
+                raise GatewayError(503, f"model {model!r}: {problem}", ErrorCode.NO_BACKEND)
             names = [n for n, _ in shares]
             target = _pick_weighted(names, [s for _, s in shares])
             if target is None:
                 raise GatewayError(
-                    503, f"model {model!r}: every target model of {ref} has weight 0", "no_backend"
+                    503,
+                    f"model {model!r}: every target model of {ref} has weight 0",
+                    ErrorCode.NO_BACKEND,
                 )
             return self._objective(Decision(ref, backend, target, criticality), headers)
         rewrites = self.rewrites.get(model)
@@ -311,13 +298,11 @@ class RoutingTable:
             return Decision(backend.ref, backend, model, lora=True, load=adapter)
         if model in self.placeholders:
             failing = self.failing.get(model)
-            raise GatewayError(
-                503,
+            raise NotReady(
                 f"model {model!r} has no ready endpoint: {failing}"
                 if failing
                 else f"model {model!r} has no ready endpoint yet (its Playground is starting or "
-                "scaled to zero)",
-                "no_ready_endpoint",
+                "scaled to zero)"
             )
         if self.fallbacks:
             return self._objective(self._rewrite(model, self.fallbacks[0]), headers)
@@ -334,7 +319,9 @@ class RoutingTable:
                 ref = f"{route.ref}#{rule.name}"
                 if target is None:
                     raise GatewayError(
-                        503, f"model {model!r}: every target of {ref} has weight 0", "no_backend"
+                        503,
+                        f"model {model!r}: every target of {ref} has weight 0",
+                        ErrorCode.NO_BACKEND,
                     )
                 backend = self.servers.get((route.namespace, target.server))
                 if backend is None:
@@ -342,7 +329,7 @@ class RoutingTable:
                         503,
                         f"model {model!r}: {ref} targets ModelServer {target.server!r}, "
                         f"which does not exist in namespace {route.namespace!r}",
-                        "no_backend",
+                        ErrorCode.NO_BACKEND,
                     )
                 sent = model if lora or backend.model is None else backend.model
                 return Decision(ref, backend, sent, lora=lora)
@@ -350,15 +337,15 @@ class RoutingTable:
             404,
             f"no ModelRoute rule for model {model!r} matches this request "
             f"({', '.join(r.ref for r in routes)})",
-            "no_matching_route",
+            ErrorCode.NO_MATCHING_ROUTE,
         )
 
 
-def model_not_found(model: str, known: Sequence[str]) -> GatewayError:
+def model_not_found(model: str, known: Sequence[str]) -> ModelNotFound:
     """The 404 for a name nothing routes, naming up to 20 of ``known``: the names the caller
-    may use (a tenant's key sees only its own, ``Gateway._route_held``)."""
+    may use (a tenant's key sees only its own, ``Gateway.route``)."""
     hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
-    return GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
+    return ModelNotFound(f"the model {shown(model)} does not exist{hint}")
 
 
 # --- building ----------------------------------------------------------------------------------
