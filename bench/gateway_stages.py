@@ -142,11 +142,11 @@ def _stages() -> list[tuple[Any, str, str]]:
         observability,
         proxy,
         request,
+        response_usage,
         routing,
         server,
         tenant_usage,
         upstream_client,
-        usage,
     )
     from llmplane.gateway.flowcontrol import controller
     from llmplane.gateway.ratelimit import limiter
@@ -168,7 +168,7 @@ def _stages() -> list[tuple[Any, str, str]]:
         (proxy, "forwarded_headers", "upstream request bytes"),
         (upstream_client, "encode_request", "upstream request bytes"),
         (proxy, "relayed_headers", "response headers relayed"),
-        (usage, "extract_usage", "usage extraction"),
+        (response_usage, "extract_usage", "usage extraction"),
         (hooks.Usage, "of", "usage extraction"),
         (server.Gateway, "observe", "metrics"),  # less the access log, below
         (context.RequestContext, "access_record", "access log line"),

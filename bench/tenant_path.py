@@ -113,7 +113,7 @@ def request_of(kind: str, limits: str = "all") -> Any:
     from llmplane.gateway.hooks import Reservation, Usage
     from llmplane.gateway.http_server import Response
     from llmplane.gateway.proxy import relayed_headers
-    from llmplane.gateway.routing import Decision
+    from llmplane.gateway.routing import RouteDecision
 
     s = Setup(kind, limits)
     auth, hooks, headers, inference, http = s.auth, s.hooks, s.headers, s.inference, s.http
@@ -125,7 +125,7 @@ def request_of(kind: str, limits: str = "all") -> Any:
         tenant = ctx.tenant = auth.authenticate(headers)
         if tenant is not None:
             auth.permit(tenant, inference.model)
-        ctx.decision = Decision("r", None, "bench")  # type: ignore[arg-type]
+        ctx.decision = RouteDecision("r", None, "bench")  # type: ignore[arg-type]
         for hook in hooks:
             reservation = now(hook.reserve(ctx))
             ctx.reservations.append((hook, reservation))
@@ -181,13 +181,13 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
     from llmplane.gateway.hooks import Reservation, Usage
     from llmplane.gateway.http_server import Headers, Response, _Protocol
     from llmplane.gateway.proxy import forwarded_headers, relayed_headers
-    from llmplane.gateway.routing import Decision
+    from llmplane.gateway.routing import RouteDecision
     from llmplane.gateway.upstream_client import encode_request
 
     s = Setup(kind, limits)
     auth, headers, inference, http = s.auth, s.headers, s.inference, s.http
     limiter, usage = s.hooks
-    ctx = context_of(s, Decision("r", None, "bench"))  # type: ignore[arg-type]
+    ctx = context_of(s, RouteDecision("r", None, "bench"))  # type: ignore[arg-type]
     ctx.status = 200
     reported = Usage.of(USAGE)
     reservation = now(limiter.reserve(ctx))

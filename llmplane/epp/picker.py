@@ -27,8 +27,8 @@ from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.hooks import Usage, header_pairs
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.server import Gateway
-from llmplane.gateway.usage import StreamScanner, extract_usage
 
 log = logging.getLogger("llmplane.epp")
 

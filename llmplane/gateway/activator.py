@@ -77,7 +77,7 @@ class ActivatorMetrics:
         return [self.held, self.refused, self.cold_start, self.hold]
 
 
-class _QueueCollector:
+class _HeldCollector:
     """``llmplane_gateway_activator_queue``: requests held now, per model."""
 
     def __init__(self, activator: Activator) -> None:
@@ -103,7 +103,7 @@ class Activator:
         self.queues: dict[str, _Queue] = {}
         # Called with the workload (``namespace/name``) when a request starts waiting for it.
         self.wake: Callable[[str], None] | None = None
-        self.collector = _QueueCollector(self)
+        self.collector = _HeldCollector(self)
 
     def held_for(self, workload: str) -> int:
         """Requests held now for models of ``workload`` (the autoscaler's demand)."""

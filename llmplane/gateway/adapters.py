@@ -2,7 +2,7 @@
 
 Routing (``routing.py``) sends a request that names an adapter to the replicas that report it in
 ``/v1/models``. A request naming an adapter declared on a Playground (``spec.loraAdapters``) that
-no replica holds carries ``Decision.load``; ``Adapters.ensure`` then loads it onto one replica
+no replica holds carries ``RouteDecision.load``; ``Adapters.ensure`` then loads it onto one replica
 through the engine's runtime adapter API (vLLM's ``POST /v1/load_lora_adapter``, which the sim
 implements too) and the request goes there. The replica is chosen by LoRA affinity: one with a
 free adapter slot (fewer adapters than its ``max_lora`` from ``vllm:lora_requests_info``) first,

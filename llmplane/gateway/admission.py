@@ -23,7 +23,7 @@ from llmplane.gateway.errors import ErrorCode, GatewayError, Overloaded
 from llmplane.gateway.flowcontrol.queue import SHEDDABLE_BAND, Level, band_of
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import Decision
+from llmplane.gateway.routing import RouteDecision
 
 
 class Admission:
@@ -69,7 +69,7 @@ class Admission:
         return room or candidates
 
     def admit(
-        self, model: str, decision: Decision, now: float, level: Level, shed: bool = True
+        self, model: str, decision: RouteDecision, now: float, level: Level, shed: bool = True
     ) -> Sequence[EndpointState]:
         """The candidates to schedule over, or the GatewayError to answer with (a Sheddable
         request, or one of a negative priority, over saturated candidates only when

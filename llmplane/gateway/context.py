@@ -19,10 +19,10 @@ from llmplane.gateway.clip import MAX_SHOWN, clip
 from llmplane.gateway.hooks import RequestHook, Reservation, StreamFilter
 from llmplane.gateway.http_server import HttpRequest
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import Decision
+from llmplane.gateway.routing import RouteDecision
 
 if TYPE_CHECKING:
-    from llmplane.gateway.auth import Tenant
+    from llmplane.gateway.auth import TenantAccess
     from llmplane.gateway.flowcontrol.queue import Level
     from llmplane.gateway.flowcontrol.share import FlowSeat
     from llmplane.gateway.registry import EndpointState
@@ -71,8 +71,8 @@ class RequestContext:
         self.status = 500  # what the client got (499: it went away first)
         # Filled in by the stages, in this order.
         self.inference: InferenceRequest | None = None  # parse: its body, parsed once
-        self.tenant: Tenant | None = None  # authenticate: the caller (None: auth is off)
-        self.decision: Decision | None = None  # route: the routing table's answer
+        self.tenant: TenantAccess | None = None  # authenticate: the caller (None: auth is off)
+        self.decision: RouteDecision | None = None  # route: the routing table's answer
         # route: the flow-control level, the objective's priority else the criticality (the
         # route's, else the tenant's, else Default).
         self.level: Level = "Default"

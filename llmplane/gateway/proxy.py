@@ -29,6 +29,7 @@ from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.scheduler.framework import Scheduler
 from llmplane.gateway.upstream_client import (
     RawHeaders,
@@ -36,7 +37,6 @@ from llmplane.gateway.upstream_client import (
     UpstreamResponse,
     encode_request,
 )
-from llmplane.gateway.usage import StreamScanner, extract_usage
 
 ENDPOINT_HEADER = "x-llmplane-endpoint"
 

@@ -26,7 +26,7 @@ Resolution order for the request's ``model``:
 InferencePools of both versions (v1 ``inference.networking.k8s.io``, v1alpha2
 ``inference.networking.x-k8s.io``) are read as v1 (``api/gie_v1.py``). A request to a pool
 that names an ``InferenceObjective`` of that pool in ``x-llm-d-inference-objective`` (or
-``x-gateway-inference-objective``) gets the objective's integer priority (``Decision.priority``)
+``x-gateway-inference-objective``) gets the objective's integer priority (``RouteDecision.priority``)
 for flow control.
 
 Over 500 lines on purpose: ``build_table`` and the lookups it serves share one set of route and
@@ -119,7 +119,7 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class RouteDecision:
     """What the routing table decided for one request; never changed afterwards (what a later
     stage adds, the request's ``RequestContext`` holds)."""
 
@@ -243,7 +243,7 @@ class RoutingTable:
         names |= set(self.declared) | set(self.rewrites)
         return sorted(names)
 
-    def _objective(self, decision: Decision, headers: Mapping[str, str]) -> Decision:
+    def _objective(self, decision: RouteDecision, headers: Mapping[str, str]) -> RouteDecision:
         """``decision`` with the priority of the InferenceObjective the request names, when
         it is one of the decision's pool."""
         if self.objectives:
@@ -254,15 +254,15 @@ class RoutingTable:
                     return replace(decision, priority=priority)
         return decision
 
-    def _rewrite(self, model: str, rule: _Rewrite) -> Decision:
+    def _rewrite(self, model: str, rule: _Rewrite) -> RouteDecision:
         if rule.backend is None:
             raise GatewayError(503, f"model {model!r}: {rule.problem}", ErrorCode.NO_BACKEND)
         if not rule.targets:
-            return Decision(rule.ref, rule.backend, model)
+            return RouteDecision(rule.ref, rule.backend, model)
         target = _pick_weighted([n for n, _ in rule.targets], [w for _, w in rule.targets])
-        return Decision(rule.ref, rule.backend, target)
+        return RouteDecision(rule.ref, rule.backend, target)
 
-    def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> Decision:
+    def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> RouteDecision:
         routes = self.routes_by_model.get(model)
         lora = False
         if routes is None:
@@ -283,19 +283,19 @@ class RoutingTable:
                     f"model {model!r}: every target model of {ref} has weight 0",
                     ErrorCode.NO_BACKEND,
                 )
-            return self._objective(Decision(ref, backend, target, criticality), headers)
+            return self._objective(RouteDecision(ref, backend, target, criticality), headers)
         rewrites = self.rewrites.get(model)
         if rewrites:
             return self._objective(self._rewrite(model, rewrites[0]), headers)
         backend = self.defaults.get(model)
         if backend is not None:
-            return Decision(
+            return RouteDecision(
                 backend.ref, backend, backend.model or model, lora=model in self.adapters
             )
         declared = self.declared.get(model)
         if declared is not None:
             adapter, backend = declared
-            return Decision(backend.ref, backend, model, lora=True, load=adapter)
+            return RouteDecision(backend.ref, backend, model, lora=True, load=adapter)
         if model in self.placeholders:
             failing = self.failing.get(model)
             raise NotReady(
@@ -310,7 +310,7 @@ class RoutingTable:
 
     def _resolve_route(
         self, routes: list[_Route], model: str, lora: bool, path: str, headers: Mapping[str, str]
-    ) -> Decision:
+    ) -> RouteDecision:
         for route in routes:
             for rule in route.rules:
                 if not rule.matches(model, path, headers):
@@ -332,7 +332,7 @@ class RoutingTable:
                         ErrorCode.NO_BACKEND,
                     )
                 sent = model if lora or backend.model is None else backend.model
-                return Decision(ref, backend, sent, lora=lora)
+                return RouteDecision(ref, backend, sent, lora=lora)
         raise GatewayError(
             404,
             f"no ModelRoute rule for model {model!r} matches this request "

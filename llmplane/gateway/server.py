@@ -47,7 +47,7 @@ from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import (
     ROUTE_KINDS,
-    Decision,
+    RouteDecision,
     RoutingTable,
     build_table,
     model_not_found,
@@ -412,7 +412,7 @@ class Gateway:
             inference.rewrite_model(decision.model)
             ctx.sent_model = decision.model
 
-    async def _hold(self, inference: InferenceRequest, headers: Any) -> Decision:
+    async def _hold(self, inference: InferenceRequest, headers: Any) -> RouteDecision:
         """Hold the request at the activator until the Playground serving its model (or its
         route's target) has a ready replica, then resolve again."""
         workload = self.table.activatable[inference.model]

@@ -8,7 +8,7 @@ import math
 import orjson
 import pytest
 
-from llmplane.gateway.auth import Tenant
+from llmplane.gateway.auth import TenantAccess
 from llmplane.gateway.config import GatewayConfig, config_from_dict
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.hooks import Usage
@@ -279,7 +279,7 @@ def hook_ctx(inference, decision, status=200):
     ctx.inference = inference
     ctx.decision = decision
     name = getattr(decision, "tenant", None)
-    ctx.tenant = Tenant(name, ("*",), "Default") if name is not None else None
+    ctx.tenant = TenantAccess(name, ("*",), "Default") if name is not None else None
     ctx.status = status
     return ctx
 

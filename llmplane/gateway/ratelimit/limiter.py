@@ -36,7 +36,7 @@ from llmplane.gateway.ratelimit.local import LocalPlan
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets, redis_key
 from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import Decision
+from llmplane.gateway.routing import RouteDecision
 from llmplane.gateway.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ class RateLimiter:
     def _reserve_general(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         limits: list[RouteLimit],
         counted: list[int],
     ) -> LimitReservation | None:
@@ -252,7 +252,7 @@ class RateLimiter:
     def _parts(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         limits: list[RouteLimit],
         counted: list[int],
     ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
@@ -287,7 +287,7 @@ class RateLimiter:
     def _reserve_local(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         limit: RouteLimit,
         counted: list[int],
     ) -> LimitReservation | None:
@@ -329,7 +329,7 @@ class RateLimiter:
     def _amounts(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         rows: Sequence[tuple[str, int]],
         embeddings: bool,
         counted: list[int],
