@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
@@ -40,8 +41,9 @@ class EndpointPicker:
         discovery: Discovery,
         config: GatewayConfig | None = None,
         fallbacks: int = 0,
+        wake: Callable[[str], None] | None = None,
     ) -> None:
-        self.gateway = Gateway(store, discovery, config)
+        self.gateway = Gateway(store, discovery, config, wake=wake)
         self.service = EndpointPickerService(self.gateway, fallbacks)
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
@@ -115,6 +117,7 @@ async def start_picker(
     fallbacks: int = 0,
     metrics_port: int | None = None,
     message_timeout: float = 5.0,
+    wake: Callable[[str], None] | None = None,
 ) -> EndpointPicker:
     """Start a picker on ``host:port`` (0 = any free port; see ``picker.port``).
 
@@ -122,7 +125,7 @@ async def start_picker(
     ``llmplane.epp.envoy``'s bootstrap); flow control's TTL is kept below it.
     """
     config = within_message_timeout(config or GatewayConfig(), message_timeout)
-    picker = EndpointPicker(store, discovery, config, fallbacks)
+    picker = EndpointPicker(store, discovery, config, fallbacks, wake)
     try:
         await picker.start(host, port, metrics_port)
     except BaseException:

@@ -97,12 +97,18 @@ class _HeldCollector:
 class Activator:
     """Per-model queues of held requests (see the module docstring)."""
 
-    def __init__(self, config: GatewayConfig, metrics: ActivatorMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        metrics: ActivatorMetrics | None = None,
+        wake: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics or ActivatorMetrics()
         self.queues: dict[str, _Queue] = {}
-        # Called with the workload (``namespace/name``) when a request starts waiting for it.
-        self.wake: Callable[[str], None] | None = None
+        # Called with the workload (``namespace/name``) when a request starts waiting for it:
+        # what scales it from zero (the embedded autoscaler, the Kubernetes API).
+        self.wake = wake
         self.collector = _HeldCollector(self)
 
     def held_for(self, workload: str) -> int:

@@ -88,7 +88,10 @@ class Gateway:
         discovery: Discovery,
         config: GatewayConfig | None = None,
         seat: Seat | None = None,
+        wake: Callable[[str], None] | None = None,
     ) -> None:
+        """``wake(workload)``: called when a request starts waiting at the activator for a
+        Playground scaled to zero (what scales it up)."""
         self.config = config or GatewayConfig()
         self.store = store
         self.discovery = discovery
@@ -100,7 +103,12 @@ class Gateway:
         self.scheduler = build_scheduler(self.config.scheduler)
         if seat is not None:
             seat.picks.attach(self.scheduler.plugins)
-        self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
+        self.scraper = Scraper(
+            self.config,
+            on_models_changed=self._rebuild,
+            on_scraped=self._capacity_changed,  # fresh load: flow control may dispatch
+            upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
+        )
         self.adapters = Adapters(self.scraper.client)
         self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
@@ -125,7 +133,6 @@ class Gateway:
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
-        self.scraper.on_scraped = self._capacity_changed
         self.scrape_follower = (
             seat.share_scrapes(
                 self.scraper, lambda: self.registry.states.values(), self._capacity_changed
@@ -135,7 +142,7 @@ class Gateway:
         )
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
-        self.activator = Activator(self.config)
+        self.activator = Activator(self.config, wake=wake)
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(
@@ -147,7 +154,6 @@ class Gateway:
             self.metrics.resends,
             on_first_chunk=self.prefilled,
         )
-        self.scraper.upstream = lambda: self.proxy.pool  # scrapes keep routed connections warm
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
@@ -654,11 +660,12 @@ async def start_gateway(
     config: GatewayConfig | None = None,
     extensions: Sequence[Callable[[Gateway], Extension]] = (),
     seat: Seat | None = None,
+    wake: Callable[[str], None] | None = None,
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
     ``extensions`` made from it (``llmplane.console.Console``); as worker ``seat`` of several
     on the supervisor's socket."""
-    gateway = Gateway(store, discovery, config, seat)
+    gateway = Gateway(store, discovery, config, seat, wake)
     gateway.extensions = [make(gateway) for make in extensions]
     try:
         await gateway.start(host, port)
