@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -79,6 +80,18 @@ class Extension(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayView:
+    """What the gateway shows of its load, read at one moment: for the web console, ``llmplane
+    up``'s status and the autoscaling signals (``signals.py``), which read nothing else."""
+
+    endpoints: list[EndpointState]  # with in-flight counts and scraped engine metrics
+    metrics_staleness: float  # seconds after which scraped metrics are too old to use
+    requests: dict[str, float]  # requests answered so far, by endpoint address
+    queued: dict[str, float]  # waiting in flow control, shared out over their endpoints
+    held: dict[str, int]  # waiting at the activator, by workload (namespace/name)
 
 
 class Gateway:
@@ -300,6 +313,23 @@ class Gateway:
         for state in added:
             self.scraper.add(state)
         self._rebuild()
+
+    def view(self) -> GatewayView:
+        """The gateway's load now (``GatewayView``)."""
+        requests: dict[str, float] = {}
+        for labels, child in list(self.metrics.requests.children.items()):
+            address = labels[2]  # (model, route, endpoint, status)
+            requests[address] = requests.get(address, 0.0) + child.value
+        held: dict[str, int] = {}
+        for queue in list(self.activator.queues.values()):
+            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
+        return GatewayView(
+            list(self.registry.states.values()),
+            self.config.metrics_staleness,
+            requests,
+            self.flow.queued_by_endpoint(),
+            held,
+        )
 
     def inflight(self, address: str) -> int:
         """Requests this gateway has in flight to ``address``, also after it stopped being an
