@@ -30,6 +30,7 @@ from llmplane.api.base import (
 )
 from llmplane.api.gie import Criticality
 from llmplane.api.kthena import UINT32_MAX, RateLimit, RateLimitUnit
+from llmplane.runtime.endpoint import valid_events_address
 
 LLMPLANE_GROUP = "llmplane.io"
 _ADDRESS = re.compile(
@@ -48,6 +49,11 @@ class EndpointSpec(ApiModel):
     # Its --scheduling-policy (vLLM's): with "priority" the gateway sends each request's
     # priority (its band, then its tenant's fair share); never to an fcfs engine.
     scheduling_policy: Literal["fcfs", "priority"] | None = None
+    # Where it publishes its KV-cache events (vLLM's --kv-events-config endpoint, as the
+    # gateway reaches it) and its replay endpoint: the gateway then routes by the blocks it
+    # really holds (docs/gateway.md, precise prefix routing).
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
 
     def check(self, path: str) -> Iterator[Violation]:
         address = self.address.removeprefix("http://").rstrip("/")
@@ -59,6 +65,15 @@ class EndpointSpec(ApiModel):
         elif match.group(4) and not 1 <= int(match.group(4)) <= 65535:
             yield Violation(join_path(path, "address"), "port must be between 1 and 65535")
         yield from check_labels(self.labels, join_path(path, "labels"))
+        for name, value in (
+            ("kvEvents", self.kv_events),
+            ("kvEventsReplay", self.kv_events_replay),
+        ):
+            if value is not None and not valid_events_address(value):
+                yield Violation(
+                    join_path(path, name),
+                    "must be tcp://host:port or ipc:///path (where the engine publishes)",
+                )
 
 
 class Endpoint(Resource):

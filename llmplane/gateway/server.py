@@ -39,6 +39,7 @@ from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import RequestHook, Reservation
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
+from llmplane.gateway.kvcache.routing import PreciseRouting
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -55,6 +56,7 @@ from llmplane.gateway.routing import (
 )
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.precise_prefix import ModelTokens
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
@@ -114,6 +116,9 @@ class Gateway:
         self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
         self.scheduler = build_scheduler(self.config.scheduler)
+        self.metrics = GatewayMetrics(self)
+        # The replicas' KV events and the precise prefix scorer (gateway/kvcache/routing.py).
+        self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
         if seat is not None:
             seat.picks.attach(self.scheduler.plugins)
         self.scraper = Scraper(
@@ -123,7 +128,6 @@ class Gateway:
             upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
         )
         self.adapters = Adapters(self.scraper.client)
-        self.metrics = GatewayMetrics(self)
         self.outliers = Outliers(
             self.config,
             on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
@@ -182,6 +186,7 @@ class Gateway:
         # The engines' token ids per model (precise prefix-cache routing) and the canary check
         # of the model's own tokenizer against each engine's /tokenize.
         self.tokenization = Tokenization()
+        self.kv.add_tokens(ModelTokens(self.tokenization))  # before the sim's own
         self.metrics.add(self.tokenization.metrics())
         self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
@@ -288,6 +293,7 @@ class Gateway:
         await self.ratelimiter.close()
         await self.usage.close()
         await self.tokenization.close()
+        await self.kv.close()
         await self.proxy.close()
 
     # --- routing table -------------------------------------------------------------------------
@@ -305,6 +311,7 @@ class Gateway:
         endpoints = self.discovery.endpoints()
         self.tokenization.follow(endpoints)
         added, removed = self.registry.sync(endpoints)
+        self.kv.sync(endpoints)
         for state in removed:
             self.scraper.remove(state)
             self.adapters.forget(state.address)
@@ -514,6 +521,7 @@ class Gateway:
             now,
             self._warm,
             inference.prompt_bound(),
+            inference,
         )
 
     def disaggregated(self, ctx: RequestContext) -> bool:

@@ -9,6 +9,8 @@ depend on the runtime's output type, never the other way round.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +37,9 @@ class Endpoint:
     one (``gateway/flowcontrol/priority.py``). ``model_path``: the directory of the model's
     files when the gateway can read them (the embedded runtime's model cache), from which it
     tokenizes requests as the engine does (``gateway/tokenization``); empty otherwise.
+    ``kv_events``: the ZMQ address the engine publishes its KV-cache events on
+    (``tcp://host:port`` or ``ipc:///path``; empty: it does not) and ``kv_events_replay``
+    its replay endpoint (empty: none); the gateway subscribes (``gateway/kvcache``).
     """
 
     address: str
@@ -49,6 +54,8 @@ class Endpoint:
     max_num_seqs: int = 0
     priority_scheduling: bool = False
     model_path: str = ""
+    kv_events: str = ""
+    kv_events_replay: str = ""
 
     @property
     def host(self) -> str:
@@ -72,6 +79,51 @@ class Endpoint:
         if claimed:
             names.add(claimed)
         return names
+
+
+# What an engine may name as its KV events address: a TCP host:port or a local socket path.
+_EVENTS_ADDRESS = re.compile(
+    r"^(tcp://[A-Za-z0-9.\-\[\]:]{1,260}:\d{1,5}|ipc:///[\x21-\x7e]{1,200})$"
+)
+
+
+def valid_events_address(address: str) -> bool:
+    """Whether ``address`` is a ZMQ address the gateway subscribes to (tcp:// or ipc://)."""
+    return bool(_EVENTS_ADDRESS.match(address))
+
+
+KV_EVENTS_FLAG = "--kv-events-config"  # vLLM's (the sim's too)
+
+
+def _bound_at(endpoint: object, host: str) -> str:
+    """Where a subscriber on ``host``'s network reaches a publisher endpoint the engine
+    binds (vLLM binds ``ipc://`` and ``*`` endpoints, connects out to any other)."""
+    if not isinstance(endpoint, str):
+        return ""
+    if endpoint.startswith("ipc://"):
+        return endpoint if host in ("127.0.0.1", "localhost") else ""
+    if endpoint.startswith("tcp://*:"):
+        return f"tcp://{host}:{endpoint.removeprefix('tcp://*:')}"
+    return ""
+
+
+def kv_events_addresses(argv: list[str], host: str) -> tuple[str, str] | None:
+    """(events, replay) addresses a gateway reaches for an engine started with ``argv`` on
+    ``host``, from its ``--kv-events-config`` (the last one wins); None when it has none,
+    ("", "") when it turns events off or publishes where the gateway cannot subscribe."""
+    values = _flag_values(argv, KV_EVENTS_FLAG)
+    if not values:
+        return None
+    try:
+        config = json.loads(values[-1])
+    except ValueError:
+        return "", ""
+    if not isinstance(config, dict) or config.get("enable_kv_cache_events") is not True:
+        return "", ""
+    if config.get("publisher") != "zmq":
+        return "", ""
+    events = _bound_at(config.get("endpoint", "tcp://*:5557"), host)
+    return events, _bound_at(config.get("replay_endpoint"), host) if events else ""
 
 
 # Engine flags that set how many requests run at once: vLLM and the sim, SGLang.
@@ -143,6 +195,16 @@ def pod_max_num_seqs(pod: Mapping[str, Any]) -> int:
         if found := max_num_seqs(argv):
             return found
     return 0
+
+
+def pod_kv_events(pod: Mapping[str, Any], host: str) -> tuple[str, str]:
+    """(events, replay) of the first container of a pod (at ``host``, its IP) that sets
+    ``--kv-events-config`` to a ``tcp://*:PORT`` endpoint; ("", "") when none does."""
+    for argv in _pod_argvs(pod):
+        found = kv_events_addresses(argv, host)
+        if found is not None:
+            return found
+    return "", ""
 
 
 def pod_priority_scheduling(pod: Mapping[str, Any]) -> bool:

@@ -6,7 +6,8 @@ Three small facts the local runtime needs before it starts an engine process:
 * the plan's argv with ``--port``/``--host`` pointed at that port (:func:`rewrite_argv`),
 * whether the engine is installed at all (:func:`missing_engine`), so a missing engine is reported
   once with its install hint instead of crash-looping,
-* which interpreter runs a Python-module engine (:func:`engine_argv`): the one running llmplane.
+* which interpreter runs a Python-module engine (:func:`engine_argv`): the one running llmplane,
+* where the engine publishes its KV-cache events (:func:`kv_events_argv`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,19 @@ import asyncio
 import contextlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import xxhash
+
+from llmplane.runtime.endpoint import KV_EVENTS_FLAG, kv_events_addresses
 
 LOCAL_HOST = "127.0.0.1"
 # The flags that choose where an engine listens; --hostname is text-generation-inference's.
@@ -221,3 +229,48 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(shutil.which(a) or a, b)
     except OSError:
         return False
+
+
+# Engines that publish vLLM's KV-cache events (the sim does as vLLM does).
+KV_EVENTS_ENGINES = ("vllm", "sim")
+_SOCKET_PATH_MAX = 100  # a Unix socket path has at most 107 bytes
+
+
+def kv_socket_dir(state_dir: Path) -> Path | None:
+    """Where engines' KV event sockets go: ``<state_dir>/kv``, or a private directory under
+    the system's temporary one when that path is too long for a socket; None when neither
+    can be made (the engines then run without events)."""
+    path = Path(state_dir) / "kv"
+    if len(str(path)) + 40 > _SOCKET_PATH_MAX:
+        digest = xxhash.xxh32_hexdigest(str(Path(state_dir).resolve()).encode())
+        path = Path(tempfile.gettempdir()) / f"llmplane-kv-{os.getuid()}-{digest}"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+def kv_events_argv(
+    argv: Sequence[str], engine: str, sockets: Path | None, name: str
+) -> tuple[list[str], str, str]:
+    """(argv, events address, replay address): an engine that publishes KV events gets
+    ``--kv-events-config`` with ipc sockets ``<sockets>/<name>.sock`` and ``-replay.sock``
+    unless its command sets the flag itself (then the addresses are read from it; "" when
+    it turns events off or connects out)."""
+    argv = list(argv)
+    given = kv_events_addresses(argv, LOCAL_HOST)
+    if given is not None:
+        return argv, *given
+    if engine not in KV_EVENTS_ENGINES or sockets is None:
+        return argv, "", ""
+    events = f"ipc://{sockets / name}.sock"
+    replay = f"ipc://{sockets / name}-replay.sock"
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": events,
+        "replay_endpoint": replay,
+        "topic": "kv",
+    }
+    return [*argv, KV_EVENTS_FLAG, json.dumps(config)], events, replay

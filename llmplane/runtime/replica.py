@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 from llmplane.controlplane.plan import PLAYGROUND_LABEL, REPLICA_LABEL, HttpProbe, WorkloadPlan
 from llmplane.runtime import probes
 from llmplane.runtime.endpoint import Endpoint, max_num_seqs, priority_scheduling
-from llmplane.runtime.launch import LOCAL_HOST, engine_argv, missing_engine, rewrite_argv
+from llmplane.runtime.launch import (
+    LOCAL_HOST,
+    engine_argv,
+    kv_events_argv,
+    kv_socket_dir,
+    missing_engine,
+    rewrite_argv,
+)
 from llmplane.runtime.placement import UNSCHEDULABLE, FlavorOption, Placement
 from llmplane.runtime.processes import (
     TOKEN_ENV,
@@ -92,6 +99,7 @@ class Replica:
         self.spawning: asyncio.Task[None] | None = None
         self.stopping = False  # terminating: nothing may start a process for this replica again
         self.slot = False  # holds one of the runtime's start slots (spawned, not yet Ready)
+        self.kv_events = self.kv_events_replay = ""  # where its engine publishes KV events
 
     @property
     def name(self) -> str:
@@ -118,6 +126,8 @@ class Replica:
             max_num_seqs=max_num_seqs([*plan.command, *plan.args]),
             priority_scheduling=priority_scheduling([*plan.command, *plan.args]),
             model_path=next((m.path for m in plan.models if m.role != "draft"), ""),
+            kv_events=self.kv_events,
+            kv_events_replay=self.kv_events_replay,
         )
 
     def status(self) -> ReplicaStatus:
@@ -294,6 +304,13 @@ class Replica:
         local = self.plan.local
         assert local is not None
         argv = rewrite_argv(engine_argv(local.argv), port)
+        namespace, _, name = self.plan.key.partition("/")
+        argv, self.kv_events, self.kv_events_replay = kv_events_argv(
+            argv,
+            (self.plan.backend or "vllm").lower(),
+            kv_socket_dir(self.runtime.state_dir),
+            f"{namespace}-{name}-{self.index}"[-48:],
+        )
         token = uuid.uuid4().hex
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab", buffering=0) as log_file:  # unbuffered: nothing at close

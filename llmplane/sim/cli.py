@@ -11,6 +11,7 @@ import sys
 
 from llmplane.aio import run
 from llmplane.sim.config import ROLES, SCHEDULING_POLICIES, Faults, SimConfig, TimingModel
+from llmplane.sim.kvevents import KVEventsConfig
 
 log = logging.getLogger("llmplane.sim")
 
@@ -91,6 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fault-slow-start", type=float, default=f.slow_start)
     g.add_argument("--fault-disconnect-after", type=int, default=None)
     g.add_argument("--fault-disconnect-rate", type=float, default=f.disconnect_rate)
+    g = p.add_argument_group("KV-cache events (llmplane/sim/kvevents.py)")
+    g.add_argument(
+        "--kv-events-config",
+        default=None,
+        help='as vLLM\'s: JSON, e.g. \'{"enable_kv_cache_events": true, "publisher": '
+        '"zmq", "endpoint": "ipc:///tmp/kv.sock", "replay_endpoint": '
+        '"ipc:///tmp/kv-replay.sock"}\'',
+    )
+    g.add_argument(
+        "--kv-events-wire",
+        choices=("map", "positional"),
+        default="map",
+        help="map: events tagged by 'type' (vLLM 0.32); positional: tagged arrays (earlier)",
+    )
     p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout)
     p.add_argument("--log-level", default="warning")
     p.add_argument(
@@ -131,6 +146,7 @@ def config_from_args(a: argparse.Namespace) -> SimConfig:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if a.time_scale < 0:
         raise ValueError("--time-scale must be >= 0")
+    kv_events = KVEventsConfig.parse(a.kv_events_config) if a.kv_events_config else None
     return SimConfig(
         model=a.model,
         served_model_names=list(a.served_model_name),
@@ -155,6 +171,8 @@ def config_from_args(a: argparse.Namespace) -> SimConfig:
         report_timing=a.report_timing,
         timing=timing,
         faults=faults,
+        kv_events=kv_events,
+        kv_events_wire=a.kv_events_wire,
     )
 
 

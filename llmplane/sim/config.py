@@ -8,6 +8,7 @@ written down in docs/sim.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 ROLES = ("both", "prefill", "decode")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
@@ -64,6 +65,9 @@ class Faults:
     slow_start: float = 0.0  # /health answers 503 for this many seconds after start
     disconnect_after: int | None = None  # close a stream after this many chunks
     disconnect_rate: float = 1.0  # share of streams the disconnect applies to
+    # The next this many KV event batches are numbered and kept for replay but not sent (a
+    # subscriber sees a gap in the sequence numbers).
+    kv_events_drop: int = 0
 
     KEYS = (
         "error_rate",
@@ -73,6 +77,7 @@ class Faults:
         "slow_start",
         "disconnect_after",
         "disconnect_rate",
+        "kv_events_drop",
     )
 
     def to_dict(self) -> dict:
@@ -96,6 +101,9 @@ class Faults:
             or not all(isinstance(c, int) and 400 <= c <= 599 for c in codes)
         ):
             raise ValueError("error_codes must be a non-empty list of HTTP status codes 400..599")
+        v = new["kv_events_drop"]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError("kv_events_drop must be an integer >= 0")
         for key in ("crash_after", "disconnect_after"):
             v = new[key]
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
@@ -136,6 +144,10 @@ class SimConfig:
     report_timing: bool = False
     timing: TimingModel = field(default_factory=TimingModel)
     faults: Faults = field(default_factory=Faults)
+    # vLLM's --kv-events-config (llmplane/sim/kvevents.py; None: no events) and the form of
+    # its events: "map" (vLLM 0.32) or "positional" (earlier releases).
+    kv_events: Any = None
+    kv_events_wire: str = "map"
 
     @property
     def model_name(self) -> str:

@@ -13,6 +13,7 @@ import time
 
 from llmplane.aio import cancel, wait_event
 from llmplane.sim.config import SimConfig
+from llmplane.sim.kvevents import KVEventPublisher
 from llmplane.sim.metrics import SimMetrics
 from llmplane.sim.scheduler import Scheduler, Sequence
 
@@ -59,14 +60,23 @@ class Engine:
         self._kick = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.steps = 0
+        self.kv_events: KVEventPublisher | None = None
+        if cfg.kv_events is not None and cfg.kv_events.enabled:
+            self.kv_events = KVEventPublisher(cfg.kv_events, cfg.kv_events_wire)
+            self.sched.pool.events = []
 
     def start(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.start()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel(task)
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
 
     def submit(self, group: Group) -> None:
         now = time.perf_counter()
@@ -125,6 +135,14 @@ class Engine:
             now = clock()
             emitted, finished = sched.complete(step, now)
             self.steps += 1
+            records = sched.pool.events
+            if records and self.kv_events is not None:
+                faults = self.cfg.faults
+                send = faults.kv_events_drop <= 0
+                if not send:
+                    faults.kv_events_drop -= 1
+                self.kv_events.publish(records, send)
+                records.clear()
             metrics.iteration_tokens.observe(step.prefill_tokens + step.decode_seqs)
             if step.ttfts:
                 metrics.ttft.observe_all(step.ttfts)

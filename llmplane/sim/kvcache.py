@@ -6,6 +6,10 @@ block is seeded by an extra key, e.g. the LoRA adapter, so adapters never share 
 Blocks no request holds stay in the cache until they are needed again: the free list is an
 LRU, reused from its oldest end, and a request's blocks are freed tail first so that the
 tail of a prompt is evicted before its head (as vLLM does).
+
+With ``events`` set to a list, the pool records what vLLM's KV events report: a block's hash
+leaving the prefix cache (``(REMOVED, hash)``, on eviction); the scheduler records the
+blocks entering it (``register`` returns True for those). ``kvevents.py`` publishes them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from array import array
 from collections import OrderedDict
 
 from xxhash import xxh64_intdigest
+
+STORED, REMOVED = "stored", "removed"
 
 
 def block_hash(parent: int, tokens: list[int]) -> int:
@@ -46,6 +52,8 @@ class BlockPool:
         self.cached: dict[int, int] = {}
         # Free blocks, oldest (first to reuse) first. Values unused.
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # What entered and left the prefix cache since the publisher last took it (None: off).
+        self.events: list[tuple] | None = None
 
     @property
     def num_free(self) -> int:
@@ -91,6 +99,8 @@ class BlockPool:
             if h is not None:
                 if cached.get(h) == b:
                     del cached[h]
+                    if self.events is not None:
+                        self.events.append((REMOVED, h))
                 hash_of[b] = None
             ref[b] = 1
             out.append(b)
@@ -104,12 +114,10 @@ class BlockPool:
             if ref[b] == 0:
                 free[b] = None
 
-    def register(self, block: int, h: int) -> None:
-        """Record that ``block`` now holds the full block with hash ``h``."""
+    def register(self, block: int, h: int) -> bool:
+        """Record that ``block`` now holds the full block with hash ``h``; True when that
+        put ``h`` in the prefix cache (no other block had it)."""
         if not self.enable_caching or self.hash_of[block] is not None:
-            return
+            return False
         self.hash_of[block] = h
-        self.cached.setdefault(h, block)
-
-    def reset(self) -> None:
-        self.__init__(self.num_blocks, self.block_size, self.enable_caching)
+        return self.cached.setdefault(h, block) == block

@@ -32,7 +32,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from llmplane.sim.config import SimConfig
-from llmplane.sim.kvcache import BlockPool, block_hash
+from llmplane.sim.kvcache import STORED, BlockPool, block_hash
 from llmplane.sim.tokenizer import WordIds, word_index
 
 WAITING, RUNNING, TRANSFERRING, FINISHED, ABORTED = range(5)
@@ -468,8 +468,12 @@ class Scheduler:
             if full > seq.registered and pool.enable_caching:
                 hashes = seq.ensure_hashes(full, bs)
                 blocks = seq.blocks
+                events = pool.events
                 for b in range(seq.registered, full):
-                    pool.register(blocks[b], hashes[b])
+                    if pool.register(blocks[b], hashes[b]) and events is not None:
+                        parent = hashes[b - 1] if b else None
+                        tokens = seq.token_ids[b * bs : (b + 1) * bs]
+                        events.append((STORED, hashes[b], parent, tokens, seq.lora))
                 seq.registered = full
             if seq.num_computed < seq.num_tokens:
                 continue  # partial prefill chunk

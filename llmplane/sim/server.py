@@ -76,6 +76,7 @@ class SimServer(CompletionRoutes, ServiceRoutes):
             "/v1/load_lora_adapter": {"POST": self.load_lora},
             "/v1/unload_lora_adapter": {"POST": self.unload_lora},
             "/admin/faults": {"GET": self.get_faults, "POST": self.set_faults},
+            "/admin/kv-cache": {"GET": self.kv_cache},
         }
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:

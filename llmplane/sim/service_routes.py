@@ -1,5 +1,5 @@
 """The simulated server's other routes: health, version, metrics, models, tokenize, LoRA
-adapters and ``/admin/faults`` (``SimServer`` mixes them in)."""
+adapters, ``/admin/faults`` and ``/admin/kv-cache`` (``SimServer`` mixes them in)."""
 
 from __future__ import annotations
 
@@ -163,6 +163,13 @@ class ServiceRoutes:
         d["metrics_requests"] = self.metrics_requests  # scrapes so far (one gateway's, once)
         d["models_requests"] = self.models_requests  # /v1/models reads so far
         return d
+
+    async def kv_cache(self, request: web.BaseRequest) -> web.Response:
+        """The hashes of the blocks in the prefix cache now (what its KV events describe):
+        tests compare the gateway's index with it."""
+        pool = self.engine.sched.pool
+        body = {"block_size": pool.block_size, "hashes": [str(h) for h in pool.cached]}
+        return json_response(orjson.dumps(body))
 
     async def get_faults(self, request: web.BaseRequest) -> web.Response:
         return json_response(orjson.dumps(self._faults_view()))

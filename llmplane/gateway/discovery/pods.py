@@ -28,7 +28,9 @@ namespace=<pod namespace>, engine=..., fixed_port=False)``:
 - ``workload`` is ``<namespace>/<inference Service name>`` (the LeaderWorkerSet's name label,
   else ``inference.llmaz.io/service-name``; a Playground's Service has its name), so the
   autoscaling signals the gateway serves (``gateway/signals.py``) are per Playground;
-- Kthena ``pdGroup`` role labels are ordinary pod labels and become endpoint labels.
+- Kthena ``pdGroup`` role labels are ordinary pod labels and become endpoint labels;
+- ``kv_events``: a container started with ``--kv-events-config`` binding ``tcp://*:PORT``
+  publishes its KV events at ``tcp://{podIP}:PORT`` (its replay endpoint likewise).
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ from llmplane.gateway.store_follower import StoreFollower
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import POD
 from llmplane.kube.pods import pod_address, pod_ready
-from llmplane.runtime.endpoint import Endpoint, pod_max_num_seqs, pod_priority_scheduling
+from llmplane.runtime.endpoint import (
+    Endpoint,
+    pod_kv_events,
+    pod_max_num_seqs,
+    pod_priority_scheduling,
+)
 from llmplane.store.base import Store
 from llmplane.store.kube import KubeStore
 
@@ -228,8 +235,10 @@ class PodDiscovery(Subscribers):
         model = labels.get(MODEL_NAME_LABEL, "")
         backend = labels.get(BACKEND_LABEL, "")
         service = labels.get(LWS_NAME_LABEL) or labels.get(SERVICE_LABEL)
+        ip = pod["status"]["podIP"]
+        events, replay = pod_kv_events(pod, f"[{ip}]" if ":" in ip else ip)
         return Endpoint(
-            address=pod_address(pod["status"]["podIP"], self.port),
+            address=pod_address(ip, self.port),
             labels=labels,
             model_name=self._served.get(model, model) if model else "",
             backend=backend,
@@ -239,6 +248,8 @@ class PodDiscovery(Subscribers):
             workload=f"{namespace}/{service}" if service else "",
             max_num_seqs=pod_max_num_seqs(pod),
             priority_scheduling=pod_priority_scheduling(pod),
+            kv_events=events,
+            kv_events_replay=replay,
         )
 
     def _recompute(self) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from llmplane.gateway.discovery.sources import Subscribers
 from llmplane.gateway.store_follower import StoreFollower
-from llmplane.runtime.endpoint import MAX_CONCURRENCY, Endpoint
+from llmplane.runtime.endpoint import MAX_CONCURRENCY, Endpoint, valid_events_address
 from llmplane.store.base import Store
 
 ENDPOINT_KIND = "Endpoint"
@@ -58,7 +58,19 @@ def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
         fixed_port=spec.get("fixedPort", True) is not False,
         max_num_seqs=_max_num_seqs(spec.get("maxNumSeqs"), meta.get("name")),
         priority_scheduling=spec.get("schedulingPolicy") == "priority",
+        kv_events=_events_address(spec.get("kvEvents"), meta.get("name")),
+        kv_events_replay=_events_address(spec.get("kvEventsReplay"), meta.get("name")),
     )
+
+
+def _events_address(value: Any, name: object) -> str:
+    """A KV events address (``tcp://host:port`` or ``ipc:///path``), else "" (logged)."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str) and valid_events_address(value):
+        return value
+    log.warning("Endpoint %s: a KV events address must be tcp://host:port or ipc:///path", name)
+    return ""
 
 
 def _max_num_seqs(value: Any, name: object) -> int:
@@ -81,9 +93,15 @@ def endpoint_object(
     fixed_port: bool = True,
     max_num_seqs: int = 0,
     scheduling_policy: str = "",
+    kv_events: str = "",
+    kv_events_replay: str = "",
 ) -> dict[str, Any]:
     """The store object that registers an external endpoint."""
     spec: dict[str, Any] = {"address": address, "modelName": model_name, "engine": engine}
+    if kv_events:
+        spec["kvEvents"] = kv_events
+    if kv_events_replay:
+        spec["kvEventsReplay"] = kv_events_replay
     if max_num_seqs:
         spec["maxNumSeqs"] = max_num_seqs
     if scheduling_policy:

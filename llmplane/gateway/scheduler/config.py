@@ -33,6 +33,7 @@ from typing import Any
 
 from llmplane.gateway.scheduler import plugins as p
 from llmplane.gateway.scheduler.framework import Profile, Scheduler
+from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -75,6 +76,9 @@ PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
     "queue-scorer": lambda n, _: p.QueueScorer(n),
     "kv-cache-utilization-scorer": lambda n, _: p.KVCacheScorer(n),
     "prefix-cache-scorer": _prefix,
+    # The blocks engines report in their KV events (scheduler/precise_prefix.py); in the
+    # default profile it takes the approximate scorer's place while some replica publishes.
+    "precise-prefix-cache-scorer": lambda n, _: PrecisePrefixCacheScorer(n),
     "least-request-scorer": lambda n, _: p.LeastRequestScorer(n),
     "lora-affinity-scorer": lambda n, _: p.LoraAffinityScorer(n),
     "session-affinity-scorer": lambda n, a: p.SessionAffinityScorer(
@@ -94,6 +98,7 @@ ALIASES = {
     "kv-cache-scorer": "kv-cache-utilization-scorer",
     "kv-cache": "kv-cache-utilization-scorer",
     "prefix-cache": "prefix-cache-scorer",
+    "precise-prefix-cache": "precise-prefix-cache-scorer",
     "least-request": "least-request-scorer",
     "lora-affinity": "lora-affinity-scorer",
     "session-affinity": "session-affinity-scorer",

@@ -31,6 +31,7 @@ class SchedulingContext:
         "model",
         "now",
         "prompt_bound",
+        "request",
         "staleness",
         "warm",
     )
@@ -45,8 +46,12 @@ class SchedulingContext:
         now: float | None = None,
         warm: Callable[[str], bool] | None = None,
         prompt_bound: int = -1,
+        request: Any = None,
     ) -> None:
         self.model = model
+        # The parsed request (``gateway/request.InferenceRequest``; None in unit tests), for
+        # plugins that tokenize it (``precise_prefix.TokenSource``).
+        self.request = request
         # An upper bound on ``len(prompt)`` known without computing it (-1: none), so that a
         # prompt too short for a single prefix block is never extracted.
         self.prompt_bound = prompt_bound

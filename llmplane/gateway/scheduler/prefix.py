@@ -126,32 +126,42 @@ class PrefixIndex:
         The walk starts from the endpoints holding the first block (one lookup) and follows
         them block by block, so its cost does not grow with the number of endpoints: at a
         thousand endpoints, looking each one up was most of a pick."""
-        if not hashes:
-            return {}
-        holders = self.holders
-        alive = holders.get(hashes[0], 0)
-        if not alive:
-            return {}
-        names = self.names
-        result: dict[str, int] = {}
+        return leading_runs(self.holders, self.names, hashes, endpoints)
 
-        def record(bits: int, depth: int) -> None:
-            while bits:
-                low = bits & -bits
-                name = names[low.bit_length() - 1]
-                if endpoints is None or name in endpoints:
-                    result[name] = depth
-                bits ^= low
 
-        for i in range(1, len(hashes)):
-            now = alive & holders.get(hashes[i], 0)
-            if now != alive:
-                record(alive & ~now, i)
-                alive = now
-                if not alive:
-                    return result
-        record(alive, len(hashes))
-        return result
+def leading_runs(
+    holders: dict[int, int],
+    names: dict[int, str],
+    hashes: Sequence[int],
+    endpoints: Container[str] | None = None,
+) -> dict[str, int]:
+    """Consecutive leading ``hashes`` each endpoint holds, from ``holders`` (hash -> bit mask
+    of the endpoints holding it) and ``names`` (bit -> endpoint); see ``PrefixIndex.matches``.
+    Shared with the index of the engines' real blocks (``gateway/kvcache/index.py``)."""
+    if not hashes:
+        return {}
+    alive = holders.get(hashes[0], 0)
+    if not alive:
+        return {}
+    result: dict[str, int] = {}
+
+    def record(bits: int, depth: int) -> None:
+        while bits:
+            low = bits & -bits
+            name = names[low.bit_length() - 1]
+            if endpoints is None or name in endpoints:
+                result[name] = depth
+            bits ^= low
+
+    for i in range(1, len(hashes)):
+        now = alive & holders.get(hashes[i], 0)
+        if now != alive:
+            record(alive & ~now, i)
+            alive = now
+            if not alive:
+                return result
+    record(alive, len(hashes))
+    return result
 
 
 class PrefixCacheScorer:

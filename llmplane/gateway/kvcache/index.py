@@ -1,0 +1,235 @@
+"""Which replica holds which KV blocks, from the engines' own events, keyed by token ids.
+
+Keys are the gateway's own: block ``i`` of a token sequence is ``xxhash64(its token ids as
+8-byte integers, seed = key of block i-1)``, block 0 seeded by ``root_key(lora)``; whatever
+else the engine hashed into a block (multimodal ids, a cache salt: ``Stored.extra``) is folded
+in after, so such blocks never match a plain request. A key therefore names a whole prefix,
+and nothing depends on the engine's hash function or seed: a ``BlockStored`` event carries its
+blocks' token ids, the gateway computes their keys from the parent's key, and remembers the
+engine's hash -> key per replica only to apply ``BlockRemoved`` (which names engine hashes).
+
+One index serves every model; within a model, one partition per block size (replicas of a
+model normally share one). A partition maps key -> bit mask of the replicas holding it, so a
+lookup is one dict read per block however many replicas there are (the walk of
+``scheduler/prefix.leading_runs``).
+
+Memory is bounded per model at ``max_blocks`` indexed blocks (``BLOCKS_PER_GB`` of them fit in
+a GB: about 190 bytes a block — the engine hash -> key entry, the key -> holders entry and
+their integers; measured by tests/unit/test_kv_index.py). Over the bound, the replica of that
+model holding the most blocks loses its oldest entries. Engines bound their caches themselves,
+so the bound is only reached with more replicas than it was sized for, or a publisher that
+never removes.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from itertools import islice
+
+import msgpack
+import xxhash
+
+from llmplane.gateway.kvcache.events import Batch, Cleared, EngineHash, Removed, Stored
+from llmplane.gateway.scheduler.prefix import leading_runs
+
+_xxh64 = xxhash.xxh64_intdigest
+ROOT = _xxh64(b"llmplane kv block")
+BYTES_PER_BLOCK = 190
+BLOCKS_PER_GB = (1 << 30) // BYTES_PER_BLOCK  # about 5.6 million
+DEFAULT_MAX_BLOCKS = 4_000_000  # per model: about 0.75 GB at most
+MAX_LOOKUP_BLOCKS = 4_096  # of a request: 512K tokens at block size 128
+
+
+def root_key(lora: str | None = None) -> int:
+    """The seed of block 0: adapters never share a block with the base model."""
+    return ROOT if not lora else _xxh64(lora.encode(), ROOT)
+
+
+def block_keys(
+    token_ids: Sequence[int],
+    block_size: int,
+    parent: int = ROOT,
+    extra: Sequence[object] | None = None,
+    lora: str | None = None,
+    limit: int = MAX_LOOKUP_BLOCKS,
+) -> list[int]:
+    """Chained keys of the full blocks of ``token_ids`` (at most ``limit``), block 0 seeded
+    by ``parent``; ``extra`` (per block, what the engine hashed besides the tokens) and
+    ``lora`` (the adapter named there too, already in the root) as ``Stored`` carries them."""
+    count = min(len(token_ids) // block_size, limit)
+    if count <= 0:
+        return []
+    data = array("q", token_ids[: count * block_size]).tobytes()
+    step = 8 * block_size
+    keys = []
+    h = parent
+    for i in range(count):
+        h = _xxh64(data[i * step : (i + 1) * step], h)
+        if extra is not None and extra[i] is not None:
+            rest = [x for x in extra[i] if x != lora] if isinstance(extra[i], list) else extra[i]
+            if rest:
+                h = _xxh64(msgpack.packb(rest, default=repr), h)
+        keys.append(h)
+    return keys
+
+
+class _Replica:
+    __slots__ = ("bit", "block_size", "blocks", "model")
+
+    def __init__(self, bit: int, model: str) -> None:
+        self.bit = bit
+        self.model = model
+        self.block_size = 0  # from its first BlockStored
+        # Engine block hash -> our key, oldest first.
+        self.blocks: dict[EngineHash, int] = {}
+
+
+class BlockIndex:
+    """The blocks every subscribed replica holds (see the module's docstring)."""
+
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        self.max_blocks = max_blocks
+        self.replicas: dict[str, _Replica] = {}
+        self.names: dict[int, str] = {}  # bit -> replica
+        self._free: list[int] = []
+        # model -> block size -> key -> bit mask of the replicas holding it.
+        self.partitions: dict[str, dict[int, dict[int, int]]] = {}
+        self.sizes: dict[str, int] = {}  # model -> blocks indexed
+        self.evicted = 0  # blocks dropped over the bound
+        self.orphans = 0  # stored blocks whose parent the index does not know
+
+    # --- replicas ---------------------------------------------------------------------------
+
+    def add_replica(self, replica: str, model: str) -> None:
+        if replica in self.replicas:
+            return
+        bit = self._free.pop() if self._free else len(self.names)
+        self.replicas[replica] = _Replica(bit, model)
+        self.names[bit] = replica
+
+    def remove_replica(self, replica: str) -> None:
+        self.clear(replica)
+        state = self.replicas.pop(replica, None)
+        if state is not None:
+            del self.names[state.bit]
+            self._free.append(state.bit)
+
+    def clear(self, replica: str) -> None:
+        """Forget every block of ``replica`` (AllBlocksCleared, a restart, a gap)."""
+        state = self.replicas.get(replica)
+        if state is None or not state.blocks:
+            return
+        holders = self.partitions[state.model][state.block_size]
+        keep = ~(1 << state.bit)
+        for key in state.blocks.values():
+            left = holders.get(key, 0) & keep
+            if left:
+                holders[key] = left
+            else:
+                holders.pop(key, None)
+        self.sizes[state.model] -= len(state.blocks)
+        state.blocks = {}
+
+    def held(self, replica: str) -> int:
+        state = self.replicas.get(replica)
+        return len(state.blocks) if state is not None else 0
+
+    # --- events -------------------------------------------------------------------------------
+
+    def apply(self, replica: str, batch: Batch) -> None:
+        state = self.replicas.get(replica)
+        if state is None:
+            return
+        for event in batch.events:
+            if isinstance(event, Stored):
+                self._stored(state, event)
+            elif isinstance(event, Removed):
+                self._removed(state, event.hashes)
+            elif isinstance(event, Cleared):
+                self.clear(replica)
+        if self.sizes.get(state.model, 0) > self.max_blocks:
+            self._evict(state.model)
+
+    def _stored(self, state: _Replica, event: Stored) -> None:
+        if state.block_size != event.block_size:
+            if state.blocks:
+                return  # one block size a replica (vLLM's group 0): a stray event
+            state.block_size = event.block_size
+        if event.parent is None:
+            parent = root_key(event.lora)
+        else:
+            known = state.blocks.get(event.parent)
+            if known is None:
+                self.orphans += len(event.hashes)
+                return
+            parent = known
+        keys = block_keys(
+            event.token_ids, event.block_size, parent, event.extra, event.lora, len(event.hashes)
+        )
+        model = self.partitions.setdefault(state.model, {})
+        holders = model.get(event.block_size)
+        if holders is None:
+            holders = model[event.block_size] = {}
+        flag = 1 << state.bit
+        blocks = state.blocks
+        before = len(blocks)
+        for engine_hash, key in zip(event.hashes, keys, strict=True):
+            old = blocks.pop(engine_hash, None)
+            if old is not None and old != key:
+                self._unhold(holders, old, flag)
+            blocks[engine_hash] = key
+            holders[key] = holders.get(key, 0) | flag
+        self.sizes[state.model] = self.sizes.get(state.model, 0) + len(blocks) - before
+
+    def _removed(self, state: _Replica, hashes: list[EngineHash]) -> None:
+        if not state.blocks:
+            return
+        holders = self.partitions[state.model][state.block_size]
+        flag = 1 << state.bit
+        blocks = state.blocks
+        before = len(blocks)
+        for engine_hash in hashes:
+            key = blocks.pop(engine_hash, None)
+            if key is not None:
+                self._unhold(holders, key, flag)
+        self.sizes[state.model] -= before - len(blocks)
+
+    @staticmethod
+    def _unhold(holders: dict[int, int], key: int, flag: int) -> None:
+        left = holders.get(key, 0) & ~flag
+        if left:
+            holders[key] = left
+        else:
+            holders.pop(key, None)
+
+    def _evict(self, model: str) -> None:
+        """The model's largest replica loses its oldest blocks until the model is within
+        the bound (one replica flooding the index takes only its own blocks)."""
+        excess = self.sizes[model] - self.max_blocks
+        while excess > 0:
+            largest = max(
+                (s for s in self.replicas.values() if s.model == model),
+                key=lambda s: len(s.blocks),
+            )
+            holders = self.partitions[model][largest.block_size]
+            flag = 1 << largest.bit
+            take = min(excess, len(largest.blocks))
+            for engine_hash in list(islice(largest.blocks, take)):
+                self._unhold(holders, largest.blocks.pop(engine_hash), flag)
+            self.sizes[model] -= take
+            self.evicted += take
+            excess -= take
+
+    # --- lookups ------------------------------------------------------------------------------
+
+    def block_sizes(self, model: str) -> list[int]:
+        return [size for size, holders in self.partitions.get(model, {}).items() if holders]
+
+    def matches(self, model: str, block_size: int, keys: Sequence[int]) -> dict[str, int]:
+        """Leading blocks of ``keys`` (``block_keys`` of a request at ``block_size``) each
+        replica of ``model`` holds (only replicas holding at least one)."""
+        holders = self.partitions.get(model, {}).get(block_size)
+        if not holders:
+            return {}
+        return leading_runs(holders, self.names, keys)

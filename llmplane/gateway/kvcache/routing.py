@@ -1,0 +1,58 @@
+"""What the gateway holds for precise prefix routing: the subscriptions to its replicas' KV
+events, their index, and the ``precise-prefix-cache`` scorers reading it.
+
+The built-in default profile gets the precise scorer in the approximate one's place while at
+least one replica publishes events (``precise_prefix.use_in_default``); a configured profile
+uses it where it names it. Every gateway process (each worker, each replica of the gateway)
+subscribes on its own, so all build the same index without sharing state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
+from llmplane.gateway.scheduler.framework import Scheduler
+from llmplane.gateway.scheduler.precise_prefix import (
+    PrecisePrefixCacheScorer,
+    SimTokens,
+    TokenSource,
+    TokenSources,
+    use_in_default,
+)
+from llmplane.runtime.endpoint import Endpoint
+
+
+class PreciseRouting:
+    def __init__(self, scheduler: Scheduler, registry: Any, builtin_default: bool) -> None:
+        self.scheduler = scheduler
+        self.subscriber = KVEventSubscriber()
+        registry.register(self.subscriber)
+        self.tokens = TokenSources(SimTokens())
+        self.default = PrecisePrefixCacheScorer() if builtin_default else None
+        self.scorers = [
+            p for p in scheduler.plugins.values() if isinstance(p, PrecisePrefixCacheScorer)
+        ]
+        if self.default is not None:
+            self.scorers.append(self.default)
+        for scorer in self.scorers:
+            scorer.index = self.subscriber.index
+            scorer.tokens = self.tokens
+        self.active = False
+
+    def add_tokens(self, source: TokenSource) -> None:
+        """Another source of token ids, asked before the ones there are."""
+        self.tokens.sources.insert(0, source)
+
+    def sync(self, endpoints: Iterable[Endpoint]) -> None:
+        """Follow the endpoints (on the event loop): subscribe, unsubscribe, and put the
+        precise scorer in the default profile while any endpoint publishes."""
+        self.subscriber.sync(endpoints)
+        active = bool(self.subscriber.feeds)
+        if self.default is not None and active != self.active:
+            use_in_default(self.scheduler, self.default, active)
+        self.active = active
+
+    async def close(self) -> None:
+        await self.subscriber.close()

@@ -1,0 +1,170 @@
+"""The index of the engines' real blocks and the precise prefix scorer reading it."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from llmplane.gateway.kvcache.events import Batch, Cleared, Removed, Stored
+from llmplane.gateway.kvcache.index import (
+    BYTES_PER_BLOCK,
+    BlockIndex,
+    block_keys,
+    root_key,
+)
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scheduler.config import build_scheduler
+from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer, use_in_default
+from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+from llmplane.runtime.endpoint import Endpoint
+
+BS = 4
+PROMPT = list(range(100, 124))  # 6 blocks
+
+
+def stored(hashes, tokens, parent=None, lora=None, extra=None) -> Batch:
+    return Batch(0.0, [Stored(list(hashes), parent, list(tokens), BS, lora, extra)])
+
+
+def held(index: BlockIndex, tokens=PROMPT, lora=None) -> dict[str, int]:
+    return index.matches("m", BS, block_keys(tokens, BS, root_key(lora)))
+
+
+def index_with(*replicas: str) -> BlockIndex:
+    index = BlockIndex()
+    for r in replicas:
+        index.add_replica(r, "m")
+    return index
+
+
+def test_keys_come_from_tokens_whatever_the_engines_hashes() -> None:
+    index = index_with("a", "b")
+    # Two engines with different hash seeds: different hashes for the same blocks.
+    index.apply("a", stored([1, 2, 3], PROMPT[:12]))
+    index.apply("b", stored([901, 902], PROMPT[:8]))
+    index.apply("b", stored([903, 904], PROMPT[8:16], parent=902))  # a chain continued
+    assert held(index) == {"a": 3, "b": 4}
+    assert held(index, [*PROMPT[:4], 0, 0, 0, 0]) == {"a": 1, "b": 1}
+    assert held(index, [7, *PROMPT[1:]]) == {}
+
+
+def test_removals_name_engine_hashes_and_cut_the_leading_run() -> None:
+    index = index_with("a")
+    index.apply("a", stored([1, 2, 3, 4], PROMPT[:16]))
+    index.apply("a", Batch(0.0, [Removed([3, 99])]))
+    assert held(index) == {"a": 2}
+    assert index.held("a") == 3
+    index.apply("a", Batch(0.0, [Removed([1])]))
+    assert held(index) == {}
+
+
+def test_unknown_parents_lora_and_extra_keys_never_match_a_plain_request() -> None:
+    index = index_with("a")
+    index.apply("a", stored([5], PROMPT[4:8], parent=77))  # parent never seen
+    assert index.orphans == 1 and index.held("a") == 0
+    index.apply("a", stored([1, 2], PROMPT[:8], lora="ad"))
+    assert held(index) == {}
+    assert held(index, lora="ad") == {"a": 2}
+    index.apply("a", stored([8, 9], PROMPT[:8], extra=[["salt"], None]))
+    assert held(index) == {}
+
+
+def test_cleared_and_removed_replicas_forget_only_their_blocks() -> None:
+    index = index_with("a", "b")
+    index.apply("a", stored([1, 2], PROMPT[:8]))
+    index.apply("b", stored([1, 2], PROMPT[:8]))
+    index.apply("a", Batch(0.0, [Cleared()]))
+    assert held(index) == {"b": 2}
+    index.remove_replica("b")
+    assert held(index) == {}
+    assert index.partitions["m"][BS] == {}
+    assert index.sizes["m"] == 0
+
+
+def test_the_bound_takes_the_oldest_blocks_of_the_largest_replica() -> None:
+    index = BlockIndex(max_blocks=10)
+    for r in ("a", "b"):
+        index.add_replica(r, "m")
+    index.apply("a", stored([1, 2], PROMPT[:8]))
+    flood = [list(range(1000 + 4 * i, 1004 + 4 * i)) for i in range(20)]
+    for i, tokens in enumerate(flood):
+        index.apply("b", stored([500 + i], tokens))
+    assert index.sizes["m"] == 10 and index.held("a") == 2 and index.held("b") == 8
+    assert index.evicted == 12
+    assert held(index, flood[-1]) == {"b": 1}  # the newest kept
+    assert held(index, flood[0]) == {}  # the oldest gone
+    assert held(index) == {"a": 2}
+
+
+def test_memory_per_block_is_within_the_stated_figure() -> None:
+    index = index_with(*(f"r{i}" for i in range(8)))
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    blocks = 0
+    for r in range(8):
+        for chain in range(250):
+            tokens = [r * 1_000_000 + chain * 1000 + t for t in range(BS * 25)]
+            hashes = [(r << 40) + chain * 100 + i for i in range(25)]
+            index.apply(f"r{r}", stored(hashes, tokens))
+            blocks += 25
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert index.sizes["m"] == blocks == 50_000
+    assert used / blocks <= BYTES_PER_BLOCK, used / blocks
+
+
+class Tokens:
+    """A token source answering for one engine kind (the protocol the scorer reads)."""
+
+    def __init__(self, ids: list[int] | None) -> None:
+        self.ids = ids
+
+    def token_ids(self, ctx: SchedulingContext, engine: str) -> list[int] | None:
+        return self.ids if engine == "sim" else None
+
+
+def states(*addresses: str) -> list[EndpointState]:
+    return [EndpointState(Endpoint(a, model_name="m", engine="sim")) for a in addresses]
+
+
+def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> None:
+    index = index_with("a", "b")
+    index.apply("a", stored([1, 2, 3], PROMPT[:12]))
+    fallback = PrefixCacheScorer(block_size=8)
+    fallback.index.add("c", fallback.hashes(SchedulingContext("m", b"x" * 64)))
+    scorer = PrecisePrefixCacheScorer(fallback=fallback)
+    scorer.index, scorer.tokens = index, Tokens(PROMPT)
+    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a", "b")) == [0.5, 0.0]
+    # "c" publishes nothing: the approximate index answers for it.
+    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a", "b", "c")) == [
+        0.5,
+        0.0,
+        1.0,
+    ]
+    # Cannot tokenize: the approximate scores for all, publishing or not ("c" is held there).
+    scorer.tokens = Tokens(None)
+    fallback.index.add("a", fallback.hashes(SchedulingContext("m", b"x" * 64)))
+    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a", "b", "c")) == [
+        1.0,
+        0.0,
+        1.0,
+    ]
+
+
+def test_the_default_profile_takes_the_precise_scorer_while_replicas_publish() -> None:
+    scheduler = build_scheduler()
+    profile = scheduler.profiles["default"]
+    approximate = profile.scorers[0][0]
+    precise = PrecisePrefixCacheScorer()
+    use_in_default(scheduler, precise, True)
+    assert profile.scorers[0] == (precise, 3.0) and precise.fallback is approximate
+    use_in_default(scheduler, precise, False)
+    assert profile.scorers[0] == (approximate, 3.0)
+    assert (
+        type(
+            build_scheduler({"plugins": [{"type": "precise-prefix-cache"}]}).plugins[
+                "precise-prefix-cache"
+            ]
+        )
+        is PrecisePrefixCacheScorer
+    )
