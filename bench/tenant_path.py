@@ -139,7 +139,7 @@ def request_of(kind: str, limits: str = "all") -> Any:
         ctx.status = 200
         ctx.usage = Usage.of(USAGE)
         for hook, reservation in ctx.reservations:
-            now(hook.settle(ctx, reservation, ctx.usage))
+            hook.settle(ctx, reservation, ctx.usage)
         if tenant is not None:  # Gateway.observe's tenant counter
             series = tenant_series.get((tenant.name, 200))
             if series is None:
@@ -225,10 +225,10 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
             fresh.response_lines = None
 
     def settle() -> None:
-        now(limiter.settle(ctx, reservation, Usage.of(USAGE)))
+        limiter.settle(ctx, reservation, Usage.of(USAGE))
 
     def usage_hook() -> None:
-        now(usage.settle(ctx, now(usage.reserve(ctx)), reported))
+        usage.settle(ctx, now(usage.reserve(ctx)), reported)
 
     def head() -> None:
         Response(

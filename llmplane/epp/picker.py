@@ -327,5 +327,5 @@ class EndpointPickerService:
                 ctx.usage = Usage.of(extract_usage(data))
         if not ex.routed:  # a request without a body (GET /v1/models): Envoy's routes serve it
             return
-        await gw.settle(ctx)
+        gw.settle(ctx)
         gw.observe(ctx)

@@ -9,6 +9,8 @@ model rewrite — and may refuse with ``GatewayError(429, ..., retry_after=secon
 it returns is handed back to ``settle(ctx, reservation, usage)`` when the response has ended
 (always called once per successful ``reserve``, also for failed requests; ``ctx.status`` is
 what the client got), with the usage the engine reported (None if it reported none).
+``settle`` is a plain function: the request has ended, nothing may hold its end up (a hook
+with I/O to do then starts a task, as the limiter does for Redis).
 
 A hook that shapes the response returns a ``Reservation`` (or a subclass): its
 ``response_headers`` (or ``response_lines``, the same already rendered as header lines: for a
@@ -98,4 +100,4 @@ def header_pairs(lines: bytes) -> dict[str, str]:
 class RequestHook(Protocol):
     async def reserve(self, ctx: RequestContext) -> object: ...
 
-    async def settle(self, ctx: RequestContext, reservation: Any, usage: Usage | None) -> None: ...
+    def settle(self, ctx: RequestContext, reservation: Any, usage: Usage | None) -> None: ...

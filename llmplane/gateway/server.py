@@ -392,7 +392,7 @@ class Gateway:
             ctx.status = 499
             raise
         finally:
-            await self.settle(ctx)  # the hooks on the usage the engine reported, the seat
+            self.settle(ctx)  # the hooks on the usage the engine reported, the seat
             self.observe(ctx)  # metrics, one access-log line
 
     # The stages, in order. The endpoint picker (llmplane/epp) runs the same ones on Envoy's
@@ -560,7 +560,7 @@ class Gateway:
         if isinstance(err, Overloaded) and ctx.inference is not None:
             self.metrics.shed.labels(ctx.inference.model).inc()
 
-    async def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext) -> None:
         """Give the flow-control seat back, and settle each hook's reservation on the usage
         the engine reported (``ctx.usage``)."""
         if ctx.seat is not None:
@@ -572,7 +572,7 @@ class Gateway:
             self.seat.waker.wake_peers()
         for hook, reservation in ctx.reservations:
             try:
-                await hook.settle(ctx, reservation, ctx.usage)
+                hook.settle(ctx, reservation, ctx.usage)
             except Exception:
                 log.exception("request hook settle failed")
 

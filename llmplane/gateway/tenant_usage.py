@@ -105,7 +105,7 @@ class TenantUsage:
             return Reservation(stream_filter=stream_filter)
         return None
 
-    async def settle(self, ctx: RequestContext, reservation: object, usage: Usage | None) -> None:
+    def settle(self, ctx: RequestContext, reservation: object, usage: Usage | None) -> None:
         inference, tenant, status = ctx.inference, ctx.tenant_name, ctx.status
         if tenant is None or inference is None:
             return

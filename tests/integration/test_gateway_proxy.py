@@ -255,7 +255,7 @@ class RecordingHook:
         self.events.append(("reserve", ctx.decision.model))
         return "token"
 
-    async def settle(self, ctx, reservation, usage):
+    def settle(self, ctx, reservation, usage):
         self.events.append(
             ("settle", reservation, usage.completion_tokens if usage else None, ctx.status)
         )
@@ -276,7 +276,7 @@ async def test_request_hooks_reserve_and_settle(store, upstreams, client, gatewa
         async def reserve(self, ctx):
             raise GatewayError(429, "token budget exhausted", "rate_limited", retry_after=7)
 
-        async def settle(self, *args):
+        def settle(self, *args):
             raise AssertionError("not reserved, not settled")
 
     gw.hooks = [Refuse()]
@@ -290,7 +290,7 @@ async def test_request_hooks_reserve_and_settle(store, upstreams, client, gatewa
         async def reserve(self, ctx):
             raise RuntimeError("a bug in a hook")
 
-        async def settle(self, *args):
+        def settle(self, *args):
             raise AssertionError("not reserved, not settled")
 
     gw.hooks = [Broken()]

@@ -299,7 +299,7 @@ async def test_redis_scripts_reserve_settle_and_refuse(redis_server):
         assert err.value.retry_after == 36
         assert err.value.headers["x-ratelimit-remaining-tokens-input"] == "60"
         # Settled: 70 real input (debit 30), 5 real output (35 back).
-        await limiter.settle(hook_ctx(req, d, 200), res, Usage(70, 5))
+        limiter.settle(hook_ctx(req, d, 200), res, Usage(70, 5))
         await limiter.drain()
         level = float(await client.hget("llmplane:ratelimit:{default/inproc}:input", "level"))
         assert 30 <= level < 31  # 100 - 70 (+ a little refill)

@@ -236,8 +236,8 @@ async def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
                     usage = Usage(rng.randint(0, 900), rng.randint(0, 300))
                     status = rng.choice((200, 200, 500))
                     reported = usage if rng.random() < 0.8 else None
-                    await fast.settle(hook_ctx(inference, decision, status), mine, reported)
-                    await general.settle(hook_ctx(inference, decision, status), theirs, reported)
+                    fast.settle(hook_ctx(inference, decision, status), mine, reported)
+                    general.settle(hook_ctx(inference, decision, status), theirs, reported)
                     seen["settled"] += 1
             assert fast.local.keys() == general.local.keys()
             for key, bucket in fast.local.items():

@@ -318,7 +318,7 @@ async def test_limiter_admits_refuses_settles_and_refills():
     body = orjson.loads(e.body())["error"]
     assert body["type"] == "tokens" and body["param"] is None
     # The first response used 10 output tokens: 30 come back.
-    await limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 10))
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 10))
     res2 = await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     assert res2.response_headers["x-ratelimit-remaining-tokens-output"] == "10"
     # 2 s later both buckets are full again (second unit).
@@ -335,7 +335,7 @@ async def test_limiter_debits_overuse_and_input_from_usage():
     req = chat("hi")  # no max_tokens: 10 reserved
     res = await limiter.reserve(hook_ctx(req, d))
     assert dict(res.taken[0].amounts)["output"] == 10
-    await limiter.settle(hook_ctx(req, d, 200), res, Usage(500, 95))  # real: 500 in, 95 out
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(500, 95))  # real: 500 in, 95 out
     left = await limiter.reserve(hook_ctx(chat("hi", max_tokens=1), d))
     assert left.response_headers["x-ratelimit-remaining-tokens-output"] == "4"  # 100-95-1
     assert left.response_headers["x-ratelimit-remaining-tokens-input"] == "498"  # 1000-500-2
@@ -367,7 +367,7 @@ async def test_limiter_ignores_unlimited_routes_and_failed_requests_refund():
     d = _Decision("ModelRoute/default/r#0")
     req = chat("x" * 36)  # 10 tokens: the whole bucket
     res = await limiter.reserve(hook_ctx(req, d))
-    await limiter.settle(hook_ctx(req, d, 503), res, None)
+    limiter.settle(hook_ctx(req, d, 503), res, None)
     assert await limiter.reserve(hook_ctx(chat("x" * 36), d)) is not None  # refunded
 
 

@@ -72,10 +72,10 @@ async def test_a_request_counts_even_when_it_used_nothing_but_a_failed_one_does_
     d = _Decision("a")
     req = chat("hi")
     res = await limiter.reserve(hook_ctx(req, d))
-    await limiter.settle(hook_ctx(req, d, 503), res, None)  # failed: the request comes back
+    limiter.settle(hook_ctx(req, d, 503), res, None)  # failed: the request comes back
     req = chat("hi")
     res = await limiter.reserve(hook_ctx(req, d))
-    await limiter.settle(hook_ctx(req, d, 200), res, Usage(1, 0))  # served: it stays counted
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(1, 0))  # served: it stays counted
     with pytest.raises(RateLimitError):
         await limiter.reserve(hook_ctx(chat("hi"), d))
 
@@ -91,7 +91,7 @@ async def test_tenant_token_limits_settle_on_usage():
     with pytest.raises(RateLimitError) as err:
         await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     assert err.value.type == "tokens" and "output tokens per minute (Tenant/a)" in err.value.message
-    await limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 5))  # 35 output tokens back
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 5))  # 35 output tokens back
     res = await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "5"
 
@@ -129,7 +129,7 @@ async def test_budget_counts_input_plus_output_over_its_own_unit():
     res = await limiter.reserve(hook_ctx(req, d))
     assert [a for part in res.taken for a in part.amounts] == [("requests", 1), ("budget", 80)]
     assert res.response_headers["x-ratelimit-remaining-tokens-budget"] == "20"
-    await limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 10))  # used 50: 30 back -> 50 left
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 10))  # used 50: 30 back -> 50 left
     with pytest.raises(RateLimitError) as err:
         await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))  # wants 80 of 50
     # 30 missing at 100 a day: 25,920 s; the request per second limit is not what blocks.

@@ -471,7 +471,7 @@ class RateLimiter:
             kind="requests" if blocking.direction == REQUESTS else "tokens",
         )
 
-    async def settle(
+    def settle(
         self, ctx: RequestContext, reservation: LimitReservation | None, usage: Usage | None
     ) -> None:
         """Give back what the request did not use, debit what it used beyond its reservation
