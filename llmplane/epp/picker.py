@@ -205,10 +205,10 @@ class EndpointPickerService:
         except GatewayError as err:
             gw.refused(ctx, err)
             return [protocol.immediate(err)]
-        pick, sched = ctx.pick, ctx.scheduling
-        assert pick is not None and sched is not None
+        pick = ctx.pick
+        assert pick is not None
         chosen = pick.endpoints[0]
-        gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
+        gw.sent_to(ctx, chosen)  # the prefix index
         chosen.add_inflight(1)
         ex.state = chosen
         if inference.stream:  # counted until its first chunk (saturationMaxPrefilling)
@@ -234,7 +234,7 @@ class EndpointPickerService:
         if served is None:  # not one the picker named: keep the accounting as it is
             return
         state.add_inflight(-1)
-        self.gateway.outliers.failure(state)  # passed over: it failed to connect or answer
+        self.gateway.answered(state, ok=False)  # passed over: it failed to connect or answer
         served.add_inflight(1)
         ex.state = served
         if ex.prefilling is not None:
@@ -315,9 +315,9 @@ class EndpointPickerService:
         if state is not None:
             state.add_inflight(-1)
             if ctx.status >= 500:
-                gw.outliers.failure(state)
+                gw.answered(state, ok=False)
             elif ctx.upstream_status:
-                gw.outliers.success(state)
+                gw.answered(state, ok=True)
         if ex.scanner is not None:
             ctx.usage = Usage.of(ex.scanner.usage)
             ctx.events = ex.scanner.events

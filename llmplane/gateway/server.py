@@ -552,6 +552,20 @@ class Gateway:
         self._scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
 
+    def sent_to(self, ctx: RequestContext, state: EndpointState) -> None:
+        """``ctx`` goes to ``state`` (the endpoint picker's data plane proxies it): the
+        scheduler's plugins that learn from where requests go (the prefix index) learn it."""
+        assert ctx.decision is not None and ctx.scheduling is not None
+        self.scheduler.profile(ctx.decision.backend.profile).on_pick(ctx.scheduling, state)
+
+    def answered(self, state: EndpointState, ok: bool) -> None:
+        """How a request went on ``state`` (not ``ok``: it failed or was passed over), for
+        outlier ejection."""
+        if ok:
+            self.outliers.success(state)
+        else:
+            self.outliers.failure(state)
+
     def refused(self, ctx: RequestContext, err: GatewayError) -> None:
         """Note a request answered with ``err`` instead of being served."""
         ctx.status = err.status
