@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -109,6 +109,66 @@ class LoraAdapter(ApiModel):
             )
 
 
+ExtraKey = Annotated[str, Field(min_length=1, max_length=128)]
+ExtraText = Annotated[str, Field(max_length=4096)]
+
+
+class KVConnector(ApiModel):
+    """How the KV cache of a prompt moves from the prefill replica to the decode replica.
+
+    ``sharedStorage``: vLLM's ExampleConnector through a directory both roles see (one
+    machine, or a shared volume); ``nixl``, ``lmcache``, ``mooncake``: vLLM's connectors of
+    those names; ``offloading``: vLLM's OffloadingConnector (CPU memory, per replica)."""
+
+    type: Literal["sharedStorage", "nixl", "lmcache", "mooncake", "offloading"] = "sharedStorage"
+    extra_config: dict[ExtraKey, ExtraText | int | float | bool] | None = Field(
+        default=None,
+        max_length=32,
+        description="Merged into vLLM's kv_connector_extra_config (e.g. num_cpu_blocks; "
+        "shared_storage_path replaces the directory llmplane chooses).",
+    )
+
+
+class DisaggregatedRole(ApiModel):
+    """One role (prefill or decode): its own replicas, engine args, envs, resources, flavors
+    and bounds; everything else comes from the Playground (model, backendRuntimeConfig)."""
+
+    replicas: int = Field(default=1, ge=0)
+    args: list[str] | None = Field(
+        default=None, description="Appended to the Playground's backendRuntimeConfig.args."
+    )
+    envs: list[EnvVar] | None = None
+    resources: ResourceRequirements | None = None
+    inference_flavors: list[str] | None = None
+    elastic_config: ElasticConfig | None = None
+
+
+class Disaggregation(ApiModel):
+    """Prefill/decode disaggregation: two workloads of one model paired by the gateway."""
+
+    kv_connector: KVConnector = Field(default_factory=KVConnector)
+    prefill: DisaggregatedRole = Field(default_factory=DisaggregatedRole)
+    decode: DisaggregatedRole = Field(default_factory=DisaggregatedRole)
+
+    def check(self, path: str) -> Iterator[Violation]:
+        zero = {
+            role: bool(cfg.elastic_config and cfg.elastic_config.min_replicas == 0)
+            for role, cfg in (("prefill", self.prefill), ("decode", self.decode))
+        }
+        if zero["prefill"] != zero["decode"]:
+            one = "prefill" if zero["prefill"] else "decode"
+            yield Violation(
+                join_path(join_path(join_path(path, one), "elasticConfig"), "minReplicas"),
+                "scale to zero applies to the pair: set minReplicas 0 on both roles or neither",
+            )
+
+
+class LlmplaneExtensions(ApiModel):
+    """llmplane's own Playground fields, under one key llmaz will not use (``spec.llmplane``)."""
+
+    disaggregation: Disaggregation | None = None
+
+
 class PlaygroundSpec(ApiModel):
     replicas: int = Field(default=1, ge=0)
     model_claim: ModelClaim | None = None
@@ -116,10 +176,21 @@ class PlaygroundSpec(ApiModel):
     backend_runtime_config: BackendRuntimeConfig = Field(default_factory=BackendRuntimeConfig)
     elastic_config: ElasticConfig | None = None
     lora_adapters: list[LoraAdapter] | None = Field(default=None, max_length=256)
+    llmplane: LlmplaneExtensions | None = None
+
+    @property
+    def disaggregation(self) -> Disaggregation | None:
+        return self.llmplane.disaggregation if self.llmplane else None
 
     def check(self, path: str) -> Iterator[Violation]:
         if (self.model_claim is None) == (self.model_claims is None):
             yield Violation(path, "exactly one of modelClaim or modelClaims must be set")
+        if self.disaggregation is not None:
+            where = "with llmplane.disaggregation each role has its own"
+            if self.replicas != 1:  # written back as 1 when left out: tolerated
+                yield Violation(join_path(path, "replicas"), f"{where} replicas; leave it out")
+            if self.elastic_config is not None:
+                yield Violation(join_path(path, "elasticConfig"), f"{where} elasticConfig")
         names = [a.name for a in self.lora_adapters or []]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -162,6 +233,16 @@ class Playground(Resource):
     kind: Literal["Playground"] = "Playground"
     spec: PlaygroundSpec
     status: ScaleStatus | None = None
+
+    def check(self, path: str) -> Iterator[Violation]:
+        # Role Services are named <name>-prefill / <name>-decode: still DNS-1123 labels.
+        longest = 63 - len("-prefill")
+        if self.spec.disaggregation is not None and len(self.name) > longest:
+            yield Violation(
+                join_path(join_path(path, "metadata"), "name"),
+                f"at most {longest} characters with llmplane.disaggregation (its workloads are "
+                "named <name>-prefill and <name>-decode)",
+            )
 
 
 class ServiceSpec(ApiModel):

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from llmplane.controlplane.disaggregation import ROLES, role_service_name
 from llmplane.controlplane.events import events_for
 from llmplane.controlplane.plan import REPLICA_LABEL, SERVICE_LABEL
 from llmplane.store.base import Store
@@ -52,10 +53,16 @@ def _events(store: Store, *objs: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def endpoint_view(
-    state: Any, staleness: float, now: float, prefix_rate: Callable[[str], float | None]
+    state: Any,
+    staleness: float,
+    now: float,
+    prefix_rate: Callable[[str], float | None],
+    kv_index: Any = None,
 ) -> dict[str, Any]:
-    """What the console shows of one endpoint state (no request data, no credentials)."""
+    """What the console shows of one endpoint state (no request data, no credentials);
+    ``kv_index``: the gateway's index of the blocks replicas report in their KV events."""
     fresh = state.metrics_fresh(staleness, now)
+    indexed = kv_index.replicas.get(state.address) if kv_index is not None else None
     return {
         "address": state.address,
         "engine": state.endpoint.engine,
@@ -66,6 +73,10 @@ def endpoint_view(
         "queue": round(state.queue_estimate(staleness, now), 2),
         "kv": round(state.kv_usage, 4) if fresh and state.has_kv else None,
         "prefixHitRate": prefix_rate(state.address),
+        # Blocks the gateway indexed from its KV events (None: it publishes none) and the
+        # block size, from the events, else the engine's metrics (0: not known).
+        "kvBlocks": len(indexed.blocks) if indexed is not None else None,
+        "kvBlockSize": (indexed.block_size if indexed is not None else 0) or state.block_size,
         "metricsFresh": fresh,
         "ejected": state.ejected(now),
         "served": sorted(state.served_models) if state.served_models else [],
@@ -126,7 +137,8 @@ def snapshot(
     view = gateway.view() if gateway is not None else None
     states: dict[str, Any] = {s.address: s for s in view.endpoints} if view is not None else {}
     staleness = view.metrics_staleness if view is not None else 1.0
-    views = {a: endpoint_view(s, staleness, now, prefix_rate) for a, s in states.items()}
+    index = view.kv_index if view is not None else None
+    views = {a: endpoint_view(s, staleness, now, prefix_rate, index) for a, s in states.items()}
     claimed: set[str] = set()
 
     playgrounds = store.list("Playground")
@@ -134,22 +146,31 @@ def snapshot(
     by_key = {
         (s["metadata"].get("namespace") or "default", s["metadata"]["name"]): s for s in services
     }
-    pairs: list[tuple[dict[str, Any] | None, dict[str, Any] | None]] = []
+    # (Playground, Service, role): a disaggregated Playground is one workload per role.
+    pairs: list[tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]] = []
     for pg in playgrounds:
-        key = (pg["metadata"].get("namespace") or "default", pg["metadata"]["name"])
-        pairs.append((pg, by_key.pop(key, None)))
+        namespace = pg["metadata"].get("namespace") or "default"
+        if ((pg.get("spec") or {}).get("llmplane") or {}).get("disaggregation"):
+            for role in ROLES:
+                name = role_service_name(pg["metadata"]["name"], role)
+                pairs.append((pg, by_key.pop((namespace, name), None), role))
+            continue
+        pairs.append((pg, by_key.pop((namespace, pg["metadata"]["name"]), None), None))
     for svc in by_key.values():
         if _owned_by_playground(svc) is None:
-            pairs.append((None, svc))
+            pairs.append((None, svc, None))
 
     workloads = []
-    for pg, svc in pairs:
+    for pg, svc, role in pairs:
         main = pg if pg is not None else svc
         assert main is not None
         meta = main["metadata"]
         namespace = meta.get("namespace") or "default"
-        name = meta["name"]
-        spec_replicas = (main.get("spec") or {}).get("replicas")
+        name = meta["name"] if role is None else role_service_name(meta["name"], role)
+        spec = main.get("spec") or {}
+        if role is not None:
+            spec = (spec["llmplane"]["disaggregation"] or {}).get(role) or {}
+        spec_replicas = spec.get("replicas")
         desired = 1 if spec_replicas is None else int(spec_replicas)
         status = runtime.status(f"{namespace}/{name}") if runtime is not None else None
         replicas = []
@@ -190,12 +211,14 @@ def snapshot(
                 "kind": main["kind"],
                 "namespace": namespace,
                 "name": name,
+                "role": role,  # prefill | decode for a disaggregated Playground's workloads
+                "playground": meta["name"] if pg is not None else None,
                 "models": _models_of(pg, svc),
                 "backend": _backend_of(pg, svc),
                 "desired": desired,
                 "ready": ready,
                 "replicas": replicas,
-                "conditions": _conditions(main),
+                "conditions": _conditions(svc if role is not None else main),
                 "events": _events(store, pg, svc) if events else [],
             }
         )

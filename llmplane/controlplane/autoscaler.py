@@ -25,6 +25,7 @@ from llmplane.api.inference import BackendRuntime, Playground, ScaleTrigger
 from llmplane.api.llmaz import OpenModel
 from llmplane.api.units import parse_quantity
 from llmplane.controlplane import autoscaling
+from llmplane.controlplane.disaggregation import ROLES, role_service_name, role_spec
 from llmplane.controlplane.events import record_event
 from llmplane.quiet import QuietRetries
 from llmplane.store.base import Conflict, Store, StoreUnavailable
@@ -115,10 +116,12 @@ class Deciders:
         held: int,
         requests: Mapping[str, float],
         now: float,
+        role: str | None = None,
     ) -> autoscaling.Decision:
         """Record this pass's ``sample`` (ready replicas' signals by address), ``seen`` (the
-        request counter) and ``held`` (activator queue), then decide for ``pg``."""
-        elastic = pg.spec.elastic_config
+        request counter) and ``held`` (activator queue), then decide for ``pg`` (for one
+        ``role`` of a disaggregated Playground: that role's replicas and bounds)."""
+        elastic, current = role_scale(pg, role)
         assert elastic is not None
         tracked = self._tracked.setdefault(key, _Tracked())
         tracked.samples.append((now, sample))
@@ -129,7 +132,6 @@ class Deciders:
             tracked.last_request_at = now
         tracked.seen = seen
 
-        current = pg.spec.replicas
         averaged = average(tracked.samples, set(sample))
         signals = [
             autoscaling.ReplicaSignals(values=v, requests=requests) for v in averaged.values()
@@ -152,6 +154,34 @@ class Deciders:
     def reason(self, key: str) -> str:
         tracked = self._tracked.get(key)
         return tracked.reason if tracked else ""
+
+
+def role_scale(pg: Playground, role: str | None) -> tuple[Any, int]:
+    """(elasticConfig, declared replicas) of a Playground, or of one of its roles."""
+    dis = pg.spec.disaggregation
+    if role is None or dis is None:
+        return pg.spec.elastic_config, pg.spec.replicas
+    spec = role_spec(dis, role)
+    return spec.elastic_config, spec.replicas
+
+
+def scaled_workloads(pg: Playground) -> list[tuple[str | None, str]]:
+    """(role, Service name) of every workload of ``pg`` with elasticConfig: the Playground's
+    own, or each role of a disaggregated one that has its own bounds."""
+    dis = pg.spec.disaggregation
+    if dis is None:
+        return [(None, pg.name)] if pg.spec.elastic_config is not None else []
+    return [
+        (role, role_service_name(pg.name, role))
+        for role in ROLES
+        if role_spec(dis, role).elastic_config is not None
+    ]
+
+
+def pair_key(pg: Playground) -> str:
+    """Where the activator counts requests held for a disaggregated Playground (it holds them
+    by Playground until both roles have a replica): the demand that wakes both roles."""
+    return f"{pg.namespace}/{pg.name}"
 
 
 def replica_requests(service: Mapping[str, Any] | None) -> dict[str, float]:
@@ -225,7 +255,7 @@ class Autoscaler:
     def step(self) -> None:
         """One pass: sample, decide, write."""
         now = self.clock()
-        playgrounds = [p for p in self._objects("Playground", Playground) if p.spec.elastic_config]
+        playgrounds = [p for p in self._objects("Playground", Playground) if scaled_workloads(p)]
         if not playgrounds:
             self.deciders.forget(set())
             return
@@ -233,29 +263,43 @@ class Autoscaler:
         backends = {b.name: b for b in self._objects("BackendRuntime", BackendRuntime)}
         live = set()
         for pg in playgrounds:
-            key = f"{pg.namespace}/{pg.name}"
-            live.add(key)
             backend = backends.get(pg.spec.backend_runtime_config.backend_name)
-            self._one(pg, key, autoscaling.trigger_in_force(pg, backend, models), now)
+            for role, service in scaled_workloads(pg):
+                key = f"{pg.namespace}/{service}"
+                live.add(key)
+                if role is None:
+                    trigger = autoscaling.trigger_in_force(pg, backend, models)
+                else:
+                    trigger = autoscaling.role_trigger(role, role_scale(pg, role)[0])
+                self._one(pg, key, trigger, now, role, service)
         self.deciders.forget(live)
 
-    def _one(self, pg: Playground, key: str, trigger: ScaleTrigger | None, now: float) -> None:
+    def _one(
+        self,
+        pg: Playground,
+        key: str,
+        trigger: ScaleTrigger | None,
+        now: float,
+        role: str | None = None,
+        service: str | None = None,
+    ) -> None:
         assert trigger is not None
         sample = {a: dict(v) for a, v in self.signals.replica_signals(key).items()}
         for source in self.extra:
             for address, values in source.replica_signals(key).items():
                 if address in sample:  # only replicas the gateway routes to
                     sample[address].update(values)
-        current = pg.spec.replicas
+        current = role_scale(pg, role)[1]
         decision = self.deciders.decide(
             pg,
             key,
             trigger,
             sample,
             self.signals.requests_seen(key),
-            self.signals.held(key),
-            replica_requests(self.store.get("Service", pg.name, pg.namespace)),
+            self.signals.held(key) + (self.signals.held(pair_key(pg)) if role else 0),
+            replica_requests(self.store.get("Service", service or pg.name, pg.namespace)),
             now,
+            role,
         )
         desired, reason = decision.desired, decision.reason
         # The embedded runtime's replica ceiling (runtime/capacity.py): a Playground without
@@ -264,20 +308,30 @@ class Autoscaler:
         if ceiling is not None and desired > ceiling:
             desired, reason = ceiling, f"{reason}; limited to {ceiling} (this machine's ceiling)"
         if desired != current:
-            self._scale(pg, desired, reason, current)
+            self._scale(pg, desired, reason, current, role)
 
-    def _scale(self, pg: Playground, desired: int, reason: str, current: int) -> None:
+    def _scale(
+        self, pg: Playground, desired: int, reason: str, current: int, role: str | None = None
+    ) -> None:
         obj = self.store.get("Playground", pg.name, pg.namespace)
-        if obj is None or (obj.get("spec") or {}).get("replicas", 1) != current:
+        if obj is None:
+            return
+        spec = obj["spec"]
+        if role is not None:  # spec.llmplane.disaggregation.<role>.replicas
+            spec = spec["llmplane"]["disaggregation"].setdefault(role, {})
+        if spec.get("replicas", 1) != current:
             return  # changed meanwhile: decide again on the next pass
-        obj["spec"]["replicas"] = desired
+        spec["replicas"] = desired
         obj.pop("status", None)
         try:
             stored = self.store.apply(obj)  # resourceVersion kept: a concurrent edit wins
         except Conflict:
             return
         message = rescale_message(desired, reason)
-        log.info("Playground %s/%s: %d -> %d (%s)", pg.namespace, pg.name, current, desired, reason)
+        what = f"{pg.name} {role}" if role else pg.name
+        log.info("Playground %s/%s: %d -> %d (%s)", pg.namespace, what, current, desired, reason)
+        if role is not None:
+            message = f"{role}: {message}"
         record_event(self.store, stored, RESCALE, message)
 
     def reason(self, key: str) -> str:

@@ -117,6 +117,43 @@ DEFAULT_TRIGGER: ScaleTrigger = _default_trigger()
 8 requests in flight per replica on average (engine-agnostic: every backend has it)."""
 
 
+def _pods_trigger(*targets: tuple[str, float]) -> ScaleTrigger:
+    metrics = [
+        MetricSpec(
+            type="Pods",
+            pods=PodsMetricSource(
+                metric=MetricIdentifier(name=name),
+                target=MetricTarget(type="AverageValue", average_value=value),
+            ),
+        )
+        for name, value in targets
+    ]
+    return ScaleTrigger(hpa=HPATrigger(metrics=metrics))
+
+
+# Disaggregated roles load differently, so each has its own default trigger (a role's
+# elasticConfig.scaleTrigger replaces it). Prefill replicas answer one token per request: their
+# load is the prompts queued for prefill (the engine's waiting queue), and in-flight counts at
+# the gateway say little (a decode request holds its slot for the whole answer). Decode
+# replicas' load is the sequences being generated and the KV cache they hold.
+ROLE_TRIGGERS: dict[str, ScaleTrigger] = {
+    "prefill": _pods_trigger(("vllm:num_requests_waiting", 2)),
+    "decode": _pods_trigger(("vllm:num_requests_running", 16), ("vllm:kv_cache_usage_perc", 0.8)),
+}
+
+
+def role_trigger(role: str, elastic: ElasticConfig | None) -> ScaleTrigger | None:
+    """The trigger in force for one role of a disaggregated Playground: the role's own
+    ``scaleTrigger``, else the role's default (``ROLE_TRIGGERS``); None without elasticConfig."""
+    if elastic is None:
+        return None
+    default = ROLE_TRIGGERS[role]
+    own = elastic.scale_trigger
+    if own is not None and not own.hpa.metrics:  # behavior only: the role's own metrics
+        return ScaleTrigger(hpa=own.hpa.model_copy(update={"metrics": default.hpa.metrics}))
+    return effective_trigger(elastic, default)
+
+
 # --- inputs and outputs ------------------------------------------------------------------------
 
 

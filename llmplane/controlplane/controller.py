@@ -17,6 +17,13 @@ from llmplane.aio import wait_event
 from llmplane.api.inference import BackendRuntime, Playground, Service
 from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane import conditions as cond
+from llmplane.controlplane.disaggregation import (
+    ROLES,
+    role_service_name,
+    roles_status,
+    service_names,
+    services_for,
+)
 from llmplane.controlplane.events import EVENT_KIND, record_event
 from llmplane.controlplane.loads import ModelLoads
 from llmplane.controlplane.plan import BACKEND_LABEL, WorkloadPlan
@@ -59,6 +66,7 @@ class Controller:
         self.resync_seconds = resync_seconds
         self._dirty = asyncio.Event()
         self.loads = ModelLoads(cache_dir, self.kick)
+        self.kv_dir = cache_dir / "kv"  # shared-storage KV connectors: one directory per Playground
         self._realised: dict[str, str] = {}  # service key -> plan template hash + replicas
         self._store_trouble = QuietRetries(log, "reconciling (writing status to the store)")
 
@@ -200,35 +208,59 @@ class Controller:
     ) -> bool:
         """Create or update the Playground's Service; False when it cannot (status says why)."""
         backend = backends.get(pg.spec.backend_runtime_config.backend_name)
-        existing = self.store.get("Service", pg.name, pg.namespace)
-        abort = name_taken(pg, existing) or missing_inputs(
-            pg, models, backend, known_backends=backends
-        )
+        names = service_names(pg)
+        existing = {n: self.store.get("Service", n, pg.namespace) for n in names}
+        abort = next((t for t in (name_taken(pg, e) for e in existing.values()) if t), None)
+        abort = abort or missing_inputs(pg, models, backend, known_backends=backends)
         if abort is None and backend is not None:
+            kv_path = self.kv_dir / (pg.namespace or "default") / pg.name
             try:
-                service = service_for_playground(
-                    Inputs(pg, models, backend), locate=self.loads.path
+                services = services_for(
+                    pg,
+                    lambda p: service_for_playground(Inputs(p, models, backend), self.loads.path),
+                    str(kv_path),
                 )
             except PlanningError as err:
                 abort = str(err)
+            else:
+                if pg.spec.disaggregation is not None:
+                    kv_path.mkdir(parents=True, exist_ok=True)
         if abort is not None or backend is None:
             self._write_playground_status(pg, abort=abort)
             return False
-        desired = service.to_dict()
-        desired.pop("status", None)
-        created = existing is None
-        self.store.apply(desired)  # a no-op when nothing changed
+        self._drop_other_services(pg, set(names))
         owner = self.store.get("Playground", pg.name, pg.namespace)
-        if created and owner is not None:
-            record_event(self.store, owner, "ServiceCreated", f"Created Service {pg.name}")
+        for service in services:
+            desired = service.to_dict()
+            desired.pop("status", None)
+            self.store.apply(desired)  # a no-op when nothing changed
+            if existing.get(service.name) is None and owner is not None:
+                message = f"Created Service {service.name}"
+                record_event(self.store, owner, "ServiceCreated", message)
         return True
+
+    def _drop_other_services(self, pg: Playground, keep: set[str]) -> None:
+        """Services the Playground owns under other names (it switched to or from roles)."""
+        for obj in self.store.list("Service", pg.namespace):
+            refs = obj["metadata"].get("ownerReferences") or []
+            mine = any(r.get("controller") and r.get("uid") == pg.metadata.uid for r in refs)
+            if mine and obj["metadata"]["name"] not in keep:
+                self.store.delete("Service", obj["metadata"]["name"], pg.namespace)
 
     def _write_playground_status(self, pg: Playground, abort: str | None = None) -> None:
         obj = self.store.get("Playground", pg.name, pg.namespace)
         if obj is None:
             return
-        svc = None if abort else self.store.get("Service", pg.name, pg.namespace)
-        new = playground_status(obj.get("status"), obj["metadata"].get("generation"), svc, abort)
+        generation = obj["metadata"].get("generation")
+        if abort is None and pg.spec.disaggregation is not None:
+            roles = {
+                r: self.store.get("Service", role_service_name(pg.name, r), pg.namespace)
+                for r in ROLES
+            }
+            new = roles_status(obj.get("status"), generation, roles)
+        else:
+            svc = None if abort else self.store.get("Service", pg.name, pg.namespace)
+            new = playground_status(obj.get("status"), generation, svc, abort)
         old, now = self._write_status(obj, new, cond.AVAILABLE)
         if abort is not None and not same_status(obj.get("status"), new):
             record_event(self.store, obj, ABORT_PROCESSING, abort, "Warning")

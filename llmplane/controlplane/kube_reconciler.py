@@ -21,7 +21,13 @@ from llmplane.api.documents import InvalidResources, parse_document
 from llmplane.api.inference import BackendRuntime, Playground, Service
 from llmplane.api.llmaz import OpenModel
 from llmplane.controlplane import planning
-from llmplane.controlplane.plan import BACKEND_LABEL
+from llmplane.controlplane.disaggregation import (
+    ROLES,
+    role_service_name,
+    roles_status,
+    service_names,
+)
+from llmplane.controlplane.plan import BACKEND_LABEL, ROLE_LABEL
 from llmplane.controlplane.planning import PlanningError
 from llmplane.controlplane.status import (
     playground_status,
@@ -35,6 +41,7 @@ from llmplane.kube.kinds import Kind
 from llmplane.kube.metadata import slim
 from llmplane.operator.resources import kind_for
 from llmplane.runtime import kube
+from llmplane.runtime.kube.roles import playground_services
 
 log = logging.getLogger("llmplane.operator")
 
@@ -95,40 +102,62 @@ class Reconciler:
         obj = await self.client.get_or_none(kinds.PLAYGROUND, name, namespace)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return  # its Service, HPA and workload go with it (ownerReferences)
-        abort, service = await self._apply_playground(obj, namespace, name)
+        abort, services = await self._apply_playground(obj, namespace, name)
         generation = obj["metadata"].get("generation")
-        status = playground_status(obj.get("status"), generation, service, abort)
+        if abort is None and len(services) > 1:
+            status = roles_status(obj.get("status"), generation, services)
+        else:
+            service = next(iter(services.values()), None)
+            status = playground_status(obj.get("status"), generation, service, abort)
         await self._write_status(kinds.PLAYGROUND, obj, status)
 
     async def _apply_playground(
         self, obj: dict[str, Any], namespace: str, name: str
-    ) -> tuple[str | None, dict[str, Any] | None]:
-        """Apply the Playground's Service (and HPA): (None, the Service), or (why not, None)."""
+    ) -> tuple[str | None, dict[str, dict[str, Any] | None]]:
+        """Apply the Playground's Service (and HPA), or its role Services when disaggregated:
+        (None, {role or "": the Service as stored}), or (why not, {})."""
         try:
             pg = parse(Playground, obj)
         except InvalidResources as err:
-            return str(err), None
-        existing = await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)
-        taken = planning.name_taken(pg, existing)
-        if taken is not None:
-            return taken, None
+            return str(err), {}
+        for service_name in service_names(pg):
+            existing = await self.client.get_or_none(
+                kinds.INFERENCE_SERVICE, service_name, namespace
+            )
+            taken = planning.name_taken(pg, existing)
+            if taken is not None:
+                return taken, {}
         models, _ = await self._models([m.name for m in planning.claims_of(pg).models])
         backend_name = pg.spec.backend_runtime_config.backend_name
         backend_obj = await self.client.get_or_none(kinds.BACKENDRUNTIME, backend_name)
         backend = parse(BackendRuntime, backend_obj) if backend_obj is not None else None
         abort = planning.missing_inputs(pg, models, backend)
         if abort is not None or backend is None:
-            return abort, None
+            return abort, {}
         try:
-            _, objects = kube.playground_objects(pg, models, backend)
+            services, objects = playground_services(pg, models, backend)
         except PlanningError as err:
-            return str(err), None
+            return str(err), {}
         await self._apply_all(objects)
         if not any(o["kind"] == "HorizontalPodAutoscaler" for o in objects):
             hpa = await self.client.get_or_none(kinds.HPA, name, namespace)
             if hpa is not None and _controlled_by(hpa, obj):
                 await self.client.delete(kinds.HPA, name, namespace)
-        return None, await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)
+        # Services it owns under other names (it switched to or from disaggregation).
+        wanted = {service.name for service in services}
+        for other in (pg.name, *(role_service_name(pg.name, role) for role in ROLES)):
+            if other in wanted:
+                continue
+            old = await self.client.get_or_none(kinds.INFERENCE_SERVICE, other, namespace)
+            if old is not None and _controlled_by(old, obj):
+                await self.client.delete(kinds.INFERENCE_SERVICE, other, namespace)
+        stored = {}
+        for service in services:
+            role = (service.metadata.labels or {}).get(ROLE_LABEL, "")
+            stored[role] = await self.client.get_or_none(
+                kinds.INFERENCE_SERVICE, service.name, namespace
+            )
+        return None, stored
 
     async def service(self, namespace: str, name: str) -> None:
         obj = await self.client.get_or_none(kinds.INFERENCE_SERVICE, name, namespace)

@@ -19,6 +19,9 @@ SERVICE_LABEL = "inference.llmaz.io/service-name"
 PLAYGROUND_LABEL = "inference.llmaz.io/playground-name"
 BACKEND_LABEL = "inference.llmaz.io/backend-name"
 REPLICA_LABEL = "llmplane.io/replica-index"
+# Disaggregated Playgrounds: which role a replica has, and the group the gateway pairs within.
+ROLE_LABEL = "llmplane.io/role"
+PD_GROUP_LABEL = "llmplane.io/pd-group"
 FLAVORS_ANNOTATION = "llmaz.io/inference-service-flavors"
 SKIP_LOADER_ANNOTATION = "llmaz.io/skip-model-loader"
 

@@ -33,6 +33,7 @@ class RequestContext:
     __slots__ = (
         "attempts",
         "bootstrap_room",
+        "cached_predicted",
         "candidates",
         "decision",
         "end",
@@ -101,6 +102,8 @@ class RequestContext:
         self.failures: list[str] | None = None
         self.sent_model: str | None = None
         self.sched_ms: float | None = None
+        # Prompt tokens the KV index said the chosen replica holds (precise prefix routing).
+        self.cached_predicted: int | None = None
         self.pd: str | None = None
         self.prefill_endpoint: str | None = None
         self.prefill_ms: float | None = None
@@ -153,6 +156,9 @@ class RequestContext:
             record["queued_ms"] = round(self.waited * 1000, 3)
         if self.pick is not None:
             record["profile"] = self.pick.profile
+        if self.cached_predicted is not None:
+            record["cached_tokens_predicted"] = self.cached_predicted
+        if self.pick is not None:
             record["scores"] = self.pick.scores
         if self.pd is not None:  # the prefill/decode fields are only set with it
             record["pd"] = self.pd

@@ -31,6 +31,7 @@ from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.scheduler.framework import Scheduler
+from llmplane.gateway.scheduler.precise_prefix import predicted_cached_tokens
 from llmplane.gateway.upstream_client import (
     RawHeaders,
     UpstreamPool,
@@ -307,6 +308,7 @@ class Proxy:
                 await asyncio.sleep(attempts.interval)
             state = order[attempt % len(order)]
             profile.on_pick(sched, state)
+            ctx.cached_predicted = predicted_cached_tokens(sched, state.key)
             address = backend.address(state)
             try:
                 response = await self.send(ctx, state, address, headers, body, attempts.may_retry)

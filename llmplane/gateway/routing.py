@@ -48,6 +48,7 @@ from llmplane.api.kthena import ModelRoute, ModelServer, StringMatch
 from llmplane.api.llmd import OBJECTIVE_HEADERS, InferenceModelRewrite, InferenceObjective
 from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.disaggregated import GROUP_KEY, pd_pairs
 from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady
 from llmplane.gateway.playgrounds import (
     DeclaredAdapter,
@@ -645,6 +646,13 @@ def build_table(
             profile=profiles.get(name),
             **defaults,
         )
+    for name, decodes, prefill, mode in pd_pairs(by_kind["Playground"], states):
+        default = table.defaults.get(name)
+        if default is not None and not (decodes and prefill):
+            del table.defaults[name]  # no pair yet: activatable (held until both roles are up)
+        elif default is not None:  # decode replicas, each paired with a prefill one (pd.py)
+            pd = PDBackend(GROUP_KEY, prefill, mode)
+            table.defaults[name] = replace(default, candidates=decodes, pd=pd)
     _adapter_routes(
         table,
         states,

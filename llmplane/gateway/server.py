@@ -94,6 +94,7 @@ class GatewayView:
     requests: dict[str, float]  # requests answered so far, by endpoint address
     queued: dict[str, float]  # waiting in flow control, shared out over their endpoints
     held: dict[str, int]  # waiting at the activator, by workload (namespace/name)
+    kv_index: Any = None  # which replica holds which KV block (kvcache/index.py), if any
 
 
 class Gateway:
@@ -336,6 +337,7 @@ class Gateway:
             requests,
             self.flow.queued_by_endpoint(),
             held,
+            self.kv.subscriber.index,
         )
 
     def inflight(self, address: str) -> int:

@@ -160,6 +160,19 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
 
+    async def merge_patch(
+        self, kind: Kind, name: str, namespace: str | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A JSON merge patch of the object; a ``metadata.resourceVersion`` in ``body`` makes
+        it apply only if the object is unchanged since (else ``Conflict``)."""
+        return await self._call(
+            "PATCH",
+            kind.path(namespace, name),
+            query=[("fieldManager", FIELD_MANAGER)],
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
     async def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool:
         try:
             await self._call(

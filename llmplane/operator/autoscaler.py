@@ -36,8 +36,11 @@ from llmplane.controlplane.autoscaler import (
     RESCALE,
     AutoscalerConfig,
     Deciders,
+    pair_key,
     replica_requests,
     rescale_message,
+    role_scale,
+    scaled_workloads,
 )
 from llmplane.controlplane.events import event_object
 from llmplane.controlplane.kube_reconciler import parse
@@ -110,10 +113,10 @@ class KubeAutoscaler:
         elastic = [
             (pg, obj)
             for pg, obj in await self._parsed(PLAYGROUND, Playground, True)
-            if pg.spec.elastic_config is not None
+            if scaled_workloads(pg)
         ]
-        ours: list[tuple[Playground, dict[str, Any], BackendRuntime | None]] = []
-        models: dict[str, OpenModel] = {}
+        # (Playground, its object, trigger, role or None, the Service of the workload)
+        ours: list[tuple[Playground, dict[str, Any], Any, str | None, str]] = []
         if elastic:
             models = {m.name: m for m, _ in await self._parsed(OPENMODEL, OpenModel, False)}
             backends = {
@@ -121,46 +124,64 @@ class KubeAutoscaler:
             }
             for pg, obj in elastic:
                 backend = backends.get(pg.spec.backend_runtime_config.backend_name)
-                if scaled_by_llmplane(pg, backend, models):
-                    ours.append((pg, obj, backend))
-        self.deciders.forget({f"{pg.namespace}/{pg.name}" for pg, _, _ in ours})
+                for role, service in scaled_workloads(pg):
+                    if role is not None:  # roles get no HPA: always scaled here
+                        trigger = autoscaling.role_trigger(role, role_scale(pg, role)[0])
+                        ours.append((pg, obj, trigger, role, service))
+                    elif scaled_by_llmplane(pg, backend, models):
+                        trigger = autoscaling.trigger_in_force(pg, backend, models)
+                        ours.append((pg, obj, trigger, None, service))
+        self.deciders.forget({f"{pg.namespace}/{service}" for pg, _, _, _, service in ours})
         if not ours:
             return
         snapshot = await self.signals.fetch()
         if snapshot is None:
             return  # no gateway answered: nothing is known about load
-        for pg, obj, backend in ours:
-            key = f"{pg.namespace}/{pg.name}"
-            trigger = autoscaling.trigger_in_force(pg, backend, models)
+        for pg, obj, trigger, role, service_name in ours:
+            key = f"{pg.namespace}/{service_name}"
             assert trigger is not None
-            service = await self.client.get_or_none(INFERENCE_SERVICE, pg.name, pg.namespace)
+            service = await self.client.get_or_none(INFERENCE_SERVICE, service_name, pg.namespace)
             decision = self.deciders.decide(
                 pg,
                 key,
                 trigger,
                 snapshot.replica_signals(key),
                 snapshot.requests_seen(key),
-                snapshot.held(key),
+                snapshot.held(key) + (snapshot.held(pair_key(pg)) if role else 0),
                 replica_requests(service),
                 now,
+                role,
             )
-            if decision.desired != pg.spec.replicas:
-                await self._scale(obj, pg.spec.replicas, decision.desired, decision.reason)
+            current = role_scale(pg, role)[1]
+            if decision.desired != current:
+                await self._scale(obj, current, decision.desired, decision.reason, role)
 
-    async def _scale(self, obj: dict[str, Any], current: int, desired: int, reason: str) -> None:
+    async def _scale(
+        self, obj: dict[str, Any], current: int, desired: int, reason: str, role: str | None
+    ) -> None:
         meta = obj["metadata"]
         namespace = meta.get("namespace") or "default"
         try:
-            await self.client.scale(
-                PLAYGROUND, meta["name"], namespace, desired, meta.get("resourceVersion")
-            )
+            if role is None:
+                await self.client.scale(
+                    PLAYGROUND, meta["name"], namespace, desired, meta.get("resourceVersion")
+                )
+            else:  # spec.llmplane.disaggregation.<role>.replicas: no scale subresource
+                body = {
+                    "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                    "spec": {"llmplane": {"disaggregation": {role: {"replicas": desired}}}},
+                }
+                await self.client.merge_patch(PLAYGROUND, meta["name"], namespace, body)
         except Conflict:
             return  # changed since it was read: decide again on the next pass
         log.info(
             "Playground %s/%s: %d -> %d (%s)", namespace, meta["name"], current, desired, reason
         )
         try:
-            await self.client.create(EVENT, rescale_event(obj, rescale_message(desired, reason)))
+            message = rescale_message(desired, reason)
+            if role is not None:
+                message = f"{role}: {message}"
+            await self.client.create(EVENT, rescale_event(obj, message))
         except Exception as err:  # an Event is for people; the scaling stands without it
             log.warning("could not post the rescale Event of %s: %s", meta["name"], err)
 

@@ -355,6 +355,70 @@ async def _wait_settled(kube: KubeEmulator, quiet: float = 0.5) -> None:
     await eventually(quiet_period, 30, every=0, what="the operator to stop writing")
 
 
+async def test_disaggregated_playground_runs_roles_scaled_apart() -> None:
+    async with running() as (kube, _):
+        for doc in _wire(EXAMPLES / "disaggregated-vllm.yaml"):
+            await kube.create(doc)
+        name = "qwen2-5-0-5b"
+        prefill = await kube.wait_for(
+            lambda: kube.get(LWS, "LeaderWorkerSet", f"{name}-prefill", "default")
+        )
+        decode = await kube.wait_for(
+            lambda: kube.get(LWS, "LeaderWorkerSet", f"{name}-decode", "default")
+        )
+        for lws, role in ((prefill, "prefill"), (decode, "decode")):
+            labels = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]
+            assert labels["llmplane.io/role"] == role
+        assert kube.get(SVC, "Service", name, "default") is None  # no Service of its own name
+
+        # Only prefill is up: the Playground says decode is what it waits for.
+        await _lws_ready(kube, f"{name}-prefill", 1)
+
+        def waiting_on_decode() -> bool:
+            available = _cond(kube.get(SVC, "Playground", name, "default"), "Available") or {}
+            message = available.get("message", "")
+            return available.get("status") == "False" and message.startswith("decode not ready")
+
+        await kube.wait_for(waiting_on_decode)
+        await _lws_ready(kube, f"{name}-decode", 1)
+        available = await kube.wait_for(
+            lambda: (
+                (c := _cond(kube.get(SVC, "Playground", name, "default"), "Available"))
+                and c["status"] == "True"
+                and c
+            )
+        )
+        assert available["reason"] == "PlaygroundReady"
+        assert kube.get(SVC, "Playground", name, "default")["status"]["readyReplicas"] == 2
+
+        # Scaling one role changes only its workload.
+        await kube.patch(
+            SVC,
+            "Playground",
+            name,
+            "default",
+            {"spec": {"llmplane": {"disaggregation": {"prefill": {"replicas": 3}}}}},
+        )
+
+        def scaled() -> bool:
+            obj = kube.get(LWS, "LeaderWorkerSet", f"{name}-prefill", "default")
+            return bool(obj and obj["spec"]["replicas"] == 3)
+
+        await kube.wait_for(scaled)
+        decode = kube.get(LWS, "LeaderWorkerSet", f"{name}-decode", "default")
+        assert decode["spec"]["replicas"] == 1 and decode["metadata"]["generation"] == 1
+
+        # Back to one workload: the Playground's own Service replaces the role Services.
+        await kube.patch(SVC, "Playground", name, "default", {"spec": {"llmplane": None}})
+        await kube.wait_for(lambda: kube.get(SVC, "Service", name, "default"))
+        await kube.wait_for(
+            lambda: all(
+                kube.get(SVC, "Service", f"{name}-{role}", "default") is None
+                for role in ("prefill", "decode")
+            )
+        )
+
+
 async def test_objectives_and_rewrites_are_accepted_when_their_pool_exists() -> None:
     """The published examples (examples/gie-v1): the objectives and rewrites name a v1 pool
     that exists (Accepted True); one naming a missing pool is Unknown/Pending until the pool

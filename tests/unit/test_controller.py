@@ -314,6 +314,36 @@ async def test_a_recreated_playground_gets_a_new_service(store, controller) -> N
     assert runtime.removed == []  # the same plan: the engines keep running
 
 
+async def test_a_disaggregated_playground_runs_roles_and_switches_back(store, controller) -> None:
+    runtime: FakeRuntime = controller.runtime  # type: ignore[assignment]
+    store.apply(openmodel())
+    pd = playground()
+    del pd["spec"]["replicas"]
+    pd["spec"]["llmplane"] = {"disaggregation": {"prefill": {"replicas": 1}, "decode": {}}}
+    store.apply(pd)
+    await passes_until(controller, lambda: len(runtime.realised) == 2, "both roles realised")
+    plans = {p.key: p for p in runtime.realised}
+    assert set(plans) == {f"{KEY}-prefill", f"{KEY}-decode"}
+    assert store.get("Service", "tiny", "default") is None
+    # Only prefill ready: the Playground names decode.
+    runtime.reported[f"{KEY}-prefill"] = Reported(replicas=1, ready=1, reason=None)
+    await controller.reconcile()
+    available = condition(store, "Playground", "Available")
+    assert available.get("status") != "True"
+    assert available.get("message", "").startswith("decode not ready"), available
+    runtime.reported[f"{KEY}-decode"] = Reported(replicas=1, ready=1, reason=None)
+    await controller.reconcile()
+    assert condition(store, "Playground", "Available")["status"] == "True"
+    assert (controller.kv_dir / "default" / "tiny").is_dir()  # the shared KV directory
+
+    store.apply(playground(replicas=1))  # back to one workload
+    await controller.reconcile()
+    await controller.reconcile()
+    assert store.get("Service", "tiny", "default") is not None
+    assert store.get("Service", "tiny-prefill", "default") is None
+    assert sorted(runtime.removed) == [f"{KEY}-decode", f"{KEY}-prefill"]
+
+
 async def test_objectives_and_rewrites_are_accepted_once_their_pool_exists(store, controller):
     def obj(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -413,7 +413,8 @@ const fleet = {
   card(w, embedded) {
     const ok = w.ready >= w.desired && w.desired > 0;
     const head = h("div", { class: "card-head" },
-      h("h3", {}, `${w.kind} ${w.namespace}/${w.name}`),
+      h("h3", {}, w.role ? `${w.kind} ${w.namespace}/${w.playground}` : `${w.kind} ${w.namespace}/${w.name}`),
+      w.role ? h("span", { class: "badge role", "data-testid": "role", title: "disaggregated role (its own workload)" }, w.role) : null,
       h("span", { class: `badge ${ok ? "ok" : "warn"} replicas`, "data-testid": "replicas", title: "ready / desired replicas" }, `${w.ready}/${w.desired} ready`),
       h("span", { class: "muted" }, `model ${w.models.join(", ") || "–"} · backend ${w.backend || "–"}`));
     // Available/Ready say whether it serves (green or red); others (Progressing) are context.
@@ -430,7 +431,7 @@ const fleet = {
   },
 
   table(replicas, workload, embedded) {
-    const head = h("tr", {}, ...["#", "State", "Restarts", "Port", "Engine", "Queue", "Waiting", "Running", "In flight", "KV cache", "Prefix hits", ""].map((t) => h("th", {}, t)));
+    const head = h("tr", {}, ...["#", "State", "Restarts", "Port", "Engine", "Queue", "Waiting", "Running", "In flight", "KV cache", "Prefix hits", "Blocks indexed", ""].map((t) => h("th", {}, t)));
     const rows = replicas.map((r) => {
       const e = r.endpoint || {};
       const logButton = embedded && workload && r.hasLog
@@ -448,9 +449,11 @@ const fleet = {
         h("td", {}, e.inflight === undefined ? "–" : String(e.inflight)),
         h("td", {}, bar(e.kv)),
         h("td", {}, pct(e.prefixHitRate)),
+        h("td", { title: e.kvBlockSize ? `block size ${e.kvBlockSize} tokens` : "" },
+          e.kvBlocks === null || e.kvBlocks === undefined ? "–" : String(e.kvBlocks)),
         h("td", {}, logButton));
     });
-    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 12, class: "muted" }, "no replicas")));
+    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 13, class: "muted" }, "no replicas")));
     return h("table", { class: "replicas" }, h("thead", {}, head), h("tbody", {}, ...rows));
   },
 

@@ -12,9 +12,7 @@ from llmplane.controlplane.planning import PlanningError
 from llmplane.runtime.kube.base import (
     KubeOptions,
 )
-from llmplane.runtime.kube.service import (
-    playground_objects,
-)
+from llmplane.runtime.kube.roles import playground_services
 from llmplane.runtime.kube.workload import (
     workload_objects,
 )
@@ -41,9 +39,10 @@ def objects_for(
         if backend is None:
             raise PlanningError(f"{pg.ref}: BackendRuntime {backend_name!r} not found")
         try:
-            service, objects = playground_objects(pg, models, backend)
+            services, objects = playground_services(pg, models, backend)
             out += objects
-            out += workload_objects(service, models, backend, options)
+            for service in services:
+                out += workload_objects(service, models, backend, options)
         except PlanningError as err:
             raise PlanningError(f"{pg.ref}: {err}", err.reason) from None
     for service in (r for r in resources if isinstance(r, Service)):
