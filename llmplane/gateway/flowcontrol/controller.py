@@ -11,8 +11,7 @@ endpoint was scraped or its metrics kept fresh (fresh load), and when the endpoi
 changes. Capacity can also free without an event this process sees (with several workers:
 another worker's requests finishing, a dead worker's counts released by the supervisor), so
 while anything waits a re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL
-while an endpoint has room (a replacement worker's requests did: docs/benchmarks.md, "A
-killed worker"). One
+while an endpoint has room (a replacement worker's requests did: `bench.worker_spread`). One
 waiter per backend is dispatched at a time: the next one only after the dispatched request has
 taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
 burst of completions from releasing more requests than there is room for.
@@ -318,8 +317,8 @@ class FlowControl:
     def _under_share(self, key: str, queue: FlowQueue) -> Waiter | None:
         """The first waiter, by band (not Sheddable), whose flow is under its fair share; taken
         out of the queue. (For priority engines, letting Critical waiters take the reserve
-        whatever their share was tried and not adopted: docs/benchmarks.md, "Engine-side
-        priority".)"""
+        whatever their share was tried and not adopted: `bench.overload`, in git's history
+        of docs/benchmarks.md.)"""
         under = self.shares.under
         for band in queue.served_bands():
             for flow in band.flows.values():

@@ -17,7 +17,7 @@ Why dispatches and not seats (requests in flight, the test before): under load e
 lasts as long as the engine's queue and steps make it (about 2 s in the overload benchmark's
 first shape), so a tenant sending a tenth of another's rate still holds its share of the seats
 after a burst of a few arrivals, and then waited in the gateway as "over its share"
-(docs/benchmarks.md, "Share by service"). Its dispatch rate stays a fraction of its share
+(docs/benchmarks.md, "Overload and flow control"). Its dispatch rate stays a fraction of its share
 whatever its requests' length.
 
 Why ``TAU`` = 5 s: long against a request's life under load (1-2 s) and the gaps between a
