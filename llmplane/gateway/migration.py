@@ -24,15 +24,17 @@ timeout, and counts it (metrics by reason, time to resume).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
 
 from llmplane.gateway.context import RequestContext
+from llmplane.gateway.errors import ErrorCode
 from llmplane.gateway.observability import Counter, Histogram
+from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scheduler.framework import Scheduler
 from llmplane.gateway.upstream_client import UpstreamPool, UpstreamResponse, encode_request
 
 # Engines that can continue a generation (a prompt as token ids, continue_final_message).
@@ -390,19 +392,16 @@ def _text(content: Any) -> str:
 
 def failed_event(detail: str) -> bytes:
     """The SSE events that end a stream no replica could continue."""
-    error = {"message": detail, "type": "server_error", "code": "stream_lost"}
+    error = {"message": detail, "type": "server_error", "code": ErrorCode.STREAM_LOST}
     return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n"
 
 
 class Migrator:
     """Moves lost streams to another replica (the proxy calls ``resume``)."""
 
-    def __init__(
-        self,
-        repick: Callable[[RequestContext, set[str]], EndpointState | None],
-        max_sequence: int,
-    ) -> None:
-        self.repick = repick  # the scheduler's choice among the others (None: none left)
+    def __init__(self, scheduler: Scheduler, outliers: Outliers, max_sequence: int) -> None:
+        self.scheduler = scheduler
+        self.outliers = outliers
         self.max_sequence = max_sequence  # prompt + generated tokens beyond which no migration
         self.migrations = Counter(
             "llmplane_gateway_stream_migrations_total",
@@ -423,6 +422,24 @@ class Migrator:
 
     def metrics(self) -> list[Counter | Histogram]:
         return [self.migrations, self.failures, self.resume]
+
+    def repick(self, ctx: RequestContext, exclude: set[str]) -> EndpointState | None:
+        """The scheduler's pick for a continuation among the route's replicas outlier
+        ejection allows, but ``exclude`` (addresses the stream ran or was tried on)."""
+        decision, sched = ctx.decision, ctx.scheduling
+        if decision is None or sched is None:
+            return None
+        backend = decision.backend
+        available = self.outliers.available(backend.candidates, time.monotonic())
+        rest = [s for s in available if s.endpoint.address not in exclude]
+        if not rest:
+            return None
+        pick = self.scheduler.pick(sched, rest, 1, backend.profile)
+        if not pick.endpoints:
+            return None
+        state = pick.endpoints[0]
+        self.scheduler.profile(backend.profile).on_pick(sched, state)  # the prefix index learns
+        return state
 
     @staticmethod
     def splice(

@@ -22,14 +22,16 @@ import orjson
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.flowcontrol.priority import prioritized_body
+from llmplane.gateway.hooks import Usage
 from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
 from llmplane.gateway.migration import Migrator, Splice, failed_event
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.framework import Pick, Profile, SchedulingContext
+from llmplane.gateway.response_usage import StreamScanner, extract_usage
+from llmplane.gateway.scheduler.framework import Scheduler
 from llmplane.gateway.scheduler.precise_prefix import predicted_cached_tokens
 from llmplane.gateway.upstream_client import (
     RawHeaders,
@@ -37,7 +39,6 @@ from llmplane.gateway.upstream_client import (
     UpstreamResponse,
     encode_request,
 )
-from llmplane.gateway.usage import StreamScanner, extract_usage
 
 ENDPOINT_HEADER = "x-llmplane-endpoint"
 
@@ -211,14 +212,14 @@ class Attempts:
                 504,
                 f"model {model!r}: no response within {ctx.decision.backend.timeout} s "
                 f"({tried} attempt{plural}); last: {last.detail}",
-                "upstream_timeout",
+                ErrorCode.UPSTREAM_TIMEOUT,
                 endpoint=ctx.endpoint,
             )
         return GatewayError(
             502,
             f"model {model!r}: could not get a response from {self.what} "
             f"({tried} attempt{plural}); last: {last.detail}",
-            "bad_gateway",
+            ErrorCode.BAD_GATEWAY,
             endpoint=ctx.endpoint,
         )
 
@@ -232,12 +233,15 @@ class Proxy:
         self,
         config: GatewayConfig,
         outliers: Outliers,
+        scheduler: Scheduler,
         retries: Counter,
         stalls: Counter | None = None,
         resends: Counter | None = None,
+        on_first_chunk: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.outliers = outliers
+        self.scheduler = scheduler  # its profiles learn where each request went (on_pick)
         self.retries = retries
         self.stalls = stalls  # streams ended by the stall timeout, by route
         # Requests sent again after a stale keep-alive connection, by endpoint.
@@ -247,9 +251,9 @@ class Proxy:
         self._watchdog: asyncio.Task[None] | None = None
         # Called when a stream's first chunk arrived (an endpoint's prefill finished: flow
         # control may release a waiter, see ``saturation_max_prefilling``).
-        self.first_chunk: Callable[[], None] | None = None
-        # Continues lost streams on another replica (gateway/migration.py); None: never.
-        self.migrator: Migrator | None = None
+        self.on_first_chunk = on_first_chunk
+        # MIGRATION: continues lost streams on another replica (gateway/migration.py).
+        self.migrator = Migrator(scheduler, outliers, config.migration_max_sequence)
 
     def start(self) -> None:
         c = self.config
@@ -291,12 +295,13 @@ class Proxy:
     def attempts(self, ctx: RequestContext, what: str = "any endpoint") -> Attempts:
         return Attempts(ctx, self.retries, what)
 
-    async def serve(
-        self, ctx: RequestContext, pick: Pick, profile: Profile, sched: SchedulingContext
-    ) -> StreamResponse:
-        """The plain path: the picked endpoints in order, one per attempt."""
-        assert ctx.decision is not None and ctx.inference is not None
-        backend = ctx.decision.backend
+    async def serve(self, ctx: RequestContext) -> StreamResponse:
+        """The plain path: the picked endpoints (``ctx.pick``) in order, one per attempt."""
+        decision, pick, sched = ctx.decision, ctx.pick, ctx.scheduling
+        assert decision is not None and ctx.inference is not None
+        assert pick is not None and sched is not None
+        backend = decision.backend
+        profile = self.scheduler.profile(backend.profile)
         order = pick.endpoints
         headers = forwarded_headers(ctx.request, ctx.tenant is not None)
         body = ctx.inference.final_body()
@@ -340,11 +345,7 @@ class Proxy:
         if state.endpoint.priority_scheduling:  # only then: the bytes relayed untouched
             body = prioritized_body(ctx, body)
         splice = None  # MIGRATION: a stream that may continue elsewhere asks for token ids
-        if (
-            ctx.inference.stream
-            and self.migrator is not None
-            and (spliced := self.migrator.splice(ctx, state, body)) is not None
-        ):
+        if ctx.inference.stream and (spliced := self.migrator.splice(ctx, state, body)):
             splice, body = spliced
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
@@ -383,7 +384,7 @@ class Proxy:
         # On the last attempt an engine's own 5xx goes to the client as it is.
         ctx.upstream_status = status
         if status < 400:  # (searched from the end, where an engine puts it: no scan first)
-            ctx.usage = extract_usage(data)
+            ctx.usage = Usage.of(extract_usage(data))
         return Response(
             status=status,
             body=data,
@@ -427,8 +428,8 @@ class Proxy:
             raise
         finally:
             state.add_prefilling(-1)
-        if self.first_chunk is not None:
-            self.first_chunk()
+        if self.on_first_chunk is not None:
+            self.on_first_chunk()
         watch: _StreamWatch | None = None
         try:
             ctx.ttft = time.perf_counter() - ctx.t0
@@ -515,7 +516,7 @@ class Proxy:
                 await out.prepare(ctx.request)
             if relay is not None and (rest := relay.flush()):
                 await out.write(rest)
-            ctx.usage = scanner.usage
+            ctx.usage = Usage.of(scanner.usage)
             ctx.events = scanner.events
             if splice is not None:  # complete: its [DONE], or an error event and [DONE]
                 await out.write_eof()

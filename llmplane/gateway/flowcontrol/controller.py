@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import GatewayError, Overloaded
 from llmplane.gateway.flowcontrol.queue import (
     SHEDDABLE_BAND,
     FlowQueue,
@@ -48,7 +48,7 @@ from llmplane.gateway.flowcontrol.queue import (
     band_name,
     band_of,
 )
-from llmplane.gateway.flowcontrol.share import Seat, Shares
+from llmplane.gateway.flowcontrol.share import FlowSeat, Shares
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
 
@@ -222,14 +222,14 @@ class FlowControl:
         a request by its share); never with flow control off."""
         return bool(self.reserve) or (self.enabled and prioritized(candidates))
 
-    def seat(self, key: str, tenant: str | None, weight: int) -> Seat:
+    def seat(self, key: str, tenant: str | None, weight: int) -> FlowSeat:
         """Count a request that passed admission for its flow until ``release``, noting
         whether its flow was under its fair share before it."""
         flow = flow_of(tenant)
         under = self.shares.under(key, flow, weight, self.queues.get(key))
         return self.shares.take(key, flow, weight, under)
 
-    def release(self, seat: Seat) -> None:
+    def release(self, seat: FlowSeat) -> None:
         self.shares.release(seat)
 
     async def wait(
@@ -349,10 +349,9 @@ class FlowControl:
 
     def _refuse(self, waiter: Waiter, reason: str, detail: str) -> GatewayError:
         self.metrics.refused.labels(band_name(waiter.band), waiter.flow, reason).inc()
-        return GatewayError(
+        return Overloaded(
             429,
             f"every endpoint is saturated and the request was not served: {detail}",
-            "overloaded",
             retry_after=self.retry_after,
         )
 
