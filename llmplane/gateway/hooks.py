@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from llmplane.gateway.protocols import usage_counts
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import Decision
 
@@ -44,6 +45,8 @@ class Usage:
             return None
         prompt = doc.get("prompt_tokens")
         completion = doc.get("completion_tokens")
+        if prompt is None and "input_tokens" in doc:  # llmplane: Responses / Messages usage
+            return cls(*usage_counts(doc))
         return cls(
             prompt if isinstance(prompt, int) else 0,
             completion if isinstance(completion, int) else 0,

@@ -27,6 +27,7 @@ from llmplane.gateway.flowcontrol.priority import prioritized_body
 from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
+from llmplane.gateway.protocols import unserved
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import Pick, Profile, SchedulingContext
 from llmplane.gateway.upstream_client import (
@@ -332,6 +333,9 @@ class Proxy:
         """One attempt on ``state`` (await it), counted in flight until it ends however it
         ends. Not a coroutine itself: the caller awaits the stream or unary one directly."""
         assert ctx.decision is not None and ctx.inference is not None
+        refusal = unserved(state.endpoint.engine, ctx.request.path, ctx.inference.model)
+        if refusal is not None:  # llmplane: an engine without this API (protocols/)
+            raise refusal
         if state.endpoint.priority_scheduling:  # only then: the bytes relayed untouched
             body = prioritized_body(ctx, body)
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)

@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from llmplane.gateway import protocols
 from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import GatewayError
 
@@ -156,6 +157,7 @@ class InferenceRequest:
                 "missing_model",
             )
         check_fields(doc)
+        protocols.check(path, doc)  # llmplane: Responses / Messages fields
         self.doc: dict[str, Any] = doc
         self.model: str = model
         self.stream = doc.get("stream") is True
@@ -166,7 +168,10 @@ class InferenceRequest:
     def prompt(self) -> bytes:
         """The prompt as UTF-8 bytes (computed on first use)."""
         if self._prompt is None:
-            self._prompt = prompt_text(self.doc).encode("utf-8", "surrogatepass")
+            text = protocols.prompt_text(self.path, self.doc)  # llmplane: Responses / Messages
+            if text is None:
+                text = prompt_text(self.doc)
+            self._prompt = text.encode("utf-8", "surrogatepass")
         return self._prompt
 
     def prompt_bound(self) -> int:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from llmplane.gateway.protocols import USAGE_ASKED
+
 if TYPE_CHECKING:
     from llmplane.gateway.request import InferenceRequest
 
@@ -89,7 +91,8 @@ def ask_stream_usage(inference: InferenceRequest) -> UsageChunkFilter | None:
     """For a stream whose tokens must be counted: ask the engine for its usage; the filter that
     keeps the usage-only chunk from a client that did not ask for it, or None if it did (or the
     request is an embedding, which has no stream usage to ask for)."""
-    if not inference.path.endswith("/embeddings") and inject_include_usage(inference.doc):
+    # llmplane: only chat and completions streams carry usage only when asked.
+    if inference.path in USAGE_ASKED and inject_include_usage(inference.doc):
         inference.mark_dirty()
         return UsageChunkFilter()
     return None
