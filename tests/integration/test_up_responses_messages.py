@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from llmplane.testing import Processes, Up, wait_for
+from llmplane.testing.process import gateway
 from tests.integration.openai_errors import assert_openai_error
 from tests.integration.upcli import cli, http, sim_fleet, status
 
@@ -58,6 +59,12 @@ def _served(call: Any) -> Any:
 
 
 def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> None:
+    check_apis(up, tmp_path, "tiny")
+
+
+def check_apis(up: Up, tmp_path: Path, model: str) -> None:
+    """Both APIs through ``up`` serving ``model`` with a Tenant key (shared with the test
+    against real vLLM, ``test_vllm_responses_messages.py``)."""
     state = up.state_dir
     (tmp_path / "tenant.yaml").write_text(TENANT)
     cli("apply", "-f", str(tmp_path / "tenant.yaml"), state_dir=state)
@@ -76,10 +83,10 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
     raw = wait_for(
         lambda: _served(
             lambda: oa.responses.with_raw_response.create(
-                model="tiny", instructions="Be brief.", input="hello there", max_output_tokens=8
+                model=model, instructions="Be brief.", input="hello there", max_output_tokens=8
             )
         ),
-        30,
+        120,
         what="the openai client served with the tenant's key",
     )
     took(raw.headers, 8)
@@ -91,7 +98,7 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
 
     # Responses, streamed: the events as the engine sent them, usage in response.completed.
     raw = oa.responses.with_raw_response.create(
-        model="tiny",
+        model=model,
         input=[{"role": "user", "content": [{"type": "input_text", "text": "hi there"}]}],
         max_output_tokens=6,
         stream=True,
@@ -115,13 +122,13 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
     raw = wait_for(
         lambda: _served(
             lambda: an.messages.with_raw_response.create(
-                model="tiny",
+                model=model,
                 max_tokens=7,
                 system="Be brief.",
                 messages=[{"role": "user", "content": "hello"}],
             )
         ),
-        30,
+        120,
         what="the anthropic client served with the tenant's key",
     )
     took(raw.headers, 7)
@@ -133,7 +140,7 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
 
     # Messages, streamed: input in message_start, output in message_delta.
     raw = an.messages.with_raw_response.create(
-        model="tiny",
+        model=model,
         max_tokens=5,
         messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
         stream=True,
@@ -146,15 +153,15 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
     used += delta.usage.output_tokens
 
     # Requests that generate nothing: routed by model, keyed, no output tokens reserved.
-    counted = an.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    counted = an.messages.count_tokens(model=model, messages=[{"role": "user", "content": "hi"}])
     assert counted.input_tokens > 0
     code, headers, doc = http(
-        f"{up.url}/tokenize", {"model": "tiny", "prompt": "hello there"}, {"x-api-key": key}
+        f"{up.url}/tokenize", {"model": model, "prompt": "hello there"}, {"x-api-key": key}
     )
     assert code == 200 and doc["count"] == len(doc["tokens"]) > 0, doc
     assert "x-ratelimit-remaining-tokens-output" not in headers
     code, _, doc = http(
-        f"{up.url}/detokenize", {"model": "tiny", "tokens": doc["tokens"]}, {"x-api-key": key}
+        f"{up.url}/detokenize", {"model": model, "tokens": doc["tokens"]}, {"x-api-key": key}
     )
     assert code == 200 and isinstance(doc["prompt"], str), doc
     usages += [(0, 0)] * 3
@@ -164,16 +171,16 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
     left = LIMIT - used
     with pytest.raises(anthropic.RateLimitError) as refused:
         an.messages.create(
-            model="tiny", max_tokens=left + 1, messages=[{"role": "user", "content": "hi"}]
+            model=model, max_tokens=left + 1, messages=[{"role": "user", "content": "hi"}]
         )
     assert refused.value.body["type"] == "error"
     assert refused.value.body["error"]["type"] == "rate_limit_error"
     assert int(refused.value.response.headers["Retry-After"]) >= 1
     with pytest.raises(openai.RateLimitError):
-        oa.responses.create(model="tiny", input="hi", max_output_tokens=left + 1)
+        oa.responses.create(model=model, input="hi", max_output_tokens=left + 1)
 
     # The gateway's own errors, each API's shape.
-    body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+    body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
     assert_anthropic_error(
         *_status_doc(http(f"{up.url}/v1/messages", body, {"x-api-key": "llmp-nope"})),
         401,
@@ -194,7 +201,7 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
     assert_anthropic_error(code, doc, 400, "invalid_request_error")
     code, _, doc = http(
         f"{up.url}/v1/responses",
-        {"model": "tiny", "input": "x", "max_output_tokens": "8"},
+        {"model": model, "input": "x", "max_output_tokens": "8"},
         {"Authorization": f"Bearer {key}"},
     )
     assert_openai_error(code, doc, 400, "invalid_type", "max_output_tokens")
@@ -212,10 +219,41 @@ def test_responses_and_messages_with_a_tenant_key(up: Up, tmp_path: Path) -> Non
 
     def usage() -> dict[str, Any]:
         out = cli("usage", "--since", "1h", "-o", "json", state_dir=state).stdout
-        rows = [r for r in orjson.loads(out) if r["tenant"] == "agents" and r["model"] == "tiny"]
+        rows = [r for r in orjson.loads(out) if r["tenant"] == "agents" and r["model"] == model]
         return {k: v for k, v in rows[0].items() if k in expected} if rows else {}
 
     wait_for(lambda: usage() == expected, 30, what=f"llmplane usage == {expected}: {usage()}")
+
+
+def test_an_engine_without_the_apis_gets_a_clear_error(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """A replica declared as llama.cpp (a real sim behind it, which would answer): the gateway
+    refuses the Responses and Messages APIs and tokenize for it, naming the engine, in each
+    API's shape; chat still goes through to it."""
+    sim = processes.sim("smol")
+    (tmp_path / "endpoint.yaml").write_text(
+        f"""apiVersion: llmplane.io/v1alpha1
+kind: Endpoint
+metadata: {{name: smol-0}}
+spec: {{address: {sim.address}, modelName: smol, engine: llamacpp}}
+"""
+    )
+    state = tmp_path / "state"
+    cli("apply", "-f", str(tmp_path / "endpoint.yaml"), state_dir=state)
+    (gw,) = processes.start(gateway(state_dir=state))
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    wait_for(lambda: http(f"{gw.url}/v1/chat/completions", chat)[0] == 200, 30, what="chat served")
+    code, _, doc = http(f"{gw.url}/v1/messages", chat)
+    assert_anthropic_error(code, doc, 501, "api_error")
+    assert "llamacpp" in doc["error"]["message"] and "/v1/messages" in doc["error"]["message"]
+    for path, body in (
+        ("/v1/responses", {"model": "smol", "input": "hi"}),
+        ("/tokenize", {"model": "smol", "prompt": "hi"}),
+    ):
+        code, _, doc = http(f"{gw.url}{path}", body)
+        assert code == 501 and doc["error"]["code"] == "unsupported_path", doc
+        assert "llamacpp" in doc["error"]["message"] and path in doc["error"]["message"]
 
 
 def _status_doc(answer: tuple[int, dict[str, str], Any]) -> tuple[int, Any]:
