@@ -9,19 +9,7 @@ import orjson
 from llmplane.gateway import protocols
 from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import GatewayError
-
-
-def _text_of(content: Any, parts: list[str]) -> None:
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-            elif isinstance(part, str):
-                parts.append(part)
+from llmplane.gateway.protocols.text import message_text
 
 
 def prompt_text(doc: dict[str, Any]) -> str:
@@ -31,13 +19,8 @@ def prompt_text(doc: dict[str, Any]) -> str:
     messages = doc.get("messages")
     if isinstance(messages, list):
         for message in messages:
-            if not isinstance(message, dict):
-                continue
-            role = message.get("role")
-            if isinstance(role, str):
-                parts += (role, ":")
-            _text_of(message.get("content"), parts)
-            parts.append("\n")
+            if isinstance(message, dict):
+                message_text(message, parts)
         return "".join(parts)
     for key in ("prompt", "input"):
         value = doc.get(key)

@@ -13,19 +13,8 @@ from aiohttp import web
 
 from llmplane.sim.completions import Job
 from llmplane.sim.protocol import ApiError, request_validation, seq_text
+from llmplane.sim.tokenizer import block_text
 from llmplane.sim.wire import JSON, SSE_HEADERS, error_response, json_response
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            block["text"]
-            for block in content
-            if isinstance(block, dict) and isinstance(block.get("text"), str)
-        )
-    return ""
 
 
 def chat_body(body: dict, generate: bool = True) -> dict:
@@ -42,12 +31,12 @@ def chat_body(body: dict, generate: bool = True) -> dict:
     chat_messages = []
     system = body.get("system")
     if system is not None:
-        chat_messages.append({"role": "system", "content": _text(system)})
+        chat_messages.append({"role": "system", "content": block_text(system)})
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise request_validation("model_type", f"body.messages.{i}", "Input should be a valid dictionary", message)  # fmt: skip
         chat_messages.append(
-            {"role": message.get("role", "user"), "content": _text(message.get("content"))}
+            {"role": message.get("role", "user"), "content": block_text(message.get("content"))}
         )
     chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages}
     for key in ("max_tokens", "temperature", "top_p", "stream", "priority"):

@@ -14,19 +14,8 @@ from aiohttp import web
 
 from llmplane.sim.completions import Job
 from llmplane.sim.protocol import ApiError, request_validation, seq_text
+from llmplane.sim.tokenizer import block_text
 from llmplane.sim.wire import SSE_HEADERS, error_response, json_response
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
 
 
 def chat_body(body: dict) -> dict:
@@ -43,7 +32,7 @@ def chat_body(body: dict) -> dict:
     elif isinstance(value, list):
         for item in value:
             if isinstance(item, dict) and isinstance(item.get("role"), str):
-                messages.append({"role": item["role"], "content": _text(item.get("content"))})
+                messages.append({"role": item["role"], "content": block_text(item.get("content"))})
     else:
         raise request_validation("list_type", "body.input", "Input should be a valid list", value)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}

@@ -20,6 +20,7 @@ import orjson
 from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import Response
+from llmplane.gateway.protocols.text import content_text, message_text
 
 PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
@@ -58,35 +59,19 @@ def check(doc: dict[str, Any], path: str) -> None:
         raise _invalid("max_tokens", f"{tokens} is less than the minimum of 1 - 'max_tokens'")
 
 
-def _content(content: Any, parts: list[str]) -> None:
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        for block in content:
-            if isinstance(block, dict):
-                text = block.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-
-
 def prompt_text(doc: dict[str, Any]) -> str:
     """The system prompt, then each message's role and text, in order."""
     parts: list[str] = []
     system = doc.get("system")
     if system is not None:
         parts.append("system:")
-        _content(system, parts)
+        content_text(system, parts)
         parts.append("\n")
     messages = doc.get("messages")
     if isinstance(messages, list):
         for message in messages:
-            if not isinstance(message, dict):
-                continue
-            role = message.get("role")
-            if isinstance(role, str):
-                parts += (role, ":")
-            _content(message.get("content"), parts)
-            parts.append("\n")
+            if isinstance(message, dict):
+                message_text(message, parts)
     return "".join(parts)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.protocols.text import message_text
 
 PATHS = ("/v1/responses",)
 
@@ -46,17 +47,6 @@ def check(doc: dict[str, Any]) -> None:
         raise _invalid("input", f"{shown(value)} is not of type 'string' or 'array' - 'input'")
 
 
-def _content(content: Any, parts: list[str]) -> None:
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-
-
 def prompt_text(doc: dict[str, Any]) -> str:
     """The instructions, then each input item's role and text, in order."""
     parts: list[str] = []
@@ -68,12 +58,5 @@ def prompt_text(doc: dict[str, Any]) -> str:
         parts += ("user:", value, "\n")
     elif isinstance(value, list):
         for item in value:
-            if isinstance(item, str):
-                parts.append(item)
-            elif isinstance(item, dict):
-                role = item.get("role")
-                if isinstance(role, str):
-                    parts += (role, ":")
-                _content(item.get("content"), parts)
-                parts.append("\n")
+            message_text(item, parts)
     return "".join(parts)
