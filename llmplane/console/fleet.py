@@ -53,10 +53,16 @@ def _events(store: Store, *objs: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def endpoint_view(
-    state: Any, staleness: float, now: float, prefix_rate: Callable[[str], float | None]
+    state: Any,
+    staleness: float,
+    now: float,
+    prefix_rate: Callable[[str], float | None],
+    kv_index: Any = None,
 ) -> dict[str, Any]:
-    """What the console shows of one endpoint state (no request data, no credentials)."""
+    """What the console shows of one endpoint state (no request data, no credentials);
+    ``kv_index``: the gateway's index of the blocks replicas report in their KV events."""
     fresh = state.metrics_fresh(staleness, now)
+    indexed = kv_index.replicas.get(state.address) if kv_index is not None else None
     return {
         "address": state.address,
         "engine": state.endpoint.engine,
@@ -67,6 +73,10 @@ def endpoint_view(
         "queue": round(state.queue_estimate(staleness, now), 2),
         "kv": round(state.kv_usage, 4) if fresh and state.has_kv else None,
         "prefixHitRate": prefix_rate(state.address),
+        # Blocks the gateway indexed from its KV events (None: it publishes none) and the
+        # block size, from the events, else the engine's metrics (0: not known).
+        "kvBlocks": len(indexed.blocks) if indexed is not None else None,
+        "kvBlockSize": (indexed.block_size if indexed is not None else 0) or state.block_size,
         "metricsFresh": fresh,
         "ejected": state.ejected(now),
         "served": sorted(state.served_models) if state.served_models else [],
@@ -126,7 +136,9 @@ def snapshot(
     now = time.monotonic()
     states: dict[str, Any] = dict(gateway.registry.states) if gateway is not None else {}
     staleness = gateway.config.metrics_staleness if gateway is not None else 1.0
-    views = {a: endpoint_view(s, staleness, now, prefix_rate) for a, s in states.items()}
+    kv = getattr(gateway, "kv", None)
+    index = kv.subscriber.index if kv is not None else None
+    views = {a: endpoint_view(s, staleness, now, prefix_rate, index) for a, s in states.items()}
     claimed: set[str] = set()
 
     playgrounds = store.list("Playground")

@@ -26,6 +26,7 @@ class RequestContext:
     __slots__ = (
         "attempts",
         "bootstrap_room",
+        "cached_predicted",
         "decision",
         "end",
         "endpoint",
@@ -85,6 +86,8 @@ class RequestContext:
         self.sent_model: str | None = None
         self.sched_ms: float | None = None
         self.profile: str | None = None
+        # Prompt tokens the KV index said the chosen replica holds (precise prefix routing).
+        self.cached_predicted: int | None = None
         self.scores: dict[str, float] | None = None
         self.pd: str | None = None
         self.prefill_endpoint: str | None = None
@@ -133,6 +136,8 @@ class RequestContext:
             record["queued_ms"] = round(self.waited * 1000, 3)
         if self.profile is not None:
             record["profile"] = self.profile
+        if self.cached_predicted is not None:
+            record["cached_tokens_predicted"] = self.cached_predicted
         if self.scores is not None:
             record["scores"] = self.scores
         if self.pd is not None:  # the prefill/decode fields are only set with it

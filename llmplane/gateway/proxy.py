@@ -30,6 +30,7 @@ from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.protocols import unserved
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import Pick, Profile, SchedulingContext
+from llmplane.gateway.scheduler.precise_prefix import predicted_cached_tokens
 from llmplane.gateway.upstream_client import (
     RawHeaders,
     UpstreamPool,
@@ -303,6 +304,7 @@ class Proxy:
                 await asyncio.sleep(attempts.interval)
             state = order[attempt % len(order)]
             profile.on_pick(sched, state)
+            ctx.cached_predicted = predicted_cached_tokens(sched, state.key)
             address = backend.address(state)
             try:
                 response = await self.send(ctx, state, address, headers, body, attempts.may_retry)

@@ -266,11 +266,16 @@ def kv_events_argv(
         return argv, "", ""
     events = f"ipc://{sockets / name}.sock"
     replay = f"ipc://{sockets / name}-replay.sock"
+    return [*argv, *kv_events_flag(events, replay)], events, replay
+
+
+def kv_events_flag(endpoint: str, replay: str) -> list[str]:
+    """``--kv-events-config`` publishing over ZMQ on ``endpoint``, replaying on ``replay``."""
     config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": events,
+        "endpoint": endpoint,
         "replay_endpoint": replay,
         "topic": "kv",
     }
-    return [*argv, KV_EVENTS_FLAG, json.dumps(config)], events, replay
+    return [KV_EVENTS_FLAG, json.dumps(config)]

@@ -235,6 +235,25 @@ def _exited(pid: int, timeout: float) -> bool:
         time.sleep(0.01)
 
 
+def carrying(name: str, value: str) -> list[int]:
+    """Live processes (not this one) whose environment has ``name=value``: a marker put in a
+    process's environment finds every descendant that inherited it, in whatever session."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
 def python(*args: str, name: str | None = None, **kw: Any) -> Process:
     """``python args...`` with this interpreter (not started)."""
     return Process([sys.executable, *args], name=name or " ".join(args[:2]), **kw)

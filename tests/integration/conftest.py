@@ -3,6 +3,8 @@ gateways that are always stopped (also when the test fails)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -57,3 +59,13 @@ async def gateways() -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
     finally:
         for gw in reversed(started):
             await gw.close()
+
+
+@pytest.fixture
+def sockets() -> Iterator[Path]:
+    """A short directory for ipc sockets (a Unix socket path has at most 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="kv", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -7,13 +7,12 @@ looks at where requests went (the sims' own counters)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import shutil
 import signal
-import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -42,16 +41,6 @@ from tests.integration.upcli import http
 
 BLOCK = 16
 VOCAB = 128_256
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    """A short directory for ipc sockets (a Unix socket path has at most 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="kv", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -362,6 +351,20 @@ def test_up_turns_events_on_for_its_sims_and_the_gateway_indexes_them(
     # Both replicas listed; the one that served holds the prompt's blocks, the other none.
     wait_for(lambda: sorted(blocks()) == [0.0, full], 10, what=f"[0, {full}] blocks indexed")
 
+    # The console's fleet page shows them, and the block size: from the events where the
+    # replica sent some, else from the engine's vllm:cache_config_info (the scraper's).
+    def views() -> list[dict]:
+        page = http(f"{base}/console/api/fleet")[2]
+        return [r["endpoint"] for w in page["workloads"] for r in w["replicas"] if r["endpoint"]]
+
+    shown = wait_for(
+        lambda: (v := views()) and all(e["kvBlockSize"] for e in v) and v,
+        10,
+        what="both replicas' block sizes on the fleet page",
+    )
+    assert sorted(e["kvBlocks"] for e in shown) == [0, full], shown
+    assert [e["kvBlockSize"] for e in shown] == [BLOCK, BLOCK], shown
+
 
 async def test_sequence_numbers_starting_again_forget_the_replica(
     subscriber: KVEventSubscriber, sockets: Path
@@ -421,3 +424,24 @@ async def test_the_sims_token_ids_are_what_the_sim_computes(
         async with client.post(f"http://{sim.address}/tokenize", json=asked) as r:
             assert ours == (await r.json())["tokens"], path
         assert SimTokens().token_ids(ctx, "vllm") is None
+
+
+async def test_closing_while_replicas_keep_appearing_returns_and_starts_no_feed(
+    processes: Processes, sockets: Path
+) -> None:
+    """``up`` closes the gateway while its runtime still starts replicas: endpoints that appear
+    after ``close`` began get no feed, and ``close`` returns (a feed started then kept a socket
+    open, and the context's ``term`` blocked the event loop, so SIGTERM never finished)."""
+    flags_a, events_a, replay_a = events_flags(sockets, "a")
+    flags_b, events_b, replay_b = events_flags(sockets, "b")
+    a = start_sim(processes, flags_a)
+    b = start_sim(processes, flags_b)
+    first = Endpoint(a.address, model_name="m", kv_events=events_a, kv_events_replay=replay_a)
+    late = Endpoint(b.address, model_name="m", kv_events=events_b, kv_events_replay=replay_b)
+    subscriber = KVEventSubscriber()
+    subscriber.sync([first])
+    closing = asyncio.ensure_future(subscriber.close())
+    await eventually(lambda: not subscriber.feeds, what="close() has taken the feeds")
+    subscriber.sync([first, late])  # a replica turned Ready while the gateway closes
+    await asyncio.wait_for(closing, 10)
+    assert subscriber.feeds == {}

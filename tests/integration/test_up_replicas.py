@@ -18,7 +18,7 @@ from typing import Any
 from llmplane.runtime.capacity import ENV, machine_ceiling, start_concurrency
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, Up, always, wait_for
-from llmplane.testing.process import ROOT
+from llmplane.testing.process import ROOT, carrying
 from tests.integration.upcli import http, sim_fleet, status
 
 MODEL = "tiny"
@@ -163,17 +163,4 @@ def test_a_large_scale_up_keeps_health_answering_and_sigterm_stops_it(
 
 def _marked(marker: str) -> list[int]:
     """Live processes whose environment carries ``marker``."""
-    found = []
-    needle = f"LLMPLANE_TEST_MARKER={marker}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return carrying("LLMPLANE_TEST_MARKER", marker)

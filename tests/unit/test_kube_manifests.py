@@ -18,7 +18,9 @@ import yaml
 from llmplane.api.documents import parse_text
 from llmplane.controlplane.planning import PlanningError
 from llmplane.render import builtin_backend_models, dump_yaml, main, render_objects
+from llmplane.runtime.endpoint import pod_kv_events
 from llmplane.runtime.kube import KubeOptions, objects_for
+from llmplane.runtime.kube.service import with_kv_events
 from tests.unit.test_kube_schemas import ROOT, validate
 
 EXAMPLES = ROOT / "examples"
@@ -117,7 +119,13 @@ def test_opt_125m_matches_llmaz() -> None:
         "--served-model-name",
         "opt-125m",
     ]
-    assert runner["ports"] == [{"containerPort": 8080, "name": "http"}]
+    # Beyond llmaz: the KV-cache events every gateway subscribes to at the pod's IP.
+    assert runner["ports"] == [
+        {"containerPort": 8080, "name": "http"},
+        {"containerPort": 5557, "name": "kv-events"},
+        {"containerPort": 5558, "name": "kv-replay"},
+    ]
+    assert pod_kv_events(pod, "10.1.2.3") == ("tcp://10.1.2.3:5557", "tcp://10.1.2.3:5558")
     assert runner["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert runner["resources"]["requests"]["nvidia.com/gpu"] == 1
     assert runner["startupProbe"] == {
@@ -673,3 +681,20 @@ def test_hpa_only_for_metrics_an_hpa_reads(trigger: str, hpa: bool) -> None:
     annotations = _one(objects, "InferenceService")["metadata"].get("annotations") or {}
     assert bool(hpas) is hpa
     assert ("llmplane.io/autoscaler" in annotations) is not hpa
+
+
+def test_kv_events_flag_only_for_engines_that_publish_and_never_twice() -> None:
+    own = ["--kv-events-config", '{"enable_kv_cache_events": false}']
+    for engine, args, added in [
+        ("vllm", ["--model", "m"], True),
+        ("sim", [], True),
+        ("llamacpp", ["-m", "m"], False),
+        ("sglang", [], False),
+        ("vllm", own, False),  # the command's own choice (here: off) is kept
+    ]:
+        runner = {"command": ["serve"], "args": list(args)}
+        with_kv_events(runner, engine)
+        flags = [a for a in runner["args"] if a == "--kv-events-config"]
+        assert len(flags) == (1 if added or args == own else 0), (engine, runner)
+        assert (runner["args"] != args) == added, (engine, runner)
+        assert ("ports" in runner) == added

@@ -14,7 +14,12 @@ from llmplane.gateway.kvcache.index import (
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer, use_in_default
+from llmplane.gateway.scheduler.plugins import LowQueueFilter
+from llmplane.gateway.scheduler.precise_prefix import (
+    PrecisePrefixCacheScorer,
+    predicted_cached_tokens,
+)
+from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer, use_in_default
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.runtime.endpoint import Endpoint
 
@@ -134,7 +139,8 @@ def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> Non
     fallback.index.add("c", fallback.hashes(SchedulingContext("m", b"x" * 64)))
     scorer = PrecisePrefixCacheScorer(fallback=fallback)
     scorer.index, scorer.tokens = index, Tokens(PROMPT)
-    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a", "b")) == [0.5, 0.0]
+    ctx = SchedulingContext("m", b"x" * 64)
+    assert scorer.score(ctx, states("a", "b")) == [0.5, 0.0]
     # "c" publishes nothing: the approximate index answers for it.
     assert scorer.score(SchedulingContext("m", b"x" * 64), states("a", "b", "c")) == [
         0.5,
@@ -151,15 +157,41 @@ def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> Non
     ]
 
 
-def test_the_default_profile_takes_the_precise_scorer_while_replicas_publish() -> None:
+def test_predicted_cached_tokens_are_the_leading_run_less_the_last_token() -> None:
+    index = index_with("a", "b")
+    index.apply("a", stored([1, 2, 3], PROMPT[:12]))
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index, scorer.tokens = index, Tokens(PROMPT)
+    ctx = SchedulingContext("m", b"x" * 64)
+    assert scorer.score(ctx, states("a", "b")) == [0.5, 0.0]
+    # The access log's prediction: the leading run's tokens, never the prompt's last token.
+    assert predicted_cached_tokens(ctx, "a") == 12 and predicted_cached_tokens(ctx, "b") == 0
+    assert predicted_cached_tokens(SchedulingContext("m"), "a") is None  # no prediction made
+    # Without a precise prediction: the approximate index's matched bytes / 4.
+    approximate = PrefixCacheScorer(block_size=8)
+    guess = SchedulingContext("m", b"x" * 64)
+    approximate.index.add("c", approximate.hashes(guess))
+    assert approximate.score(guess, states("a", "c")) == [0.0, 1.0]
+    assert predicted_cached_tokens(guess, "c") == 64 // 4
+    assert predicted_cached_tokens(guess, "a") == 0
+    index.apply("a", stored([4, 5, 6], PROMPT[12:], parent=3))
+    whole = SchedulingContext("m", b"x" * 64)
+    assert scorer.score(whole, states("a", "b")) == [1.0, 0.0]
+    assert predicted_cached_tokens(whole, "a") == len(PROMPT) - BS
+
+
+def test_the_default_profile_becomes_cost_aware_while_replicas_publish() -> None:
     scheduler = build_scheduler()
     profile = scheduler.profiles["default"]
+    before = (list(profile.filters), list(profile.scorers), list(profile.observers))
     approximate = profile.scorers[0][0]
-    precise = PrecisePrefixCacheScorer()
-    use_in_default(scheduler, precise, True)
-    assert profile.scorers[0] == (precise, 3.0) and precise.fallback is approximate
-    use_in_default(scheduler, precise, False)
-    assert profile.scorers[0] == (approximate, 3.0)
+    cost = PrefillCostScorer()
+    use_in_default(scheduler, cost, True)
+    assert profile.scorers[0] == (cost, 1.0) and cost.prefix.fallback is approximate
+    assert not any(isinstance(f, LowQueueFilter) for f in profile.filters)
+    assert cost in profile.observers
+    use_in_default(scheduler, cost, False)
+    assert (profile.filters, profile.scorers, profile.observers) == before
     assert (
         type(
             build_scheduler({"plugins": [{"type": "precise-prefix-cache"}]}).plugins[

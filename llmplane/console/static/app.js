@@ -431,7 +431,7 @@ const fleet = {
   },
 
   table(replicas, workload, embedded) {
-    const head = h("tr", {}, ...["#", "State", "Restarts", "Port", "Engine", "Queue", "Waiting", "Running", "In flight", "KV cache", "Prefix hits", ""].map((t) => h("th", {}, t)));
+    const head = h("tr", {}, ...["#", "State", "Restarts", "Port", "Engine", "Queue", "Waiting", "Running", "In flight", "KV cache", "Prefix hits", "Blocks indexed", ""].map((t) => h("th", {}, t)));
     const rows = replicas.map((r) => {
       const e = r.endpoint || {};
       const logButton = embedded && workload && r.hasLog
@@ -449,9 +449,11 @@ const fleet = {
         h("td", {}, e.inflight === undefined ? "–" : String(e.inflight)),
         h("td", {}, bar(e.kv)),
         h("td", {}, pct(e.prefixHitRate)),
+        h("td", { title: e.kvBlockSize ? `block size ${e.kvBlockSize} tokens` : "" },
+          e.kvBlocks === null || e.kvBlocks === undefined ? "–" : String(e.kvBlocks)),
         h("td", {}, logButton));
     });
-    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 12, class: "muted" }, "no replicas")));
+    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 13, class: "muted" }, "no replicas")));
     return h("table", { class: "replicas" }, h("thead", {}, head), h("tbody", {}, ...rows));
   },
 

@@ -239,9 +239,12 @@ class KVEventSubscriber:
         self._ctx: zmq.asyncio.Context | None = None
         self._stopping: set[asyncio.Task[None]] = set()
         self._refused: set[tuple[str, tuple[str, str]]] = set()  # warned about once
+        self._closed = False  # no feed starts once close() has begun
 
     def sync(self, endpoints: Iterable[Endpoint]) -> None:
         """Subscribe to new publishers, drop the ones gone (call on the event loop)."""
+        if self._closed:
+            return
         wanted = {e.address: e for e in endpoints if e.kv_events}
         for replica, feed in list(self.feeds.items()):
             endpoint = wanted.get(replica)
@@ -282,13 +285,17 @@ class KVEventSubscriber:
         self.index.remove_replica(replica)
 
     async def close(self) -> None:
+        """Stop every feed; endpoints that appear meanwhile (replicas still starting while the
+        platform stops) get none, and the context is destroyed without waiting on any socket
+        (``term`` alone blocks the event loop while a socket is open)."""
+        self._closed = True
         feeds, self.feeds = list(self.feeds.values()), {}
         for feed in feeds:
             await feed.stop()
         for task in list(self._stopping):
             await task
         if self._ctx is not None:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)
             self._ctx = None
 
     def collect(self) -> Iterator[Metric]:

@@ -34,6 +34,7 @@ from typing import Any
 from llmplane.gateway.scheduler import plugins as p
 from llmplane.gateway.scheduler.framework import Profile, Scheduler
 from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer
+from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -79,6 +80,9 @@ PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
     # The blocks engines report in their KV events (scheduler/precise_prefix.py); in the
     # default profile it takes the approximate scorer's place while some replica publishes.
     "precise-prefix-cache-scorer": lambda n, _: PrecisePrefixCacheScorer(n),
+    # Expected time to first token: queued prefill plus the uncached tokens (prefill_cost.py);
+    # the default profile's scorer while some replica publishes events.
+    "prefill-cost-scorer": lambda n, _: PrefillCostScorer(n),
     "least-request-scorer": lambda n, _: p.LeastRequestScorer(n),
     "lora-affinity-scorer": lambda n, _: p.LoraAffinityScorer(n),
     "session-affinity-scorer": lambda n, a: p.SessionAffinityScorer(
@@ -99,6 +103,7 @@ ALIASES = {
     "kv-cache": "kv-cache-utilization-scorer",
     "prefix-cache": "prefix-cache-scorer",
     "precise-prefix-cache": "precise-prefix-cache-scorer",
+    "prefill-cost": "prefill-cost-scorer",
     "least-request": "least-request-scorer",
     "lora-affinity": "lora-affinity-scorer",
     "session-affinity": "session-affinity-scorer",

@@ -11,25 +11,38 @@ the sim's rule for sim replicas (``SimTokens``). A replica that does not publish
 request the source cannot tokenize, gets the ``fallback`` scorer's score (the approximate
 ``prefix-cache`` one in the default profile), so one profile serves a mixed fleet.
 
-In the built-in default profile it takes the approximate scorer's place (same weight) while
-some replica publishes events (``use_in_default``), and gives it back when none does.
+In the built-in default profile it serves the ``prefill-cost`` scorer (``prefill_cost.py``),
+which weighs what each replica holds against its queue, while some replica publishes events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any, Protocol
 
 from llmplane.gateway.kvcache.index import BlockIndex, block_keys, root_key
 from llmplane.gateway.kvcache.subscriber import replica_model
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
+from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.sim.tokenizer import render_chat, tokenize
 
 SIM_VOCAB = 128_256  # the sim's default --vocab-size
 _UNKNOWN = object()
+# ctx.cache key: replica -> prompt tokens the index says it holds, for the access log.
+PREDICTED = "cached_tokens_predicted"
+PROMPT_TOKENS = "prompt_tokens"
+KEYS = "block_keys"
+# ctx.cache key: replica -> prompt tokens it holds counting the blocks of requests sent there
+# and not reported yet (``on_pick``); they are cached for a request queued behind those.
+PENDING = "cached_tokens_pending"  # ctx.cache key: the request's block keys, a list per block size
+# A request's blocks count as held by the replica it was sent to for this long, or until the
+# replica's events report them (``on_pick``); at most this many such blocks are remembered.
+PENDING_SECONDS = 10.0
+MAX_PENDING = 1_000_000
+BYTES_PER_TOKEN = 4  # the approximate index's bytes -> tokens (the sim's own rule; English ~4)  # ctx.cache key: the request's token count, once tokenized
 
 
 class TokenSource(Protocol):
@@ -112,10 +125,19 @@ class PrecisePrefixCacheScorer:
         self.fallback: PrefixCacheScorer | None = fallback
         self.index: BlockIndex | None = None
         self.tokens: TokenSource | None = None
+        # Blocks of requests sent but not yet reported: key -> replica -> until when (monotonic)
+        # it counts as held, and the picks in the order they expire.
+        self.pending: dict[int, dict[str, float]] = {}
+        self._expiries: deque[tuple[float, list[int], str]] = deque()
+        self._pending_blocks = 0
 
-    def matches(self, ctx: SchedulingContext, model: str, engine: str) -> dict[str, float] | None:
+    def matches(
+        self, ctx: SchedulingContext, model: str, engine: str, sizes: Iterable[int] = ()
+    ) -> dict[str, float] | None:
         """Replica -> score for the replicas of ``model`` holding the request's first block;
-        None when the request's token ids are not known (kept in ``ctx.cache``)."""
+        None when the request's token ids are not known (kept in ``ctx.cache``). ``sizes``:
+        block sizes the candidates reported besides those in the index (their first request
+        then leaves pending blocks too)."""
         key = (self, model, engine)
         found = ctx.cache.get(key, _UNKNOWN)
         if found is not _UNKNOWN:
@@ -126,23 +148,98 @@ class PrecisePrefixCacheScorer:
             found = None
         else:
             found = {}
+            ctx.cache[PROMPT_TOKENS] = len(ids)
+            tokens = ctx.cache.setdefault(PREDICTED, {})
             root = root_key(ctx.model if ctx.lora else None)
-            for size in index.block_sizes(model):
+            request_keys = ctx.cache[KEYS] = []
+            for size in {*index.block_sizes(model), *sizes}:
                 keys = block_keys(ids, size, root)
                 if keys:
+                    request_keys.append(keys)
                     total = len(keys)
-                    for replica, held in index.matches(model, size, keys).items():
+                    # The engine computes the prompt's last token whatever it holds.
+                    usable = (len(ids) - 1) // size
+                    runs = index.matches(model, size, keys)
+                    for replica, held in runs.items():
                         found[replica] = held / total
+                        tokens[replica] = min(held, usable) * size
+                    if self.pending:
+                        soon = ctx.cache.setdefault(PENDING, {})
+                        for replica, n in self._pending_runs(keys, ctx.now).items():
+                            if min(n, usable) > runs.get(replica, 0):  # beyond what it reported
+                                soon[replica] = min(n, usable) * size
         ctx.cache[key] = found
         return found
 
+    def _pending_runs(self, keys: list[int], now: float) -> dict[str, int]:
+        """Leading blocks of ``keys`` each replica was sent within ``PENDING_SECONDS``."""
+        first = self.pending.get(keys[0])
+        if not first:
+            return {}
+        alive = [r for r, until in first.items() if until > now]
+        runs: dict[str, int] = {}
+        for i in range(1, len(keys)):
+            if not alive:
+                break
+            holders = self.pending.get(keys[i], {})
+            still = []
+            for replica in alive:
+                if holders.get(replica, 0.0) > now:
+                    still.append(replica)
+                else:
+                    runs[replica] = i
+            alive = still
+        for replica in alive:
+            runs[replica] = len(keys)
+        return runs
+
+    def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
+        """The request's blocks are pending on ``endpoint`` until its events tell (at most
+        ``PENDING_SECONDS``): not in the score nor the prediction (a request running beside
+        this one computes them too), but the cost-aware scorer counts them for a request that
+        would queue behind it, and prefers their replica among near-equal costs."""
+        lists = ctx.cache.get(KEYS)
+        if not lists:
+            return
+        now = ctx.now
+        self._prune(now)
+        until = now + PENDING_SECONDS
+        replica = endpoint.key
+        pending = self.pending
+        for keys in lists:
+            for key in keys:
+                holders = pending.get(key)
+                if holders is None:
+                    pending[key] = {replica: until}
+                else:
+                    holders[replica] = until
+            self._expiries.append((until, keys, replica))
+            self._pending_blocks += len(keys)
+
+    def _prune(self, now: float) -> None:
+        """Forget the picks past their time, and the oldest beyond ``MAX_PENDING`` blocks."""
+        expiries, pending = self._expiries, self.pending
+        while expiries and (expiries[0][0] <= now or self._pending_blocks > MAX_PENDING):
+            until, keys, replica = expiries.popleft()
+            self._pending_blocks -= len(keys)
+            for key in keys:
+                holders = pending.get(key)
+                if holders is not None and holders.get(replica) == until:
+                    del holders[replica]
+                    if not holders:
+                        del pending[key]
+
+    def publishing(self) -> dict[str, Any]:
+        """The replicas whose events the index follows."""
+        return self.index.replicas if self.index is not None else {}
+
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        index = self.index
-        publishing = index.replicas if index is not None else {}
+        publishing = self.publishing()
         first = endpoints[0].endpoint if endpoints else None
         if first is None or not any(e.key in publishing for e in endpoints):
             return self._fallback(ctx, endpoints)
-        scores = self.matches(ctx, replica_model(first), first.engine)
+        sizes = {e.block_size for e in endpoints if e.block_size}
+        scores = self.matches(ctx, replica_model(first), first.engine, sizes)
         if scores is None:  # not tokenized: the approximate scores for every replica
             return self._fallback(ctx, endpoints)
         if all(e.key in publishing for e in endpoints):
@@ -159,17 +256,15 @@ class PrecisePrefixCacheScorer:
         return self.fallback.score(ctx, endpoints)
 
 
-def use_in_default(scheduler: Scheduler, scorer: PrecisePrefixCacheScorer, active: bool) -> None:
-    """Put ``scorer`` in the approximate prefix scorer's place in the default profile (its
-    weight; the approximate one stays its fallback and keeps learning from picks), or take it
-    out again."""
-    profile = scheduler.profiles[scheduler.default]
-    for i, (plugin, weight) in enumerate(profile.scorers):
-        if active and type(plugin) is PrefixCacheScorer:
-            scorer.fallback = plugin
-            profile.scorers[i] = (scorer, weight)
-        elif not active and plugin is scorer and scorer.fallback is not None:
-            profile.scorers[i] = (scorer.fallback, weight)
-        else:
-            continue
-        return
+def predicted_cached_tokens(ctx: SchedulingContext, replica: str) -> int | None:
+    """The prompt tokens the index says ``replica`` holds for this request (the leading run
+    of its blocks); where no precise prediction was made (no replica of the model publishes
+    events, the request was not tokenized, the profile has no precise scorer), the approximate
+    index's estimate (its matched bytes / ``BYTES_PER_TOKEN``); None when neither scored."""
+    tokens = ctx.cache.get(PREDICTED)
+    if tokens is not None:
+        return tokens.get(replica, 0)
+    for scorer, matched in ctx.cache.items():
+        if isinstance(scorer, PrefixCacheScorer) and isinstance(matched, dict):
+            return matched.get(replica, 0) * scorer.block_size // BYTES_PER_TOKEN
+    return None

@@ -47,9 +47,9 @@ log = logging.getLogger("llmplane.gateway")
 ROW_BYTES = 1024
 # seq, waiting, running, kv, scraped_at, prefix hits, prefix queries, capacity, room,
 # inflight at scrape, flags, max_lora, adapters text length
-_HEAD = struct.Struct("<qddddddddqqqq")
+_HEAD = struct.Struct("<qdddddddddqqqqq")
 TEXT_BYTES = ROW_BYTES - _HEAD.size
-_FIELDS = struct.Struct("<ddddddddqqqq")  # the head without seq
+_FIELDS = struct.Struct("<dddddddddqqqqq")  # the head without seq
 _TIME = struct.Struct("<d")
 HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
 READ_TRIES = 4
@@ -111,9 +111,11 @@ class ScrapeTable:
             state.prefix_queries,
             state.capacity,
             state.room,
+            state.prefill_rate,
             state.inflight_at_scrape,
             flags,
             state.max_lora,
+            state.block_size,
             len(text),
         )
         self.mem[offset + _HEAD.size : offset + _HEAD.size + len(text)] = text
@@ -151,9 +153,11 @@ def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
         queries,
         capacity,
         room,
+        prefill_rate,
         at_scrape,
         flags,
         max_lora,
+        block_size,
         _,
     ) = fields
     state.waiting, state.running, state.kv_usage = waiting, running, kv
@@ -165,6 +169,7 @@ def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
     state.has_load_metrics = bool(flags & HAS_LOAD) if flags & KNOWN else None
     state.scrape_ok = bool(flags & SCRAPE_OK)
     state.max_lora = max_lora
+    state.prefill_rate, state.block_size = prefill_rate, block_size
     running_text, _, waiting_text = text.partition(b"\n")
     state.lora_running = _names(running_text)
     state.lora_waiting = _names(waiting_text)
@@ -200,6 +205,8 @@ def _content(state: EndpointState, kept: bool) -> tuple:
         state.room,
         state.inflight_at_scrape,
         state.max_lora,
+        state.prefill_rate,
+        state.block_size,
         state.lora_running,
         state.lora_waiting,
         kept,

@@ -15,6 +15,7 @@ from llmplane.controlplane.plan import (
     MODEL_NAME_LABEL,
 )
 from llmplane.controlplane.planning import PlanningError
+from llmplane.runtime.endpoint import kv_events_addresses
 from llmplane.runtime.kube.base import (
     object_metadata,
     runner_container,
@@ -22,6 +23,7 @@ from llmplane.runtime.kube.base import (
 from llmplane.runtime.kube.models import (
     pod_model_path,
 )
+from llmplane.runtime.launch import KV_EVENTS_ENGINES, kv_events_flag
 
 # Metrics only the gateway has (no metrics adapter serves them): llmplane's autoscaler reads them.
 GATEWAY_METRIC_PREFIXES = ("llmplane_gateway_", "llmplane:")
@@ -68,6 +70,9 @@ _SGLANG_DIST = [
     "--dist-init-addr",
     "$(LWS_LEADER_ADDRESS):20000",
 ]
+
+# The pod port a vLLM (or sim) replica publishes its KV-cache events on (replay: the next).
+KV_EVENTS_PORT = 5557
 
 
 def _first_flavor_params(pg: Playground, model: OpenModel) -> dict[str, str]:
@@ -151,7 +156,30 @@ def service_for_playground(
         for key in (MODEL_NAME_LABEL, MODEL_FAMILY_LABEL):
             worker_labels.pop(key, None)
         template["leaderTemplate"] = leader
+    else:
+        with_kv_events(runner_container(template["workerTemplate"]["spec"]), backend.name)
     return Service.model_validate(data)
+
+
+def with_kv_events(runner: dict[str, Any], engine: str) -> None:
+    """An engine that publishes KV-cache events (vLLM, the sim) binds them on the pod's
+    ``KV_EVENTS_PORT`` (replay on the next port), where every gateway subscribes at the pod's
+    IP (``endpoint.pod_kv_events``); a command that sets ``--kv-events-config`` keeps its own."""
+    args = list(runner.get("args") or [])
+    if engine not in KV_EVENTS_ENGINES:
+        return
+    if kv_events_addresses([*(runner.get("command") or []), *args], "pod") is not None:
+        return
+    runner["args"] = [
+        *args,
+        *kv_events_flag(f"tcp://*:{KV_EVENTS_PORT}", f"tcp://*:{KV_EVENTS_PORT + 1}"),
+    ]
+    ports = list(runner.get("ports") or [])
+    ports += [
+        {"name": "kv-events", "containerPort": KV_EVENTS_PORT},
+        {"name": "kv-replay", "containerPort": KV_EVENTS_PORT + 1},
+    ]
+    runner["ports"] = ports
 
 
 def service_object(service: Service) -> dict[str, Any]:

@@ -1,0 +1,326 @@
+"""Precise prefix routing in llm-d's benchmark shape, scaled to this machine.
+
+    python -m bench.precise_routing [--sims 8] [--time-scale 4] [--rates 10 20 30 40 50]
+                                    [--cell-seconds 40] [--no-write]
+
+Fleet: ``--sims`` sims publishing their KV-cache events (``--kv-events-config``, ipc sockets,
+as ``llmplane up`` starts them), each with a KV cache of about a third of all the groups'
+prefixes (``--num-blocks``, default groups x prefix tokens / 3 / 16-token blocks). Every
+modelled delay is multiplied by ``--time-scale``; rates and latencies are reported in simulated
+seconds (real / scale), as in bench/routing.py.
+
+Workload (llm-d's "precise prefix-cache routing" benchmark, scaled): ``--groups`` groups (64)
+with a ``--prefix-tokens`` (3,000) shared system prompt, ``--users`` (5) users a group with
+``--user-tokens`` (600) of their own context, each request that user's context plus a fresh
+``--question-tokens`` question, ``--output-tokens`` streamed; Poisson arrivals at each rate;
+fresh text every cell (no cell profits from another's cache).
+
+Systems, used in turns on the same sims:
+- ``precise``: ``llmplane gateway`` with its built-in default profile, which is cost-aware
+  while the replicas publish events (docs/gateway.md "Precise prefix routing");
+- ``approximate``: a second ``llmplane gateway`` configured with the approximate-index default
+  (the built-in profile without events: low-queue filter, prefix-cache x3, least-request x2,
+  kv-cache x1);
+- ``cache_aware``: vllm-router's ``cache_aware`` policy (skipped when not installed).
+
+Per cell: TTFT p50/p90/p99, goodput (requests a simulated second whose TTFT met
+``--slo-ttft``), output tokens a second, the sims' prefix-cache hit rate. Over the whole run, for
+each llmplane system: the prompt tokens its gateway predicted cached on the replicas it chose
+(the access log's ``cached_tokens_predicted``) against the hits the sims report for its
+requests (``vllm:prefix_cache_hits``): the ratio is the index's accuracy under evictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from bench import workloads as wl
+from bench.common import (
+    RESULTS,
+    free_port,
+    gateway_proc,
+    launch,
+    machine,
+    machine_line,
+    percentile,
+    store_objects,
+    table,
+    write_section,
+)
+from bench.routing import one_request, sim_counters
+from llmplane.gateway.discovery.store_endpoints import endpoint_object
+from llmplane.gateway.scheduler.config import DEFAULT_CONFIG
+from llmplane.testing import Process
+
+MODEL = "sim-model"
+BLOCK = 16  # the sim's default block size
+SYSTEMS = ["precise", "approximate", "cache_aware"]
+
+
+def chat_requests(rng: random.Random, n: int, a: argparse.Namespace, salt: str) -> list[dict]:
+    """``n`` requests: a random user of a random group each, streamed."""
+    prefixes = [f"[{salt}:{g}] " + wl.text(rng, a.prefix_tokens) for g in range(a.groups)]
+    own = [[wl.text(rng, a.user_tokens) for _ in range(a.users)] for _ in range(a.groups)]
+    out = []
+    for _ in range(n):
+        g, u = rng.randrange(a.groups), rng.randrange(a.users)
+        question = wl.text(rng, a.question_tokens)
+        messages = [
+            {"role": "system", "content": prefixes[g]},
+            {"role": "user", "content": f"{own[g][u]}\n{question}"},
+        ]
+        out.append(wl.Request(messages, a.output_tokens, group=g).body(MODEL))
+    return out
+
+
+class Fleet:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.sims: list[Process] = []
+        self.addrs: list[str] = []
+        self.routers: dict[str, Process] = {}
+        self.urls: dict[str, str] = {}
+        self.dirs = [tempfile.mkdtemp(prefix="bench-precise-") for _ in range(2)]
+        self.sockets = tempfile.mkdtemp(prefix="kv", dir="/tmp")  # short: a socket path's limit
+
+    def start(self) -> None:
+        a = self.a
+        events = []
+        for i in range(a.sims):
+            pub, replay = f"ipc://{self.sockets}/{i}.sock", f"ipc://{self.sockets}/{i}-r.sock"
+            config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub,
+                      "replay_endpoint": replay, "topic": "kv"}  # fmt: skip
+            argv = ["python", "-m", "llmplane.sim", "--model", MODEL, "--port", "0",
+                    "--seed", str(i), "--time-scale", str(a.time_scale),
+                    "--num-blocks", str(a.num_blocks), "--kv-events-config", json.dumps(config)]  # fmt: skip
+            self.sims.append(launch(f"sim{i}", argv))
+            events.append((pub, replay))
+        self.addrs = [s.ready() for s in self.sims]
+        endpoints = [
+            endpoint_object(
+                f"sim{i}", addr, MODEL, engine="sim", kv_events=pub, kv_events_replay=replay
+            )
+            for i, (addr, (pub, replay)) in enumerate(zip(self.addrs, events, strict=True))
+        ]
+        if "precise" in a.systems:
+            store_objects(self.dirs[0], *endpoints)
+            self.routers["precise"] = gateway_proc(self.dirs[0], name="precise", access_log=True)
+        if "approximate" in a.systems:
+            store_objects(self.dirs[1], *endpoints)
+            cfg = os.path.join(self.dirs[1], "scheduler.yaml")
+            with open(cfg, "w") as f:
+                yaml.safe_dump(DEFAULT_CONFIG, f)
+            self.routers["approximate"] = gateway_proc(
+                self.dirs[1], "--config", cfg, name="approximate", access_log=True
+            )
+        if "cache_aware" in a.systems:
+            if shutil.which("vllm-router"):
+                port = free_port()
+                argv = ["vllm-router", "--host", "127.0.0.1", "--port", str(port),
+                        "--policy", "cache_aware", "--prometheus-port", str(free_port()),
+                        "--log-level", "warning",
+                        "--worker-urls", *[f"http://{s}" for s in self.addrs]]  # fmt: skip
+                self.routers["cache_aware"] = launch("vllm-router", argv)
+                self.urls["cache_aware"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            else:
+                print("skipping vllm-router cache_aware: not installed (pip install vllm-router)")
+        for name in ("precise", "approximate"):
+            if name in self.routers:
+                self.urls[name] = f"http://{self.routers[name].ready()}/v1/chat/completions"
+        probe = orjson.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        )
+        for name, url in self.urls.items():
+            self.routers[name].wait_http(url, probe)
+
+    def predicted(self, system: str) -> list[int]:
+        """``cached_tokens_predicted`` of each access-log line of a gateway so far."""
+        out = []
+        for line in self.routers[system].output().splitlines():
+            if line.startswith("{") and '"cached_tokens_predicted"' in line:
+                with_prediction = orjson.loads(line)
+                if with_prediction.get("path") == "/v1/chat/completions":
+                    out.append(int(with_prediction["cached_tokens_predicted"]))
+        return out
+
+    def stop(self) -> None:
+        for p in [*self.routers.values(), *self.sims]:
+            p.stop()
+        for d in [*self.dirs, self.sockets]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+async def run_cell(fleet: Fleet, system: str, bodies: list[dict], arrivals: list[float]) -> dict:
+    a = fleet.a
+    scale = a.time_scale
+    url = fleet.urls[system]
+    seen = len(fleet.predicted(system)) if system in ("precise", "approximate") else 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        before = await sim_counters(session, fleet.addrs)
+        start = time.perf_counter() + 0.05
+        deadline = start + a.cell_seconds
+        tasks = []
+        for t_sim, body in zip(arrivals, bodies, strict=True):
+            t_real = start + t_sim * scale
+            if t_real > deadline:
+                break
+            delay = t_real - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(
+                asyncio.ensure_future(
+                    one_request(session, url, orjson.dumps(body), a.request_timeout)
+                )
+            )
+        results = list(await asyncio.gather(*tasks))
+        span = (time.perf_counter() - start) / scale
+        await asyncio.sleep(0.2)  # the last access-log lines and counters settle
+        after = await sim_counters(session, fleet.addrs)
+
+    def delta(name: str) -> float:
+        return sum(x.get(name, 0) - y.get(name, 0) for x, y in zip(after, before, strict=True))
+
+    ok = [r for r in results if r["ok"]]
+    ttft = [r["ttft"] / scale for r in ok]
+    hits, queries = delta("vllm:prefix_cache_hits"), delta("vllm:prefix_cache_queries")
+    predicted = None
+    if system in ("precise", "approximate"):
+        predicted = sum(fleet.predicted(system)[seen:])
+    return {
+        "system": system,
+        "sent": len(results),
+        "ok": len(ok),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "ttft_p99": percentile(ttft, 99),
+        "goodput": sum(1 for t in ttft if t <= a.slo_ttft) / span if span else 0.0,
+        "tok_s": sum(r["tokens"] for r in ok) / span if span else 0.0,
+        "hit_rate": hits / queries if queries else float("nan"),
+        "hits": hits,
+        "predicted": predicted,
+    }
+
+
+async def run_all(a: argparse.Namespace) -> dict[str, Any]:
+    info = machine()
+    fleet = Fleet(a)
+    cells: list[dict[str, Any]] = []
+    try:
+        fleet.start()
+        systems = [s for s in a.systems if s in fleet.urls]
+        print(f"systems: {', '.join(systems)}; sims {fleet.addrs}; {info}", flush=True)
+        for turn, rate in enumerate(a.rates):
+            for system in systems[turn % len(systems) :] + systems[: turn % len(systems)]:
+                n = int(rate * a.cell_seconds / a.time_scale) + 1
+                salt = f"{rate}-{system}-{time.monotonic_ns()}"
+                bodies = chat_requests(random.Random(hash(rate) & 0xFFFF), n, a, salt)
+                arrivals = wl.poisson_arrivals(random.Random(1234), n, rate)
+                cell = await run_cell(fleet, system, bodies, arrivals)
+                cell["rate"] = rate
+                cells.append(cell)
+                print(
+                    f"rate {rate:5.1f} {system:12s} ok {cell['ok']:4d}/{cell['sent']:<4d}"
+                    f" TTFT p50 {cell['ttft_p50'] * 1000:7.1f} p90 {cell['ttft_p90'] * 1000:7.1f}"
+                    f" p99 {cell['ttft_p99'] * 1000:7.1f} ms goodput {cell['goodput']:5.1f}/s"
+                    f" hit {cell['hit_rate']:.2f}"
+                    + (
+                        f" predicted/actual {cell['predicted'] / cell['hits']:.3f}"
+                        if cell["predicted"] is not None and cell["hits"]
+                        else ""
+                    ),
+                    flush=True,
+                )
+    finally:
+        fleet.stop()
+    return {"machine": info, "load_after": os.getloadavg(), "args": vars(a), "cells": cells}
+
+
+def accuracy(cells: list[dict[str, Any]], system: str) -> float | None:
+    """Predicted / actual prefix-cache hits over the run (None: no hits or no predictions)."""
+    mine = [c for c in cells if c["system"] == system and c["predicted"] is not None]
+    hits = sum(c["hits"] for c in mine)
+    return sum(c["predicted"] for c in mine) / hits if mine and hits else None
+
+
+def report(res: dict[str, Any]) -> str:
+    a = res["args"]
+    cells = res["cells"]
+    out = [
+        f"Command: `python -m bench.precise_routing --sims {a['sims']} --time-scale "
+        f"{a['time_scale']:g} --cell-seconds {a['cell_seconds']:g} --rates "
+        f"{' '.join(f'{r:g}' for r in a['rates'])}` ({machine_line(res['machine'], res['load_after'])}). "
+        f"{a['groups']} groups x {a['prefix_tokens']:,}-token prefix, {a['users']} users a group "
+        f"with {a['user_tokens']} tokens of their own, {a['output_tokens']} output tokens streamed; "
+        f"{a['num_blocks']} KV blocks (x16 tokens) a sim. Simulated seconds (real / "
+        f"{a['time_scale']:g}); goodput: requests a second with TTFT <= {a['slo_ttft']:g} s.",
+        "",
+    ]
+    headers = ["rate req/s", "system", "ok / sent", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
+               "goodput req/s", "out tok/s", "hit"]  # fmt: skip
+    rows = [
+        [
+            f"{c['rate']:g}",
+            c["system"],
+            f"{c['ok']}/{c['sent']}",
+            f"{c['ttft_p50'] * 1000:.0f}",
+            f"{c['ttft_p90'] * 1000:.0f}",
+            f"{c['ttft_p99'] * 1000:.0f}",
+            f"{c['goodput']:.1f}",
+            f"{c['tok_s']:,.0f}",
+            f"{c['hit_rate']:.2f}",
+        ]
+        for c in cells
+    ]
+    out += [table(headers, rows, "ll" + "r" * 7), ""]
+    for system in ("precise", "approximate"):
+        ratio = accuracy(cells, system)
+        if ratio is not None:
+            out.append(f"- {system}: predicted / actual prefix-cache hits over the run {ratio:.3f}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sims", type=int, default=8)
+    p.add_argument("--time-scale", type=float, default=4.0)
+    p.add_argument("--groups", type=int, default=64)
+    p.add_argument("--users", type=int, default=5)
+    p.add_argument("--prefix-tokens", type=int, default=3000)
+    p.add_argument("--user-tokens", type=int, default=600)
+    p.add_argument("--question-tokens", type=int, default=16)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--num-blocks", type=int, default=0, help="0: a third of all prefixes")
+    p.add_argument("--rates", type=float, nargs="+", default=[10.0, 20.0, 30.0, 40.0, 50.0])
+    p.add_argument("--cell-seconds", type=float, default=40.0, help="real seconds a cell")
+    p.add_argument("--request-timeout", type=float, default=120.0)
+    p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput's TTFT bound, sim s")
+    p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
+    p.add_argument("--section", default="precise-routing")
+    p.add_argument("--no-write", action="store_true", help="print only")
+    a = p.parse_args(argv)
+    if not a.num_blocks:
+        a.num_blocks = a.groups * a.prefix_tokens // 3 // BLOCK
+    res = asyncio.run(run_all(a))
+    text = report(res)
+    print(text)
+    if a.no_write:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{a.section}.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"wrote {write_section(a.section, text)}")
+
+
+if __name__ == "__main__":
+    main()

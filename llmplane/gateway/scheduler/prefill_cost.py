@@ -1,0 +1,146 @@
+"""The ``prefill-cost`` scorer: prefer the replica where the request's first token comes soonest.
+
+A candidate's expected time to first token is the prefill work queued ahead of the request plus
+the request's own uncached tokens, at that replica's observed prefill speed:
+
+    cost = (ahead * uncached_per_request + uncached) / prefill_rate
+
+- ``uncached``: the request's prompt tokens less those the replica holds, from the precise
+  scorer's index (``precise_prefix``; the approximate scorer's fraction for replicas that do
+  not publish events);
+- ``ahead``: the requests in front of it there, the larger of the engine's waiting queue as the
+  gateway estimates it (``registry.queue_estimates``) and this gateway's streams still awaiting
+  their first token (queued or in prefill);
+- ``uncached_per_request``: the uncached tokens of the requests recently sent to that replica
+  (learned at each pick: requests queued behind their own prefix cost little);
+- ``prefill_rate``: uncached tokens a second per request, from the engine's counters
+  (``EndpointState.observe_prefill``); replicas not yet measured count at the fleet's median
+  (so a homogeneous fleet compares work alone).
+
+Blocks of requests just sent to a replica and not yet reported by its events (the precise
+scorer's pending blocks) count as cached there for a request that would wait behind those
+requests (``ahead`` >= 1), and make their replica up to ``PENDING_PREFERENCE`` cheaper
+otherwise, so a new group follows its first request instead of spreading.
+
+score = lowest cost among the candidates / the candidate's cost, in (0, 1]. So a replica holding
+the prefix keeps it under load, and gives it up only when its queue costs more than
+recomputing the prefix elsewhere (the direction of llm-d's predicted-latency routing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmplane.gateway.registry import EndpointState, queue_estimates
+from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
+from llmplane.gateway.scheduler.plugins import LeastRequestScorer, LowQueueFilter
+from llmplane.gateway.scheduler.precise_prefix import (
+    BYTES_PER_TOKEN,
+    PENDING,
+    PREDICTED,
+    PROMPT_TOKENS,
+    PrecisePrefixCacheScorer,
+    predicted_cached_tokens,
+)
+from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+
+LEARN = 0.2  # weight of the newest request in ``uncached_per_request``
+# A replica the request's prefix was just sent to (its blocks pending) looks this much cheaper
+# at most: a new group follows its first request rather than spread over near-equal replicas.
+PENDING_PREFERENCE = 0.1
+
+
+class PrefillCostScorer:
+    def __init__(self, name: str = "prefill-cost", prefix: PrecisePrefixCacheScorer | None = None):
+        self.name = name
+        self.prefix = prefix if prefix is not None else PrecisePrefixCacheScorer()
+        self.per_request: dict[str, float] = {}  # replica -> uncached tokens a request
+        self.saved: tuple | None = None  # the default profile before ``use_in_default``
+
+    def uncached(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        """The request's prompt tokens each candidate would compute."""
+        held = self.prefix.score(ctx, endpoints)  # fractions of the request's full blocks
+        total = ctx.cache.get(PROMPT_TOKENS)
+        if total is None:  # not tokenized: the approximate fractions of an estimated length
+            size = len(ctx.prompt) / BYTES_PER_TOKEN
+            return [size * (1.0 - h) for h in held]
+        out = []
+        for e, h in zip(endpoints, held, strict=True):
+            cached = predicted_cached_tokens(ctx, e.key)
+            if e.key not in self.prefix.publishing():
+                cached = h * total
+            out.append(max(float(total) - (cached or 0), 1.0))
+        return out
+
+    def costs(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        """Each candidate's expected seconds to first token (relative where speeds are not
+        known: see the module docstring)."""
+        uncached = self.uncached(ctx, endpoints)
+        queues = queue_estimates(endpoints, ctx.staleness, ctx.now)
+        known = sorted(e.prefill_rate for e in endpoints if e.prefill_rate > 0)
+        typical = known[len(known) // 2] if known else 1.0
+        pending = ctx.cache.get(PENDING) or {}
+        total = ctx.cache.get(PROMPT_TOKENS) or 0
+        learned = ctx.cache[self] = {}
+        uncached_at = dict(zip((e.key for e in endpoints), uncached, strict=True))
+        out = []
+        for e, mine, queued in zip(endpoints, uncached, queues, strict=True):
+            ahead = max(queued, float(e.prefilling))
+            soon = pending.get(e.key, 0)
+            if soon and ahead >= 1 and total - soon < mine:
+                # Queued behind the requests computing those blocks: cached when it runs (the
+                # prediction the access log shows too).
+                mine = max(float(total - soon), 1.0)
+                ctx.cache.setdefault(PREDICTED, {})[e.key] = soon
+            learned[e.key] = mine
+            per_request = self.per_request.get(e.key, mine)
+            cost = (ahead * per_request + mine) / (e.prefill_rate or typical)
+            if soon:  # by the blocks not reported yet
+                cost *= 1.0 - PENDING_PREFERENCE * (soon - (total - uncached_at[e.key])) / total
+            out.append(cost)
+        return out
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        costs = self.costs(ctx, endpoints)
+        best = min(costs, default=0.0)
+        return [best / c if c > 0 else 1.0 for c in costs]
+
+    def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
+        """Learn the uncached tokens of what is sent to ``endpoint`` (and the precise scorer
+        its pending blocks)."""
+        self.prefix.on_pick(ctx, endpoint)
+        scored = ctx.cache.get(self)
+        mine = scored.get(endpoint.key) if scored is not None else None
+        if mine is None:
+            return
+        old = self.per_request.get(endpoint.key)
+        self.per_request[endpoint.key] = mine if old is None else old + LEARN * (mine - old)
+
+    def on_remove(self, endpoint: EndpointState) -> None:
+        self.per_request.pop(endpoint.key, None)
+
+
+TIE_WEIGHT = 0.01  # least-request's weight beside it: spreads exact ties only
+
+
+def use_in_default(scheduler: Scheduler, cost: PrefillCostScorer, active: bool) -> None:
+    """While ``active`` (some replica publishes KV events), the default profile is cost-aware:
+    its approximate prefix scorer becomes the precise scorer's fallback (it keeps learning from
+    picks), ``cost`` scores alone (least-request breaks exact ties), and the low-queue filter
+    is left out (the cost counts the queue: a replica holding the prefix is not dropped for
+    being busy). Inactive again, the profile is as it was."""
+    profile = scheduler.profiles[scheduler.default]
+    if active and cost.saved is None:
+        approximate = next((p for p, _ in profile.scorers if type(p) is PrefixCacheScorer), None)
+        if approximate is None:
+            return  # a configured default profile without the approximate scorer: left alone
+        cost.prefix.fallback = approximate
+        cost.saved = (profile.filters, profile.scorers, profile.observers)
+        ties = next((p for p, _ in profile.scorers if isinstance(p, LeastRequestScorer)), None)
+        profile.filters = [f for f in profile.filters if not isinstance(f, LowQueueFilter)]
+        profile.scorers = [(cost, 1.0)] + ([(ties, TIE_WEIGHT)] if ties is not None else [])
+        profile.observers = [*profile.observers, cost]
+        scheduler.plugins.setdefault(cost.name, cost)
+    elif not active and cost.saved is not None:
+        profile.filters, profile.scorers, profile.observers = cost.saved
+        cost.saved = None
