@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 
 from llmplane.gateway.hooks import Usage
+from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.tokens import estimate_tokens
 from llmplane.gateway.usage import StreamScanner
@@ -53,3 +54,15 @@ def test_a_messages_stream_has_its_input_and_output_in_two_events() -> None:
     for kind, data in (("message_start", start), ("message_delta", delta)):
         scanner.feed(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n")
     assert Usage.of(scanner.usage) == Usage(9, 5)
+
+
+def test_their_streams_go_upstream_as_sent() -> None:
+    # Their streams always carry usage: a token limit asks for nothing (chat's does).
+    for path, doc in (("/v1/responses", RESPONSES), ("/v1/messages", MESSAGES)):
+        body = orjson.dumps({**doc, "stream": True})
+        inference = InferenceRequest(path, {}, body)
+        assert ask_stream_usage(inference) is None
+        assert inference.final_body() == body
+    chat = InferenceRequest("/v1/chat/completions", {}, orjson.dumps({**MESSAGES, "stream": True}))
+    assert ask_stream_usage(chat) is not None
+    assert orjson.loads(chat.final_body())["stream_options"] == {"include_usage": True}
