@@ -89,3 +89,10 @@ def error_response(err: GatewayError) -> Response:
         {"type": "error", "error": {"type": error_type(err), "message": err.message}}
     )
     return response
+
+
+def stream_error(message: str) -> bytes:
+    """The event that ends a stream the gateway cuts short, as Anthropic sends one (the
+    ``anthropic`` client raises it)."""
+    data = orjson.dumps({"type": "error", "error": {"type": "api_error", "message": message}})
+    return b"event: error\ndata: " + data + b"\n\n"
