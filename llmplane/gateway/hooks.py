@@ -45,7 +45,7 @@ class Usage:
             return None
         prompt = doc.get("prompt_tokens")
         completion = doc.get("completion_tokens")
-        if prompt is None and "input_tokens" in doc:  # llmplane: Responses / Messages usage
+        if prompt is None and "input_tokens" in doc:  # Responses / Messages usage
             return cls(*usage_counts(doc))
         return cls(
             prompt if isinstance(prompt, int) else 0,

@@ -338,7 +338,7 @@ class Proxy:
         ends. Not a coroutine itself: the caller awaits the stream or unary one directly."""
         assert ctx.decision is not None and ctx.inference is not None
         refusal = unserved(state.endpoint.engine, ctx.request.path, ctx.inference.model)
-        if refusal is not None:  # llmplane: an engine without this API (protocols/)
+        if refusal is not None:  # an engine without this API (protocols/)
             raise refusal
         if state.endpoint.priority_scheduling:  # only then: the bytes relayed untouched
             body = prioritized_body(ctx, body)

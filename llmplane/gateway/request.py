@@ -140,7 +140,7 @@ class InferenceRequest:
                 "missing_model",
             )
         check_fields(doc)
-        protocols.check(path, doc)  # llmplane: Responses / Messages fields
+        protocols.check(path, doc)  # Responses / Messages fields
         self.doc: dict[str, Any] = doc
         self.model: str = model
         self.stream = doc.get("stream") is True
@@ -151,7 +151,7 @@ class InferenceRequest:
     def prompt(self) -> bytes:
         """The prompt as UTF-8 bytes (computed on first use)."""
         if self._prompt is None:
-            text = protocols.prompt_text(self.path, self.doc)  # llmplane: Responses / Messages
+            text = protocols.prompt_text(self.path, self.doc)  # Responses / Messages
             if text is None:
                 text = prompt_text(self.doc)
             self._prompt = text.encode("utf-8", "surrogatepass")

@@ -357,7 +357,7 @@ class Gateway:
             return response
         except GatewayError as err:
             self.refused(ctx, err)
-            return error_response(request.path, err)  # llmplane: in the API's own shape
+            return error_response(request.path, err)  # in the API's own shape
         except asyncio.CancelledError:
             ctx.status = 499
             raise

@@ -262,7 +262,7 @@ class RateLimiter:
     ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
         """What each limit takes (limits taking nothing left out); the 429 of an amount
         larger than its bucket, before anything is taken."""
-        embeddings = not generates(inference.path)  # llmplane: nor count_tokens, tokenize
+        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
         parts = []
         for limit in limits:
             rows = [(d, n) for d, n in limit.tokens if not (embeddings and d == OUTPUT)]
@@ -298,7 +298,7 @@ class RateLimiter:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
         429, reusing the input count left in ``counted``)."""
-        embeddings = not generates(inference.path)  # llmplane: nor count_tokens, tokenize
+        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
         # One plan per limit and set of directions (an embedding takes no output tokens).
         plans = self.plans[embeddings]
         plan = plans.get(limit.key)

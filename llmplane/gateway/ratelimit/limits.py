@@ -155,7 +155,7 @@ def output_reservation(doc: dict[str, Any], default: int, burst: int) -> int:
         each = (
             _given(doc, "max_completion_tokens")
             or _given(doc, "max_tokens")
-            or _given(doc, "max_output_tokens")  # llmplane: the Responses API's
+            or _given(doc, "max_output_tokens")  # the Responses API's
             or fallback
         )
         most = each * choices

@@ -91,7 +91,7 @@ def ask_stream_usage(inference: InferenceRequest) -> UsageChunkFilter | None:
     """For a stream whose tokens must be counted: ask the engine for its usage; the filter that
     keeps the usage-only chunk from a client that did not ask for it, or None if it did (or the
     request is an embedding, which has no stream usage to ask for)."""
-    # llmplane: only chat and completions streams carry usage only when asked.
+    # only chat and completions streams carry usage only when asked.
     if inference.path in USAGE_ASKED and inject_include_usage(inference.doc):
         inference.mark_dirty()
         return UsageChunkFilter()
