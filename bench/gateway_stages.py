@@ -142,11 +142,11 @@ def _stages() -> list[tuple[Any, str, str]]:
         observability,
         proxy,
         request,
+        response_usage,
         routing,
         server,
         tenant_usage,
         upstream_client,
-        usage,
     )
     from llmplane.gateway.flowcontrol import controller
     from llmplane.gateway.ratelimit import limiter
@@ -157,21 +157,20 @@ def _stages() -> list[tuple[Any, str, str]]:
         (request.InferenceRequest, "__init__", "body parse and field checks"),
         (auth.Authenticator, "authenticate", "authentication (no Tenant: off on loopback)"),
         (routing.RoutingTable, "resolve", "route resolve"),
-        (limiter.RateLimiter, "reserve_now", "hooks: rate limits, tenant usage"),
-        (limiter.RateLimiter, "settle_now", "hooks: rate limits, tenant usage"),
-        (tenant_usage.TenantUsage, "reserve_now", "hooks: rate limits, tenant usage"),
-        (tenant_usage.TenantUsage, "settle_now", "hooks: rate limits, tenant usage"),
+        (limiter.RateLimiter, "reserve", "hooks: rate limits, tenant usage"),
+        (limiter.RateLimiter, "settle", "hooks: rate limits, tenant usage"),
+        (tenant_usage.TenantUsage, "reserve", "hooks: rate limits, tenant usage"),
+        (tenant_usage.TenantUsage, "settle", "hooks: rate limits, tenant usage"),
         (admission.Admission, "admit", "admission"),
         (controller.FlowControl, "needed", "flow control check"),
-        (server.Gateway, "scheduling_context", "scheduler pick"),
         (server.Gateway, "schedule", "scheduler pick"),
         (framework.Profile, "on_pick", "prefix index update (prompt text, block hashes)"),
         (proxy, "forwarded_headers", "upstream request bytes"),
         (upstream_client, "encode_request", "upstream request bytes"),
         (proxy, "relayed_headers", "response headers relayed"),
-        (usage, "extract_usage", "usage extraction"),
+        (response_usage, "extract_usage", "usage extraction"),
         (hooks.Usage, "of", "usage extraction"),
-        (server.Gateway, "_observe", "metrics"),  # less the access log, below
+        (server.Gateway, "observe", "metrics"),  # less the access log, below
         (context.RequestContext, "access_record", "access log line"),
         (observability, "write_access", "access log line"),
         (http_server.Response, "encode", "response bytes"),
@@ -227,7 +226,7 @@ class _Timer:
             stage: (self.ns[stage] - self.overhead * self.calls[stage]) / requests / 1000
             for stage in self.ns
         }
-        # _observe holds the access log's two calls: metrics is the rest.
+        # observe holds the access log's two calls: metrics is the rest.
         log = self.calls["access log line"]
         out["metrics"] -= out["access log line"] + self.overhead * log / requests / 1000
         for stage in self.ns:

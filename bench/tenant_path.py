@@ -70,7 +70,7 @@ class Setup:
         self.limiter = RateLimiter(SimpleNamespace())
         self.limiter.update(objects)
         self.usage = TenantUsage(None)
-        self.hooks = [(h.reserve_now, h.settle_now) for h in (self.limiter, self.usage)]
+        self.hooks = (self.limiter, self.usage)
         self.headers = {"content-type": "application/json"}
         if kind != "open":
             self.headers["authorization"] = f"Bearer {made.key}"
@@ -82,6 +82,30 @@ class Setup:
         self.tenant_series: dict[tuple[str, int], Any] = {}
 
 
+def now(coroutine: Any) -> Any:
+    """The value of a coroutine that finishes without waiting (the hooks on local buckets),
+    run without an event loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError("the coroutine waited")
+
+
+def context_of(s: Setup, decision: Any) -> Any:
+    """A request's context after the route stage: parsed, authenticated, routed."""
+    from llmplane.gateway.context import RequestContext
+
+    ctx = RequestContext(s.http)  # type: ignore[arg-type]
+    ctx.inference = s.inference
+    tenant = ctx.tenant = s.auth.authenticate(s.headers)
+    if tenant is not None:
+        s.auth.permit(tenant, s.inference.model)
+    ctx.decision = decision
+    return ctx
+
+
 def request_of(kind: str, limits: str = "all") -> Any:
     """One request's tenant-specific work for ``kind``, as the gateway's route stage, proxy
     (the response head) and finish stage do it."""
@@ -89,7 +113,7 @@ def request_of(kind: str, limits: str = "all") -> Any:
     from llmplane.gateway.hooks import Reservation, Usage
     from llmplane.gateway.http_server import Response
     from llmplane.gateway.proxy import relayed_headers
-    from llmplane.gateway.routing import Decision
+    from llmplane.gateway.routing import RouteDecision
 
     s = Setup(kind, limits)
     auth, hooks, headers, inference, http = s.auth, s.hooks, s.headers, s.inference, s.http
@@ -97,17 +121,14 @@ def request_of(kind: str, limits: str = "all") -> Any:
 
     def one() -> None:
         ctx = RequestContext(http)  # type: ignore[arg-type]
-        tenant = auth.authenticate(headers)
-        decision = Decision("r", None, "bench")  # type: ignore[arg-type]
+        ctx.inference = inference
+        tenant = ctx.tenant = auth.authenticate(headers)
         if tenant is not None:
-            ctx.tenant = tenant.name
             auth.permit(tenant, inference.model)
-            decision.tenant = tenant.name
-            decision.criticality = tenant.criticality
-        held = []
-        for reserve_now, settle_now in hooks:
-            reservation = reserve_now(inference, decision)
-            held.append((settle_now, reservation))
+        ctx.decision = RouteDecision("r", None, "bench")  # type: ignore[arg-type]
+        for hook in hooks:
+            reservation = now(hook.reserve(ctx))
+            ctx.reservations.append((hook, reservation))
             if isinstance(reservation, Reservation):
                 ctx.adopt(reservation)
         Response(
@@ -116,13 +137,13 @@ def request_of(kind: str, limits: str = "all") -> Any:
             **relayed_headers(upstream, "127.0.0.1:1", ctx.response_headers, ctx.response_lines),
         ).encode(True, False, DATE)
         ctx.status = 200
-        reported = Usage.of(USAGE)
-        for settle_now, reservation in held:
-            settle_now(inference, decision, reservation, reported, 200)
-        if ctx.tenant is not None:  # Gateway._observe's tenant counter
-            series = tenant_series.get((ctx.tenant, 200))
+        ctx.usage = Usage.of(USAGE)
+        for hook, reservation in ctx.reservations:
+            hook.settle(ctx, reservation, ctx.usage)
+        if tenant is not None:  # Gateway.observe's tenant counter
+            series = tenant_series.get((tenant.name, 200))
             if series is None:
-                series = tenant_series[(ctx.tenant, 200)] = requests.labels(ctx.tenant, "200")
+                series = tenant_series[(tenant.name, 200)] = requests.labels(tenant.name, "200")
             series.value += 1
 
     return one
@@ -160,21 +181,17 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
     from llmplane.gateway.hooks import Reservation, Usage
     from llmplane.gateway.http_server import Headers, Response, _Protocol
     from llmplane.gateway.proxy import forwarded_headers, relayed_headers
-    from llmplane.gateway.routing import Decision
+    from llmplane.gateway.routing import RouteDecision
     from llmplane.gateway.upstream_client import encode_request
 
     s = Setup(kind, limits)
     auth, headers, inference, http = s.auth, s.headers, s.inference, s.http
-    (limiter_reserve, limiter_settle), (usage_reserve, usage_settle) = s.hooks
-    tenant = auth.authenticate(headers)
-    decision = Decision("r", None, "bench")  # type: ignore[arg-type]
-    if tenant is not None:
-        decision.tenant = tenant.name
-        decision.criticality = tenant.criticality
+    limiter, usage = s.hooks
+    ctx = context_of(s, RouteDecision("r", None, "bench"))  # type: ignore[arg-type]
+    ctx.status = 200
     reported = Usage.of(USAGE)
-    reservation = limiter_reserve(inference, decision)
-    ctx = RequestContext(http)  # type: ignore[arg-type]
-    for made in (reservation, usage_reserve(inference, decision)):
+    reservation = now(limiter.reserve(ctx))
+    for made in (reservation, now(usage.reserve(ctx))):
         if isinstance(made, Reservation):
             ctx.adopt(made)
     lines = ctx.response_lines
@@ -202,16 +219,16 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
     fresh = RequestContext(http)  # type: ignore[arg-type]
 
     def reserve() -> None:  # (the buckets refill faster than a round takes from them)
-        taken = limiter_reserve(inference, decision)
+        taken = now(limiter.reserve(ctx))
         if isinstance(taken, Reservation):
             fresh.adopt(taken)
             fresh.response_lines = None
 
     def settle() -> None:
-        limiter_settle(inference, decision, reservation, Usage.of(USAGE), 200)
+        limiter.settle(ctx, reservation, Usage.of(USAGE))
 
     def usage_hook() -> None:
-        usage_settle(inference, decision, usage_reserve(inference, decision), reported, 200)
+        usage.settle(ctx, now(usage.reserve(ctx)), reported)
 
     def head() -> None:
         Response(

@@ -114,6 +114,7 @@ class Platform:
             config=self.gateway_config,
             extensions=[lambda gateway: Console(gateway, self.runtime)],
             seat=seat,
+            wake=self._wake,
         )
         self.port = self.gateway.port
         from llmplane.controlplane.autoscaler import Autoscaler
@@ -127,8 +128,12 @@ class Platform:
             self.autoscaler_config,
             extra=[ProcessSignals(self.runtime)],
         )
-        self.gateway.activator.wake = lambda workload: self.autoscaler.kick()
         self._tasks.append(asyncio.create_task(self.autoscaler.run(), name="autoscaler"))
+
+    def _wake(self, workload: str) -> None:
+        """A request waits for ``workload``, scaled to zero: the autoscaler looks now."""
+        if self.autoscaler is not None:
+            self.autoscaler.kick()
 
     def _seat(self, workers: UpWorkers) -> Any:
         """Worker 0's seat, answering the other workers: console requests and wake-ups; the

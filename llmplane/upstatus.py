@@ -41,7 +41,7 @@ def _stats(gateway: Any) -> Any:
 
 def traffic(gateway: Any, seconds: int = 10) -> tuple[float, float | None, int]:
     """(requests per second, TTFT p50 in ms, requests in flight) over the last seconds."""
-    inflight = sum(s.inflight for s in list(gateway.registry.states.values()))
+    inflight = sum(s.inflight for s in gateway.view().endpoints)
     stats = _stats(gateway)
     if stats is None or not stats.points:
         return 0.0, None, inflight
@@ -191,7 +191,7 @@ class UpStatus:
             )
         gateway = self.platform.gateway
         now = time.monotonic()
-        requests = sum(c.value for c in list(gateway.metrics.requests.children.values()))
+        requests = sum(gateway.view().requests.values())
         if requests != self._last_requests and now - self._last_status >= STATUS_EVERY:
             self._last_status, self._last_requests = now, requests
             self.console.print(status_line(fleet, gateway), markup=False, highlight=False)

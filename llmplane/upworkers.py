@@ -156,19 +156,25 @@ async def _serve(
     from llmplane.store.paths import open_store
 
     store = open_store(state_dir)
-    gateway = await start_gateway(
-        store, BoardDiscovery(board), host, 0, config, extensions=[ConsoleRelay], seat=seat
-    )
     wakes: set[asyncio.Task[Any]] = set()
 
-    def wake(workload: str) -> None:
+    def wake(workload: str) -> None:  # worker 0's autoscaler looks now
         task = asyncio.get_running_loop().create_task(
             seat.ask(PLATFORM, b"wake", workload.encode())
         )
         wakes.add(task)
         task.add_done_callback(wakes.discard)
 
-    gateway.activator.wake = wake
+    gateway = await start_gateway(
+        store,
+        BoardDiscovery(board),
+        host,
+        0,
+        config,
+        extensions=[ConsoleRelay],
+        seat=seat,
+        wake=wake,
+    )
     # Our request totals for the console's charts (worker 0's console reads every report).
     report = report_totals(seat)
     reporter = Periodic(lambda: report(totals(gateway.metrics)), 1.0, "request totals report")

@@ -152,7 +152,7 @@ class Console:
         several = seat is not None and seat.workers > 1
         self.stats = RequestStats(
             gateway.metrics,
-            endpoints=lambda: list(gateway.registry.states.values()),
+            endpoints=lambda: gateway.view().endpoints,
             peers=peer_totals(seat) if several else None,
             publish=report_totals(seat) if several else None,
         )

@@ -134,10 +134,10 @@ def snapshot(
 ) -> dict[str, Any]:
     """The fleet as plain JSON-ready data (``events=False``: without the recent events)."""
     now = time.monotonic()
-    states: dict[str, Any] = dict(gateway.registry.states) if gateway is not None else {}
-    staleness = gateway.config.metrics_staleness if gateway is not None else 1.0
-    kv = getattr(gateway, "kv", None)
-    index = kv.subscriber.index if kv is not None else None
+    view = gateway.view() if gateway is not None else None
+    states: dict[str, Any] = {s.address: s for s in view.endpoints} if view is not None else {}
+    staleness = view.metrics_staleness if view is not None else 1.0
+    index = view.kv_index if view is not None else None
     views = {a: endpoint_view(s, staleness, now, prefix_rate, index) for a, s in states.items()}
     claimed: set[str] = set()
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from llmplane.console.api import API, API_NAMES, static_files
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Headers, HttpRequest, HttpServer, Response
 
 PLATFORM = 0  # the worker that runs the console itself
@@ -43,7 +43,7 @@ class ConsoleRelay:
         answer = await self.seat.ask(PLATFORM, b"http", orjson.dumps(ask))
         if not answer:
             return GatewayError(
-                503, "the console's process did not answer; retry", "console_unavailable"
+                503, "the console's process did not answer; retry", ErrorCode.CONSOLE_UNAVAILABLE
             ).response()
         head, _, body = answer.partition(b"\n")
         doc = orjson.loads(head)

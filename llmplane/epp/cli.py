@@ -63,6 +63,11 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     from llmplane.epp.server import start_picker
 
     store, discovery = await open_sources(args)
+    scaler = None
+    if args.kubernetes:  # the activator asks the API for a Playground's first replica
+        from llmplane.gateway import kube_activation
+
+        scaler = kube_activation.scaler_for(store)
     try:
         picker = await start_picker(
             store,
@@ -73,6 +78,7 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
             fallbacks=args.fallbacks,
             metrics_port=args.metrics_port,
             message_timeout=args.message_timeout,
+            wake=scaler.wake if scaler is not None else None,
         )
     except (OSError, RuntimeError) as e:  # grpc reports a busy port as RuntimeError
         await close_store(store)
@@ -80,11 +86,6 @@ async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
             f"cannot listen on {args.host}:{args.port} (or --metrics-port): "
             f"{getattr(e, 'strerror', None) or e} (pass --port N, or --port 0 for any free port)"
         ) from None
-    scaler = None
-    if args.kubernetes:  # the activator asks the API for a Playground's first replica
-        from llmplane.gateway import kube_activation
-
-        scaler = kube_activation.attach(picker.gateway, store)
     line = f"LISTENING {picker.host}:{picker.port}"
     if picker.metrics_port is not None:
         line += f" metrics {picker.host}:{picker.metrics_port}"

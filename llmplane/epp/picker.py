@@ -24,12 +24,11 @@ from typing import Any
 
 from llmplane.epp import protocol
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.hooks import Held, header_pairs
+from llmplane.gateway.errors import ErrorCode, GatewayError
+from llmplane.gateway.hooks import Usage, header_pairs
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.request import InferenceRequest
+from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.server import Gateway
-from llmplane.gateway.usage import StreamScanner, extract_usage
 
 log = logging.getLogger("llmplane.epp")
 
@@ -41,6 +40,7 @@ class EnvoyRequest:
     access log read of a request)."""
 
     __slots__ = ("headers", "method", "path", "path_qs")
+    too_large = False  # (a body over the limit is refused as it streams in: ``_too_large``)
 
     def __init__(self, headers: dict[str, str]) -> None:
         self.headers = headers
@@ -59,7 +59,7 @@ def in_subset(
             503,
             "no eligible endpoint in the data plane's subset hint "
             f"({len(subset)} address{'es' if len(subset) != 1 else ''})",
-            "no_ready_endpoint",
+            ErrorCode.NO_READY_ENDPOINT,
         )
     return kept
 
@@ -76,7 +76,6 @@ class _Exchange:
         "finished",
         "picked",
         "prefilling",
-        "reservations",
         "response_body",
         "routed",
         "scanner",
@@ -88,7 +87,6 @@ class _Exchange:
         self.ctx: RequestContext | None = None
         self.body: list[bytes] = []
         self.body_size = 0
-        self.reservations: list[Held] = []
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
         self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
         self.prefilling: EndpointState | None = None  # a stream's, until its first chunk
@@ -175,7 +173,7 @@ class EndpointPickerService:
         without a limit of its own); what was read is dropped."""
         limit = self.gateway.config.max_body_bytes
         err = GatewayError(
-            413, f"the request body is over the limit of {limit} bytes", "request_too_large"
+            413, f"the request body is over the limit of {limit} bytes", ErrorCode.REQUEST_TOO_LARGE
         )
         ex.body = []
         ex.routed = True
@@ -192,23 +190,25 @@ class EndpointPickerService:
         body = ex.body[0] if len(ex.body) == 1 else b"".join(ex.body)
         ex.body = []
         ex.routed = True
-        try:
-            inference = ctx.inference = InferenceRequest(
-                ctx.request.path, ctx.request.headers, body
-            )
-            decision = await gw.route(ctx, ex.reservations)
-            now = time.monotonic()
-            candidates = await gw.admit(ctx, now)
+        try:  # the gateway's stages (Gateway.handle), but Envoy proxies
+            gw.parse(ctx, body)
+            gw.authenticate(ctx)
+            await gw.route(ctx)
+            await gw.reserve(ctx)
+            await gw.admit(ctx)
+            inference, decision = ctx.inference, ctx.decision
+            assert inference is not None and decision is not None
             backend = decision.backend
             if ex.subset is not None:
-                candidates = in_subset(candidates, ex.subset, backend.address)
-            sched = gw.scheduling_context(ctx, now)
-            pick = gw.schedule(ctx, candidates, sched, min(len(candidates), 1 + self.fallbacks))
+                ctx.candidates = in_subset(ctx.candidates, ex.subset, backend.address)
+            gw.schedule(ctx, min(len(ctx.candidates), 1 + self.fallbacks))
         except GatewayError as err:
             gw.refused(ctx, err)
             return [protocol.immediate(err)]
+        pick = ctx.pick
+        assert pick is not None
         chosen = pick.endpoints[0]
-        gw.scheduler.profile(backend.profile).on_pick(sched, chosen)  # the prefix index
+        gw.sent_to(ctx, chosen)  # the prefix index
         chosen.add_inflight(1)
         ex.state = chosen
         if inference.stream:  # counted until its first chunk (saturationMaxPrefilling)
@@ -234,7 +234,7 @@ class EndpointPickerService:
         if served is None:  # not one the picker named: keep the accounting as it is
             return
         state.add_inflight(-1)
-        self.gateway.outliers.failure(state)  # passed over: it failed to connect or answer
+        self.gateway.answered(state, ok=False)  # passed over: it failed to connect or answer
         served.add_inflight(1)
         ex.state = served
         if ex.prefilling is not None:
@@ -297,8 +297,7 @@ class EndpointPickerService:
         state, ex.prefilling = ex.prefilling, None
         if state is not None:
             state.add_prefilling(-1)
-            if (hook := self.gateway.proxy.first_chunk) is not None:
-                hook()
+            self.gateway.prefilled()
 
     # --- end ---------------------------------------------------------------------------------
 
@@ -316,16 +315,17 @@ class EndpointPickerService:
         if state is not None:
             state.add_inflight(-1)
             if ctx.status >= 500:
-                gw.outliers.failure(state)
+                gw.answered(state, ok=False)
             elif ctx.upstream_status:
-                gw.outliers.success(state)
+                gw.answered(state, ok=True)
         if ex.scanner is not None:
-            ctx.usage = ex.scanner.usage
+            ctx.usage = Usage.of(ex.scanner.usage)
             ctx.events = ex.scanner.events
         elif ex.response_body and ctx.status < 400:
             data = b"".join(ex.response_body)
             if b'"usage"' in data:
-                ctx.usage = extract_usage(data)
+                ctx.usage = Usage.of(extract_usage(data))
         if not ex.routed:  # a request without a body (GET /v1/models): Envoy's routes serve it
             return
-        await gw.finish(ctx, ex.reservations)
+        gw.settle(ctx)
+        gw.observe(ctx)

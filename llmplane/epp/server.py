@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # type: ignore[import-not-found]
@@ -21,7 +22,7 @@ from llmplane.epp.envoy import BOOTSTRAP_MAX_BODY
 from llmplane.epp.picker import EndpointPickerService
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Discovery
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import HttpRequest, HttpServer, Response
 from llmplane.gateway.server import Gateway
 from llmplane.store.base import Store
@@ -40,8 +41,9 @@ class EndpointPicker:
         discovery: Discovery,
         config: GatewayConfig | None = None,
         fallbacks: int = 0,
+        wake: Callable[[str], None] | None = None,
     ) -> None:
-        self.gateway = Gateway(store, discovery, config)
+        self.gateway = Gateway(store, discovery, config, wake=wake)
         self.service = EndpointPickerService(self.gateway, fallbacks)
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
@@ -102,7 +104,7 @@ class EndpointPicker:
         return Response(body=b'{"status":"ok"}', content_type="application/json")
 
     async def _not_found(self, request: HttpRequest) -> Response:
-        return GatewayError(404, f"no such path: {request.path}", "not_found").response()
+        return GatewayError(404, f"no such path: {request.path}", ErrorCode.NOT_FOUND).response()
 
 
 async def start_picker(
@@ -115,6 +117,7 @@ async def start_picker(
     fallbacks: int = 0,
     metrics_port: int | None = None,
     message_timeout: float = 5.0,
+    wake: Callable[[str], None] | None = None,
 ) -> EndpointPicker:
     """Start a picker on ``host:port`` (0 = any free port; see ``picker.port``).
 
@@ -122,7 +125,7 @@ async def start_picker(
     ``llmplane.epp.envoy``'s bootstrap); flow control's TTL is kept below it.
     """
     config = within_message_timeout(config or GatewayConfig(), message_timeout)
-    picker = EndpointPicker(store, discovery, config, fallbacks)
+    picker = EndpointPicker(store, discovery, config, fallbacks, wake)
     try:
         await picker.start(host, port, metrics_port)
     except BaseException:

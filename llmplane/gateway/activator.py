@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily
 
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.observability import Counter, Histogram
 
 COLD_START_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -77,7 +77,7 @@ class ActivatorMetrics:
         return [self.held, self.refused, self.cold_start, self.hold]
 
 
-class _QueueCollector:
+class _HeldCollector:
     """``llmplane_gateway_activator_queue``: requests held now, per model."""
 
     def __init__(self, activator: Activator) -> None:
@@ -97,13 +97,19 @@ class _QueueCollector:
 class Activator:
     """Per-model queues of held requests (see the module docstring)."""
 
-    def __init__(self, config: GatewayConfig, metrics: ActivatorMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        metrics: ActivatorMetrics | None = None,
+        wake: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics or ActivatorMetrics()
         self.queues: dict[str, _Queue] = {}
-        # Called with the workload (``namespace/name``) when a request starts waiting for it.
-        self.wake: Callable[[str], None] | None = None
-        self.collector = _QueueCollector(self)
+        # Called with the workload (``namespace/name``) when a request starts waiting for it:
+        # what scales it from zero (the embedded autoscaler, the Kubernetes API).
+        self.wake = wake
+        self.collector = _HeldCollector(self)
 
     def held_for(self, workload: str) -> int:
         """Requests held now for models of ``workload`` (the autoscaler's demand)."""
@@ -157,7 +163,7 @@ class Activator:
         return GatewayError(
             503,
             f"model {model!r} has no ready endpoint: {detail}; retry later",
-            "no_ready_endpoint",
+            ErrorCode.NO_READY_ENDPOINT,
             retry_after=self.config.activator_retry_after,
         )
 

@@ -2,7 +2,7 @@
 
 Routing (``routing.py``) sends a request that names an adapter to the replicas that report it in
 ``/v1/models``. A request naming an adapter declared on a Playground (``spec.loraAdapters``) that
-no replica holds carries ``Decision.load``; ``Adapters.ensure`` then loads it onto one replica
+no replica holds carries ``RouteDecision.load``; ``Adapters.ensure`` then loads it onto one replica
 through the engine's runtime adapter API (vLLM's ``POST /v1/load_lora_adapter``, which the sim
 implements too) and the request goes there. The replica is chosen by LoRA affinity: one with a
 free adapter slot (fewer adapters than its ``max_lora`` from ``vllm:lora_requests_info``) first,
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import aiohttp
 
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.playgrounds import DeclaredAdapter
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scraper import MODELS_CHANGED_AT
@@ -65,7 +65,7 @@ class Adapters:
         if not candidates:
             raise GatewayError(
                 503, f"no ready replica of {adapter.base!r} to load adapter {adapter.name!r} onto",
-                "no_ready_endpoint",
+                ErrorCode.NO_READY_ENDPOINT,
             )  # fmt: skip
         lock = self._locks.setdefault(adapter.name, asyncio.Lock())
         async with lock:
@@ -137,10 +137,10 @@ class Adapters:
                         return
                     raise GatewayError(
                         502, f"{what} on {target.address} failed: HTTP {resp.status} {text}",
-                        "adapter_load_failed",
+                        ErrorCode.ADAPTER_LOAD_FAILED,
                     )  # fmt: skip
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
             raise GatewayError(
                 502, f"{what} on {target.address} failed: {err or type(err).__name__}",
-                "adapter_load_failed",
+                ErrorCode.ADAPTER_LOAD_FAILED,
             ) from None  # fmt: skip

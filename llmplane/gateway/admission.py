@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError, Overloaded
 from llmplane.gateway.flowcontrol.queue import SHEDDABLE_BAND, Level, band_of
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import Decision
+from llmplane.gateway.routing import RouteDecision
 
 
 class Admission:
@@ -69,7 +69,7 @@ class Admission:
         return room or candidates
 
     def admit(
-        self, model: str, decision: Decision, now: float, level: Level, shed: bool = True
+        self, model: str, decision: RouteDecision, now: float, level: Level, shed: bool = True
     ) -> Sequence[EndpointState]:
         """The candidates to schedule over, or the GatewayError to answer with (a Sheddable
         request, or one of a negative priority, over saturated candidates only when
@@ -79,15 +79,14 @@ class Admission:
             raise GatewayError(
                 503,
                 f"model {model!r} has no ready endpoint ({backend.ref} selects none)",
-                "no_ready_endpoint",
+                ErrorCode.NO_READY_ENDPOINT,
             )
         candidates = self.outliers.available(backend.candidates, now)
         if shed and band_of(level) >= SHEDDABLE_BAND and self.all_saturated(candidates, now):
-            raise GatewayError(
+            raise Overloaded(
                 429,
                 f"model {model!r} is overloaded: every endpoint is saturated and this "
                 "request is Sheddable; retry later",
-                "overloaded",
                 retry_after=self.config.shed_retry_after,
             )
         return candidates

@@ -34,7 +34,7 @@ from typing import Any
 from llmplane.api.llmplane import API_KEY_SECRET_LABEL
 from llmplane.gateway import apikeys
 from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.observability import Counter
 
 log = logging.getLogger("llmplane.gateway")
@@ -56,7 +56,7 @@ _GLOB = re.compile(r"[*?\[]")
 INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer <key>'."
 
 
-class Tenant:
+class TenantAccess:
     """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded)."""
 
     __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name", "weight")
@@ -87,7 +87,7 @@ class Tenant:
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
-    tenant: Tenant
+    tenant: TenantAccess
     hash: bytes  # empty: the key is refused
     mac: hmac.HMAC | None = None  # keyed by the key's salt (apikeys.keyed), copied per check
 
@@ -119,7 +119,7 @@ class TenantTable:
             names.append(name)
             spec = obj.get("spec") or {}
             models = spec.get("models", ("*",)) or ()  # an empty list allows nothing
-            tenant = Tenant(
+            tenant = TenantAccess(
                 name, tuple(models), spec.get("criticality") or "Default", _weight(spec)
             )
             for key in spec.get("keys") or ():
@@ -167,7 +167,7 @@ def _weight(spec: Mapping[str, Any]) -> int:
 
 
 def _record(
-    tenant: Tenant,
+    tenant: TenantAccess,
     namespace: str,
     key: Mapping[str, Any],
     secrets: Mapping[tuple[str, str], Mapping[str, Any]],
@@ -254,29 +254,29 @@ class Authenticator:
     def enabled(self) -> bool:
         return self.table.tenants > 0 or not self.loopback
 
-    def authenticate(self, headers: Mapping[str, str]) -> Tenant | None:
+    def authenticate(self, headers: Mapping[str, str]) -> TenantAccess | None:
         """The calling tenant (None while authentication is off); 401 without a live key."""
         if self.table.tenants == 0 and self.loopback:
             return None
         return self.caller(headers)
 
     @staticmethod
-    def permit(tenant: Tenant, model: str) -> None:
+    def permit(tenant: TenantAccess, model: str) -> None:
         """403 unless ``tenant`` may use ``model``: the same answer whether the model exists
         or not, so a key learns nothing about models beyond its own."""
         if not tenant.allows(model):
             raise GatewayError(
                 403,
                 f"The model {shown(model)} does not exist or this key may not use it.",
-                "model_not_allowed",
+                ErrorCode.MODEL_NOT_ALLOWED,
                 param="model",
             )
 
-    def caller(self, headers: Mapping[str, str]) -> Tenant:
+    def caller(self, headers: Mapping[str, str]) -> TenantAccess:
         """The tenant whose live key was presented; 401 without one."""
         record = self.table.find(presented_key(headers))
         if record is None:
-            raise GatewayError(401, INVALID_KEY, "invalid_api_key")
+            raise GatewayError(401, INVALID_KEY, ErrorCode.INVALID_API_KEY)
         return record.tenant
 
     def admin_refusal(self, headers: Mapping[str, str]) -> str | None:

@@ -200,18 +200,25 @@ async def serve(
     """One gateway: alone (prints LISTENING), or worker ``seat`` of a supervisor (calls
     ``ready`` once it serves, stops with its supervisor)."""
     store, discovery = await open_sources(args)
-    try:
-        gateway = await start_gateway(
-            store, discovery, args.host, args.port, config, extensions=[Console], seat=seat
-        )
-    except OSError as e:
-        await close_store(store)
-        raise _listen_error(args, e) from None
     scaler = None
     if args.kubernetes:  # the activator asks the API for a Playground's first replica
         from llmplane.gateway import kube_activation
 
-        scaler = kube_activation.attach(gateway, store)
+        scaler = kube_activation.scaler_for(store)
+    try:
+        gateway = await start_gateway(
+            store,
+            discovery,
+            args.host,
+            args.port,
+            config,
+            extensions=[Console],
+            seat=seat,
+            wake=scaler.wake if scaler is not None else None,
+        )
+    except OSError as e:
+        await close_store(store)
+        raise _listen_error(args, e) from None
     if ready is None:
         print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
     else:

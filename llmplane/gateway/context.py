@@ -1,25 +1,32 @@
-"""``RequestContext``: everything one request carries through the gateway's pipeline.
+"""``RequestContext``: one request's whole state, carried through the gateway's stages.
 
-One slotted object per request, created by ``Gateway.handle`` and filled in as the request
-moves on: the HTTP request and its parsed body, the routing decision, what the hooks add to the
-response, what the proxy saw upstream (endpoint, status, usage, time to first byte) and the
-facts the access log reports. Nothing here does I/O; the access-log record is only built when
+``Gateway.handle`` makes one per request and each stage fills in its part, in order: the
+parsed body (``inference``), the caller (``tenant``), the routing table's ``decision`` (never
+changed afterwards) and the ``level`` the request runs at, the hooks' ``reservations``, the
+flow-control ``seat`` and the admitted ``candidates``, the ``scheduling`` view plugins read and
+the scheduler's ``pick``, then what the proxy saw upstream (endpoint, status, usage, time to
+first byte). Hooks receive it. Nothing here does I/O; the access-log record is only built when
 that log is on.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from llmplane.gateway.clip import MAX_SHOWN, clip
-from llmplane.gateway.hooks import Reservation, StreamFilter
+from llmplane.gateway.hooks import RequestHook, Reservation, StreamFilter
 from llmplane.gateway.http_server import HttpRequest
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import Decision
+from llmplane.gateway.routing import RouteDecision
 
 if TYPE_CHECKING:
-    from llmplane.gateway.flowcontrol.share import Seat
+    from llmplane.gateway.auth import TenantAccess
+    from llmplane.gateway.flowcontrol.queue import Level
+    from llmplane.gateway.flowcontrol.share import FlowSeat
+    from llmplane.gateway.registry import EndpointState
+    from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 
 
 class RequestContext:
@@ -27,6 +34,7 @@ class RequestContext:
         "attempts",
         "bootstrap_room",
         "cached_predicted",
+        "candidates",
         "decision",
         "end",
         "endpoint",
@@ -34,15 +42,17 @@ class RequestContext:
         "events",
         "failures",
         "inference",
+        "level",
         "pd",
+        "pick",
         "prefill_endpoint",
         "prefill_ms",
-        "profile",
         "request",
+        "reservations",
         "response_headers",
         "response_lines",
         "sched_ms",
-        "scores",
+        "scheduling",
         "seat",
         "sent_model",
         "status",
@@ -54,19 +64,26 @@ class RequestContext:
         "upstream_status",
         "usage",
         "waited",
-        "weight",
     )
 
     def __init__(self, request: HttpRequest) -> None:
         self.t0 = time.perf_counter()
         self.request = request  # the HTTP request as the client sent it
-        self.inference: InferenceRequest | None = None  # its body, parsed once
-        self.decision: Decision | None = None
         self.status = 500  # what the client got (499: it went away first)
-        self.tenant: str | None = None  # the caller's Tenant (gateway/auth.py), never its key
-        self.weight = 1  # the tenant's flow-control weight
-        self.waited: float | None = None  # seconds in the flow-control queue
-        self.seat: Seat | None = None  # counted for its flow's fair share (with a reserve)
+        # Filled in by the stages, in this order.
+        self.inference: InferenceRequest | None = None  # parse: its body, parsed once
+        self.tenant: TenantAccess | None = None  # authenticate: the caller (None: auth is off)
+        self.decision: RouteDecision | None = None  # route: the routing table's answer
+        # route: the flow-control level, the objective's priority else the criticality (the
+        # route's, else the tenant's, else Default).
+        self.level: Level = "Default"
+        # reserve: each request hook with what it reserved, handed back when it settles.
+        self.reservations: list[tuple[RequestHook, object]] = []
+        self.seat: FlowSeat | None = None  # admit: counted for its flow's fair share
+        self.waited: float | None = None  # admit: seconds in the flow-control queue
+        self.candidates: Sequence[EndpointState] = ()  # admit: the endpoints it may use
+        self.scheduling: SchedulingContext | None = None  # admit: what plugins read
+        self.pick: Pick | None = None  # schedule: the endpoints in order, their scores
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
         self.response_lines: bytes | None = None  # header lines, as rendered by hooks
@@ -85,14 +102,17 @@ class RequestContext:
         self.failures: list[str] | None = None
         self.sent_model: str | None = None
         self.sched_ms: float | None = None
-        self.profile: str | None = None
         # Prompt tokens the KV index said the chosen replica holds (precise prefix routing).
         self.cached_predicted: int | None = None
-        self.scores: dict[str, float] | None = None
         self.pd: str | None = None
         self.prefill_endpoint: str | None = None
         self.prefill_ms: float | None = None
         self.bootstrap_room: int | None = None
+
+    @property
+    def tenant_name(self) -> str | None:
+        tenant = self.tenant
+        return tenant.name if tenant is not None else None
 
     def adopt(self, reservation: Reservation) -> None:
         """Take a hook reservation's response headers and stream filter."""
@@ -126,7 +146,7 @@ class RequestContext:
         if self.decision is not None:
             record["route"] = self.decision.route
         if self.tenant is not None:
-            record["tenant"] = self.tenant
+            record["tenant"] = self.tenant.name
         # The optional fields one test each (no tuple of pairs built per request).
         if self.sent_model is not None:
             record["sent_model"] = self.sent_model
@@ -134,12 +154,12 @@ class RequestContext:
             record["sched_ms"] = self.sched_ms
         if self.waited is not None:
             record["queued_ms"] = round(self.waited * 1000, 3)
-        if self.profile is not None:
-            record["profile"] = self.profile
+        if self.pick is not None:
+            record["profile"] = self.pick.profile
         if self.cached_predicted is not None:
             record["cached_tokens_predicted"] = self.cached_predicted
-        if self.scores is not None:
-            record["scores"] = self.scores
+        if self.pick is not None:
+            record["scores"] = self.pick.scores
         if self.pd is not None:  # the prefill/decode fields are only set with it
             record["pd"] = self.pd
             if self.prefill_endpoint is not None:

@@ -4,6 +4,8 @@ it)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import orjson
 
 from llmplane.gateway.http_server import Response
@@ -24,6 +26,34 @@ _TYPES = {
 }
 
 
+class ErrorCode(StrEnum):
+    """The ``code`` of an error body: a member is its wire string."""
+
+    ADAPTER_LOAD_FAILED = "adapter_load_failed"
+    BAD_GATEWAY = "bad_gateway"
+    CONSOLE_UNAVAILABLE = "console_unavailable"
+    HOST_NOT_ALLOWED = "host_not_allowed"
+    INVALID_API_KEY = "invalid_api_key"
+    INVALID_JSON = "invalid_json"
+    INVALID_TYPE = "invalid_type"
+    MISSING_MODEL = "missing_model"
+    MODEL_NOT_ALLOWED = "model_not_allowed"
+    MODEL_NOT_FOUND = "model_not_found"
+    NO_BACKEND = "no_backend"
+    NO_MATCHING_ROUTE = "no_matching_route"
+    NO_READY_ENDPOINT = "no_ready_endpoint"
+    NOT_FOUND = "not_found"
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"
+    OVERLOADED = "overloaded"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    RATE_LIMIT_UNAVAILABLE = "rate_limit_unavailable"
+    REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    UNSUPPORTED_PATH = "unsupported_path"
+    UPSTREAM_STALLED = "upstream_stalled"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+
+
 class GatewayError(Exception):
     """A request the gateway answers itself, with an OpenAI-style error body."""
 
@@ -31,7 +61,7 @@ class GatewayError(Exception):
         self,
         status: int,
         message: str,
-        code: str,
+        code: ErrorCode,
         *,
         retry_after: float | None = None,
         endpoint: str | None = None,
@@ -73,3 +103,24 @@ class GatewayError(Exception):
             content_type="application/json",
             headers=headers,
         )
+
+
+class ModelNotFound(GatewayError):
+    """404: no route, model or adapter of this name (a key is told only about its own)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(404, message, ErrorCode.MODEL_NOT_FOUND)
+
+
+class NotReady(GatewayError):
+    """503: the model exists but has no ready replica (yet: the activator may hold it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message, ErrorCode.NO_READY_ENDPOINT)
+
+
+class Overloaded(GatewayError):
+    """Shed: every candidate is saturated (429, Sheddable) or flow control gave up (503)."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(status, message, ErrorCode.OVERLOADED, retry_after=retry_after)

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import HttpRequest, Response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
@@ -132,7 +132,7 @@ def make_guard(
                 403,
                 f"{foreign}: requests from web pages on other origins are refused (add the "
                 "page's origin to gateway.allowedOrigins)",
-                "origin_not_allowed",
+                ErrorCode.ORIGIN_NOT_ALLOWED,
             ).response()
         if check_host:
             host = dict.get(headers, "host")
@@ -146,7 +146,7 @@ def make_guard(
                     403,
                     f"Host {shown(host)} is not allowed: the gateway answers requests for "
                     f"{', '.join(sorted(allowed))} (add a name to gateway.allowedHosts)",
-                    "host_not_allowed",
+                    ErrorCode.HOST_NOT_ALLOWED,
                 ).response()
         if request.method == "POST":
             kind = dict.get(headers, "content-type")
@@ -159,7 +159,7 @@ def make_guard(
                     return GatewayError(
                         415,
                         f"Content-Type {shown(kind)} is not supported: send application/json",
-                        "unsupported_media_type",
+                        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                     ).response()
         return None
 

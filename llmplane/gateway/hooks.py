@@ -1,12 +1,16 @@
 """Hooks around each proxied request: the place token rate limits plug in.
 
-``reserve`` runs after routing and before admission and scheduling: it may read (and change)
-``inference.doc`` — for instance to inject ``stream_options.include_usage`` so the output
-tokens of a stream can be counted; call ``inference.mark_dirty()`` after a change and the body
-is re-encoded once together with any model rewrite — and may refuse with
-``GatewayError(429, ..., retry_after=seconds)``. Whatever it returns is handed back to
-``settle`` when the response has ended (always called once per successful ``reserve``, also
-for failed requests), with the usage the engine reported (None if it reported none).
+``reserve(ctx)`` runs after routing and before admission and scheduling, with the request's
+``RequestContext`` (its parsed body ``ctx.inference``, its ``ctx.tenant``, the routing table's
+``ctx.decision``): it may read (and change) ``ctx.inference.doc`` — for instance to inject
+``stream_options.include_usage`` so the output tokens of a stream can be counted; call
+``inference.mark_dirty()`` after a change and the body is re-encoded once together with any
+model rewrite — and may refuse with ``GatewayError(429, ..., retry_after=seconds)``. Whatever
+it returns is handed back to ``settle(ctx, reservation, usage)`` when the response has ended
+(always called once per successful ``reserve``, also for failed requests; ``ctx.status`` is
+what the client got), with the usage the engine reported (None if it reported none).
+``settle`` is a plain function: the request has ended, nothing may hold its end up (a hook
+with I/O to do then starts a task, as the limiter does for Redis).
 
 A hook that shapes the response returns a ``Reservation`` (or a subclass): its
 ``response_headers`` (or ``response_lines``, the same already rendered as header lines: for a
@@ -14,22 +18,17 @@ hook that makes many on every request) are added to the proxied response (e.g.
 ``x-ratelimit-*``) and the streamed body passes through its ``stream_filter`` (e.g. to drop a
 usage chunk the client did not ask for; usage is read from the bytes before the filter).
 Anything else it returns is only handed back to ``settle``.
-
-A hook whose work rarely or never waits may also define ``reserve_now`` and ``settle_now``
-(``SyncRequestHook``): plain functions the gateway calls instead, saving a coroutine per
-hook and request. ``reserve_now`` returns the reservation, or ``LATER`` when it cannot decide
-without waiting (the gateway then awaits ``reserve``); ``settle_now`` must never wait.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from llmplane.gateway.protocols import usage_counts
-from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import Decision
+
+if TYPE_CHECKING:
+    from llmplane.gateway.context import RequestContext
 
 
 @dataclass(slots=True)
@@ -101,47 +100,8 @@ def header_pairs(lines: bytes) -> dict[str, str]:
     return pairs
 
 
-class _Later:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "LATER"
-
-
-LATER: Any = _Later()  # reserve_now's "await reserve for this request"
-
-
 @runtime_checkable
 class RequestHook(Protocol):
-    async def reserve(self, inference: InferenceRequest, decision: Decision) -> object: ...
+    async def reserve(self, ctx: RequestContext) -> object: ...
 
-    async def settle(
-        self,
-        inference: InferenceRequest,
-        decision: Decision,
-        reservation: Any,
-        usage: Usage | None,
-        status: int,
-    ) -> None: ...
-
-
-@runtime_checkable
-class SyncRequestHook(RequestHook, Protocol):
-    """A ``RequestHook`` that can mostly decide without a coroutine (see the module doc)."""
-
-    def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object: ...
-
-    def settle_now(
-        self,
-        inference: InferenceRequest,
-        decision: Decision,
-        reservation: Any,
-        usage: Usage | None,
-        status: int,
-    ) -> None: ...
-
-
-SettleNow = Callable[[InferenceRequest, Decision, Any, Usage | None, int], None]
-# What a request holds of each hook until it ends: the hook, its ``settle_now`` (looked up
-# once per hook list, None for a hook without one) and the reservation ``reserve`` made.
-Held = tuple[RequestHook, SettleNow | None, object]
+    def settle(self, ctx: RequestContext, reservation: Any, usage: Usage | None) -> None: ...

@@ -81,9 +81,7 @@ class KubeScaleFromZero:
             await cancel(task)
 
 
-def attach(gateway: Any, store: Any) -> KubeScaleFromZero:
-    """Make ``gateway``'s activator scale from zero through the API ``store`` reads from
-    (a started ``KubeStore``); close the result before the store."""
-    scaler = KubeScaleFromZero(store.api, store)
-    gateway.activator.wake = scaler.wake
-    return scaler
+def scaler_for(store: Any) -> KubeScaleFromZero:
+    """What scales a Playground from zero through the API ``store`` reads from (a started
+    ``KubeStore``): pass its ``wake`` to the gateway; close it before the store."""
+    return KubeScaleFromZero(store.api, store)

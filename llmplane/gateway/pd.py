@@ -35,7 +35,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ import orjson
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.outliers import Outliers
@@ -148,11 +148,11 @@ class PrefillDecode:
         # Ejection per group, failing open within a group.
         return {g: self.outliers.available(members, now) for g, members in by_group.items()}
 
-    async def serve(
-        self, ctx: RequestContext, candidates: Sequence[EndpointState], sched: SchedulingContext
-    ) -> StreamResponse:
-        """Serve the request on a prefill + decode pair."""
-        assert ctx.decision is not None and ctx.inference is not None
+    async def serve(self, ctx: RequestContext) -> StreamResponse:
+        """Serve the request on a prefill + decode pair, scheduled among the admitted
+        candidates (the decoders) and their group's prefill endpoints."""
+        sched, candidates = ctx.scheduling, ctx.candidates
+        assert ctx.decision is not None and ctx.inference is not None and sched is not None
         backend = ctx.decision.backend
         pd = backend.pd
         assert pd is not None
@@ -164,12 +164,12 @@ class PrefillDecode:
                 503,
                 f"model {model!r} has no prefill/decode pair ready ({backend.ref}: no decode "
                 f"endpoint has a prefill endpoint with the same {pd.group_key!r} label)",
-                "no_ready_endpoint",
+                ErrorCode.NO_READY_ENDPOINT,
             )
         width = max(self.config.fallbacks, max(0, backend.retry_attempts) + 1)
         scheduler = self.scheduler
         ts = time.perf_counter()
-        pick = scheduler.pick(sched, decodes, min(len(decodes), width), backend.profile)
+        pick = ctx.pick = scheduler.pick(sched, decodes, min(len(decodes), width), backend.profile)
         prefill_orders: dict[str, list[EndpointState]] = {}
 
         def prefill_order(group: str) -> list[EndpointState]:
@@ -185,8 +185,6 @@ class PrefillDecode:
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
-        ctx.profile = pick.profile
-        ctx.scores = pick.scores
         ctx.pd = pd.mode
         self.metrics.pd_requests.labels(model, pd.mode).inc()
         pair = _Pair(self, ctx, sched, scheduler.profile(backend.profile))

@@ -22,8 +22,9 @@ import orjson
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.flowcontrol.priority import prioritized_body
+from llmplane.gateway.hooks import Usage
 from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
@@ -31,7 +32,8 @@ from llmplane.gateway.protocols import unserved
 from llmplane.gateway.protocols.messages import PATHS as MESSAGES_PATHS
 from llmplane.gateway.protocols.messages import stream_error
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.framework import Pick, Profile, SchedulingContext
+from llmplane.gateway.response_usage import StreamScanner, extract_usage
+from llmplane.gateway.scheduler.framework import Scheduler
 from llmplane.gateway.scheduler.precise_prefix import predicted_cached_tokens
 from llmplane.gateway.upstream_client import (
     RawHeaders,
@@ -39,7 +41,6 @@ from llmplane.gateway.upstream_client import (
     UpstreamResponse,
     encode_request,
 )
-from llmplane.gateway.usage import StreamScanner, extract_usage
 
 ENDPOINT_HEADER = "x-llmplane-endpoint"
 
@@ -213,14 +214,14 @@ class Attempts:
                 504,
                 f"model {model!r}: no response within {ctx.decision.backend.timeout} s "
                 f"({tried} attempt{plural}); last: {last.detail}",
-                "upstream_timeout",
+                ErrorCode.UPSTREAM_TIMEOUT,
                 endpoint=ctx.endpoint,
             )
         return GatewayError(
             502,
             f"model {model!r}: could not get a response from {self.what} "
             f"({tried} attempt{plural}); last: {last.detail}",
-            "bad_gateway",
+            ErrorCode.BAD_GATEWAY,
             endpoint=ctx.endpoint,
         )
 
@@ -234,12 +235,15 @@ class Proxy:
         self,
         config: GatewayConfig,
         outliers: Outliers,
+        scheduler: Scheduler,
         retries: Counter,
         stalls: Counter | None = None,
         resends: Counter | None = None,
+        on_first_chunk: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.outliers = outliers
+        self.scheduler = scheduler  # its profiles learn where each request went (on_pick)
         self.retries = retries
         self.stalls = stalls  # streams ended by the stall timeout, by route
         # Requests sent again after a stale keep-alive connection, by endpoint.
@@ -249,7 +253,7 @@ class Proxy:
         self._watchdog: asyncio.Task[None] | None = None
         # Called when a stream's first chunk arrived (an endpoint's prefill finished: flow
         # control may release a waiter, see ``saturation_max_prefilling``).
-        self.first_chunk: Callable[[], None] | None = None
+        self.on_first_chunk = on_first_chunk
 
     def start(self) -> None:
         c = self.config
@@ -291,12 +295,13 @@ class Proxy:
     def attempts(self, ctx: RequestContext, what: str = "any endpoint") -> Attempts:
         return Attempts(ctx, self.retries, what)
 
-    async def serve(
-        self, ctx: RequestContext, pick: Pick, profile: Profile, sched: SchedulingContext
-    ) -> StreamResponse:
-        """The plain path: the picked endpoints in order, one per attempt."""
-        assert ctx.decision is not None and ctx.inference is not None
-        backend = ctx.decision.backend
+    async def serve(self, ctx: RequestContext) -> StreamResponse:
+        """The plain path: the picked endpoints (``ctx.pick``) in order, one per attempt."""
+        decision, pick, sched = ctx.decision, ctx.pick, ctx.scheduling
+        assert decision is not None and ctx.inference is not None
+        assert pick is not None and sched is not None
+        backend = decision.backend
+        profile = self.scheduler.profile(backend.profile)
         order = pick.endpoints
         headers = forwarded_headers(ctx.request, ctx.tenant is not None)
         body = ctx.inference.final_body()
@@ -379,7 +384,7 @@ class Proxy:
         # On the last attempt an engine's own 5xx goes to the client as it is.
         ctx.upstream_status = status
         if status < 400:  # (searched from the end, where an engine puts it: no scan first)
-            ctx.usage = extract_usage(data)
+            ctx.usage = Usage.of(extract_usage(data))
         return Response(
             status=status,
             body=data,
@@ -416,8 +421,8 @@ class Proxy:
             raise
         finally:
             state.add_prefilling(-1)
-        if self.first_chunk is not None:
-            self.first_chunk()
+        if self.on_first_chunk is not None:
+            self.on_first_chunk()
         watch: _StreamWatch | None = None
         try:
             ctx.ttft = time.perf_counter() - ctx.t0
@@ -464,7 +469,7 @@ class Proxy:
                 await out.prepare(ctx.request)
             if relay is not None and (rest := relay.flush()):
                 await out.write(rest)
-            ctx.usage = scanner.usage
+            ctx.usage = Usage.of(scanner.usage)
             ctx.events = scanner.events
             if watch is not None and watch.stalled:
                 # A frozen replica: the client gets an error event and a complete response.

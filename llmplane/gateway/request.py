@@ -8,7 +8,7 @@ import orjson
 
 from llmplane.gateway import protocols
 from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.protocols.text import message_text
 
 
@@ -54,7 +54,7 @@ _MAXIMUM = {"n": MAX_CHOICES, "best_of": MAX_CHOICES}
 
 
 def _invalid(param: str, message: str) -> GatewayError:
-    return GatewayError(400, message, "invalid_type", param=param)
+    return GatewayError(400, message, ErrorCode.INVALID_TYPE, param=param)
 
 
 # Each checked field's kind: the body's own keys are looked up here (a request has a handful)
@@ -128,16 +128,18 @@ class InferenceRequest:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as err:
             raise GatewayError(
-                400, f"the request body is not valid JSON: {err}", "invalid_json"
+                400, f"the request body is not valid JSON: {err}", ErrorCode.INVALID_JSON
             ) from None
         if not isinstance(doc, dict):
-            raise GatewayError(400, "the request body must be a JSON object", "invalid_json")
+            raise GatewayError(
+                400, "the request body must be a JSON object", ErrorCode.INVALID_JSON
+            )
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise GatewayError(
                 400,
                 'the request has no model: set "model" to a model name',
-                "missing_model",
+                ErrorCode.MISSING_MODEL,
             )
         check_fields(doc)
         protocols.check(path, doc)  # Responses / Messages fields

@@ -26,7 +26,7 @@ Resolution order for the request's ``model``:
 InferencePools of both versions (v1 ``inference.networking.k8s.io``, v1alpha2
 ``inference.networking.x-k8s.io``) are read as v1 (``api/gie_v1.py``). A request to a pool
 that names an ``InferenceObjective`` of that pool in ``x-llm-d-inference-objective`` (or
-``x-gateway-inference-objective``) gets the objective's integer priority (``Decision.priority``)
+``x-gateway-inference-objective``) gets the objective's integer priority (``RouteDecision.priority``)
 for flow control.
 
 Over 500 lines on purpose: ``build_table`` and the lookups it serves share one set of route and
@@ -49,7 +49,7 @@ from llmplane.api.llmd import OBJECTIVE_HEADERS, InferenceModelRewrite, Inferenc
 from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.disaggregated import GROUP_KEY, pd_pairs
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady
 from llmplane.gateway.playgrounds import (
     DeclaredAdapter,
     activatable_routes,
@@ -119,37 +119,22 @@ class Backend:
         return state.endpoint.with_port(self.port)
 
 
-class Decision:
-    """One per request (a plain class: a frozen dataclass's __init__ costs a call per field)."""
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """What the routing table decided for one request; never changed afterwards (what a later
+    stage adds, the request's ``RequestContext`` holds)."""
 
-    __slots__ = ("backend", "criticality", "load", "lora", "model", "priority", "route", "tenant")
-
-    def __init__(
-        self,
-        route: str,
-        backend: Backend,
-        model: str,
-        criticality: str | None = None,
-        lora: bool = False,
-        load: DeclaredAdapter | None = None,
-        tenant: str | None = None,
-        priority: int | None = None,
-    ) -> None:
-        self.route = route  # what matched, for metrics and logs
-        self.backend = backend
-        self.model = model  # the model name sent upstream
-        # The route's criticality (an InferenceModel that names one); None when the route
-        # does not say: the gateway's route stage then sets the tenant's default, else Default.
-        self.criticality = criticality
-        self.lora = lora
-        self.load = load  # a declared adapter no replica holds: load it first
-        self.tenant = tenant  # the caller's Tenant name (set by the route stage)
-        # The InferenceObjective's priority the request named (higher first); None: its
-        # criticality's (flowcontrol/queue.py PRIORITY).
-        self.priority = priority
-
-    def __repr__(self) -> str:
-        return f"Decision(route={self.route!r}, model={self.model!r})"
+    route: str  # what matched, for metrics and logs
+    backend: Backend
+    model: str  # the model name sent upstream
+    # The route's criticality (an InferenceModel that names one); None when the route does
+    # not say (the request then takes its tenant's, else Default: ``RequestContext.level``).
+    criticality: str | None = None
+    lora: bool = False
+    load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
+    # The InferenceObjective's priority the request named (higher first); None: its
+    # criticality's (flowcontrol/queue.py PRIORITY).
+    priority: int | None = None
 
 
 # --- matching -------------------------------------------------------------------------------
@@ -259,26 +244,26 @@ class RoutingTable:
         names |= set(self.declared) | set(self.rewrites)
         return sorted(names)
 
-    def _objective(self, decision: Decision, headers: Mapping[str, str]) -> Decision:
+    def _objective(self, decision: RouteDecision, headers: Mapping[str, str]) -> RouteDecision:
         """``decision`` with the priority of the InferenceObjective the request names, when
         it is one of the decision's pool."""
         if self.objectives:
             for header in OBJECTIVE_HEADERS:
                 name = headers.get(header)
                 if name:
-                    decision.priority = self.objectives.get((decision.backend.ref, name))
-                    break
+                    priority = self.objectives.get((decision.backend.ref, name))
+                    return replace(decision, priority=priority)
         return decision
 
-    def _rewrite(self, model: str, rule: _Rewrite) -> Decision:
+    def _rewrite(self, model: str, rule: _Rewrite) -> RouteDecision:
         if rule.backend is None:
-            raise GatewayError(503, f"model {model!r}: {rule.problem}", "no_backend")
+            raise GatewayError(503, f"model {model!r}: {rule.problem}", ErrorCode.NO_BACKEND)
         if not rule.targets:
-            return Decision(rule.ref, rule.backend, model)
+            return RouteDecision(rule.ref, rule.backend, model)
         target = _pick_weighted([n for n, _ in rule.targets], [w for _, w in rule.targets])
-        return Decision(rule.ref, rule.backend, target)
+        return RouteDecision(rule.ref, rule.backend, target)
 
-    def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> Decision:
+    def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> RouteDecision:
         routes = self.routes_by_model.get(model)
         lora = False
         if routes is None:
@@ -290,35 +275,35 @@ class RoutingTable:
         if candidates:
             ref, criticality, shares, backend, problem = candidates[0]
             if backend is None:
-                raise GatewayError(503, f"model {model!r}: {problem}", "no_backend")
+                raise GatewayError(503, f"model {model!r}: {problem}", ErrorCode.NO_BACKEND)
             names = [n for n, _ in shares]
             target = _pick_weighted(names, [s for _, s in shares])
             if target is None:
                 raise GatewayError(
-                    503, f"model {model!r}: every target model of {ref} has weight 0", "no_backend"
+                    503,
+                    f"model {model!r}: every target model of {ref} has weight 0",
+                    ErrorCode.NO_BACKEND,
                 )
-            return self._objective(Decision(ref, backend, target, criticality), headers)
+            return self._objective(RouteDecision(ref, backend, target, criticality), headers)
         rewrites = self.rewrites.get(model)
         if rewrites:
             return self._objective(self._rewrite(model, rewrites[0]), headers)
         backend = self.defaults.get(model)
         if backend is not None:
-            return Decision(
+            return RouteDecision(
                 backend.ref, backend, backend.model or model, lora=model in self.adapters
             )
         declared = self.declared.get(model)
         if declared is not None:
             adapter, backend = declared
-            return Decision(backend.ref, backend, model, lora=True, load=adapter)
+            return RouteDecision(backend.ref, backend, model, lora=True, load=adapter)
         if model in self.placeholders:
             failing = self.failing.get(model)
-            raise GatewayError(
-                503,
+            raise NotReady(
                 f"model {model!r} has no ready endpoint: {failing}"
                 if failing
                 else f"model {model!r} has no ready endpoint yet (its Playground is starting or "
-                "scaled to zero)",
-                "no_ready_endpoint",
+                "scaled to zero)"
             )
         if self.fallbacks:
             return self._objective(self._rewrite(model, self.fallbacks[0]), headers)
@@ -326,7 +311,7 @@ class RoutingTable:
 
     def _resolve_route(
         self, routes: list[_Route], model: str, lora: bool, path: str, headers: Mapping[str, str]
-    ) -> Decision:
+    ) -> RouteDecision:
         for route in routes:
             for rule in route.rules:
                 if not rule.matches(model, path, headers):
@@ -335,7 +320,9 @@ class RoutingTable:
                 ref = f"{route.ref}#{rule.name}"
                 if target is None:
                     raise GatewayError(
-                        503, f"model {model!r}: every target of {ref} has weight 0", "no_backend"
+                        503,
+                        f"model {model!r}: every target of {ref} has weight 0",
+                        ErrorCode.NO_BACKEND,
                     )
                 backend = self.servers.get((route.namespace, target.server))
                 if backend is None:
@@ -343,23 +330,23 @@ class RoutingTable:
                         503,
                         f"model {model!r}: {ref} targets ModelServer {target.server!r}, "
                         f"which does not exist in namespace {route.namespace!r}",
-                        "no_backend",
+                        ErrorCode.NO_BACKEND,
                     )
                 sent = model if lora or backend.model is None else backend.model
-                return Decision(ref, backend, sent, lora=lora)
+                return RouteDecision(ref, backend, sent, lora=lora)
         raise GatewayError(
             404,
             f"no ModelRoute rule for model {model!r} matches this request "
             f"({', '.join(r.ref for r in routes)})",
-            "no_matching_route",
+            ErrorCode.NO_MATCHING_ROUTE,
         )
 
 
-def model_not_found(model: str, known: Sequence[str]) -> GatewayError:
+def model_not_found(model: str, known: Sequence[str]) -> ModelNotFound:
     """The 404 for a name nothing routes, naming up to 20 of ``known``: the names the caller
-    may use (a tenant's key sees only its own, ``Gateway._route_held``)."""
+    may use (a tenant's key sees only its own, ``Gateway.route``)."""
     hint = f"; available: {', '.join(known[:20])}" if known else "; no model is routable yet"
-    return GatewayError(404, f"the model {shown(model)} does not exist{hint}", "model_not_found")
+    return ModelNotFound(f"the model {shown(model)} does not exist{hint}")
 
 
 # --- building ----------------------------------------------------------------------------------

@@ -283,11 +283,15 @@ class Scraper:
     """One background task per endpoint, started and stopped as endpoints come and go."""
 
     def __init__(
-        self, config: GatewayConfig, on_models_changed: Callable[[], None] | None = None
+        self,
+        config: GatewayConfig,
+        on_models_changed: Callable[[], None] | None = None,
+        on_scraped: Callable[[], None] | None = None,
+        upstream: Callable[[], UpstreamPool | None] | None = None,
     ) -> None:
         self.config = config
         self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
-        self.on_scraped: Callable[[], None] | None = None  # after each scrape (or idle refresh)
+        self.on_scraped = on_scraped  # after each scrape (or idle refresh)
         # With several workers (gateway/workers/scrapes.py) one scrapes for all: it
         # ``publish``es each state after a scrape (with whether its idle ticker keeps the
         # state's ``scraped_at`` fresh from now on) and each changed /v1/models list
@@ -299,10 +303,10 @@ class Scraper:
         self.follows: Callable[[EndpointState], bool] | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
-        # The proxy's upstream pool, if set: /metrics is read over its keep-alive connections,
-        # so the first request routed to an idle replica finds a warm connection (the scrape
-        # keeps it open, within vLLM's 5 s keep-alive) instead of paying a TCP connect.
-        self.upstream: Callable[[], UpstreamPool | None] | None = None
+        # The proxy's upstream pool, if given: /metrics is read over its keep-alive
+        # connections, so the first request routed to an idle replica finds a warm connection
+        # (the scrape keeps it open, within vLLM's 5 s keep-alive) instead of a TCP connect.
+        self.upstream = upstream
         self.scrapes: dict[str, int] = {}  # /metrics requests per endpoint (tests, debugging)
         # Idle endpoints: their state and the event that wakes their scraper early.
         self._idle: dict[str, tuple[EndpointState, asyncio.Event]] = {}

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -28,16 +29,15 @@ from llmplane.gateway.activator import Activator
 from llmplane.gateway.adapters import Adapters
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.auth import KIND as TENANT_KIND
-from llmplane.gateway.auth import SECRET_KIND, Authenticator, Tenant
+from llmplane.gateway.auth import SECRET_KIND, Authenticator
 from llmplane.gateway.clip import clip
 from llmplane.gateway.config import GatewayConfig, client_connection_limit
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady, Overloaded
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
-from llmplane.gateway.flowcontrol.priority import level_of
-from llmplane.gateway.hooks import LATER, Held, RequestHook, Reservation, Usage
+from llmplane.gateway.hooks import RequestHook, Reservation
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.kvcache.routing import PreciseRouting
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
@@ -51,13 +51,13 @@ from llmplane.gateway.registry import EndpointRegistry, EndpointState
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import (
     ROUTE_KINDS,
-    Decision,
+    RouteDecision,
     RoutingTable,
     build_table,
     model_not_found,
 )
 from llmplane.gateway.scheduler.config import build_scheduler
-from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
+from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import ModelTokens
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.signals import GatewaySignals
@@ -86,6 +86,19 @@ class Extension(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayView:
+    """What the gateway shows of its load, read at one moment: for the web console, ``llmplane
+    up``'s status and the autoscaling signals (``signals.py``), which read nothing else."""
+
+    endpoints: list[EndpointState]  # with in-flight counts and scraped engine metrics
+    metrics_staleness: float  # seconds after which scraped metrics are too old to use
+    requests: dict[str, float]  # requests answered so far, by endpoint address
+    queued: dict[str, float]  # waiting in flow control, shared out over their endpoints
+    held: dict[str, int]  # waiting at the activator, by workload (namespace/name)
+    kv_index: Any = None  # which replica holds which KV block (kvcache/index.py), if any
+
+
 class Gateway:
     def __init__(
         self,
@@ -93,7 +106,10 @@ class Gateway:
         discovery: Discovery,
         config: GatewayConfig | None = None,
         seat: Seat | None = None,
+        wake: Callable[[str], None] | None = None,
     ) -> None:
+        """``wake(workload)``: called when a request starts waiting at the activator for a
+        Playground scaled to zero (what scales it up)."""
         self.config = config or GatewayConfig()
         self.store = store
         self.discovery = discovery
@@ -108,7 +124,12 @@ class Gateway:
         self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
         if seat is not None:
             seat.picks.attach(self.scheduler.plugins)
-        self.scraper = Scraper(self.config, on_models_changed=self._rebuild)
+        self.scraper = Scraper(
+            self.config,
+            on_models_changed=self._rebuild,
+            on_scraped=self._capacity_changed,  # fresh load: flow control may dispatch
+            upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
+        )
         self.adapters = Adapters(self.scraper.client)
         self.outliers = Outliers(
             self.config,
@@ -132,7 +153,6 @@ class Gateway:
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
-        self.scraper.on_scraped = self._capacity_changed
         self.scrape_follower = (
             seat.share_scrapes(
                 self.scraper, lambda: self.registry.states.values(), self._capacity_changed
@@ -142,19 +162,18 @@ class Gateway:
         )
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
-        self.activator = Activator(self.config)
+        self.activator = Activator(self.config, wake=wake)
         self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
         self.proxy = Proxy(
             self.config,
             self.outliers,
+            self.scheduler,
             self.metrics.retries,
             self.metrics.stalls,
             self.metrics.resends,
+            on_first_chunk=self.prefilled,
         )
-        self.scraper.upstream = lambda: self.proxy.pool  # scrapes keep routed connections warm
-        if self.config.saturation_max_prefilling:  # a first chunk frees a prefill's room
-            self.proxy.first_chunk = self._capacity_changed
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )
@@ -172,7 +191,7 @@ class Gateway:
         self.tokenization = Tokenization()
         self.kv.add_tokens(ModelTokens(self.tokenization))  # before the sim's own
         self.metrics.add(self.tokenization.metrics())
-        self.hooks = [self.ratelimiter, self.usage, *self.config.hooks]
+        self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -187,20 +206,6 @@ class Gateway:
         self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
         self._tenant_series: dict[tuple[str, int], Any] = {}  # (tenant, status) -> its child
         self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
-
-    @property
-    def hooks(self) -> list[RequestHook]:
-        return self._hooks
-
-    @hooks.setter
-    def hooks(self, hooks: list[RequestHook]) -> None:
-        """The request hooks, with each one's plain-function entries (``reserve_now`` /
-        ``settle_now``, ``hooks.SyncRequestHook``) looked up once."""
-        self._hooks = list(hooks)
-        self._hook_calls = [
-            (hook, getattr(hook, "reserve_now", None), getattr(hook, "settle_now", None))
-            for hook in self._hooks
-        ]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -319,6 +324,24 @@ class Gateway:
             self.scraper.add(state)
         self._rebuild()
 
+    def view(self) -> GatewayView:
+        """The gateway's load now (``GatewayView``)."""
+        requests: dict[str, float] = {}
+        for labels, child in list(self.metrics.requests.children.items()):
+            address = labels[2]  # (model, route, endpoint, status)
+            requests[address] = requests.get(address, 0.0) + child.value
+        held: dict[str, int] = {}
+        for queue in list(self.activator.queues.values()):
+            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
+        return GatewayView(
+            list(self.registry.states.values()),
+            self.config.metrics_staleness,
+            requests,
+            self.flow.queued_by_endpoint(),
+            held,
+            self.kv.subscriber.index,
+        )
+
     def inflight(self, address: str) -> int:
         """Requests this gateway has in flight to ``address``, also after it stopped being an
         endpoint: the runtime drains a replica until this reaches 0."""
@@ -335,6 +358,12 @@ class Gateway:
             self.activator.release(self.table.activatable.__contains__)
         self._capacity_changed()
 
+    def prefilled(self) -> None:
+        """A stream's first chunk arrived (its endpoint's prefill is over): with
+        ``saturation_max_prefilling``, requests waiting in flow control may go."""
+        if self.config.saturation_max_prefilling:
+            self._capacity_changed()
+
     def _capacity_changed(self) -> None:
         """A request finished, an endpoint was scraped or the endpoints changed: requests
         waiting in flow control may go (one attribute read when none waits)."""
@@ -344,15 +373,20 @@ class Gateway:
     # --- request path -----------------------------------------------------------------------------
 
     async def handle(self, request: HttpRequest) -> StreamResponse:
+        """One inference request, stage by stage; each stage fills in its part of ``ctx`` or
+        refuses with a ``GatewayError`` (the API's JSON error, its status)."""
         ctx = RequestContext(request)
-        reservations: list[Held] = []
         try:
-            body = self._body(request) if request.too_large else request.body
-            ctx.inference = InferenceRequest(request.path, request.headers, body)
-            pending = self.route_now(ctx, reservations)
-            if pending is not None:
-                await pending
-            response = await self._serve(ctx)
+            self.parse(ctx, request.body)  # 413 over the limit, 400 not an API request
+            self.authenticate(ctx)  # 401 no live key, 403 a model the key may not use
+            await self.route(ctx)  # 404 / 503; a model scaled to zero waits for a replica
+            await self.reserve(ctx)  # the request hooks: rate limits (429), tenant usage
+            await self.admit(ctx)  # 503 none ready; all saturated: wait in flow control
+            if self.disaggregated(ctx):  # a prefill replica, then a decode replica (pd.py)
+                response = await self.pd.serve(ctx)
+            else:
+                self.schedule(ctx, self.fallbacks(ctx))  # filters, scorers, picker
+                response = await self.proxy.serve(ctx)  # retries on the next endpoint
             ctx.status = response.status
             return response
         except GatewayError as err:
@@ -362,197 +396,16 @@ class Gateway:
             ctx.status = 499
             raise
         finally:
-            if not self.finish_now(ctx, reservations):
-                await self.finish(ctx, reservations)
+            self.settle(ctx)  # the hooks on the usage the engine reported, the seat
+            self.observe(ctx)  # metrics, one access-log line
 
-    # The stages below are shared with the endpoint picker (llmplane/epp), which runs them on
-    # Envoy's ext_proc stream instead of an HTTP request.
+    # The stages, in order. The endpoint picker (llmplane/epp) runs the same ones on Envoy's
+    # ext_proc stream (it does not proxy: Envoy sends the request where the pick says).
 
-    async def route(self, ctx: RequestContext, reservations: list[Held]) -> Decision:
-        """Authenticate the caller (401 / 403, ``gateway/auth.py``), resolve ``ctx.inference``
-        in the routing table (404 / 503; a route without a criticality takes the tenant's),
-        let the request hooks reserve (429 from a route's or the tenant's rate limit; each
-        reservation is appended for ``finish``), and rewrite the model the route sends."""
-        pending = self.route_now(ctx, reservations)
-        if pending is not None:
-            await pending
-        return ctx.decision  # type: ignore[return-value]
-
-    def route_now(self, ctx: RequestContext, reservations: list[Held]) -> Awaitable[None] | None:
-        """``route`` without a coroutine while nothing in it waits (a route with ready
-        replicas, hooks that reserve by plain functions: the usual case); else the awaitable
-        that does the rest (await it)."""
-        inference = ctx.inference
-        assert inference is not None
-        tenant = self.auth.authenticate(ctx.request.headers)
-        if tenant is not None:
-            ctx.tenant = tenant.name
-            ctx.weight = tenant.weight
-            self.auth.permit(tenant, inference.model)
-        try:
-            decision = self.table.resolve(inference.model, inference.path, ctx.request.headers)
-        except GatewayError as err:
-            return self._route_held(ctx, reservations, tenant, err)
-        if not decision.backend.candidates and inference.model in self.table.activatable:
-            return self._route_held(ctx, reservations, tenant, None)
-        self._decided(ctx, decision, tenant)
-        return self._reserve(ctx, reservations, self._hook_calls, 0)
-
-    async def _route_held(
-        self,
-        ctx: RequestContext,
-        reservations: list[Held],
-        tenant: Tenant | None,
-        err: GatewayError | None,
-    ) -> None:
-        """``route_now`` for a model without a ready replica (``err``: the table's answer):
-        held at the activator until one is ready, then the rest of the stage. A model that
-        does not exist (or no longer, after the hold) is a 404 naming the caller's models."""
-        inference = ctx.inference
-        assert inference is not None
-        headers = ctx.request.headers
-        try:
-            decision = (
-                await self._activate(err, inference, headers)
-                if err is not None
-                else await self._hold(inference, headers)
-            )
-            if err is not None and (
-                not decision.backend.candidates and inference.model in self.table.activatable
-            ):
-                # A ModelRoute / InferenceModel whose targets select no replica yet: its
-                # Playground is scaled to zero, starting or restarting (routing.py's
-                # activatable routes).
-                decision = await self._hold(inference, headers)
-        except GatewayError as refused:
-            if tenant is None or refused.code != "model_not_found":
-                raise
-            # A key is told only about the models it may use.
-            names = [n for n in self.table.model_names() if tenant.allows(n)]
-            raise model_not_found(inference.model, names) from None
-        self._decided(ctx, decision, tenant)
-        pending = self._reserve(ctx, reservations, self._hook_calls, 0)
-        if pending is not None:
-            await pending
-
-    def _decided(self, ctx: RequestContext, decision: Decision, tenant: Tenant | None) -> None:
-        ctx.decision = decision
-        if tenant is not None:
-            decision.tenant = tenant.name
-            if decision.criticality is None:
-                decision.criticality = tenant.criticality
-        elif decision.criticality is None:
-            decision.criticality = "Default"
-
-    def _reserve(
-        self, ctx: RequestContext, reservations: list[Held], calls: list[Any], start: int
-    ) -> Awaitable[None] | None:
-        """The request hooks' reservations from ``calls[start]`` on (``_hook_calls``, kept
-        across waits), then the model the route sends; at the first hook to be awaited, the
-        awaitable that does the rest."""
-        inference, decision = ctx.inference, ctx.decision
-        assert inference is not None and decision is not None
-        for i in range(start, len(calls)):
-            hook, reserve_now, settle_now = calls[i]
-            if reserve_now is None:
-                return self._reserve_later(ctx, reservations, calls, i)
-            reservation = reserve_now(inference, decision)
-            if reservation is LATER:
-                return self._reserve_later(ctx, reservations, calls, i)
-            reservations.append((hook, settle_now, reservation))
-            if isinstance(reservation, Reservation):
-                ctx.adopt(reservation)
-        if decision.model != inference.model:
-            inference.rewrite_model(decision.model)
-            ctx.sent_model = decision.model
-        return None
-
-    async def _reserve_later(
-        self, ctx: RequestContext, reservations: list[Held], calls: list[Any], i: int
-    ) -> None:
-        """Hook ``calls[i]``'s reservation awaited, then the others (``_reserve``)."""
-        hook, _, settle_now = calls[i]
-        reservation = await hook.reserve(ctx.inference, ctx.decision)
-        reservations.append((hook, settle_now, reservation))
-        if isinstance(reservation, Reservation):
-            ctx.adopt(reservation)
-        pending = self._reserve(ctx, reservations, calls, i + 1)
-        if pending is not None:
-            await pending
-
-    def refused(self, ctx: RequestContext, err: GatewayError) -> None:
-        """Note a request answered with ``err`` instead of being served."""
-        ctx.status = err.status
-        if ctx.error is None:
-            ctx.error = err.message
-        if err.code == "overloaded" and ctx.inference is not None:
-            self.metrics.shed.labels(ctx.inference.model).inc()
-
-    async def finish(self, ctx: RequestContext, reservations: list[Held]) -> None:
-        """Settle the hooks on the usage the engine reported, then metrics and the access log."""
-        self._release(ctx)
-        usage = Usage.of(ctx.usage)
-        for hook, settle_now, reservation in reservations:
-            try:
-                if settle_now is not None:
-                    settle_now(ctx.inference, ctx.decision, reservation, usage, ctx.status)
-                else:
-                    await hook.settle(
-                        ctx.inference,  # type: ignore[arg-type]
-                        ctx.decision,  # type: ignore[arg-type]
-                        reservation,
-                        usage,
-                        ctx.status,
-                    )
-            except Exception:
-                log.exception("request hook settle failed")
-        self._observe(ctx, usage)
-
-    def finish_now(self, ctx: RequestContext, reservations: list[Held]) -> bool:
-        """``finish`` without a coroutine when every hook settles by a plain function
-        (``settle_now``, as the built-in ones do); False, with nothing done, when one is to be
-        awaited."""
-        for held in reservations:
-            if held[1] is None:
-                return False
-        self._release(ctx)
-        usage = Usage.of(ctx.usage)
-        for _, settle_now, reservation in reservations:
-            try:
-                settle_now(ctx.inference, ctx.decision, reservation, usage, ctx.status)
-            except Exception:
-                log.exception("request hook settle failed")
-        self._observe(ctx, usage)
-        return True
-
-    def _release(self, ctx: RequestContext) -> None:
-        """The request's flow-control seat back, and waiters let go if a slot freed."""
-        if ctx.seat is not None:
-            self.flow.release(ctx.seat)
-            ctx.seat = None
-        if self.flow.queues:  # a slot may have freed
-            self.flow.pump()
-        if self.seat is not None:  # for the other workers' waiting requests too
-            self.seat.waker.wake_peers()
-
-    async def _activate(
-        self, err: GatewayError, inference: InferenceRequest, headers: Any
-    ) -> Decision:
-        """A model without a ready replica: hold the request at the activator until one is
-        ready, then resolve again; anything else re-raises ``err``."""
-        if err.code != "no_ready_endpoint" or inference.model not in self.table.activatable:
-            raise err
-        return await self._hold(inference, headers)
-
-    async def _hold(self, inference: InferenceRequest, headers: Any) -> Decision:
-        """Hold the request at the activator until the Playground serving its model (or its
-        route's target) has a ready replica, then resolve again."""
-        workload = self.table.activatable[inference.model]
-        await self.activator.hold(inference.model, workload, len(inference.body))
-        return self.table.resolve(inference.model, inference.path, headers)
-
-    def _body(self, request: HttpRequest) -> bytes:
-        """The body, or 413 if the HTTP server found it over the limit (and did not keep it)."""
+    def parse(self, ctx: RequestContext, body: bytes) -> None:
+        """``ctx.inference``: the body parsed once (413 when the HTTP server found it over
+        the limit, 400 when it is not an API request)."""
+        request = ctx.request
         if request.too_large:
             limit = self.config.max_body_bytes
             length = request.content_length
@@ -560,124 +413,110 @@ class Gateway:
             raise GatewayError(
                 413,
                 f"the request body{size} is over the limit of {limit} bytes",
-                "request_too_large",
+                ErrorCode.REQUEST_TOO_LARGE,
             )
-        return request.body
+        ctx.inference = InferenceRequest(request.path, request.headers, body)
 
-    def _serve(self, ctx: RequestContext) -> Awaitable[StreamResponse]:
-        """Admission, the scheduler's pick and the proxy (await the result). Not a coroutine
-        itself: a request that neither waits in flow control nor loads an adapter first (the
-        usual case) gets the proxy's own, two coroutines less per request."""
-        assert ctx.decision is not None
+    def authenticate(self, ctx: RequestContext) -> None:
+        """``ctx.tenant``: the caller (401 without a live key while authentication is on;
+        403 for a model its key may not use)."""
+        assert ctx.inference is not None
+        tenant = ctx.tenant = self.auth.authenticate(ctx.request.headers)
+        if tenant is not None:
+            self.auth.permit(tenant, ctx.inference.model)
+
+    async def route(self, ctx: RequestContext) -> None:
+        """``ctx.decision`` from the routing table (404 / 503) and the request's level; a
+        model without a ready replica that may get one (a Playground scaled to zero or
+        starting) is held at the activator until one is ready, then resolved again. The
+        route's model is what goes upstream."""
+        inference, tenant = ctx.inference, ctx.tenant
+        assert inference is not None
+        model, headers, table = inference.model, ctx.request.headers, self.table
+        try:
+            try:
+                decision = table.resolve(model, inference.path, headers)
+            except NotReady:
+                if model not in table.activatable:
+                    raise
+                decision = await self._hold(inference, headers)
+            if not decision.backend.candidates and model in self.table.activatable:
+                # A ModelRoute / InferenceModel whose targets select no replica yet: its
+                # Playground is scaled to zero, starting or restarting (routing.py).
+                decision = await self._hold(inference, headers)
+        except ModelNotFound:
+            if tenant is None:
+                raise
+            # A key is told only about the models it may use.
+            names = [n for n in self.table.model_names() if tenant.allows(n)]
+            raise model_not_found(model, names) from None
+        ctx.decision = decision
+        if decision.priority is not None:
+            ctx.level = decision.priority
+        else:
+            ctx.level = decision.criticality or (tenant.criticality if tenant else "Default")
+        if decision.model != model:
+            inference.rewrite_model(decision.model)
+            ctx.sent_model = decision.model
+
+    async def _hold(self, inference: InferenceRequest, headers: Any) -> RouteDecision:
+        """Hold the request at the activator until the Playground serving its model (or its
+        route's target) has a ready replica, then resolve again."""
+        workload = self.table.activatable[inference.model]
+        await self.activator.hold(inference.model, workload, len(inference.body))
+        return self.table.resolve(inference.model, inference.path, headers)
+
+    async def reserve(self, ctx: RequestContext) -> None:
+        """Each request hook's reservation, kept in ``ctx.reservations`` for ``settle``; the
+        headers and stream filter of those that shape the response."""
+        for hook in self.hooks:
+            reservation = await hook.reserve(ctx)
+            ctx.reservations.append((hook, reservation))
+            if isinstance(reservation, Reservation):
+                ctx.adopt(reservation)
+
+    async def admit(self, ctx: RequestContext) -> None:
+        """``ctx.candidates``: the endpoints admission lets the request use (503 none ready;
+        every one saturated: wait in flow control, or 429 for Sheddable with it off), with a
+        declared LoRA adapter loaded first where no replica holds it yet; and
+        ``ctx.scheduling``, what the scheduler's plugins read."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
+        flow, level, tenant = self.flow, ctx.level, ctx.tenant
+        name, weight = (tenant.name, tenant.weight) if tenant is not None else (None, 1)
+        key = decision.backend.ref
         now = time.monotonic()
-        candidates, waits = self._admission(ctx, now)
-        if waits or ctx.decision.load is not None:
-            return self._serve_admitted(ctx, candidates, waits, now)
-        return self._send(ctx, self._prefill_room(ctx, self._seated(ctx, candidates)), now)
-
-    async def _serve_admitted(
-        self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool, now: float
-    ) -> StreamResponse:
-        """``_serve`` for a request that waits in flow control or for an adapter first."""
-        candidates = await self._admit_rest(ctx, candidates, waits)
-        if ctx.waited is not None:
-            now = time.monotonic()
-        return await self._send(ctx, candidates, now)
-
-    def _send(
-        self, ctx: RequestContext, candidates: Sequence[EndpointState], now: float
-    ) -> Awaitable[StreamResponse]:
-        """The pick over the admitted ``candidates`` and its proxying (await the result)."""
-        inference, decision = ctx.inference, ctx.decision
-        assert inference is not None and decision is not None
-        backend = decision.backend
-        sched = self.scheduling_context(ctx, now)
-        if backend.pd is not None and not inference.path.endswith("/embeddings"):
-            # Prefill/decode disaggregation: a prefill replica, then a decode replica.
-            return self.pd.serve(ctx, candidates, sched)
-        n = min(len(candidates), max(self.config.fallbacks, max(0, backend.retry_attempts) + 1))
-        pick = self.schedule(ctx, candidates, sched, n)
-        return self.proxy.serve(ctx, pick, self.scheduler.profile(backend.profile), sched)
-
-    async def admit(self, ctx: RequestContext, now: float) -> Sequence[EndpointState]:
-        """The candidates admission lets the request use (503 none ready; every one saturated:
-        wait in flow control, or 429 for Sheddable with it off), with a declared LoRA adapter
-        loaded first where no replica holds it yet."""
-        candidates, waits = self._admission(ctx, now)
-        return await self._admit_rest(ctx, candidates, waits)
-
-    def _admission(self, ctx: RequestContext, now: float) -> tuple[Sequence[EndpointState], bool]:
-        """Admission's candidates (or its 503 / 429) and whether the request is to wait in
-        flow control for them."""
-        inference, decision = ctx.inference, ctx.decision
-        assert inference is not None and decision is not None
-        flow = self.flow
-        level = level_of(decision)  # the objective's priority, else the criticality
         candidates = self.admission.admit(
             inference.model, decision, now, level, shed=not flow.enabled
         )
-        key = decision.backend.ref
         waits = flow.enabled and flow.needed(key, candidates, now)
         if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
-            waits = not flow.reserved(key, candidates, level, ctx.tenant, ctx.weight, now)
-        return candidates, waits
-
-    async def _admit_rest(
-        self, ctx: RequestContext, candidates: Sequence[EndpointState], waits: bool
-    ) -> Sequence[EndpointState]:
-        """``admit`` after ``_admission``: the wait in flow control, the seat, the adapter."""
-        inference, decision = ctx.inference, ctx.decision
-        assert inference is not None and decision is not None
+            waits = not flow.reserved(key, candidates, level, name, weight, now)
         if waits:
-            level = level_of(decision)
             waker = self.seat.waker if self.seat is not None else None
             if waker is not None:
                 waker.waiting(1)  # the other workers' completions wake it too
             try:
-                ctx.waited = await self.flow.wait(
-                    decision.backend.ref,
-                    candidates,
-                    level,
-                    ctx.tenant,
-                    ctx.weight,
-                    len(inference.body),
+                ctx.waited = await flow.wait(
+                    key, candidates, level, name, weight, len(inference.body)
                 )
             finally:
                 if waker is not None:
                     waker.waiting(-1)
             # Ejections may have changed while it waited.
-            candidates = self.admission.admit(
-                inference.model, decision, time.monotonic(), level, shed=False
-            )
-        candidates = self._seated(ctx, candidates)
+            now = time.monotonic()
+            candidates = self.admission.admit(inference.model, decision, now, level, shed=False)
+        if flow.counts(candidates):  # a reserve, or engines that order by priority
+            ctx.seat = flow.seat(key, name, weight)
+            candidates = flow.room(candidates, now)
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
-        return self._prefill_room(ctx, candidates)
-
-    def _seated(
-        self, ctx: RequestContext, candidates: Sequence[EndpointState]
-    ) -> Sequence[EndpointState]:
-        """Where requests are counted for their flow's fair share (a reserve, engines that
-        order by priority): the request's seat in its flow, and the candidates with room."""
-        flow = self.flow
-        if flow.counts(candidates):
-            ctx.seat = flow.seat(ctx.decision.backend.ref, ctx.tenant, ctx.weight)
-            candidates = flow.room(candidates, time.monotonic())
-        return candidates
-
-    def _prefill_room(
-        self, ctx: RequestContext, candidates: Sequence[EndpointState]
-    ) -> Sequence[EndpointState]:
-        if self.config.saturation_max_prefilling and ctx.decision.backend.pd is None:
+        if self.config.saturation_max_prefilling and decision.backend.pd is None:
             # (Prefill/decode pairs: pd.py picks each role among its own endpoints.)
             candidates = self.admission.with_prefill_room(candidates)
-        return candidates
-
-    def scheduling_context(self, ctx: RequestContext, now: float) -> SchedulingContext:
-        inference, decision = ctx.inference, ctx.decision
-        assert inference is not None and decision is not None
-        return SchedulingContext(
+        ctx.candidates = candidates
+        ctx.scheduling = SchedulingContext(
             decision.model,
             lambda: inference.prompt,
             ctx.request.headers,
@@ -689,27 +528,75 @@ class Gateway:
             inference,
         )
 
-    def schedule(
-        self,
-        ctx: RequestContext,
-        candidates: Sequence[EndpointState],
-        sched: SchedulingContext,
-        n: int,
-    ) -> Pick:
-        """The scheduler's ordered pick of ``n`` of the admitted candidates (timed)."""
+    def disaggregated(self, ctx: RequestContext) -> bool:
+        """Served by a prefill/decode pair (``pd.py``): the route's backend has one, and the
+        request generates (embeddings have no decode)."""
+        assert ctx.decision is not None and ctx.inference is not None
+        return ctx.decision.backend.pd is not None and not ctx.inference.path.endswith(
+            "/embeddings"
+        )
+
+    def fallbacks(self, ctx: RequestContext) -> int:
+        """How many endpoints the pick orders: the first and the ones retries go to."""
         assert ctx.decision is not None
+        retries = max(0, ctx.decision.backend.retry_attempts)
+        return min(len(ctx.candidates), max(self.config.fallbacks, retries + 1))
+
+    def schedule(self, ctx: RequestContext, n: int) -> None:
+        """``ctx.pick``: the scheduler's ordered pick of ``n`` of the candidates (timed)."""
+        decision, scheduling = ctx.decision, ctx.scheduling
+        assert decision is not None and scheduling is not None
         ts = time.perf_counter()
-        pick = self.scheduler.pick(sched, candidates, n, ctx.decision.backend.profile)
-        if ctx.decision.lora and pick.endpoints:
-            self.adapters.touch(pick.endpoints[0].address, ctx.decision.model)
+        pick = ctx.pick = self.scheduler.pick(
+            scheduling, ctx.candidates, n, decision.backend.profile
+        )
+        if decision.lora and pick.endpoints:
+            self.adapters.touch(pick.endpoints[0].address, decision.model)
         elapsed = time.perf_counter() - ts
         self._scheduling.observe(elapsed)
         ctx.sched_ms = round(elapsed * 1000, 3)
-        ctx.profile = pick.profile
-        ctx.scores = pick.scores
-        return pick
 
-    def _observe(self, ctx: RequestContext, usage: Usage | None) -> None:
+    def sent_to(self, ctx: RequestContext, state: EndpointState) -> None:
+        """``ctx`` goes to ``state`` (the endpoint picker's data plane proxies it): the
+        scheduler's plugins that learn from where requests go (the prefix index) learn it."""
+        assert ctx.decision is not None and ctx.scheduling is not None
+        self.scheduler.profile(ctx.decision.backend.profile).on_pick(ctx.scheduling, state)
+
+    def answered(self, state: EndpointState, ok: bool) -> None:
+        """How a request went on ``state`` (not ``ok``: it failed or was passed over), for
+        outlier ejection."""
+        if ok:
+            self.outliers.success(state)
+        else:
+            self.outliers.failure(state)
+
+    def refused(self, ctx: RequestContext, err: GatewayError) -> None:
+        """Note a request answered with ``err`` instead of being served."""
+        ctx.status = err.status
+        if ctx.error is None:
+            ctx.error = err.message
+        if isinstance(err, Overloaded) and ctx.inference is not None:
+            self.metrics.shed.labels(ctx.inference.model).inc()
+
+    def settle(self, ctx: RequestContext) -> None:
+        """Give the flow-control seat back, and settle each hook's reservation on the usage
+        the engine reported (``ctx.usage``)."""
+        if ctx.seat is not None:
+            self.flow.release(ctx.seat)
+            ctx.seat = None
+        if self.flow.queues:  # a slot may have freed
+            self.flow.pump()
+        if self.seat is not None:  # for the other workers' waiting requests too
+            self.seat.waker.wake_peers()
+        for hook, reservation in ctx.reservations:
+            try:
+                hook.settle(ctx, reservation, ctx.usage)
+            except Exception:
+                log.exception("request hook settle failed")
+
+    def observe(self, ctx: RequestContext) -> None:
+        """The request's metrics and its access-log line."""
+        usage = ctx.usage
         elapsed = time.perf_counter() - ctx.t0
         m = self.metrics
         # Label values only from the routing table: a request that resolved names a model the
@@ -731,10 +618,11 @@ class Gateway:
             )
         series[0].value += 1
         if ctx.tenant is not None:
-            tenant_series = self._tenant_series.get((ctx.tenant, ctx.status))
+            tenant = ctx.tenant.name
+            tenant_series = self._tenant_series.get((tenant, ctx.status))
             if tenant_series is None:
-                tenant_series = self._tenant_series[(ctx.tenant, ctx.status)] = (
-                    self.auth.requests.labels(ctx.tenant, str(ctx.status))
+                tenant_series = self._tenant_series[(tenant, ctx.status)] = (
+                    self.auth.requests.labels(tenant, str(ctx.status))
                 )
             tenant_series.value += 1
         series[1].observe(elapsed)
@@ -761,7 +649,7 @@ class Gateway:
                 record["worker"] = self.seat.index
             write_access(record)
 
-    # --- other endpoints ---------------------------------------------------------------------------
+    # --- other endpoints -------------------------------------------------------------------------
 
     async def models(self, request: HttpRequest) -> Response:
         names = self.table.model_names()
@@ -784,7 +672,7 @@ class Gateway:
     async def prometheus(self, request: HttpRequest) -> Response:
         refusal = self.auth.admin_refusal(request.headers)
         if refusal is not None:
-            return GatewayError(401, refusal, "invalid_api_key").response()
+            return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response()
         body = self.metrics.render()
         if self.seat is not None:
             body = await self.seat.metrics.aggregate(body)
@@ -794,14 +682,14 @@ class Gateway:
         """Per-workload load for the in-cluster autoscaler (``gateway/signals.py``)."""
         refusal = self.auth.admin_refusal(request.headers)
         if refusal is not None:
-            return GatewayError(401, refusal, "invalid_api_key").response()
+            return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response()
         peers = await self.seat.metrics.signals() if self.seat is not None else []
         body = orjson.dumps(GatewaySignals(self).snapshot(peers))
         return Response(body=body, content_type="application/json")
 
     async def not_found(self, request: HttpRequest) -> Response:
         return GatewayError(
-            404, f"no such path: {request.method} {clip(request.path)}", "not_found"
+            404, f"no such path: {request.method} {clip(request.path)}", ErrorCode.NOT_FOUND
         ).response()
 
 
@@ -828,11 +716,12 @@ async def start_gateway(
     config: GatewayConfig | None = None,
     extensions: Sequence[Callable[[Gateway], Extension]] = (),
     seat: Seat | None = None,
+    wake: Callable[[str], None] | None = None,
 ) -> Gateway:
     """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
     ``extensions`` made from it (``llmplane.console.Console``); as worker ``seat`` of several
     on the supervisor's socket."""
-    gateway = Gateway(store, discovery, config, seat)
+    gateway = Gateway(store, discovery, config, seat, wake)
     gateway.extensions = [make(gateway) for make in extensions]
     try:
         await gateway.start(host, port)

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmplane.controlplane.autoscaling import INFLIGHT, KV_USAGE, RUNNING, WAITING
 
+if TYPE_CHECKING:
+    from llmplane.gateway.server import GatewayView
+
 
 class GatewaySignals:
-    """``SignalSource`` over a running ``Gateway``."""
+    """``SignalSource`` over a running ``Gateway``'s ``view()``."""
 
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
@@ -34,8 +37,9 @@ class GatewaySignals:
         seat = getattr(self.gateway, "seat", None)
         self._peers = await seat.metrics.signals() if seat is not None else []
 
-    def _states(self, workload: str) -> list[Any]:
-        return [s for s in self.gateway.registry.states.values() if s.endpoint.workload == workload]
+    def _states(self, workload: str, view: GatewayView | None = None) -> list[Any]:
+        view = view or self.gateway.view()
+        return [s for s in view.endpoints if s.endpoint.workload == workload]
 
     def parts(self) -> dict[str, Any]:
         """This process's own share of the signals, the part that is not in shared state:
@@ -43,28 +47,19 @@ class GatewaySignals:
         activator per workload. With several workers (``llmplane/gateway/workers``) the worker
         answering ``/autoscaling/signals`` adds its peers' parts (in-flight counts and scraped
         engine metrics are the same in every worker)."""
-        held: dict[str, int] = {}
-        for queue in list(self.gateway.activator.queues.values()):
-            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
-        return {
-            "requests": self._requests(),
-            "queued": self.gateway.flow.queued_by_endpoint(),
-            "held": held,
-        }
+        view = self.gateway.view()
+        return {"requests": self._requests(view), "queued": view.queued, "held": view.held}
 
     def replica_signals(
         self, workload: str, queued: Mapping[str, float] | None = None
     ) -> Mapping[str, Mapping[str, float]]:
-        staleness = max(self.gateway.config.metrics_staleness, 5.0)
+        view = self.gateway.view()
+        staleness = max(view.metrics_staleness, 5.0)
         now = time.monotonic()
         out: dict[str, dict[str, float]] = {}
         if queued is None:
-            queued = (
-                self._merged(self._peers)[1]
-                if self._peers
-                else self.gateway.flow.queued_by_endpoint()
-            )
-        for state in self._states(workload):
+            queued = self._merged(self._peers)[1] if self._peers else view.queued
+        for state in self._states(workload, view):
             values: dict[str, float] = {INFLIGHT: state.inflight + queued.get(state.address, 0.0)}
             if state.metrics_fresh(staleness, now):
                 values[WAITING] = state.waiting
@@ -74,16 +69,15 @@ class GatewaySignals:
             out[state.address] = values
         return out
 
-    def _requests(self) -> dict[str, float]:
+    @staticmethod
+    def _requests(view: GatewayView) -> dict[str, float]:
         """Requests this process has sent, per workload (the request counter by endpoint)."""
-        workload_of = {
-            s.address: s.endpoint.workload for s in self.gateway.registry.states.values()
-        }
+        workload_of = {s.address: s.endpoint.workload for s in view.endpoints}
         requests: dict[str, float] = {}
-        for labels, child in list(self.gateway.metrics.requests.children.items()):
-            workload = workload_of.get(labels[2])  # (model, route, endpoint, status)
+        for address, n in view.requests.items():
+            workload = workload_of.get(address)
             if workload:
-                requests[workload] = requests.get(workload, 0.0) + child.value
+                requests[workload] = requests.get(workload, 0.0) + n
         return requests
 
     def requests_seen(self, workload: str) -> float:
@@ -100,7 +94,7 @@ class GatewaySignals:
 
     def held(self, workload: str) -> int:
         peers = sum(int(p.get("held", {}).get(workload, 0)) for p in self._peers)
-        return int(self.gateway.activator.held_for(workload)) + peers
+        return self.gateway.view().held.get(workload, 0) + peers
 
     def _merged(
         self, peers: Sequence[Mapping[str, Any]]
@@ -124,7 +118,7 @@ class GatewaySignals:
         {signal: value}}, "requestsSeen": n, "held": n}}}`` (the ``/autoscaling/signals`` body),
         with ``peers``' ``parts()`` added (the other workers of this gateway)."""
         requests, queued, held = self._merged(peers)
-        keys = {s.endpoint.workload for s in self.gateway.registry.states.values()}
+        keys = {s.endpoint.workload for s in self.gateway.view().endpoints}
         keys |= {k for k, n in held.items() if n}
         keys.discard("")
         return {

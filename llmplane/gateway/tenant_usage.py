@@ -22,14 +22,15 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmplane.gateway.hooks import Reservation, Usage
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
-from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import Decision
 from llmplane.store.usage import USAGE_FILENAME, UsageLog
+
+if TYPE_CHECKING:
+    from llmplane.gateway.context import RequestContext
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -93,36 +94,20 @@ class TenantUsage:
 
     # --- the hook ----------------------------------------------------------------------------
 
-    def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object:
-        if decision.tenant is None:
+    async def reserve(self, ctx: RequestContext) -> object:
+        """A tenant's stream asks the engine for its usage (dropped again for a client that
+        did not ask): the output tokens are counted either way."""
+        inference = ctx.inference
+        assert inference is not None
+        if ctx.tenant is None:
             return None
         if inference.stream and (stream_filter := ask_stream_usage(inference)) is not None:
             return Reservation(stream_filter=stream_filter)
         return None
 
-    async def reserve(self, inference: InferenceRequest, decision: Decision) -> object:
-        return self.reserve_now(inference, decision)
-
-    async def settle(
-        self,
-        inference: InferenceRequest,
-        decision: Decision,
-        reservation: object,
-        usage: Usage | None,
-        status: int,
-    ) -> None:
-        self.settle_now(inference, decision, reservation, usage, status)
-
-    def settle_now(
-        self,
-        inference: InferenceRequest,
-        decision: Decision,
-        reservation: object,
-        usage: Usage | None,
-        status: int,
-    ) -> None:
-        tenant = decision.tenant
-        if tenant is None:
+    def settle(self, ctx: RequestContext, reservation: object, usage: Usage | None) -> None:
+        inference, tenant, status = ctx.inference, ctx.tenant_name, ctx.status
+        if tenant is None or inference is None:
             return
         model = inference.model
         series = self._series.get((tenant, model))

@@ -249,15 +249,15 @@ class RecordingHook:
     def __init__(self):
         self.events = []
 
-    async def reserve(self, request, decision):
-        request.doc["stream_options"] = {"include_usage": True}
-        request.mark_dirty()
-        self.events.append(("reserve", decision.model))
+    async def reserve(self, ctx):
+        ctx.inference.doc["stream_options"] = {"include_usage": True}
+        ctx.inference.mark_dirty()
+        self.events.append(("reserve", ctx.decision.model))
         return "token"
 
-    async def settle(self, request, decision, reservation, usage, status):
+    def settle(self, ctx, reservation, usage):
         self.events.append(
-            ("settle", reservation, usage.completion_tokens if usage else None, status)
+            ("settle", reservation, usage.completion_tokens if usage else None, ctx.status)
         )
 
 
@@ -273,10 +273,10 @@ async def test_request_hooks_reserve_and_settle(store, upstreams, client, gatewa
     assert hook.events == [("reserve", MODEL), ("settle", "token", 5, 200)]
 
     class Refuse:
-        async def reserve(self, request, decision):
+        async def reserve(self, ctx):
             raise GatewayError(429, "token budget exhausted", "rate_limited", retry_after=7)
 
-        async def settle(self, *args):
+        def settle(self, *args):
             raise AssertionError("not reserved, not settled")
 
     gw.hooks = [Refuse()]
@@ -287,10 +287,10 @@ async def test_request_hooks_reserve_and_settle(store, upstreams, client, gatewa
     assert_openai_error(status, body, 429, "rate_limited")
 
     class Broken:
-        async def reserve(self, request, decision):
+        async def reserve(self, ctx):
             raise RuntimeError("a bug in a hook")
 
-        async def settle(self, *args):
+        def settle(self, *args):
             raise AssertionError("not reserved, not settled")
 
     gw.hooks = [Broken()]

@@ -79,8 +79,7 @@ async def test_scrapes_keep_the_connection_a_routed_request_reuses() -> None:
     with Processes() as procs:
         sim, other = procs.start(sim_process("m"), sim_process("m"))
         pool = UpstreamPool(limit=1)
-        scraper = Scraper(GatewayConfig())
-        scraper.upstream = lambda: pool
+        scraper = Scraper(GatewayConfig(), upstream=lambda: pool)
         state = EndpointState(Endpoint(sim.address, engine="sim"))
         try:
             assert await scraper.scrape_once(state), "the scrape failed"

@@ -24,7 +24,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
-from llmplane.gateway.kvcache.events import Limits
+from llmplane.gateway.kvcache.events import EventLimits
 from llmplane.gateway.kvcache.index import block_keys
 from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
 from llmplane.gateway.request import InferenceRequest
@@ -216,7 +216,7 @@ async def test_hostile_publishers_cost_a_counter_not_the_index(
     subscriber: KVEventSubscriber, sockets: Path
 ) -> None:
     """A publisher that is not an engine (a raw ZMQ socket here, sending what no engine would)."""
-    subscriber.limits = Limits(message_bytes=64 * 1024, events=100, hashes=64)
+    subscriber.limits = EventLimits(message_bytes=64 * 1024, events=100, hashes=64)
     ctx = zmq.asyncio.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)

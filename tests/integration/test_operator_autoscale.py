@@ -138,8 +138,10 @@ async def cluster(
             doc.pop("status", None)
             await kube.create(doc)
         store, discovery = await kubernetes_sources(None, kube.url)
-        gateway = await start_gateway(store, discovery, config=GatewayConfig(**config))
-        scaler = kube_activation.attach(gateway, store)
+        scaler = kube_activation.scaler_for(store)
+        gateway = await start_gateway(
+            store, discovery, config=GatewayConfig(**config), wake=scaler.wake
+        )
         options = AutoscaleOptions(
             enabled=autoscale,
             gateway_urls=(f"http://127.0.0.1:{gateway.port}",),

@@ -1,4 +1,4 @@
-"""The cost-aware default profile on real sims publishing KV events: a replica holding a
+"""A cost-aware profile (the ``prefill-cost`` scorer; opt-in) on real sims publishing KV events: a replica holding a
 request's prefix keeps it while its queue costs less than recomputing the prefix elsewhere,
 and gives it up exactly when the queue costs more.
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
+from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.sim.tokenizer import tokenize
 from llmplane.testing import Processes
@@ -31,6 +32,25 @@ from tests.integration.test_kv_events import (
 
 PREFIX = "".join(f"p{i:03d}" for i in range(3_000))  # 3,000 tokens of 4 characters
 OWN_TOKENS = 700
+
+
+COST_AWARE = {  # the profile docs/gateway.md gives for cost-aware routing
+    "plugins": [
+        {"type": "prefill-cost-scorer"},
+        {"type": "least-request-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "prefill-cost-scorer", "weight": 1},
+                {"pluginRef": "least-request-scorer", "weight": 0.01},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
 
 
 def prompt(user: int) -> str:
@@ -53,7 +73,7 @@ async def test_affinity_gives_way_only_when_the_queue_costs_more_than_recomputin
                                     kv_events_replay=replay))  # fmt: skip
         sims.append(sim)
     a, b = (s.address for s in sims)
-    gateway = await gateways(store)
+    gateway = await gateways(store, config=GatewayConfig(scheduler=COST_AWARE))
     await complete(client, a, prompt(0))  # "a" holds the prefix (the gateway never saw it)
     await eventually(
         lambda: gateway.kv.subscriber.index.held(a) >= len(PREFIX) // 4 // BLOCK,

@@ -24,6 +24,7 @@ from llmplane.gateway.ratelimit import RateLimiter, RateLimitError, RedisBuckets
 from llmplane.gateway.request import InferenceRequest
 from llmplane.store.paths import open_store
 from llmplane.testing import Process, Processes, eventually, gateway, sim_process
+from tests.unit.test_ratelimit_math import hook_ctx
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 MODEL = "rl-redis-model"
@@ -288,17 +289,17 @@ async def test_redis_scripts_reserve_settle_and_refuse(redis_server):
     try:
         d = _Decision()
         req = chat("x" * 156, max_tokens=40)  # 40 in, 40 out
-        res = await limiter.reserve(req, d)
+        res = await limiter.reserve(hook_ctx(req, d))
         assert res.taken[0].mode == "redis"
         assert res.response_headers["x-ratelimit-remaining-tokens-input"] == "60"
         assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "10"
         # Output: 10 left, 40 wanted at 50/min -> 36 s; nothing was taken from input.
         with pytest.raises(RateLimitError) as err:
-            await limiter.reserve(chat("x" * 156, max_tokens=40), d)
+            await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
         assert err.value.retry_after == 36
         assert err.value.headers["x-ratelimit-remaining-tokens-input"] == "60"
         # Settled: 70 real input (debit 30), 5 real output (35 back).
-        await limiter.settle(req, d, res, Usage(70, 5), 200)
+        limiter.settle(hook_ctx(req, d, 200), res, Usage(70, 5))
         await limiter.drain()
         level = float(await client.hget("llmplane:ratelimit:{default/inproc}:input", "level"))
         assert 30 <= level < 31  # 100 - 70 (+ a little refill)
@@ -329,13 +330,15 @@ async def test_a_per_second_bucket_refills_in_redis(redis_server):
     async def remaining(want: int) -> int | None:
         """Output tokens left as a refused reservation of ``want`` reports them (None: fitted)."""
         try:
-            await limiter.reserve(chat("x", max_tokens=want), Decision())
+            await limiter.reserve(hook_ctx(chat("x", max_tokens=want), Decision()))
         except RateLimitError as err:
             return int(err.headers["x-ratelimit-remaining-tokens-output"])
         return None
 
     try:
-        first = await limiter.reserve(chat("x", max_tokens=40), Decision())  # 40 of 50 output
+        first = await limiter.reserve(
+            hook_ctx(chat("x", max_tokens=40), Decision())
+        )  # 40 of 50 output
         assert first.taken[0].mode == "redis"
         assert (left := await remaining(45)) is not None and left < 20  # 10 left, 45 wanted
         # Refilling at 50 a second, the level passes 20 within 0.2 s - long before the key
@@ -366,18 +369,18 @@ async def test_failure_policies_against_an_unreachable_redis():
     opened = limiter_for(dead)
     try:
         with pytest.raises(GatewayError) as err:
-            await closed.reserve(chat("hi", max_tokens=1), _Decision())
+            await closed.reserve(hook_ctx(chat("hi", max_tokens=1), _Decision()))
         assert err.value.status == 503 and err.value.code == "rate_limit_unavailable"
-        res = await local.reserve(chat("hi", max_tokens=50), _Decision())
+        res = await local.reserve(hook_ctx(chat("hi", max_tokens=50), _Decision()))
         assert res.taken[0].mode == "local"
         with pytest.raises(RateLimitError):  # this process's own bucket limits now
-            await local.reserve(chat("hi", max_tokens=1), _Decision())
+            await local.reserve(hook_ctx(chat("hi", max_tokens=1), _Decision()))
         t0 = time.monotonic()
-        res = await opened.reserve(chat("hi", max_tokens=50), _Decision())
+        res = await opened.reserve(hook_ctx(chat("hi", max_tokens=50), _Decision()))
         assert res.taken[0].mode == "none"
         # Within the retry interval Redis is not asked again: no wait at all.
         for _ in range(100):
-            assert (await opened.reserve(chat("hi", max_tokens=50), _Decision())).taken[
+            assert (await opened.reserve(hook_ctx(chat("hi", max_tokens=50), _Decision()))).taken[
                 0
             ].mode == "none"
         assert time.monotonic() - t0 < 1.0
@@ -395,14 +398,14 @@ async def test_a_blackholed_redis_costs_at_most_the_timeout_once_per_interval():
         limiter = limiter_for(address, rate_limit_redis_timeout=0.2)
         try:
             t0 = time.monotonic()
-            assert (await limiter.reserve(chat("hi", max_tokens=1), _Decision())).taken[
+            assert (await limiter.reserve(hook_ctx(chat("hi", max_tokens=1), _Decision()))).taken[
                 0
             ].mode == "none"
             first = time.monotonic() - t0
             assert 0.15 < first < 1.0
             t0 = time.monotonic()
             for _ in range(50):
-                await limiter.reserve(chat("hi", max_tokens=1), _Decision())
+                await limiter.reserve(hook_ctx(chat("hi", max_tokens=1), _Decision()))
             assert time.monotonic() - t0 < 0.2
         finally:
             await limiter.close()

@@ -18,6 +18,7 @@ from llmplane.console.stats import RequestStats, peer_totals, quantile, report_t
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.server import GatewayView
 from llmplane.gateway.workers.share import Share, listen
 from llmplane.upstatus import UpStatus, panel, settled, status_line
 
@@ -262,7 +263,7 @@ def _fleet(ready: int, desired: int = 2, loading: bool = False) -> dict[str, Any
 
 def _gateway() -> Any:
     return SimpleNamespace(
-        registry=SimpleNamespace(states={}), metrics=GatewayMetrics(), extensions=[]
+        view=lambda: GatewayView([], 1.0, {}, {}, {}), metrics=GatewayMetrics(), extensions=[]
     )
 
 

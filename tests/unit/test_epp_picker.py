@@ -113,9 +113,8 @@ async def test_a_stream_counts_as_prefilling_until_its_first_chunk(tmp_path) -> 
         states = gw.registry.states
         seen: dict[str, dict[str, int]] = {}
         pumps: list[int] = []
-        hook = gw.proxy.first_chunk
-        assert hook is not None
-        gw.proxy.first_chunk = lambda: (pumps.append(1), hook())  # type: ignore[func-returns-value]
+        hook = gw.prefilled
+        gw.prefilled = lambda: (pumps.append(1), hook())  # type: ignore[method-assign,func-returns-value]
 
         def prefilling() -> dict[str, int]:
             return {a: s.prefilling for a, s in states.items()}

@@ -13,7 +13,7 @@ import pytest
 from llmplane.gateway.config import config_from_dict
 from llmplane.gateway.flowcontrol import FlowControl
 from llmplane.gateway.flowcontrol.queue import FlowQueue, Limits, Waiter
-from llmplane.gateway.flowcontrol.share import FORGET, TAU, Seat, Shares
+from llmplane.gateway.flowcontrol.share import FORGET, TAU, FlowSeat, Shares
 
 
 class Endpoint:
@@ -73,7 +73,7 @@ def test_a_burst_of_a_low_rate_flow_stays_under_its_share() -> None:
     # three flows (the old test: at its share, so it waited), yet it got ~8 of ~43 recent
     # dispatches, far below its third; and 7 seats are within 21/3 + the slack 2.
     shares, clock = shares_at(slack=2)
-    seats: list[tuple[float, Seat]] = []
+    seats: list[tuple[float, FlowSeat]] = []
     for tick in range(80):  # 20 s in quarter seconds
         clock.now = tick * 0.25
         while seats and seats[0][0] <= clock.now - 2.0:

@@ -18,9 +18,8 @@ def activator(**kw: float) -> Activator:
 
 
 async def test_held_requests_are_released_in_arrival_order() -> None:
-    act = activator()
     woken: list[str] = []
-    act.wake = woken.append
+    act = Activator(GatewayConfig(), wake=woken.append)
     order: list[int] = []
 
     async def request(i: int) -> None:

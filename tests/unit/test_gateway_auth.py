@@ -211,9 +211,9 @@ def test_keys_create_list_revoke_on_sqlite(tmp_path: Path) -> None:
 def test_model_verdicts_are_remembered_up_to_a_bound() -> None:
     """Model names come from clients: a flood of new ones fills the verdict cache up to
     ``VERDICTS`` and no further, and names past the bound are still judged."""
-    from llmplane.gateway.auth import VERDICTS, Tenant
+    from llmplane.gateway.auth import VERDICTS, TenantAccess
 
-    t = Tenant("a", ("llama-*", "exact"), "Default")
+    t = TenantAccess("a", ("llama-*", "exact"), "Default")
     for i in range(VERDICTS + 50):
         assert not t.allows(f"unknown-{i}")
     assert len(t._verdicts) == VERDICTS

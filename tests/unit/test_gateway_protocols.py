@@ -9,8 +9,8 @@ import orjson
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
+from llmplane.gateway.response_usage import StreamScanner
 from llmplane.gateway.tokens import estimate_tokens
-from llmplane.gateway.usage import StreamScanner
 
 RESPONSES = {
     "model": "m",

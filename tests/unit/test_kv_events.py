@@ -14,7 +14,7 @@ import pytest
 from llmplane.gateway.kvcache.events import (
     BadPayload,
     Cleared,
-    Limits,
+    EventLimits,
     Removed,
     Stored,
     decode_batch,
@@ -114,7 +114,7 @@ def test_other_tiers_and_kv_groups_are_skipped() -> None:
     ids=lambda v: v if isinstance(v, str) else f"{len(v)}-bytes",
 )
 def test_hostile_payloads_are_refused_with_a_reason(payload: bytes, reason: str) -> None:
-    limits = Limits(message_bytes=128 * 1024, events=100, hashes=16)
+    limits = EventLimits(message_bytes=128 * 1024, events=100, hashes=16)
     with pytest.raises(BadPayload) as err:
         decode_batch(payload, limits)
     assert err.value.reason == reason
@@ -141,7 +141,7 @@ def test_hostile_payloads_are_refused_with_a_reason(payload: bytes, reason: str)
     ],
 )
 def test_bad_events_are_skipped_and_the_rest_kept(event: object) -> None:
-    limits = Limits(hashes=16)
+    limits = EventLimits(hashes=16)
     batch = decode_batch(msgpack.packb([0, [event, {"type": "AllBlocksCleared"}]]), limits)
     assert batch.events == [Cleared()]
     assert batch.skipped == 1

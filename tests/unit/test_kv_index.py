@@ -14,12 +14,11 @@ from llmplane.gateway.kvcache.index import (
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.scheduler.plugins import LowQueueFilter
 from llmplane.gateway.scheduler.precise_prefix import (
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
+    use_in_default,
 )
-from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer, use_in_default
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.runtime.endpoint import Endpoint
 
@@ -157,6 +156,27 @@ def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> Non
     ]
 
 
+def test_blocks_sent_but_not_reported_score_as_held_there_until_reported() -> None:
+    """A group's second request follows its first before the engine reports the blocks (the
+    approximate index learns at pick time too); the prediction counts only reported blocks."""
+    index = index_with("a", "b")
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index, scorer.tokens = index, Tokens(PROMPT)
+    fleet = states("a", "b")
+    for state in fleet:
+        state.block_size = BS  # scraped (vllm:cache_config_info) before any event
+    first = SchedulingContext("m", b"x" * 64, now=100.0)
+    assert scorer.score(first, fleet) == [0.0, 0.0]
+    scorer.on_pick(first, fleet[1])
+    second = SchedulingContext("m", b"x" * 64, now=101.0)
+    assert scorer.score(second, fleet) == [0.0, 1.0]
+    assert not predicted_cached_tokens(second, "b")
+    # Reported by the engine: held; no longer pending after PENDING_SECONDS.
+    index.apply("b", stored([1, 2], PROMPT[:8]))
+    later = SchedulingContext("m", b"x" * 64, now=200.0)
+    assert scorer.score(later, fleet) == [0.0, 2 / 6]
+
+
 def test_predicted_cached_tokens_are_the_leading_run_less_the_last_token() -> None:
     index = index_with("a", "b")
     index.apply("a", stored([1, 2, 3], PROMPT[:12]))
@@ -180,17 +200,16 @@ def test_predicted_cached_tokens_are_the_leading_run_less_the_last_token() -> No
     assert predicted_cached_tokens(whole, "a") == len(PROMPT) - BS
 
 
-def test_the_default_profile_becomes_cost_aware_while_replicas_publish() -> None:
+def test_the_default_profile_takes_the_precise_scorer_while_replicas_publish() -> None:
     scheduler = build_scheduler()
     profile = scheduler.profiles["default"]
     before = (list(profile.filters), list(profile.scorers), list(profile.observers))
-    approximate = profile.scorers[0][0]
-    cost = PrefillCostScorer()
-    use_in_default(scheduler, cost, True)
-    assert profile.scorers[0] == (cost, 1.0) and cost.prefix.fallback is approximate
-    assert not any(isinstance(f, LowQueueFilter) for f in profile.filters)
-    assert cost in profile.observers
-    use_in_default(scheduler, cost, False)
+    approximate, weight = profile.scorers[0]
+    precise = PrecisePrefixCacheScorer()
+    use_in_default(scheduler, precise, True)
+    assert profile.scorers[0] == (precise, weight) and precise.fallback is approximate
+    assert profile.filters == before[0] and precise in profile.observers
+    use_in_default(scheduler, precise, False)
     assert (profile.filters, profile.scorers, profile.observers) == before
     assert (
         type(

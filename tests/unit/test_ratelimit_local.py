@@ -177,15 +177,15 @@ def test_a_shared_bucket_keeps_the_arithmetic_of_a_local_one():
     assert values[0] < 0 < values[1]  # an overuse debit was covered too
 
 
-def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
-    """``RateLimiter.reserve_now`` / ``settle_now`` of a tenant's local limit (through its
+async def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
+    """``RateLimiter.reserve`` / ``settle`` of a tenant's local limit (through its
     plan, the header lines reused while the levels repeat) against the same limiter's general
     path (``_reserve_general``: ``Taken`` parts, ``rate_headers``) on a twin limiter: the same
     admissions, amounts, levels, stamps, header bytes and settlements, for completions and
     embeddings; an embedding under an output-only limit takes nothing."""
     from llmplane.gateway.hooks import Usage
     from llmplane.gateway.ratelimit.error import RateLimitError
-    from tests.unit.test_ratelimit_math import Clock
+    from tests.unit.test_ratelimit_math import Clock, hook_ctx
     from tests.unit.test_tenant_limits import _Decision as TenantDecision
     from tests.unit.test_tenant_limits import tenant
 
@@ -214,11 +214,11 @@ def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
             except RateLimitError:
                 # The plan leaves a refusal to the general path, which raises it.
                 with pytest.raises(RateLimitError):
-                    fast.reserve_now(inference, decision)
+                    await fast.reserve(hook_ctx(inference, decision))
                 seen["refused"] += 1
                 theirs = mine = None
             else:
-                mine = fast.reserve_now(inference, decision)
+                mine = await fast.reserve(hook_ctx(inference, decision))
             if theirs is None:
                 assert mine is None
             else:
@@ -236,8 +236,8 @@ def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
                     usage = Usage(rng.randint(0, 900), rng.randint(0, 300))
                     status = rng.choice((200, 200, 500))
                     reported = usage if rng.random() < 0.8 else None
-                    fast.settle_now(inference, decision, mine, reported, status)
-                    general.settle_now(inference, decision, theirs, reported, status)
+                    fast.settle(hook_ctx(inference, decision, status), mine, reported)
+                    general.settle(hook_ctx(inference, decision, status), theirs, reported)
                     seen["settled"] += 1
             assert fast.local.keys() == general.local.keys()
             for key, bucket in fast.local.items():
@@ -245,5 +245,5 @@ def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
                 assert bucket.stamp == general.local[key].stamp, key
         # An embedding takes no output tokens: under an output-only limit, nothing at all.
         if len(limit.tokens) == 1:
-            assert fast.reserve_now(random_request(rng, True), decision) is None
+            assert await fast.reserve(hook_ctx(random_request(rng, True), decision)) is None
     assert all(seen.values()), seen

@@ -8,7 +8,9 @@ import math
 import orjson
 import pytest
 
+from llmplane.gateway.auth import TenantAccess
 from llmplane.gateway.config import GatewayConfig, config_from_dict
+from llmplane.gateway.context import RequestContext
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError
 from llmplane.gateway.ratelimit.buckets import (
@@ -270,6 +272,18 @@ class _Decision:
         self.model = model
 
 
+def hook_ctx(inference, decision, status=200):
+    """The ``RequestContext`` a request hook receives: the parsed request, ``decision`` (its
+    route and model) and its tenant (``decision.tenant``, where a test's decision has one)."""
+    ctx = RequestContext(None)  # type: ignore[arg-type]  # (hooks read no HTTP request)
+    ctx.inference = inference
+    ctx.decision = decision
+    name = getattr(decision, "tenant", None)
+    ctx.tenant = TenantAccess(name, ("*",), "Default") if name is not None else None
+    ctx.status = status
+    return ctx
+
+
 class Clock:
     def __init__(self):
         self.now = 1000.0
@@ -289,12 +303,12 @@ async def test_limiter_admits_refuses_settles_and_refills():
     limiter.update([route("r", {"inputTokensPerUnit": 100, "outputTokensPerUnit": 60})])
     d = _Decision("ModelRoute/default/r#0")
     req = chat("x" * 156, max_tokens=40)  # ("user" + 156 chars) / 4 = 40 input tokens
-    res = await limiter.reserve(req, d)
+    res = await limiter.reserve(hook_ctx(req, d))
     assert res.taken[0].amounts == [("input", 40), ("output", 40)]
     assert res.response_headers["x-ratelimit-remaining-tokens-input"] == "60"
     assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "20"
     with pytest.raises(RateLimitError) as err:
-        await limiter.reserve(chat("x" * 156, max_tokens=40), d)
+        await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     e = err.value
     assert e.status == 429 and e.code == "rate_limit_exceeded" and e.type == "tokens"
     # output 20 left, 40 wanted, 60 per second -> 1/3 s -> Retry-After 1
@@ -304,12 +318,12 @@ async def test_limiter_admits_refuses_settles_and_refills():
     body = orjson.loads(e.body())["error"]
     assert body["type"] == "tokens" and body["param"] is None
     # The first response used 10 output tokens: 30 come back.
-    await limiter.settle(req, d, res, Usage(40, 10), 200)
-    res2 = await limiter.reserve(chat("x" * 156, max_tokens=40), d)
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 10))
+    res2 = await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     assert res2.response_headers["x-ratelimit-remaining-tokens-output"] == "10"
     # 2 s later both buckets are full again (second unit).
     clock.now += 2
-    res3 = await limiter.reserve(chat("x" * 156, max_tokens=40), d)
+    res3 = await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     assert res3.response_headers["x-ratelimit-remaining-tokens-output"] == "20"
 
 
@@ -319,10 +333,10 @@ async def test_limiter_debits_overuse_and_input_from_usage():
     limiter.update([route("r", {"inputTokensPerUnit": 1000, "outputTokensPerUnit": 100})])
     d = _Decision("ModelRoute/default/r#0")
     req = chat("hi")  # no max_tokens: 10 reserved
-    res = await limiter.reserve(req, d)
+    res = await limiter.reserve(hook_ctx(req, d))
     assert dict(res.taken[0].amounts)["output"] == 10
-    await limiter.settle(req, d, res, Usage(500, 95), 200)  # real: 500 in, 95 out
-    left = await limiter.reserve(chat("hi", max_tokens=1), d)
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(500, 95))  # real: 500 in, 95 out
+    left = await limiter.reserve(hook_ctx(chat("hi", max_tokens=1), d))
     assert left.response_headers["x-ratelimit-remaining-tokens-output"] == "4"  # 100-95-1
     assert left.response_headers["x-ratelimit-remaining-tokens-input"] == "498"  # 1000-500-2
 
@@ -331,7 +345,9 @@ async def test_limiter_refuses_what_can_never_fit_without_retry_after():
     limiter = RateLimiter(GatewayConfig(), clock=Clock())
     limiter.update([route("r", {"outputTokensPerUnit": 100, "unit": "minute"})])
     with pytest.raises(RateLimitError) as err:
-        await limiter.reserve(chat("hi", max_tokens=101), _Decision("ModelRoute/default/r#0"))
+        await limiter.reserve(
+            hook_ctx(chat("hi", max_tokens=101), _Decision("ModelRoute/default/r#0"))
+        )
     assert err.value.retry_after is None
     assert (
         "Request too large" in err.value.message and "Limit 100, Requested 101" in err.value.message
@@ -344,13 +360,15 @@ async def test_limiter_refuses_what_can_never_fit_without_retry_after():
 async def test_limiter_ignores_unlimited_routes_and_failed_requests_refund():
     limiter = RateLimiter(GatewayConfig(), clock=Clock())
     limiter.update([route("r", {"inputTokensPerUnit": 10})])
-    assert await limiter.reserve(chat("hi"), _Decision("ModelRoute/default/other#0")) is None
-    assert await limiter.reserve(chat("hi"), _Decision("Model/m")) is None
+    assert (
+        await limiter.reserve(hook_ctx(chat("hi"), _Decision("ModelRoute/default/other#0"))) is None
+    )
+    assert await limiter.reserve(hook_ctx(chat("hi"), _Decision("Model/m"))) is None
     d = _Decision("ModelRoute/default/r#0")
     req = chat("x" * 36)  # 10 tokens: the whole bucket
-    res = await limiter.reserve(req, d)
-    await limiter.settle(req, d, res, None, 503)
-    assert await limiter.reserve(chat("x" * 36), d) is not None  # refunded
+    res = await limiter.reserve(hook_ctx(req, d))
+    limiter.settle(hook_ctx(req, d, 503), res, None)
+    assert await limiter.reserve(hook_ctx(chat("x" * 36), d)) is not None  # refunded
 
 
 async def test_limiter_injects_include_usage_for_streams_only_when_missing():
@@ -358,11 +376,11 @@ async def test_limiter_injects_include_usage_for_streams_only_when_missing():
     limiter.update([route("r", {"outputTokensPerUnit": 1000})])
     d = _Decision("ModelRoute/default/r#0")
     req = chat("hi", stream=True)
-    res = await limiter.reserve(req, d)
+    res = await limiter.reserve(hook_ctx(req, d))
     assert req.dirty and req.doc["stream_options"] == {"include_usage": True}
     assert isinstance(res.stream_filter, UsageChunkFilter)
     req = chat("hi", stream=True, stream_options={"include_usage": True})
-    res = await limiter.reserve(req, d)
+    res = await limiter.reserve(hook_ctx(req, d))
     assert not req.dirty and res.stream_filter is None
 
 

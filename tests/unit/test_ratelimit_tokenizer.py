@@ -10,6 +10,7 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.tokens import TokenCounter
+from tests.unit.test_ratelimit_math import hook_ctx
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -66,5 +67,5 @@ async def test_the_limiter_uses_the_configured_tokenizer(tokenizer_dir):
 
     body = {"model": "r", "messages": [{"role": "user", "content": "hello " * 5}]}
     req = InferenceRequest("/v1/chat/completions", {}, orjson.dumps(body))
-    res = await limiter.reserve(req, D())
+    res = await limiter.reserve(hook_ctx(req, D()))
     assert [a for part in res.taken for a in part.amounts] == [("input", 6)]

@@ -13,7 +13,7 @@ from llmplane.gateway.hooks import Usage
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError
 from llmplane.gateway.ratelimit.limits import tenant_limits
 from llmplane.gateway.request import InferenceRequest
-from tests.unit.test_ratelimit_math import Clock, chat, route
+from tests.unit.test_ratelimit_math import Clock, chat, hook_ctx, route
 
 
 def tenant(name: str, rate_limit: dict | None, namespace: str = "default") -> dict:
@@ -46,12 +46,12 @@ async def test_requests_per_unit_refuse_with_retry_after_and_request_headers():
     limiter, clock = limiter_with(tenant("a", {"requestsPerUnit": 3, "unit": "minute"}))
     d = _Decision("a")
     for left in (2, 1, 0):
-        res = await limiter.reserve(chat("hi"), d)
+        res = await limiter.reserve(hook_ctx(chat("hi"), d))
         assert res.response_headers["x-ratelimit-limit-requests"] == "3"
         assert res.response_headers["x-ratelimit-remaining-requests"] == str(left)
         assert "x-ratelimit-limit-tokens" not in res.response_headers
     with pytest.raises(RateLimitError) as err:
-        await limiter.reserve(chat("hi"), d)
+        await limiter.reserve(hook_ctx(chat("hi"), d))
     e = err.value
     assert e.type == "requests" and e.code == "rate_limit_exceeded"
     assert e.retry_after == 20  # one request every 20 s
@@ -61,23 +61,23 @@ async def test_requests_per_unit_refuse_with_retry_after_and_request_headers():
     assert resp.headers["x-ratelimit-remaining-requests"] == "0"
     assert orjson.loads(resp.body)["error"]["type"] == "requests"
     # Other tenants and callers without a tenant are not held by a's limit.
-    assert await limiter.reserve(chat("hi"), _Decision("b")) is None
-    assert await limiter.reserve(chat("hi"), _Decision(None)) is None
+    assert await limiter.reserve(hook_ctx(chat("hi"), _Decision("b"))) is None
+    assert await limiter.reserve(hook_ctx(chat("hi"), _Decision(None))) is None
     clock.now += 20
-    assert await limiter.reserve(chat("hi"), d) is not None
+    assert await limiter.reserve(hook_ctx(chat("hi"), d)) is not None
 
 
 async def test_a_request_counts_even_when_it_used_nothing_but_a_failed_one_does_not():
     limiter, _ = limiter_with(tenant("a", {"requestsPerUnit": 1, "unit": "hour"}))
     d = _Decision("a")
     req = chat("hi")
-    res = await limiter.reserve(req, d)
-    await limiter.settle(req, d, res, None, 503)  # failed: the request comes back
+    res = await limiter.reserve(hook_ctx(req, d))
+    limiter.settle(hook_ctx(req, d, 503), res, None)  # failed: the request comes back
     req = chat("hi")
-    res = await limiter.reserve(req, d)
-    await limiter.settle(req, d, res, Usage(1, 0), 200)  # served: it stays counted
+    res = await limiter.reserve(hook_ctx(req, d))
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(1, 0))  # served: it stays counted
     with pytest.raises(RateLimitError):
-        await limiter.reserve(chat("hi"), d)
+        await limiter.reserve(hook_ctx(chat("hi"), d))
 
 
 async def test_tenant_token_limits_settle_on_usage():
@@ -86,13 +86,13 @@ async def test_tenant_token_limits_settle_on_usage():
     )
     d = _Decision("a")
     req = chat("x" * 156, max_tokens=40)  # 40 in, 40 out
-    res = await limiter.reserve(req, d)
+    res = await limiter.reserve(hook_ctx(req, d))
     assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "10"
     with pytest.raises(RateLimitError) as err:
-        await limiter.reserve(chat("x" * 156, max_tokens=40), d)
+        await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     assert err.value.type == "tokens" and "output tokens per minute (Tenant/a)" in err.value.message
-    await limiter.settle(req, d, res, Usage(40, 5), 200)  # 35 output tokens back
-    res = await limiter.reserve(chat("x" * 156, max_tokens=40), d)
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 5))  # 35 output tokens back
+    res = await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))
     assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "5"
 
 
@@ -109,14 +109,14 @@ async def test_a_refused_request_is_counted_once():
     count = limiter.counter.count
     limiter.counter.count = lambda *args: calls.append(args) or count(*args)
     d = _Decision("a")
-    assert await limiter.reserve(chat("x" * 156), d) is not None  # 40 of 100
+    assert await limiter.reserve(hook_ctx(chat("x" * 156), d)) is not None  # 40 of 100
     assert len(calls) == 1
-    await limiter.reserve(chat("x" * 156), d)  # 80 of 100
+    await limiter.reserve(hook_ctx(chat("x" * 156), d))  # 80 of 100
     with pytest.raises(RateLimitError):
-        await limiter.reserve(chat("x" * 156), d)
+        await limiter.reserve(hook_ctx(chat("x" * 156), d))
     assert len(calls) == 3
     with pytest.raises(RateLimitError):  # too large for the bucket: never fits
-        await limiter.reserve(chat("x" * 500), d)
+        await limiter.reserve(hook_ctx(chat("x" * 500), d))
     assert len(calls) == 4
 
 
@@ -126,20 +126,20 @@ async def test_budget_counts_input_plus_output_over_its_own_unit():
     )
     d = _Decision("a")
     req = chat("x" * 156, max_tokens=40)  # 40 in + 40 out reserved
-    res = await limiter.reserve(req, d)
+    res = await limiter.reserve(hook_ctx(req, d))
     assert [a for part in res.taken for a in part.amounts] == [("requests", 1), ("budget", 80)]
     assert res.response_headers["x-ratelimit-remaining-tokens-budget"] == "20"
-    await limiter.settle(req, d, res, Usage(40, 10), 200)  # used 50: 30 back -> 50 left
+    limiter.settle(hook_ctx(req, d, 200), res, Usage(40, 10))  # used 50: 30 back -> 50 left
     with pytest.raises(RateLimitError) as err:
-        await limiter.reserve(chat("x" * 156, max_tokens=40), d)  # wants 80 of 50
+        await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d))  # wants 80 of 50
     # 30 missing at 100 a day: 25,920 s; the request per second limit is not what blocks.
     assert err.value.retry_after == 25920
     assert "token budget" in err.value.message and "per day" in err.value.message
     with pytest.raises(RateLimitError) as err:
-        await limiter.reserve(chat("x", max_tokens=200), d)  # can never fit in 100
+        await limiter.reserve(hook_ctx(chat("x", max_tokens=200), d))  # can never fit in 100
     assert err.value.retry_after is None and "Request too large" in err.value.message
     clock.now += 86400
-    assert await limiter.reserve(chat("x" * 156, max_tokens=40), d) is not None
+    assert await limiter.reserve(hook_ctx(chat("x" * 156, max_tokens=40), d)) is not None
 
 
 async def test_tenant_and_route_limits_are_taken_together_or_not_at_all():
@@ -148,13 +148,13 @@ async def test_tenant_and_route_limits_are_taken_together_or_not_at_all():
         route("r", {"inputTokensPerUnit": 60, "unit": "minute"}),
     )
     d = _Decision("a", "ModelRoute/default/r#0")
-    res = await limiter.reserve(chat("x" * 156), d)  # 40 tokens from both
+    res = await limiter.reserve(hook_ctx(chat("x" * 156), d))  # 40 tokens from both
     assert [p.limit.ref for p in res.taken] == ["Tenant/a", "ModelRoute/default/r"]
     # The headers report the scarcer of the two input buckets (the route's: 20 left).
     assert res.response_headers["x-ratelimit-remaining-tokens-input"] == "20"
     assert res.response_headers["x-ratelimit-remaining-requests"] == "9"
     with pytest.raises(RateLimitError) as err:
-        await limiter.reserve(chat("x" * 156), d)  # the route refuses
+        await limiter.reserve(hook_ctx(chat("x" * 156), d))  # the route refuses
     assert "ModelRoute/default/r" in err.value.message
     # ... and the tenant's request and tokens went back: 9 requests and 960 tokens left.
     tenant_buckets = {k[1]: b for k, b in limiter.local.items() if k[0] == "tenant/default/a"}
@@ -167,10 +167,10 @@ async def test_streams_get_usage_only_when_tokens_are_limited():
         tenant("a", {"requestsPerUnit": 10}), tenant("b", {"outputTokensPerUnit": 1000})
     )
     req = chat("hi", stream=True)
-    await limiter.reserve(req, _Decision("a"))
+    await limiter.reserve(hook_ctx(req, _Decision("a")))
     assert not req.dirty  # a request count needs no usage: the body is relayed untouched
     req = chat("hi", stream=True)
-    res = await limiter.reserve(req, _Decision("b"))
+    res = await limiter.reserve(hook_ctx(req, _Decision("b")))
     assert req.dirty and res.stream_filter is not None
 
 
@@ -178,7 +178,7 @@ async def test_embeddings_take_input_and_budget_but_no_output():
     limiter, _ = limiter_with(tenant("a", {"outputTokensPerUnit": 5, "budget": {"tokens": 50}}))
     doc = {"model": "m", "input": "x" * 40}
     req = InferenceRequest("/v1/embeddings", {}, orjson.dumps(doc))
-    res = await limiter.reserve(req, _Decision("a"))
+    res = await limiter.reserve(hook_ctx(req, _Decision("a")))
     assert res.taken[0].amounts == [("budget", 10)]
 
 
@@ -186,13 +186,13 @@ async def test_changed_limit_keeps_the_level_and_removed_tenant_frees_its_bucket
     limiter, _ = limiter_with(tenant("a", {"requestsPerUnit": 5, "unit": "hour"}))
     d = _Decision("a")
     for _ in range(4):
-        await limiter.reserve(chat("hi"), d)
+        await limiter.reserve(hook_ctx(chat("hi"), d))
     limiter.update([tenant("a", {"requestsPerUnit": 2, "unit": "hour"})])
-    await limiter.reserve(chat("hi"), d)  # 1 was left (not a fresh bucket of 2)
+    await limiter.reserve(hook_ctx(chat("hi"), d))  # 1 was left (not a fresh bucket of 2)
     with pytest.raises(RateLimitError):
-        await limiter.reserve(chat("hi"), d)
+        await limiter.reserve(hook_ctx(chat("hi"), d))
     limiter.update([])
-    assert limiter.local == {} and await limiter.reserve(chat("hi"), d) is None
+    assert limiter.local == {} and await limiter.reserve(hook_ctx(chat("hi"), d)) is None
 
 
 def test_tenant_limits_names_and_invalid_ones():

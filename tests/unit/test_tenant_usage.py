@@ -11,7 +11,7 @@ from llmplane.gateway.hooks import Usage
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.sqlite import SQLiteStore
 from llmplane.store.usage import RETENTION_DAYS, USAGE_FILENAME, UsageLog, UsageRow
-from tests.unit.test_ratelimit_math import chat
+from tests.unit.test_ratelimit_math import chat, hook_ctx
 
 
 class _Decision:
@@ -55,10 +55,10 @@ async def test_hook_counts_answered_requests_and_tokens_and_batches_them(tmp_pat
         (499, Usage(4, 1)),
     ):
         req = chat("hi")
-        res = await usage.reserve(req, _Decision("a"))
-        await usage.settle(req, _Decision("a"), res, tokens, status)
+        res = await usage.reserve(hook_ctx(req, _Decision("a")))
+        usage.settle(hook_ctx(req, _Decision("a"), status), res, tokens)
     req = chat("hi")
-    await usage.settle(req, _Decision(None), None, Usage(7, 7), 200)  # no tenant: not counted
+    usage.settle(hook_ctx(req, _Decision(None), 200), None, Usage(7, 7))  # no tenant: not counted
     assert usage.requests.children == {("a", "m"): usage.requests.labels("a", "m")}
     assert usage.requests.labels("a", "m").value == 2  # the 503 and the 499 were not answered
     assert usage.tokens.labels("a", "m", "input").value == 19  # the 499's tokens count
@@ -77,17 +77,17 @@ async def test_each_minute_and_each_flush_gets_its_own_counts(tmp_path):
     now = [start + 10]
     usage = TenantUsage(UsageLog(tmp_path / "u.db"), clock=lambda: now[0])
     req = chat("hi")
-    await usage.settle(req, _Decision("a"), None, Usage(1, 1), 200)
+    usage.settle(hook_ctx(req, _Decision("a"), 200), None, Usage(1, 1))
     now[0] = start + 70  # the next minute
-    await usage.settle(req, _Decision("a"), None, Usage(2, 2), 200)
+    usage.settle(hook_ctx(req, _Decision("a"), 200), None, Usage(2, 2))
     now[0] = start + 30  # the clock stepped back: the earlier minute again
-    await usage.settle(req, _Decision("a"), None, Usage(4, 4), 200)
+    usage.settle(hook_ctx(req, _Decision("a"), 200), None, Usage(4, 4))
     assert usage.pending == {
         (int(start), "a", "m"): [2, 5, 5],
         (int(start) + 60, "a", "m"): [1, 2, 2],
     }
     await usage.flush()
-    await usage.settle(req, _Decision("a"), None, Usage(8, 8), 200)  # same minute, new batch
+    usage.settle(hook_ctx(req, _Decision("a"), 200), None, Usage(8, 8))  # same minute, new batch
     assert usage.pending == {(int(start), "a", "m"): [1, 8, 8]}
     await usage.flush()
     assert sorted(UsageLog(tmp_path / "u.db").totals(start - 60)) == [UsageRow("a", "m", 4, 15, 15)]
@@ -109,9 +109,9 @@ async def test_a_failed_flush_keeps_the_counts_for_the_next(tmp_path):
     path = tmp_path / "not-yet" / "u.db"  # its directory missing: SQLite cannot open it
     usage = TenantUsage(UsageLog(path), clock=lambda: now[0])
     req = chat("hi")
-    await usage.settle(req, _Decision("a"), None, Usage(10, 3), 200)
+    usage.settle(hook_ctx(req, _Decision("a"), 200), None, Usage(10, 3))
     await usage.flush()
-    await usage.settle(req, _Decision("a"), None, Usage(5, 2), 200)
+    usage.settle(hook_ctx(req, _Decision("a"), 200), None, Usage(5, 2))
     assert usage.pending == {(int(now[0] // 60) * 60, "a", "m"): [2, 15, 5]}
     path.parent.mkdir()
     await usage.flush()
@@ -122,11 +122,11 @@ async def test_a_failed_flush_keeps_the_counts_for_the_next(tmp_path):
 async def test_streams_of_tenants_get_usage_without_the_client_seeing_it():
     usage = TenantUsage(None)
     req = chat("hi", stream=True)
-    res = await usage.reserve(req, _Decision("a"))
+    res = await usage.reserve(hook_ctx(req, _Decision("a")))
     assert req.dirty and req.doc["stream_options"] == {"include_usage": True}
     assert res.stream_filter is not None
     req = chat("hi", stream=True)
-    assert await usage.reserve(req, _Decision(None)) is None and not req.dirty
+    assert await usage.reserve(hook_ctx(req, _Decision(None))) is None and not req.dirty
 
 
 def test_usage_command_prints_the_window(tmp_path):

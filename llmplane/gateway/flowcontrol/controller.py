@@ -11,8 +11,7 @@ endpoint was scraped or its metrics kept fresh (fresh load), and when the endpoi
 changes. Capacity can also free without an event this process sees (with several workers:
 another worker's requests finishing, a dead worker's counts released by the supervisor), so
 while anything waits a re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL
-while an endpoint has room (a replacement worker's requests did: docs/benchmarks.md, "A
-killed worker"). One
+while an endpoint has room (a replacement worker's requests did: `bench.worker_spread`). One
 waiter per backend is dispatched at a time: the next one only after the dispatched request has
 taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
 burst of completions from releasing more requests than there is room for.
@@ -38,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import GatewayError, Overloaded
 from llmplane.gateway.flowcontrol.queue import (
     SHEDDABLE_BAND,
     FlowQueue,
@@ -49,7 +48,7 @@ from llmplane.gateway.flowcontrol.queue import (
     band_name,
     band_of,
 )
-from llmplane.gateway.flowcontrol.share import Seat, Shares
+from llmplane.gateway.flowcontrol.share import FlowSeat, Shares
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
 
@@ -223,14 +222,14 @@ class FlowControl:
         a request by its share); never with flow control off."""
         return bool(self.reserve) or (self.enabled and prioritized(candidates))
 
-    def seat(self, key: str, tenant: str | None, weight: int) -> Seat:
+    def seat(self, key: str, tenant: str | None, weight: int) -> FlowSeat:
         """Count a request that passed admission for its flow until ``release``, noting
         whether its flow was under its fair share before it."""
         flow = flow_of(tenant)
         under = self.shares.under(key, flow, weight, self.queues.get(key))
         return self.shares.take(key, flow, weight, under)
 
-    def release(self, seat: Seat) -> None:
+    def release(self, seat: FlowSeat) -> None:
         self.shares.release(seat)
 
     async def wait(
@@ -318,8 +317,8 @@ class FlowControl:
     def _under_share(self, key: str, queue: FlowQueue) -> Waiter | None:
         """The first waiter, by band (not Sheddable), whose flow is under its fair share; taken
         out of the queue. (For priority engines, letting Critical waiters take the reserve
-        whatever their share was tried and not adopted: docs/benchmarks.md, "Engine-side
-        priority".)"""
+        whatever their share was tried and not adopted: `bench.overload`, in git's history
+        of docs/benchmarks.md.)"""
         under = self.shares.under
         for band in queue.served_bands():
             for flow in band.flows.values():
@@ -350,10 +349,9 @@ class FlowControl:
 
     def _refuse(self, waiter: Waiter, reason: str, detail: str) -> GatewayError:
         self.metrics.refused.labels(band_name(waiter.band), waiter.flow, reason).inc()
-        return GatewayError(
+        return Overloaded(
             429,
             f"every endpoint is saturated and the request was not served: {detail}",
-            "overloaded",
             retry_after=self.retry_after,
         )
 

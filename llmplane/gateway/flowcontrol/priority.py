@@ -31,20 +31,12 @@ from llmplane.gateway.flowcontrol.queue import DEFAULT_BAND, Level, band_of
 
 if TYPE_CHECKING:
     from llmplane.gateway.context import RequestContext
-    from llmplane.gateway.routing import Decision
 
 
 def engine_priority(level: Level, under_share: bool) -> int:
     """The engine priority of a request of ``level`` (a criticality or an integer priority;
     the engine serves lower first)."""
     return 2 * (band_of(level) - DEFAULT_BAND) + (0 if under_share else 1)
-
-
-def level_of(decision: Decision) -> Level:
-    """A routed request's level: its InferenceObjective's priority, else its criticality (the
-    route's, else its tenant's, set by the route stage)."""
-    priority = decision.priority
-    return priority if priority is not None else decision.criticality or "Default"
 
 
 def with_priority(body: bytes, priority: int) -> bytes:
@@ -59,12 +51,11 @@ def with_priority(body: bytes, priority: int) -> bytes:
 
 
 def request_priority(ctx: RequestContext) -> int:
-    """The engine priority of the request ``ctx`` carries: its band (``level_of``) and whether its tenant was under its fair share when admitted (its seat; a
-    request counted by no seat, flow control off, ranks as under)."""
-    decision = ctx.decision
-    level = level_of(decision) if decision is not None else "Default"
+    """The engine priority of the request ``ctx`` carries: its band (``ctx.level``) and
+    whether its tenant was under its fair share when admitted (its seat; a request counted by
+    no seat, flow control off, ranks as under)."""
     seat = ctx.seat
-    return engine_priority(level, seat is None or seat.under)
+    return engine_priority(ctx.level, seat is None or seat.under)
 
 
 def prioritized_body(ctx: RequestContext, body: bytes) -> bytes:

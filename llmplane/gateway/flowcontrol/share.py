@@ -17,7 +17,7 @@ Why dispatches and not seats (requests in flight, the test before): under load e
 lasts as long as the engine's queue and steps make it (about 2 s in the overload benchmark's
 first shape), so a tenant sending a tenth of another's rate still holds its share of the seats
 after a burst of a few arrivals, and then waited in the gateway as "over its share"
-(docs/benchmarks.md, "Share by service"). Its dispatch rate stays a fraction of its share
+(docs/benchmarks.md, "Overload and flow control"). Its dispatch rate stays a fraction of its share
 whatever its requests' length.
 
 Why ``TAU`` = 5 s: long against a request's life under load (1-2 s) and the gaps between a
@@ -38,7 +38,7 @@ Sheddable backlog had its share cut (by a quarter with four tenants; docs/benchm
 "Overload").
 
 ``Shares`` counts, per backend and flow, the requests that passed admission (only when the
-reserve is configured or an engine orders by priority: nothing on the default path); a ``Seat``
+reserve is configured or an engine orders by priority: nothing on the default path); a ``FlowSeat``
 is one of them until it finishes.
 """
 
@@ -72,7 +72,7 @@ class _Backend:
         self.total = 0  # requests in flight
 
 
-class Seat:
+class FlowSeat:
     """One request in flight, counted for its flow until ``Shares.release``; ``under``: its
     flow was under its fair share when it was admitted (``priority.py`` ranks it so)."""
 
@@ -99,7 +99,7 @@ class Shares:
         self.tau = tau
         self.clock = clock
 
-    def take(self, key: str, flow: str, weight: int, under: bool = True) -> Seat:
+    def take(self, key: str, flow: str, weight: int, under: bool = True) -> FlowSeat:
         """Count a dispatch of ``flow`` to backend ``key`` and its seat until ``release``."""
         now = self.clock()
         backend = self.backends.get(key)
@@ -114,9 +114,9 @@ class Shares:
         state.weight = weight
         state.inflight += 1
         backend.total += 1
-        return Seat(key, backend, flow, under)
+        return FlowSeat(key, backend, flow, under)
 
-    def release(self, seat: Seat) -> None:
+    def release(self, seat: FlowSeat) -> None:
         backend = seat.backend
         state = backend.flows.get(seat.flow)
         if state is None or state.inflight <= 0:

@@ -7,8 +7,8 @@ led by its tag (earlier releases: ``["BlockStored", block_hashes, parent_block_h
 token_ids, block_size, lora_id, medium, lora_name, extra_keys, group_idx]``). Unknown fields
 and event types are ignored, so a newer engine's additions do not break decoding.
 
-A publisher is not trusted: the decoder refuses a payload over ``Limits.message_bytes``, a
-batch of more than ``Limits.events`` events, an event of more than ``Limits.hashes`` block
+A publisher is not trusted: the decoder refuses a payload over ``EventLimits.message_bytes``, a
+batch of more than ``EventLimits.events`` events, an event of more than ``EventLimits.hashes`` block
 hashes (or token ids that do not fill its blocks); msgpack's own limits stop oversized
 strings, arrays and maps while it reads. A refused payload raises ``BadPayload`` with a short
 reason (one of ``REASONS``, fit for a metric label); a refused event is skipped and counted
@@ -40,7 +40,7 @@ class BadPayload(ValueError):
 
 
 @dataclass(frozen=True)
-class Limits:
+class EventLimits:
     """What one message may carry (defaults: 8 MiB, 16,384 events, 8,192 hashes an event:
     a 1M-token prefill at block size 128 is 8,192 blocks)."""
 
@@ -104,7 +104,7 @@ def _hash(value: Any) -> EngineHash:
     raise ValueError("block hash")
 
 
-def _hashes(value: Any, limits: Limits) -> list[EngineHash]:
+def _hashes(value: Any, limits: EventLimits) -> list[EngineHash]:
     if not isinstance(value, list) or len(value) > limits.hashes:
         raise ValueError("block_hashes")
     return [_hash(v) for v in value]
@@ -115,7 +115,7 @@ def _fields(raw: dict[str, Any] | list[Any], names: tuple[str, ...]) -> dict[str
     return raw if isinstance(raw, dict) else dict(zip(names, raw[1:], strict=False))
 
 
-def _event(raw: Any, limits: Limits) -> Event | None:
+def _event(raw: Any, limits: EventLimits) -> Event | None:
     """One event, None for one the index does not use; ValueError for a bad one."""
     if isinstance(raw, dict):
         tag = raw.get("type")
@@ -158,7 +158,7 @@ def _event(raw: Any, limits: Limits) -> Event | None:
     return None  # an event type of a newer engine
 
 
-def decode_batch(payload: bytes, limits: Limits = Limits()) -> Batch:
+def decode_batch(payload: bytes, limits: EventLimits = EventLimits()) -> Batch:
     """The batch in one message's payload (``BadPayload`` when it is refused as a whole)."""
     if len(payload) > limits.message_bytes:
         raise BadPayload("oversized", f"{len(payload)} bytes")

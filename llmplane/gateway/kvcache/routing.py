@@ -1,9 +1,9 @@
 """What the gateway holds for precise prefix routing: the subscriptions to its replicas' KV
 events, their index, and the ``precise-prefix-cache`` scorers reading it.
 
-The built-in default profile becomes cost-aware while at least one replica publishes events
-(``prefill_cost.use_in_default``: the ``prefill-cost`` scorer over the precise one); a
-configured profile uses either where it names it. Every gateway process (each worker, each replica of the gateway)
+The built-in default profile takes the precise scorer in the approximate one's place while at
+least one replica publishes events (``precise_prefix.use_in_default``); a configured profile
+uses it, or the cost-aware ``prefill-cost`` scorer, where it names it. Every gateway process (each worker, each replica of the gateway)
 subscribes on its own, so all build the same index without sharing state.
 """
 
@@ -19,8 +19,9 @@ from llmplane.gateway.scheduler.precise_prefix import (
     SimTokens,
     TokenSource,
     TokenSources,
+    use_in_default,
 )
-from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer, use_in_default
+from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer
 from llmplane.runtime.endpoint import Endpoint
 
 
@@ -30,7 +31,7 @@ class PreciseRouting:
         self.subscriber = KVEventSubscriber()
         registry.register(self.subscriber)
         self.tokens = TokenSources(SimTokens())
-        self.default = PrefillCostScorer() if builtin_default else None
+        self.default = PrecisePrefixCacheScorer() if builtin_default else None
         self.scorers = [
             p for p in scheduler.plugins.values() if isinstance(p, PrecisePrefixCacheScorer)
         ]
@@ -38,7 +39,7 @@ class PreciseRouting:
             p.prefix for p in scheduler.plugins.values() if isinstance(p, PrefillCostScorer)
         ]
         if self.default is not None:
-            self.scorers.append(self.default.prefix)
+            self.scorers.append(self.default)
         for scorer in self.scorers:
             scorer.index = self.subscriber.index
             scorer.tokens = self.tokens
@@ -50,7 +51,7 @@ class PreciseRouting:
 
     def sync(self, endpoints: Iterable[Endpoint]) -> None:
         """Follow the endpoints (on the event loop): subscribe, unsubscribe, and put the
-        cost-aware scorer in the default profile while any endpoint publishes."""
+        precise scorer in the default profile while any endpoint publishes."""
         self.subscriber.sync(endpoints)
         active = bool(self.subscriber.feeds)
         if self.default is not None and active != self.active:

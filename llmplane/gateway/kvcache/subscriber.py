@@ -18,7 +18,7 @@ sequence number, the msgpack batch (``events.decode_batch``). The feed follows t
   leaving discovery removes it from the index.
 
 Nothing from a payload becomes a metric label; oversized and malformed messages are dropped
-and counted (``events.Limits``; ZMQ itself cuts a peer sending a frame over twice the size
+and counted (``events.EventLimits``; ZMQ itself cuts a peer sending a frame over twice the size
 limit, as the bytes arrive).
 """
 
@@ -37,7 +37,7 @@ import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from zmq.utils.monitor import parse_monitor_message
 
-from llmplane.gateway.kvcache.events import BadPayload, Limits, decode_batch
+from llmplane.gateway.kvcache.events import BadPayload, EventLimits, decode_batch
 from llmplane.gateway.kvcache.index import BlockIndex
 from llmplane.runtime.endpoint import Endpoint, valid_events_address
 
@@ -61,7 +61,7 @@ class Feed:
         events: str,
         replay: str,
         index: BlockIndex,
-        limits: Limits,
+        limits: EventLimits,
         replay_timeout: float,
     ) -> None:
         self.ctx = ctx
@@ -229,7 +229,7 @@ class KVEventSubscriber:
     def __init__(
         self,
         index: BlockIndex | None = None,
-        limits: Limits = Limits(),
+        limits: EventLimits = EventLimits(),
         replay_timeout: float = 1.0,
     ) -> None:
         self.index = index if index is not None else BlockIndex()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response
 from llmplane.gateway.protocols import messages, responses
 
@@ -63,7 +63,7 @@ def unserved(engine: str, path: str, model: str) -> GatewayError | None:
         501,
         f"model {model!r} is served by {engine}, which does not serve {path} "
         "(docs/engines.md); use /v1/chat/completions or /v1/completions",
-        "unsupported_path",
+        ErrorCode.UNSUPPORTED_PATH,
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response
 from llmplane.gateway.protocols.text import content_text, message_text
 
@@ -38,7 +38,7 @@ _TYPES = {
 
 
 def _invalid(param: str, message: str) -> GatewayError:
-    return GatewayError(400, message, "invalid_type", param=param)
+    return GatewayError(400, message, ErrorCode.INVALID_TYPE, param=param)
 
 
 def check(doc: dict[str, Any], path: str) -> None:
@@ -78,7 +78,7 @@ def prompt_text(doc: dict[str, Any]) -> str:
 def error_type(err: GatewayError) -> str:
     if err.status in _TYPES:
         return _TYPES[err.status]
-    return "overloaded_error" if err.code == "overloaded" else "api_error"
+    return "overloaded_error" if err.code == ErrorCode.OVERLOADED else "api_error"
 
 
 def error_response(err: GatewayError) -> Response:

@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.protocols.text import message_text
 
 PATHS = ("/v1/responses",)
 
 
 def _invalid(param: str, message: str) -> GatewayError:
-    return GatewayError(400, message, "invalid_type", param=param)
+    return GatewayError(400, message, ErrorCode.INVALID_TYPE, param=param)
 
 
 def check(doc: dict[str, Any]) -> None:

@@ -42,7 +42,7 @@ its last take) and ``limiter`` (``RateLimiter``, the hook).
 """
 
 from llmplane.gateway.ratelimit.error import RateLimitError
-from llmplane.gateway.ratelimit.limiter import RateLimiter, Reservation
+from llmplane.gateway.ratelimit.limiter import LimitReservation, RateLimiter
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets
 
-__all__ = ["RateLimitError", "RateLimiter", "RedisBuckets", "Reservation"]
+__all__ = ["LimitReservation", "RateLimitError", "RateLimiter", "RedisBuckets"]

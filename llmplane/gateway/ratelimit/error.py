@@ -6,7 +6,7 @@ import math
 
 import orjson
 
-from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response
 
 
@@ -23,7 +23,7 @@ class RateLimitError(GatewayError):
         headers: dict[str, str],
         kind: str = "tokens",
     ) -> None:
-        super().__init__(429, message, "rate_limit_exceeded", retry_after=retry_after)
+        super().__init__(429, message, ErrorCode.RATE_LIMIT_EXCEEDED, retry_after=retry_after)
         self.headers = headers
         self.kind = kind
 

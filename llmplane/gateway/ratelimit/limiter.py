@@ -7,13 +7,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
-from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.hooks import LATER, Usage
-from llmplane.gateway.hooks import Reservation as HookReservation
+from llmplane.gateway.errors import ErrorCode, GatewayError
+from llmplane.gateway.hooks import Reservation, Usage
 from llmplane.gateway.protocols import generates
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
@@ -38,8 +37,11 @@ from llmplane.gateway.ratelimit.local import LocalPlan
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets, redis_key
 from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import Decision
+from llmplane.gateway.routing import RouteDecision
 from llmplane.gateway.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from llmplane.gateway.context import RequestContext
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -66,7 +68,7 @@ class Taken:
         self.amounts = amounts
 
 
-class Reservation(HookReservation):
+class LimitReservation(Reservation):
     """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` or
     ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``)."""
 
@@ -187,43 +189,54 @@ class RateLimiter:
 
     # --- the hook ----------------------------------------------------------------------------
 
-    def applicable(self, decision: Decision) -> list[RouteLimit]:
+    def applicable(self, tenant: str | None, route: str) -> list[RouteLimit]:
         """The tenant's limit, then the route's (either may be missing)."""
         found = []
-        if self.tenant_limits:
-            tenant = decision.tenant
-            limit = self.tenant_limits.get(tenant) if tenant is not None else None
+        if self.tenant_limits and tenant is not None:
+            limit = self.tenant_limits.get(tenant)
             if limit is not None:
                 found.append(limit)
         if self.limits:
-            limit = self.limits.get(decision.route.partition("#")[0])
+            limit = self.limits.get(route.partition("#")[0])
             if limit is not None:
                 found.append(limit)
         return found
 
-    def reserve_now(self, inference: InferenceRequest, decision: Decision) -> object:
-        """The reservation (or None, or the 429 raised) when every applicable limit is on
-        local buckets: a single one admitting the request reuses its plan
-        (``_reserve_local``). ``LATER`` when a limit lives in Redis: ``reserve`` waits."""
-        limits = self.applicable(decision)
+    async def reserve(self, ctx: RequestContext) -> LimitReservation | None:
+        """Take the request's amounts from the tenant's and the route's limit (429 when one
+        has not enough). Local buckets never wait: a single limit admitting the request
+        reuses its plan (``_reserve_local``); a limit in Redis is awaited."""
+        inference, decision = ctx.inference, ctx.decision
+        assert inference is not None and decision is not None
+        limits = self.applicable(ctx.tenant_name, decision.route)
         if not limits:
             return None
-        if any(limit.redis is not None for limit in limits):
-            return LATER
         counted: list[int] = []  # the input count, made once for the request
-        if len(limits) == 1:
-            reservation = self._reserve_local(inference, decision, limits[0], counted)
-            if reservation is not None:
-                return reservation
-        return self._reserve_general(inference, decision, limits, counted)
+        if all(limit.redis is None for limit in limits):
+            if len(limits) == 1:
+                reservation = self._reserve_local(inference, decision, limits[0], counted)
+                if reservation is not None:
+                    return reservation
+            return self._reserve_general(inference, decision, limits, counted)
+        taken: list[Taken] = []
+        states: list[BucketState] = []
+        try:
+            for limit, amounts in self._parts(inference, decision, limits, counted):
+                part, part_states = await self._take(inference, limit, amounts)
+                taken.append(part)
+                states += part_states
+        except BaseException:
+            self._give_back(taken)
+            raise
+        return self._reservation(inference, taken, states)
 
     def _reserve_general(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         limits: list[RouteLimit],
         counted: list[int],
-    ) -> Reservation | None:
+    ) -> LimitReservation | None:
         """Every limit local: the general path (two limits, or a refusal) never waits."""
         taken: list[Taken] = []
         states: list[BucketState] = []
@@ -237,26 +250,10 @@ class RateLimiter:
             raise
         return self._reservation(inference, taken, states)
 
-    async def reserve(self, inference: InferenceRequest, decision: Decision) -> Reservation | None:
-        reservation = self.reserve_now(inference, decision)
-        if reservation is not LATER:
-            return reservation  # type: ignore[no-any-return]
-        taken: list[Taken] = []
-        states: list[BucketState] = []
-        try:
-            for limit, amounts in self._parts(inference, decision, self.applicable(decision), []):
-                part, part_states = await self._take(inference, limit, amounts)
-                taken.append(part)
-                states += part_states
-        except BaseException:
-            self._give_back(taken)
-            raise
-        return self._reservation(inference, taken, states)
-
     def _parts(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         limits: list[RouteLimit],
         counted: list[int],
     ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
@@ -280,10 +277,10 @@ class RateLimiter:
 
     def _reservation(
         self, inference: InferenceRequest, taken: list[Taken], states: list[BucketState]
-    ) -> Reservation | None:
+    ) -> LimitReservation | None:
         if not taken:
             return None
-        reservation = Reservation(taken, rate_headers(states))
+        reservation = LimitReservation(taken, rate_headers(states))
         if inference.stream and any(d != REQUESTS for part in taken for d, _ in part.amounts):
             self._usage_filter(reservation, inference)
         return reservation
@@ -291,10 +288,10 @@ class RateLimiter:
     def _reserve_local(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         limit: RouteLimit,
         counted: list[int],
-    ) -> Reservation | None:
+    ) -> LimitReservation | None:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
         429, reusing the input count left in ``counted``)."""
@@ -317,13 +314,13 @@ class RateLimiter:
         if lines is None:
             return None
         pairs = list(zip(plan.directions, amounts, strict=True))
-        reservation = Reservation([Taken(limit, "local", pairs)], None, lines)
+        reservation = LimitReservation([Taken(limit, "local", pairs)], None, lines)
         if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
             self._usage_filter(reservation, inference)
         return reservation
 
     @staticmethod
-    def _usage_filter(reservation: Reservation, inference: InferenceRequest) -> None:
+    def _usage_filter(reservation: LimitReservation, inference: InferenceRequest) -> None:
         """A stream whose tokens are limited asks the engine for its usage (settled
         afterwards); the usage-only chunk is then kept from a client that did not ask."""
         stream_filter = ask_stream_usage(inference)
@@ -333,7 +330,7 @@ class RateLimiter:
     def _amounts(
         self,
         inference: InferenceRequest,
-        decision: Decision,
+        decision: RouteDecision,
         rows: Sequence[tuple[str, int]],
         embeddings: bool,
         counted: list[int],
@@ -427,7 +424,7 @@ class RateLimiter:
                 503,
                 f"the rate limit of {limit.ref} cannot be checked (Redis at "
                 f"{limit.redis} is unreachable); retry later",
-                "rate_limit_unavailable",
+                ErrorCode.RATE_LIMIT_UNAVAILABLE,
                 retry_after=client.retry_interval,
             )
         return Taken(limit, "none", amounts), []
@@ -475,34 +472,20 @@ class RateLimiter:
             kind="requests" if blocking.direction == REQUESTS else "tokens",
         )
 
-    def settle_now(
-        self,
-        inference: InferenceRequest,
-        decision: Decision,
-        reservation: Reservation | None,
-        usage: Usage | None,
-        status: int,
+    def settle(
+        self, ctx: RequestContext, reservation: LimitReservation | None, usage: Usage | None
     ) -> None:
-        """``settle`` without a coroutine (it never waits: Redis settles in a task)."""
+        """Give back what the request did not use, debit what it used beyond its reservation
+        (never waits: Redis settles in a task)."""
         if reservation is None:
             return
         prompt = completion = None
         if usage is not None:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
         for part in reservation.taken:
-            deltas = settle_deltas(part.amounts, prompt, completion, status)
+            deltas = settle_deltas(part.amounts, prompt, completion, ctx.status)
             if deltas:
                 self._apply(part, deltas)
-
-    async def settle(
-        self,
-        inference: InferenceRequest,
-        decision: Decision,
-        reservation: Reservation | None,
-        usage: Usage | None,
-        status: int,
-    ) -> None:
-        self.settle_now(inference, decision, reservation, usage, status)
 
     def _apply(self, part: Taken, deltas: list[tuple[str, int]]) -> None:
         """Give back (> 0) or debit (< 0) tokens of what ``part`` took."""

@@ -25,7 +25,7 @@ class RouteLimit:
     """A ModelRoute's or a Tenant's rateLimit: amounts per ``period`` seconds in each limited
     direction (a Tenant's budget per ``budget_period``)."""
 
-    ref: str  # ModelRoute/namespace/name (what Decision.route starts with) or Tenant/name
+    ref: str  # ModelRoute/namespace/name (what RouteDecision.route starts with) or Tenant/name
     key: str  # the buckets' key: namespace/name (routes), tenant/namespace/name (tenants)
     tokens: tuple[tuple[str, int], ...]  # (direction, amount per unit), limited ones only
     unit: str

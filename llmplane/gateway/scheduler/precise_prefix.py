@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from llmplane.gateway.kvcache.index import BlockIndex, block_keys, root_key
 from llmplane.gateway.kvcache.subscriber import replica_model
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.sim.tokenizer import render_chat, tokenize
 
@@ -37,6 +37,7 @@ PROMPT_TOKENS = "prompt_tokens"
 KEYS = "block_keys"
 # ctx.cache key: replica -> prompt tokens it holds counting the blocks of requests sent there
 # and not reported yet (``on_pick``); they are cached for a request queued behind those.
+PENDING_SHARE = "pending_share"  # ctx.cache key: replica -> fraction of blocks pending there
 PENDING = "cached_tokens_pending"  # ctx.cache key: the request's block keys, a list per block size
 # A request's blocks count as held by the replica it was sent to for this long, or until the
 # replica's events report them (``on_pick``); at most this many such blocks are remembered.
@@ -165,9 +166,11 @@ class PrecisePrefixCacheScorer:
                         tokens[replica] = min(held, usable) * size
                     if self.pending:
                         soon = ctx.cache.setdefault(PENDING, {})
+                        share = ctx.cache.setdefault(PENDING_SHARE, {})
                         for replica, n in self._pending_runs(keys, ctx.now).items():
                             if min(n, usable) > runs.get(replica, 0):  # beyond what it reported
                                 soon[replica] = min(n, usable) * size
+                                share[replica] = max(share.get(replica, 0.0), n / total)
         ctx.cache[key] = found
         return found
 
@@ -195,9 +198,10 @@ class PrecisePrefixCacheScorer:
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         """The request's blocks are pending on ``endpoint`` until its events tell (at most
-        ``PENDING_SECONDS``): not in the score nor the prediction (a request running beside
-        this one computes them too), but the cost-aware scorer counts them for a request that
-        would queue behind it, and prefers their replica among near-equal costs."""
+        ``PENDING_SECONDS``): they score as held there (the next request of a group follows the
+        first before the engine has reported its blocks, as the approximate index does at pick
+        time) but are not in the prediction (a request running beside this one computes them
+        too); the cost-aware scorer counts them for a request that would queue behind it."""
         lists = ctx.cache.get(KEYS)
         if not lists:
             return
@@ -242,6 +246,9 @@ class PrecisePrefixCacheScorer:
         scores = self.matches(ctx, replica_model(first), first.engine, sizes)
         if scores is None:  # not tokenized: the approximate scores for every replica
             return self._fallback(ctx, endpoints)
+        share = ctx.cache.get(PENDING_SHARE)
+        if share:  # sent there, not reported yet: the group's next request follows its first
+            scores = {**scores, **{r: max(v, scores.get(r, 0.0)) for r, v in share.items()}}
         if all(e.key in publishing for e in endpoints):
             return list(map(scores.get, (e.key for e in endpoints), repeat(0.0)))
         approximate = self._fallback(ctx, endpoints)
@@ -268,3 +275,22 @@ def predicted_cached_tokens(ctx: SchedulingContext, replica: str) -> int | None:
         if isinstance(scorer, PrefixCacheScorer) and isinstance(matched, dict):
             return matched.get(replica, 0) * scorer.block_size // BYTES_PER_TOKEN
     return None
+
+
+def use_in_default(scheduler: Scheduler, scorer: PrecisePrefixCacheScorer, active: bool) -> None:
+    """While ``active`` (some replica publishes KV events), ``scorer`` takes the approximate
+    prefix scorer's place in the default profile, at its weight (the approximate one stays its
+    fallback and keeps learning from picks); inactive again, the approximate one is back. The
+    rest of the profile (the low-queue filter, least-request, KV use) is unchanged."""
+    profile = scheduler.profiles[scheduler.default]
+    for i, (plugin, weight) in enumerate(profile.scorers):
+        if active and type(plugin) is PrefixCacheScorer:
+            scorer.fallback = plugin
+            profile.scorers[i] = (scorer, weight)
+            profile.observers = [*profile.observers, scorer]
+        elif not active and plugin is scorer and scorer.fallback is not None:
+            profile.scorers[i] = (scorer.fallback, weight)
+            profile.observers = [o for o in profile.observers if o is not scorer]
+        else:
+            continue
+        return

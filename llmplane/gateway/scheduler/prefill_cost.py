@@ -32,8 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmplane.gateway.registry import EndpointState, queue_estimates
-from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
-from llmplane.gateway.scheduler.plugins import LeastRequestScorer, LowQueueFilter
+from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
     BYTES_PER_TOKEN,
     PENDING,
@@ -42,7 +41,6 @@ from llmplane.gateway.scheduler.precise_prefix import (
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
 )
-from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 
 LEARN = 0.2  # weight of the newest request in ``uncached_per_request``
 # A replica the request's prefix was just sent to (its blocks pending) looks this much cheaper
@@ -55,7 +53,6 @@ class PrefillCostScorer:
         self.name = name
         self.prefix = prefix if prefix is not None else PrecisePrefixCacheScorer()
         self.per_request: dict[str, float] = {}  # replica -> uncached tokens a request
-        self.saved: tuple | None = None  # the default profile before ``use_in_default``
 
     def uncached(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
         """The request's prompt tokens each candidate would compute."""
@@ -118,29 +115,3 @@ class PrefillCostScorer:
 
     def on_remove(self, endpoint: EndpointState) -> None:
         self.per_request.pop(endpoint.key, None)
-
-
-TIE_WEIGHT = 0.01  # least-request's weight beside it: spreads exact ties only
-
-
-def use_in_default(scheduler: Scheduler, cost: PrefillCostScorer, active: bool) -> None:
-    """While ``active`` (some replica publishes KV events), the default profile is cost-aware:
-    its approximate prefix scorer becomes the precise scorer's fallback (it keeps learning from
-    picks), ``cost`` scores alone (least-request breaks exact ties), and the low-queue filter
-    is left out (the cost counts the queue: a replica holding the prefix is not dropped for
-    being busy). Inactive again, the profile is as it was."""
-    profile = scheduler.profiles[scheduler.default]
-    if active and cost.saved is None:
-        approximate = next((p for p, _ in profile.scorers if type(p) is PrefixCacheScorer), None)
-        if approximate is None:
-            return  # a configured default profile without the approximate scorer: left alone
-        cost.prefix.fallback = approximate
-        cost.saved = (profile.filters, profile.scorers, profile.observers)
-        ties = next((p for p, _ in profile.scorers if isinstance(p, LeastRequestScorer)), None)
-        profile.filters = [f for f in profile.filters if not isinstance(f, LowQueueFilter)]
-        profile.scorers = [(cost, 1.0)] + ([(ties, TIE_WEIGHT)] if ties is not None else [])
-        profile.observers = [*profile.observers, cost]
-        scheduler.plugins.setdefault(cost.name, cost)
-    elif not active and cost.saved is not None:
-        profile.filters, profile.scorers, profile.observers = cost.saved
-        cost.saved = None

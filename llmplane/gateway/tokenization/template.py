@@ -135,7 +135,7 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
 _WIDE = re.compile(r"\d{7,}")  # a printf or format width past MAX_VALUE's digits
 
 
-class _Rewrite(NodeTransformer):
+class _TemplateRewrite(NodeTransformer):
     """Route loops through ``_iterate`` and ``~`` through ``_concat``."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
@@ -256,7 +256,7 @@ class ChatTemplate:
             # rewrite changes into the one that runs.
             self.tree = env.parse(source)
             self.variables = frozenset(meta.find_undeclared_variables(self.tree))
-            self.template = env.from_string(_Rewrite().visit(env.parse(source)))
+            self.template = env.from_string(_TemplateRewrite().visit(env.parse(source)))
         except jinja2.TemplateError as err:
             raise TemplateRefused(f"the chat template does not compile: {err}") from None
 
