@@ -31,36 +31,10 @@ from pathlib import Path
 
 from bench.common import cpu_seconds, machine, machine_line, table, write_section
 from llmplane.store.paths import open_store
+from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
 
 NAME = "tiny-llama"
-
-
-def fleet_yaml(model: Path) -> str:
-    args = ["--dtype", "bfloat16", "--max-model-len", "512"]
-    envs = [
-        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-        {"name": "HF_HUB_OFFLINE", "value": "1"},
-    ]
-    return f"""
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {NAME}}}
-spec:
-  familyName: llama
-  source: {{uri: "host://{model}"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {NAME}}}
-spec:
-  replicas: 1
-  modelClaim: {{modelName: {NAME}}}
-  backendRuntimeConfig:
-    backendName: vllm
-    args: {json.dumps(args)}
-    envs: {json.dumps(envs)}
-"""
 
 
 def available_at(state: Path) -> bool:
@@ -94,7 +68,7 @@ def healthy(port: int) -> bool:
 def run(label: str, workdir: Path, model: Path, gateway: dict, idle: float) -> dict:
     state = workdir / label.replace(" ", "-")
     files = workdir / f"{state.name}.yaml"
-    files.write_text(fleet_yaml(model))
+    files.write_text(vllm_fleet(model, NAME))
     config = workdir / f"{state.name}-gateway.yaml"
     config.write_text(json.dumps({"gateway": gateway}))
     proc = subprocess.Popen(

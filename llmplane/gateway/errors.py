@@ -49,6 +49,7 @@ class ErrorCode(StrEnum):
     RATE_LIMIT_UNAVAILABLE = "rate_limit_unavailable"
     REQUEST_TOO_LARGE = "request_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    UNSUPPORTED_PATH = "unsupported_path"
     UPSTREAM_STALLED = "upstream_stalled"
     UPSTREAM_TIMEOUT = "upstream_timeout"
 

@@ -1,9 +1,10 @@
-"""Fleet YAML for tests and benchmarks: sim engines behind ``llmplane up``."""
+"""Fleet YAML for tests and benchmarks: sim engines or real vLLM behind ``llmplane up``."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def sim_fleet(
@@ -37,4 +38,35 @@ spec:
   backendRuntimeConfig:
     backendName: sim
     args: {engine_args}
+"""
+
+
+def vllm_fleet(model: Path, name: str, replicas: int = 1, args: Sequence[str] = ()) -> str:
+    """YAML for an OpenModel ``name`` with its files at ``model`` (a tiny test model,
+    ``llmplane.testing.tiny_model``) and a Playground of ``replicas`` vLLM for CPU engines
+    serving it with the settings that model runs with (bfloat16, 512 tokens of context, 1 GiB
+    of KV cache, offline) plus ``args``."""
+    argv = ["--dtype", "bfloat16", "--max-model-len", "512", *args]
+    envs = [
+        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+    ]
+    return f"""
+apiVersion: llmaz.io/v1alpha1
+kind: OpenModel
+metadata: {{name: {name}}}
+spec:
+  familyName: llama
+  source: {{uri: "host://{model}"}}
+---
+apiVersion: inference.llmaz.io/v1alpha1
+kind: Playground
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  modelClaim: {{modelName: {name}}}
+  backendRuntimeConfig:
+    backendName: vllm
+    args: {json.dumps(argv)}
+    envs: {json.dumps(envs)}
 """
