@@ -68,9 +68,7 @@ def healthy(port: int) -> bool:
 def run(label: str, workdir: Path, model: Path, gateway: dict, idle: float) -> dict:
     state = workdir / label.replace(" ", "-")
     files = workdir / f"{state.name}.yaml"
-    files.write_text(
-        vllm_fleet(NAME, str(model), 1, ["--dtype", "bfloat16", "--max-model-len", "512"])
-    )
+    files.write_text(vllm_fleet(model, NAME))
     config = workdir / f"{state.name}-gateway.yaml"
     config.write_text(json.dumps({"gateway": gateway}))
     proc = subprocess.Popen(

@@ -50,6 +50,7 @@ class ErrorCode(StrEnum):
     REQUEST_TOO_LARGE = "request_too_large"
     STREAM_LOST = "stream_lost"  # a stream lost mid-way that no replica could continue
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    UNSUPPORTED_PATH = "unsupported_path"
     UPSTREAM_STALLED = "upstream_stalled"
     UPSTREAM_TIMEOUT = "upstream_timeout"
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from llmplane.gateway.protocols import usage_counts
+
 if TYPE_CHECKING:
     from llmplane.gateway.context import RequestContext
 
@@ -42,6 +44,8 @@ class Usage:
             return None
         prompt = doc.get("prompt_tokens")
         completion = doc.get("completion_tokens")
+        if prompt is None and "input_tokens" in doc:  # Responses / Messages usage
+            return cls(*usage_counts(doc))
         return cls(
             prompt if isinstance(prompt, int) else 0,
             completion if isinstance(completion, int) else 0,

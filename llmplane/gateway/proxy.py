@@ -29,6 +29,9 @@ from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
 from llmplane.gateway.migration import Migrator, Splice, failed_event
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
+from llmplane.gateway.protocols import unserved
+from llmplane.gateway.protocols.messages import PATHS as MESSAGES_PATHS
+from llmplane.gateway.protocols.messages import stream_error
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.scheduler.framework import Scheduler
@@ -83,13 +86,13 @@ class _StreamWatch:
         self.stalled = False
 
 
-def stall_event(seconds: float) -> bytes:
-    """The SSE events that end a stalled stream: an OpenAI-style error, then ``[DONE]``."""
-    error = {
-        "message": f"the model server sent nothing for {seconds:g} s; the stream was ended",
-        "type": "timeout_error",
-        "code": "upstream_stalled",
-    }
+def stall_event(seconds: float, path: str = "") -> bytes:
+    """The SSE events that end a stalled stream: an OpenAI-style error, then ``[DONE]`` (the
+    Messages API: its own ``error`` event, ``protocols.messages.stream_error``)."""
+    message = f"the model server sent nothing for {seconds:g} s; the stream was ended"
+    if path in MESSAGES_PATHS:
+        return stream_error(message)
+    error = {"message": message, "type": "timeout_error", "code": "upstream_stalled"}
     return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n"
 
 
@@ -342,6 +345,9 @@ class Proxy:
         """One attempt on ``state`` (await it), counted in flight until it ends however it
         ends. Not a coroutine itself: the caller awaits the stream or unary one directly."""
         assert ctx.decision is not None and ctx.inference is not None
+        refusal = unserved(state.endpoint.engine, ctx.request.path, ctx.inference.model)
+        if refusal is not None:  # an engine without this API (protocols/)
+            raise refusal
         if state.endpoint.priority_scheduling:  # only then: the bytes relayed untouched
             body = prioritized_body(ctx, body)
         splice = None  # MIGRATION: a stream that may continue elsewhere asks for token ids
@@ -525,7 +531,7 @@ class Proxy:
                 ctx.error = f"stream stalled: no bytes for {watch.stall:g} s"
                 if self.stalls is not None:
                     self.stalls.labels(ctx.decision.route).inc()  # type: ignore[union-attr]
-                await out.write(stall_event(watch.stall))
+                await out.write(stall_event(watch.stall, ctx.request.path))
                 await out.write_eof()
             elif not ctx.upstream_broken:
                 await out.write_eof()

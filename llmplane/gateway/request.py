@@ -6,21 +6,10 @@ from typing import Any
 
 import orjson
 
+from llmplane.gateway import protocols
 from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import ErrorCode, GatewayError
-
-
-def _text_of(content: Any, parts: list[str]) -> None:
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-            elif isinstance(part, str):
-                parts.append(part)
+from llmplane.gateway.protocols.text import message_text
 
 
 def prompt_text(doc: dict[str, Any]) -> str:
@@ -30,13 +19,8 @@ def prompt_text(doc: dict[str, Any]) -> str:
     messages = doc.get("messages")
     if isinstance(messages, list):
         for message in messages:
-            if not isinstance(message, dict):
-                continue
-            role = message.get("role")
-            if isinstance(role, str):
-                parts += (role, ":")
-            _text_of(message.get("content"), parts)
-            parts.append("\n")
+            if isinstance(message, dict):
+                message_text(message, parts)
         return "".join(parts)
     for key in ("prompt", "input"):
         value = doc.get(key)
@@ -158,6 +142,7 @@ class InferenceRequest:
                 ErrorCode.MISSING_MODEL,
             )
         check_fields(doc)
+        protocols.check(path, doc)  # Responses / Messages fields
         self.doc: dict[str, Any] = doc
         self.model: str = model
         self.stream = doc.get("stream") is True
@@ -168,7 +153,10 @@ class InferenceRequest:
     def prompt(self) -> bytes:
         """The prompt as UTF-8 bytes (computed on first use)."""
         if self._prompt is None:
-            self._prompt = prompt_text(self.doc).encode("utf-8", "surrogatepass")
+            text = protocols.prompt_text(self.path, self.doc)  # Responses / Messages
+            if text is None:
+                text = prompt_text(self.doc)
+            self._prompt = text.encode("utf-8", "surrogatepass")
         return self._prompt
 
     def prompt_bound(self) -> int:

@@ -56,4 +56,5 @@ class StreamScanner:
         if _USAGE in complete:
             usage = extract_usage(complete)
             if usage is not None:
-                self.usage = usage
+                # Merged: a Messages stream has its input in one event, its output in another.
+                self.usage = usage if self.usage is None else {**self.usage, **usage}

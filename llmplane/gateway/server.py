@@ -43,6 +43,8 @@ from llmplane.gateway.kvcache.routing import PreciseRouting
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
+from llmplane.gateway.protocols import PATHS as API_PATHS
+from llmplane.gateway.protocols import error_response
 from llmplane.gateway.proxy import Proxy
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointRegistry, EndpointState
@@ -69,7 +71,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmplane.gateway")
 
-INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", *API_PATHS)
 UNKNOWN_MODEL = ""  # the metrics' model label for requests no route resolved
 
 
@@ -390,7 +392,7 @@ class Gateway:
             return response
         except GatewayError as err:
             self.refused(ctx, err)
-            return err.response()
+            return error_response(request.path, err)  # in the API's own shape
         except asyncio.CancelledError:
             ctx.status = 499
             raise

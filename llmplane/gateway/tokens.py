@@ -8,7 +8,9 @@ directory holding one); otherwise an estimate, ``ceil(characters / 4)``:
   part; images and audio count nothing) and ``tool_calls`` (as JSON), plus the request's
   ``tools`` / ``functions`` (as JSON): the whole messages array, roles included;
 - completions / embeddings: the ``prompt`` / ``input`` strings; a prompt given as token ids
-  counts one token per id (those are exact).
+  counts one token per id (those are exact);
+- the Messages API as chat plus its ``system``; the Responses API: its ``instructions`` and
+  its ``input`` (a string, or the text content of each item).
 
 The count only decides admission: after the response the engine's ``usage.prompt_tokens``
 replaces it (see ``llmplane.gateway.ratelimit``), so an estimate that is off is corrected
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from llmplane.gateway.protocols.text import content_text
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -65,7 +69,7 @@ def _chat_chars(doc: dict[str, Any], messages: list[Any]) -> int:
         n += _content_chars(message.get("content"))
         n += _json_chars(message.get("tool_calls"))
     n += _json_chars(doc.get("tools")) + _json_chars(doc.get("functions"))
-    return n
+    return n + _content_chars(doc.get("system"))  # the Messages API's system prompt
 
 
 def _prompt_parts(value: Any) -> tuple[int, int]:
@@ -81,6 +85,8 @@ def _prompt_parts(value: Any) -> tuple[int, int]:
                 ids += 1
             elif isinstance(item, list):
                 ids += len(item)
+            elif isinstance(item, dict):  # a Responses API input item
+                chars += _content_chars(item.get("content"))
     return chars, ids
 
 
@@ -92,9 +98,10 @@ def estimate_tokens(doc: dict[str, Any]) -> int:
     for key in ("prompt", "input"):
         value = doc.get(key)
         if value is not None:
-            if isinstance(value, str):  # the common case, without a call
+            if isinstance(value, str) and "instructions" not in doc:  # without a call
                 return -(-len(value) // CHARS_PER_TOKEN)
             chars, ids = _prompt_parts(value)
+            chars += _content_chars(doc.get("instructions"))  # the Responses API's
             return math.ceil(chars / CHARS_PER_TOKEN) + ids
     return 0
 
@@ -123,14 +130,17 @@ def _texts(doc: dict[str, Any]) -> tuple[list[str], int]:
         for key in ("tools", "functions"):
             if doc.get(key) is not None:
                 lines.append(orjson.dumps(doc[key]).decode())
-        return lines, 0
+        system: list[str] = []
+        content_text(doc.get("system"), system)  # the Messages API's system prompt
+        return system + lines, 0
     for key in ("prompt", "input"):
         value = doc.get(key)
         if value is None:
             continue
-        if isinstance(value, str):
-            return [value], 0
         texts: list[str] = []
+        content_text(doc.get("instructions"), texts)  # the Responses API's
+        if isinstance(value, str):
+            return [*texts, value], 0
         ids = 0
         if isinstance(value, list):
             for item in value:
@@ -140,6 +150,8 @@ def _texts(doc: dict[str, Any]) -> tuple[list[str], int]:
                     ids += 1
                 elif isinstance(item, list):
                     ids += len(item)
+                elif isinstance(item, dict):  # a Responses API input item
+                    content_text(item.get("content"), texts)
         return texts, ids
     return [], 0
 

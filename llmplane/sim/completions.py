@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -16,6 +18,7 @@ from llmplane.sim.protocol import (
     DONE,
     ApiError,
     ChunkWriter,
+    Sampling,
     chat_choice,
     chat_response,
     completion_choice,
@@ -46,6 +49,34 @@ ENGINE_ERROR = (
 )
 
 
+@dataclass
+class Job:
+    """A checked request's sequences, submitted to the engine."""
+
+    group: Group
+    sp: Sampling
+    model: str  # the name the response carries (the adapter's, else the served model's)
+    prompt_tokens: int
+    remote_decode: bool
+
+    async def finished(self) -> None:
+        while self.group.remaining > 0:
+            await self.group.wait()
+
+    async def tokens(self) -> AsyncIterator[list[str]]:
+        """The text of each token of the first sequence as it is generated, a list per
+        engine step (the last token of a sequence stopped at EOS has none: ``""``)."""
+        seq, sent = self.group.seqs[0], 0
+        while True:
+            n = seq.num_output
+            if sent < n:
+                yield [token_text(seq.out_words[k], k, seq.text_cut) for k in range(sent, n)]
+                sent = n
+            if sent >= seq.target_len:
+                return
+            await self.group.wait()
+
+
 class CompletionRoutes:
     """The inference routes; state (engine, config, faults, ids) is ``SimServer``'s."""
 
@@ -56,7 +87,8 @@ class CompletionRoutes:
         return await self._generate(request, chat=False)
 
     def _prompts(self, body: dict, chat: bool) -> list[list[int]]:
-        return self._raw_prompts(body, chat)
+        prompts = self._raw_prompts(body, chat)
+        return prompts
 
     def _seeded_prompts(self, body: dict, chat: bool) -> list[tuple[list[int], list[int], int]]:
         """Each prompt as (its ids, the ids its seed hashes, pseudo-words it continues)."""
@@ -142,14 +174,62 @@ class CompletionRoutes:
         if faulted is not None:
             return faulted
         try:
-            body = await self._json(request)
-            lora = self._resolve_model(body.get("model"))
-            sp = parse_sampling(body, chat)
-            prompts = self._seeded_prompts(body, chat)
-            remote_decode, remote_prefill = self._pd_flags(body)
+            job = self._start(await self._json(request), chat)
         except ApiError as e:
             return error_response(e)
+        group, sp, seqs, cfg = job.group, job.sp, job.group.seqs, self.cfg
+        rid = self._next_id("chatcmpl-" if chat else "cmpl-")
+        created = int(time.time())
+        try:
+            if sp.stream:
+                return await self._stream(request, group, chat, rid, created, job.model, sp,
+                                          job.prompt_tokens)  # fmt: skip
+            await job.finished()
+        finally:
+            if group.remaining > 0:
+                self.engine.abort(group)
+        completion_tokens = 0
+        choices = []
+        make = chat_choice if chat else completion_choice
+        for seq in seqs:
+            completion_tokens += seq.num_output
+            choice = make(
+                seq.index, seq_text(seq.out_words, seq.text_cut), seq.finish_reason,
+                seq.stop_reason,
+            )  # fmt: skip
+            if sp.return_token_ids:  # as vLLM: the choice's ids (and a completion's prompt's)
+                choice["token_ids"] = seq.token_ids[seq.prompt_len :]
+                if not chat:
+                    choice["prompt_token_ids"] = seq.token_ids[: seq.prompt_len]
+            choices.append(choice)
+        kv_params = None
+        if job.remote_decode:
+            kv_params = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": seqs[0].final_blocks,
+                "remote_engine_id": self.engine_id,
+                "remote_host": cfg.host,
+                "remote_port": self.port,
+                "tp_size": 1,
+            }
+        if chat:
+            prompt_ids = seqs[0].token_ids[: seqs[0].prompt_len] if sp.return_token_ids else None
+            body = chat_response(rid, created, job.model, choices, job.prompt_tokens,
+                                 completion_tokens, kv_params, self.fingerprint,
+                                 prompt_ids)  # fmt: skip
+        else:
+            body = completion_response(rid, created, job.model, choices, job.prompt_tokens,
+                                       completion_tokens, kv_params, self.fingerprint)  # fmt: skip
+        return json_response(body)
 
+    def _start(self, body: dict, chat: bool) -> Job:
+        """Check a chat or completions ``body`` as vLLM does (``ApiError``) and submit its
+        sequences to the engine (the caller aborts the group if it stops early)."""
+        lora = self._resolve_model(body.get("model"))
+        sp = parse_sampling(body, chat)
+        prompts = self._seeded_prompts(body, chat)
+        remote_decode, remote_prefill = self._pd_flags(body)
         cfg = self.cfg
         max_len = cfg.max_model_len
         group = Group(sp.stream, sp.n, sp.max_tokens)
@@ -158,57 +238,43 @@ class CompletionRoutes:
         seqs = group.seqs
         if sp.max_tokens is not None and sp.max_tokens > max_len:
             p = sp.max_tokens_param
-            return error_response(
-                invalid(
-                    f"{p}={sp.max_tokens} cannot be greater than max_model_len={max_len}. "
-                    "Please request fewer output tokens.", p, sp.max_tokens,
-                )
+            raise invalid(
+                f"{p}={sp.max_tokens} cannot be greater than max_model_len={max_len}. "
+                "Please request fewer output tokens.", p, sp.max_tokens,
             )  # fmt: skip
         for pi, (ids, seed_ids, start) in enumerate(prompts):
             plen = len(ids)
             if plen == 0:
-                return error_response(
-                    invalid(
-                        "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
-                    )
+                raise invalid(
+                    "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
                 )
             if plen > max_len:
                 # vLLM tokenizes at most max_len + 1 tokens, hence "at least".
                 count = min(plen, max_len + 1)
                 least = "at least " if count == max_len + 1 else ""
-                return error_response(
-                    invalid(
-                        f"This model's maximum context length is {max_len} tokens. However, "
-                        f"your prompt contains {least}{count} input tokens, which exceeds this "
-                        "limit even without any output tokens. Please reduce the length of "
-                        "the input prompt.", "input_tokens", count,
-                    )
+                raise invalid(
+                    f"This model's maximum context length is {max_len} tokens. However, "
+                    f"your prompt contains {least}{count} input tokens, which exceeds this "
+                    "limit even without any output tokens. Please reduce the length of "
+                    "the input prompt.", "input_tokens", count,
                 )  # fmt: skip
             # As vLLM: max_tokens is cut to what the context has room for, not refused.
             room = max_len - plen
             max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
             if max_tokens < 1:
-                return error_response(
-                    invalid(
-                        f"max_tokens must be at least 1, got {max_tokens}.",
-                        "max_tokens",
-                        max_tokens,
-                    )
+                raise invalid(
+                    f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens
                 )
             if sp.min_tokens > max_tokens:  # checked by vLLM on the cut max_tokens
-                return error_response(
-                    ApiError(
-                        f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
-                        f"got {sp.min_tokens}."
-                    )
+                raise ApiError(
+                    f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                    f"got {sp.min_tokens}."
                 )
             if (plen + max_tokens + cfg.block_size - 1) // cfg.block_size > cfg.num_blocks:
                 # Could never fit in the KV cache, even alone.
-                return error_response(
-                    ApiError(
-                        f"The request needs {plen + max_tokens} tokens of KV cache but the cache "
-                        f"holds only {cfg.num_blocks * cfg.block_size}."
-                    )
+                raise ApiError(
+                    f"The request needs {plen + max_tokens} tokens of KV cache but the cache "
+                    f"holds only {cfg.num_blocks * cfg.block_size}."
                 )
             for j in range(sp.n):
                 seed = sequence_seed(cfg.seed, seed_ids, key, j)
@@ -229,55 +295,9 @@ class CompletionRoutes:
                         word_start=start,
                     )
                 )
+        self.engine.submit(group)
         # vLLM counts the prompt once per prompt, not once per choice.
-        prompt_tokens = sum(len(p[0]) for p in prompts)
-        model = lora or self.model
-        rid = self._next_id("chatcmpl-" if chat else "cmpl-")
-        created = int(time.time())
-        engine = self.engine
-        engine.submit(group)
-        try:
-            if sp.stream:
-                return await self._stream(request, group, chat, rid, created, model, sp,
-                                          prompt_tokens)  # fmt: skip
-            while group.remaining > 0:
-                await group.wait()
-        finally:
-            if group.remaining > 0:
-                engine.abort(group)
-        completion_tokens = 0
-        choices = []
-        make = chat_choice if chat else completion_choice
-        for seq in seqs:
-            completion_tokens += seq.num_output
-            choice = make(
-                seq.index, seq_text(seq.out_words, seq.text_cut), seq.finish_reason,
-                seq.stop_reason,
-            )  # fmt: skip
-            if sp.return_token_ids:  # as vLLM: the choice's ids (and a completion's prompt's)
-                choice["token_ids"] = seq.token_ids[seq.prompt_len :]
-                if not chat:
-                    choice["prompt_token_ids"] = seq.token_ids[: seq.prompt_len]
-            choices.append(choice)
-        kv_params = None
-        if remote_decode:
-            kv_params = {
-                "do_remote_prefill": True,
-                "do_remote_decode": False,
-                "remote_block_ids": seqs[0].final_blocks,
-                "remote_engine_id": self.engine_id,
-                "remote_host": cfg.host,
-                "remote_port": self.port,
-                "tp_size": 1,
-            }
-        if chat:
-            prompt_ids = seqs[0].token_ids[: seqs[0].prompt_len] if sp.return_token_ids else None
-            body = chat_response(rid, created, model, choices, prompt_tokens, completion_tokens,
-                                 kv_params, self.fingerprint, prompt_ids)  # fmt: skip
-        else:
-            body = completion_response(rid, created, model, choices, prompt_tokens,
-                                       completion_tokens, kv_params, self.fingerprint)  # fmt: skip
-        return json_response(body)
+        return Job(group, sp, lora or self.model, sum(len(p[0]) for p in prompts), remote_decode)
 
     async def _stream(
         self, request: web.BaseRequest, group: Group, chat: bool, rid: str, created: int,

@@ -1,4 +1,5 @@
-"""HTTP surface of the simulated server (aiohttp): vLLM's OpenAI routes plus /admin/faults."""
+"""HTTP surface of the simulated server (aiohttp): vLLM's OpenAI and Anthropic routes plus
+/admin/faults."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from xxhash import xxh32_intdigest
 from llmplane.sim.completions import CompletionRoutes
 from llmplane.sim.config import SimConfig
 from llmplane.sim.engine import Engine
+from llmplane.sim.messages import MessagesRoutes
 from llmplane.sim.protocol import (
     ApiError,
     error_body,
     request_validation,
 )
+from llmplane.sim.responses import ResponsesRoutes
 from llmplane.sim.service_routes import ServiceRoutes
 from llmplane.sim.tokenizer import WordIds
 from llmplane.sim.wire import JSON, VERSION, error_response, json_response
@@ -33,9 +36,10 @@ log = logging.getLogger("llmplane.sim")
 __all__ = ["VERSION", "SimServer", "error_response", "json_response"]
 
 
-class SimServer(CompletionRoutes, ServiceRoutes):
+class SimServer(CompletionRoutes, ResponsesRoutes, MessagesRoutes, ServiceRoutes):
     """One simulated vLLM server: state, routing and lifecycle; the routes live in
-    ``completions.py`` (inference) and ``service_routes.py`` (everything else)."""
+    ``completions.py`` (chat, completions), ``responses.py``, ``messages.py`` and
+    ``service_routes.py`` (everything else)."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -74,7 +78,11 @@ class SimServer(CompletionRoutes, ServiceRoutes):
             "/health": {"GET": self.health},
             "/metrics": {"GET": self.metrics},
             "/version": {"GET": self.version},
+            "/v1/responses": {"POST": self.responses},
+            "/v1/messages": {"POST": self.messages},
+            "/v1/messages/count_tokens": {"POST": self.count_tokens},
             "/tokenize": {"POST": self.tokenize},
+            "/detokenize": {"POST": self.detokenize},
             "/v1/load_lora_adapter": {"POST": self.load_lora},
             "/v1/unload_lora_adapter": {"POST": self.unload_lora},
             "/admin/faults": {"GET": self.get_faults, "POST": self.set_faults},

@@ -1,4 +1,4 @@
-"""The simulated server's other routes: health, version, metrics, models, tokenize, LoRA
+"""The simulated server's other routes: health, version, metrics, models, (de)tokenize, LoRA
 adapters, ``/admin/faults`` and ``/admin/kv-cache`` (``SimServer`` mixes them in)."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from xxhash import xxh64_intdigest
 
 from llmplane.sim.protocol import (
     ApiError,
+    request_validation,
     validation_errors,
 )
-from llmplane.sim.tokenizer import tokenize
+from llmplane.sim.tokenizer import NUM_WORDS, WORDS, tokenize
 from llmplane.sim.wire import VERSION, error_response, json_response
 
 
@@ -102,6 +103,27 @@ class ServiceRoutes:
                 }
             )
         )
+
+    async def detokenize(self, request: web.BaseRequest) -> web.Response:
+        """The sim's token ids are hashes of text: each id reads back as one pseudo-word."""
+        try:
+            body = await self._json(request)
+            if body.get("model") is not None:
+                self._resolve_model(body.get("model"))
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens
+            ):
+                raise request_validation(
+                    "list_type", "body.tokens", "Input should be a valid list of integers", tokens
+                )
+            for t in tokens:
+                if not 0 <= t < self.cfg.vocab_size:
+                    raise ApiError(f"Token id {t} is out of vocabulary")
+        except ApiError as e:
+            return error_response(e)
+        text = "".join(WORDS[t % NUM_WORDS] for t in tokens)
+        return json_response(orjson.dumps({"prompt": text}))
 
     async def load_lora(self, request: web.BaseRequest) -> web.Response:
         try:

@@ -64,6 +64,20 @@ def message_text(content: object) -> str:
     return str(content)
 
 
+def block_text(content: object) -> str:
+    """The text of a Responses input item's or a Messages message's content: a string, or the
+    ``text`` of each part, joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
 def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
     out = [f"<|{m.get('role', 'user')}|>\n{message_text(m.get('content'))}\n" for m in messages]
     if add_generation_prompt:

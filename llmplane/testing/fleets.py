@@ -1,9 +1,10 @@
-"""Fleet YAML for tests and benchmarks: sim engines behind ``llmplane up``."""
+"""Fleet YAML for tests and benchmarks: sim engines or real vLLM behind ``llmplane up``."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def sim_fleet(
@@ -40,14 +41,14 @@ spec:
 """
 
 
-def vllm_fleet(
-    name: str, model_dir: str, replicas: int, args: Sequence[str] = (), cache_gib: int = 1
-) -> str:
-    """YAML for an OpenModel ``name`` of the model files in ``model_dir`` and a Playground of
-    ``replicas`` vLLM (CPU build) engines serving it with ``args``, offline, with ``cache_gib``
-    GiB of KV cache."""
+def vllm_fleet(model: Path, name: str, replicas: int = 1, args: Sequence[str] = ()) -> str:
+    """YAML for an OpenModel ``name`` with its files at ``model`` (a tiny test model,
+    ``llmplane.testing.tiny_model``) and a Playground of ``replicas`` vLLM for CPU engines
+    serving it with the settings that model runs with (bfloat16, 512 tokens of context, 1 GiB
+    of KV cache, offline) plus ``args``."""
+    argv = ["--dtype", "bfloat16", "--max-model-len", "512", *args]
     envs = [
-        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(cache_gib)},
+        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
     ]
     return f"""
@@ -56,7 +57,7 @@ kind: OpenModel
 metadata: {{name: {name}}}
 spec:
   familyName: llama
-  source: {{uri: "host://{model_dir}"}}
+  source: {{uri: "host://{model}"}}
 ---
 apiVersion: inference.llmaz.io/v1alpha1
 kind: Playground
@@ -66,6 +67,6 @@ spec:
   modelClaim: {{modelName: {name}}}
   backendRuntimeConfig:
     backendName: vllm
-    args: {json.dumps(list(args))}
+    args: {json.dumps(argv)}
     envs: {json.dumps(envs)}
 """

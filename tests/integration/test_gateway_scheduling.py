@@ -47,7 +47,26 @@ async def test_engine_metrics_are_scraped(gateway):
         assert s.served_models == {MODEL}
 
 
-async def test_shared_prefixes_concentrate_while_load_stays_bounded(gateway):
+def _body(api: str, prefix: str, question: str) -> tuple[str, dict]:
+    """The path and body of one request in each API, the shared prefix where that API puts a
+    system prompt (the prefix scorers read each API's own fields)."""
+    if api == "responses":
+        body = {"model": MODEL, "max_output_tokens": 4, "instructions": prefix, "input": question}
+        return "/v1/responses", body
+    user = {"role": "user", "content": question}
+    if api == "messages":
+        return "/v1/messages", {
+            "model": MODEL,
+            "max_tokens": 4,
+            "system": prefix,
+            "messages": [user],
+        }
+    system = {"role": "system", "content": prefix}
+    return "/v1/chat/completions", {"model": MODEL, "max_tokens": 4, "messages": [system, user]}
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+async def test_shared_prefixes_concentrate_while_load_stays_bounded(gateway, api):
     # Four "system prompts" of ~3000 characters each; many questions per prompt.
     prefixes = [
         f"You are assistant number {g}. " + f"Background document {g}: " * 120 for g in range(4)
@@ -58,17 +77,10 @@ async def test_shared_prefixes_concentrate_while_load_stays_bounded(gateway):
     async with aiohttp.ClientSession() as client:
 
         async def one(g: int, i: int) -> None:
-            body = {
-                "model": MODEL,
-                "max_tokens": 4,
-                "messages": [
-                    {"role": "system", "content": prefixes[g]},
-                    {"role": "user", "content": f"question {i}"},
-                ],
-            }
+            path, body = _body(api, prefixes[g], f"question {i}")
             async with (
                 sem,
-                client.post(f"http://127.0.0.1:{gateway.port}/v1/chat/completions", json=body) as r,
+                client.post(f"http://127.0.0.1:{gateway.port}{path}", json=body) as r,
             ):
                 assert r.status == 200, await r.text()
                 by_prefix[g][r.headers["x-llmplane-endpoint"]] += 1

@@ -11,6 +11,7 @@ import signal
 import time
 
 import aiohttp
+import anthropic
 import orjson
 import pytest
 
@@ -115,3 +116,38 @@ async def test_streams_on_a_frozen_replica_end_with_an_error_and_traffic_moves(e
                     assert resp.headers["x-llmplane-endpoint"] != victim
     finally:
         await gw.close()
+
+
+async def test_a_frozen_messages_stream_ends_with_anthropics_error_event() -> None:
+    """The Messages API's stream ends with its own ``error`` event, which the official
+    ``anthropic`` client raises (chat's ``data: {"error": ...}`` would pass it silently)."""
+    engine = sim(MODEL, "--time-scale", "1")
+    discovery = StaticDiscovery(
+        [Endpoint(engine.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True)]
+    )
+    config = GatewayConfig(stream_stall_timeout=STALL, default_timeout=5.0)
+    gw = await start_gateway(None, discovery, config=config)
+    client = anthropic.AsyncAnthropic(
+        base_url=f"http://127.0.0.1:{gw.port}", api_key="none", max_retries=0
+    )
+    try:
+        stream = await client.messages.create(
+            model=MODEL,
+            max_tokens=400,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+        )
+        kinds = []
+        with pytest.raises(anthropic.APIStatusError) as ended:
+            async for event in stream:
+                kinds.append(event.type)
+                if event.type == "content_block_delta" and kinds.count(event.type) == 1:
+                    os.kill(engine.proc.pid, signal.SIGSTOP)
+        assert kinds[0] == "message_start" and "message_stop" not in kinds
+        assert ended.value.body["type"] == "error", ended.value.body
+        assert "sent nothing" in ended.value.body["error"]["message"]
+    finally:
+        os.kill(engine.proc.pid, signal.SIGCONT)
+        await client.close()
+        await gw.close()
+        engine.stop()

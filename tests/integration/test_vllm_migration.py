@@ -34,8 +34,10 @@ KILL_AFTER = 20
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     root = tmp_path_factory.mktemp("vllm-migration")
     model = build_tiny_llama(root / "model")
-    args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4"]
-    (root / "fleet.yaml").write_text(vllm_fleet(NAME, str(model), 2, args))
+    # float32 (the last --dtype wins): no near-ties of bfloat16 logits between a prefill
+    # and the decode steps it replaces
+    args = ["--dtype", "float32", "--max-num-seqs", "4"]
+    (root / "fleet.yaml").write_text(vllm_fleet(model, NAME, 2, args))
     process = Up(root / "state", str(root / "fleet.yaml"))
     try:
         process.start()

@@ -13,6 +13,7 @@ from prometheus_client import Counter
 
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.hooks import Reservation, Usage
+from llmplane.gateway.protocols import generates
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
     TokenBucket,
@@ -258,7 +259,7 @@ class RateLimiter:
     ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
         """What each limit takes (limits taking nothing left out); the 429 of an amount
         larger than its bucket, before anything is taken."""
-        embeddings = inference.path.endswith("/embeddings")
+        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
         parts = []
         for limit in limits:
             rows = [(d, n) for d, n in limit.tokens if not (embeddings and d == OUTPUT)]
@@ -294,7 +295,7 @@ class RateLimiter:
         """One local limit (``local.py``): the reservation, or None when the request does
         not fit now or is too large for a bucket (the general path then refuses it with the
         429, reusing the input count left in ``counted``)."""
-        embeddings = inference.path.endswith("/embeddings")
+        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
         # One plan per limit and set of directions (an embedding takes no output tokens).
         plans = self.plans[embeddings]
         plan = plans.get(limit.key)

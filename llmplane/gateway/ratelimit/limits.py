@@ -152,7 +152,12 @@ def output_reservation(doc: dict[str, Any], default: int, burst: int) -> int:
     fallback = min(default, burst)
     most = 0
     if "messages" in doc or "prompt" not in doc:  # chat (or a body no API would generate for)
-        each = _given(doc, "max_completion_tokens") or _given(doc, "max_tokens") or fallback
+        each = (
+            _given(doc, "max_completion_tokens")
+            or _given(doc, "max_tokens")
+            or _given(doc, "max_output_tokens")  # the Responses API's
+            or fallback
+        )
         most = each * choices
     if "prompt" in doc:
         each = _given(doc, "max_tokens") or fallback

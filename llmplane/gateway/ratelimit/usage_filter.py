@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from llmplane.gateway.protocols import USAGE_ASKED
+
 if TYPE_CHECKING:
     from llmplane.gateway.request import InferenceRequest
 
@@ -88,8 +90,9 @@ def inject_include_usage(doc: dict[str, Any]) -> bool:
 def ask_stream_usage(inference: InferenceRequest) -> UsageChunkFilter | None:
     """For a stream whose tokens must be counted: ask the engine for its usage; the filter that
     keeps the usage-only chunk from a client that did not ask for it, or None if it did (or the
-    request is an embedding, which has no stream usage to ask for)."""
-    if not inference.path.endswith("/embeddings") and inject_include_usage(inference.doc):
+    request is not chat or completions: embeddings have no stream usage to ask for, Responses
+    and Messages streams always carry theirs and go upstream as sent)."""
+    if inference.path in USAGE_ASKED and inject_include_usage(inference.doc):
         inference.mark_dirty()
         return UsageChunkFilter()
     return None

