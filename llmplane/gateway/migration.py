@@ -456,7 +456,10 @@ class Migrator:
             or decision.backend.pd is not None
         ):
             return None
-        return Splice.of(body, inference.path.endswith("/chat/completions"))
+        path = inference.path
+        if not path.endswith("/completions"):  # (Responses, Messages: their own events)
+            return None
+        return Splice.of(body, path.endswith("/chat/completions"))
 
     async def continue_on(
         self,
