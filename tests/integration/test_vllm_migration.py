@@ -70,7 +70,7 @@ def engine_pid(up: Up, address: str) -> int:
 
 
 async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, list[dict]]:
-    """(endpoint, text, events); ``kill(endpoint)`` runs after KILL_AFTER text chunks."""
+    """(endpoint, text, events); ``kill(endpoint)`` runs after KILL_AFTER token chunks."""
     chat = "chat" in path
     async with (
         aiohttp.ClientSession() as session,
@@ -89,7 +89,7 @@ async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, 
             assert "error" not in event, event
             events.append(event)
             for c in event.get("choices") or ():
-                if c["delta"].get("content") if chat else c["text"]:
+                if not (chat and "role" in c["delta"]):  # a token's chunk (its text may be "")
                     pieces += 1
                     if pieces == KILL_AFTER and kill is not None:
                         kill(endpoint)
