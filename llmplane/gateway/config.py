@@ -62,6 +62,12 @@ class GatewayConfig:
     # A stream whose upstream sends nothing for this many seconds ends with an SSE error event
     # (and counts against the replica); per route: llmplane.io/stream-stall-timeout. None: off.
     stream_stall_timeout: float | None = 60.0
+    # A stream whose replica is lost (broken, stalled, an engine error) continues on another
+    # replica of a vLLM or sim engine up to this many times; per route:
+    # llmplane.io/migration-limit (0: never). See gateway/migration.py.
+    migration_limit: int = 3
+    # No migration once prompt + generated tokens exceed this (the continuation's prefill).
+    migration_max_sequence: int = 131072
     connect_timeout: float = 5.0
     # Outlier ejection: a replica failing this many times in a row is skipped for
     # ``ejection_base`` seconds, doubling on each repeat up to ``ejection_max``.

@@ -43,6 +43,7 @@ class RequestContext:
         "failures",
         "inference",
         "level",
+        "migrations",
         "pd",
         "pick",
         "prefill_endpoint",
@@ -100,6 +101,8 @@ class RequestContext:
         # For the access log.
         self.attempts = 0
         self.failures: list[str] | None = None
+        # One per stream migration: reason, from, to, resume_ms (gateway/migration.py).
+        self.migrations: list[dict[str, Any]] | None = None
         self.sent_model: str | None = None
         self.sched_ms: float | None = None
         # Prompt tokens the KV index said the chosen replica holds (precise prefix routing).
@@ -172,6 +175,8 @@ class RequestContext:
             record["failures"] = self.failures
         if self.attempts:
             record["attempts"] = self.attempts
+        if self.migrations is not None:
+            record["migrations"] = self.migrations
         record["status"] = self.status
         record["endpoint"] = self.endpoint
         record["total_ms"] = round(elapsed * 1000, 3)

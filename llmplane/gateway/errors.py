@@ -48,6 +48,7 @@ class ErrorCode(StrEnum):
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     RATE_LIMIT_UNAVAILABLE = "rate_limit_unavailable"
     REQUEST_TOO_LARGE = "request_too_large"
+    STREAM_LOST = "stream_lost"  # a stream lost mid-way that no replica could continue
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNSUPPORTED_PATH = "unsupported_path"
     UPSTREAM_STALLED = "upstream_stalled"

@@ -26,6 +26,7 @@ from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.flowcontrol.priority import prioritized_body
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
+from llmplane.gateway.migration import Migrator, Splice, failed_event
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.protocols import unserved
@@ -254,6 +255,8 @@ class Proxy:
         # Called when a stream's first chunk arrived (an endpoint's prefill finished: flow
         # control may release a waiter, see ``saturation_max_prefilling``).
         self.on_first_chunk = on_first_chunk
+        # MIGRATION: continues lost streams on another replica (gateway/migration.py).
+        self.migrator = Migrator(scheduler, outliers, config.migration_max_sequence)
 
     def start(self) -> None:
         c = self.config
@@ -327,7 +330,7 @@ class Proxy:
         """Tell outlier ejection how an attempt that reached the client went."""
         if (ctx.upstream_status or 0) >= 500 or ctx.upstream_broken:
             self.outliers.failure(state)
-        else:
+        elif not ctx.migrations:  # (a replica a stream moved away from was charged then)
             self.outliers.success(state)
 
     def send(
@@ -347,11 +350,14 @@ class Proxy:
             raise refusal
         if state.endpoint.priority_scheduling:  # only then: the bytes relayed untouched
             body = prioritized_body(ctx, body)
+        splice = None  # MIGRATION: a stream that may continue elsewhere asks for token ids
+        if ctx.inference.stream and (spliced := self.migrator.splice(ctx, state, body)):
+            splice, body = spliced
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
         ctx.endpoint = address
         if ctx.inference.stream:
-            return self._stream(ctx, address, wire, state, may_retry)
+            return self._stream(ctx, address, wire, state, may_retry, splice, headers)
         return self._unary(ctx, address, wire, state, may_retry)
 
     async def fetch(
@@ -394,7 +400,14 @@ class Proxy:
         )
 
     async def _stream(
-        self, ctx: RequestContext, address: str, wire: bytes, state: EndpointState, may_retry: bool
+        self,
+        ctx: RequestContext,
+        address: str,
+        wire: bytes,
+        state: EndpointState,
+        may_retry: bool,
+        splice: Splice | None = None,
+        headers: dict[str, str] | None = None,
     ) -> StreamResponse:
         """The timeout covers connect + response headers + first chunk (time to first byte);
         once a byte has been sent to the client the request is never retried."""
@@ -440,38 +453,80 @@ class Proxy:
                 watch = _StreamWatch(resp, stall, asyncio.get_running_loop().time())
                 self._streams.add(watch)
             chunk = first
-            while chunk:
-                scanner.feed(chunk)
-                data = chunk if relay is None else relay.feed(chunk)
-                # What has arrived goes now; the head with the first piece and, once the
-                # upstream's body has ended, the end of ours with its last: one write each.
-                last = relay is None and resp.ended
-                if not out.prepared:
-                    await out.prepare(ctx.request, data, last)
-                elif data or last:
-                    await out.write(data, last)  # a client that went away raises here
-                if last:
+            while True:  # MIGRATION: once per replica the stream runs on (one without it)
+                lost: str | None = None
+                while chunk:
+                    if splice is not None:  # whole events only, as the client's stream
+                        chunk = splice.feed(chunk)
+                    scanner.feed(chunk)
+                    data = chunk if relay is None else relay.feed(chunk)
+                    # What has arrived goes now; the head with the first piece and, once the
+                    # upstream's body has ended, the end of ours with its last: one write each.
+                    last = relay is None and resp.ended and (splice is None or splice.done)
+                    if not out.prepared:
+                        await out.prepare(ctx.request, data, last)
+                    elif data or last:
+                        await out.write(data, last)  # a client that went away raises here
+                    if last:
+                        break
+                    if splice is not None and splice.lost is not None:
+                        ctx.error, lost = f"stream lost: {splice.lost}", "engine_error"
+                        break
+                    try:
+                        if watch is not None:
+                            watch.chunks += 1
+                            watch.waiting = True
+                            chunk = await resp.readany()
+                            watch.waiting = False
+                        else:
+                            chunk = await resp.readany()
+                    except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as err:
+                        # The replica broke mid-stream; the client sees a truncated stream.
+                        ctx.error = f"stream broken: {type(err).__name__}: {err}"
+                        ctx.upstream_broken = True
+                        break
+                if splice is None or splice.done:
                     break
-                try:
-                    if watch is not None:
-                        watch.chunks += 1
-                        watch.waiting = True
-                        chunk = await resp.readany()
-                        watch.waiting = False
-                    else:
-                        chunk = await resp.readany()
-                except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as err:
-                    # The replica broke mid-stream; the client sees a truncated stream.
-                    ctx.error = f"stream broken: {type(err).__name__}: {err}"
+                if splice.finished:  # lost after its final chunk: only the end is missing
+                    data = splice.ending()
+                    scanner.feed(data)
+                    if relay is not None:
+                        data = relay.feed(data)
+                    await out.write(data)
+                    ctx.error, ctx.upstream_broken = None, False
+                    break
+                if watch is not None and watch.stalled:
+                    lost = "stalled"
+                self.outliers.failure(state)
+                assert self.migrator is not None and headers is not None
+                moved = await self.migrator.continue_on(
+                    self.pool, ctx, splice, lost or "broken", state, headers
+                )
+                if isinstance(moved, str):  # the client gets an error event, the stream ends
+                    ctx.error = f"{ctx.error or 'stream lost'}; not continued: {moved}"
+                    data = (
+                        splice.error_event + b"data: [DONE]\n\n"
+                        if splice.error_event
+                        else failed_event(f"the model server was lost mid-stream and {moved}")
+                    )
+                    await (out.write(data) if out.prepared else out.prepare(ctx.request, data))
                     ctx.upstream_broken = True
                     break
+                state.add_inflight(-1)
+                resp.release()
+                state, resp, chunk = moved
+                ctx.error, ctx.upstream_broken = None, False
+                if watch is not None:
+                    watch.resp, watch.stalled, watch.waiting = resp, False, False
             if not out.prepared:  # an empty body
                 await out.prepare(ctx.request)
             if relay is not None and (rest := relay.flush()):
                 await out.write(rest)
             ctx.usage = Usage.of(scanner.usage)
             ctx.events = scanner.events
-            if watch is not None and watch.stalled:
+            if splice is not None:  # complete: its [DONE], or an error event and [DONE]
+                await out.write_eof()
+            elif watch is not None and watch.stalled:
                 # A frozen replica: the client gets an error event and a complete response.
                 ctx.error = f"stream stalled: no bytes for {watch.stall:g} s"
                 if self.stalls is not None:

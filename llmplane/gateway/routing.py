@@ -67,6 +67,8 @@ PROFILE_ANNOTATION = "llmplane.io/scheduling-profile"
 # and stream_stall_timeout (a ModelServer's trafficPolicy.timeout wins over the first).
 TIMEOUT_ANNOTATION = "llmplane.io/upstream-timeout"
 STALL_ANNOTATION = "llmplane.io/stream-stall-timeout"
+# How many times a lost stream may move to another replica (0: never); see gateway/migration.py.
+MIGRATION_ANNOTATION = "llmplane.io/migration-limit"
 ROUTE_KINDS = (
     "ModelRoute",
     "ModelServer",
@@ -110,6 +112,7 @@ class Backend:
     model: str | None = None  # rewrite target; None keeps the request's model
     timeout: float | None = None
     stall_timeout: float | None = None  # seconds without a stream byte before it is ended
+    migration_limit: int = 3  # times a lost stream may continue on another replica
     retry_attempts: int = 2
     retry_interval: float = 0.0
     profile: str | None = None
@@ -390,11 +393,25 @@ def _seconds(meta: Mapping[str, Any], annotation: str, default: float | None) ->
     return seconds
 
 
-def _limits(meta: Mapping[str, Any], config: GatewayConfig) -> dict[str, float | None]:
-    """The Backend fields an object's annotations set: timeout and stall_timeout."""
+def _count(meta: Mapping[str, Any], annotation: str, default: int) -> int:
+    """A whole number >= 0 from an annotation, else ``default`` (a bad value is logged)."""
+    value = (meta.get("annotations") or {}).get(annotation)
+    if value is None:
+        return default
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 6):
+        log.warning("ignoring %s=%r on %s: not a count", annotation, value, meta.get("name"))
+        return default
+    return int(text)
+
+
+def _limits(meta: Mapping[str, Any], config: GatewayConfig) -> dict[str, Any]:
+    """The Backend fields an object's annotations set: timeout, stall_timeout and
+    migration_limit."""
     return {
         "timeout": _seconds(meta, TIMEOUT_ANNOTATION, config.default_timeout),
         "stall_timeout": _seconds(meta, STALL_ANNOTATION, config.stream_stall_timeout),
+        "migration_limit": _count(meta, MIGRATION_ANNOTATION, config.migration_limit),
     }
 
 
@@ -497,6 +514,7 @@ def build_table(
             model=spec.model or None,
             timeout=timeout if timeout is not None else limits["timeout"],
             stall_timeout=limits["stall_timeout"],
+            migration_limit=limits["migration_limit"],
             retry_attempts=retry[0],
             retry_interval=retry[1],
             profile=_profile(meta),

@@ -174,6 +174,7 @@ class Gateway:
             self.metrics.resends,
             on_first_chunk=self.prefilled,
         )
+        self.metrics.add(self.proxy.migrator.metrics())  # MIGRATION (gateway/migration.py)
         self.pd = PrefillDecode(
             self.config, self.proxy, self.scheduler, self.outliers, self.metrics
         )

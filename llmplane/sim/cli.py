@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fault-slow-start", type=float, default=f.slow_start)
     g.add_argument("--fault-disconnect-after", type=int, default=None)
     g.add_argument("--fault-disconnect-rate", type=float, default=f.disconnect_rate)
+    g.add_argument("--fault-error-event-after", type=int, default=None)
     g = p.add_argument_group("KV-cache events (llmplane/sim/kvevents.py)")
     g.add_argument(
         "--kv-events-config",
@@ -128,6 +129,7 @@ def config_from_args(a: argparse.Namespace) -> SimConfig:
             "slow_start": a.fault_slow_start,
             "disconnect_after": a.fault_disconnect_after,
             "disconnect_rate": a.fault_disconnect_rate,
+            "error_event_after": a.fault_error_event_after,
         }
     )
     timing = TimingModel(

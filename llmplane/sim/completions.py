@@ -31,10 +31,22 @@ from llmplane.sim.protocol import (
     token_text,
 )
 from llmplane.sim.scheduler import Sequence
-from llmplane.sim.tokenizer import render_chat, sequence_seed, tokenize
+from llmplane.sim.tokenizer import (
+    continuation,
+    final_words,
+    message_text,
+    render_chat,
+    sequence_seed,
+    tokenize,
+)
 from llmplane.sim.wire import SSE_HEADERS, error_response, json_response
 
 log = logging.getLogger("llmplane.sim")
+# vLLM's event when its engine fails in the middle of a stream (then [DONE]).
+ENGINE_ERROR = (
+    b'data: {"error": {"object": "error", "message": "EngineCore encountered an issue.", '
+    b'"type": "InternalServerError", "param": null, "code": 500}}\n\n' + DONE
+)
 
 
 @dataclass
@@ -78,6 +90,22 @@ class CompletionRoutes:
         prompts = self._raw_prompts(body, chat)
         return prompts
 
+    def _seeded_prompts(self, body: dict, chat: bool) -> list[tuple[list[int], list[int], int]]:
+        """Each prompt as (its ids, the ids its seed hashes, pseudo-words it continues)."""
+        prompts = self._raw_prompts(body, chat)
+        if not chat:
+            return [(ids, *continuation(ids, self.word_ids)) for ids in prompts]
+        ids = prompts[0]
+        if body.get("continue_final_message"):
+            # As vLLM's continue_final_message: the last (assistant) message is left open and
+            # generation continues it; its pseudo-words are a generation to go on with.
+            messages = body["messages"]
+            words = final_words(message_text(messages[-1].get("content")))
+            if words and len(messages) > 1:
+                return [(ids, tokenize(render_chat(messages[:-1], True), self.cfg.vocab_size),
+                         words)]  # fmt: skip
+        return [(ids, ids, 0)]
+
     def _check_ids(self, ids: list) -> list[int]:
         vocab = self.cfg.vocab_size
         for t in ids:
@@ -108,7 +136,15 @@ class CompletionRoutes:
                         "model_type", f"body.messages.{i}", "Input should be a valid dictionary",
                         m,
                     )  # fmt: skip
-            text = render_chat(messages, bool(body.get("add_generation_prompt", True)))
+            cont = bool(body.get("continue_final_message", False))
+            agp = bool(body.get("add_generation_prompt", True))
+            if cont and agp:
+                raise ApiError(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
+            text = render_chat(messages, agp)
+            if cont:
+                text = text[:-1]  # the final message stays open: no newline after it
             return [tokenize(text, vocab)]
         prompt = body.get("prompt")
         if prompt is None or prompt == "" or prompt == []:
@@ -157,14 +193,15 @@ class CompletionRoutes:
         make = chat_choice if chat else completion_choice
         for seq in seqs:
             completion_tokens += seq.num_output
-            choices.append(
-                make(
-                    seq.index,
-                    seq_text(seq.out_words, seq.text_cut),
-                    seq.finish_reason,
-                    seq.stop_reason,
-                )
-            )
+            choice = make(
+                seq.index, seq_text(seq.out_words, seq.text_cut), seq.finish_reason,
+                seq.stop_reason,
+            )  # fmt: skip
+            if sp.return_token_ids:  # as vLLM: the choice's ids (and a completion's prompt's)
+                choice["token_ids"] = seq.token_ids[seq.prompt_len :]
+                if not chat:
+                    choice["prompt_token_ids"] = seq.token_ids[: seq.prompt_len]
+            choices.append(choice)
         kv_params = None
         if job.remote_decode:
             kv_params = {
@@ -176,26 +213,22 @@ class CompletionRoutes:
                 "remote_port": self.port,
                 "tp_size": 1,
             }
-        render = chat_response if chat else completion_response
-        return json_response(
-            render(
-                rid,
-                created,
-                job.model,
-                choices,
-                job.prompt_tokens,
-                completion_tokens,
-                kv_params,
-                self.fingerprint,
-            )
-        )
+        if chat:
+            prompt_ids = seqs[0].token_ids[: seqs[0].prompt_len] if sp.return_token_ids else None
+            body = chat_response(rid, created, job.model, choices, job.prompt_tokens,
+                                 completion_tokens, kv_params, self.fingerprint,
+                                 prompt_ids)  # fmt: skip
+        else:
+            body = completion_response(rid, created, job.model, choices, job.prompt_tokens,
+                                       completion_tokens, kv_params, self.fingerprint)  # fmt: skip
+        return json_response(body)
 
     def _start(self, body: dict, chat: bool) -> Job:
         """Check a chat or completions ``body`` as vLLM does (``ApiError``) and submit its
         sequences to the engine (the caller aborts the group if it stops early)."""
         lora = self._resolve_model(body.get("model"))
         sp = parse_sampling(body, chat)
-        prompts = self._prompts(body, chat)
+        prompts = self._seeded_prompts(body, chat)
         remote_decode, remote_prefill = self._pd_flags(body)
         cfg = self.cfg
         max_len = cfg.max_model_len
@@ -209,7 +242,7 @@ class CompletionRoutes:
                 f"{p}={sp.max_tokens} cannot be greater than max_model_len={max_len}. "
                 "Please request fewer output tokens.", p, sp.max_tokens,
             )  # fmt: skip
-        for pi, ids in enumerate(prompts):
+        for pi, (ids, seed_ids, start) in enumerate(prompts):
             plen = len(ids)
             if plen == 0:
                 raise invalid(
@@ -244,8 +277,8 @@ class CompletionRoutes:
                     f"holds only {cfg.num_blocks * cfg.block_size}."
                 )
             for j in range(sp.n):
-                seed = sequence_seed(cfg.seed, ids, key, j)
-                plan = plan_output(seed, max_tokens, sp, cfg.mean_output_len)
+                seed = sequence_seed(cfg.seed, seed_ids, key, j)
+                plan = plan_output(seed, max_tokens, sp, cfg.mean_output_len, start)
                 seqs.append(
                     Sequence(
                         ids,
@@ -259,11 +292,12 @@ class CompletionRoutes:
                         remote_prefill=remote_prefill,
                         index=pi * sp.n + j,
                         priority=sp.priority,
+                        word_start=start,
                     )
                 )
         self.engine.submit(group)
         # vLLM counts the prompt once per prompt, not once per choice.
-        return Job(group, sp, lora or self.model, sum(len(p) for p in prompts), remote_decode)
+        return Job(group, sp, lora or self.model, sum(len(p[0]) for p in prompts), remote_decode)
 
     async def _stream(
         self, request: web.BaseRequest, group: Group, chat: bool, rid: str, created: int,
@@ -277,17 +311,25 @@ class CompletionRoutes:
         sent = [0] * len(seqs)
         f = self.faults
         limit = None
-        if f.disconnect_after is not None and (
+        ending = b""  # what a cut stream ends with (nothing: the connection is closed)
+        if (f.disconnect_after is not None or f.error_event_after is not None) and (
             f.disconnect_rate >= 1.0 or self.fault_rng.random() < f.disconnect_rate
         ):
-            limit = f.disconnect_after
+            if f.disconnect_after is not None:
+                limit = f.disconnect_after
+            else:
+                limit, ending = f.error_event_after, ENGINE_ERROR
         events = 0
         out: list[bytes] = []
         # Like vLLM, the role chunk goes out with the first token, not before it.
         role_pending = chat
+        with_ids = sp.return_token_ids
         while True:
             if role_pending and any(s.num_output for s in seqs):
-                out.extend(w.role(s.index, s.prompt_len) for s in seqs)
+                out.extend(
+                    w.role(s.index, s.prompt_len, s.token_ids[: s.prompt_len] if with_ids else None)
+                    for s in seqs
+                )
                 role_pending = False
             done = True
             for i, seq in enumerate(seqs):
@@ -301,12 +343,17 @@ class CompletionRoutes:
                     plen = seq.prompt_len
                     while k < n:
                         text = token_text(words_[k], k, cut)
+                        ids = pids = None
+                        if with_ids:
+                            ids = [seq.token_ids[plen + k]]
+                            if k == 0 and not chat:
+                                pids = seq.token_ids[:plen]
                         k += 1
                         if k == last + 1:
                             out.append(w.last(idx, text, seq.finish_reason, seq.stop_reason,
-                                              plen, k))  # fmt: skip
+                                              plen, k, ids, pids))  # fmt: skip
                         else:
-                            out.append(w.token(idx, text, plen, k))
+                            out.append(w.token(idx, text, plen, k, ids, pids))
                     sent[i] = k
                 if k < seq.target_len:
                     done = False
@@ -318,8 +365,10 @@ class CompletionRoutes:
                 out.append(DONE)
             if out:
                 if limit is not None and events + len(out) >= limit:
-                    await resp.write(b"".join(out[: max(0, limit - events)]))
-                    if request.transport is not None:
+                    await resp.write(b"".join(out[: max(0, limit - events)]) + ending)
+                    if ending:
+                        await resp.write_eof()
+                    elif request.transport is not None:
                         request.transport.close()
                     self.engine.abort(group)
                     group.remaining = 0

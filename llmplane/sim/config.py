@@ -65,6 +65,9 @@ class Faults:
     slow_start: float = 0.0  # /health answers 503 for this many seconds after start
     disconnect_after: int | None = None  # close a stream after this many chunks
     disconnect_rate: float = 1.0  # share of streams the disconnect applies to
+    # End a stream after this many chunks with an error event and [DONE], as vLLM does when
+    # its engine fails mid-generation (the same disconnect_rate share of streams).
+    error_event_after: int | None = None
     # The next this many KV event batches are numbered and kept for replay but not sent (a
     # subscriber sees a gap in the sequence numbers).
     kv_events_drop: int = 0
@@ -77,6 +80,7 @@ class Faults:
         "slow_start",
         "disconnect_after",
         "disconnect_rate",
+        "error_event_after",
         "kv_events_drop",
     )
 
@@ -104,7 +108,7 @@ class Faults:
         v = new["kv_events_drop"]
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError("kv_events_drop must be an integer >= 0")
-        for key in ("crash_after", "disconnect_after"):
+        for key in ("crash_after", "disconnect_after", "error_event_after"):
             v = new[key]
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise ValueError(f"{key} must be null or an integer >= 0")

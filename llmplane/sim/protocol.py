@@ -105,6 +105,7 @@ class Sampling:
     include_usage: bool
     params_key: str
     continuous_usage: bool = False
+    return_token_ids: bool = False  # vLLM's: token ids with each chunk, the prompt's once
     priority: int = 0  # vLLM's request field: lower is scheduled earlier (priority policy)
 
 
@@ -222,6 +223,7 @@ def parse_sampling(body: dict, chat: bool) -> Sampling:
         include_usage=include_usage,
         params_key=f"{body.get('seed')}|{temperature}|{body.get('top_p')}",
         continuous_usage=continuous,
+        return_token_ids=bool(body.get("return_token_ids")),
         priority=parse_priority(body),
     )
 
@@ -234,12 +236,15 @@ class OutputPlan:
     text_cut: int | None  # characters of text shown (None: all 4 x length)
 
 
-def plan_output(seed: int, max_tokens: int, sp: Sampling, mean_output_len: int) -> OutputPlan:
-    """How many tokens a sequence generates and why it stops (known in advance)."""
+def plan_output(
+    seed: int, max_tokens: int, sp: Sampling, mean_output_len: int, start: int = 0
+) -> OutputPlan:
+    """How many tokens a sequence generates and why it stops (known in advance); ``start``:
+    words of the sequence the prompt already holds (a continuation: the EOS stays put)."""
     if sp.ignore_eos:
         length, reason, cut = max_tokens, "length", None
     else:
-        eos = max(eos_length(seed, mean_output_len), sp.min_tokens + 1)
+        eos = max(eos_length(seed, mean_output_len) - start, sp.min_tokens + 1)
         if eos <= max_tokens:
             # The EOS token is counted in the usage but has no text.
             length, reason, cut = eos, "stop", (eos - 1) * 4
@@ -247,7 +252,7 @@ def plan_output(seed: int, max_tokens: int, sp: Sampling, mean_output_len: int) 
             length, reason, cut = max_tokens, "length", None
     stop_reason = None
     if sp.stop:
-        text = "".join(words(seed, 0, length))
+        text = "".join(words(seed, start, start + length))
         if cut is not None:
             text = text[:cut]
         best = None
@@ -289,7 +294,7 @@ def usage(prompt: int, completion: int) -> dict:
 
 def chat_response(
     rid: str, created: int, model: str, choices: list[dict], prompt: int, completion: int,
-    kv_params: dict | None, fingerprint: str,
+    kv_params: dict | None, fingerprint: str, prompt_ids: list[int] | None = None,
 ) -> bytes:  # fmt: skip
     return orjson.dumps(
         {
@@ -302,7 +307,7 @@ def chat_response(
             "system_fingerprint": fingerprint,
             "usage": usage(prompt, completion),
             "prompt_logprobs": None,
-            "prompt_token_ids": None,
+            "prompt_token_ids": prompt_ids,
             "prompt_text": None,
             "kv_transfer_params": kv_params,
             "ec_transfer_params": None,
@@ -371,6 +376,10 @@ def completion_choice(index: int, text: str, finish: str, stop_reason: str | Non
 DONE = b"data: [DONE]\n\n"
 
 
+def _ids(ids: list[int] | None) -> bytes:
+    return b"null" if ids is None else orjson.dumps(ids)
+
+
 class ChunkWriter:
     """Pre-encoded pieces of one streamed response's SSE events.
 
@@ -415,43 +424,47 @@ class ChunkWriter:
             b',"completion_tokens_details":null' if self.chat else b"",
         )
 
-    def role(self, index: int, prompt: int = 0) -> bytes:
+    def role(self, index: int, prompt: int = 0, prompt_ids: list[int] | None = None) -> bytes:
         return (
             self.head + b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
             b'"finish_reason":null}]'
             % index
             + self._usage(prompt, 0)
-            + b',"prompt_token_ids":null,"prompt_text":null}\n\n'
+            + b',"prompt_token_ids":%s,"prompt_text":null}\n\n' % _ids(prompt_ids)
         )
 
-    def token(self, index: int, text: str, prompt: int = 0, done: int = 0) -> bytes:
+    def token(self, index: int, text: str, prompt: int = 0, done: int = 0,
+              ids: list[int] | None = None, prompt_ids: list[int] | None = None) -> bytes:  # fmt: skip
+        """``ids``, ``prompt_ids``: with ``return_token_ids`` (vLLM sends the prompt's with a
+        choice's first completion chunk, the chat one's with the role chunk)."""
         if self.chat:
             body = (
                 b'{"index":%d,"delta":{"content":%s},"logprobs":null,'
-                b'"finish_reason":null,"token_ids":null}]' % (index, orjson.dumps(text))
+                b'"finish_reason":null,"token_ids":%s}]' % (index, orjson.dumps(text), _ids(ids))
             )
         else:
             body = (
                 b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,'
-                b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
-                % (index, orjson.dumps(text))
+                b'"stop_reason":null,"prompt_token_ids":%s,"token_ids":%s}]'
+                % (index, orjson.dumps(text), _ids(prompt_ids), _ids(ids))
             )
         return self.head + body + self._usage(prompt, done) + b"}\n\n"
 
     def last(self, index: int, text: str, finish: str, stop_reason: str | None,
-             prompt: int = 0, done: int = 0) -> bytes:  # fmt: skip
+             prompt: int = 0, done: int = 0, ids: list[int] | None = None,
+             prompt_ids: list[int] | None = None) -> bytes:  # fmt: skip
         sr = orjson.dumps(stop_reason)
         if self.chat:
             body = (
                 b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":"%s",'
-                b'"stop_reason":%s,"token_ids":null}]'
-                % (index, orjson.dumps(text), finish.encode(), sr)
+                b'"stop_reason":%s,"token_ids":%s}]'
+                % (index, orjson.dumps(text), finish.encode(), sr, _ids(ids))
             )
         else:
             body = (
                 b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":"%s",'
-                b'"stop_reason":%s,"prompt_token_ids":null,"token_ids":null}]'
-                % (index, orjson.dumps(text), finish.encode(), sr)
+                b'"stop_reason":%s,"prompt_token_ids":%s,"token_ids":%s}]'
+                % (index, orjson.dumps(text), finish.encode(), sr, _ids(prompt_ids), _ids(ids))
             )
         return self.head + body + self._usage(prompt, done) + self.fp_tail
 

@@ -73,6 +73,7 @@ class Sequence:
         "target_len",
         "text_cut",
         "token_ids",
+        "word_start",
     )
 
     def __init__(
@@ -91,6 +92,7 @@ class Sequence:
         index: int = 0,
         arrival: float = 0.0,
         priority: int = 0,
+        word_start: int = 0,
     ) -> None:
         self.token_ids = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
@@ -106,6 +108,9 @@ class Sequence:
         self.index = index
         self.arrival = arrival
         self.priority = priority
+        # Pseudo-words the prompt already ends with (a continuation): generation goes on after
+        # them, as the uninterrupted sequence would have (``sim/tokenizer.continuation``).
+        self.word_start = word_start
         self.serial = 0  # order of arrival at the scheduler (the last tie-break)
         self.hashes: list[int] = []
         self.blocks: list[int] = []
@@ -478,7 +483,7 @@ class Scheduler:
             if seq.num_computed < seq.num_tokens:
                 continue  # partial prefill chunk
             k = seq.num_output
-            w = word_index(seq.seed, k)
+            w = word_index(seq.seed, seq.word_start + k)
             seq.out_words.append(w)
             seq.token_ids.append(word_ids[w])
             seq.num_output = k + 1

@@ -28,6 +28,7 @@ from llmplane.sim.protocol import (
 )
 from llmplane.sim.responses import ResponsesRoutes
 from llmplane.sim.service_routes import ServiceRoutes
+from llmplane.sim.tokenizer import WordIds
 from llmplane.sim.wire import JSON, VERSION, error_response, json_response
 
 log = logging.getLogger("llmplane.sim")
@@ -43,6 +44,7 @@ class SimServer(CompletionRoutes, ResponsesRoutes, MessagesRoutes, ServiceRoutes
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.engine = Engine(cfg)
+        self.word_ids = WordIds(cfg.vocab_size).id_set  # to recognise a continuation
         self.model = cfg.model_name
         self.base_names = set(cfg.served_model_names or [cfg.model])
         self.loras: dict[str, str] = dict(cfg.lora_modules)

@@ -120,3 +120,31 @@ class WordIds:
 
     def __init__(self, vocab_size: int) -> None:
         self.ids = [xxh32_intdigest(w.encode()) % vocab_size for w in WORDS]
+        self.id_set = frozenset(self.ids)
+
+
+def continuation(prompt_ids: list[int], word_ids: frozenset[int]) -> tuple[list[int], int]:
+    """(the ids the sequence seed hashes, the words already generated) of a prompt.
+
+    A prompt that ends with pseudo-word ids is read as a generation to continue: the seed
+    hashes the prompt before them and generation resumes at word ``len(run)``, so prompt +
+    the first ``k`` generated ids yields exactly the words after ``k`` (as an autoregressive
+    model at temperature 0 would). A prompt that ends so by chance stays deterministic."""
+    end = len(prompt_ids)
+    start = end
+    while start > 1 and prompt_ids[start - 1] in word_ids:
+        start -= 1
+    return prompt_ids[:start], end - start
+
+
+def final_words(text: str) -> int | None:
+    """How many pseudo-words ``text`` is made of (None: it is not only pseudo-words)."""
+    if len(text) % CHARS_PER_TOKEN:
+        return None
+    for i in range(0, len(text), CHARS_PER_TOKEN):
+        if text[i : i + CHARS_PER_TOKEN] not in _WORD_SET:
+            return None
+    return len(text) // CHARS_PER_TOKEN
+
+
+_WORD_SET = frozenset(WORDS)

@@ -62,7 +62,11 @@ async def test_streams_on_a_frozen_replica_end_with_an_error_and_traffic_moves(e
     discovery = StaticDiscovery(
         [Endpoint(e.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True) for e in engines]
     )
-    config = GatewayConfig(stream_stall_timeout=STALL, default_timeout=5.0, ejection_failures=2)
+    # Without stream migration (gateway/migration.py, tests/integration/test_gateway_migration.py):
+    # what a stall does to a stream that cannot move.
+    config = GatewayConfig(
+        stream_stall_timeout=STALL, default_timeout=5.0, ejection_failures=2, migration_limit=0
+    )
     gw = await start_gateway(None, discovery, config=config)
     url = f"http://127.0.0.1:{gw.port}/v1/completions"
     try:

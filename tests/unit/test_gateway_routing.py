@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
+from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.registry import EndpointState
@@ -443,3 +444,14 @@ def test_h2c_pool_and_foreign_pool_ref_are_problems():
     with pytest.raises(GatewayError) as err:
         table.resolve("z", "/", {})
     assert err.value.status == 503 and "not a pool" in str(err.value)
+
+
+def test_migration_limit_per_route_from_its_annotation():
+    plain = server("a", "model-a", {"matchLabels": {"app": "a"}})
+    off = server("b", "model-b", {"matchLabels": {"app": "b"}})
+    off["metadata"]["annotations"] = {"llmplane.io/migration-limit": "0"}
+    bad = server("c", "model-c", {"matchLabels": {"app": "a"}})
+    bad["metadata"]["annotations"] = {"llmplane.io/migration-limit": "-1"}
+    table = build_table([plain, off, bad], STATES, GatewayConfig(migration_limit=5))
+    limits = {name: b.migration_limit for (_, name), b in table.servers.items()}
+    assert limits == {"a": 5, "b": 0, "c": 5}  # a bad value keeps the default

@@ -1,0 +1,135 @@
+"""Stream migration with real vLLM (the CPU build): two replicas of a tiny random Llama under
+``llmplane up``; a stream (temperature 0, a seed) whose replica is SIGKILLed after 20 tokens
+continues on the other, and the client's full text equals the uninterrupted run's, on
+/v1/completions (token level: prompt ids + generated ids) and on chat
+(``continue_final_message``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from llmplane.testing import Up, wait_for
+from llmplane.testing.fleets import vllm_fleet
+from llmplane.testing.tiny_model import build_tiny_llama
+from tests.integration.upcli import condition, status
+from tests.integration.vllm_cpu import require_vllm
+
+require_vllm()
+pytestmark = pytest.mark.slow
+
+NAME = "tiny-llama"
+TOKENS = 60
+KILL_AFTER = 20
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    root = tmp_path_factory.mktemp("vllm-migration")
+    model = build_tiny_llama(root / "model")
+    # float32 (the last --dtype wins): no near-ties of bfloat16 logits between a prefill
+    # and the decode steps it replaces
+    args = ["--dtype", "float32", "--max-num-seqs", "4"]
+    (root / "fleet.yaml").write_text(vllm_fleet(model, NAME, 2, args))
+    process = Up(root / "state", str(root / "fleet.yaml"))
+    try:
+        process.start()
+        wait_for(
+            lambda: (
+                condition(process.state_dir, "Playground", NAME, "Available").get("status")
+                == "True"
+                and status(process.state_dir, "Playground", NAME).get("readyReplicas") == 2
+            ),
+            600,
+            every=1,
+            what="both vLLM replicas ready",
+        )
+        yield process
+    finally:
+        process.kill_everything()
+
+
+def engine_pid(up: Up, address: str) -> int:
+    """The engine process serving on ``address`` (its command line's --port)."""
+    port = address.rsplit(":", 1)[1]
+    for pid in up.engine_pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in argv and argv[argv.index(b"--port") + 1].decode() == port:
+            return pid
+    raise AssertionError(f"no engine process on {address}: {up.engine_pids()}")
+
+
+async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, list[dict]]:
+    """(endpoint, text, events); ``kill(endpoint)`` runs after KILL_AFTER token chunks."""
+    chat = "chat" in path
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+        ) as resp,  # fmt: skip
+    ):
+        assert resp.status == 200, await resp.text()
+        endpoint = resp.headers["x-llmplane-endpoint"]
+        events: list[dict] = []
+        pieces = 0
+        async for line in resp.content:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            event = orjson.loads(line[6:])
+            assert "error" not in event, event
+            events.append(event)
+            for c in event.get("choices") or ():
+                if not (chat and "role" in c["delta"]):  # a token's chunk (its text may be "")
+                    pieces += 1
+                    if pieces == KILL_AFTER and kill is not None:
+                        kill(endpoint)
+    text = "".join(
+        ((c["delta"].get("content") if chat else c["text"]) or "")
+        for e in events
+        for c in e.get("choices") or ()
+    )
+    return endpoint, text, events
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, path: str):
+    body = {"model": NAME, "max_tokens": TOKENS, "temperature": 0, "seed": 5,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    if "chat" in path:
+        body["messages"] = [{"role": "user", "content": "Tell me about the sea."}]
+    else:
+        body["prompt"] = "The sea is"
+    url = up.url
+    _, expected, _ = await stream(url, path, body)
+    killed: list[str] = []
+
+    def kill(endpoint: str) -> None:
+        pid = engine_pid(up, endpoint)
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        killed.append(endpoint)
+
+    t = time.monotonic()
+    endpoint, text, events = await stream(url, path, body, kill)
+    assert killed == [endpoint]
+    assert text == expected, f"continued:\n{text!r}\nuninterrupted:\n{expected!r}"
+    assert events[-1]["usage"]["completion_tokens"] == TOKENS
+    assert len({e["id"] for e in events}) == 1
+    print(f"{path}: migrated in a stream of {time.monotonic() - t:.1f} s")
+    # the killed replica comes back (the runtime restarts it) before the next case
+    wait_for(
+        lambda: status(up.state_dir, "Playground", NAME).get("readyReplicas") == 2,
+        600,
+        every=1,
+        what="the killed replica back",
+    )

@@ -1,0 +1,173 @@
+"""``gateway/migration.py``'s Splice on its own: events in (as vLLM and the sim send them, cut
+anywhere), the client's stream out, and the continuation request. No sockets: the streams with
+real engines are tests/integration/test_gateway_migration.py."""
+
+from __future__ import annotations
+
+import orjson
+
+from llmplane.gateway.migration import MAX_EVENT, Splice, spliceable
+
+
+def ev(obj: dict | str) -> bytes:
+    return b"data: " + (obj.encode() if isinstance(obj, str) else orjson.dumps(obj)) + b"\n\n"
+
+
+def completion(rid: str, text: str, ids: list[int], finish=None, prompt_ids=None) -> bytes:
+    choice = {"index": 0, "text": text, "finish_reason": finish, "token_ids": ids,
+              "prompt_token_ids": prompt_ids}  # fmt: skip
+    return ev({"id": rid, "object": "text_completion", "created": 1, "model": "m",
+               "choices": [choice]})  # fmt: skip
+
+
+def usage(rid: str, prompt: int, completion: int) -> bytes:
+    return ev({"id": rid, "created": 1, "model": "m", "choices": [],
+               "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                         "total_tokens": prompt + completion}})  # fmt: skip
+
+
+def events(data: bytes) -> list[dict]:
+    return [orjson.loads(e[6:]) for e in data.split(b"\n\n") if e and e != b"data: [DONE]"]
+
+
+def test_a_completion_stream_continues_at_the_token_level():
+    body = {"model": "m", "prompt": "hi", "max_tokens": 5, "min_tokens": 3, "seed": 4,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    splice, sent = Splice.of(orjson.dumps(body), chat=False)
+    assert orjson.loads(sent) == {**body, "return_token_ids": True}
+    first = completion("a", " foo", [7], prompt_ids=[1, 2]) + completion("a", " bar", [8])
+    # cut mid-event: only whole events go out
+    out = splice.feed(first[:10]) + splice.feed(first[10:])
+    sent_events = events(out)
+    assert [e["choices"][0]["text"] for e in sent_events] == [" foo", " bar"]
+    assert all(e["choices"][0]["token_ids"] is None for e in sent_events)  # not asked for
+    assert sent_events[0]["choices"][0]["prompt_token_ids"] is None
+    assert splice.feed(completion("a", " ba", [9])[:-3]) == b""  # lost mid-event
+    assert splice.can_continue() is None
+    path, cont = splice.continuation("/v1/completions")
+    cont = orjson.loads(cont)
+    assert (
+        path == "/v1/completions"
+        and cont["prompt"] == [1, 2, 7, 8]
+        and cont["max_tokens"] == 3
+        and cont["min_tokens"] == 1
+    )
+    assert cont["seed"] == 4 and cont["temperature"] == 0 and cont["return_token_ids"]
+    splice.started()
+    rest = (
+        completion("b", " baz", [9], prompt_ids=[1, 2, 7, 8])
+        + completion("b", " qux", [10])
+        + completion("b", "", [11], finish="length")
+        + usage("b", 4, 3)
+        + b"data: [DONE]\n\n"
+    )
+    out = events(splice.feed(rest))
+    assert {(e["id"], e["created"], e["model"]) for e in out} == {("a", 1, "m")}
+    assert out[0]["choices"][0]["prompt_token_ids"] is None
+    assert out[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert splice.done and splice.tokens == 5
+
+
+def chunk(rid: str, delta: dict, ids: list[int] | None, **top) -> bytes:
+    return ev({"id": rid, "object": "chat.completion.chunk", "created": 1, "model": "m",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                            "token_ids": ids}], **top})  # fmt: skip
+
+
+def test_a_chat_stream_continues_as_a_completion_of_its_token_ids():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_completion_tokens": 10, "temperature": 0, "seed": 2, "tools": None}  # fmt: skip
+    splice, _ = Splice.of(orjson.dumps(body), chat=True)
+    splice.feed(
+        chunk("a", {"role": "assistant", "content": ""}, None, prompt_token_ids=[5, 6])
+        + chunk("a", {"content": "Hel"}, [1])
+    )
+    path, cont = splice.continuation("/v1/chat/completions?x=1")
+    assert path == "/v1/completions?x=1"
+    assert orjson.loads(cont) == {"model": "m", "stream": True, "temperature": 0, "seed": 2,
+                                  "prompt": [5, 6, 1], "max_tokens": 9,
+                                  "return_token_ids": True}  # fmt: skip
+    splice.started()
+    out = events(
+        splice.feed(
+            completion("b", "lo", [2], prompt_ids=[5, 6, 1])
+            + completion("b", "!", [3], finish="length")
+        )
+    )
+    assert [e["object"] for e in out] == ["chat.completion.chunk"] * 2
+    assert [e["choices"][0]["delta"] for e in out] == [{"content": "lo"}, {"content": "!"}]
+    assert all("text" not in e["choices"][0] and e["id"] == "a" for e in out)
+
+
+def test_a_chat_stream_without_prompt_ids_continues_its_final_message():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_completion_tokens": 10, "return_token_ids": True}  # fmt: skip
+    splice, sent = Splice.of(orjson.dumps(body), chat=True)
+    assert orjson.loads(sent) == body  # the client asked for ids: they stay
+
+    out = splice.feed(
+        chunk("a", {"role": "assistant", "content": ""}, None)
+        + chunk("a", {"content": "Hel"}, [1])
+        + chunk("a", {"content": "lo"}, [2])
+    )
+    assert events(out)[1]["choices"][0]["token_ids"] == [1]  # asked for: kept
+    path, cont = splice.continuation("/v1/chat/completions")
+    cont = orjson.loads(cont)
+    assert path == "/v1/chat/completions"
+    assert cont["messages"][-1] == {"role": "assistant", "content": "Hello"}
+    assert cont["continue_final_message"] is True and cont["add_generation_prompt"] is False
+    assert cont["max_completion_tokens"] == 8
+    splice.started()
+    out = events(
+        splice.feed(
+            chunk("b", {"role": "assistant", "content": ""}, None)
+            + chunk("b", {"content": " you"}, [3])
+        )
+    )
+    # the continuation's role chunk is not sent again
+    assert len(out) == 1 and out[0]["choices"][0]["delta"] == {"content": " you"}
+    assert out[0]["id"] == "a" and out[0]["choices"][0]["token_ids"] == [3]
+    # a second migration continues the message the first one continued
+    splice.started()
+    again = orjson.loads(splice.continuation("/v1/chat/completions")[1])
+    assert again["messages"][-1]["content"] == "Hello you"
+    assert len(again["messages"]) == 2
+
+
+def test_engine_error_events_and_endless_events_lose_the_stream():
+    splice, _ = Splice.of(b'{"prompt": "x", "stream": true}', chat=False)
+    # the events before the error event in the same chunk still go out; nothing after it
+    out = splice.feed(
+        completion("a", " x", [1], prompt_ids=[3])
+        + ev({"error": {"message": "boom", "code": 500}})
+        + completion("a", " y", [2])
+    )
+    assert [e["choices"][0]["text"] for e in events(out)] == [" x"]
+    assert "boom" in splice.lost and b"boom" in splice.error_event and splice.tokens == 1
+    assert splice.feed(completion("a", " z", [4])) == b""
+    splice.started()  # a continuation starts clean
+    assert splice.lost is None and splice.error_event is None
+    assert splice.feed(b"data: " + b"x" * (MAX_EVENT + 1)) == b"" and "longer" in splice.lost
+    fresh, _ = Splice.of(b'{"prompt": "x", "stream": true}', chat=False)
+    fresh.feed(completion("a", " x", [1], prompt_ids=[3]) + b"data: [DONE]\n\n")
+    assert fresh.lost == "the stream ended without a finish reason" and not fresh.done
+
+
+def test_what_cannot_be_continued():
+    assert not spliceable({"prompt": "x", "n": 2}, False)
+    assert not spliceable({"messages": [{"role": "user"}], "tools": [{}]}, True)
+    assert not spliceable({"prompt": ["a", "b"]}, False)  # several prompts
+    assert not spliceable({"prompt": [1, True]}, False)
+    assert spliceable({"prompt": [1, 2]}, False) and spliceable({"prompt": "x"}, False)
+    assert Splice.of(b"not json", chat=False) is None
+    splice, _ = Splice.of(b'{"prompt": "x", "max_tokens": 1}', chat=False)
+    assert splice.can_continue() == "nothing was streamed yet"
+    splice.feed(completion("a", " x", [1], prompt_ids=[3]))
+    assert splice.can_continue() == "no tokens left to generate"
+    # lost after the final chunk: only the usage asked for and [DONE] are missing
+    splice, _ = Splice.of(
+        b'{"prompt": "x", "max_tokens": 1, "stream_options": {"include_usage": true}}', False
+    )
+    splice.feed(completion("a", " x", [1], finish="length", prompt_ids=[3, 4]))
+    end = splice.ending()
+    assert events(end)[0]["usage"]["completion_tokens"] == 1 and end.endswith(b"[DONE]\n\n")
