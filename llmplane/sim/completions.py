@@ -94,7 +94,17 @@ class CompletionRoutes:
         """Each prompt as (its ids, the ids its seed hashes, pseudo-words it continues)."""
         prompts = self._raw_prompts(body, chat)
         if not chat:
-            return [(ids, *continuation(ids, self.word_ids)) for ids in prompts]
+            # Only a prompt of token ids may continue a generation (the gateway continues a
+            # lost stream with prompt + generated ids): a text prompt made of pseudo-words, as
+            # tests and benchmarks send, is a prompt like any other.
+            prompt = body.get("prompt")
+            given = (
+                [True] if isinstance(prompt[0], int) else [isinstance(p, list) for p in prompt]
+            ) if isinstance(prompt, list) else [False]  # fmt: skip
+            return [
+                (ids, *continuation(ids, self.word_ids)) if as_ids else (ids, ids, 0)
+                for ids, as_ids in zip(prompts, given, strict=True)
+            ]
         ids = prompts[0]
         if body.get("continue_final_message"):
             # As vLLM's continue_final_message: the last (assistant) message is left open and
