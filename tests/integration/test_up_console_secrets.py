@@ -133,6 +133,8 @@ def test_console_masks_credentials_and_needs_a_key_once_tenants_exist(
     # tenant's key included, and the answer says how to configure an admin key.
     key = _tenant_key(up.state_dir, tmp_path, TENANT, "team-a")
     wait_for(lambda: _get(up, "/console/api/fleet")[0] == 401, 30, what="console API 401")
+    # (the Tenant and its key are two writes: the 401 may come before the key is live)
+    wait_for(lambda: _get(up, "/console/api/whoami", key)[1]["chat"], 30, what="the key live")
     for path in ("models", "fleet", "stats", "resources", "logs?workload=default/leaky&replica=0"):
         for presented in (None, "llmp-wrong-key", key):
             code, doc = _get(up, f"/console/api/{path}", presented)
