@@ -11,7 +11,6 @@ is forgotten by the index within a second.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -24,6 +23,7 @@ import pytest
 from llmplane.gateway.kvcache.index import block_keys
 from llmplane.gateway.tokenization import ModelTokenizer
 from llmplane.testing import Processes, wait_for
+from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama, corpus
 from tests.integration.test_vllm import engine_metric, gateway_metric
 from tests.integration.upcli import condition, http, status
@@ -36,33 +36,6 @@ NAME = "tiny"
 ENGINE_START = 600  # two cold vLLM starts on a shared 2-core machine
 BLOCK = 128  # vLLM's block size on CPU
 HITS = "vllm:prefix_cache_hits_total"
-
-
-def fleet_yaml(model: Path) -> str:
-    args = ["--dtype", "bfloat16", "--max-model-len", "1024"]
-    envs = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-            {"name": "HF_HUB_OFFLINE", "value": "1"}]  # fmt: skip
-    return f"""
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {NAME}}}
-spec:
-  familyName: llama
-  source: {{uri: "host://{model}"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {NAME}}}
-spec:
-  replicas: 2
-  modelClaims:
-    models:
-      - {{name: {NAME}, role: main}}
-  backendRuntimeConfig:
-    backendName: vllm
-    args: {json.dumps(args)}
-    envs: {json.dumps(envs)}
-"""
 
 
 def requests() -> list[tuple[int, dict]]:
@@ -97,7 +70,9 @@ def test_predictions_equal_vllms_hits_across_two_workers_and_a_restart_is_forgot
 ) -> None:
     model = build_tiny_llama(tmp_path / "model")
     tokenizer = ModelTokenizer.load(model)
-    (tmp_path / "fleet.yaml").write_text(fleet_yaml(model))
+    (tmp_path / "fleet.yaml").write_text(
+        vllm_fleet(model, NAME, replicas=2, args=["--max-model-len", "1024"])
+    )
     up = processes.up(
         tmp_path / "state",
         str(tmp_path / "fleet.yaml"),
