@@ -176,7 +176,8 @@ def _unknown(up: Up, model: str, key: str) -> tuple[int, dict[str, Any]]:
 def test_unknown_model_404_names_only_the_keys_models(up: Up, tmp_path: Path) -> None:
     key = _tenant_key(up.state_dir, tmp_path, TENANT, "team-a")
     everything = _tenant_key(up.state_dir, tmp_path, TENANT_ALL, "team-all")
-    wait_for(lambda: _unknown(up, "tiny-a", key)[0] == 200, 30, what="the key served")
+    for k in (key, everything):  # two Tenants, two writes: wait until both keys are live
+        wait_for(lambda k=k: _unknown(up, "tiny-a", k)[0] == 200, 30, what="the key served")
     # Names the tenant's pattern allows but nothing routes: 404, naming tiny-a only.
     for model in ("tiny-a-nope", "tiny-ab", "tiny-a2", "tiny-a.b"):
         code, doc = _unknown(up, model, key)
