@@ -46,10 +46,11 @@ log = logging.getLogger("llmplane.gateway")
 
 ROW_BYTES = 1024
 # seq, waiting, running, kv, scraped_at, prefix hits, prefix queries, capacity, room,
-# inflight at scrape, flags, max_lora, adapters text length
-_HEAD = struct.Struct("<qdddddddddqqqqq")
+# prefill rate, KV received (-1: not reported), inflight at scrape, flags, max_lora,
+# block size, adapters text length
+_HEAD = struct.Struct("<qddddddddddqqqqq")
 TEXT_BYTES = ROW_BYTES - _HEAD.size
-_FIELDS = struct.Struct("<dddddddddqqqqq")  # the head without seq
+_FIELDS = struct.Struct("<ddddddddddqqqqq")  # the head without seq
 _TIME = struct.Struct("<d")
 HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
 READ_TRIES = 4
@@ -112,6 +113,7 @@ class ScrapeTable:
             state.capacity,
             state.room,
             state.prefill_rate,
+            -1.0 if state.kv_received is None else state.kv_received,
             state.inflight_at_scrape,
             flags,
             state.max_lora,
@@ -154,6 +156,7 @@ def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
         capacity,
         room,
         prefill_rate,
+        kv_received,
         at_scrape,
         flags,
         max_lora,
@@ -170,6 +173,7 @@ def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
     state.scrape_ok = bool(flags & SCRAPE_OK)
     state.max_lora = max_lora
     state.prefill_rate, state.block_size = prefill_rate, block_size
+    state.kv_received = None if kv_received < 0 else kv_received
     running_text, _, waiting_text = text.partition(b"\n")
     state.lora_running = _names(running_text)
     state.lora_waiting = _names(waiting_text)
@@ -207,6 +211,7 @@ def _content(state: EndpointState, kept: bool) -> tuple:
         state.max_lora,
         state.prefill_rate,
         state.block_size,
+        state.kv_received,
         state.lora_running,
         state.lora_waiting,
         kept,
