@@ -78,5 +78,6 @@ def test_fleet_page_shows_roles(tmp_path: Path, browser: Browser) -> None:
         prefill = f'[data-workload="default/{MODEL}-prefill"] [data-testid=kv-moved]'
         assert d.find_elements(By.CSS_SELECTOR, prefill) == []
         browser.screenshot("fleet-roles")
+        d.get("about:blank")  # the page stops polling before up stops (no failed loads logged)
     finally:
         up.kill_everything()
