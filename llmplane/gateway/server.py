@@ -423,7 +423,7 @@ class Gateway:
         403 for a model its key may not use)."""
         assert ctx.inference is not None
         tenant = ctx.tenant = self.auth.authenticate(ctx.request.headers)
-        if tenant is not None:
+        if tenant is not None and ctx.inference.model:  # (without one: the route's, in route)
             self.auth.permit(tenant, ctx.inference.model)
 
     async def route(self, ctx: RequestContext) -> None:
@@ -451,6 +451,8 @@ class Gateway:
             # A key is told only about the models it may use.
             names = [n for n in self.table.model_names() if tenant.allows(n)]
             raise model_not_found(model, names) from None
+        if not model and tenant is not None:  # a catch-all rewrite's target
+            self.auth.permit(tenant, decision.model)
         ctx.decision = decision
         if decision.priority is not None:
             ctx.level = decision.priority
