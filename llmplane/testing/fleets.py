@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -41,15 +41,22 @@ spec:
 """
 
 
-def vllm_fleet(model: Path, name: str, replicas: int = 1, args: Sequence[str] = ()) -> str:
+def vllm_fleet(
+    model: Path,
+    name: str,
+    replicas: int = 1,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> str:
     """YAML for an OpenModel ``name`` with its files at ``model`` (a tiny test model,
     ``llmplane.testing.tiny_model``) and a Playground of ``replicas`` vLLM for CPU engines
     serving it with the settings that model runs with (bfloat16, 512 tokens of context, 1 GiB
-    of KV cache, offline) plus ``args``."""
+    of KV cache, offline) plus ``args`` and the environment variables ``env``."""
     argv = ["--dtype", "bfloat16", "--max-model-len", "512", *args]
     envs = [
         {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
+        *({"name": k, "value": v} for k, v in (env or {}).items()),
     ]
     return f"""
 apiVersion: llmaz.io/v1alpha1
