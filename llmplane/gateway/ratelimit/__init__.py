@@ -37,8 +37,7 @@ own buckets) or ``closed`` (503 with Retry-After).
 Modules: ``limits`` (ModelRoute and Tenant rateLimit -> ``RouteLimit``), ``buckets`` (token-bucket maths,
 ``x-ratelimit-*`` headers, settlement), ``error`` (the 429), ``usage_filter`` (injecting
 ``include_usage`` and dropping the usage chunk), ``redis_store`` (the shared buckets' Lua
-scripts), ``local`` (a single limit's local buckets resolved once, with the header lines of
-its last take) and ``limiter`` (``RateLimiter``, the hook).
+scripts) and ``limiter`` (``RateLimiter``, the hook).
 """
 
 from llmplane.gateway.ratelimit.error import RateLimitError
