@@ -188,7 +188,7 @@ def _pair(table: ScrapeTable, changes: list, models: list | None = None):
         lambda: [reader],
         1.0,
         lambda: changes.append(1),
-        on_models_changed=lambda: (lambda: models.append(1)) if models is not None else None,
+        on_models_changed=(lambda: models.append(1)) if models is not None else None,
     )
     return writer, reader, publisher, follower
 

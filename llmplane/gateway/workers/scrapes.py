@@ -39,7 +39,7 @@ import orjson
 
 from llmplane.aio import Periodic
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scraper import MODELS_CHANGED_AT, served_names
+from llmplane.gateway.scraper import MODELS_CHANGED_AT, adapter_names, served_names
 from llmplane.gateway.workers.shm import Document, region
 
 log = logging.getLogger("llmplane.gateway")
@@ -79,45 +79,21 @@ class ScrapeTable:
 
     def publish(self, column: int, state: EndpointState, kept: bool = False) -> None:
         """Write ``state``'s scraped fields into row ``column`` (one writer per row)."""
-        running = ",".join(sorted(state.lora_running)).encode()
-        waiting = ",".join(sorted(state.lora_waiting)).encode()
-        text = running + b"\n" + waiting
+        self.write(column, *row(state, kept))
+
+    def write(self, column: int, fields: tuple, text: bytes) -> None:
         if len(text) > TEXT_BYTES:
             if not self._truncated:
                 self._truncated = True
-                log.warning("LoRA adapter names of %s cut to %d bytes", state.address, TEXT_BYTES)
+                log.warning("LoRA adapter names cut to %d bytes", TEXT_BYTES)
             text = text[:TEXT_BYTES]
-        flags = (
-            (HAS_KV if state.has_kv else 0)
-            | (KNOWN if state.has_load_metrics is not None else 0)
-            | (HAS_LOAD if state.has_load_metrics else 0)
-            | (SCRAPE_OK if state.scrape_ok else 0)
-            | (KEPT if kept else 0)
-        )
         words = self.words
         at = column * (ROW_BYTES // 8)
         seq = words[at]
         begin = seq + 1 if seq % 2 == 0 else seq + 2  # odd: writing (a dead writer left it odd)
         words[at] = begin
         offset = column * ROW_BYTES
-        _FIELDS.pack_into(
-            self.mem,
-            offset + 8,
-            state.waiting,
-            state.running,
-            state.kv_usage,
-            state.scraped_at,
-            state.prefix_hits,
-            state.prefix_queries,
-            state.capacity,
-            state.room,
-            state.prefill_rate,
-            state.inflight_at_scrape,
-            flags,
-            state.max_lora,
-            state.block_size,
-            len(text),
-        )
+        _FIELDS.pack_into(self.mem, offset + 8, *fields, len(text))
         self.mem[offset + _HEAD.size : offset + _HEAD.size + len(text)] = text
         words[at] = begin + 1
         words[self.generation_word] += 1
@@ -142,75 +118,67 @@ class ScrapeTable:
         return None
 
 
+def row(state: EndpointState, kept: bool) -> tuple[tuple, bytes]:
+    """What a row holds of ``state``: its fields (``_FIELDS`` without the text's length; the
+    fourth is ``scraped_at``) and its LoRA adapters' names."""
+    flags = (
+        (HAS_KV if state.has_kv else 0)
+        | (KNOWN if state.has_load_metrics is not None else 0)
+        | (HAS_LOAD if state.has_load_metrics else 0)
+        | (SCRAPE_OK if state.scrape_ok else 0)
+        | (KEPT if kept else 0)
+    )
+    fields = (
+        state.waiting,
+        state.running,
+        state.kv_usage,
+        state.scraped_at,
+        state.prefix_hits,
+        state.prefix_queries,
+        state.capacity,
+        state.room,
+        state.prefill_rate,
+        state.inflight_at_scrape,
+        flags,
+        state.max_lora,
+        state.block_size,
+    )
+    text = b"\n".join(
+        ",".join(sorted(names)).encode() for names in (state.lora_running, state.lora_waiting)
+    )
+    return fields, text
+
+
 def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
     """A published row into a follower's state; True if it was published as kept."""
     (
-        waiting,
-        running,
-        kv,
-        scraped_at,
-        hits,
-        queries,
-        capacity,
-        room,
-        prefill_rate,
-        at_scrape,
+        state.waiting,
+        state.running,
+        state.kv_usage,
+        state.scraped_at,
+        state.prefix_hits,
+        state.prefix_queries,
+        state.capacity,
+        state.room,
+        state.prefill_rate,
+        state.inflight_at_scrape,
         flags,
-        max_lora,
-        block_size,
+        state.max_lora,
+        state.block_size,
         _,
     ) = fields
-    state.waiting, state.running, state.kv_usage = waiting, running, kv
-    state.scraped_at = scraped_at
-    state.prefix_hits, state.prefix_queries = hits, queries
-    state.capacity, state.room = capacity, room
-    state.inflight_at_scrape = at_scrape
     state.has_kv = bool(flags & HAS_KV)
     state.has_load_metrics = bool(flags & HAS_LOAD) if flags & KNOWN else None
     state.scrape_ok = bool(flags & SCRAPE_OK)
-    state.max_lora = max_lora
-    state.prefill_rate, state.block_size = prefill_rate, block_size
-    running_text, _, waiting_text = text.partition(b"\n")
-    state.lora_running = _names(running_text)
-    state.lora_waiting = _names(waiting_text)
+    running, _, waiting = text.partition(b"\n")
+    state.lora_running, state.lora_waiting = adapter_names(running), adapter_names(waiting)
     return bool(flags & KEPT)
-
-
-def _names(text: bytes) -> frozenset[str]:
-    return (
-        frozenset(n for n in text.decode("utf-8", "replace").split(",") if n)
-        if text
-        else frozenset()
-    )
 
 
 def column_of(state: EndpointState) -> int | None:
     """The state's row in the shared tables (None: a worker-local state, the table was full)."""
     column = getattr(state, "column", -1)
     return column if column >= 0 else None
-
-
-def _content(state: EndpointState, kept: bool) -> tuple:
-    """What a row says besides ``scraped_at``."""
-    return (
-        state.waiting,
-        state.running,
-        state.kv_usage,
-        state.has_kv,
-        state.has_load_metrics,
-        state.scrape_ok,
-        state.prefix_hits,
-        state.prefix_queries,
-        state.capacity,
-        state.room,
-        state.inflight_at_scrape,
-        state.max_lora,
-        state.prefill_rate,
-        state.block_size,
-        state.lora_running,
-        state.lora_waiting,
-        kept,
-    )
 
 
 class ScrapePublisher:
@@ -230,17 +198,21 @@ class ScrapePublisher:
         self._too_big = False
         self._ticker = Periodic(lambda: self.flush(time.monotonic()), tick, "scrape heartbeat")
 
+    def follows(self, state: EndpointState) -> bool:
+        return False  # worker 0 reads every endpoint itself
+
     def publish(self, state: EndpointState, kept: bool) -> None:
         column = column_of(state)
         if column is None:
             return
-        content = _content(state, kept)
+        fields, text = row(state, kept)
+        content = (fields[:3], fields[4:], text)  # all but scraped_at
         if self.rows.get(column) == content and (
             kept or not state.has_load_metrics or not state.scrape_ok
         ):
             return  # the same, and its age is the heartbeat's (or does not matter)
         self.rows[column] = content
-        self.table.publish(column, state, kept)
+        self.table.write(column, fields, text)
 
     def models_read(self, state: EndpointState, started: float) -> None:
         column = column_of(state)
@@ -309,13 +281,13 @@ class ScrapeFollower:
         interval: float,
         on_changed: Callable[[], None] | None = None,
         stale_after: float = 0.2,
-        on_models_changed: Callable[[], Callable[[], None] | None] = lambda: None,
+        on_models_changed: Callable[[], None] | None = None,
     ) -> None:
         self.table = table
         self.states = states
         self.interval = interval
         self.on_changed = on_changed
-        self.on_models_changed = on_models_changed  # read when called: set late
+        self.on_models_changed = on_models_changed
         self.stale_after = stale_after
         self.seen: dict[int, int] = {}  # column -> seq applied
         self.kept: dict[int, EndpointState] = {}  # columns whose row is kept, their state
@@ -333,13 +305,22 @@ class ScrapeFollower:
     async def close(self) -> None:
         await self._ticker.close()
 
-    def added(self, state: EndpointState) -> None:
-        """A new state (perhaps for an address seen before): copy its row at the next poll."""
-        column = column_of(state)
-        if column is not None:
-            self.seen.pop(column, None)
-            self.kept.pop(column, None)
+    def follows(self, state: EndpointState) -> bool:
+        """A new state (perhaps for an address seen before): its row is copied at the next
+        poll; a state without one (the table was full) is this worker's to scrape."""
         self._rescan = True
+        column = column_of(state)
+        if column is None:
+            return False
+        self.seen.pop(column, None)
+        self.kept.pop(column, None)
+        return True
+
+    def publish(self, state: EndpointState, kept: bool) -> None:
+        """Nothing: what this worker scrapes itself stays its own."""
+
+    def models_read(self, state: EndpointState, started: float) -> None:
+        """Nothing: what this worker reads itself stays its own."""
 
     def poll(self, now: float | None = None) -> bool:
         """Copy what changed; True if any metrics did."""
@@ -435,7 +416,5 @@ class ScrapeFollower:
             if served is not None and served != state.served_models:
                 state.served_models = served
                 changed = True
-        if changed:
-            callback = self.on_models_changed()
-            if callback is not None:
-                callback()
+        if changed and self.on_models_changed is not None:
+            self.on_models_changed()
