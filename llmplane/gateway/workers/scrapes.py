@@ -45,11 +45,26 @@ from llmplane.gateway.workers.shm import Document, region
 log = logging.getLogger("llmplane.gateway")
 
 ROW_BYTES = 1024
-# seq, waiting, running, kv, scraped_at, prefix hits, prefix queries, capacity, room,
-# inflight at scrape, flags, max_lora, adapters text length
-_HEAD = struct.Struct("<qdddddddddqqqqq")
+# The ``EndpointState`` attributes a row copies, in the order of ``_FIELDS``, which then has
+# the flags and the length of the adapters' text; a row's head is the sequence and the fields.
+_ATTRS = (
+    "waiting",
+    "running",
+    "kv_usage",
+    "scraped_at",
+    "prefix_hits",
+    "prefix_queries",
+    "capacity",
+    "room",
+    "prefill_rate",
+    "inflight_at_scrape",
+    "max_lora",
+    "block_size",
+)
+_SCRAPED_AT = _ATTRS.index("scraped_at")
+_FIELDS = struct.Struct("<dddddddddqqqqq")
+_HEAD = struct.Struct("<q" + _FIELDS.format[1:])
 TEXT_BYTES = ROW_BYTES - _HEAD.size
-_FIELDS = struct.Struct("<dddddddddqqqqq")  # the head without seq
 _TIME = struct.Struct("<d")
 HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
 READ_TRIES = 4
@@ -119,8 +134,8 @@ class ScrapeTable:
 
 
 def row(state: EndpointState, kept: bool) -> tuple[tuple, bytes]:
-    """What a row holds of ``state``: its fields (``_FIELDS`` without the text's length; the
-    fourth is ``scraped_at``) and its LoRA adapters' names."""
+    """What a row holds of ``state``: its fields (``_FIELDS`` without the text's length) and
+    its LoRA adapters' names."""
     flags = (
         (HAS_KV if state.has_kv else 0)
         | (KNOWN if state.has_load_metrics is not None else 0)
@@ -128,45 +143,17 @@ def row(state: EndpointState, kept: bool) -> tuple[tuple, bytes]:
         | (SCRAPE_OK if state.scrape_ok else 0)
         | (KEPT if kept else 0)
     )
-    fields = (
-        state.waiting,
-        state.running,
-        state.kv_usage,
-        state.scraped_at,
-        state.prefix_hits,
-        state.prefix_queries,
-        state.capacity,
-        state.room,
-        state.prefill_rate,
-        state.inflight_at_scrape,
-        flags,
-        state.max_lora,
-        state.block_size,
-    )
     text = b"\n".join(
         ",".join(sorted(names)).encode() for names in (state.lora_running, state.lora_waiting)
     )
-    return fields, text
+    return (*(getattr(state, name) for name in _ATTRS), flags), text
 
 
 def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
     """A published row into a follower's state; True if it was published as kept."""
-    (
-        state.waiting,
-        state.running,
-        state.kv_usage,
-        state.scraped_at,
-        state.prefix_hits,
-        state.prefix_queries,
-        state.capacity,
-        state.room,
-        state.prefill_rate,
-        state.inflight_at_scrape,
-        flags,
-        state.max_lora,
-        state.block_size,
-        _,
-    ) = fields
+    for name, value in zip(_ATTRS, fields, strict=False):
+        setattr(state, name, value)
+    flags = fields[len(_ATTRS)]
     state.has_kv = bool(flags & HAS_KV)
     state.has_load_metrics = bool(flags & HAS_LOAD) if flags & KNOWN else None
     state.scrape_ok = bool(flags & SCRAPE_OK)
@@ -206,7 +193,7 @@ class ScrapePublisher:
         if column is None:
             return
         fields, text = row(state, kept)
-        content = (fields[:3], fields[4:], text)  # all but scraped_at
+        content = (fields[:_SCRAPED_AT], fields[_SCRAPED_AT + 1 :], text)  # all but scraped_at
         if self.rows.get(column) == content and (
             kept or not state.has_load_metrics or not state.scrape_ok
         ):
