@@ -111,56 +111,33 @@ def make_guard(
     if is_loopback(listen_host):
         allowed |= LOOPBACK_NAMES
     check_host = bool(allowed) and not any_host
-    # Host and Content-Type values as sent that passed (a client sends the same ones every
-    # time): a set lookup instead of parsing them again. Bounded: a client sending ever new
-    # values only costs the parse.
-    passed: set[str] = set()
-    passed_types: set[str] = set()
 
     def guard(request: HttpRequest) -> Response | None:
         headers = request.headers
-        if (
-            # Clients outside browsers send neither header: two lookups, no call.
-            (
-                dict.get(headers, "origin") is not None
-                or dict.get(headers, "sec-fetch-site") is not None
-            )
-            and not any_origin
-            and (foreign := cross_site(request, origins)) is not None
-        ):
+        if not any_origin and (foreign := cross_site(request, origins)) is not None:
             return GatewayError(
                 403,
                 f"{foreign}: requests from web pages on other origins are refused (add the "
                 "page's origin to gateway.allowedOrigins)",
                 ErrorCode.ORIGIN_NOT_ALLOWED,
             ).response()
-        if check_host:
-            host = dict.get(headers, "host")
-            if host is None or host in passed:
-                pass
-            elif host_name(host) in allowed:
-                if len(passed) < 64:
-                    passed.add(host)
-            else:
+        host = dict.get(headers, "host")
+        if check_host and host is not None and host_name(host) not in allowed:
+            return GatewayError(
+                403,
+                f"Host {shown(host)} is not allowed: the gateway answers requests for "
+                f"{', '.join(sorted(allowed))} (add a name to gateway.allowedHosts)",
+                ErrorCode.HOST_NOT_ALLOWED,
+            ).response()
+        kind = dict.get(headers, "content-type")
+        if request.method == "POST" and kind is not None:
+            media = kind.partition(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
                 return GatewayError(
-                    403,
-                    f"Host {shown(host)} is not allowed: the gateway answers requests for "
-                    f"{', '.join(sorted(allowed))} (add a name to gateway.allowedHosts)",
-                    ErrorCode.HOST_NOT_ALLOWED,
+                    415,
+                    f"Content-Type {shown(kind)} is not supported: send application/json",
+                    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                 ).response()
-        if request.method == "POST":
-            kind = dict.get(headers, "content-type")
-            if kind is not None and kind not in passed_types:
-                media = kind.partition(";")[0].strip().lower()
-                if media == "application/json" or media.endswith("+json"):
-                    if len(passed_types) < 64:
-                        passed_types.add(kind)
-                else:
-                    return GatewayError(
-                        415,
-                        f"Content-Type {shown(kind)} is not supported: send application/json",
-                        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-                    ).response()
         return None
 
     return guard
