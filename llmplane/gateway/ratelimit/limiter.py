@@ -34,7 +34,7 @@ from llmplane.gateway.ratelimit.limits import (
     route_limits,
     tenant_limits,
 )
-from llmplane.gateway.ratelimit.redis_store import RedisBuckets, redis_key
+from llmplane.gateway.ratelimit.redis_store import RedisBuckets
 from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import RouteDecision
@@ -136,7 +136,7 @@ class RateLimiter:
             for direction, tokens in limit.tokens:
                 bucket = self.local.get((limit.key, direction))
                 if bucket is not None:
-                    bucket.rate = tokens / limit.period_of(direction)
+                    bucket.rate = limit.rate(direction)
                     bucket.burst = tokens
         live = {(lim.key, d) for lim in every for d, _ in lim.tokens}
         for key in [k for k in self.local if k not in live]:
@@ -150,11 +150,10 @@ class RateLimiter:
     def _bucket(self, limit: RouteLimit, direction: str) -> TokenBucket:
         bucket = self.local.get((limit.key, direction))
         if bucket is None:
-            tokens = limit.limit(direction) or 0
             bucket = self.local[(limit.key, direction)] = self.make_bucket(
                 f"{limit.key}\n{direction}",
-                tokens / limit.period_of(direction),
-                tokens,
+                limit.rate(direction),
+                limit.limit(direction) or 0,
                 self.clock(),
             )
         return bucket
@@ -276,7 +275,7 @@ class RateLimiter:
     ) -> RateLimitError:
         """The 429 without Retry-After of an amount larger than its bucket (counted)."""
         self._count(self.rejections, limit.ref, direction, "too_large")
-        state = BucketState(direction, tokens, tokens / limit.period_of(direction), tokens)
+        state = BucketState(direction, tokens, limit.rate(direction), tokens)
         reduce = " (max_tokens, prompts or n)" if direction in (OUTPUT, BUDGET) else ""
         return RateLimitError(
             f"Request too large for model {inference.model!r} on {_what(direction)} "
@@ -299,22 +298,15 @@ class RateLimiter:
     ) -> tuple[Taken, list[BucketState]]:
         assert limit.redis is not None
         client = self._redis(limit.redis)
-        keys, args, limits = [], [], []
-        for direction, amount in amounts:
-            tokens = limit.limit(direction) or 0
-            keys.append(redis_key(limit, direction))
-            args += [tokens / limit.period_of(direction), tokens, amount]
-            limits.append(tokens)
-        now = self.clock()
-        if client.available(now):
+        if client.available(self.clock()):
             try:
-                ok, pairs = await client.reserve(keys, args)
+                ok, pairs = await client.reserve(limit, amounts)
             except Exception as err:  # RedisError, OSError, TimeoutError: the policy decides
                 self._redis_failed(client, "reserve", err)
             else:
                 states = [
-                    BucketState(d, n, n / limit.period_of(d), level, wait)
-                    for (d, _), n, (level, wait) in zip(amounts, limits, pairs, strict=True)
+                    BucketState(d, limit.limit(d) or 0, limit.rate(d), level, wait)
+                    for (d, _), (level, wait) in zip(amounts, pairs, strict=True)
                 ]
                 return self._decide(inference, limit, "redis", amounts, ok, states)
         self._count(self.degraded, limit.ref, self.policy)
@@ -406,13 +398,8 @@ class RateLimiter:
     async def _settle_redis(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> None:
         assert limit.redis is not None
         client = self._redis(limit.redis)
-        keys, args = [], []
-        for direction, delta in deltas:
-            tokens = limit.limit(direction) or 0
-            keys.append(redis_key(limit, direction))
-            args += [tokens / limit.period_of(direction), tokens, delta]
         try:
-            await client.settle(keys, args)
+            await client.settle(limit, deltas)
         except Exception as err:
             self._redis_failed(client, "settle", err)
 
