@@ -88,16 +88,36 @@ ENGINE_METRICS: dict[str, MetricNames] = {
     "sim": VLLM,
     "sglang": SGLANG,
     "llamacpp": LLAMACPP,
-    "llama.cpp": LLAMACPP,
-    "llama-cpp": LLAMACPP,
     "tgi": TGI,
     "ollama": NONE,
 }
+# Other names backends and Endpoint objects give an engine type.
+_ALIASES = {
+    "llama.cpp": "llamacpp",
+    "llama-cpp": "llamacpp",
+    "text-generation-inference": "tgi",
+    "llmplane-sim": "sim",
+}
+
+
+def engine_of(backend: str | None) -> str:
+    """The engine type a backend or Endpoint names: a known name or alias, else a name that
+    contains one ("vllm-openai"), else the name as it is (every metrics table is tried); no
+    name: vllm."""
+    if not backend:
+        return "vllm"
+    name = backend.lower()
+    for known in (name, *ENGINE_METRICS, *_ALIASES):
+        if known in name:
+            engine = _ALIASES.get(known, known)
+            if engine in ENGINE_METRICS:
+                return engine
+    return name
 
 
 def metric_names(engine: str) -> MetricNames | None:
     """The engine's names; None for an unknown engine (every table is tried)."""
-    return ENGINE_METRICS.get(engine.lower())
+    return ENGINE_METRICS.get(engine_of(engine)) if engine else None
 
 
 def _float(text: bytes) -> float | None:

@@ -46,6 +46,7 @@ from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL, SERVICE_
 from llmplane.controlplane.planning import served_model_name
 from llmplane.gateway.discovery.sources import CombinedDiscovery, Subscribers
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
+from llmplane.gateway.scraper import engine_of
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import POD
@@ -64,32 +65,6 @@ log = logging.getLogger("llmplane.gateway")
 POD_PORT = 8080  # the model-runner container's "http" port
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 SELECTOR_KINDS = ("ModelServer", "InferencePool", "OpenModel")
-
-_ENGINES = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "llamacpp": "llamacpp",
-    "llama.cpp": "llamacpp",
-    "llama-cpp": "llamacpp",
-    "tgi": "tgi",
-    "text-generation-inference": "tgi",
-    "sim": "sim",
-    "llmplane-sim": "sim",
-    "ollama": "ollama",
-}
-
-
-def engine_of(backend: str | None) -> str:
-    """The engine type (for metrics) a BackendRuntime name stands for."""
-    if not backend:
-        return "vllm"
-    name = backend.lower()
-    if name in _ENGINES:
-        return _ENGINES[name]
-    for key, engine in _ENGINES.items():
-        if key in name:  # "vllm-openai", "sglang-custom"
-            return engine
-    return name
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:

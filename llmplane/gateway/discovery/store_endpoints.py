@@ -26,6 +26,7 @@ import logging
 from typing import Any
 
 from llmplane.gateway.discovery.sources import Subscribers
+from llmplane.gateway.scraper import engine_of
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.runtime.endpoint import MAX_CONCURRENCY, Endpoint, valid_events_address
 from llmplane.store.base import Store
@@ -54,7 +55,7 @@ def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
         model_name=str(spec.get("modelName") or ""),
         backend=str(spec.get("backend") or ""),
         namespace=meta.get("namespace") or "default",
-        engine=str(spec.get("engine") or "vllm").lower(),
+        engine=engine_of(str(spec.get("engine") or "")),
         fixed_port=spec.get("fixedPort", True) is not False,
         max_num_seqs=_max_num_seqs(spec.get("maxNumSeqs"), meta.get("name")),
         priority_scheduling=spec.get("schedulingPolicy") == "priority",
