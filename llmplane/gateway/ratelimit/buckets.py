@@ -17,17 +17,16 @@ class TokenBucket:
     """``burst`` tokens at most, refilled at ``rate`` per second. ``level`` may go below zero
     after an overuse debit: requests then wait until it has refilled far enough."""
 
-    __slots__ = ("burst", "level", "rate", "stamp")
-
-    # Held around a read-modify-write of the level: nothing for a bucket of one process; a
-    # record lock for one shared by worker processes (``llmplane/gateway/workers/buckets.py``).
-    lock: AbstractContextManager[None] = contextlib.nullcontext()
+    __slots__ = ("burst", "level", "lock", "rate", "stamp")
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
         self.rate = rate
         self.burst = burst
         self.level = float(burst)
         self.stamp = now
+        # Held around a read-modify-write of the level: nothing for a bucket of one process;
+        # a record lock for one shared by worker processes (``workers/buckets.py``).
+        self.lock: AbstractContextManager[None] = contextlib.nullcontext()
 
     def refill(self, now: float) -> None:
         if now > self.stamp:
@@ -42,8 +41,9 @@ class TokenBucket:
 
     def adjust(self, delta: float, now: float) -> None:
         """Give back (``delta`` > 0, up to the burst) or debit (< 0, may go negative)."""
-        self.refill(now)
-        self.level = min(float(self.burst), self.level + delta)
+        with self.lock:
+            self.refill(now)
+            self.level = min(float(self.burst), self.level + delta)
 
     def state(self, direction: str, wait: float = 0.0) -> BucketState:
         return BucketState(direction, int(self.burst), self.rate, self.level, wait)
