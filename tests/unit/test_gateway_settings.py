@@ -19,7 +19,7 @@ from llmplane.gateway.config import config_from_dict
         ({"scrapeInterval": float("nan")}, "gateway.scrapeInterval: must be a number"),
         ({"defaultTimeout": "5s"}, "gateway.defaultTimeout: must be a number"),
         ({"flowControl": "yes"}, "gateway.flowControl: must be true or false"),
-        ({"flowControlTtl": 0}, "gateway.flowControlTtl: must be a number above 0"),
+        ({"flowControlTtl": 0}, "gateway.flowControlTtl: must be a number of seconds above 0"),
         (
             {"flowControlBandBytes": 0},
             "gateway.flowControlBandBytes: must be a whole number of at least 1",

@@ -298,13 +298,13 @@ def test_model_lists_reach_followers_once_read():
     # A new state for the address (the same workload): the names are applied at once.
     again = InflightTable(2, 4, Locks()).state(reader.endpoint, 1)
     follower.states = lambda: [again]
-    follower.added(again)
+    assert follower.follows(again)
     follower.poll(20.0)
     assert again.served_models == {"m", "lora-b"}
     # The address back serving another workload: the old names are not its.
     other = InflightTable(2, 4, Locks()).state(Endpoint("10.0.0.1:8000", model_name="x"), 1)
     follower.states = lambda: [other]
-    follower.added(other)
+    assert follower.follows(other)
     follower.poll(20.0)
     assert other.served_models is None
 
