@@ -42,6 +42,7 @@ class _Waiter:
 
 @dataclass
 class _Queue:
+    workload: str  # the autoscaling signals count held requests per workload
     waiters: deque[_Waiter] = field(default_factory=deque)
     bytes: int = 0
     since: float = 0.0  # monotonic time the first request of this cold start was held
@@ -116,7 +117,7 @@ class Activator:
             raise self._refuse(model, "disabled", "its Playground is starting or scaled to zero")
         queue = self.queues.get(model)
         if queue is None:
-            queue = self.queues[model] = _Queue(since=time.monotonic())
+            queue = self.queues[model] = _Queue(workload, since=time.monotonic())
         full = None
         if len(queue.waiters) >= c.activator_max_queue:
             full = f"{len(queue.waiters)} requests"
