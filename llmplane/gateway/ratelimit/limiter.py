@@ -4,9 +4,10 @@ settles them with the engine's usage afterwards (see the package docstring)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -220,50 +221,32 @@ class RateLimiter:
     def _parts(
         self, inference: InferenceRequest, decision: RouteDecision, limits: list[RouteLimit]
     ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
-        """What each limit takes (limits taking nothing left out); the 429 of an amount
-        larger than its bucket, before anything is taken."""
+        """What each limit takes, as (direction, amount) pairs (limits taking nothing left
+        out); the 429 of an amount larger than its bucket (it could never fit), before
+        anything is taken. An embedding takes no output tokens; the input is counted once."""
+        doc = inference.doc
         embeddings = not generates(inference.path)  # nor count_tokens, tokenize
-        counted: list[int] = []  # the input count, made once for the request
+        counted = functools.cache(lambda: self.counter.count(doc, decision.model, inference.model))
         parts = []
         for limit in limits:
-            rows = [(d, n) for d, n in limit.tokens if not (embeddings and d == OUTPUT)]
-            amounts, too_large = self._amounts(inference, decision, rows, embeddings, counted)
-            if too_large is not None:
-                raise self._too_large(inference, limit, *too_large)
+            amounts = []
+            for direction, tokens in limit.tokens:
+                if direction == REQUESTS:
+                    amount = 1
+                elif direction == OUTPUT:
+                    if embeddings:
+                        continue
+                    amount = output_reservation(doc, self.default_output, tokens)
+                else:
+                    amount = counted()
+                    if direction == BUDGET and not embeddings:
+                        amount += output_reservation(doc, self.default_output, tokens)
+                if amount > tokens:
+                    raise self._too_large(inference, limit, direction, tokens, amount)
+                amounts.append((direction, amount))
             if amounts:
-                parts.append((limit, [(d, a) for (d, _), a in zip(rows, amounts, strict=True)]))
+                parts.append((limit, amounts))
         return parts
-
-    def _amounts(
-        self,
-        inference: InferenceRequest,
-        decision: RouteDecision,
-        rows: Sequence[tuple[str, int]],
-        embeddings: bool,
-        counted: list[int],
-    ) -> tuple[list[int], tuple[str, int, int] | None]:
-        """What this request takes from each of ``rows`` ((direction, bucket size), an
-        embedding's without OUTPUT: it takes no output tokens), in their order, and the first
-        (direction, size, amount) whose amount is larger than its bucket (it could never fit),
-        if any. ``counted`` holds the input count once made (shared by the limits of a
-        request)."""
-        doc = inference.doc
-        amounts: list[int] = []
-        for direction, tokens in rows:
-            if direction == REQUESTS:
-                amount = 1
-            elif direction == OUTPUT:
-                amount = output_reservation(doc, self.default_output, tokens)
-            else:
-                if not counted:
-                    counted.append(self.counter.count(doc, decision.model, inference.model))
-                amount = counted[0]
-                if direction == BUDGET and not embeddings:
-                    amount += output_reservation(doc, self.default_output, tokens)
-            if amount > tokens:
-                return amounts, (direction, tokens, amount)
-            amounts.append(amount)
-        return amounts, None
 
     def _too_large(
         self,
