@@ -1,21 +1,11 @@
 """Who may talk to the gateway from a browser: Origin, Host and Content-Type checks on every
-request.
+request (the rules, and why: docs/security.md, "Browsers: Origin, Host and Content-Type").
 
-A gateway on loopback is still reachable from any web page the same machine's browser opens:
-a page may POST a "simple" request (``text/plain``, form encodings: no CORS preflight) to
-``http://127.0.0.1:8000``, and a DNS-rebinding page may even read the answers under its own
-host name. So, when the gateway listens on a loopback address, a request's ``Host`` must be a
-loopback name (``localhost``, ``127.0.0.1``, ``[::1]``, with any port) or one of
-``GatewayConfig.allowed_hosts``; anywhere else ``allowed_hosts``, when set, is the list.
-``"*"`` allows any host. POSTs must carry a JSON body type (or none at all): anything else is
-415. A request without ``Host`` (HTTP/1.0 tools) is not a browser's and passes.
-
-Pages on another origin (another port of 127.0.0.1 included) are refused outright, 403
-``origin_not_allowed``: an ``Origin`` header that is neither the request's own (its scheme
-aside, the same host and port as ``Host``) nor in ``GatewayConfig.allowed_origins``
-(``null``, what sandboxed frames and files send, included), and, without ``Origin``,
-``Sec-Fetch-Site: cross-site`` or ``same-site`` except a GET that opens a page (a link to the
-console). Clients outside browsers (curl, the ``openai`` client) send neither and pass.
+A gateway on loopback is still reachable from any web page the same machine's browser opens
+(a "simple" POST needs no CORS preflight, and a DNS-rebinding page may read the answers), so a
+page on another origin is refused (``cross_site``), a Host that is not the gateway's is
+refused, and a POST must carry a JSON body type. Clients outside browsers send neither
+``Origin`` nor ``Sec-Fetch-Site`` and pass.
 """
 
 from __future__ import annotations
