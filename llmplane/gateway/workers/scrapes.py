@@ -2,28 +2,16 @@
 and publishes what ``EndpointState`` keeps from a scrape into a row of shared memory (the
 endpoint's column of the in-flight table), and each changed ``/v1/models`` list into one shared
 document; the other workers copy what changed into their own states and read nothing from the
-engines.
-
-A row is published when its content changes, not to say "still the same": worker 0 bumps one
-heartbeat (its monotonic clock) every half ``metrics_staleness``. A row published as *kept*
-(the endpoint went idle: worker 0's idle ticker keeps its ``scraped_at`` fresh while nothing
-is sent to it, see ``Scraper._keep_idle_fresh``) takes the heartbeat as its ``scraped_at`` in
-the followers under the ticker's own condition (the shared in-flight count equals the one at
-the scrape), so admission's staleness reads the same in every worker. A busy endpoint's row
-is published at each scrape, its ``scraped_at`` with it. An idle 200-replica fleet thus costs
-a follower one heartbeat read and 200 attribute writes per tick, not 200 row copies.
+engines. The design (rows published on change, the heartbeat that keeps idle rows fresh, what
+followers do when it stops): docs/gateway.md, "Workers: several processes, one routing
+state".
 
 Each row is a seqlock: its one writer makes the sequence number odd, writes the fields, makes
-it even again; a reader copies the fields and keeps them only if the number was even and
-unchanged around the copy. Neither side ever waits for the other, and nothing of it runs on a
-request's path: followers copy in a background task (``ScrapeFollower``), so the scheduler
-keeps reading plain attributes. A table-wide counter, bumped after each publication, lets an
-idle follower see "nothing new" in one read.
-
-A worker that dies while writing leaves its row odd; the next writer (its replacement) steps
-over it. LoRA adapter names share ``TEXT_BYTES`` per row; past that, the last names are left
-out (and logged once). Model lists are capped where they are read (``scraper.served_names``)
-and checked the same way when copied.
+it even again; a reader keeps its copy only if the number was even and unchanged around it.
+Neither side waits, and nothing of it runs on a request's path. A worker that dies while
+writing leaves its row odd; the next writer (its replacement) steps over it. LoRA adapter names
+share ``TEXT_BYTES`` per row (past that, the last names are left out, logged once); model lists
+are capped where they are read (``scraper.served_names``) and checked the same way when copied.
 """
 
 from __future__ import annotations
