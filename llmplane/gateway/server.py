@@ -124,11 +124,22 @@ class Gateway:
         self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
         if seat is not None:
             seat.picks.attach(self.scheduler.plugins)
+        self.scrape_follower = (
+            seat.share_scrapes(
+                self.config,
+                lambda: self.registry.states.values(),
+                self._capacity_changed,
+                self._rebuild,
+            )
+            if seat is not None
+            else None
+        )
         self.scraper = Scraper(
             self.config,
             on_models_changed=self._rebuild,
             on_scraped=self._capacity_changed,  # fresh load: flow control may dispatch
             upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
+            sharing=self.scrape_follower,
         )
         self.adapters = Adapters(self.scraper.client)
         self.outliers = Outliers(
@@ -153,13 +164,6 @@ class Gateway:
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
-        self.scrape_follower = (
-            seat.share_scrapes(
-                self.scraper, lambda: self.registry.states.values(), self._capacity_changed
-            )
-            if seat is not None
-            else None
-        )
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config, wake=wake)
