@@ -79,7 +79,7 @@ def endpoint_view(
         "kvBlockSize": (indexed.block_size if indexed is not None else 0) or state.block_size,
         # Prompt tokens whose KV the engine took from another over its KV connector
         # (vllm:external_prefix_cache_hits_total; None: the engine reports no connector).
-        "kvReceived": state.kv_received,
+        "kvReceived": state.kv_received if state.kv_received >= 0 else None,
         "metricsFresh": fresh,
         "ejected": state.ejected(now),
         "served": sorted(state.served_models) if state.served_models else [],

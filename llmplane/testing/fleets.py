@@ -59,17 +59,20 @@ def vllm_fleet(
     name: str,
     replicas: int = 1,
     args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
     disaggregation: Mapping[str, Any] | None = None,
 ) -> str:
     """YAML for an OpenModel ``name`` with its files at ``model`` (a tiny test model,
     ``llmplane.testing.tiny_model``) and a Playground of ``replicas`` vLLM for CPU engines
     serving it with the settings that model runs with (bfloat16, 512 tokens of context, 1 GiB
-    of KV cache, offline) plus ``args``; with ``disaggregation`` its prefill and decode roles
-    instead of ``replicas`` (as ``sim_fleet``)."""
+    of KV cache, offline) plus ``args`` and the environment variables ``env``; with
+    ``disaggregation`` its prefill and decode roles instead of ``replicas`` (as
+    ``sim_fleet``)."""
     argv = ["--dtype", "bfloat16", "--max-model-len", "512", *args]
     envs = [
         {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
+        *({"name": k, "value": v} for k, v in (env or {}).items()),
     ]
     return f"""
 apiVersion: llmaz.io/v1alpha1

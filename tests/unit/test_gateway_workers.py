@@ -169,7 +169,7 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     seq, fields, text = table.read(2, 0)
     apply_row(follower, fields, text)
     assert (follower.capacity, follower.room) == (5, 4)
-    assert follower.kv_received is None  # an engine without a KV connector reports none
+    assert follower.kv_received == -1  # an engine without a KV connector reports none
     # A writer that died mid-row leaves the sequence odd: readers keep what they had, the
     # next writer steps over it.
     table.words[2 * ROW_BYTES // 8] += 1
@@ -192,7 +192,7 @@ def _pair(table: ScrapeTable, changes: list, models: list | None = None):
         lambda: [reader],
         1.0,
         lambda: changes.append(1),
-        on_models_changed=lambda: (lambda: models.append(1)) if models is not None else None,
+        on_models_changed=(lambda: models.append(1)) if models is not None else None,
     )
     return writer, reader, publisher, follower
 
@@ -302,13 +302,13 @@ def test_model_lists_reach_followers_once_read():
     # A new state for the address (the same workload): the names are applied at once.
     again = InflightTable(2, 4, Locks()).state(reader.endpoint, 1)
     follower.states = lambda: [again]
-    follower.added(again)
+    assert follower.follows(again)
     follower.poll(20.0)
     assert again.served_models == {"m", "lora-b"}
     # The address back serving another workload: the old names are not its.
     other = InflightTable(2, 4, Locks()).state(Endpoint("10.0.0.1:8000", model_name="x"), 1)
     follower.states = lambda: [other]
-    follower.added(other)
+    assert follower.follows(other)
     follower.poll(20.0)
     assert other.served_models is None
 
