@@ -48,8 +48,8 @@ def role_engines() -> Iterator[dict[str, list[Process]]]:
         yield {"prefill": started[:2], "decode": started[2:]}
 
 
-def playground() -> dict[str, Any]:
-    elastic = {"minReplicas": 1, "maxReplicas": 2}
+def playground(elastic: dict[str, Any] | None = None) -> dict[str, Any]:
+    elastic = elastic or {"minReplicas": 1, "maxReplicas": 2}
     return {
         "apiVersion": SVC,
         "kind": "Playground",
@@ -165,5 +165,50 @@ async def test_a_burst_scales_the_role_it_loads_and_not_the_other(
             assert any(m.startswith(f"{scaled}: New size: 2") for m in messages), messages
             assert any(metric in m for m in messages), messages
             assert not any(m.startswith(f"{other}:") for m in messages), messages
+        finally:
+            await lws.close()
+
+
+async def test_the_pair_scales_to_zero_and_a_request_wakes_both_roles(
+    role_engines: dict[str, list[Process]],
+) -> None:
+    """``minReplicas: 0`` on both roles: idle, the operator stops both; a request is held by
+    the gateway (a pair missing a role is not served) until the operator, counting it as demand
+    for both roles, has started one replica of each, and is then served on a pair."""
+    elastic = {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "scaleToZeroAfterSeconds": 2,
+        "scaleTrigger": {"hpa": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 1}}}},
+    }
+    async with cluster([], activator_hold_timeout=60) as (kube, gateway, _):
+        lws = RoleLws(kube, role_engines)
+        try:
+            await kube.create(openmodel())
+            await kube.create(playground(elastic))
+            await eventually(
+                lambda: len(gateway.registry.states) == 2, 30, what="one pod of each role routed"
+            )
+
+            def both() -> tuple[int, int]:
+                return lws.replicas("prefill"), lws.replicas("decode")
+
+            await eventually(lambda: both() == (0, 0), 30, what="both roles scaled to zero")
+            await eventually(lambda: not gateway.registry.states, 30, what="no endpoint left")
+
+            async with aiohttp.ClientSession() as session:
+                body = {"model": MODEL, "prompt": "wake up " * 50, "max_tokens": 4}
+                url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+                async with session.post(url, json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    assert "x-llmplane-prefill-endpoint" in resp.headers
+            assert both() == (1, 1)
+            messages = [
+                e["message"]
+                for e in kube.list("v1", "Event")
+                if e.get("reason") == "SuccessfulRescale"
+            ]
+            for role in ("prefill", "decode"):
+                assert any(m.startswith(f"{role}: New size: 1") for m in messages), messages
         finally:
             await lws.close()
