@@ -57,6 +57,9 @@ class MetricNames:
     prefill_seconds: tuple[bytes, ...] = ()
     # An info gauge whose ``block_size`` label is the engine's KV block size in tokens.
     cache_info: bytes | None = None
+    # Prompt tokens whose KV the engine loaded through its KV connector (a disaggregated
+    # decode replica's KV received from prefill), for the console only.
+    kv_received: tuple[bytes, ...] = ()
 
 
 VLLM = MetricNames(
@@ -69,6 +72,7 @@ VLLM = MetricNames(
     prompt_tokens=(b"vllm:prompt_tokens_total",),
     prefill_seconds=(b"vllm:request_prefill_time_seconds_sum",),
     cache_info=b"vllm:cache_config_info",
+    kv_received=(b"vllm:external_prefix_cache_hits_total",),
 )
 SGLANG = MetricNames(
     waiting=(b"sglang:num_queue_reqs",),
@@ -187,6 +191,7 @@ class LoadMetrics:
     prompt_tokens: float | None = None
     prefill_seconds: float | None = None
     block_size: int = 0
+    kv_received: float | None = None
 
     @property
     def any(self) -> bool:
@@ -235,6 +240,8 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
                 m.prefill_seconds = _sum(body, table.prefill_seconds)
             if table.cache_info is not None:
                 m.block_size = _block_size(body, table.cache_info)
+            if table.kv_received:
+                m.kv_received = _sum(body, table.kv_received)
             return m
     return LoadMetrics()
 
@@ -261,6 +268,7 @@ def apply_metrics(
         state.observe_prefill(m.prompt_tokens - (m.prefix_hits or 0.0), m.prefill_seconds)
     if m.block_size:
         state.block_size = m.block_size
+    state.kv_received = -1.0 if m.kv_received is None else m.kv_received
     sent = state.inflight if inflight_at_start is None else inflight_at_start
     state.unseen = unseen_load(state.unseen, state.waiting, state.running, sent) if m.any else 0
     state.has_load_metrics = m.any and state.unseen < UNSEEN_LOAD  # see ``unseen_load``
