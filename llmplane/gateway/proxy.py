@@ -36,6 +36,7 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.scheduler.framework import Scheduler
 from llmplane.gateway.scheduler.precise_prefix import predicted_cached_tokens
+from llmplane.gateway.tokens import sent_prompt_tokens
 from llmplane.gateway.upstream_client import (
     RawHeaders,
     UpstreamPool,
@@ -355,10 +356,13 @@ class Proxy:
             splice, body = spliced
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
+        # Prefill work queued there until the first byte (the autoscaling signal).
+        tokens = sent_prompt_tokens(ctx.inference, ctx.scheduling)
+        state.add_prefill_tokens(tokens)
         ctx.endpoint = address
         if ctx.inference.stream:
-            return self._stream(ctx, address, wire, state, may_retry, splice, headers)
-        return self._unary(ctx, address, wire, state, may_retry)
+            return self._stream(ctx, address, wire, state, may_retry, splice, headers, tokens)
+        return self._unary(ctx, address, wire, state, may_retry, tokens)
 
     async def fetch(
         self,
@@ -375,7 +379,13 @@ class Proxy:
             raise attempt_failure(err, timeout, failure) from None
 
     async def _unary(
-        self, ctx: RequestContext, address: str, wire: bytes, state: EndpointState, may_retry: bool
+        self,
+        ctx: RequestContext,
+        address: str,
+        wire: bytes,
+        state: EndpointState,
+        may_retry: bool,
+        tokens: int = 0,
     ) -> Response:
         timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         assert self.pool is not None
@@ -385,6 +395,7 @@ class Proxy:
             raise attempt_failure(err, timeout) from None
         finally:
             state.add_inflight(-1)
+            state.add_prefill_tokens(-tokens)
         if status >= 500 and may_retry:
             raise AttemptFailed("status", f"HTTP {status}")
         # On the last attempt an engine's own 5xx goes to the client as it is.
@@ -408,9 +419,11 @@ class Proxy:
         may_retry: bool,
         splice: Splice | None = None,
         headers: dict[str, str] | None = None,
+        tokens: int = 0,
     ) -> StreamResponse:
         """The timeout covers connect + response headers + first chunk (time to first byte);
-        once a byte has been sent to the client the request is never retried."""
+        once a byte has been sent to the client the request is never retried. ``tokens``
+        (the prompt's) are counted on ``state`` until the first chunk."""
         assert self.pool is not None
         timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         resp: UpstreamResponse | None = None
@@ -434,6 +447,7 @@ class Proxy:
             raise
         finally:
             state.add_prefilling(-1)
+            state.add_prefill_tokens(-tokens)
         if self.on_first_chunk is not None:
             self.on_first_chunk()
         watch: _StreamWatch | None = None

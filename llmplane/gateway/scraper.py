@@ -60,6 +60,9 @@ class MetricNames:
     # Prompt tokens whose KV the engine loaded through its KV connector (a disaggregated
     # decode replica's KV received from prefill), for the console only.
     kv_received: tuple[bytes, ...] = ()
+    # The time-to-first-token histogram's ``_sum`` and ``_count`` (the autoscaling signal).
+    ttft_sum: tuple[bytes, ...] = ()
+    ttft_count: tuple[bytes, ...] = ()
 
 
 VLLM = MetricNames(
@@ -73,11 +76,15 @@ VLLM = MetricNames(
     prefill_seconds=(b"vllm:request_prefill_time_seconds_sum",),
     cache_info=b"vllm:cache_config_info",
     kv_received=(b"vllm:external_prefix_cache_hits_total",),
+    ttft_sum=(b"vllm:time_to_first_token_seconds_sum",),
+    ttft_count=(b"vllm:time_to_first_token_seconds_count",),
 )
 SGLANG = MetricNames(
     waiting=(b"sglang:num_queue_reqs",),
     running=(b"sglang:num_running_reqs",),
     kv=(b"sglang:token_usage",),
+    ttft_sum=(b"sglang:time_to_first_token_seconds_sum",),
+    ttft_count=(b"sglang:time_to_first_token_seconds_count",),
 )
 LLAMACPP = MetricNames(
     waiting=(b"llamacpp:requests_deferred",),
@@ -192,6 +199,8 @@ class LoadMetrics:
     prefill_seconds: float | None = None
     block_size: int = 0
     kv_received: float | None = None
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
 
     @property
     def any(self) -> bool:
@@ -242,6 +251,9 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
                 m.block_size = _block_size(body, table.cache_info)
             if table.kv_received:
                 m.kv_received = _sum(body, table.kv_received)
+            if table.ttft_count:
+                m.ttft_sum = _sum(body, table.ttft_sum)
+                m.ttft_count = _sum(body, table.ttft_count)
             return m
     return LoadMetrics()
 
@@ -282,6 +294,11 @@ def apply_metrics(
         waited,
         state.endpoint.max_num_seqs,
     )
+    if m.ttft_sum is None or m.ttft_count is None:
+        state.ttft = -1.0
+    else:
+        busy = bool(state.waiting or state.running or sent)
+        state.observe_ttft(m.ttft_sum, m.ttft_count, busy)
     state.scrape_ok = True
 
 
