@@ -25,7 +25,7 @@ import pytest
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, always, wait_for
 from tests.integration.test_up_autoscale import FAST, Load
-from tests.integration.upcli import cli, sim_fleet, status
+from tests.integration.upcli import cli, http, sim_fleet, status
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -126,3 +126,84 @@ def test_a_burst_scales_the_role_it_loads_and_not_the_other(
     assert metric in described, described  # the event says which signal moved it
     unscaled = "decode" if scaled == "prefill" else "prefill"
     assert f"{unscaled}: New size" not in described, described
+
+
+PREFILL_TOKENS_TRIGGER = {
+    "hpa": {
+        "metrics": [
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": "llmplane_gateway_endpoint_prefill_tokens"},
+                    "target": {"type": "AverageValue", "averageValue": 3000},
+                },
+            }
+        ]
+    }
+}
+
+
+def prefill_replicas(url: str) -> list[dict[str, float]]:
+    """The ready prefill replicas' signals at the gateway's ``/autoscaling/signals``."""
+    code, _, body = http(f"{url}/autoscaling/signals")
+    assert code == 200, body
+    return list(body["workloads"][f"default/{MODEL}-prefill"]["replicas"].values())
+
+
+def test_prompt_tokens_waiting_scale_prefill(
+    tmp_path: Path, processes: Processes, bursts: list[Load]
+) -> None:
+    """Prefill on its own trigger, the prompt tokens the gateway sent and has not had their
+    first token (3,000 a replica), its engine's token budget large enough (8,192 a step) that
+    few prompts queue: 8 clients sending ~1,500-token prompts keep several thousand tokens
+    waiting on the one prefill replica, which scales it to 2 on that signal. Its engine's TTFT
+    shows at ``/autoscaling/signals`` while it is busy; both signals are 0 once idle."""
+    roles = {
+        **ROLES,
+        "prefill": {
+            "replicas": 1,
+            "elasticConfig": {
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "scaleTrigger": PREFILL_TOKENS_TRIGGER,
+            },
+        },
+    }
+    path = tmp_path / "pd.yaml"
+    path.write_text(sim_fleet(MODEL, 1, time_scale="5", disaggregation=roles))
+    state = tmp_path / "state"
+    up = processes.up(state, str(path), args=FAST)
+    wait_for(
+        lambda: status(state, "Playground", MODEL).get("readyReplicas") == 2,
+        60,
+        what="one ready replica per role",
+    )
+    always(lambda: role_replicas(state) == (1, 1), 1.0, what="idle: one replica per role")
+    assert [s["prefill_tokens"] for s in prefill_replicas(up.url)] == [0]
+
+    bursts.append(Load(up.url, MODEL, 8, prompt_heavy))
+    seen: dict[str, float] = {}
+
+    def loaded() -> bool:
+        for signals in prefill_replicas(up.url):
+            for key in ("prefill_tokens", "ttft"):
+                seen[key] = max(seen.get(key, 0.0), signals.get(key, 0.0))
+        return seen["prefill_tokens"] >= 3000 and seen["ttft"] > 0
+
+    wait_for(loaded, 30, what="prompt tokens waiting and a TTFT on prefill")
+    wait_for(lambda: role_replicas(state)[0] == 2, 60, what="prefill scaled up to 2")
+    always(lambda: role_replicas(state)[1] == 1, 2.0, what="decode not scaled")
+    bursts[0].stop()
+    assert bursts[0].failures == []
+    wait_for(
+        lambda: all(
+            s.get("prefill_tokens") == 0 and s.get("ttft") == 0 for s in prefill_replicas(up.url)
+        ),
+        30,
+        what="no prompt tokens waiting and TTFT 0 on every idle prefill replica",
+    )
+
+    described = cli("describe", "pl", MODEL, state_dir=state).stdout
+    assert "prefill: New size: 2" in described, described
+    assert "llmplane_gateway_endpoint_prefill_tokens" in described, described
+    assert "decode: New size" not in described, described
