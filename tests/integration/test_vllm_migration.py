@@ -2,7 +2,7 @@
 ``llmplane up``; a stream (temperature 0, a seed) whose replica is SIGKILLed after 20 tokens
 continues on the other, and the client's full text equals the uninterrupted run's, on
 /v1/completions (token level: prompt ids + generated ids) and on chat
-(``continue_final_message``)."""
+(``continue_final_message``). Without a failure the client's stream is vLLM's own."""
 
 from __future__ import annotations
 
@@ -99,6 +99,35 @@ async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, 
         for c in e.get("choices") or ()
     )
     return endpoint, text, events
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
+    """Through the gateway (which asks vLLM for token ids) and straight from the same replica
+    (which is not asked): the same bytes but the response's id and created; no token ids,
+    no ``"delta": {}`` chunk vLLM sends only with ids."""
+    body = {"model": NAME, "max_tokens": TOKENS, "temperature": 0, "seed": 5,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    if "chat" in path:
+        body["messages"] = [{"role": "user", "content": "Tell me about the sea."}]
+    else:
+        body["prompt"] = "The sea is"
+    raw = []
+    async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as session:
+        for url in (up.url, None):
+            async with session.post((url or f"http://{raw[0][0]}") + path, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                raw.append((resp.headers.get("x-llmplane-endpoint"), await resp.read()))
+    (_, through), (_, direct) = raw
+    heads = [orjson.loads(r.split(b"\n\n", 1)[0][6:]) for r in (through, direct)]
+    for key in ("id", "created"):
+        through = through.replace(
+            b'"%s":%s' % (key.encode(), orjson.dumps(heads[0][key])),
+            b'"%s":%s' % (key.encode(), orjson.dumps(heads[1][key])),
+        )
+    assert through == direct, f"through the gateway:\n{through!r}\ndirect:\n{direct!r}"
+    assert b'"token_ids":[' not in through and b'"delta":{}' not in through
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
