@@ -223,6 +223,17 @@ async def test_engine_error_events_and_cut_streams_continue_elsewhere(engines, t
         store.close()
 
 
+def with_head_of(stream: bytes, other: bytes) -> bytes:
+    """``stream`` with the ``id`` and ``created`` of ``other`` (both SSE bodies)."""
+    heads = [orjson.loads(r.split(b"\n\n", 1)[0][6:]) for r in (stream, other)]
+    for key in ("id", "created"):
+        stream = stream.replace(
+            b'"%s":%s' % (key.encode(), orjson.dumps(heads[0][key])),
+            b'"%s":%s' % (key.encode(), orjson.dumps(heads[1][key])),
+        )
+    return stream
+
+
 def gateway_over(*servers, **config) -> Awaitable:
     discovery = StaticDiscovery(
         [
@@ -252,13 +263,7 @@ async def test_a_stream_never_lost_is_the_engines_own_stream(engines):
                     async with s.post(base + path, data=orjson.dumps(body)) as resp:
                         assert resp.status == 200, await resp.text()
                         raw.append(await resp.read())
-                through, direct = raw
-                heads = [orjson.loads(r.split(b"\n\n", 1)[0][6:]) for r in raw]
-                for key in ("id", "created"):
-                    through = through.replace(
-                        b'"%s":%s' % (key.encode(), orjson.dumps(heads[0][key])),
-                        b'"%s":%s' % (key.encode(), orjson.dumps(heads[1][key])),
-                    )
+                through, direct = with_head_of(*raw), raw[1]
                 assert through == direct, (i, through[:600], direct[:600])
                 assert (b'"token_ids":[' in through) == ids
     finally:

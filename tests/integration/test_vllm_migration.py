@@ -19,6 +19,7 @@ import pytest
 from llmplane.testing import Up, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
+from tests.integration.test_gateway_migration import with_head_of
 from tests.integration.upcli import condition, status
 from tests.integration.vllm_cpu import require_vllm
 
@@ -101,11 +102,8 @@ async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, 
     return endpoint, text, events
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
-    """Through the gateway (which asks vLLM for token ids) and straight from the same replica
-    (which is not asked): the same bytes but the response's id and created; no token ids,
-    no ``"delta": {}`` chunk vLLM sends only with ids."""
+def sea(path: str) -> dict:
+    """The request of both tests (temperature 0, a seed), as a completion or a chat."""
     body = {"model": NAME, "max_tokens": TOKENS, "temperature": 0, "seed": 5,
             "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
@@ -113,6 +111,15 @@ async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
         body["messages"] = [{"role": "user", "content": "Tell me about the sea."}]
     else:
         body["prompt"] = "The sea is"
+    return body
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
+    """Through the gateway (which asks vLLM for token ids) and straight from the same replica
+    (which is not asked): the same bytes but the response's id and created; no token ids,
+    no ``"delta": {}`` chunk vLLM sends only with ids."""
+    body = sea(path)
     raw = []
     async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as session:
         for url in (up.url, None):
@@ -120,25 +127,14 @@ async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
                 assert resp.status == 200, await resp.text()
                 raw.append((resp.headers.get("x-llmplane-endpoint"), await resp.read()))
     (_, through), (_, direct) = raw
-    heads = [orjson.loads(r.split(b"\n\n", 1)[0][6:]) for r in (through, direct)]
-    for key in ("id", "created"):
-        through = through.replace(
-            b'"%s":%s' % (key.encode(), orjson.dumps(heads[0][key])),
-            b'"%s":%s' % (key.encode(), orjson.dumps(heads[1][key])),
-        )
+    through = with_head_of(through, direct)
     assert through == direct, f"through the gateway:\n{through!r}\ndirect:\n{direct!r}"
     assert b'"token_ids":[' not in through and b'"delta":{}' not in through
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, path: str):
-    body = {"model": NAME, "max_tokens": TOKENS, "temperature": 0, "seed": 5,
-            "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    if "chat" in path:
-        body["messages"] = [{"role": "user", "content": "Tell me about the sea."}]
-    else:
-        body["prompt"] = "The sea is"
+    body = sea(path)
     url = up.url
     _, expected, _ = await stream(url, path, body)
     killed: list[str] = []
