@@ -6,9 +6,11 @@ trigger's ``behavior``), so the rules are the production ones on a faster clock.
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,10 +39,19 @@ def spec_replicas(state: Path, name: str = "tiny") -> int:
 
 
 class Load:
-    """``clients`` threads sending completions back to back until ``stop()``."""
+    """``clients`` threads sending completions back to back until ``stop()``: ``body(n)`` is
+    the n-th request (default: a short prompt, 60 tokens answered)."""
 
-    def __init__(self, url: str, model: str, clients: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        clients: int,
+        body: Callable[[int], dict[str, Any]] | None = None,
+    ) -> None:
         self.url, self.model = url, model
+        self.body = body or (lambda _n: {"prompt": "hello there", "max_tokens": 60})
+        self.sent = itertools.count()
         self.done = threading.Event()
         self.failures: list[int] = []
         self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
@@ -48,8 +59,8 @@ class Load:
             t.start()
 
     def _loop(self) -> None:
-        body = {"model": self.model, "prompt": "hello there", "max_tokens": 60}
         while not self.done.is_set():
+            body = {"model": self.model, **self.body(next(self.sent))}
             code, _, _ = http(f"{self.url}/v1/completions", body)
             if code != 200:
                 self.failures.append(code)
