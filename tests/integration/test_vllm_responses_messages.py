@@ -2,7 +2,7 @@
 vLLM (the CPU build, one replica of the tiny test model: one cold start): the official clients,
 streamed and not, with a Tenant key whose output-token limit and ``llmplane usage`` count each
 request exactly as vLLM reported it (the same checks as against the sim,
-``test_up_responses_messages.check_apis``). Skipped where vLLM is not installed."""
+``tests/integration/responses_messages.py``). Skipped where vLLM is not installed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from llmplane.testing import Processes, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
-from tests.integration.test_up_responses_messages import check_apis
+from tests.integration.responses_messages import check_apis
 from tests.integration.upcli import condition, status
 from tests.integration.vllm_cpu import require_vllm
 

@@ -185,9 +185,7 @@ async def test_the_limiters_plan_reserves_and_settles_as_its_general_path():
     embeddings; an embedding under an output-only limit takes nothing."""
     from llmplane.gateway.hooks import Usage
     from llmplane.gateway.ratelimit.error import RateLimitError
-    from tests.unit.test_ratelimit_math import Clock, hook_ctx
-    from tests.unit.test_tenant_limits import _Decision as TenantDecision
-    from tests.unit.test_tenant_limits import tenant
+    from tests.ratelimit_requests import Clock, TenantDecision, hook_ctx, tenant
 
     rng = random.Random(13)
     seen = {"admitted": 0, "refused": 0, "settled": 0, "embeddings": 0}
