@@ -54,7 +54,7 @@ DELIBERATE: list[tuple[str, str, str]] = [
     ("metrics", "vllm:cache_config_info: labels only in vLLM*", "the sim has fewer config fields"),
     ("metrics", "vllm:estimated_*", "MFU estimates: no meaning for a simulated GPU"),
     ("metrics", "vllm:mm_cache_*", "multi-modal inputs are not modelled"),
-    ("metrics", "vllm:external_prefix_cache_*", "no KV connector cache sharing modelled"),
+    ("metrics", "vllm:external_prefix_cache_*", "the sim has them with --role prefill|decode"),
     ("metrics", "vllm:engine_sleep_state*", "sleep mode is not modelled"),
     ("metrics", "vllm:admission_rejections*", "no queue limits modelled"),
     ("metrics", "vllm:prompt_tokens_cached_by_source*", "cache tiers (host/disk/p2p) not modelled"),

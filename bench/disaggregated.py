@@ -1,11 +1,10 @@
 """Prefill/decode disaggregation on sim replicas: 2 prefill + 4 decode vs 6 undisaggregated.
 
-    python -m bench.disaggregated [--rate 4] [--duration 60] [--prompt-tokens 3000]
-                                  [--output-tokens 128] [--seed 1]
+    python -m bench.disaggregated [--rounds 2] [--rate 4] [--duration 60]
+                                  [--prompt-tokens 3000] [--output-tokens 128] [--seed 1]
 
-One seeded Poisson trace of long-prompt requests (``--prompt-tokens`` of distinct text each,
-``--output-tokens`` answered, streamed) replayed in one run against ``llmplane up`` serving the
-same model on sim replicas (the sim's default latency model: an 8B model on an H100) twice:
+Two ``llmplane up`` serve the same model on sim replicas (the sim's default latency model: an
+8B model on an H100), side by side in one run:
 
 - ``6 replicas``: one Playground of 6 replicas, each prefilling and decoding (a long prefill
   stalls the decodes batched with it: chunked prefill shares each step);
@@ -13,6 +12,9 @@ same model on sim replicas (the sim's default latency model: an 8B model on an H
   decode replicas, the gateway serving each request on a pair (the sim's simulated KV
   transfer, ``--kv-transfer-*``).
 
+Each round replays one seeded Poisson trace of long-prompt requests (``--prompt-tokens`` of
+distinct text each, ``--output-tokens`` answered, streamed) against each fleet in turn, in
+rotating order; round ``r`` uses seed ``--seed + r`` for both, so no fleet sees a prompt twice.
 At the client: TTFT (time to the first streamed token) and TPOT (time per output token after
 the first, per request). Written: bench/results/disaggregated.json and the ``disaggregated``
 section of docs/benchmarks.md. Run it on a quiet machine: timings under load mean nothing.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import tempfile
 import time
@@ -38,12 +41,7 @@ from llmplane.testing.fleets import sim_fleet
 
 RESULTS = ROOT / "bench" / "results"
 MODEL = "llama3-8b-pd"
-ROLES = """  llmplane:
-    disaggregation:
-      kvConnector: {type: nixl}
-      prefill: {replicas: 2}
-      decode: {replicas: 4}
-"""
+ROLES = {"kvConnector": {"type": "nixl"}, "prefill": {"replicas": 2}, "decode": {"replicas": 4}}
 
 
 @dataclass
@@ -57,7 +55,7 @@ class Run:
 def configs() -> list[tuple[str, str, int]]:
     """(name, YAML, engines it runs)."""
     plain = sim_fleet(MODEL, 6, time_scale="1")
-    split = sim_fleet(MODEL, 1, time_scale="1").replace("  replicas: 1\n", "") + ROLES
+    split = sim_fleet(MODEL, 6, time_scale="1", disaggregation=ROLES)
     return [("6 replicas", plain, 6), ("2P + 4D", split, 6)]
 
 
@@ -82,8 +80,8 @@ async def one(session: aiohttp.ClientSession, url: str, run: Run, body: dict) ->
     run.tpot.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
 
 
-async def replay(up: Up, run: Run, args: argparse.Namespace) -> None:
-    rng = random.Random(args.seed)
+async def replay(up: Up, run: Run, args: argparse.Namespace, seed: int) -> None:
+    rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(
         timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
@@ -108,19 +106,31 @@ async def replay(up: Up, run: Run, args: argparse.Namespace) -> None:
         await asyncio.gather(*tasks)
 
 
-def measure(group: Processes, work: Path, name: str, yaml: str, engines: int, args) -> Run:
+def start(group: Processes, work: Path, name: str, yaml: str, engines: int) -> Up:
+    """``llmplane up`` serving one fleet, its engines started and a request answered."""
     slug = name.replace(" ", "").replace("+", "-")
     path = work / f"{slug}.yaml"
     path.write_text(yaml)
     up = group.up(work / slug, str(path))
-    run = Run(name)
-    try:
-        wait_for(lambda: len(up.engine_pids()) == engines, 120, what=f"{name}: {engines} engines")
-        wait_for(lambda: _serves(up), 60, what=f"{name}: serving")
-        asyncio.run(replay(up, run, args))
-    finally:
-        up.stop()
-    return run
+    wait_for(lambda: len(up.engine_pids()) == engines, 120, what=f"{name}: {engines} engines")
+    wait_for(lambda: _serves(up), 60, what=f"{name}: serving")
+    return up
+
+
+def measure(args: argparse.Namespace) -> tuple[list[Run], list[float]]:
+    """Every fleet up at once, then ``args.rounds`` rounds of the trace, each fleet in turn
+    (rotating order); the runs and the load average at the end."""
+    fleets = configs()
+    runs = [Run(name) for name, _, _ in fleets]
+    with tempfile.TemporaryDirectory() as tmp, Processes() as group:
+        ups = [start(group, Path(tmp), name, yaml, n) for name, yaml, n in fleets]
+        for r in range(args.rounds):
+            for i in range(len(fleets)):
+                k = (i + r) % len(fleets)
+                print(f"round {r + 1}/{args.rounds}: {runs[k].name}", flush=True)
+                asyncio.run(replay(ups[k], runs[k], args, args.seed + r))
+        load_after = list(os.getloadavg())
+    return runs, load_after
 
 
 def _serves(up: Up) -> bool:
@@ -137,7 +147,7 @@ def _serves(up: Up) -> bool:
         return False
 
 
-def report(runs: list[Run], args: argparse.Namespace, info: dict) -> str:
+def report(runs: list[Run], args: argparse.Namespace, info: dict, load_after: list[float]) -> str:
     rows = []
     for run in runs:
         rows.append(
@@ -161,17 +171,20 @@ def report(runs: list[Run], args: argparse.Namespace, info: dict) -> str:
         "TPOT p99 ms",
     ]
     return (
-        "## Prefill/decode disaggregation on the sim (issue 32)\n\n"
-        f"`python -m bench.disaggregated --rate {args.rate} --duration {args.duration} "
-        f"--prompt-tokens {args.prompt_tokens} --output-tokens {args.output_tokens}`: one "
-        "Poisson trace of long prompts replayed against 6 undisaggregated sim replicas and "
-        "against 2 prefill + 4 decode (see the script's docstring).\n\n"
-        f"{table(head, rows, 'lrrrrrr')}\n\n{machine_line(info)}\n"
+        f"Command: `python -m bench.disaggregated --rounds {args.rounds} --rate {args.rate} "
+        f"--duration {args.duration:g} --prompt-tokens {args.prompt_tokens} "
+        f"--output-tokens {args.output_tokens} --seed {args.seed}` "
+        f"({machine_line(info, load_after)}). Per round one Poisson trace of "
+        f"{args.prompt_tokens}-token prompts and {args.output_tokens}-token streamed answers, "
+        "replayed against 6 undisaggregated sim replicas and against 2 prefill + 4 decode, in "
+        "rotating order; the sims model an 8B model on an H100 in real time.\n\n"
+        f"{table(head, rows, 'lrrrrrr')}\n"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rate", type=float, default=4.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--prompt-tokens", type=int, default=3000)
@@ -180,11 +193,8 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print, write nothing")
     args = parser.parse_args()
     info = machine()
-    runs = []
-    with tempfile.TemporaryDirectory() as tmp, Processes() as group:
-        for name, yaml, engines in configs():
-            runs.append(measure(group, Path(tmp), name, yaml, engines, args))
-    text_ = report(runs, args, info)
+    runs, load_after = measure(args)
+    text_ = report(runs, args, info, load_after)
     print(text_)
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
@@ -194,7 +204,7 @@ def main() -> None:
                 option=orjson.OPT_INDENT_2,
             )
         )
-        write_section("disaggregated", text_)
+        print(f"wrote {write_section('disaggregated', text_)}")
 
 
 if __name__ == "__main__":

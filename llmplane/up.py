@@ -20,6 +20,7 @@ from llmplane.aio import call_on
 from llmplane.api.documents import parse_text, stored_form
 from llmplane.gcpolicy import freeze_survivors
 from llmplane.store.base import Store
+from llmplane.store.sqlite import LOOP_BUSY_TIMEOUT
 
 if TYPE_CHECKING:
     from llmplane.upworkers import UpWorkers
@@ -95,6 +96,9 @@ class Platform:
 
     async def start(self) -> None:
         install_builtins(self.store)
+        # From here on the store is written on the loop that serves the gateway: a write fails
+        # fast when another process holds the lock, and the controllers retry on their next pass.
+        self.store.set_busy_timeout(LOOP_BUSY_TIMEOUT)
         await self.runtime.start()
         self._tasks.append(asyncio.create_task(self.controller.run(), name="controller"))
         from llmplane.console.api import Console

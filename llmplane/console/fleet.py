@@ -77,6 +77,9 @@ def endpoint_view(
         # block size, from the events, else the engine's metrics (0: not known).
         "kvBlocks": len(indexed.blocks) if indexed is not None else None,
         "kvBlockSize": (indexed.block_size if indexed is not None else 0) or state.block_size,
+        # Prompt tokens whose KV the engine took from another over its KV connector
+        # (vllm:external_prefix_cache_hits_total; None: the engine reports no connector).
+        "kvReceived": state.kv_received if state.kv_received >= 0 else None,
         "metricsFresh": fresh,
         "ejected": state.ejected(now),
         "served": sorted(state.served_models) if state.served_models else [],
@@ -123,6 +126,17 @@ def _models_of(pg: dict[str, Any] | None, svc: dict[str, Any] | None) -> list[st
         return [str(c.get("name", "")) for c in claims]
     claims = ((svc or {}).get("spec", {}).get("modelClaims") or {}).get("models") or []
     return [str(c.get("name", "")) for c in claims]
+
+
+def _kv_moved(replicas: list[dict[str, Any]]) -> float | None:
+    """The KV a role pair moved: prompt tokens its decode replicas took from prefill, summed
+    over the replicas running now (each engine counts since it started); None if none says."""
+    counts = [
+        r["endpoint"]["kvReceived"]
+        for r in replicas
+        if r["endpoint"] is not None and r["endpoint"]["kvReceived"] is not None
+    ]
+    return sum(counts) if counts else None
 
 
 def snapshot(
@@ -219,6 +233,7 @@ def snapshot(
                 "ready": ready,
                 "replicas": replicas,
                 "conditions": _conditions(svc if role is not None else main),
+                "kvMoved": _kv_moved(replicas) if role == "decode" else None,
                 "events": _events(store, pg, svc) if events else [],
             }
         )

@@ -10,7 +10,12 @@ The shape the Gateway API Inference Extension gives a data plane, written out fo
   ``failure_mode_allow`` is InferencePool ``extensionRef.failureMode`` (FailOpen = true);
 - a request that carries the picker's header goes to an ORIGINAL_DST cluster that connects to
   the address in that header; any other request (picker down with FailOpen, or a request the
-  picker left alone such as ``GET /v1/models``) goes to a round-robin cluster of the pool.
+  picker left alone such as ``GET /v1/models``) goes to a round-robin cluster of the pool;
+- the endpoint that served goes back to the picker as the protocol asks, in the response's
+  ``envoy.lb`` metadata under ``x-gateway-destination-endpoint-served``: the picked route adds
+  it as a response header from ``%UPSTREAM_HOST%`` (replacing one an engine sent), and a
+  header-to-metadata filter, which sees the response before ``ext_proc``, moves it into the
+  metadata and off the response.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ _EARLY_MUTATION = (
     "HeaderMutation"
 )
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_HEADER_TO_METADATA = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config"
+)
 _HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
@@ -129,6 +137,21 @@ def bootstrap(
         "name": "envoy.http.early_header_mutation.header_mutation",
         "typed_config": {"@type": _EARLY_MUTATION, "mutations": [{"remove": DESTINATION_HEADER}]},
     }
+    # The served endpoint: response header (the picked route's) -> envoy.lb metadata.
+    served = {
+        "@type": _HEADER_TO_METADATA,
+        "response_rules": [
+            {
+                "header": SERVED_KEY,
+                "on_header_present": {
+                    "metadata_namespace": METADATA_NAMESPACE,
+                    "key": SERVED_KEY,
+                    "type": "STRING",
+                },
+                "remove": True,
+            }
+        ],
+    }
     routes = [
         {
             "match": {
@@ -136,6 +159,12 @@ def bootstrap(
                 "headers": [{"name": DESTINATION_HEADER, "present_match": True}],
             },
             "route": {"cluster": "llm_pool_picked", "timeout": "0s"},
+            "response_headers_to_add": [
+                {
+                    "header": {"key": SERVED_KEY, "value": "%UPSTREAM_HOST%"},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                }
+            ],
         },
         {"match": {"prefix": "/"}, "route": {"cluster": "llm_pool", "timeout": "0s"}},
     ]
@@ -149,6 +178,7 @@ def bootstrap(
         },
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            {"name": "envoy.filters.http.header_to_metadata", "typed_config": served},
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
         ],
     }

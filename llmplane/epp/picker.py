@@ -179,7 +179,7 @@ class EndpointPickerService:
         ex.routed = True
         if ex.ctx is not None:
             self.gateway.refused(ex.ctx, err)
-        return protocol.immediate(err)
+        return protocol.immediate(err, ex.ctx.request.path if ex.ctx is not None else "")
 
     async def _route(self, ex: _Exchange) -> list[Any]:
         """The answers that route the request (or refuse it) once its body is complete."""
@@ -204,7 +204,7 @@ class EndpointPickerService:
             gw.schedule(ctx, min(len(ctx.candidates), 1 + self.fallbacks))
         except GatewayError as err:
             gw.refused(ctx, err)
-            return [protocol.immediate(err)]
+            return [protocol.immediate(err, ctx.request.path)]
         pick = ctx.pick
         assert pick is not None
         chosen = pick.endpoints[0]

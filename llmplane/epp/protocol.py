@@ -28,6 +28,7 @@ from llmplane.epp.envoy import (
     SUBSET_NAMESPACE,
 )
 from llmplane.gateway.errors import GatewayError
+from llmplane.gateway.protocols import error_response
 
 ProcessingRequest = pb.ProcessingRequest
 ProcessingResponse = pb.ProcessingResponse
@@ -164,8 +165,10 @@ def response_chunk(body: bytes) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
 
 
-def immediate(err: GatewayError) -> pb.ProcessingResponse:
-    """Answer the client directly (the request never reaches a replica)."""
+def immediate(err: GatewayError, path: str = "") -> pb.ProcessingResponse:
+    """Answer the client directly (the request never reaches a replica), in the shape of the
+    API at ``path`` (Anthropic's for ``/v1/messages``, OpenAI's otherwise), as the gateway
+    answers."""
     headers = [("content-type", "application/json")]
     if err.retry_after is not None:
         headers.append(("retry-after", str(max(1, round(err.retry_after)))))
@@ -173,7 +176,7 @@ def immediate(err: GatewayError) -> pb.ProcessingResponse:
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.status),
             headers=_mutation(headers),
-            body=err.body(),
+            body=error_response(path, err).body,
             details=err.code,
         )
     )

@@ -42,7 +42,7 @@ class _Waiter:
 
 @dataclass
 class _Queue:
-    workload: str
+    workload: str  # the autoscaling signals count held requests per workload
     waiters: deque[_Waiter] = field(default_factory=deque)
     bytes: int = 0
     since: float = 0.0  # monotonic time the first request of this cold start was held
@@ -97,23 +97,14 @@ class _HeldCollector:
 class Activator:
     """Per-model queues of held requests (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        metrics: ActivatorMetrics | None = None,
-        wake: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, config: GatewayConfig, wake: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.metrics = metrics or ActivatorMetrics()
+        self.metrics = ActivatorMetrics()
         self.queues: dict[str, _Queue] = {}
         # Called with the workload (``namespace/name``) when a request starts waiting for it:
         # what scales it from zero (the embedded autoscaler, the Kubernetes API).
         self.wake = wake
         self.collector = _HeldCollector(self)
-
-    def held_for(self, workload: str) -> int:
-        """Requests held now for models of ``workload`` (the autoscaler's demand)."""
-        return sum(len(q.waiters) for q in self.queues.values() if q.workload == workload)
 
     def held(self, model: str) -> int:
         queue = self.queues.get(model)
@@ -127,16 +118,14 @@ class Activator:
         queue = self.queues.get(model)
         if queue is None:
             queue = self.queues[model] = _Queue(workload, since=time.monotonic())
+        full = None
         if len(queue.waiters) >= c.activator_max_queue:
+            full = f"{len(queue.waiters)} requests"
+        elif queue.bytes + size > c.activator_max_queue_bytes:
+            full = f"{queue.bytes} bytes of requests"
+        if full is not None:
             self._drop_if_empty(model, queue)
-            raise self._refuse(
-                model, "queue_full", f"{len(queue.waiters)} requests already wait for a replica"
-            )
-        if queue.bytes + size > c.activator_max_queue_bytes:
-            self._drop_if_empty(model, queue)
-            raise self._refuse(
-                model, "queue_full", f"{queue.bytes} bytes of requests already wait for a replica"
-            )
+            raise self._refuse(model, "queue_full", f"{full} already wait for a replica")
         waiter = _Waiter(size, asyncio.get_running_loop().create_future())
         queue.waiters.append(waiter)
         queue.bytes += size

@@ -59,9 +59,6 @@ class Adapters:
         self, adapter: DeclaredAdapter, candidates: Sequence[EndpointState]
     ) -> list[EndpointState]:
         """The candidates that hold ``adapter``, loading it onto one of them if none does."""
-        holding = [s for s in candidates if adapter.name in (s.served_models or ())]
-        if holding:
-            return holding
         if not candidates:
             raise GatewayError(
                 503, f"no ready replica of {adapter.base!r} to load adapter {adapter.name!r} onto",
@@ -132,7 +129,7 @@ class Adapters:
                 timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT),
             ) as resp:
                 if resp.status >= 400:
-                    text = (await resp.text())[:300]
+                    text = (await resp.content.read(300)).decode(errors="replace")
                     if already and already in text:
                         return
                     raise GatewayError(

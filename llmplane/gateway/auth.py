@@ -3,9 +3,7 @@
 The tenant table (``TenantTable``) is built from the store's Tenant objects whenever they
 change, like the routing table, and swapped in whole: a request looks its key up by the
 key's public id (one dict lookup) and checks one HMAC-SHA256 in constant time
-(``apikeys.matches_raw``, from an HMAC keyed once per key). A key that passed is remembered
-by its fingerprint (``TenantTable.find``), so the HMAC runs once per key and table, not per
-request. Keys come as
+(``apikeys.matches_raw``, from an HMAC keyed once per key). Keys come as
 ``Authorization: Bearer <key>`` (what the ``openai`` client sends) or ``x-api-key: <key>``.
 
 Answers, OpenAI-style: 401 ``invalid_api_key`` for a missing, unknown, malformed or revoked
@@ -22,11 +20,9 @@ from __future__ import annotations
 
 import base64
 import fnmatch
-import hashlib
 import hmac
 import logging
 import re
-import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,25 +37,14 @@ log = logging.getLogger("llmplane.gateway")
 
 KIND = "Tenant"
 SECRET_KIND = "Secret"
-VERDICTS = 4096  # model names a Tenant remembers its verdict on
-VERIFIED = 4096  # keys a TenantTable remembers as checked (live keys only, so at most these)
-MAX_KEY_CHARS = 128  # our keys have 61
-# Keys the fingerprints of presented keys: random per process, so a fingerprint says nothing
-# outside it and nobody can make two keys with one fingerprint.
-_FINGERPRINT_KEY = secrets.token_bytes(32)
-# BLAKE2b-128 of the secret followed by the presented key (BLAKE2 is a secure MAC keyed by a
-# prefix: no length extension): a fingerprint copies this state, with the secret absorbed,
-# and one compression takes both for keys of up to 96 bytes. (BLAKE2b's own keyed mode pads
-# the key to a block of its own, a second compression a request: 0.29 vs 0.20 us.)
-_FINGERPRINT = hashlib.blake2b(_FINGERPRINT_KEY, digest_size=16)
 _GLOB = re.compile(r"[*?\[]")
 INVALID_KEY = "Incorrect or missing API key. Pass one as 'Authorization: Bearer <key>'."
 
 
 class TenantAccess:
-    """One Tenant as the gateway uses it; ``allows`` remembers its verdicts (bounded)."""
+    """One Tenant as the gateway uses it."""
 
-    __slots__ = ("_exact", "_pattern", "_verdicts", "criticality", "models", "name", "weight")
+    __slots__ = ("_exact", "_pattern", "criticality", "models", "name", "weight")
 
     def __init__(
         self, name: str, models: tuple[str, ...], criticality: str, weight: int = 1
@@ -71,18 +56,10 @@ class TenantAccess:
         self._exact = frozenset(m for m in models if not _GLOB.search(m))
         globs = [fnmatch.translate(m) for m in models if _GLOB.search(m)]
         self._pattern = re.compile("|".join(globs)) if globs else None
-        self._verdicts: dict[str, bool] = {}
 
     def allows(self, model: str) -> bool:
-        verdict = self._verdicts.get(model)
-        if verdict is None:
-            pattern = self._pattern
-            verdict = model in self._exact or (
-                pattern is not None and pattern.match(model) is not None
-            )
-            if len(self._verdicts) < VERDICTS:  # names come from clients: never unbounded
-                self._verdicts[model] = verdict
-        return verdict
+        pattern = self._pattern
+        return model in self._exact or (pattern is not None and pattern.match(model) is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +74,7 @@ class TenantTable:
     salt and hash from that Secret among ``objects`` (the Kubernetes store follows Secrets
     labelled ``llmplane.io/api-key``); without it the key is refused."""
 
-    __slots__ = ("keys", "names", "tenants", "verified")
+    __slots__ = ("keys", "names", "tenants")
 
     def __init__(self, objects: Iterable[Mapping[str, Any]] = ()) -> None:
         keys: dict[str, KeyRecord] = {}
@@ -136,27 +113,6 @@ class TenantTable:
         self.keys = keys
         self.tenants = tenants
         self.names = frozenset(names)
-        # fingerprint of a presented key -> its record, for keys that passed the HMAC check.
-        # Never the key itself (no plaintext in memory beyond the request), only live keys
-        # (a wrong key is checked every time, and cannot crowd the live ones out), and
-        # empty in every new table: a revoked key is refused from the next update on.
-        self.verified: dict[bytes, KeyRecord] = {}
-
-    def find(self, key: str | None) -> KeyRecord | None:
-        """``lookup``, remembered per presented key: a keyed BLAKE2b fingerprint (one C call)
-        instead of the HMAC for a key seen before. The dict lookup by fingerprint leaks
-        nothing through its timing: an attacker cannot relate fingerprints to keys."""
-        if key is None or len(key) > MAX_KEY_CHARS:  # not one of ours: no hashing it twice
-            return lookup(self.keys, key)
-        mac = _FINGERPRINT.copy()
-        mac.update(key.encode())
-        fingerprint = mac.digest()
-        record = self.verified.get(fingerprint)
-        if record is None:
-            record = lookup(self.keys, key)
-            if record is not None and len(self.verified) < VERIFIED:
-                self.verified[fingerprint] = record
-        return record
 
 
 def _weight(spec: Mapping[str, Any]) -> int:
@@ -274,7 +230,7 @@ class Authenticator:
 
     def caller(self, headers: Mapping[str, str]) -> TenantAccess:
         """The tenant whose live key was presented; 401 without one."""
-        record = self.table.find(presented_key(headers))
+        record = lookup(self.table.keys, presented_key(headers))
         if record is None:
             raise GatewayError(401, INVALID_KEY, ErrorCode.INVALID_API_KEY)
         return record.tenant

@@ -117,7 +117,7 @@ async def open_sources(args: argparse.Namespace) -> tuple[Any, Discovery]:
             return await kubernetes_sources(
                 parse_namespaces(args.namespace),
                 args.kube_server,
-                key_secrets=getattr(args, "key_secrets", False),
+                key_secrets=args.key_secrets,
             )
         except Exception as e:  # kubernetes_asyncio's config and connection errors
             raise StartupError(

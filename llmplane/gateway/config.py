@@ -178,39 +178,51 @@ def config_from_dict(doc: dict[str, Any] | None) -> GatewayConfig:
     return config
 
 
+# What a setting of each declared type must be (the annotations are strings here).
+_KINDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "list[str]": "a list of strings",
+    "dict[str, str]": "a mapping of names to strings",
+}
+# The least a number may be, and how to say it: at least 0 unless named here.
+_LEAST = {"flow_control_ttl": (1e-9, "of seconds above 0")} | {
+    f"flow_control_{bound}_{what}": (1, "of at least 1")
+    for bound in ("band", "total")
+    for what in ("requests", "bytes")
+}
+
+
+def _fits(value: Any, kind: str, least: float) -> bool:
+    if kind == "bool" or isinstance(value, bool):
+        return kind == "bool" and isinstance(value, bool)
+    if kind in ("int", "float"):
+        return isinstance(value, int if kind == "int" else int | float) and value >= least
+    if kind == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, str if kind == "str" else dict)
+
+
 def _check_settings(config: GatewayConfig) -> None:
-    if isinstance(config.allowed_origins, str):
-        config.allowed_origins = [config.allowed_origins]
-    if not isinstance(config.allowed_origins, list):
-        raise ValueError("gateway.allowedOrigins: must be a list of origins")
+    """Every setting of the type its field declares, numbers at least 0 (or ``_LEAST``);
+    origins well formed. ValueError says which and what it must be."""
+    for name in ("allowed_hosts", "allowed_origins"):
+        if isinstance(getattr(config, name), str):  # one name written without a list
+            setattr(config, name, [getattr(config, name)])
+    for f in fields(GatewayConfig):
+        value, kind = getattr(config, f.name), str(f.type)
+        if kind.endswith(" | None"):
+            if value is None:
+                continue
+            kind = kind.removesuffix(" | None")
+        least, said = _LEAST.get(f.name, (0, "of at least 0"))
+        if kind in _KINDS and not _fits(value, kind, least):
+            what = _KINDS[kind] + (f" {said}" if kind in ("int", "float") else "")
+            camel = re.sub(r"_(\w)", lambda m: m.group(1).upper(), f.name)
+            raise ValueError(f"gateway.{camel}: must be {what}")
     check_origins(config.allowed_origins)
-    if not isinstance(config.flow_control, bool):
-        raise ValueError("gateway.flowControl: must be true or false")
-    if not isinstance(config.flow_control_ttl, int | float) or not config.flow_control_ttl > 0:
-        raise ValueError("gateway.flowControlTtl: must be a number of seconds above 0")
-    connections = config.max_client_connections
-    if connections is not None and (
-        isinstance(connections, bool) or not isinstance(connections, int) or connections < 0
-    ):
-        raise ValueError("gateway.maxClientConnections: must be a whole number (0: no cap)")
-    for name in ("clientHeaderTimeout", "clientBodyTimeout"):
-        value = getattr(config, _snake(name))
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValueError(f"gateway.{name}: must be a number of seconds (0: no limit)")
-    for name in (
-        "saturationMaxInflight",
-        "saturationMaxPrefilling",
-        "flowControlReserve",
-        "maxBodyBytesTotal",
-    ):
-        cap = getattr(config, _snake(name))
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(f"gateway.{name}: must be a whole number (0: off)")
-    for name in ("band_requests", "band_bytes", "total_requests", "total_bytes"):
-        value = getattr(config, f"flow_control_{name}")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            camel = "flowControl" + "".join(w.title() for w in name.split("_"))
-            raise ValueError(f"gateway.{camel}: must be a whole number of at least 1")
 
 
 def client_connection_limit(config: GatewayConfig) -> int:

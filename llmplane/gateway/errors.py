@@ -113,6 +113,13 @@ class ModelNotFound(GatewayError):
         super().__init__(404, message, ErrorCode.MODEL_NOT_FOUND)
 
 
+def missing_model() -> GatewayError:
+    """400: the request names no model (or not as a string) and no catch-all routes it."""
+    return GatewayError(
+        400, 'the request has no model: set "model" to a model name', ErrorCode.MISSING_MODEL
+    )
+
+
 class NotReady(GatewayError):
     """503: the model exists but has no ready replica (yet: the activator may hold it)."""
 

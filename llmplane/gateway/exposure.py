@@ -1,21 +1,11 @@
 """Who may talk to the gateway from a browser: Origin, Host and Content-Type checks on every
-request.
+request (the rules, and why: docs/security.md, "Browsers: Origin, Host and Content-Type").
 
-A gateway on loopback is still reachable from any web page the same machine's browser opens:
-a page may POST a "simple" request (``text/plain``, form encodings: no CORS preflight) to
-``http://127.0.0.1:8000``, and a DNS-rebinding page may even read the answers under its own
-host name. So, when the gateway listens on a loopback address, a request's ``Host`` must be a
-loopback name (``localhost``, ``127.0.0.1``, ``[::1]``, with any port) or one of
-``GatewayConfig.allowed_hosts``; anywhere else ``allowed_hosts``, when set, is the list.
-``"*"`` allows any host. POSTs must carry a JSON body type (or none at all): anything else is
-415. A request without ``Host`` (HTTP/1.0 tools) is not a browser's and passes.
-
-Pages on another origin (another port of 127.0.0.1 included) are refused outright, 403
-``origin_not_allowed``: an ``Origin`` header that is neither the request's own (its scheme
-aside, the same host and port as ``Host``) nor in ``GatewayConfig.allowed_origins``
-(``null``, what sandboxed frames and files send, included), and, without ``Origin``,
-``Sec-Fetch-Site: cross-site`` or ``same-site`` except a GET that opens a page (a link to the
-console). Clients outside browsers (curl, the ``openai`` client) send neither and pass.
+A gateway on loopback is still reachable from any web page the same machine's browser opens
+(a "simple" POST needs no CORS preflight, and a DNS-rebinding page may read the answers), so a
+page on another origin is refused (``cross_site``), a Host that is not the gateway's is
+refused, and a POST must carry a JSON body type. Clients outside browsers send neither
+``Origin`` nor ``Sec-Fetch-Site`` and pass.
 """
 
 from __future__ import annotations
@@ -111,56 +101,33 @@ def make_guard(
     if is_loopback(listen_host):
         allowed |= LOOPBACK_NAMES
     check_host = bool(allowed) and not any_host
-    # Host and Content-Type values as sent that passed (a client sends the same ones every
-    # time): a set lookup instead of parsing them again. Bounded: a client sending ever new
-    # values only costs the parse.
-    passed: set[str] = set()
-    passed_types: set[str] = set()
 
     def guard(request: HttpRequest) -> Response | None:
         headers = request.headers
-        if (
-            # Clients outside browsers send neither header: two lookups, no call.
-            (
-                dict.get(headers, "origin") is not None
-                or dict.get(headers, "sec-fetch-site") is not None
-            )
-            and not any_origin
-            and (foreign := cross_site(request, origins)) is not None
-        ):
+        if not any_origin and (foreign := cross_site(request, origins)) is not None:
             return GatewayError(
                 403,
                 f"{foreign}: requests from web pages on other origins are refused (add the "
                 "page's origin to gateway.allowedOrigins)",
                 ErrorCode.ORIGIN_NOT_ALLOWED,
             ).response()
-        if check_host:
-            host = dict.get(headers, "host")
-            if host is None or host in passed:
-                pass
-            elif host_name(host) in allowed:
-                if len(passed) < 64:
-                    passed.add(host)
-            else:
+        host = dict.get(headers, "host")
+        if check_host and host is not None and host_name(host) not in allowed:
+            return GatewayError(
+                403,
+                f"Host {shown(host)} is not allowed: the gateway answers requests for "
+                f"{', '.join(sorted(allowed))} (add a name to gateway.allowedHosts)",
+                ErrorCode.HOST_NOT_ALLOWED,
+            ).response()
+        kind = dict.get(headers, "content-type")
+        if request.method == "POST" and kind is not None:
+            media = kind.partition(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
                 return GatewayError(
-                    403,
-                    f"Host {shown(host)} is not allowed: the gateway answers requests for "
-                    f"{', '.join(sorted(allowed))} (add a name to gateway.allowedHosts)",
-                    ErrorCode.HOST_NOT_ALLOWED,
+                    415,
+                    f"Content-Type {shown(kind)} is not supported: send application/json",
+                    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                 ).response()
-        if request.method == "POST":
-            kind = dict.get(headers, "content-type")
-            if kind is not None and kind not in passed_types:
-                media = kind.partition(";")[0].strip().lower()
-                if media == "application/json" or media.endswith("+json"):
-                    if len(passed_types) < 64:
-                        passed_types.add(kind)
-                else:
-                    return GatewayError(
-                        415,
-                        f"Content-Type {shown(kind)} is not supported: send application/json",
-                        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-                    ).response()
         return None
 
     return guard

@@ -41,6 +41,8 @@ class EndpointState:
     prefill_rate: float = 0.0
     block_size: int = 0
     prefill_seen: tuple[float, float] = (-1.0, -1.0)  # the counters at the last scrape (-1: none)
+    # Prompt tokens whose KV the engine took over its KV connector (-1: not reported).
+    kv_received: float = -1.0
     # The gateway's own accounting.
     inflight: int = 0
     inflight_at_scrape: int = 0  # ``inflight`` when the last applied scrape was sent

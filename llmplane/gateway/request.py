@@ -8,7 +8,7 @@ import orjson
 
 from llmplane.gateway import protocols
 from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import ErrorCode, GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError, missing_model
 from llmplane.gateway.protocols.text import message_text
 
 
@@ -116,7 +116,7 @@ def _check_stream_options(options: Any) -> None:
 
 
 class InferenceRequest:
-    """What routing and scheduling read from a request."""
+    """What routing and scheduling read from a request (``model`` "" when it names none)."""
 
     __slots__ = ("_prompt", "body", "dirty", "doc", "headers", "model", "path", "stream")
 
@@ -135,12 +135,10 @@ class InferenceRequest:
                 400, "the request body must be a JSON object", ErrorCode.INVALID_JSON
             )
         model = doc.get("model")
-        if not isinstance(model, str) or not model:
-            raise GatewayError(
-                400,
-                'the request has no model: set "model" to a model name',
-                ErrorCode.MISSING_MODEL,
-            )
+        if model is None:  # (a catch-all InferenceModelRewrite may route it: routing.py)
+            model = ""
+        elif not isinstance(model, str):
+            raise missing_model()
         check_fields(doc)
         protocols.check(path, doc)  # Responses / Messages fields
         self.doc: dict[str, Any] = doc

@@ -20,8 +20,9 @@ Resolution order for the request's ``model``:
 3. Without extra YAML: endpoints serving it (label ``llmaz.io/model-name`` from a Playground,
    or the endpoint's own served model name); a Playground's claimed model with no ready
    endpoint yet gives 503, not 404.
-4. A model nothing above knows: an InferenceModelRewrite rule without ``matches`` (oldest
-   first), else 404.
+4. A model nothing above knows, or a request without a model: an InferenceModelRewrite rule
+   without ``matches`` (oldest first; its target becomes the body's ``model``, none: the
+   engine's own default), else 404 (400 without a model).
 
 InferencePools of both versions (v1 ``inference.networking.k8s.io``, v1alpha2
 ``inference.networking.x-k8s.io``) are read as v1 (``api/gie_v1.py``). A request to a pool
@@ -49,7 +50,13 @@ from llmplane.api.llmd import OBJECTIVE_HEADERS, InferenceModelRewrite, Inferenc
 from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.disaggregated import GROUP_KEY, pd_pairs
-from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady
+from llmplane.gateway.errors import (
+    ErrorCode,
+    GatewayError,
+    ModelNotFound,
+    NotReady,
+    missing_model,
+)
 from llmplane.gateway.playgrounds import (
     DeclaredAdapter,
     activatable_routes,
@@ -267,6 +274,10 @@ class RoutingTable:
         return RouteDecision(rule.ref, rule.backend, target)
 
     def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> RouteDecision:
+        if not model:  # a request without a model: only a catch-all rewrite takes it
+            if self.fallbacks:
+                return self._objective(self._rewrite(model, self.fallbacks[0]), headers)
+            raise missing_model()
         routes = self.routes_by_model.get(model)
         lora = False
         if routes is None:

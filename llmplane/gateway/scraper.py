@@ -29,6 +29,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -56,6 +57,9 @@ class MetricNames:
     prefill_seconds: tuple[bytes, ...] = ()
     # An info gauge whose ``block_size`` label is the engine's KV block size in tokens.
     cache_info: bytes | None = None
+    # Prompt tokens whose KV the engine loaded through its KV connector (a disaggregated
+    # decode replica's KV received from prefill), for the console only.
+    kv_received: tuple[bytes, ...] = ()
 
 
 VLLM = MetricNames(
@@ -68,6 +72,7 @@ VLLM = MetricNames(
     prompt_tokens=(b"vllm:prompt_tokens_total",),
     prefill_seconds=(b"vllm:request_prefill_time_seconds_sum",),
     cache_info=b"vllm:cache_config_info",
+    kv_received=(b"vllm:external_prefix_cache_hits_total",),
 )
 SGLANG = MetricNames(
     waiting=(b"sglang:num_queue_reqs",),
@@ -87,16 +92,36 @@ ENGINE_METRICS: dict[str, MetricNames] = {
     "sim": VLLM,
     "sglang": SGLANG,
     "llamacpp": LLAMACPP,
-    "llama.cpp": LLAMACPP,
-    "llama-cpp": LLAMACPP,
     "tgi": TGI,
     "ollama": NONE,
 }
+# Other names backends and Endpoint objects give an engine type.
+_ALIASES = {
+    "llama.cpp": "llamacpp",
+    "llama-cpp": "llamacpp",
+    "text-generation-inference": "tgi",
+    "llmplane-sim": "sim",
+}
+
+
+def engine_of(backend: str | None) -> str:
+    """The engine type a backend or Endpoint names: a known name or alias, else a name that
+    contains one ("vllm-openai"), else the name as it is (every metrics table is tried); no
+    name: vllm."""
+    if not backend:
+        return "vllm"
+    name = backend.lower()
+    for known in (name, *ENGINE_METRICS, *_ALIASES):
+        if known in name:
+            engine = _ALIASES.get(known, known)
+            if engine in ENGINE_METRICS:
+                return engine
+    return name
 
 
 def metric_names(engine: str) -> MetricNames | None:
     """The engine's names; None for an unknown engine (every table is tried)."""
-    return ENGINE_METRICS.get(engine.lower())
+    return ENGINE_METRICS.get(engine_of(engine)) if engine else None
 
 
 def _float(text: bytes) -> float | None:
@@ -166,13 +191,15 @@ class LoadMetrics:
     prompt_tokens: float | None = None
     prefill_seconds: float | None = None
     block_size: int = 0
+    kv_received: float | None = None
 
     @property
     def any(self) -> bool:
         return self.waiting is not None or self.running is not None or self.kv is not None
 
 
-def _adapters(value: bytes) -> frozenset[str]:
+def adapter_names(value: bytes) -> frozenset[str]:
+    """The names in a comma-separated list of LoRA adapters."""
     return frozenset(a for a in value.decode("utf-8", "replace").split(",") if a)
 
 
@@ -200,8 +227,8 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
                     newest = (value, labels)
             if newest is not None:
                 fields = dict(_LABEL.findall(newest[1]))
-                m.lora_running = _adapters(fields.get(b"running_lora_adapters", b""))
-                m.lora_waiting = _adapters(fields.get(b"waiting_lora_adapters", b""))
+                m.lora_running = adapter_names(fields.get(b"running_lora_adapters", b""))
+                m.lora_waiting = adapter_names(fields.get(b"waiting_lora_adapters", b""))
                 with contextlib.suppress(ValueError):
                     m.max_lora = int(float(fields.get(b"max_lora", b"0") or 0))
         if m.any:
@@ -213,6 +240,8 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
                 m.prefill_seconds = _sum(body, table.prefill_seconds)
             if table.cache_info is not None:
                 m.block_size = _block_size(body, table.cache_info)
+            if table.kv_received:
+                m.kv_received = _sum(body, table.kv_received)
             return m
     return LoadMetrics()
 
@@ -239,6 +268,7 @@ def apply_metrics(
         state.observe_prefill(m.prompt_tokens - (m.prefix_hits or 0.0), m.prefill_seconds)
     if m.block_size:
         state.block_size = m.block_size
+    state.kv_received = -1.0 if m.kv_received is None else m.kv_received
     sent = state.inflight if inflight_at_start is None else inflight_at_start
     state.unseen = unseen_load(state.unseen, state.waiting, state.running, sent) if m.any else 0
     state.has_load_metrics = m.any and state.unseen < UNSEEN_LOAD  # see ``unseen_load``
@@ -279,6 +309,23 @@ def served_names(data: object) -> frozenset[str] | None:
     return frozenset(names)
 
 
+class ScrapeSharing(Protocol):
+    """With several workers one scrapes for all (``workers/scrapes.py``): its publisher, or
+    another worker's follower of what it publishes."""
+
+    def follows(self, state: EndpointState) -> bool:
+        """True for a state whose metrics and models a peer reads: nothing of it is read here."""
+        ...
+
+    def publish(self, state: EndpointState, kept: bool) -> None:
+        """After a scrape (``kept``: the idle ticker keeps its ``scraped_at`` fresh from now)."""
+        ...
+
+    def models_read(self, state: EndpointState, started: float) -> None:
+        """A changed /v1/models list, read from ``started`` on."""
+        ...
+
+
 class Scraper:
     """One background task per endpoint, started and stopped as endpoints come and go."""
 
@@ -288,19 +335,12 @@ class Scraper:
         on_models_changed: Callable[[], None] | None = None,
         on_scraped: Callable[[], None] | None = None,
         upstream: Callable[[], UpstreamPool | None] | None = None,
+        sharing: ScrapeSharing | None = None,
     ) -> None:
         self.config = config
         self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
         self.on_scraped = on_scraped  # after each scrape (or idle refresh)
-        # With several workers (gateway/workers/scrapes.py) one scrapes for all: it
-        # ``publish``es each state after a scrape (with whether its idle ticker keeps the
-        # state's ``scraped_at`` fresh from now on) and each changed /v1/models list
-        # (``models_read``: the state and when the read began); in the others
-        # ``follows(state)`` is True for the states whose metrics and models come from it, and
-        # nothing of them is read here.
-        self.publish: Callable[[EndpointState, bool], None] | None = None
-        self.models_read: Callable[[EndpointState, float], None] | None = None
-        self.follows: Callable[[EndpointState], bool] | None = None
+        self.sharing = sharing
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
         # The proxy's upstream pool, if given: /metrics is read over its keep-alive
@@ -312,7 +352,8 @@ class Scraper:
         self._idle: dict[str, tuple[EndpointState, asyncio.Event]] = {}
         self._keeper: asyncio.Task[None] | None = None
 
-    def _session(self) -> aiohttp.ClientSession:
+    def client(self) -> aiohttp.ClientSession:
+        """The scraper's HTTP session (engine-side admin calls share it)."""
         if self.session is None:
             connector = aiohttp.TCPConnector(
                 limit=256, keepalive_timeout=self.config.keepalive_timeout, ttl_dns_cache=300
@@ -326,7 +367,7 @@ class Scraper:
 
     def add(self, state: EndpointState) -> None:
         if state.key not in self.tasks:
-            if self.follows is not None and self.follows(state):
+            if self.sharing is not None and self.sharing.follows(state):
                 return  # a peer reads it for us
             self.tasks[state.key] = asyncio.create_task(
                 self._run(state), name=f"scrape {state.key}"
@@ -357,7 +398,6 @@ class Scraper:
 
     async def scrape_once(self, state: EndpointState) -> bool:
         """One scrape of /metrics; False if the endpoint did not answer."""
-        session = self._session()
         names = metric_names(state.endpoint.engine)
         if names is NONE:
             state.has_load_metrics = False
@@ -373,7 +413,7 @@ class Scraper:
                     self.config.scrape_timeout,
                 )
             else:
-                async with session.get(f"http://{state.address}/metrics") as resp:
+                async with self.client().get(f"http://{state.address}/metrics") as resp:
                     status = resp.status
                     body = await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -392,7 +432,7 @@ class Scraper:
     async def refresh_models(self, state: EndpointState) -> None:
         started = time.monotonic()
         try:
-            async with self._session().get(f"http://{state.address}/v1/models") as resp:
+            async with self.client().get(f"http://{state.address}/v1/models") as resp:
                 if resp.status != 200:
                     return
                 doc = orjson.loads(await resp.read())
@@ -405,14 +445,10 @@ class Scraper:
             return  # an adapter was loaded or unloaded meanwhile: this list may predate it
         if served != state.served_models:
             state.served_models = served
-            if self.models_read is not None:
-                self.models_read(state, started)
+            if self.sharing is not None:
+                self.sharing.models_read(state, started)
             if self.on_models_changed is not None:
                 self.on_models_changed()  # LoRA adapters came or went: routes change
-
-    def client(self) -> aiohttp.ClientSession:
-        """The scraper's HTTP session (engine-side admin calls share it)."""
-        return self._session()
 
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval
@@ -439,8 +475,8 @@ class Scraper:
             busy = state.inflight or state.running or state.waiting or _signals(state) != before
             pause = (interval if busy else min(pause * 2, idle_max)) if healthy else interval
             kept = bool(healthy and not busy and pause > interval)  # _idle_wait follows
-            if self.publish is not None:
-                self.publish(state, kept)
+            if self.sharing is not None:
+                self.sharing.publish(state, kept)
             if self.on_scraped is not None:
                 self.on_scraped()  # fresh load: flow control may dispatch
             if not healthy:

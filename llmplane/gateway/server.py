@@ -44,7 +44,7 @@ from llmplane.gateway.observability import GatewayMetrics, access_log, write_acc
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
 from llmplane.gateway.protocols import PATHS as API_PATHS
-from llmplane.gateway.protocols import error_response
+from llmplane.gateway.protocols import error_response, responses
 from llmplane.gateway.proxy import Proxy
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.registry import EndpointRegistry, EndpointState
@@ -124,11 +124,22 @@ class Gateway:
         self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
         if seat is not None:
             seat.picks.attach(self.scheduler.plugins)
+        self.scrape_follower = (
+            seat.share_scrapes(
+                self.config,
+                lambda: self.registry.states.values(),
+                self._capacity_changed,
+                self._rebuild,
+            )
+            if seat is not None
+            else None
+        )
         self.scraper = Scraper(
             self.config,
             on_models_changed=self._rebuild,
             on_scraped=self._capacity_changed,  # fresh load: flow control may dispatch
             upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
+            sharing=self.scrape_follower,
         )
         self.adapters = Adapters(self.scraper.client)
         self.outliers = Outliers(
@@ -153,13 +164,6 @@ class Gateway:
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
-        self.scrape_follower = (
-            seat.share_scrapes(
-                self.scraper, lambda: self.registry.states.values(), self._capacity_changed
-            )
-            if seat is not None
-            else None
-        )
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config, wake=wake)
@@ -423,7 +427,7 @@ class Gateway:
         403 for a model its key may not use)."""
         assert ctx.inference is not None
         tenant = ctx.tenant = self.auth.authenticate(ctx.request.headers)
-        if tenant is not None:
+        if tenant is not None and ctx.inference.model:  # (without one: the route's, in route)
             self.auth.permit(tenant, ctx.inference.model)
 
     async def route(self, ctx: RequestContext) -> None:
@@ -451,6 +455,8 @@ class Gateway:
             # A key is told only about the models it may use.
             names = [n for n in self.table.model_names() if tenant.allows(n)]
             raise model_not_found(model, names) from None
+        if not model and tenant is not None:  # a catch-all rewrite's target
+            self.auth.permit(tenant, decision.model)
         ctx.decision = decision
         if decision.priority is not None:
             ctx.level = decision.priority
@@ -544,13 +550,18 @@ class Gateway:
         return min(len(ctx.candidates), max(self.config.fallbacks, retries + 1))
 
     def schedule(self, ctx: RequestContext, n: int) -> None:
-        """``ctx.pick``: the scheduler's ordered pick of ``n`` of the candidates (timed)."""
-        decision, scheduling = ctx.decision, ctx.scheduling
-        assert decision is not None and scheduling is not None
+        """``ctx.pick``: the scheduler's ordered pick of ``n`` of the candidates (timed). A
+        Responses request goes to the replica holding its previous response, and its own
+        response is named after the replica it goes to (``protocols/responses.py``)."""
+        decision, scheduling, inference = ctx.decision, ctx.scheduling, ctx.inference
+        assert decision is not None and scheduling is not None and inference is not None
         ts = time.perf_counter()
-        pick = ctx.pick = self.scheduler.pick(
-            scheduling, ctx.candidates, n, decision.backend.profile
-        )
+        candidates, stored = ctx.candidates, inference.path in responses.PATHS
+        if stored:
+            candidates = responses.holders(inference.doc, candidates, decision.backend.address)
+        pick = ctx.pick = self.scheduler.pick(scheduling, candidates, n, decision.backend.profile)
+        if stored and pick.endpoints:
+            responses.name_response(inference, decision.backend.address(pick.endpoints[0]))
         if decision.lora and pick.endpoints:
             self.adapters.touch(pick.endpoints[0].address, decision.model)
         elapsed = time.perf_counter() - ts

@@ -49,22 +49,6 @@ def usage_log_for(store: Any, setting: str | None) -> UsageLog | None:
     return None
 
 
-class _Series:
-    """One tenant and model: its three counter children, and where its requests of the
-    current minute add up in ``TenantUsage.pending`` (``counts`` until ``until``, while
-    ``batch`` is still the pending dict: a flush swaps it out)."""
-
-    __slots__ = ("batch", "counts", "input", "output", "requests", "until")
-
-    def __init__(self, requests: Any, input_: Any, output: Any) -> None:
-        self.requests = requests
-        self.input = input_
-        self.output = output
-        self.counts: list[int] | None = None
-        self.until = 0.0
-        self.batch: dict[tuple[int, str, str], list[int]] | None = None
-
-
 class TenantUsage:
     """The ``RequestHook`` counting each tenant's usage; ``start`` / ``close`` run the flusher."""
 
@@ -87,9 +71,8 @@ class TenantUsage:
             "Tokens the engines reported by tenant, model and direction (input, output)",
             ("tenant", "model", "direction"),
         )
+        # (minute, tenant, model) -> [answered requests, input tokens, output tokens]
         self.pending: dict[tuple[int, str, str], list[int]] = {}
-        # (tenant, model) -> its counters and its entry in ``pending``, looked up once.
-        self._series: dict[tuple[str, str], _Series] = {}
         self._task: asyncio.Task[None] | None = None
 
     # --- the hook ----------------------------------------------------------------------------
@@ -110,41 +93,19 @@ class TenantUsage:
         if tenant is None or inference is None:
             return
         model = inference.model
-        series = self._series.get((tenant, model))
-        if series is None:
-            series = self._series[(tenant, model)] = _Series(
-                self.requests.labels(tenant, model),
-                self.tokens.labels(tenant, model, "input"),
-                self.tokens.labels(tenant, model, "output"),
-            )
-        # Plain additions to the counters' values (rendered at scrape time), no calls.
         answered = 1 if status < 400 else 0
+        prompt = (usage.prompt_tokens or 0) if usage is not None else 0
+        completion = (usage.completion_tokens or 0) if usage is not None else 0
         if answered:
-            series.requests.value += 1
-        if usage is not None:
-            prompt, completion = usage.prompt_tokens, usage.completion_tokens
-            if prompt:
-                series.input.value += prompt
-            if completion:
-                series.output.value += completion
-        else:
-            prompt = completion = 0
+            self.requests.labels(tenant, model).inc()
+        if prompt:
+            self.tokens.labels(tenant, model, "input").inc(prompt)
+        if completion:
+            self.tokens.labels(tenant, model, "output").inc(completion)
         if self.log is None or not (answered or prompt or completion):
             return
-        now = self.clock()
-        counts = series.counts
-        if (
-            counts is None
-            or not series.until - 60 <= now < series.until
-            or series.batch is not self.pending
-        ):
-            # Another minute, or the batch it added to was flushed: this minute's entry.
-            minute = int(now // 60) * 60
-            key = (minute, tenant, model)
-            counts = self.pending.get(key)
-            if counts is None:
-                counts = self.pending[key] = [0, 0, 0]
-            series.counts, series.until, series.batch = counts, minute + 60, self.pending
+        minute = int(self.clock() // 60) * 60
+        counts = self.pending.setdefault((minute, tenant, model), [0, 0, 0])
         counts[0] += answered
         counts[1] += prompt
         counts[2] += completion

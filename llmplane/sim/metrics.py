@@ -116,6 +116,8 @@ class SimMetrics:
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.created = time.time()
         self._base = {"engine": ENGINE, "model_name": engine.cfg.model_name}
+        # A prefill or decode instance stands for vLLM with a KV connector configured.
+        self.connector = engine.cfg.role != "both"
         self._lora_prefix = "vllm:lora_requests_info"
         self._template, self._hist_texts = self._build_page()
         self._hists = list({id(h.hist): h.hist for h in self._hist_texts}.values())
@@ -169,6 +171,7 @@ class SimMetrics:
             stats.generation_tokens,
             stats.prompt_cached,
             stats.prompt_transferred,
+            stats.prompt_uncached,
             *self.success.values(),
             loras,
             *[h.total for h in self._hists],
@@ -214,6 +217,7 @@ class SimMetrics:
             go(stats.prompt_tokens - cached - transferred),
             go(cached),
             go(transferred),
+            *((go(stats.prompt_uncached), go(transferred)) if self.connector else ()),
             *[go(n) for n in self.success.values()],
             f"{lora_line} {go(time.time())}\n",
             *[h.text() for h in self._hist_texts],
@@ -286,6 +290,17 @@ class SimMetrics:
             "Number of prompt tokens by source.",
             [{"source": s} for s in ("local_compute", "local_cache_hit", "external_kv_transfer")],
         )
+        if self.connector:  # vLLM has these only with a KV connector (--kv-transfer-config)
+            counter(
+                "vllm:external_prefix_cache_queries",
+                "External prefix cache queries from KV connector cross-instance cache "
+                "sharing, in terms of number of queried tokens.",
+            )
+            counter(
+                "vllm:external_prefix_cache_hits",
+                "External prefix cache hits from KV connector cross-instance cache sharing, "
+                "in terms of number of cached tokens.",
+            )
         counter(
             "vllm:request_success",
             "Count of successfully processed requests.",

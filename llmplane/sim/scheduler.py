@@ -174,6 +174,9 @@ class Stats:
     # Prompt tokens by where their KV came from, counted with prompt_tokens (first token).
     prompt_cached: int = 0
     prompt_transferred: int = 0
+    # Prompt tokens not found in the local prefix cache (what vLLM asks its KV connector for:
+    # ``vllm:external_prefix_cache_queries``; the hits are ``prompt_transferred``).
+    prompt_uncached: int = 0
 
 
 class Scheduler:
@@ -493,6 +496,7 @@ class Scheduler:
                 stats.prompt_tokens += seq.prompt_len
                 cached = min(max(0, seq.num_cached), seq.prompt_len)
                 stats.prompt_cached += cached
+                stats.prompt_uncached += seq.prompt_len - cached
                 if seq.remote_prefill:  # all but the last prompt token came over the wire
                     stats.prompt_transferred += max(0, seq.prompt_len - 1 - cached)
                 ttfts.append(now - seq.arrival)

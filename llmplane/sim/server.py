@@ -26,7 +26,7 @@ from llmplane.sim.protocol import (
     error_body,
     request_validation,
 )
-from llmplane.sim.responses import ResponsesRoutes
+from llmplane.sim.responses import ResponsesRoutes, StoredResponses
 from llmplane.sim.service_routes import ServiceRoutes
 from llmplane.sim.tokenizer import WordIds
 from llmplane.sim.wire import JSON, VERSION, error_response, json_response
@@ -48,6 +48,8 @@ class SimServer(CompletionRoutes, ResponsesRoutes, MessagesRoutes, ServiceRoutes
         self.model = cfg.model_name
         self.base_names = set(cfg.served_model_names or [cfg.model])
         self.loras: dict[str, str] = dict(cfg.lora_modules)
+        # Responses kept for previous_response_id (vLLM's env variable turns it on).
+        self.stored_responses = StoredResponses.from_env()
         self.lora_seeds: dict[str, int] = {}
         self.faults = cfg.faults
         self.fault_rng = random.Random(cfg.seed)

@@ -14,7 +14,8 @@ Writes take the database write lock up front (``BEGIN IMMEDIATE``), so writers f
 processes serialise instead of deadlocking, and resourceVersions commit in order. WAL mode lets
 readers and watchers run while a write is in progress. Each call is a sub-millisecond local
 transaction, so the sync methods may be called from the event loop (while another process
-holds the write lock, a write waits for it, up to ``busy_timeout``); ``watch`` is async, sleeps
+holds the write lock, a write waits for it, up to ``busy_timeout``: ``up`` sets
+``LOOP_BUSY_TIMEOUT`` once it serves); ``watch`` is async, sleeps
 on an ``asyncio.Event`` that same-process writes set at once, and polls every ``poll_interval``
 for writes from other processes.
 
@@ -163,6 +164,13 @@ def _notify(key: str) -> None:
         waiter.wake()
 
 
+# The busy timeout of a process whose event loop serves traffic (``llmplane up``): a write
+# waits on that loop, so it gives up after this long and its caller retries on its next pass,
+# where the default would stall every request for up to ``busy_timeout`` at each write while
+# another process holds the lock (a stopped ``llmplane apply``, an ``sqlite3`` shell).
+LOOP_BUSY_TIMEOUT = 0.1
+
+
 class SQLiteStore:
     """``Store`` on a SQLite file. Safe to share between threads and between processes."""
 
@@ -219,6 +227,13 @@ class SQLiteStore:
         except sqlite3.Error as e:
             raise StoreError(f"cannot open the store at {self.path}: {e}{self._full(e)}") from e
         return conn
+
+    def set_busy_timeout(self, seconds: float) -> None:
+        """How long a write waits for another process's write lock before it fails with
+        ``StoreUnavailable`` (``LOOP_BUSY_TIMEOUT`` where the event loop also serves traffic)."""
+        with self._lock:
+            self.busy_timeout = seconds
+            self._db().execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
     def _init_db(self) -> None:
         conn = self._db()

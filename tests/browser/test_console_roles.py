@@ -1,6 +1,6 @@
 """The console's Fleet page in a real headless Chromium shows a disaggregated Playground
 (examples/disaggregated-sim.yaml, smaller) as one card per role, with a role badge and the
-role's replicas."""
+role's replicas, and on the decode card the KV the pair moved."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from llmplane.testing import Up, wait_for
 from tests.browser.conftest import Browser, until
-from tests.integration.upcli import condition
+from tests.integration.upcli import condition, http
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +54,30 @@ def test_fleet_page_shows_roles(tmp_path: Path, browser: Browser) -> None:
             assert title == f"Playground default/{MODEL}"
             rows = d.find_elements(By.CSS_SELECTOR, f"{card} table.replicas tbody tr")
             assert len(rows) == replicas
+        # The decode card shows the KV the pair moved: the fleet's count, as the page got it.
+        prompt = "Tell me about disaggregated serving " * 20
+        code, _, _ = http(
+            f"{up.url}/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+        )
+        assert code == 200
+        moved = wait_for(
+            lambda: next(w for w in http(f"{up.url}/console/api/fleet")[2]["workloads"]
+                         if w["role"] == "decode")["kvMoved"],
+            30,
+            what="KV moved on the fleet's decode workload",
+        )  # fmt: skip
+        decode = f'[data-workload="default/{MODEL}-decode"] [data-testid=kv-moved]'
+        until(
+            browser,
+            lambda d: (
+                [e.text for e in d.find_elements(By.CSS_SELECTOR, decode)]
+                == [f"KV from prefill: {int(moved):,} tokens"]
+            ),
+            "the decode card's KV moved",
+        )
+        prefill = f'[data-workload="default/{MODEL}-prefill"] [data-testid=kv-moved]'
+        assert d.find_elements(By.CSS_SELECTOR, prefill) == []
         browser.screenshot("fleet-roles")
+        d.get("about:blank")  # the page stops polling before up stops (no failed loads logged)
     finally:
         up.kill_everything()

@@ -3,10 +3,14 @@ the Playground's replicas in the store, a value from the gateway's /metrics."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from llmplane.store.paths import open_store
-from tests.integration.upcli import sim_fleet
+from tests.integration.upcli import http, sim_fleet
 
 FAST = ["--autoscale-interval", "0.2", "--autoscale-window", "1"]
 
@@ -53,3 +57,36 @@ SCALE_TO_ZERO = """    minReplicas: 0
         behavior:
           scaleDown: {stabilizationWindowSeconds: 1}
 """
+
+
+class Load:
+    """``clients`` threads sending completions back to back until ``stop()``: ``body(n)`` is
+    the n-th request (default: a short prompt, 60 tokens answered)."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        clients: int,
+        body: Callable[[int], dict[str, Any]] | None = None,
+    ) -> None:
+        self.url, self.model = url, model
+        self.body = body or (lambda _n: {"prompt": "hello there", "max_tokens": 60})
+        self.sent = itertools.count()
+        self.done = threading.Event()
+        self.failures: list[int] = []
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            body = {"model": self.model, **self.body(next(self.sent))}
+            code, _, _ = http(f"{self.url}/v1/completions", body)
+            if code != 200:
+                self.failures.append(code)
+
+    def stop(self) -> None:
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=60)

@@ -21,8 +21,8 @@ from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_
 from llmplane.store.sqlite import SQLiteStore
 from llmplane.testing import Processes, eventually, sim_process
 from llmplane.testing.envoy import Envoy
+from tests.integration.gie_objects import inference_model, pool
 
-GIE = "inference.networking.x-k8s.io/v1alpha2"
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 
 
@@ -42,35 +42,31 @@ def sims():
         yield dict(zip(("a", "b", "rl", "busy"), started, strict=True))
 
 
-def pool(name: str, selector: dict, failure_mode: str = "FailOpen") -> dict:
-    return {
-        "apiVersion": GIE,
-        "kind": "InferencePool",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "selector": selector,
-            "targetPortNumber": 8000,
-            "extensionRef": {
-                "name": "llmplane-epp",
-                "portNumber": 9002,
-                "failureMode": failure_mode,
+def limited_route(model: str, labels: dict, output_tokens: int) -> list[dict]:
+    """A Kthena ModelServer for ``model`` on the replicas with ``labels`` and the ModelRoute
+    ``limited`` to it, with a limit of ``output_tokens`` output tokens an hour."""
+    return [
+        {
+            "apiVersion": KTHENA,
+            "kind": "ModelServer",
+            "metadata": {"name": "srv", "namespace": "default"},
+            "spec": {
+                "model": model,
+                "inferenceEngine": "vLLM",
+                "workloadSelector": {"matchLabels": labels},
             },
         },
-    }
-
-
-def inference_model(name: str, pool_name: str, targets: list[dict], criticality="Critical"):
-    return {
-        "apiVersion": GIE,
-        "kind": "InferenceModel",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "modelName": name,
-            "criticality": criticality,
-            "poolRef": {"name": pool_name},
-            "targetModels": targets,
+        {
+            "apiVersion": KTHENA,
+            "kind": "ModelRoute",
+            "metadata": {"name": "limited", "namespace": "default"},
+            "spec": {
+                "modelName": "limited",
+                "rules": [{"targetModels": [{"modelServerName": "srv"}]}],
+                "rateLimit": {"outputTokensPerUnit": output_tokens, "unit": "hour"},
+            },
         },
-    }
+    ]
 
 
 class Stack:
@@ -351,28 +347,7 @@ async def test_a_queued_request_gets_the_pickers_429_before_envoys_message_timeo
 async def test_stream_usage_settles_the_rate_limit(make_stack, sims, duplex):
     rl = {"app": "rl"}
     stack = await make_stack(
-        [
-            {
-                "apiVersion": KTHENA,
-                "kind": "ModelServer",
-                "metadata": {"name": "srv", "namespace": "default"},
-                "spec": {
-                    "model": "rl-model",
-                    "inferenceEngine": "vLLM",
-                    "workloadSelector": {"matchLabels": rl},
-                },
-            },
-            {
-                "apiVersion": KTHENA,
-                "kind": "ModelRoute",
-                "metadata": {"name": "limited", "namespace": "default"},
-                "spec": {
-                    "modelName": "limited",
-                    "rules": [{"targetModels": [{"modelServerName": "srv"}]}],
-                    "rateLimit": {"outputTokensPerUnit": 1000, "unit": "hour"},
-                },
-            },
-        ],
+        limited_route("rl-model", rl, 1000),
         {"rl": (sims["rl"], rl, "rl-model")},
         config=GatewayConfig(rate_limit_default_output_tokens=16),
     )
@@ -504,7 +479,8 @@ async def test_a_large_body_reaches_the_picker_and_the_engine(make_stack, sims, 
     assert b"Maximum request body size 1048576 exceeded" in body
 
 
-async def test_subset_hint_and_grpc_health(make_stack, sims):
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_subset_hint_and_grpc_health(make_stack, sims, duplex):
     """The data plane's subset hint (filter metadata ``envoy.lb.subset_hint``, set here by
     Envoy's set_metadata filter) restricts the pick; gRPC health answers per service."""
     import grpc
@@ -542,6 +518,7 @@ async def test_subset_hint_and_grpc_health(make_stack, sims):
                     listen="127.0.0.1:0",
                     picker=f"127.0.0.1:{stack.picker.port}",
                     pool=[sims["a"].address, sims["b"].address],
+                    full_duplex=duplex,
                 ),
                 subset,
             )
@@ -584,3 +561,126 @@ async def test_a_body_over_the_limit_is_refused_by_the_picker(make_stack, sims, 
     assert orjson.loads(body)["error"]["code"] == "request_too_large"
     assert "x-llmplane-endpoint" not in headers
     assert all(s.inflight == 0 for s in gw.registry.states.values())
+
+
+async def test_refusals_come_in_the_shape_of_the_api_called(make_stack, sims):
+    """The picker's immediate responses reach the official clients in the shape of the API
+    they called: Anthropic's on ``/v1/messages`` (the ``anthropic`` client raises the class for
+    the status and reads ``error.type``), OpenAI's on ``/v1/responses``. Refusals: no key 401,
+    an unknown model 404, over a token limit 429, no ready replica 503."""
+    import anthropic
+    import openai
+
+    from llmplane.gateway import apikeys
+
+    made = apikeys.new_key()
+    nobody = {"app": "nobody"}
+    stack = await make_stack(
+        [
+            pool("llama", LLAMA),
+            inference_model("shared", "llama", [{"name": "shared"}]),
+            pool("empty", nobody),  # selects no replica
+            inference_model("nowhere", "empty", [{"name": "gone"}]),
+            *limited_route("shared", LLAMA, 10),
+            {
+                "apiVersion": "llmplane.io/v1alpha1",
+                "kind": "Tenant",
+                "metadata": {"name": "team", "namespace": "default"},
+                "spec": {"keys": [{"id": made.id, "salt": made.salt, "hash": made.hash}]},
+            },
+        ],
+        llama_endpoints(sims),
+    )
+    gw = stack.picker.gateway
+    await stack.wait(
+        lambda: {"nowhere", "limited"} <= set(gw.table.model_names()) and gw.auth.enabled,
+        "the routes and the Tenant",
+    )
+    an = anthropic.AsyncAnthropic(base_url=stack.url, api_key=made.key, max_retries=0)
+    stranger = anthropic.AsyncAnthropic(base_url=stack.url, api_key="llmp-nope", max_retries=0)
+    oa = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=made.key, max_retries=0)
+    hi = [{"role": "user", "content": "hi"}]
+    for client, model, max_tokens, raised, kind in (
+        (stranger, "shared", 4, anthropic.AuthenticationError, "authentication_error"),
+        (an, "nope", 4, anthropic.NotFoundError, "not_found_error"),
+        (an, "limited", 50, anthropic.RateLimitError, "rate_limit_error"),
+        (an, "nowhere", 4, anthropic.ServiceUnavailableError, "api_error"),
+    ):
+        with pytest.raises(raised) as refused:
+            await client.messages.create(model=model, max_tokens=max_tokens, messages=hi)
+        body = refused.value.body
+        assert body["type"] == "error" and body["error"]["type"] == kind, body
+        assert body["error"]["message"], body
+    for model, raised, code in (
+        ("nope", openai.NotFoundError, "model_not_found"),
+        ("nowhere", openai.InternalServerError, "no_ready_endpoint"),
+    ):
+        with pytest.raises(raised) as failed:
+            await oa.responses.create(model=model, input="hi", max_output_tokens=4)
+        assert failed.value.status_code in (404, 503)
+        assert failed.value.code == code, failed.value.body
+    with pytest.raises(openai.AuthenticationError) as denied:
+        await openai.AsyncOpenAI(
+            base_url=f"{stack.url}/v1", api_key="llmp-nope", max_retries=0
+        ).responses.create(model="shared", input="hi")
+    assert denied.value.code == "invalid_api_key", denied.value.body
+    await an.close()
+    await stranger.close()
+    await oa.close()
+
+
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])
+async def test_the_endpoint_envoy_reports_served_takes_the_accounting(make_stack, sims, duplex):
+    """Envoy reports the endpoint that served in the response's ``envoy.lb`` metadata
+    (``x-gateway-destination-endpoint-served``, from ``%UPSTREAM_HOST%`` as the bootstrap
+    sets it up). Here the picked route leads to replica b alone, as a data plane that went down
+    the picker's list (``--fallbacks``) would serve: the picker moves each request it had
+    placed on a onto b (the endpoint header, the request metrics, in-flight counts back to 0),
+    and the served header never reaches the client."""
+    stack = await make_stack(
+        [pool("llama", LLAMA), inference_model("shared", "llama", [{"name": "shared"}])],
+        llama_endpoints(sims),
+        fallbacks=1,
+    )
+    gw = stack.picker.gateway
+    await stack.wait(lambda: "shared" in gw.table.inference_models, "the InferenceModel")
+    a, b = sims["a"].address, sims["b"].address
+    doc = bootstrap(
+        listen="127.0.0.1:0",
+        picker=f"127.0.0.1:{stack.picker.port}",
+        pool=[a, b],
+        full_duplex=duplex,
+    )
+    clusters = doc["static_resources"]["clusters"]
+    clusters[0] = {**clusters[1], "name": "llm_pool_picked"}  # the pool's static cluster ...
+    clusters[0]["load_assignment"] = {
+        "cluster_name": "llm_pool_picked",
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket_of(b)}}]}],
+    }  # ... of b alone
+    envoy = Envoy(doc)
+    try:
+        await asyncio.to_thread(envoy.start)
+        for i in range(12):
+            stream = i % 2 == 1
+            async with stack.session.post(
+                f"http://{envoy.address}/v1/chat/completions",
+                data=orjson.dumps(chat("shared", f"prompt {i}", stream=stream)),
+            ) as r:
+                await r.read()
+                assert r.status == 200
+                assert r.headers["x-llmplane-endpoint"] == b
+                assert "x-gateway-destination-endpoint-served" not in r.headers
+    finally:
+        envoy.stop()
+    metrics = gw.metrics.render().decode()
+    requests = "llmplane_gateway_requests_total{endpoint="
+    assert f'{requests}"{a}"' not in metrics and f'{requests}"{b}"' in metrics
+    await stack.wait(
+        lambda: all(s.inflight == 0 and s.prefilling == 0 for s in gw.registry.states.values()),
+        "in-flight counts released",
+    )
+
+
+def _socket_of(address: str) -> dict:
+    host, _, port = address.rpartition(":")
+    return {"socket_address": {"address": host, "port_value": int(port)}}

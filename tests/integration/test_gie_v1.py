@@ -85,6 +85,14 @@ async def test_published_examples_apply_unchanged_and_route(
         # A model nothing routes: the rule without matches rewrites it for the pool.
         status, reply = await chat(client, gw, "no-such-model")
         assert status == 200 and served_by(reply) == "Qwen/Qwen3-32B", reply
+        # A request without a model, or with a null one, too (the engine got the rewrite's).
+        for body in ({}, {"model": None}):
+            async with client.post(
+                f"http://127.0.0.1:{gw.port}/v1/completions",
+                json={**body, "prompt": "hi", "max_tokens": 1},
+            ) as r:
+                status, reply = r.status, await r.json()
+            assert status == 200 and served_by(reply) == "Qwen/Qwen3-32B", reply
         # The objectives' priorities attach to requests that name them, for this pool only.
         decision = gw.table.resolve(
             "small-segment-lora", "/v1/completions", {"x-llm-d-inference-objective": "base-model"}
@@ -234,3 +242,46 @@ spec:
     objective = {"x-llm-d-inference-objective": "base-model"}
     assert ask("small-segment-lora", objective) == "small-segment-lora-v1"
     assert ask("nothing-serves-this") == "Qwen/Qwen3-32B"
+
+
+async def test_a_request_without_a_model_is_permitted_by_the_name_it_is_sent_as(
+    state, processes, gateways, client
+) -> None:
+    """A Tenant key's model list is checked against the catch-all rewrite's target: a key for
+    ``Qwen/*`` is served, a key for other models gets the 403."""
+    cli("apply", "-f", str(EXAMPLES / "inferencepool.yaml"), state_dir=state)
+    cli("apply", "-f", str(EXAMPLES / "inferencemodelrewrite-fallback.yaml"), state_dir=state)
+    tenants = """
+apiVersion: llmplane.io/v1alpha1
+kind: Tenant
+metadata: {name: qwen}
+spec: {models: ["Qwen/*"]}
+---
+apiVersion: llmplane.io/v1alpha1
+kind: Tenant
+metadata: {name: loras}
+spec: {models: ["small-*"]}
+"""
+    cli("apply", "-f", "-", state_dir=state, stdin=tenants)
+    keys = {
+        name: cli("keys", "create", name, state_dir=state).stdout.strip().splitlines()[-1]
+        for name in ("qwen", "loras")
+    }
+    with open_store(state) as store:
+        gw = await pool_gateway(processes, gateways, store)
+
+        async def unnamed(tenant: str) -> tuple[int, Any]:
+            async with client.post(
+                f"http://127.0.0.1:{gw.port}/v1/completions",
+                json={"prompt": "hi", "max_tokens": 1},
+                headers={"Authorization": f"Bearer {keys[tenant]}"},
+            ) as r:
+                return r.status, await r.json()
+
+        await eventually(
+            lambda: gw.auth.table.tenants == 2, what="the gateway to read both Tenants"
+        )
+        status, reply = await unnamed("qwen")
+        assert status == 200 and served_by(reply) == "Qwen/Qwen3-32B", reply
+        status, reply = await unnamed("loras")
+        assert_openai_error(status, reply, 403, "model_not_allowed", "model")

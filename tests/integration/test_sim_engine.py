@@ -127,7 +127,9 @@ async def test_lora_metrics_show_running_and_waiting_adapters():
 
 
 async def by_source(s: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """``vllm:prompt_tokens_by_source_total`` per source, from the engine's /metrics."""
+    """``vllm:prompt_tokens_by_source_total`` per source, from the engine's /metrics, and the
+    KV connector's ``vllm:external_prefix_cache_{queries,hits}_total`` (keys ``queries``,
+    ``hits``) when the engine has them."""
     async with s.get(f"{url}/metrics") as r:
         text = await r.text()
     out: dict[str, float] = {}
@@ -135,6 +137,9 @@ async def by_source(s: aiohttp.ClientSession, url: str) -> dict[str, float]:
         if line.startswith("vllm:prompt_tokens_by_source_total{"):
             source = line.split('source="', 1)[1].split('"', 1)[0]
             out[source] = float(line.rsplit(" ", 1)[1])
+        for key in ("queries", "hits"):
+            if line.startswith(f"vllm:external_prefix_cache_{key}_total{{"):
+                out[key] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -180,9 +185,15 @@ async def test_prefill_decode_disaggregation():
             # Given the prefill's KV: all but the last prompt token transferred, none computed.
             assert after_pd["external_kv_transfer"] - start["external_kv_transfer"] == pd_prompt - 1
             assert after_pd["local_compute"] - start["local_compute"] <= 1
+            # As vLLM with a KV connector: the prompt asked of the connector, all but the last
+            # token found there (what the console shows as KV moved).
+            assert after_pd["queries"] - start["queries"] == pd_prompt
+            assert after_pd["hits"] - start["hits"] == pd_prompt - 1
             # The cold request: computed here, every token.
             assert after_cold["local_compute"] - after_pd["local_compute"] == cold_prompt
             assert after_cold["external_kv_transfer"] == after_pd["external_kv_transfer"]
+            assert after_cold["queries"] - after_pd["queries"] == cold_prompt
+            assert after_cold["hits"] == after_pd["hits"]
 
             # SGLang style: the decode instance skips prefill given bootstrap parameters.
             third = "SGLang bootstrap rooms pair a prefill with a decode. " * 170

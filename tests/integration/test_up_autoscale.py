@@ -6,7 +6,6 @@ trigger's ``behavior``), so the rules are the production ones on a faster clock.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,35 +15,12 @@ from llmplane.testing import Processes, Up, always, wait_for
 from tests.integration.elastic_fleets import (
     FAST,
     SCALE_TO_ZERO,
+    Load,
     elastic_fleet,
     metric,
     spec_replicas,
 )
 from tests.integration.upcli import cli, http, sim_fleet, status
-
-
-class Load:
-    """``clients`` threads sending completions back to back until ``stop()``."""
-
-    def __init__(self, url: str, model: str, clients: int) -> None:
-        self.url, self.model = url, model
-        self.done = threading.Event()
-        self.failures: list[int] = []
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
-        for t in self.threads:
-            t.start()
-
-    def _loop(self) -> None:
-        body = {"model": self.model, "prompt": "hello there", "max_tokens": 60}
-        while not self.done.is_set():
-            code, _, _ = http(f"{self.url}/v1/completions", body)
-            if code != 200:
-                self.failures.append(code)
-
-    def stop(self) -> None:
-        self.done.set()
-        for t in self.threads:
-            t.join(timeout=60)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import orjson
 
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, wait_for
-from tests.integration.upcli import cli, condition, http, status
+from tests.integration.upcli import cli, condition, http, sim_fleet, status
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "disaggregated-sim.yaml"
@@ -30,15 +30,12 @@ def role_ports(state_dir: Path) -> dict[str, set[int]]:
 
 
 def external_tokens(port: int) -> float:
-    """The sim's count of prompt tokens it took from a KV transfer instead of computing."""
+    """The sim's count of prompt tokens it took from a KV transfer instead of computing
+    (``vllm:external_prefix_cache_hits_total``, as vLLM with a KV connector)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    match = re.search(
-        r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\} (\S+)',
-        text,
-        re.M,
-    )
-    assert match, "the sim exports vllm:prompt_tokens_by_source_total"
+    match = re.search(r"^vllm:external_prefix_cache_hits_total\{[^}]*\} (\S+)", text, re.M)
+    assert match, "a sim with a role exports vllm:external_prefix_cache_hits_total"
     return float(match.group(1))
 
 
@@ -114,11 +111,22 @@ def test_disaggregated_example_serves_on_pairs(tmp_path: Path, processes: Proces
     moved = sum(external_tokens(p) - before[p] for p in ports["decode"])
     assert moved > 0, "no prompt token came from the prefill replica"
 
-    # The console's fleet shows one workload per role, with its replicas and endpoints.
-    _, _, fleet = http(f"{up.url}/console/api/fleet")
-    roles = {w["role"]: w for w in fleet["workloads"] if w["playground"] == MODEL}
-    assert set(roles) == {"prefill", "decode"}
-    for role, workload in roles.items():
+    # The console's fleet shows one workload per role, with its replicas and endpoints, and
+    # the KV the pair moved: what the decode replicas report, once the gateway scraped it.
+    def roles() -> dict[str, dict]:
+        _, _, fleet = http(f"{up.url}/console/api/fleet")
+        return {w["role"]: w for w in fleet["workloads"] if w["playground"] == MODEL}
+
+    received = sum(external_tokens(p) for p in ports["decode"])
+    wait_for(
+        lambda: roles()["decode"]["kvMoved"] == received,
+        30,
+        what=f"the fleet's decode card showing {received} tokens of KV moved",
+    )
+    workloads = roles()
+    assert set(workloads) == {"prefill", "decode"}
+    assert workloads["prefill"]["kvMoved"] is None  # the pair's KV is counted where it lands
+    for role, workload in workloads.items():
         assert workload["name"] == f"{MODEL}-{role}"
         assert workload["ready"] == workload["desired"] == len(ports[role])
         assert {r["port"] for r in workload["replicas"]} == ports[role]
@@ -156,3 +164,42 @@ def test_roles_scale_to_zero_together_and_a_request_wakes_the_pair(
     assert "x-llmplane-prefill-endpoint" in headers
     assert role_replicas() == (1, 1)
     assert len(up.engine_pids()) == 2
+
+
+def test_the_playground_names_the_role_that_is_not_ready(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """A decode role whose engine cannot start (an engine argument the sim refuses): the
+    prefill role runs, and the Playground's Available condition says decode is not ready and
+    why; the same with the roles the other way round."""
+    for broken, working in (("decode", "prefill"), ("prefill", "decode")):
+        roles = {
+            "kvConnector": {"type": "nixl"},
+            working: {"replicas": 1},
+            broken: {"replicas": 1, "args": ["--max-num-seqs", "0"]},
+        }
+        path = tmp_path / f"{broken}.yaml"
+        path.write_text(sim_fleet(MODEL, 1, disaggregation=roles))
+        state = tmp_path / f"state-{broken}"
+        processes.up(state, str(path))
+
+        service = f"{MODEL}-{working}"
+        wait_for(
+            lambda service=service, state=state: (
+                condition(state, "Service", service, "Available").get("status") == "True"
+            ),
+            60,
+            what=f"the {working} role ready",
+        )
+
+        def failing(state: Path = state, working: str = working) -> dict:
+            found = condition(state, "Playground", MODEL, "Available")
+            crashing = found.get("reason") == "CrashLoopBackOff"
+            return found if crashing and working not in found.get("message", "") else {}
+
+        available = wait_for(failing, 60, what=f"the Playground to name {broken} alone")
+        assert (available["status"], available["reason"]) == ("False", "CrashLoopBackOff")
+        assert available["message"].startswith(f"{broken} not ready: replica 0: "), available
+        assert "--max-num-seqs must be >= 1" in available["message"], available  # the engine's
+        assert working not in available["message"], available
+        processes.stop()

@@ -5,7 +5,8 @@
 while an engine is killed (so the controller has status to write, pass after pass): ``up``
 logs one warning naming the problem, nothing more until the lock goes, then one line that the
 store works again, and the status catches up. ``llmplane apply`` meanwhile says in one line
-that the store is busy.
+that the store is busy. Meanwhile the gateway in ``up`` serves as before: the control plane's
+writes wait for the lock off the event loop.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from llmplane.store.paths import db_path
 from llmplane.testing import Processes, always, wait_for
-from tests.integration.upcli import cli, sim_fleet, status
+from tests.integration.upcli import cli, http, sim_fleet, status
 
 HOLD_LOCK = (
     "import sqlite3, sys\n"
@@ -73,3 +75,48 @@ def test_a_locked_store_is_one_warning_then_quiet(tmp_path: Path, processes: Pro
     output = up.output()
     assert flat(output).count(WARNING) == 1, output[-3000:]
     assert "Traceback" not in output and "reconcile failed" not in output, output[-3000:]
+
+
+def test_a_held_write_lock_does_not_stall_the_gateway(tmp_path: Path, processes: Processes) -> None:
+    state = tmp_path / "state"
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(sim_fleet("tiny", 2))
+    up = processes.up(state, str(fleet))
+    wait_for(
+        lambda: status(state, "Playground", "tiny").get("readyReplicas") == 2,
+        90,
+        every=0.25,
+        what="2 replicas ready",
+    )
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    wait_for(lambda: http(f"{up.url}/v1/completions", body)[0] == 200, 30, what="served")
+    victim = min(up.engine_pids())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(db_path(state))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        os.killpg(victim, signal.SIGKILL)  # the control plane has status and events to write
+        # Past one busy timeout (10 s) of the control plane's writes: every request served
+        # promptly by the replica left.
+        slowest, held_since = 0.0, time.monotonic()
+        while time.monotonic() - held_since < 12:
+            started = time.monotonic()
+            code, _, doc = http(f"{up.url}/v1/completions", body)
+            slowest = max(slowest, time.monotonic() - started)
+            assert code == 200, doc
+        assert slowest < 1.0, f"a request took {slowest:.2f} s while the store was locked"
+    finally:
+        holder.communicate("", timeout=10)
+    wait_for(
+        lambda: (
+            status(state, "Playground", "tiny").get("readyReplicas") == 2
+            and victim not in up.engine_pids()
+        ),
+        60,
+        every=0.25,
+        what="the replica replaced and its status written once the lock was released",
+    )

@@ -14,17 +14,16 @@ a plain forward pass, no KV from anywhere).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 
 from llmplane.runtime.launch import module_exists
 from llmplane.testing import Up, wait_for
+from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama, corpus
 from tests.integration.metrics_pages import engine_metric
 from tests.integration.upcli import condition, http
@@ -40,44 +39,21 @@ NAME = "tiny-pd"
 BLOCK = 128  # vLLM's CPU block size
 HITS = "vllm:external_prefix_cache_hits_total"
 ENGINE_START = 420  # two cold vLLM starts on a shared 2-core machine
-
-
-def playground_yaml(model: Path) -> str:
-    args = ["--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "2"]
-    envs = [
-        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-        {"name": "HF_HUB_OFFLINE", "value": "1"},
-    ]
-    return f"""
-apiVersion: llmaz.io/v1alpha1
-kind: OpenModel
-metadata: {{name: {NAME}}}
-spec:
-  familyName: llama
-  source: {{uri: "host://{model}"}}
----
-apiVersion: inference.llmaz.io/v1alpha1
-kind: Playground
-metadata: {{name: {NAME}}}
-spec:
-  modelClaim: {{modelName: {NAME}}}
-  backendRuntimeConfig:
-    backendName: vllm
-    args: {json.dumps(args)}
-    envs: {json.dumps(envs)}
-  llmplane:
-    disaggregation:
-      kvConnector: {{type: sharedStorage}}
-      prefill: {{replicas: 1}}
-      decode: {{replicas: 1}}
-"""
+# One replica per role, vLLM's shared-directory connector (the shared fleet helper's YAML).
+ROLES = {
+    "kvConnector": {"type": "sharedStorage"},
+    "prefill": {"replicas": 1},
+    "decode": {"replicas": 1},
+}
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Up, dict[str, str]]]:
     root = tmp_path_factory.mktemp("vllm-pd")
     model = build_tiny_llama(root / "model")
-    (root / "pd.yaml").write_text(playground_yaml(model))
+    (root / "pd.yaml").write_text(
+        vllm_fleet(model, NAME, args=["--max-num-seqs", "2"], disaggregation=ROLES)
+    )
     up = Up(root / "state", str(root / "pd.yaml"))
     try:
         up.start()
@@ -145,3 +121,15 @@ def test_decode_takes_the_prompt_kv_from_prefill_and_answers_the_same(
 
     assert paired["usage"]["completion_tokens"] == 16
     assert answer(paired) == answer(alone)
+
+    # The console's Fleet page shows the KV the pair moved: the decode replica's own count.
+    def decode_card() -> dict:
+        _, _, fleet = http(f"{up.url}/console/api/fleet")
+        return next(w for w in fleet["workloads"] if w["role"] == "decode")
+
+    total = engine_metric(roles["decode"], HITS)
+    wait_for(
+        lambda: decode_card()["kvMoved"] == total,
+        30,
+        what=f"the fleet's decode card showing the {total} tokens of KV the decode replica took",
+    )

@@ -66,7 +66,12 @@ def test_bootstrap_shape() -> None:
     assert clusters["llm_pool"]["type"] == "STATIC"
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     filters = [f["name"] for f in hcm["typed_config"]["http_filters"]]
-    assert filters == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    # header_to_metadata after ext_proc: it sees the response first (the served endpoint).
+    assert filters == [
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.header_to_metadata",
+        "envoy.filters.http.router",
+    ]
     ext_proc = hcm["typed_config"]["http_filters"][0]["typed_config"]
     assert ext_proc["failure_mode_allow"] is True
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"

@@ -65,6 +65,12 @@ def test_immediate_response_is_the_gateway_error() -> None:
     assert orjson.loads(reply.body)["error"]["code"] == "overloaded"
     headers = {h.header.key: h.header.raw_value.decode() for h in reply.headers.set_headers}
     assert headers == {"content-type": "application/json", "retry-after": "2"}
+    # In the shape of the API called: Anthropic's for the Messages API.
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = orjson.loads(protocol.immediate(err, path).immediate_response.body)
+        assert body == {"type": "error", "error": {"type": "rate_limit_error", "message": "busy"}}
+    openai_shape = orjson.loads(protocol.immediate(err, "/v1/responses").immediate_response.body)
+    assert openai_shape["error"]["code"] == "overloaded"
 
 
 def _with_subset(value: struct_pb2.Value | None, namespace: str = SUBSET_NAMESPACE):

@@ -28,7 +28,6 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
 
     tasks = [asyncio.create_task(request(i)) for i in range(5)]
     await eventually(lambda: act.held("m") == 5, every=0.005, what="five held")
-    assert act.held_for("default/pg") == 5 and act.held_for("default/other") == 0
     assert woken == ["default/pg"] * 5  # the autoscaler is asked at once, for each
     act.release(lambda model: True)  # still activatable: nothing moves
     assert act.held("m") == 5 and not any(w.future.done() for w in act.queues["m"].waiters)

@@ -83,35 +83,21 @@ def test_authenticator_checks_keys_models_and_revocation() -> None:
         assert (refused.value.status, refused.value.code) == (401, "invalid_api_key")
 
 
-def test_a_checked_key_is_remembered_by_fingerprint_and_forgotten_on_revocation(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The HMAC runs once per key and table; the table keeps a fingerprint, never the key;
-    a wrong key is never remembered; revoking (a new table) refuses the key at once."""
+def test_a_key_is_checked_on_every_request_and_refused_once_revoked() -> None:
+    """A wrong key is refused every time; revoking (a new table) refuses the key at once
+    while the tenant's other key still passes."""
     good, other = apikeys.new_key(), apikeys.new_key()
-    checks = []
-    matches_raw = apikeys.matches_raw
-    monkeypatch.setattr(
-        apikeys, "matches_raw", lambda *args: checks.append(1) or matches_raw(*args)
-    )
     auth = Authenticator()
     auth.update([tenant("a", [stored(good), stored(other)])])
     bearer = {"authorization": f"Bearer {good.key}"}
     for _ in range(3):
         assert auth.authenticate(bearer).name == "a"
-    assert len(checks) == 1
-    remembered = auth.table.verified
-    assert len(remembered) == 1
-    for fingerprint in remembered:  # neither the key nor its secret part
-        assert good.key.encode() not in fingerprint and len(fingerprint) == 16
     wrong = good.key[:-1] + ("x" if good.key[-1] != "x" else "y")
     for _ in range(2):
         with pytest.raises(GatewayError):
             auth.authenticate({"authorization": f"Bearer {wrong}"})
-    assert len(checks) == 3 and len(remembered) == 1  # checked every time, never kept
-    with pytest.raises(GatewayError):  # an overlong key is refused without a fingerprint
+    with pytest.raises(GatewayError):
         auth.authenticate({"authorization": f"Bearer {good.key * 3}"})
-    assert len(remembered) == 1
     auth.update([tenant("a", [stored(good, revoked=True), stored(other)])])
     with pytest.raises(GatewayError) as refused:
         auth.authenticate(bearer)
@@ -208,17 +194,12 @@ def test_keys_create_list_revoke_on_sqlite(tmp_path: Path) -> None:
     assert made.key.encode() not in (tmp_path / "state.db").read_bytes()
 
 
-def test_model_verdicts_are_remembered_up_to_a_bound() -> None:
-    """Model names come from clients: a flood of new ones fills the verdict cache up to
-    ``VERDICTS`` and no further, and names past the bound are still judged."""
-    from llmplane.gateway.auth import VERDICTS, TenantAccess
+def test_models_are_allowed_by_name_or_glob() -> None:
+    from llmplane.gateway.auth import TenantAccess
 
     t = TenantAccess("a", ("llama-*", "exact"), "Default")
-    for i in range(VERDICTS + 50):
-        assert not t.allows(f"unknown-{i}")
-    assert len(t._verdicts) == VERDICTS
     assert t.allows("llama-3") and t.allows("exact") and not t.allows("mistral")
-    assert len(t._verdicts) == VERDICTS
+    assert not t.allows("exactly") and not t.allows("x-llama-3")
 
 
 def test_unvalidated_objects_cannot_break_the_table() -> None:

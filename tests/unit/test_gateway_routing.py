@@ -379,6 +379,12 @@ def test_rewrite_precedence_exact_then_oldest_then_rule_order():
     # Exact beats generic even when the generic rule is older or earlier.
     fallback = table.resolve("unknown", "/v1/completions", {})
     assert (fallback.model, fallback.backend.ref) == ("fallback", "InferencePool/default/a")
+    # A request without a model: the generic rule too; without one, the 400.
+    unnamed = table.resolve("", "/v1/completions", {})
+    assert (unnamed.model, unnamed.backend.ref) == ("fallback", "InferencePool/default/a")
+    with pytest.raises(GatewayError) as missing:
+        build_table(objects[:2], STATES).resolve("", "/v1/completions", {})
+    assert (missing.value.status, missing.value.code) == (400, "missing_model")
     assert {"name": "x", "via": "InferenceModelRewrite"} in route_sources(table)
 
 

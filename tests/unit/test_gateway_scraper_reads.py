@@ -182,3 +182,40 @@ async def test_close_stops_every_task_and_the_session(engine) -> None:
     tasks = list(scraper.tasks.values())
     await scraper.close()
     assert all(t.done() for t in tasks) and scraper.tasks == {} and scraper.session is None
+
+
+@dataclass
+class Sharing:
+    """A ``ScrapeSharing`` that records what the scraper tells it; it follows ``peer``'s
+    addresses (as a worker whose peer scrapes them)."""
+
+    peer: set[str]
+    published: list[tuple[str, bool]] = field(default_factory=list)
+    models: list[tuple[str, frozenset[str] | None]] = field(default_factory=list)
+
+    def follows(self, state: EndpointState) -> bool:
+        return state.address in self.peer
+
+    def publish(self, state: EndpointState, kept: bool) -> None:
+        self.published.append((state.address, kept))
+
+    def models_read(self, state: EndpointState, started: float) -> None:
+        self.models.append((state.address, state.served_models))
+
+
+async def test_the_sharing_given_to_the_scraper_hears_each_scrape_and_model_list(engine) -> None:
+    """With several workers the scraper gets its sharing at construction: a state the sharing
+    follows gets no task here; every other is published after each scrape, and its changed
+    model list is passed on."""
+    _, address = engine
+    sharing = Sharing(peer={"127.0.0.1:9"})
+    scraper = Scraper(GatewayConfig(scrape_interval=0.02), sharing=sharing)
+    try:
+        scraper.add(EndpointState(Endpoint("127.0.0.1:9", engine="vllm")))
+        assert scraper.tasks == {}  # its peer reads it
+        scraper.add(state_of(address))
+        await eventually(lambda: len(sharing.published) >= 2, what="two scrapes published")
+        assert {a for a, _ in sharing.published} == {address}
+        assert sharing.models == [(address, frozenset({"m", "sql"}))]
+    finally:
+        await scraper.close()

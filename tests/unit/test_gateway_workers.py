@@ -143,7 +143,9 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     scraped = EndpointState(Endpoint("10.0.0.1:8000", engine="sim"))
     apply_metrics(
         scraped,
-        LoadMetrics(waiting=3, running=5, kv=0.25, lora_running=frozenset({"a", "b"})),
+        LoadMetrics(
+            waiting=3, running=5, kv=0.25, lora_running=frozenset({"a", "b"}), kv_received=384
+        ),
         now=123.5,
         inflight_at_start=7,
     )
@@ -157,6 +159,7 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     assert (follower.scraped_at, follower.inflight_at_scrape) == (123.5, 7)
     assert follower.has_kv and follower.has_load_metrics and follower.scrape_ok
     assert follower.lora_running == {"a", "b"} and follower.lora_waiting == frozenset()
+    assert follower.kv_received == 384  # KV a decode replica took over its connector
     assert (follower.capacity, follower.room) == (5, 0)  # full at 5: requests wait
     # Idle again: the room the queue estimate subtracts reaches the followers too.
     apply_metrics(
@@ -166,6 +169,7 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     seq, fields, text = table.read(2, 0)
     apply_row(follower, fields, text)
     assert (follower.capacity, follower.room) == (5, 4)
+    assert follower.kv_received == -1  # an engine without a KV connector reports none
     # A writer that died mid-row leaves the sequence odd: readers keep what they had, the
     # next writer steps over it.
     table.words[2 * ROW_BYTES // 8] += 1
@@ -188,7 +192,7 @@ def _pair(table: ScrapeTable, changes: list, models: list | None = None):
         lambda: [reader],
         1.0,
         lambda: changes.append(1),
-        on_models_changed=lambda: (lambda: models.append(1)) if models is not None else None,
+        on_models_changed=(lambda: models.append(1)) if models is not None else None,
     )
     return writer, reader, publisher, follower
 
@@ -298,13 +302,13 @@ def test_model_lists_reach_followers_once_read():
     # A new state for the address (the same workload): the names are applied at once.
     again = InflightTable(2, 4, Locks()).state(reader.endpoint, 1)
     follower.states = lambda: [again]
-    follower.added(again)
+    assert follower.follows(again)
     follower.poll(20.0)
     assert again.served_models == {"m", "lora-b"}
     # The address back serving another workload: the old names are not its.
     other = InflightTable(2, 4, Locks()).state(Endpoint("10.0.0.1:8000", model_name="x"), 1)
     follower.states = lambda: [other]
-    follower.added(other)
+    assert follower.follows(other)
     follower.poll(20.0)
     assert other.served_models is None
 

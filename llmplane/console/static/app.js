@@ -416,6 +416,7 @@ const fleet = {
       h("h3", {}, w.role ? `${w.kind} ${w.namespace}/${w.playground}` : `${w.kind} ${w.namespace}/${w.name}`),
       w.role ? h("span", { class: "badge role", "data-testid": "role", title: "disaggregated role (its own workload)" }, w.role) : null,
       h("span", { class: `badge ${ok ? "ok" : "warn"} replicas`, "data-testid": "replicas", title: "ready / desired replicas" }, `${w.ready}/${w.desired} ready`),
+      w.kvMoved === null || w.kvMoved === undefined ? null : h("span", { class: "badge muted", "data-testid": "kv-moved", title: "prompt tokens whose KV cache the decode replicas took from prefill over the KV connector (vllm:external_prefix_cache_hits_total), since each started" }, `KV from prefill: ${Math.round(w.kvMoved).toLocaleString("en-US")} tokens`),
       h("span", { class: "muted" }, `model ${w.models.join(", ") || "–"} · backend ${w.backend || "–"}`));
     // Available/Ready say whether it serves (green or red); others (Progressing) are context.
     const tone = (c) => (["Available", "Ready"].includes(c.type) ? (c.status === "True" ? "ok" : c.status === "False" ? "bad" : "muted") : "muted");

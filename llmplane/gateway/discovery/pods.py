@@ -1,36 +1,14 @@
 """Endpoints from Kubernetes Pods, for the in-cluster gateway (``llmplane gateway --kubernetes``).
 
 ``PodDiscovery`` watches every Pod in the gateway's namespaces (one list + watch per namespace,
-or one cluster-wide) and turns each **serving** pod into an ``Endpoint``:
-
-- it is Running, has a ``podIP``, its ``Ready`` condition is ``True`` and it is not being
-  deleted (no ``deletionTimestamp``: a terminating pod gets no new requests);
-- and the routing table may select it: it carries ``llmaz.io/model-name`` (a Playground's
-  replicas; multi-host workers do not, so only leaders serve), or its labels match a
-  ModelServer's ``workloadSelector.matchLabels`` or an InferencePool's ``selector`` in its
-  namespace. Other pods (the gateway itself, unrelated apps) are never endpoints, so they are
-  neither scraped nor routed to.
-
-The watch is not narrowed by a server-side label selector, because the selectors change with
-the routing objects; the pods are filtered here (the cache keeps only metadata and status).
-
-Each endpoint is ``Endpoint(address="{podIP}:8080", labels=<pod labels>, model_name=...,
-namespace=<pod namespace>, engine=..., fixed_port=False)``:
-
-- 8080 is the ``http`` port of llmaz's ``model-runner`` container; ``fixed_port=False`` lets a
-  ModelServer's ``workloadPort`` or an InferencePool's ``targetPortNumber`` replace it;
-- ``model_name`` is what the engine serves: for a ``llmaz.io/model-name`` pod, the OpenModel's
-  served name (its name; the tag for ``ollama://``) when the OpenModel is known, else the label;
-  ``""`` for other pods (a ModelServer's ``spec.model`` is sent instead);
-- ``engine`` (which metrics to scrape) comes from ``inference.llmaz.io/backend-name``:
-  vllm, sglang, llamacpp, tgi, sim or ollama; another name is kept as is (every metrics table
-  is tried) and no label means vllm;
-- ``workload`` is ``<namespace>/<inference Service name>`` (the LeaderWorkerSet's name label,
-  else ``inference.llmaz.io/service-name``; a Playground's Service has its name), so the
-  autoscaling signals the gateway serves (``gateway/signals.py``) are per Playground;
-- Kthena ``pdGroup`` role labels are ordinary pod labels and become endpoint labels;
-- ``kv_events``: a container started with ``--kv-events-config`` binding ``tcp://*:PORT``
-  publishes its KV events at ``tcp://{podIP}:PORT`` (its replay endpoint likewise).
+or one cluster-wide; not narrowed server-side, since the selectors change with the routing
+objects) and turns each serving pod that something may route to into an ``Endpoint``: which
+pods, and their address, labels, model name and engine, are described in docs/kubernetes.md
+("Endpoints"). Besides: ``workload`` is ``<namespace>/<inference Service name>`` (the
+LeaderWorkerSet's name label, else ``inference.llmaz.io/service-name``), so the autoscaling
+signals are per Playground; ``kv_events``: a container started with ``--kv-events-config``
+binding ``tcp://*:PORT`` publishes its KV events at ``tcp://{podIP}:PORT`` (its replay
+endpoint likewise).
 """
 
 from __future__ import annotations
@@ -46,6 +24,7 @@ from llmplane.controlplane.plan import BACKEND_LABEL, MODEL_NAME_LABEL, SERVICE_
 from llmplane.controlplane.planning import served_model_name
 from llmplane.gateway.discovery.sources import CombinedDiscovery, Subscribers
 from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
+from llmplane.gateway.scraper import engine_of
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.kube.informer import Informer
 from llmplane.kube.kinds import POD
@@ -64,32 +43,6 @@ log = logging.getLogger("llmplane.gateway")
 POD_PORT = 8080  # the model-runner container's "http" port
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 SELECTOR_KINDS = ("ModelServer", "InferencePool", "OpenModel")
-
-_ENGINES = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "llamacpp": "llamacpp",
-    "llama.cpp": "llamacpp",
-    "llama-cpp": "llamacpp",
-    "tgi": "tgi",
-    "text-generation-inference": "tgi",
-    "sim": "sim",
-    "llmplane-sim": "sim",
-    "ollama": "ollama",
-}
-
-
-def engine_of(backend: str | None) -> str:
-    """The engine type (for metrics) a BackendRuntime name stands for."""
-    if not backend:
-        return "vllm"
-    name = backend.lower()
-    if name in _ENGINES:
-        return _ENGINES[name]
-    for key, engine in _ENGINES.items():
-        if key in name:  # "vllm-openai", "sglang-custom"
-            return engine
-    return name
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:

@@ -1,23 +1,10 @@
-"""External endpoints: model servers running elsewhere, registered as store objects.
+"""External endpoints: model servers running elsewhere, registered as ``Endpoint`` store objects
+(``llmplane.io/v1alpha1``; the fields: docs/gateway.md, "Registering an external endpoint").
 
-A vLLM (or any OpenAI-compatible server) started by hand is registered with::
-
-    apiVersion: llmplane.io/v1alpha1
-    kind: Endpoint
-    metadata: {name: my-vllm, namespace: default}
-    spec:
-      address: 127.0.0.1:8000        # host:port, or a bare host (see below)
-      modelName: meta-llama/Llama-3.1-8B-Instruct   # its --served-model-name
-      engine: vllm                   # vllm | sim | sglang | llamacpp | tgi | ... (metrics)
-      labels: {app: llama}           # what ModelServer / InferencePool selectors match
-      maxNumSeqs: 256                # optional: its --max-num-seqs (else the gateway learns it)
-      schedulingPolicy: priority     # optional: its --scheduling-policy (default fcfs)
-
-A port in ``address`` is the server's own: routes' ``workloadPort`` / ``targetPortNumber`` do
-not change it. Set ``fixedPort: false`` to have them replace it (as for a Kubernetes pod), or
-register a bare host (``address: 10.0.0.5``) to take the port from the route (8080 without one).
-
-``StoreEndpoints`` reads them from the store and follows changes with a watch.
+A port in ``spec.address`` is the server's own: routes' ``workloadPort`` / ``targetPortNumber``
+do not change it, unless ``fixedPort: false`` (as for a Kubernetes pod) or the address is a
+bare host (the port then comes from the route, 8080 without one). ``StoreEndpoints`` reads them
+from the store and follows changes with a watch.
 """
 
 from __future__ import annotations
@@ -26,6 +13,7 @@ import logging
 from typing import Any
 
 from llmplane.gateway.discovery.sources import Subscribers
+from llmplane.gateway.scraper import engine_of
 from llmplane.gateway.store_follower import StoreFollower
 from llmplane.runtime.endpoint import MAX_CONCURRENCY, Endpoint, valid_events_address
 from llmplane.store.base import Store
@@ -54,7 +42,7 @@ def endpoint_from_object(obj: dict[str, Any]) -> Endpoint | None:
         model_name=str(spec.get("modelName") or ""),
         backend=str(spec.get("backend") or ""),
         namespace=meta.get("namespace") or "default",
-        engine=str(spec.get("engine") or "vllm").lower(),
+        engine=engine_of(str(spec.get("engine") or "")),
         fixed_port=spec.get("fixedPort", True) is not False,
         max_num_seqs=_max_num_seqs(spec.get("maxNumSeqs"), meta.get("name")),
         priority_scheduling=spec.get("schedulingPolicy") == "priority",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 BANDS = ("Critical", "Default", "Sheddable")  # highest priority first
@@ -55,42 +55,34 @@ def band_name(band: int) -> str:
     return BANDS[band] if 0 <= band < len(BANDS) else f"priority:{1 - band}"
 
 
+@dataclass(slots=True, eq=False)
 class Waiter:
     """One request waiting: its band, flow (tenant), body size and arrival time."""
 
-    __slots__ = ("band", "flow", "future", "granted", "queued_at", "size", "timer")
-
-    def __init__(
-        self, band: int, flow: str, size: int, queued_at: float, future: Any = None
-    ) -> None:
-        self.band = band
-        self.flow = flow
-        self.size = size
-        self.queued_at = queued_at
-        self.future = future  # what the caller resumes the request with
-        self.timer: Any = None  # its TTL timer handle (the caller's)
-        self.granted = False  # popped for dispatch
+    band: int
+    flow: str
+    size: int
+    queued_at: float
+    future: Any = None  # what the caller resumes the request with
+    timer: Any = None  # its TTL timer handle (the caller's)
+    granted: bool = False  # popped for dispatch
 
 
+@dataclass(slots=True, eq=False)
 class Flow:
     """One tenant's waiters inside a band, and its smooth-weighted-round-robin credit."""
 
-    __slots__ = ("current", "name", "waiters", "weight")
-
-    def __init__(self, name: str, weight: int) -> None:
-        self.name = name
-        self.weight = weight
-        self.current = 0
-        self.waiters: deque[Waiter] = deque()
+    name: str
+    weight: int
+    current: int = 0
+    waiters: deque[Waiter] = field(default_factory=deque)
 
 
+@dataclass(slots=True, eq=False)
 class Band:
-    __slots__ = ("bytes", "count", "flows")
-
-    def __init__(self) -> None:
-        self.flows: dict[str, Flow] = {}  # only flows with waiters
-        self.count = 0
-        self.bytes = 0
+    flows: dict[str, Flow] = field(default_factory=dict)  # only flows with waiters
+    count: int = 0
+    bytes: int = 0
 
     def push(self, waiter: Waiter, weight: int) -> None:
         flow = self.flows.get(waiter.flow)
@@ -105,23 +97,19 @@ class Band:
     def pop(self) -> Waiter:
         """The next waiter by smooth weighted round-robin between flows (nginx's: each flow
         gains its weight, the richest goes and pays the total)."""
-        flows = self.flows
-        if len(flows) == 1:
-            flow = next(iter(flows.values()))
-        else:
-            total = 0
-            flow = None
-            for f in flows.values():
-                f.current += f.weight
-                total += f.weight
-                if (
-                    flow is None
-                    or f.current > flow.current
-                    or (f.current == flow.current and len(f.waiters) < len(flow.waiters))
-                ):
-                    flow = f  # a tie goes to the flow with fewer waiting: the smaller caller
-            assert flow is not None
-            flow.current -= total
+        total = 0
+        flow: Flow | None = None
+        for f in self.flows.values():
+            f.current += f.weight
+            total += f.weight
+            if (
+                flow is None
+                or f.current > flow.current
+                or (f.current == flow.current and len(f.waiters) < len(flow.waiters))
+            ):
+                flow = f  # a tie goes to the flow with fewer waiting: the smaller caller
+        assert flow is not None
+        flow.current -= total
         waiter = flow.waiters.popleft()
         self._took(flow, waiter)
         return waiter
@@ -226,14 +214,11 @@ class FlowQueue:
         """The next waiter to dispatch, or None."""
         if not self.count:
             return None
-        for number in self.order:
-            band = self.bands[number]
-            if band.count:
-                waiter = band.pop()
-                self.count -= 1
-                self.bytes -= waiter.size
-                return waiter
-        return None  # pragma: no cover - count says otherwise
+        band = next(self.bands[n] for n in self.order if self.bands[n].count)
+        waiter = band.pop()
+        self.count -= 1
+        self.bytes -= waiter.size
+        return waiter
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (TTL, client gone); False if it is no longer queued."""

@@ -13,29 +13,23 @@ reserve serves (Critical or Default). Over-share flows and Sheddable requests wa
 reserve lends is paid back: the endpoint stays saturated for everyone else until its load is
 below the rule again.
 
-Why dispatches and not seats (requests in flight, the test before): under load every request
-lasts as long as the engine's queue and steps make it (about 2 s in the overload benchmark's
-first shape), so a tenant sending a tenth of another's rate still holds its share of the seats
-after a burst of a few arrivals, and then waited in the gateway as "over its share"
-(docs/benchmarks.md, "Overload and flow control"). Its dispatch rate stays a fraction of its share
-whatever its requests' length.
+Why dispatches and not seats (requests in flight): under load every request lasts as long as
+the engine's queue makes it, so a tenant sending a tenth of another's rate would hold its share
+of the seats after a burst of a few arrivals and then wait as "over its share"; its dispatch
+rate stays a fraction of its share whatever its requests' length.
 
 Why ``TAU`` = 5 s: long against a request's life under load (1-2 s) and the gaps between a
-small flow's arrivals (about 1.3 s at 0.76 req/s), so a burst of a few requests moves its count
-by little against the backend's total (about 38 at 7.6 dispatches/s); short enough that a flow
-that stops sending is forgotten within about ten seconds and one that starts a backlog is over
-its share within a few.
+small flow's arrivals, so a burst of a few requests moves its count by little against the
+backend's total; short enough that a flow that stops sending is forgotten within about ten
+seconds and one that starts a backlog is over its share within a few.
 
 The slot-hog guard: a flow with few but long requests has a low dispatch rate yet could hold
 every slot the reserve lends. So a flow is also over when its requests in flight reach its
 in-flight share (``in flight x weight / the active flows' weights``) plus ``slack`` (the
-reserve, at least 1): a burst of up to ``slack`` requests past its seat share still goes; a
-flow holding more seats than that waits like any over-share flow.
+reserve, at least 1).
 
-Why a flow with only Sheddable requests waiting is no claimant: those are the requests
-overload sheds and the reserve never serves, yet counted, every tenant of a backend with a
-Sheddable backlog had its share cut (by a quarter with four tenants; docs/benchmarks.md,
-"Overload").
+A flow with only Sheddable requests waiting is no claimant: those are the requests overload
+sheds and the reserve never serves; counted, they would cut every other tenant's share.
 
 ``Shares`` counts, per backend and flow, the requests that passed admission (only when the
 reserve is configured or an engine orders by priority: nothing on the default path); a ``FlowSeat``
@@ -47,6 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from llmplane.gateway.flowcontrol.queue import FlowQueue
 
@@ -54,35 +49,29 @@ TAU = 5.0  # seconds: the time constant of the decayed dispatch counts (see abov
 FORGET = 0.1  # a flow with nothing in flight whose count decayed below this is forgotten
 
 
+@dataclass(slots=True, eq=False)
 class _Flow:
-    __slots__ = ("at", "inflight", "served", "weight")
-
-    def __init__(self, weight: int) -> None:
-        self.inflight = 0  # requests in flight
-        self.served = 0.0  # decayed count of dispatches, as of ``at``
-        self.at = 0.0
-        self.weight = weight  # its latest weight
+    weight: int  # its latest weight
+    inflight: int = 0  # requests in flight
+    served: float = 0.0  # decayed count of dispatches, as of ``at``
+    at: float = 0.0
 
 
+@dataclass(slots=True, eq=False)
 class _Backend:
-    __slots__ = ("flows", "total")
-
-    def __init__(self) -> None:
-        self.flows: dict[str, _Flow] = {}
-        self.total = 0  # requests in flight
+    flows: dict[str, _Flow] = field(default_factory=dict)
+    total: int = 0  # requests in flight
 
 
+@dataclass(slots=True, eq=False)
 class FlowSeat:
     """One request in flight, counted for its flow until ``Shares.release``; ``under``: its
     flow was under its fair share when it was admitted (``priority.py`` ranks it so)."""
 
-    __slots__ = ("backend", "flow", "key", "under")
-
-    def __init__(self, key: str, backend: _Backend, flow: str, under: bool = True) -> None:
-        self.key = key
-        self.backend = backend
-        self.flow = flow
-        self.under = under
+    key: str
+    backend: _Backend
+    flow: str
+    under: bool = True
 
 
 class Shares:

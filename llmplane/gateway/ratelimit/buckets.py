@@ -17,17 +17,16 @@ class TokenBucket:
     """``burst`` tokens at most, refilled at ``rate`` per second. ``level`` may go below zero
     after an overuse debit: requests then wait until it has refilled far enough."""
 
-    __slots__ = ("burst", "level", "rate", "stamp")
-
-    # Held around a read-modify-write of the level: nothing for a bucket of one process; a
-    # record lock for one shared by worker processes (``llmplane/gateway/workers/buckets.py``).
-    lock: AbstractContextManager[None] = contextlib.nullcontext()
+    __slots__ = ("burst", "level", "lock", "rate", "stamp")
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
         self.rate = rate
         self.burst = burst
         self.level = float(burst)
         self.stamp = now
+        # Held around a read-modify-write of the level: nothing for a bucket of one process;
+        # a record lock for one shared by worker processes (``workers/buckets.py``).
+        self.lock: AbstractContextManager[None] = contextlib.nullcontext()
 
     def refill(self, now: float) -> None:
         if now > self.stamp:
@@ -42,8 +41,9 @@ class TokenBucket:
 
     def adjust(self, delta: float, now: float) -> None:
         """Give back (``delta`` > 0, up to the burst) or debit (< 0, may go negative)."""
-        self.refill(now)
-        self.level = min(float(self.burst), self.level + delta)
+        with self.lock:
+            self.refill(now)
+            self.level = min(float(self.burst), self.level + delta)
 
     def state(self, direction: str, wait: float = 0.0) -> BucketState:
         return BucketState(direction, int(self.burst), self.rate, self.level, wait)
@@ -113,10 +113,10 @@ def _share(state: BucketState) -> float:
     return state.level / state.limit
 
 
-def _values(s: BucketState) -> tuple[str, str, str]:
-    """limit, remaining and reset of one bucket as header values (formatted once)."""
-    level = s.level
-    return str(s.limit), str(int(level) if level > 0 else 0), duration((s.limit - level) / s.rate)
+def _put(headers: dict[str, str], suffix: str, s: BucketState) -> None:
+    headers[f"x-ratelimit-limit-{suffix}"] = str(s.limit)
+    headers[f"x-ratelimit-remaining-{suffix}"] = str(s.remaining)
+    headers[f"x-ratelimit-reset-{suffix}"] = duration(s.reset)
 
 
 def rate_headers(states: list[BucketState], main: BucketState | None = None) -> dict[str, str]:
@@ -124,8 +124,6 @@ def rate_headers(states: list[BucketState], main: BucketState | None = None) -> 
     and ``-tokens`` for ``main`` (by default the token bucket with the smallest share left),
     and the same with ``-input`` / ``-output`` / ``-budget`` per direction. With a route's
     and a tenant's limit in one direction, the scarcer one is reported."""
-    if not states:
-        return {}
     scarcest: dict[str, BucketState] = {}
     for s in states:
         seen = scarcest.get(s.direction)
@@ -134,23 +132,13 @@ def rate_headers(states: list[BucketState], main: BucketState | None = None) -> 
     headers: dict[str, str] = {}
     requests = scarcest.pop(REQUESTS, None)
     if requests is not None:
-        limit, remaining, reset = _values(requests)
-        headers["x-ratelimit-limit-requests"] = limit
-        headers["x-ratelimit-remaining-requests"] = remaining
-        headers["x-ratelimit-reset-requests"] = reset
-    if not scarcest:
-        return headers
-    if main is None or main.direction == REQUESTS:
-        main = min(scarcest.values(), key=_share)
-    per = {d: _values(s) for d, s in scarcest.items()}
-    limit, remaining, reset = per[main.direction] if main.direction in per else _values(main)
-    headers["x-ratelimit-limit-tokens"] = limit
-    headers["x-ratelimit-remaining-tokens"] = remaining
-    headers["x-ratelimit-reset-tokens"] = reset
-    for d, (limit, remaining, reset) in per.items():
-        headers[f"x-ratelimit-limit-tokens-{d}"] = limit
-        headers[f"x-ratelimit-remaining-tokens-{d}"] = remaining
-        headers[f"x-ratelimit-reset-tokens-{d}"] = reset
+        _put(headers, "requests", requests)
+    if scarcest:
+        if main is None or main.direction == REQUESTS:
+            main = min(scarcest.values(), key=_share)
+        _put(headers, "tokens", scarcest.get(main.direction, main))
+        for direction, s in scarcest.items():
+            _put(headers, f"tokens-{direction}", s)
     return headers
 
 

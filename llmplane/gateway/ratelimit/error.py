@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import orjson
-
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response
 
@@ -31,22 +29,9 @@ class RateLimitError(GatewayError):
     def type(self) -> str:
         return self.kind
 
-    def body(self) -> bytes:
-        return orjson.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.type,
-                    "param": None,
-                    "code": self.code,
-                }
-            }
-        )
-
     def response(self) -> Response:
-        headers = dict(self.headers)
+        response = super().response()
+        response.headers.update(self.headers)
         if self.retry_after is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
-        return Response(
-            status=429, body=self.body(), content_type="application/json", headers=headers
-        )
+            response.headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return response

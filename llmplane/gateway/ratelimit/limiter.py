@@ -4,12 +4,14 @@ settles them with the engine's usage afterwards (see the package docstring)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.hooks import Reservation, Usage
@@ -33,14 +35,14 @@ from llmplane.gateway.ratelimit.limits import (
     route_limits,
     tenant_limits,
 )
-from llmplane.gateway.ratelimit.local import LocalPlan
-from llmplane.gateway.ratelimit.redis_store import RedisBuckets, redis_key
+from llmplane.gateway.ratelimit.redis_store import RedisBuckets
 from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.routing import RouteDecision
 from llmplane.gateway.tokens import TokenCounter
 
 if TYPE_CHECKING:
+    from llmplane.gateway.config import GatewayConfig
     from llmplane.gateway.context import RequestContext
 
 log = logging.getLogger("llmplane.gateway")
@@ -57,30 +59,23 @@ _METRICS = {
 # fmt: on
 
 
+@dataclass(slots=True)
 class Taken:
-    """What one limit (a route's or a tenant's) took for a request (the general path)."""
+    """What one limit (a route's or a tenant's) took for a request."""
 
-    __slots__ = ("amounts", "limit", "mode")
-
-    def __init__(self, limit: RouteLimit, mode: str, amounts: list[tuple[str, int]]) -> None:
-        self.limit = limit
-        self.mode = mode  # local | redis | none (Redis failed, admitted without a reservation)
-        self.amounts = amounts
+    limit: RouteLimit
+    mode: str  # local | redis | none (Redis failed, admitted without a reservation)
+    amounts: list[tuple[str, int]]
 
 
 class LimitReservation(Reservation):
-    """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` or
-    ``response_lines`` and its ``stream_filter``, see ``llmplane.gateway.hooks``)."""
+    """What ``reserve`` took, per limit (the gateway applies its ``response_headers`` and
+    its ``stream_filter``, see ``llmplane.gateway.hooks``)."""
 
     __slots__ = ("taken",)
 
-    def __init__(
-        self,
-        taken: list[Taken],
-        response_headers: dict[str, str] | None = None,
-        response_lines: bytes | None = None,
-    ) -> None:
-        super().__init__(response_headers, None, response_lines)
+    def __init__(self, taken: list[Taken], response_headers: dict[str, str]) -> None:
+        super().__init__(response_headers)
         self.taken = taken
 
 
@@ -99,8 +94,8 @@ class RateLimiter:
 
     def __init__(
         self,
-        config: Any,
-        registry: Any = None,
+        config: GatewayConfig,
+        registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         make_bucket: Callable[[str, float, float, float], TokenBucket] | None = None,
     ) -> None:
@@ -115,19 +110,15 @@ class RateLimiter:
         # Buckets of this process (or shared by the workers, see make_bucket), by (limit key,
         # direction): one interface (TokenBucket) whatever holds them.
         self.local: dict[tuple[str, str], TokenBucket] = {}
-        # Per embeddings? (no output tokens taken): limit key -> its local buckets resolved
-        # once (``local.py``); dropped on update.
-        self.plans: tuple[dict[str, LocalPlan], dict[str, LocalPlan]] = ({}, {})
         self.redis: dict[str, RedisBuckets] = {}
-        self.counter = TokenCounter(getattr(config, "rate_limit_tokenizers", None))
-        self.default_output = getattr(config, "rate_limit_default_output_tokens", 256)
-        self.policy = getattr(config, "rate_limit_redis_failure", "open")
+        self.counter = TokenCounter(config.rate_limit_tokenizers)
+        self.default_output = config.rate_limit_default_output_tokens
+        self.policy = config.rate_limit_redis_failure
         if self.policy not in FAILURE_POLICIES:
             raise ValueError(
                 f"rateLimitRedisFailure: {self.policy!r} is not one of {FAILURE_POLICIES}"
             )
         self._tasks: set[asyncio.Task[None]] = set()
-        self._children: dict[tuple[Any, ...], Any] = {}
         self.rejections = self.redis_errors = self.degraded = None
         if registry is not None:
             for attribute, (name, doc, labels) in _METRICS.items():
@@ -139,7 +130,6 @@ class RateLimiter:
         """New store objects: re-read every ModelRoute's and Tenant's rateLimit. A changed
         limit keeps the bucket's level (capped at the new burst)."""
         objects = list(objects)
-        self.plans = ({}, {})
         self.limits = route_limits(objects)
         self.tenant_limits = tenant_limits(objects)
         every = [*self.limits.values(), *self.tenant_limits.values()]
@@ -147,30 +137,24 @@ class RateLimiter:
             for direction, tokens in limit.tokens:
                 bucket = self.local.get((limit.key, direction))
                 if bucket is not None:
-                    bucket.rate = tokens / limit.period_of(direction)
+                    bucket.rate = limit.rate(direction)
                     bucket.burst = tokens
         live = {(lim.key, d) for lim in every for d, _ in lim.tokens}
         for key in [k for k in self.local if k not in live]:
             del self.local[key]
 
-    def _count(self, metric: Any, *labels: str) -> None:
-        if metric is None:
-            return
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        child.inc()
+    @staticmethod
+    def _count(metric: Counter | None, *labels: str) -> None:
+        if metric is not None:
+            metric.labels(*labels).inc()
 
-    def _bucket(self, limit: RouteLimit, direction: str, tokens: int | None = None) -> TokenBucket:
+    def _bucket(self, limit: RouteLimit, direction: str) -> TokenBucket:
         bucket = self.local.get((limit.key, direction))
         if bucket is None:
-            if tokens is None:
-                tokens = limit.limit(direction) or 0
             bucket = self.local[(limit.key, direction)] = self.make_bucket(
                 f"{limit.key}\n{direction}",
-                tokens / limit.period_of(direction),
-                tokens,
+                limit.rate(direction),
+                limit.limit(direction) or 0,
                 self.clock(),
             )
         return bucket
@@ -181,9 +165,9 @@ class RateLimiter:
             c = self.config
             client = self.redis[address] = RedisBuckets(
                 address,
-                getattr(c, "rate_limit_redis_timeout", 0.25),
-                getattr(c, "rate_limit_redis_retry_interval", 1.0),
-                getattr(c, "rate_limit_redis_max_connections", 64),
+                c.rate_limit_redis_timeout,
+                c.rate_limit_redis_retry_interval,
+                c.rate_limit_redis_max_connections,
             )
         return client
 
@@ -203,160 +187,66 @@ class RateLimiter:
         return found
 
     async def reserve(self, ctx: RequestContext) -> LimitReservation | None:
-        """Take the request's amounts from the tenant's and the route's limit (429 when one
-        has not enough). Local buckets never wait: a single limit admitting the request
-        reuses its plan (``_reserve_local``); a limit in Redis is awaited."""
+        """Take the request's amounts from the tenant's and the route's limit, from both or
+        from neither (429 when one has not enough). Local buckets never wait; a limit in
+        Redis is awaited."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         limits = self.applicable(ctx.tenant_name, decision.route)
         if not limits:
             return None
-        counted: list[int] = []  # the input count, made once for the request
-        if all(limit.redis is None for limit in limits):
-            if len(limits) == 1:
-                reservation = self._reserve_local(inference, decision, limits[0], counted)
-                if reservation is not None:
-                    return reservation
-            return self._reserve_general(inference, decision, limits, counted)
         taken: list[Taken] = []
         states: list[BucketState] = []
         try:
-            for limit, amounts in self._parts(inference, decision, limits, counted):
-                part, part_states = await self._take(inference, limit, amounts)
+            for limit, amounts in self._parts(inference, decision, limits):
+                if limit.redis is None:
+                    part, part_states = self._take_local(inference, limit, amounts)
+                else:
+                    part, part_states = await self._take_redis(inference, limit, amounts)
                 taken.append(part)
                 states += part_states
         except BaseException:
-            self._give_back(taken)
+            for part in taken:  # another limit refused: what the earlier ones took goes back
+                self._apply(part, [(d, a) for d, a in part.amounts if a])
             raise
-        return self._reservation(inference, taken, states)
-
-    def _reserve_general(
-        self,
-        inference: InferenceRequest,
-        decision: RouteDecision,
-        limits: list[RouteLimit],
-        counted: list[int],
-    ) -> LimitReservation | None:
-        """Every limit local: the general path (two limits, or a refusal) never waits."""
-        taken: list[Taken] = []
-        states: list[BucketState] = []
-        try:
-            for limit, amounts in self._parts(inference, decision, limits, counted):
-                part, part_states = self._take_local(inference, limit, amounts)
-                taken.append(part)
-                states += part_states
-        except BaseException:
-            self._give_back(taken)
-            raise
-        return self._reservation(inference, taken, states)
-
-    def _parts(
-        self,
-        inference: InferenceRequest,
-        decision: RouteDecision,
-        limits: list[RouteLimit],
-        counted: list[int],
-    ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
-        """What each limit takes (limits taking nothing left out); the 429 of an amount
-        larger than its bucket, before anything is taken."""
-        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
-        parts = []
-        for limit in limits:
-            rows = [(d, n) for d, n in limit.tokens if not (embeddings and d == OUTPUT)]
-            amounts, too_large = self._amounts(inference, decision, rows, embeddings, counted)
-            if too_large is not None:
-                raise self._too_large(inference, limit, *too_large)
-            if amounts:
-                parts.append((limit, [(d, a) for (d, _), a in zip(rows, amounts, strict=True)]))
-        return parts
-
-    def _give_back(self, taken: list[Taken]) -> None:
-        """Another limit refused: what the earlier ones took goes back."""
-        for part in taken:
-            self._apply(part, [(d, a) for d, a in part.amounts if a])
-
-    def _reservation(
-        self, inference: InferenceRequest, taken: list[Taken], states: list[BucketState]
-    ) -> LimitReservation | None:
         if not taken:
             return None
         reservation = LimitReservation(taken, rate_headers(states))
         if inference.stream and any(d != REQUESTS for part in taken for d, _ in part.amounts):
-            self._usage_filter(reservation, inference)
+            # Limited tokens of a stream: ask the engine for its usage (settled afterwards);
+            # the usage-only chunk is then kept from a client that did not ask for it.
+            reservation.stream_filter = ask_stream_usage(inference)
         return reservation
 
-    def _reserve_local(
-        self,
-        inference: InferenceRequest,
-        decision: RouteDecision,
-        limit: RouteLimit,
-        counted: list[int],
-    ) -> LimitReservation | None:
-        """One local limit (``local.py``): the reservation, or None when the request does
-        not fit now or is too large for a bucket (the general path then refuses it with the
-        429, reusing the input count left in ``counted``)."""
-        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
-        # One plan per limit and set of directions (an embedding takes no output tokens).
-        plans = self.plans[embeddings]
-        plan = plans.get(limit.key)
-        if plan is None:
-            plan = plans[limit.key] = LocalPlan(
-                {
-                    d: self._bucket(limit, d, n)
-                    for d, n in limit.tokens
-                    if not (embeddings and d == OUTPUT)
-                }
-            )
-        amounts, too_large = self._amounts(inference, decision, plan.limits, embeddings, counted)
-        if too_large is not None or not amounts:
-            return None
-        lines = plan.take(amounts, self.clock())
-        if lines is None:
-            return None
-        pairs = list(zip(plan.directions, amounts, strict=True))
-        reservation = LimitReservation([Taken(limit, "local", pairs)], None, lines)
-        if inference.stream and (len(amounts) > 1 or plan.directions[0] != REQUESTS):
-            self._usage_filter(reservation, inference)
-        return reservation
-
-    @staticmethod
-    def _usage_filter(reservation: LimitReservation, inference: InferenceRequest) -> None:
-        """A stream whose tokens are limited asks the engine for its usage (settled
-        afterwards); the usage-only chunk is then kept from a client that did not ask."""
-        stream_filter = ask_stream_usage(inference)
-        if stream_filter is not None:
-            reservation.stream_filter = stream_filter
-
-    def _amounts(
-        self,
-        inference: InferenceRequest,
-        decision: RouteDecision,
-        rows: Sequence[tuple[str, int]],
-        embeddings: bool,
-        counted: list[int],
-    ) -> tuple[list[int], tuple[str, int, int] | None]:
-        """What this request takes from each of ``rows`` ((direction, bucket size), an
-        embedding's without OUTPUT: it takes no output tokens), in their order, and the first
-        (direction, size, amount) whose amount is larger than its bucket (it could never fit),
-        if any. ``counted`` holds the input count once made (shared by the limits of a
-        request). A plan and the general path both take these amounts."""
+    def _parts(
+        self, inference: InferenceRequest, decision: RouteDecision, limits: list[RouteLimit]
+    ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
+        """What each limit takes, as (direction, amount) pairs (limits taking nothing left
+        out); the 429 of an amount larger than its bucket (it could never fit), before
+        anything is taken. An embedding takes no output tokens; the input is counted once."""
         doc = inference.doc
-        amounts: list[int] = []
-        for direction, tokens in rows:
-            if direction == REQUESTS:
-                amount = 1
-            elif direction == OUTPUT:
-                amount = output_reservation(doc, self.default_output, tokens)
-            else:
-                if not counted:
-                    counted.append(self.counter.count(doc, decision.model, inference.model))
-                amount = counted[0]
-                if direction == BUDGET and not embeddings:
-                    amount += output_reservation(doc, self.default_output, tokens)
-            if amount > tokens:
-                return amounts, (direction, tokens, amount)
-            amounts.append(amount)
-        return amounts, None
+        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
+        counted = functools.cache(lambda: self.counter.count(doc, decision.model, inference.model))
+        parts = []
+        for limit in limits:
+            amounts = []
+            for direction, tokens in limit.tokens:
+                if direction == REQUESTS:
+                    amount = 1
+                elif direction == OUTPUT:
+                    if embeddings:
+                        continue
+                    amount = output_reservation(doc, self.default_output, tokens)
+                else:
+                    amount = counted()
+                    if direction == BUDGET and not embeddings:
+                        amount += output_reservation(doc, self.default_output, tokens)
+                if amount > tokens:
+                    raise self._too_large(inference, limit, direction, tokens, amount)
+                amounts.append((direction, amount))
+            if amounts:
+                parts.append((limit, amounts))
+        return parts
 
     def _too_large(
         self,
@@ -368,7 +258,7 @@ class RateLimiter:
     ) -> RateLimitError:
         """The 429 without Retry-After of an amount larger than its bucket (counted)."""
         self._count(self.rejections, limit.ref, direction, "too_large")
-        state = BucketState(direction, tokens, tokens / limit.period_of(direction), tokens)
+        state = BucketState(direction, tokens, limit.rate(direction), tokens)
         reduce = " (max_tokens, prompts or n)" if direction in (OUTPUT, BUDGET) else ""
         return RateLimitError(
             f"Request too large for model {inference.model!r} on {_what(direction)} "
@@ -378,13 +268,6 @@ class RateLimiter:
             retry_after=None,
             headers=rate_headers([state], state),
         )
-
-    async def _take(
-        self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
-    ) -> tuple[Taken, list[BucketState]]:
-        if limit.redis is not None:
-            return await self._take_redis(inference, limit, amounts)
-        return self._take_local(inference, limit, amounts)
 
     def _take_local(
         self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
@@ -398,22 +281,15 @@ class RateLimiter:
     ) -> tuple[Taken, list[BucketState]]:
         assert limit.redis is not None
         client = self._redis(limit.redis)
-        keys, args, limits = [], [], []
-        for direction, amount in amounts:
-            tokens = limit.limit(direction) or 0
-            keys.append(redis_key(limit, direction))
-            args += [tokens / limit.period_of(direction), tokens, amount]
-            limits.append(tokens)
-        now = self.clock()
-        if client.available(now):
+        if client.available(self.clock()):
             try:
-                ok, pairs = await client.reserve(keys, args)
+                ok, pairs = await client.reserve(limit, amounts)
             except Exception as err:  # RedisError, OSError, TimeoutError: the policy decides
                 self._redis_failed(client, "reserve", err)
             else:
                 states = [
-                    BucketState(d, n, n / limit.period_of(d), level, wait)
-                    for (d, _), n, (level, wait) in zip(amounts, limits, pairs, strict=True)
+                    BucketState(d, limit.limit(d) or 0, limit.rate(d), level, wait)
+                    for (d, _), (level, wait) in zip(amounts, pairs, strict=True)
                 ]
                 return self._decide(inference, limit, "redis", amounts, ok, states)
         self._count(self.degraded, limit.ref, self.policy)
@@ -505,13 +381,8 @@ class RateLimiter:
     async def _settle_redis(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> None:
         assert limit.redis is not None
         client = self._redis(limit.redis)
-        keys, args = [], []
-        for direction, delta in deltas:
-            tokens = limit.limit(direction) or 0
-            keys.append(redis_key(limit, direction))
-            args += [tokens / limit.period_of(direction), tokens, delta]
         try:
-            await client.settle(keys, args)
+            await client.settle(limit, deltas)
         except Exception as err:
             self._redis_failed(client, "settle", err)
 

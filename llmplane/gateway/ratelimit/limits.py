@@ -43,6 +43,10 @@ class RouteLimit:
     def period_of(self, direction: str) -> float:
         return self.budget_period if direction == BUDGET else self.period
 
+    def rate(self, direction: str) -> float:
+        """Tokens a second the bucket of ``direction`` refills at."""
+        return (self.limit(direction) or 0) / self.period_of(direction)
+
     def unit_of(self, direction: str) -> str:
         return self.budget_unit if direction == BUDGET else self.unit
 

@@ -114,17 +114,18 @@ class RedisBuckets:
         self.down_until = now + self.retry_interval
 
     async def reserve(
-        self, keys: list[str], args: list[float]
+        self, limit: RouteLimit, amounts: list[tuple[str, int]]
     ) -> tuple[bool, list[tuple[float, float]]]:
+        """Take every (direction, amount) or none: admitted, and (level, wait) per direction."""
         async with asyncio.timeout(self.timeout):
-            reply = await self._reserve(keys=keys, args=args)
+            reply = await self._reserve(*_script_args(limit, amounts))
         ok = reply[0] in (b"1", "1", 1)
-        pairs = [(float(reply[2 * i + 1]), float(reply[2 * i + 2])) for i in range(len(keys))]
-        return ok, pairs
+        return ok, [(float(reply[2 * i + 1]), float(reply[2 * i + 2])) for i in range(len(amounts))]
 
-    async def settle(self, keys: list[str], args: list[float]) -> list[float]:
+    async def settle(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> list[float]:
+        """Give back (> 0) or debit (< 0) each (direction, delta); the levels after."""
         async with asyncio.timeout(self.timeout):
-            reply = await self._settle(keys=keys, args=args)
+            reply = await self._settle(*_script_args(limit, deltas))
         return [float(v) for v in reply]
 
     async def close(self) -> None:
@@ -132,6 +133,9 @@ class RedisBuckets:
         await self.pool.disconnect()
 
 
-def redis_key(limit: RouteLimit, direction: str) -> str:
-    # The {hash tag} keeps a route's two buckets in one Redis Cluster slot (one script).
-    return f"llmplane:ratelimit:{{{limit.key}}}:{direction}"
+def _script_args(limit: RouteLimit, pairs: list[tuple[str, int]]) -> tuple[list[str], list[float]]:
+    """A script's KEYS (one bucket per direction) and ARGV (rate, burst, amount per key)."""
+    # The {hash tag} keeps a limit's buckets in one Redis Cluster slot (one script).
+    keys = [f"llmplane:ratelimit:{{{limit.key}}}:{d}" for d, _ in pairs]
+    args = [x for d, n in pairs for x in (limit.rate(d), limit.limit(d) or 0, n)]
+    return keys, args

@@ -40,29 +40,16 @@ class UsageChunkFilter:
         self.dropped = 0
 
     def feed(self, chunk: bytes) -> bytes:
-        buf = self.tail + chunk if self.tail else chunk
-        if buf.endswith(b"\n\n"):
-            end = len(buf)
-        else:
-            end = -1
-            for m in _BOUNDARY.finditer(buf):
-                end = m.end()
-            if end == -1:
-                self.tail = buf
-                return b""
-        self.tail = buf[end:]
-        complete = buf[:end] if end != len(buf) else buf
-        if _USAGE not in complete:
-            return complete
-        out = []
-        start = 0
-        for m in _BOUNDARY.finditer(complete):
-            event = complete[start : m.end()]
+        buf = self.tail + chunk
+        out, start = [], 0
+        for m in _BOUNDARY.finditer(buf):
+            event = buf[start : m.end()]
             start = m.end()
             if _USAGE in event and _usage_only(event):
                 self.dropped += 1
-                continue
-            out.append(event)
+            else:
+                out.append(event)
+        self.tail = buf[start:]
         return b"".join(out)
 
     def flush(self) -> bytes:
@@ -70,20 +57,15 @@ class UsageChunkFilter:
         return tail
 
 
-def wants_usage(doc: dict[str, Any]) -> bool:
-    opts = doc.get("stream_options")
-    return isinstance(opts, dict) and opts.get("include_usage") is True
-
-
 def inject_include_usage(doc: dict[str, Any]) -> bool:
     """Turn on ``stream_options.include_usage``; True if the doc was changed (the client did
     not ask for usage, so the usage chunk must be removed from its stream)."""
-    if wants_usage(doc):
-        return False
     opts = doc.get("stream_options")
-    doc["stream_options"] = (
-        {**opts, "include_usage": True} if isinstance(opts, dict) else {"include_usage": True}
-    )
+    if not isinstance(opts, dict):
+        opts = {}
+    elif opts.get("include_usage") is True:
+        return False
+    doc["stream_options"] = {**opts, "include_usage": True}
     return True
 
 

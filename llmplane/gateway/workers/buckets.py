@@ -40,7 +40,7 @@ class SharedTokenBucket(TokenBucket):
     """A ``TokenBucket`` whose level and stamp are shared; ``lock`` must be held around a
     read-modify-write (``reserve_local`` and ``adjust`` take it)."""
 
-    __slots__ = ("_at", "_lock", "_values")
+    __slots__ = ("_at", "_values")
 
     def __init__(
         self,
@@ -54,11 +54,7 @@ class SharedTokenBucket(TokenBucket):
         self.burst = burst
         self._values = values
         self._at = at
-        self._lock = lock
-
-    @property
-    def lock(self) -> AbstractContextManager[None]:  # type: ignore[override]
-        return self._lock
+        self.lock = lock
 
     @property  # type: ignore[override]
     def level(self) -> float:
@@ -75,7 +71,3 @@ class SharedTokenBucket(TokenBucket):
     @stamp.setter
     def stamp(self, value: float) -> None:
         self._values[self._at + 1] = value
-
-    def adjust(self, delta: float, now: float) -> None:
-        with self._lock:
-            super().adjust(delta, now)

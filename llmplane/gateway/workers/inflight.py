@@ -70,17 +70,15 @@ class SharedEndpointState(EndpointState):
         self.column = column  # the endpoint's row in every shared per-endpoint table
         super().__init__(endpoint)
 
+    # Only the dataclass ``__init__`` sets ``inflight`` and ``prefilling`` (to 0): a fresh
+    # state adopts the shared counts, and the setters do nothing.
+
     @property  # type: ignore[override]
     def inflight(self) -> int:
-        counts = self._counts
-        total = 0
-        for cell in self._cells:
-            total += counts[cell]
-        return total
+        return sum(self._counts[cell] for cell in self._cells)
 
     @inflight.setter
     def inflight(self, value: int) -> None:
-        # Only the dataclass __init__ sets it (to 0): a fresh state adopts the shared count.
         pass
 
     def add_inflight(self, n: int) -> None:
@@ -88,19 +86,11 @@ class SharedEndpointState(EndpointState):
 
     @property  # type: ignore[override]
     def prefilling(self) -> int:
-        counts = self._prefilling
-        total = 0
-        for cell in self._cells:
-            total += counts[cell]
-        return total
+        return sum(self._prefilling[cell] for cell in self._cells)
 
     @prefilling.setter
     def prefilling(self, value: int) -> None:
-        pass  # as ``inflight``: only the dataclass __init__ sets it
+        pass
 
     def add_prefilling(self, n: int) -> None:
         self._prefilling[self._mine] += n
-
-    @property
-    def own_inflight(self) -> int:
-        return self._counts[self._mine]

@@ -71,21 +71,8 @@ class MetricsPeer:
             await self._server.wait_closed()
             self._server = None
 
-    async def _read(self, path: str, what: bytes = b"metrics") -> bytes | None:
-        try:
-            async with asyncio.timeout(self.timeout):
-                reader, writer = await asyncio.open_unix_connection(path)
-                try:
-                    writer.write(what + b"\n")
-                    return await reader.read()
-                finally:
-                    writer.close()
-        except (OSError, TimeoutError) as err:
-            log.debug("metrics: worker socket %s: %s", path, err)
-            return None
-
     async def ask(
-        self, path: str, what: bytes, payload: bytes, quiet: bool = False
+        self, path: str, what: bytes, payload: bytes = b"", quiet: bool = False
     ) -> bytes | None:
         """Send ``what`` and ``payload`` to the worker serving ``path``; its answer (None if
         it did not answer within ``timeout``)."""
@@ -106,14 +93,16 @@ class MetricsPeer:
 
     async def aggregate(self, own: bytes) -> bytes:
         texts = [own]
-        for text in await asyncio.gather(*(self._read(p) for p in self.peers)):
+        for text in await asyncio.gather(
+            *(self.ask(p, b"metrics", quiet=True) for p in self.peers)
+        ):
             if text:
                 texts.append(text)
         return merge(texts) if len(texts) > 1 else own
 
     async def signals(self) -> list[dict[str, Any]]:
         """The peers' parts of the autoscaling signals (``GatewaySignals.parts``)."""
-        answers = await asyncio.gather(*(self._read(p, b"signals") for p in self.peers))
+        answers = await asyncio.gather(*(self.ask(p, b"signals", quiet=True) for p in self.peers))
         return [orjson.loads(a) for a in answers if a]
 
 

@@ -11,8 +11,6 @@ skips to the present and loses those picks (counted in ``lost``)."""
 from __future__ import annotations
 
 import struct
-import sys
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,8 +19,6 @@ from llmplane.gateway.workers.shm import region
 
 RING_BYTES = 4 << 20  # per worker: at 64 blocks a pick, about 8,000 picks of slack
 _HEAD = struct.Struct("<IHHI")
-_BIG_ENDIAN = sys.byteorder == "big"  # records are little-endian
-_KEYS_KEPT = 4096
 
 
 class PickRings:
@@ -52,9 +48,6 @@ class PickFeed:
         self.read = {i: positions[i] for i in self.peers}  # start at the present
         self.scorers: list[PrefixCacheScorer] = []
         self.lost = 0
-        # Per endpoint key: its encoded length and the bytes between a record's head and its
-        # hashes (the key and its padding), built once (publish runs once a request).
-        self._keys: dict[str, tuple[int, bytes]] = {}
 
     def attach(self, plugins: dict[str, Any]) -> None:
         """Share the picks of every prefix scorer in a scheduler's plugins (the same config in
@@ -67,21 +60,13 @@ class PickFeed:
                 self.scorers.append(plugin)
 
     def publish(self, scorer: int, key: str, hashes: Sequence[int]) -> None:
-        known = self._keys.get(key)
-        if known is None:
-            if len(self._keys) >= _KEYS_KEPT:  # endpoints come and go: never grow unbounded
-                self._keys.clear()
-            raw = key.encode()
-            known = self._keys[key] = (len(raw), raw + bytes(-(_HEAD.size + len(raw)) % 8))
-        key_len, padded = known
+        raw = key.encode()
+        padded = raw + bytes(-(_HEAD.size + len(raw)) % 8)  # the hashes start 8-byte aligned
         n = len(hashes)
         length = _HEAD.size + len(padded) + 8 * n
         if length > self.size // 4:
             return
-        packed = array("Q", hashes)
-        if _BIG_ENDIAN:
-            packed.byteswap()
-        record = _HEAD.pack(length, scorer, key_len, n) + padded + packed.tobytes()
+        record = _HEAD.pack(length, scorer, len(raw), n) + padded + struct.pack(f"<{n}Q", *hashes)
         positions = self.rings.positions
         at = positions[self.index]
         self._write(at % self.size, record)

@@ -2,28 +2,16 @@
 and publishes what ``EndpointState`` keeps from a scrape into a row of shared memory (the
 endpoint's column of the in-flight table), and each changed ``/v1/models`` list into one shared
 document; the other workers copy what changed into their own states and read nothing from the
-engines.
-
-A row is published when its content changes, not to say "still the same": worker 0 bumps one
-heartbeat (its monotonic clock) every half ``metrics_staleness``. A row published as *kept*
-(the endpoint went idle: worker 0's idle ticker keeps its ``scraped_at`` fresh while nothing
-is sent to it, see ``Scraper._keep_idle_fresh``) takes the heartbeat as its ``scraped_at`` in
-the followers under the ticker's own condition (the shared in-flight count equals the one at
-the scrape), so admission's staleness reads the same in every worker. A busy endpoint's row
-is published at each scrape, its ``scraped_at`` with it. An idle 200-replica fleet thus costs
-a follower one heartbeat read and 200 attribute writes per tick, not 200 row copies.
+engines. The design (rows published on change, the heartbeat that keeps idle rows fresh, what
+followers do when it stops): docs/gateway.md, "Workers: several processes, one routing
+state".
 
 Each row is a seqlock: its one writer makes the sequence number odd, writes the fields, makes
-it even again; a reader copies the fields and keeps them only if the number was even and
-unchanged around the copy. Neither side ever waits for the other, and nothing of it runs on a
-request's path: followers copy in a background task (``ScrapeFollower``), so the scheduler
-keeps reading plain attributes. A table-wide counter, bumped after each publication, lets an
-idle follower see "nothing new" in one read.
-
-A worker that dies while writing leaves its row odd; the next writer (its replacement) steps
-over it. LoRA adapter names share ``TEXT_BYTES`` per row; past that, the last names are left
-out (and logged once). Model lists are capped where they are read (``scraper.served_names``)
-and checked the same way when copied.
+it even again; a reader keeps its copy only if the number was even and unchanged around it.
+Neither side waits, and nothing of it runs on a request's path. A worker that dies while
+writing leaves its row odd; the next writer (its replacement) steps over it. LoRA adapter names
+share ``TEXT_BYTES`` per row (past that, the last names are left out, logged once); model lists
+are capped where they are read (``scraper.served_names``) and checked the same way when copied.
 """
 
 from __future__ import annotations
@@ -39,17 +27,33 @@ import orjson
 
 from llmplane.aio import Periodic
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scraper import MODELS_CHANGED_AT, served_names
+from llmplane.gateway.scraper import MODELS_CHANGED_AT, adapter_names, served_names
 from llmplane.gateway.workers.shm import Document, region
 
 log = logging.getLogger("llmplane.gateway")
 
 ROW_BYTES = 1024
-# seq, waiting, running, kv, scraped_at, prefix hits, prefix queries, capacity, room,
-# inflight at scrape, flags, max_lora, adapters text length
-_HEAD = struct.Struct("<qdddddddddqqqqq")
+# The ``EndpointState`` attributes a row copies, in the order of ``_FIELDS``, which then has
+# the flags and the length of the adapters' text; a row's head is the sequence and the fields.
+_ATTRS = (
+    "waiting",
+    "running",
+    "kv_usage",
+    "scraped_at",
+    "prefix_hits",
+    "prefix_queries",
+    "capacity",
+    "room",
+    "prefill_rate",
+    "kv_received",
+    "inflight_at_scrape",
+    "max_lora",
+    "block_size",
+)
+_SCRAPED_AT = _ATTRS.index("scraped_at")
+_FIELDS = struct.Struct("<ddddddddddqqqqq")
+_HEAD = struct.Struct("<q" + _FIELDS.format[1:])
 TEXT_BYTES = ROW_BYTES - _HEAD.size
-_FIELDS = struct.Struct("<dddddddddqqqqq")  # the head without seq
 _TIME = struct.Struct("<d")
 HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
 READ_TRIES = 4
@@ -79,45 +83,21 @@ class ScrapeTable:
 
     def publish(self, column: int, state: EndpointState, kept: bool = False) -> None:
         """Write ``state``'s scraped fields into row ``column`` (one writer per row)."""
-        running = ",".join(sorted(state.lora_running)).encode()
-        waiting = ",".join(sorted(state.lora_waiting)).encode()
-        text = running + b"\n" + waiting
+        self.write(column, *row(state, kept))
+
+    def write(self, column: int, fields: tuple, text: bytes) -> None:
         if len(text) > TEXT_BYTES:
             if not self._truncated:
                 self._truncated = True
-                log.warning("LoRA adapter names of %s cut to %d bytes", state.address, TEXT_BYTES)
+                log.warning("LoRA adapter names cut to %d bytes", TEXT_BYTES)
             text = text[:TEXT_BYTES]
-        flags = (
-            (HAS_KV if state.has_kv else 0)
-            | (KNOWN if state.has_load_metrics is not None else 0)
-            | (HAS_LOAD if state.has_load_metrics else 0)
-            | (SCRAPE_OK if state.scrape_ok else 0)
-            | (KEPT if kept else 0)
-        )
         words = self.words
         at = column * (ROW_BYTES // 8)
         seq = words[at]
         begin = seq + 1 if seq % 2 == 0 else seq + 2  # odd: writing (a dead writer left it odd)
         words[at] = begin
         offset = column * ROW_BYTES
-        _FIELDS.pack_into(
-            self.mem,
-            offset + 8,
-            state.waiting,
-            state.running,
-            state.kv_usage,
-            state.scraped_at,
-            state.prefix_hits,
-            state.prefix_queries,
-            state.capacity,
-            state.room,
-            state.prefill_rate,
-            state.inflight_at_scrape,
-            flags,
-            state.max_lora,
-            state.block_size,
-            len(text),
-        )
+        _FIELDS.pack_into(self.mem, offset + 8, *fields, len(text))
         self.mem[offset + _HEAD.size : offset + _HEAD.size + len(text)] = text
         words[at] = begin + 1
         words[self.generation_word] += 1
@@ -142,75 +122,39 @@ class ScrapeTable:
         return None
 
 
+def row(state: EndpointState, kept: bool) -> tuple[tuple, bytes]:
+    """What a row holds of ``state``: its fields (``_FIELDS`` without the text's length) and
+    its LoRA adapters' names."""
+    flags = (
+        (HAS_KV if state.has_kv else 0)
+        | (KNOWN if state.has_load_metrics is not None else 0)
+        | (HAS_LOAD if state.has_load_metrics else 0)
+        | (SCRAPE_OK if state.scrape_ok else 0)
+        | (KEPT if kept else 0)
+    )
+    text = b"\n".join(
+        ",".join(sorted(names)).encode() for names in (state.lora_running, state.lora_waiting)
+    )
+    return (*(getattr(state, name) for name in _ATTRS), flags), text
+
+
 def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
     """A published row into a follower's state; True if it was published as kept."""
-    (
-        waiting,
-        running,
-        kv,
-        scraped_at,
-        hits,
-        queries,
-        capacity,
-        room,
-        prefill_rate,
-        at_scrape,
-        flags,
-        max_lora,
-        block_size,
-        _,
-    ) = fields
-    state.waiting, state.running, state.kv_usage = waiting, running, kv
-    state.scraped_at = scraped_at
-    state.prefix_hits, state.prefix_queries = hits, queries
-    state.capacity, state.room = capacity, room
-    state.inflight_at_scrape = at_scrape
+    for name, value in zip(_ATTRS, fields, strict=False):
+        setattr(state, name, value)
+    flags = fields[len(_ATTRS)]
     state.has_kv = bool(flags & HAS_KV)
     state.has_load_metrics = bool(flags & HAS_LOAD) if flags & KNOWN else None
     state.scrape_ok = bool(flags & SCRAPE_OK)
-    state.max_lora = max_lora
-    state.prefill_rate, state.block_size = prefill_rate, block_size
-    running_text, _, waiting_text = text.partition(b"\n")
-    state.lora_running = _names(running_text)
-    state.lora_waiting = _names(waiting_text)
+    running, _, waiting = text.partition(b"\n")
+    state.lora_running, state.lora_waiting = adapter_names(running), adapter_names(waiting)
     return bool(flags & KEPT)
-
-
-def _names(text: bytes) -> frozenset[str]:
-    return (
-        frozenset(n for n in text.decode("utf-8", "replace").split(",") if n)
-        if text
-        else frozenset()
-    )
 
 
 def column_of(state: EndpointState) -> int | None:
     """The state's row in the shared tables (None: a worker-local state, the table was full)."""
     column = getattr(state, "column", -1)
     return column if column >= 0 else None
-
-
-def _content(state: EndpointState, kept: bool) -> tuple:
-    """What a row says besides ``scraped_at``."""
-    return (
-        state.waiting,
-        state.running,
-        state.kv_usage,
-        state.has_kv,
-        state.has_load_metrics,
-        state.scrape_ok,
-        state.prefix_hits,
-        state.prefix_queries,
-        state.capacity,
-        state.room,
-        state.inflight_at_scrape,
-        state.max_lora,
-        state.prefill_rate,
-        state.block_size,
-        state.lora_running,
-        state.lora_waiting,
-        kept,
-    )
 
 
 class ScrapePublisher:
@@ -230,17 +174,21 @@ class ScrapePublisher:
         self._too_big = False
         self._ticker = Periodic(lambda: self.flush(time.monotonic()), tick, "scrape heartbeat")
 
+    def follows(self, state: EndpointState) -> bool:
+        return False  # worker 0 reads every endpoint itself
+
     def publish(self, state: EndpointState, kept: bool) -> None:
         column = column_of(state)
         if column is None:
             return
-        content = _content(state, kept)
+        fields, text = row(state, kept)
+        content = (fields[:_SCRAPED_AT], fields[_SCRAPED_AT + 1 :], text)  # all but scraped_at
         if self.rows.get(column) == content and (
             kept or not state.has_load_metrics or not state.scrape_ok
         ):
             return  # the same, and its age is the heartbeat's (or does not matter)
         self.rows[column] = content
-        self.table.publish(column, state, kept)
+        self.table.write(column, fields, text)
 
     def models_read(self, state: EndpointState, started: float) -> None:
         column = column_of(state)
@@ -309,13 +257,13 @@ class ScrapeFollower:
         interval: float,
         on_changed: Callable[[], None] | None = None,
         stale_after: float = 0.2,
-        on_models_changed: Callable[[], Callable[[], None] | None] = lambda: None,
+        on_models_changed: Callable[[], None] | None = None,
     ) -> None:
         self.table = table
         self.states = states
         self.interval = interval
         self.on_changed = on_changed
-        self.on_models_changed = on_models_changed  # read when called: set late
+        self.on_models_changed = on_models_changed
         self.stale_after = stale_after
         self.seen: dict[int, int] = {}  # column -> seq applied
         self.kept: dict[int, EndpointState] = {}  # columns whose row is kept, their state
@@ -333,13 +281,22 @@ class ScrapeFollower:
     async def close(self) -> None:
         await self._ticker.close()
 
-    def added(self, state: EndpointState) -> None:
-        """A new state (perhaps for an address seen before): copy its row at the next poll."""
-        column = column_of(state)
-        if column is not None:
-            self.seen.pop(column, None)
-            self.kept.pop(column, None)
+    def follows(self, state: EndpointState) -> bool:
+        """A new state (perhaps for an address seen before): its row is copied at the next
+        poll; a state without one (the table was full) is this worker's to scrape."""
         self._rescan = True
+        column = column_of(state)
+        if column is None:
+            return False
+        self.seen.pop(column, None)
+        self.kept.pop(column, None)
+        return True
+
+    def publish(self, state: EndpointState, kept: bool) -> None:
+        """Nothing: what this worker scrapes itself stays its own."""
+
+    def models_read(self, state: EndpointState, started: float) -> None:
+        """Nothing: what this worker reads itself stays its own."""
 
     def poll(self, now: float | None = None) -> bool:
         """Copy what changed; True if any metrics did."""
@@ -435,7 +392,5 @@ class ScrapeFollower:
             if served is not None and served != state.served_models:
                 state.served_models = served
                 changed = True
-        if changed:
-            callback = self.on_models_changed()
-            if callback is not None:
-                callback()
+        if changed and self.on_models_changed is not None:
+            self.on_models_changed()

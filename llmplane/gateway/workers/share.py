@@ -11,9 +11,9 @@ import socket
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 
+from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.ratelimit.buckets import TokenBucket
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.workers.buckets import SharedBuckets
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import MetricsPeer
@@ -23,7 +23,6 @@ from llmplane.gateway.workers.scrapes import (
     ScrapeFollower,
     ScrapePublisher,
     ScrapeTable,
-    column_of,
 )
 from llmplane.gateway.workers.shm import Locks
 from llmplane.gateway.workers.wake import Waker, WakeTable
@@ -151,35 +150,26 @@ class Seat:
 
     def share_scrapes(
         self,
-        scraper: Scraper,
+        config: GatewayConfig,
         states: Callable[[], Iterable[EndpointState]],
         on_changed: Callable[[], None],
+        on_models_changed: Callable[[], None],
     ) -> ScrapePublisher | ScrapeFollower:
         """Worker ``SCRAPER`` scrapes every endpoint and publishes (the returned publisher
         beats the heartbeat); every other worker follows what it publishes (the returned
-        follower). Either is to start and close."""
+        follower, calling ``on_changed`` and ``on_models_changed``). Either is the
+        ``Scraper``'s ``sharing``, to start and close."""
         table = self.share.scrapes
-        config = scraper.config
         if self.index == SCRAPER:
-            publisher = ScrapePublisher(table, states, max(config.metrics_staleness / 2, 0.01))
-            scraper.publish = publisher.publish
-            scraper.models_read = publisher.models_read
-            return publisher
-        follower = ScrapeFollower(
+            return ScrapePublisher(table, states, max(config.metrics_staleness / 2, 0.01))
+        return ScrapeFollower(
             table,
             states,
             config.scrape_interval / 2,
             on_changed,
             config.metrics_staleness,
-            lambda: scraper.on_models_changed,
+            on_models_changed,
         )
-
-        def follows(state: EndpointState) -> bool:
-            follower.added(state)
-            return column_of(state) is not None
-
-        scraper.follows = follows
-        return follower
 
     def bucket(self, key: str, rate: float, burst: float, now: float) -> TokenBucket:
         return self.share.buckets.bucket(key, rate, burst, now)

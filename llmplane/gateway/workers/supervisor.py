@@ -60,7 +60,6 @@ class Supervisor:
         self.backoff: dict[int, float] = {}
         self.pending: dict[int, float] = {}  # worker index -> when to start it again
         self.stopping = False
-        self.replaced = 0
         self._wake_r, self._wake_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
 
@@ -116,7 +115,6 @@ class Supervisor:
                 continue
             if not serving:
                 return code if code > 0 else 1
-            self.replaced += 1
             now = time.monotonic()
             if now - self.started.get(index, 0.0) < QUICK_DEATH:
                 delay = self.backoff[index] = min(MAX_BACKOFF, self.backoff.get(index, 0.05) * 2)
