@@ -24,7 +24,8 @@ import pytest
 
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, always, wait_for
-from tests.integration.test_up_autoscale import FAST, Load
+from tests.integration.elastic_fleets import FAST, Load
+from tests.integration.role_bursts import BURSTS
 from tests.integration.upcli import cli, sim_fleet, status
 
 pytestmark = pytest.mark.timeout(240)
@@ -41,18 +42,6 @@ ROLES = {
 }
 
 
-def prompt_heavy(n: int) -> dict[str, Any]:
-    """About 1,500 prompt tokens (4 characters a token), distinct from the first block on, so
-    no prefix cache saves the prefill; two tokens answered."""
-    return {"prompt": f"request {n:06d} " + "long prompt text " * 350, "max_tokens": 2}
-
-
-def decode_heavy(n: int) -> dict[str, Any]:
-    """A few prompt tokens, 40 to 80 answered: the clients, started together, drift apart
-    (prompts reach prefill spread out, as from independent users, not all in one step)."""
-    return {"prompt": f"request {n:06d}: hi", "max_tokens": 40 + n * 17 % 41, "ignore_eos": True}
-
-
 @pytest.fixture
 def bursts() -> Iterator[list[Load]]:
     started: list[Load] = []
@@ -66,19 +55,6 @@ def role_replicas(state: Path) -> tuple[int, int]:
     with open_store(state) as store:
         dis = store.get("Playground", MODEL, "default")["spec"]["llmplane"]["disaggregation"]
     return dis["prefill"]["replicas"], dis["decode"]["replicas"]
-
-
-# Each burst: its requests, clients sending them back to back, the role it must scale and the
-# signal the rescale Event must name (the other role must not scale). Shared with the operator's
-# test (test_operator_autoscale_roles.py).
-BURSTS = pytest.mark.parametrize(
-    ("burst", "clients", "scaled", "metric"),
-    [
-        (prompt_heavy, 8, "prefill", "vllm:num_requests_waiting"),
-        (decode_heavy, 24, "decode", "vllm:num_requests_running"),
-    ],
-    ids=["prompt-heavy", "decode-heavy"],
-)
 
 
 @BURSTS
