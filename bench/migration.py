@@ -2,7 +2,7 @@
 replica.
 
     python -m bench.migration [--mode kill|stop|both] [--duration 30] [--streams 50]
-                              [--tokens 400] [--every 5] [--stall 1]
+                              [--tokens 400] [--every 5] [--stall 1] [--no-write]
 
 Three ``llmplane.sim`` replicas (``--time-scale 1``) behind an in-process gateway; ``--streams``
 clients each stream one completion of ``--tokens`` tokens after another (temperature 0, a
@@ -12,7 +12,8 @@ at the next turn (``stop``: the gateway's stall timeout, ``--stall``, finds it).
 mode: streams, streams that ended with an error (or without [DONE]), streams whose usage is not
 exactly ``--tokens`` completion tokens, migrations, and the time to resume (gateway side: from
 the lost stream to the continuation's first chunk, the access log's ``migrations``; client
-side: the longest gap between two events of a migrated stream) at p50 / p99.
+side: the longest gap between two events of a migrated stream) at p50 / p99. Writes section
+``migration`` of docs/benchmarks.md and bench/results/migration.json (not with --no-write).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.common import machine, machine_line, percentile
+from bench.common import RESULTS, machine, machine_line, percentile, table, write_section
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
@@ -170,6 +171,51 @@ async def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def report(runs: list[dict[str, Any]], args: argparse.Namespace, machine_text: str) -> str:
+    """The section of docs/benchmarks.md: how it ran, then one row per mode."""
+    what = {"kill": "SIGKILL, restarted", "stop": "SIGSTOP (killed and restarted a turn later)"}
+    command = (
+        f"python -m bench.migration --duration {args.duration:g} --streams {args.streams} "
+        f"--tokens {args.tokens} --every {args.every:g} --stall {args.stall:g}"
+    )
+    rows = [
+        [
+            what[r["mode"]],
+            r["kills"],
+            r["streams"],
+            r["errors"],
+            r["wrong_usage"],
+            r["migrations"],
+            r["migrated_streams"],
+            f"{r['resume_ms_p50']:g} / {r['resume_ms_p99']:g}",
+            f"{r['client_gap_ms_p50']:g} / {r['client_gap_ms_p99']:g}",
+        ]
+        for r in runs
+    ]
+    head = [
+        "replica lost by",
+        "replicas lost",
+        "streams",
+        "ended with an error",
+        f"usage != {args.tokens} tokens",
+        "migrations",
+        "streams migrated",
+        "time to resume p50 / p99 ms",
+        "client's longest gap p50 / p99 ms",
+    ]
+    kinds = sorted({k for r in runs for k in r["error_kinds"]})
+    errors = f" Errors seen: {', '.join(kinds)}." if kinds else ""
+    return (
+        f"`{command}` ({machine_text}). Three sim replicas (`--time-scale 1`) behind an "
+        f"in-process gateway (stall timeout {args.stall:g} s); {args.streams} clients each "
+        f"stream one completion of {args.tokens} tokens after another for {args.duration:g} s "
+        f"while one replica in turn is lost every {args.every:g} s. Time to resume: the "
+        "gateway's, from the lost stream to the continuation's first chunk (the access log's "
+        "`migrations`); the client's longest gap between two events of its stream, over as "
+        f"many streams as migrated.{errors}\n\n" + table(head, rows)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("kill", "stop", "both"), default="both")
@@ -178,12 +224,25 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--every", type=float, default=5.0)
     parser.add_argument("--stall", type=float, default=1.0)
+    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     info = machine()
     modes = ("kill", "stop") if args.mode == "both" else (args.mode,)
+    runs = []
     for mode in modes:
-        print(orjson.dumps(asyncio.run(run(mode, args))).decode(), flush=True)
-    print(machine_line(info, os.getloadavg()))
+        runs.append(asyncio.run(run(mode, args)))
+        print(orjson.dumps(runs[-1]).decode(), flush=True)
+    text = report(runs, args, machine_line(info, os.getloadavg()))
+    print(text)
+    if args.no_write:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "migration.json").write_bytes(
+        orjson.dumps(
+            {"machine": info, "args": vars(args), "runs": runs}, option=orjson.OPT_INDENT_2
+        )
+    )
+    print(f"wrote {write_section('migration', text)}")
 
 
 if __name__ == "__main__":

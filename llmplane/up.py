@@ -73,7 +73,11 @@ class Platform:
         self.store = open_store(state_dir)
         self._listeners: list[Callable[[], None]] = []
         self.runtime = LocalRuntime(
-            state_dir, on_change=self._changed, inflight=self._inflight, gpus=gpus
+            state_dir,
+            on_change=self._changed,
+            inflight=self._inflight,
+            handover=self._handover,
+            gpus=gpus,
         )
         self.controller = Controller(self.store, self.runtime, state_dir / "models")
         self.gateway: Any = None
@@ -84,6 +88,7 @@ class Platform:
         # Gateway workers 1 .. N-1 in other processes (``upworkers.py``); this one is worker 0.
         self.workers = workers
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._asks: set[asyncio.Task[Any]] = set()  # handovers asked of the other workers
 
     def _changed(self) -> None:
         self.controller.kick()
@@ -93,6 +98,24 @@ class Platform:
     def _inflight(self, address: str) -> int:
         # Before the gateway starts nothing can be in flight.
         return self.gateway.inflight(address) if self.gateway is not None else 0
+
+    def _handover(self, address: str) -> int:
+        """A drained replica's grace period is over: its streams move to other replicas, in
+        this gateway and in workers 1 .. N-1; how many (with workers: what is in flight to it
+        in all of them, the in-flight counts being shared)."""
+        if self.gateway is None:
+            return 0
+        moved = self.gateway.handover(address)
+        if self.workers is not None:
+            seat = self.workers.seat
+            for index in range(1, seat.share.workers):
+                task = asyncio.get_running_loop().create_task(
+                    seat.ask(index, b"handover", address.encode(), quiet=True)
+                )
+                self._asks.add(task)
+                task.add_done_callback(self._asks.discard)
+            moved = moved or self.gateway.inflight(address)
+        return moved
 
     async def start(self) -> None:
         install_builtins(self.store)

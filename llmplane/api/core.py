@@ -172,6 +172,7 @@ class PodSpec(ApiModel):
     init_containers: list[Container] | None = None
     volumes: list[dict[str, Any]] | None = None
     node_selector: dict[str, str] | None = None
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=86400)
 
 
 class TemplateMeta(ApiModel):

@@ -167,6 +167,10 @@ class LlmplaneExtensions(ApiModel):
     """llmplane's own Playground fields, under one key llmaz will not use (``spec.llmplane``)."""
 
     disaggregation: Disaggregation | None = None
+    # Seconds a replica being drained (scale-down, replacement, ``up`` stopping) keeps its
+    # requests before the gateway hands its streams over to other replicas; the replicas'
+    # pod template's ``terminationGracePeriodSeconds``. None: 30, as Kubernetes.
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=86400)
 
 
 class PlaygroundSpec(ApiModel):

@@ -8,7 +8,8 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
 ``GET /console/`` (and the files beside it), and under ``/console/api/``:
 
 - ``models``: every name the gateway routes, with what makes it routable;
-- ``fleet``: workloads, replicas and live endpoint load (``fleet.snapshot``);
+- ``fleet``: workloads, replicas and live endpoint load (``fleet.snapshot``), and the
+  streams moved to another replica (``Migrator.summary``);
 - ``stats?since=T``: per-second request points for the charts (``stats.RequestStats``);
 - ``resources``: every stored object of every kind, as YAML (credentials masked);
 - ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only);
@@ -217,6 +218,7 @@ class Console:
             return refused
         data = snapshot(self.gateway.store, self.runtime, self.gateway, self.stats.prefix_hit_rate)
         data["embedded"] = self.runtime is not None
+        data["migrations"] = self.gateway.proxy.migrator.summary()  # this gateway process's
         return _json(redact(data))
 
     async def series(self, request: Any) -> Any:

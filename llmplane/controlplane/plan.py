@@ -89,6 +89,7 @@ class WorkloadPlan:
     # Every claimed flavor in priority order: {"name": ..., "limits": {...}} (local GPU placement).
     flavor_options: list[dict[str, Any]] = field(default_factory=list)
     local: LocalLaunch | None = None
+    # Draining: seconds for requests to finish, then the gateway hands streams over.
     termination_grace_seconds: int = 30
 
     @property

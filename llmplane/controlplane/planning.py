@@ -34,6 +34,7 @@ from llmplane.controlplane.plan import (
 CONTAINER_NAME = "model-runner"
 CONTAINER_PORT = 8080
 DEFAULT_CONFIG = "default"
+DEFAULT_TERMINATION_GRACE = 30  # seconds a drained replica keeps its requests (Kubernetes')
 SPECULATIVE_CONFIG = "speculative-decoding"
 PARALLEL_CONFIG = "model-parallelism"
 _VARIABLE = re.compile(r"\{\{\s*\.(\w+)\s*\}\}")
@@ -319,6 +320,9 @@ def service_for_playground(inputs: Inputs, locate: Locator) -> Service:
     if backend.spec.lifecycle:
         container["lifecycle"] = backend.spec.lifecycle.to_dict()
     pod_spec: dict[str, Any] = {"containers": [container]}
+    grace = pg.spec.llmplane.termination_grace_period_seconds if pg.spec.llmplane else None
+    if grace is not None:
+        pod_spec["terminationGracePeriodSeconds"] = grace
     if shm:
         container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
         pod_spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
@@ -465,7 +469,11 @@ def plan_service(
             if n in flavors
         ],
         local=local,
-        termination_grace_seconds=30,
+        termination_grace_seconds=(
+            pod.spec.termination_grace_period_seconds
+            if pod.spec.termination_grace_period_seconds is not None
+            else DEFAULT_TERMINATION_GRACE
+        ),
     )
 
 

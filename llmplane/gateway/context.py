@@ -35,6 +35,7 @@ class RequestContext:
         "bootstrap_room",
         "cached_predicted",
         "candidates",
+        "deadline",
         "decision",
         "end",
         "endpoint",
@@ -90,6 +91,7 @@ class RequestContext:
         self.response_lines: bytes | None = None  # header lines, as rendered by hooks
         self.stream_filter: StreamFilter | None = None
         # What the proxy saw.
+        self.deadline: float | None = None  # monotonic: the route's timeout, for every attempt
         self.endpoint: str | None = None  # the replica of the last attempt
         self.upstream_status: int | None = None
         self.upstream_broken = False  # the replica broke off a stream

@@ -47,6 +47,7 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     RATE_LIMIT_UNAVAILABLE = "rate_limit_unavailable"
+    REPLICA_LOST = "replica_lost"  # the replica broke off the request and none other took it
     REQUEST_TOO_LARGE = "request_too_large"
     STREAM_LOST = "stream_lost"  # a stream lost mid-way that no replica could continue
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"

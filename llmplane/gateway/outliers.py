@@ -4,7 +4,8 @@ A replica with ``ejection_failures`` consecutive failures (connect errors, 5xx, 
 ejected for ``ejection_base`` seconds, doubling with each ejection up to ``ejection_max``.
 After the cool-down it is readmitted on probation once its metrics endpoint answers again (at
 once for engines without metrics); one failure on probation ejects it again, a success ends
-the probation and two in a row forgive its past ejections.
+the probation and two in a row forgive its past ejections. Failures while it is ejected (the
+requests it had) count for nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ class Outliers:
 
     def failure(self, state: EndpointState, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if state.ejected_until > now:
+            # Requests sent before the ejection failing now (every stream of a killed replica)
+            # say nothing new: counted, they re-ejected it at a doubled cool-down each, so a
+            # replica restarted at once stayed out for the maximum.
+            return
         state.consecutive_failures += 1
         if state.probation or state.consecutive_failures >= self.config.ejection_failures:
             cooldown = min(

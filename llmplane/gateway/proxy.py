@@ -13,6 +13,7 @@ upstream bytes untouched (a hook's stream filter aside) while usage is read on t
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,7 +27,7 @@ from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.flowcontrol.priority import prioritized_body
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.http_server import HttpRequest, Response, StreamResponse
-from llmplane.gateway.migration import Migrator, Splice, failed_event
+from llmplane.gateway.migration import NO_REPLICA, Migrator
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.protocols import unserved
@@ -36,9 +37,12 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.scheduler.framework import Scheduler
 from llmplane.gateway.scheduler.precise_prefix import predicted_cached_tokens
+from llmplane.gateway.splice import Splice, failed_event
 from llmplane.gateway.tokens import sent_prompt_tokens
 from llmplane.gateway.upstream_client import (
+    ConnectionLost,
     RawHeaders,
+    ServerDisconnected,
     UpstreamPool,
     UpstreamResponse,
     encode_request,
@@ -71,20 +75,31 @@ class StreamStalled(TimeoutError):
     """The upstream sent nothing for the route's stall timeout in the middle of a stream."""
 
 
+class StreamDrained(ConnectionError):
+    """The stream's replica is being drained: the stream moves to another replica."""
+
+
 class _StreamWatch:
     """One stream the watchdog looks at: ``chunks`` moves while the upstream sends, and
-    ``waiting`` is True only while the relay waits on the upstream (not on a slow client)."""
+    ``waiting`` is True only while the relay waits on the upstream (not on a slow client).
+    ``address``: its replica's; ``movable``: it may continue elsewhere (a handover)."""
 
-    __slots__ = ("chunks", "resp", "seen", "since", "stall", "stalled", "waiting")
+    __slots__ = ("address", "chunks", "drained", "movable", "resp", "seen", "since", "stall",
+                 "stalled", "waiting")  # fmt: skip
 
-    def __init__(self, resp: UpstreamResponse, stall: float, now: float) -> None:
+    def __init__(
+        self, resp: UpstreamResponse, stall: float, now: float, address: str, movable: bool
+    ) -> None:
         self.resp = resp
         self.stall = stall
+        self.address = address
+        self.movable = movable
         self.chunks = 0
         self.seen = 0
         self.since = now
         self.waiting = False
         self.stalled = False
+        self.drained = False
 
 
 def stall_event(seconds: float, path: str = "") -> bytes:
@@ -102,7 +117,7 @@ class AttemptFailed(Exception):
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
-        self.kind = kind  # connect | timeout | status
+        self.kind = kind  # connect | lost (after the request went out) | timeout | status
         self.detail = detail
 
 
@@ -111,8 +126,14 @@ def attempt_failure(
 ) -> AttemptFailed:
     """What a timeout or a connection error of an upstream exchange is, for the retry loop."""
     if isinstance(err, TimeoutError):
-        return failure("timeout", f"timed out after {timeout} s")
-    return failure("connect", f"{type(err).__name__}: {err}")
+        return failure("timeout", f"timed out after {timeout or 0:.3g} s")
+    kind = "lost" if isinstance(err, _LOST) else "connect"
+    return failure(kind, f"{type(err).__name__}: {err}")
+
+
+# A replica that had the request and broke off (killed, restarted) rather than one that never
+# answered: with no other one left to send it to, the client may retry soon (503).
+_LOST = (ServerDisconnected, ConnectionLost, ConnectionResetError, asyncio.IncompleteReadError)
 
 
 # A Tenant's API key is the gateway's credential, never the engine's: a request a key
@@ -162,9 +183,15 @@ class Attempts:
     (waiting the route's retry interval before each retry); ``exhausted()`` is the error to
     answer with when the loop ran out."""
 
-    __slots__ = ("budget", "ctx", "interval", "last", "retries", "what")
+    __slots__ = ("budget", "ctx", "interval", "last", "lost", "retries", "retry_after", "what")
 
-    def __init__(self, ctx: RequestContext, retries: Counter, what: str = "any endpoint") -> None:
+    def __init__(
+        self,
+        ctx: RequestContext,
+        retries: Counter,
+        what: str = "any endpoint",
+        retry_after: float = 5.0,
+    ) -> None:
         assert ctx.decision is not None
         backend = ctx.decision.backend
         self.ctx = ctx
@@ -172,7 +199,9 @@ class Attempts:
         self.interval = backend.retry_interval
         self.retries = retries
         self.what = what  # what was tried, for the 502 message
+        self.retry_after = retry_after  # seconds, in the 503 when the replicas were lost
         self.last: AttemptFailed | None = None
+        self.lost = False  # a replica broke off the request (not only refused or timed out)
 
     def __aiter__(self) -> Attempts:
         return self
@@ -204,6 +233,7 @@ class Attempts:
 
     def failed(self, failure: AttemptFailed, where: str) -> None:
         self.last = failure
+        self.lost = self.lost or failure.kind == "lost"
         self.ctx.failed(where, failure.detail)
 
     def exhausted(self) -> GatewayError:
@@ -217,6 +247,15 @@ class Attempts:
                 f"model {model!r}: no response within {ctx.decision.backend.timeout} s "
                 f"({tried} attempt{plural}); last: {last.detail}",
                 ErrorCode.UPSTREAM_TIMEOUT,
+                endpoint=ctx.endpoint,
+            )
+        if self.lost:  # the replicas it was sent to went away and none is left: retry soon
+            return GatewayError(
+                503,
+                f"model {model!r}: the replica serving the request was lost and no other one "
+                f"could take it ({tried} attempt{plural}); last: {last.detail}",
+                ErrorCode.REPLICA_LOST,
+                retry_after=self.retry_after,
                 endpoint=ctx.endpoint,
             )
         return GatewayError(
@@ -296,8 +335,20 @@ class Proxy:
                     watch.stalled = True
                     watch.resp.abort(StreamStalled(f"no bytes for {watch.stall:g} s"))
 
+    def handover(self, address: str) -> int:
+        """Move the streams on ``address`` (a replica being drained, its grace period over)
+        that may continue elsewhere to other replicas now; how many. The others stay until
+        the replica stops."""
+        moved = 0
+        for watch in list(self._streams):
+            if watch.address == address and watch.movable and not watch.drained:
+                watch.drained = True
+                watch.resp.abort(StreamDrained(f"{address} is being drained"))
+                moved += 1
+        return moved
+
     def attempts(self, ctx: RequestContext, what: str = "any endpoint") -> Attempts:
-        return Attempts(ctx, self.retries, what)
+        return Attempts(ctx, self.retries, what, self.config.activator_retry_after)
 
     async def serve(self, ctx: RequestContext) -> StreamResponse:
         """The plain path: the picked endpoints (``ctx.pick``) in order, one per attempt."""
@@ -309,11 +360,14 @@ class Proxy:
         order = pick.endpoints
         headers = forwarded_headers(ctx.request, ctx.tenant is not None)
         body = ctx.inference.final_body()
-        attempts = Attempts(ctx, self.retries)
+        attempts = Attempts(ctx, self.retries, retry_after=self.config.activator_retry_after)
+        failed: set[str] = set()
         while (attempt := attempts.next()) is not None:
             if attempt and attempts.interval > 0:
                 await asyncio.sleep(attempts.interval)
             state = order[attempt % len(order)]
+            if failed:  # a retry goes to a replica that has not failed this request, if any
+                state = next((s for s in order if s.endpoint.address not in failed), state)
             profile.on_pick(sched, state)
             ctx.cached_predicted = predicted_cached_tokens(sched, state.key)
             address = backend.address(state)
@@ -322,6 +376,9 @@ class Proxy:
             except AttemptFailed as failure:
                 self.outliers.failure(state)
                 attempts.failed(failure, address)
+                failed.add(state.endpoint.address)
+                if failure.kind == "timeout":
+                    break  # the route's one timeout is spent
                 continue
             self.judge(ctx, state)
             return response
@@ -354,6 +411,16 @@ class Proxy:
         splice = None  # MIGRATION: a stream that may continue elsewhere asks for token ids
         if ctx.inference.stream and (spliced := self.migrator.splice(ctx, state, body)):
             splice, body = spliced
+        # One timeout for all of a request's attempts, from the first one's start.
+        timeout = ctx.decision.backend.timeout
+        if timeout is not None:
+            now = time.monotonic()
+            if ctx.deadline is None:
+                ctx.deadline = now + timeout
+            else:
+                timeout = ctx.deadline - now
+                if timeout <= 0:
+                    raise AttemptFailed("timeout", "the route's timeout was spent")
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
         # Prefill work queued there until the first byte (the autoscaling signal).
@@ -361,8 +428,10 @@ class Proxy:
         state.add_prefill_tokens(tokens)
         ctx.endpoint = address
         if ctx.inference.stream:
-            return self._stream(ctx, address, wire, state, may_retry, splice, headers, tokens)
-        return self._unary(ctx, address, wire, state, may_retry, tokens)
+            return self._stream(
+                ctx, address, wire, state, may_retry, timeout, splice, headers, tokens
+            )
+        return self._unary(ctx, address, wire, state, may_retry, timeout, tokens)
 
     async def fetch(
         self,
@@ -385,9 +454,9 @@ class Proxy:
         wire: bytes,
         state: EndpointState,
         may_retry: bool,
+        timeout: float | None,
         tokens: int = 0,
     ) -> Response:
-        timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         assert self.pool is not None
         try:  # ``fetch``, inline: one coroutine less per request
             status, upstream_headers, data = await self.pool.request(address, wire, timeout)
@@ -417,6 +486,7 @@ class Proxy:
         wire: bytes,
         state: EndpointState,
         may_retry: bool,
+        timeout: float | None,
         splice: Splice | None = None,
         headers: dict[str, str] | None = None,
         tokens: int = 0,
@@ -425,7 +495,6 @@ class Proxy:
         once a byte has been sent to the client the request is never retried. ``tokens``
         (the prompt's) are counted on ``state`` until the first chunk."""
         assert self.pool is not None
-        timeout = ctx.decision.backend.timeout  # type: ignore[union-attr]
         resp: UpstreamResponse | None = None
         state.add_prefilling(1)  # until the first chunk: queued or in prefill in the engine
         try:
@@ -436,10 +505,8 @@ class Proxy:
                         await resp.read()
                         raise AttemptFailed("status", f"HTTP {resp.status}")
                     first = await resp.readany()
-            except TimeoutError:
-                raise AttemptFailed("timeout", f"no first byte within {timeout} s") from None
-            except (aiohttp.ClientError, OSError) as err:
-                raise AttemptFailed("connect", f"{type(err).__name__}: {err}") from None
+            except (TimeoutError, aiohttp.ClientError, OSError) as err:
+                raise attempt_failure(err, timeout) from None
         except BaseException:
             state.add_inflight(-1)
             if resp is not None:
@@ -463,8 +530,10 @@ class Proxy:
             scanner = StreamScanner()
             relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
             stall = ctx.decision.backend.stall_timeout  # type: ignore[union-attr]
-            if stall:
-                watch = _StreamWatch(resp, stall, asyncio.get_running_loop().time())
+            if stall or splice is not None:  # (a movable stream: for a handover)
+                now = asyncio.get_running_loop().time()
+                address = state.endpoint.address
+                watch = _StreamWatch(resp, stall or math.inf, now, address, splice is not None)
                 self._streams.add(watch)
             chunk = first
             while True:  # MIGRATION: once per replica the stream runs on (one without it)
@@ -509,9 +578,12 @@ class Proxy:
                     await out.write(data)
                     ctx.error, ctx.upstream_broken = None, False
                     break
-                if watch is not None and watch.stalled:
-                    lost = "stalled"
-                self.outliers.failure(state)
+                if watch is not None and watch.drained:
+                    lost = "drained"  # (not the replica's failure)
+                else:
+                    if watch is not None and watch.stalled:
+                        lost = "stalled"
+                    self.outliers.failure(state)
                 assert self.migrator is not None and headers is not None
                 moved = await self.migrator.continue_on(
                     self.pool, ctx, splice, lost or "broken", state, headers
@@ -521,7 +593,10 @@ class Proxy:
                     data = (
                         splice.error_event + b"data: [DONE]\n\n"
                         if splice.error_event
-                        else failed_event(f"the model server was lost mid-stream and {moved}")
+                        else failed_event(
+                            f"the model server was lost mid-stream and {moved}",
+                            self.config.activator_retry_after if moved == NO_REPLICA else None,
+                        )
                     )
                     await (out.write(data) if out.prepared else out.prepare(ctx.request, data))
                     ctx.upstream_broken = True
@@ -531,7 +606,8 @@ class Proxy:
                 state, resp, chunk = moved
                 ctx.error, ctx.upstream_broken = None, False
                 if watch is not None:
-                    watch.resp, watch.stalled, watch.waiting = resp, False, False
+                    watch.resp, watch.address = resp, state.endpoint.address
+                    watch.stalled = watch.waiting = watch.drained = False
             if not out.prepared:  # an empty body
                 await out.prepare(ctx.request)
             if relay is not None and (rest := relay.flush()):

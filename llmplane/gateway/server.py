@@ -237,6 +237,7 @@ class Gateway:
         self.host = host
         self.auth.loopback = is_loopback(host)
         if self.seat is not None:
+            self.seat.handlers.setdefault(b"handover", self._handover_asked)
             await self.seat.metrics.start(
                 self.metrics.render, GatewaySignals(self).parts, self.seat.handlers
             )
@@ -356,6 +357,15 @@ class Gateway:
         if state.inflight == 0 and address in self._leaving:
             del self._leaving[address]
         return state.inflight
+
+    def handover(self, address: str) -> int:
+        """Hand the streams running on ``address`` (a replica being drained) over to other
+        replicas now; how many (``Proxy.handover``)."""
+        return self.proxy.handover(address)
+
+    async def _handover_asked(self, payload: bytes) -> bytes:
+        """``up``'s gateway (worker 0) asks this worker to hand a drained replica's over."""
+        return str(self.handover(payload.decode("utf-8", "replace"))).encode()
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)

@@ -46,7 +46,9 @@ class LocalRuntime:
     ``on_change()`` is called (on the event loop) whenever endpoints or statuses change.
     ``inflight(address)`` is the gateway's count of requests in flight to an endpoint; draining
     waits for it to reach 0. Without it, draining waits for the engine's running-requests gauge
-    (``vllm:num_requests_running``) when ``/metrics`` answers.
+    (``vllm:num_requests_running``) when ``/metrics`` answers. ``handover(address)``: at the end
+    of a drain's grace period, the gateway moves the streams still running on the replica to
+    other ones (stream migration) and says how many; the drain then waits a few seconds more.
 
     ``backoff_base``/``backoff_cap``: restart delays ``base * 2**n`` capped at ``cap`` seconds,
     back to ``base`` once a replica has been ready for ``backoff_reset`` seconds.
@@ -65,6 +67,7 @@ class LocalRuntime:
         state_dir: Path,
         on_change: Callable[[], None] | None = None,
         inflight: Callable[[str], int] | None = None,
+        handover: Callable[[str], int] | None = None,
         *,
         backoff_base: float = 10.0,
         backoff_cap: float = 300.0,
@@ -79,6 +82,7 @@ class LocalRuntime:
         self.state_dir = Path(state_dir)
         self.on_change = on_change
         self.inflight = inflight
+        self.handover = handover
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.backoff_reset = backoff_reset

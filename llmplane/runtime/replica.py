@@ -3,7 +3,8 @@
     Pending -> Starting -> Ready <-> NotReady
        ^          |          |
        +-- back-off (CrashLoopBackOff; Restarting if it was Ready) <- exit / probe failure
-    any -> Terminating (removed from endpoints, drained, SIGTERM, SIGKILL after 10 s)
+    any -> Terminating (removed from endpoints, drained: its streams handed over to other
+           replicas after the grace period; SIGTERM, SIGKILL after 10 s)
     Pending -> Failed (EngineNotInstalled: no restarts until the next realise())
 
 Probes follow Kubernetes semantics (``probes.py``); process groups and the leftover record are
@@ -68,6 +69,7 @@ log = logging.getLogger("llmplane.runtime.local")
 LOG_TAIL_LINES = 10  # of the engine log, in a crash-loop message
 ENGINE_MISSING_EXIT = 127  # what shells return for "command not found"
 SHORTAGE_RETRY = 2.0  # seconds before starting again after llmplane's own shortage
+HANDOVER_WAIT = 3.0  # seconds for handed-over streams to leave a drained replica
 
 
 class Replica:
@@ -548,18 +550,39 @@ class Replica:
         self._forget_process()
 
     async def _drain(self, address: str, grace: float) -> None:
-        """Wait until nothing is in flight to ``address``, at most ``grace`` seconds."""
+        """Wait until nothing is in flight to ``address``, at most ``grace`` seconds; then
+        have the gateway hand the streams still running over to other replicas and wait for
+        them to leave, at most ``HANDOVER_WAIT`` seconds more."""
+        if await self._idle(address, grace):
+            return
+        handover = self.runtime.handover
+        if handover is not None:
+            try:
+                moved = handover(address)
+            except Exception:
+                log.exception("handover callback failed for %s", address)
+                moved = 0
+            if moved:
+                self._set(TERMINATING, None, f"handing {moved} stream(s) over to other replicas")
+                if await self._idle(address, HANDOVER_WAIT):
+                    return
+        if self.proc is not None and self.proc.returncode is None:
+            log.warning("%s: grace period of %gs over with requests in flight", self.name, grace)
+
+    async def _idle(self, address: str, grace: float) -> bool:
+        """Whether nothing is in flight to ``address`` (or the process is gone) within
+        ``grace`` seconds (looked at once at least)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(grace, 0)
         inflight = self.runtime.inflight
         proc = self.proc
-        while proc is not None and proc.returncode is None and loop.time() < deadline:
+        while proc is not None and proc.returncode is None:
             if inflight is not None:
                 try:
                     running: int | None = inflight(address)
                 except Exception:
                     log.exception("inflight callback failed for %s", address)
-                    return
+                    return True
                 pause = 0.1
             else:
                 running = await probes.running_requests(
@@ -567,11 +590,12 @@ class Replica:
                 )
                 pause = 0.25
             if not running:
-                return
+                return True
+            if loop.time() >= deadline:
+                return False
             self._set(TERMINATING, None, f"draining {running} in-flight request(s)")
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0)))
-        if proc is not None and proc.returncode is None and loop.time() >= deadline:
-            log.warning("%s: grace period of %gs over with requests in flight", self.name, grace)
+        return True
 
 
 def logs_command(plan: WorkloadPlan, index: int) -> str:

@@ -6,8 +6,10 @@ with ``LLMPLANE_CONSOLE_SHOTS=DIR`` they are also copied there (the README's ima
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,6 +175,32 @@ def test_console_chat_fleet_scale_logs_resources(up: Up, browser: Browser, tmp_p
     d.find_element(By.ID, "log-close").click()
     until(browser, lambda d: not d.find_element(By.ID, "log-panel").is_displayed(), "log closed")
     browser.screenshot("fleet-charts")
+
+    # --- stream migrations: both replicas end streams with vLLM's engine-failure event ----------
+    for address in replica_addresses(up):
+        assert http(f"http://{address}/admin/faults", {"error_event_after": 5})[0] == 200
+    stream_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 30, "stream": True}  # fmt: skip
+    request = urllib.request.Request(
+        f"{up.url}/v1/chat/completions",
+        data=json.dumps(stream_body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        streamed = resp.read()
+    # moved once (engine_error), then lost on the second replica too: nowhere left
+    assert b'"stream_lost"' in streamed or b'"error"' in streamed, streamed[-400:]
+    table = '[data-testid="migrations"] tbody tr'
+    row = until(
+        browser,
+        lambda d: d.execute_script(
+            f"const r = document.querySelector('{table}'); return r && r.innerText"
+        ),
+        "the stream migrations table",
+    )
+    cells = row.split("\t")
+    assert cells[1:6] == ["0", "0", "1", "0", "1"], cells  # engine_error 1, not continued 1
+    assert cells[6].endswith(" ms") and cells[7].endswith(" ms"), cells
 
     # --- resources: the Playground as YAML with its status --------------------------------------
     d.get(f"{up.url}/console/#resources")

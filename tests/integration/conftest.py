@@ -1,5 +1,5 @@
-"""Fixtures shared by the integration tests: a store, an HTTP client, child processes and
-gateways that are always stopped (also when the test fails)."""
+"""Fixtures shared by the integration tests: a store, an HTTP client, child processes,
+gateways and a redis-server that are always stopped (also when the test fails)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from llmplane.gateway.discovery.store_endpoints import StoreEndpoints
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.store.sqlite import SQLiteStore
 from llmplane.testing import Processes
+from tests.integration.redisserver import RedisServer
 
 
 @pytest.fixture
@@ -69,3 +70,14 @@ def sockets() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A ``redis-server`` on a loopback port for the module's tests (restartable on that port)."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

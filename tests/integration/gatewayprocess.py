@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,28 @@ class GatewayProcess:
 
     def stop(self) -> None:
         self.process.stop()
+
+
+def read_all(s: socket.socket, timeout: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection (or ``timeout`` passes)."""
+    s.settimeout(timeout)
+    chunks = []
+    try:
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+            if b"Connection: close" not in b"".join(chunks) and b"\r\n\r\n" in chunks[-1]:
+                # a keep-alive answer with Content-Length: stop once the body is in
+                head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(h.split(b":")[1])
+                        for h in head.split(b"\r\n")
+                        if h.lower().startswith(b"content-length:")
+                    ),
+                    None,
+                )
+                if length is not None and len(body) >= length:
+                    break
+    except TimeoutError:
+        pass
+    return b"".join(chunks)

@@ -17,7 +17,7 @@ from llmplane.gateway import apikeys
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.testing import eventually
-from tests.integration.test_epp_envoy import inference_model, pool
+from tests.integration.gie_objects import inference_model, pool
 
 BUSY = {"app": "busy"}
 

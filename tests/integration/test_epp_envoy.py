@@ -21,8 +21,8 @@ from llmplane.gateway.discovery.store_endpoints import StoreEndpoints, endpoint_
 from llmplane.store.sqlite import SQLiteStore
 from llmplane.testing import Processes, eventually, sim_process
 from llmplane.testing.envoy import Envoy
+from tests.integration.gie_objects import inference_model, pool
 
-GIE = "inference.networking.x-k8s.io/v1alpha2"
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 
 
@@ -40,37 +40,6 @@ def sims():
             sim_process("busy", "--max-num-seqs", "1", "--step-time", "0.02"),
         )
         yield dict(zip(("a", "b", "rl", "busy"), started, strict=True))
-
-
-def pool(name: str, selector: dict, failure_mode: str = "FailOpen") -> dict:
-    return {
-        "apiVersion": GIE,
-        "kind": "InferencePool",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "selector": selector,
-            "targetPortNumber": 8000,
-            "extensionRef": {
-                "name": "llmplane-epp",
-                "portNumber": 9002,
-                "failureMode": failure_mode,
-            },
-        },
-    }
-
-
-def inference_model(name: str, pool_name: str, targets: list[dict], criticality="Critical"):
-    return {
-        "apiVersion": GIE,
-        "kind": "InferenceModel",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "modelName": name,
-            "criticality": criticality,
-            "poolRef": {"name": pool_name},
-            "targetModels": targets,
-        },
-    }
 
 
 def limited_route(model: str, labels: dict, output_tokens: int) -> list[dict]:

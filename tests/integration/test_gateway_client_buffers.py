@@ -16,9 +16,8 @@ import pytest
 
 from llmplane.testing.process import Process, sim
 from llmplane.testing.wait import always, wait_for
-from tests.integration.gatewayprocess import GatewayProcess
+from tests.integration.gatewayprocess import GatewayProcess, read_all
 from tests.integration.openai_errors import assert_openai_error
-from tests.integration.test_gateway_limits import read_all
 
 MODEL = "m"
 MIB = 1024 * 1024

@@ -9,14 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from llmplane.testing import eventually
-from tests.integration.test_gateway_flowcontrol import (
-    MODEL,
-    TOKEN_TIME,
-    complete,
-    queued,
-    sample,
-    start,
-)
+from tests.integration.flowcontrol_gateway import MODEL, TOKEN_TIME, complete, queued, sample, start
 
 
 async def test_an_under_share_tenant_goes_past_a_backlog_within_the_reserve(

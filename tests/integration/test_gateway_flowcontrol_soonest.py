@@ -13,13 +13,7 @@ import random
 
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.testing import eventually
-from tests.integration.test_gateway_flowcontrol import (
-    MODEL,
-    TOKEN_TIME,
-    sample,
-    start,
-    stream,
-)
+from tests.integration.flowcontrol_gateway import MODEL, TOKEN_TIME, sample, start, stream
 
 
 def words(tokens: int, seed: str) -> str:

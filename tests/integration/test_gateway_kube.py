@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
-import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,33 +34,25 @@ from llmplane.gateway.discovery.pods import kubernetes_sources
 from llmplane.gateway.server import Gateway, start_gateway
 from llmplane.testing import Process, Processes, eventually, sim_process
 from llmplane.testing.kube_emulator import KubeEmulator, pod
+from tests.integration.kube_fleet import (
+    BACKEND_LABEL,
+    KTHENA,
+    MODEL,
+    MODEL_LABEL,
+    free_loopback_prefix,
+    ip,
+    model_server,
+    openmodel,
+    playground,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-KTHENA = "networking.serving.volcano.sh/v1alpha1"
-MODEL_LABEL = "llmaz.io/model-name"
-BACKEND_LABEL = "inference.llmaz.io/backend-name"
-MODEL = "llama"
-
-
-def _free_loopback_prefix() -> str:
-    """``127.X.Y`` whose .2, .3, .4 can bind port 8080 (random: parallel runs do not collide)."""
-    for _ in range(50):
-        prefix = f"127.{random.randint(1, 254)}.{random.randint(0, 254)}"
-        try:
-            for host in (2, 3, 4):
-                with socket.socket() as s:
-                    s.bind((f"{prefix}.{host}", 8080))
-        except OSError:
-            continue
-        return prefix
-    pytest.skip("no loopback address with port 8080 free (something listens on *:8080)")
 
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, Process]]:
     """Three simulated engines serving ``llama`` at ``<ip>:8080``: name -> server."""
-    prefix = _free_loopback_prefix()
+    prefix = free_loopback_prefix()
     with Processes() as group:
         names = ("a", "b", "c")
         started = group.start(
@@ -74,42 +64,6 @@ def engines() -> Iterator[dict[str, Process]]:
             )
         )
         yield dict(zip(names, started, strict=True))
-
-
-def ip(server: Process) -> str:
-    return server.address.rpartition(":")[0]
-
-
-def openmodel(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "llmaz.io/v1alpha1",
-        "kind": "OpenModel",
-        "metadata": {"name": name},
-        "spec": {"familyName": name, "source": {"modelHub": {"modelID": f"org/{name}"}}},
-    }
-
-
-def playground(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "inference.llmaz.io/v1alpha1",
-        "kind": "Playground",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"replicas": 1, "modelClaim": {"modelName": name}},
-    }
-
-
-def model_server(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": KTHENA,
-        "kind": "ModelServer",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "model": MODEL,
-            "inferenceEngine": "vLLM",
-            "workloadSelector": {"matchLabels": labels},
-            **spec,
-        },
-    }
 
 
 def model_route(model_name: str, server: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 from llmplane.testing.process import sim
 from llmplane.testing.wait import wait_for
-from tests.integration.gatewayprocess import GatewayProcess
+from tests.integration.gatewayprocess import GatewayProcess, read_all
 
 MODEL = "m"
 HEADER_TIMEOUT = 1.0
@@ -41,31 +41,6 @@ def completion(port: int) -> tuple[int, bytes]:
         )
         data = read_all(s)
     return int(data.split(b" ", 2)[1]) if data else 0, data
-
-
-def read_all(s: socket.socket, timeout: float = 10) -> bytes:
-    """Everything the server sends until it closes the connection (or ``timeout`` passes)."""
-    s.settimeout(timeout)
-    chunks = []
-    try:
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-            if b"Connection: close" not in b"".join(chunks) and b"\r\n\r\n" in chunks[-1]:
-                # a keep-alive answer with Content-Length: stop once the body is in
-                head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-                length = next(
-                    (
-                        int(h.split(b":")[1])
-                        for h in head.split(b"\r\n")
-                        if h.lower().startswith(b"content-length:")
-                    ),
-                    None,
-                )
-                if length is not None and len(body) >= length:
-                    break
-    except TimeoutError:
-        pass
-    return b"".join(chunks)
 
 
 def send_until_refused(s: socket.socket, chunks: Iterator[bytes]) -> int:

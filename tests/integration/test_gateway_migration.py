@@ -11,15 +11,19 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable
 
 import aiohttp
 import orjson
 import pytest
 
+from llmplane.console.api import Console
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.server import start_gateway
+from llmplane.store.sqlite import SQLiteStore
+from llmplane.testing import eventually
 from llmplane.testing.process import sim
 
 MODEL = "m"
@@ -161,10 +165,10 @@ async def test_streams_continue_on_another_replica(engines, sig, caplog):
         await gw.close()
 
 
-async def test_engine_error_events_and_cut_streams_continue_elsewhere(engines):
+async def test_engine_error_events_and_cut_streams_continue_elsewhere(engines, tmp_path):
     """One sim ends its streams with vLLM's engine-failure event after 30 events, another cuts
     them after 60; every stream still completes with the uninterrupted text, and a replica
-    that lost a stream is never picked for it again."""
+    that lost a stream is never picked for it again. The console's fleet page has them."""
     discovery = StaticDiscovery(
         [
             Endpoint(e.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True, engine="sim")
@@ -172,7 +176,10 @@ async def test_engine_error_events_and_cut_streams_continue_elsewhere(engines):
         ]
     )
     expected = await uninterrupted(engines[2].address)
-    gw = await start_gateway(None, discovery, config=GatewayConfig(default_timeout=10.0))
+    store = SQLiteStore(tmp_path / "db.sqlite")  # (the console's fleet reads one; empty)
+    gw = await start_gateway(
+        store, discovery, config=GatewayConfig(default_timeout=10.0), extensions=[Console]
+    )
     try:
         async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as s:
             for engine, fault in zip(engines, ({"error_event_after": 30},
@@ -194,5 +201,178 @@ async def test_engine_error_events_and_cut_streams_continue_elsewhere(engines):
             assert f'reason="{reason}",route="Model/{MODEL}"' in metrics, reason
         # no stream failed to move (no sample of the failure counter)
         assert "llmplane_gateway_stream_migration_failures_total{" not in metrics
+        counted = {
+            reason: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("llmplane_gateway_stream_migrations_total{")
+            for reason in ("engine_error", "broken")
+            if f'reason="{reason}"' in line
+        }
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://127.0.0.1:{gw.port}/console/api/fleet") as resp,
+        ):
+            assert resp.status == 200
+            (shown,) = (await resp.json())["migrations"]
+        assert shown["route"] == f"Model/{MODEL}" and shown["failed"] == 0
+        assert shown["byReason"] == {k: int(v) for k, v in counted.items()}, (shown, counted)
+        p50, p99 = shown["resumeMs"]
+        assert 0 < p50 <= p99 < 10_000, shown
+    finally:
+        await gw.close()
+        store.close()
+
+
+def with_head_of(stream: bytes, other: bytes) -> bytes:
+    """``stream`` with the ``id`` and ``created`` of ``other`` (both SSE bodies)."""
+    heads = [orjson.loads(r.split(b"\n\n", 1)[0][6:]) for r in (stream, other)]
+    for key in ("id", "created"):
+        stream = stream.replace(
+            b'"%s":%s' % (key.encode(), orjson.dumps(heads[0][key])),
+            b'"%s":%s' % (key.encode(), orjson.dumps(heads[1][key])),
+        )
+    return stream
+
+
+def gateway_over(*servers, **config) -> Awaitable:
+    discovery = StaticDiscovery(
+        [
+            Endpoint(e.address, {MODEL_NAME_LABEL: MODEL}, MODEL, fixed_port=True, engine="sim")
+            for e in servers
+        ]
+    )
+    return start_gateway(None, discovery, config=GatewayConfig(**config))
+
+
+async def test_a_stream_never_lost_is_the_engines_own_stream(engines):
+    """Without a failure the client's stream through the gateway is the engine's own unasked
+    stream, byte for byte (but its id and created): no token ids the gateway asked for, no
+    chunk more or less, the same usage; with ids asked for by the client too."""
+    gw = await gateway_over(engines[0])
+    try:
+        async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as s:
+            for i, ids in ((0, False), (1, False), (2, True), (3, True)):
+                path, body = request(i)
+                body = {**body, "max_tokens": 40, "return_token_ids": ids}
+                if i == 1:
+                    del body["stream_options"]
+                if not ids:
+                    del body["return_token_ids"]
+                raw = []
+                for base in (f"http://127.0.0.1:{gw.port}", f"http://{engines[0].address}"):
+                    async with s.post(base + path, data=orjson.dumps(body)) as resp:
+                        assert resp.status == 200, await resp.text()
+                        raw.append(await resp.read())
+                through, direct = with_head_of(*raw), raw[1]
+                assert through == direct, (i, through[:600], direct[:600])
+                assert (b'"token_ids":[' in through) == ids
+    finally:
+        await gw.close()
+
+
+async def running(session: aiohttp.ClientSession, address: str) -> float:
+    async with session.get(f"http://{address}/metrics") as resp:
+        text = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+async def test_unary_requests_are_sent_again_within_one_timeout(engines):
+    """A unary request whose replica is killed while it generates is sent again, whole, to the
+    other replica; with every replica frozen the route's one timeout ends all the attempts
+    (not a timeout each); with its only replica gone the client gets 503 and Retry-After."""
+    body = {"model": MODEL, "prompt": "a long one", "max_tokens": TOKENS, "ignore_eos": True,
+            "temperature": 0, "seed": 5}  # fmt: skip
+    limit = aiohttp.ClientTimeout(total=60)  # (a gateway that never answers fails the test)
+    async with aiohttp.ClientSession(
+        headers={"Content-Type": "application/json"}, timeout=limit
+    ) as s:
+        async with s.post(f"http://{engines[2].address}/v1/completions", json=body) as resp:
+            expected = (await resp.json())["choices"][0]["text"]
+        gw = await gateway_over(engines[0], engines[1], default_timeout=30.0)
+        try:
+            url = f"http://127.0.0.1:{gw.port}/v1/completions"
+            task = asyncio.create_task(post(s, url, body))
+            by_address = {e.address: e for e in engines[:2]}
+            busy = await eventually(
+                lambda: next_busy(s, by_address), 20, what="the request runs on a replica"
+            )
+            os.kill(by_address[busy].proc.pid, signal.SIGKILL)
+            status, headers, answer = await asyncio.wait_for(task, 30)
+            assert status == 200, answer
+            assert headers["x-llmplane-endpoint"] != busy
+            assert answer["choices"][0]["text"] == expected
+            assert answer["usage"]["completion_tokens"] == TOKENS
+        finally:
+            await gw.close()
+
+        # the survivor frozen, with the third: 3 attempts, one timeout of 2 s in all
+        survivor = next(e for e in engines[:2] if e.proc.poll() is None)
+        frozen = [survivor, engines[2]]
+        # (without flow control: replicas whose metrics went stale would hold it in a queue)
+        gw = await gateway_over(*frozen, default_timeout=2.0, flow_control=False)
+        for e in frozen:
+            os.kill(e.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            status, _, doc = await post(s, f"http://127.0.0.1:{gw.port}/v1/completions", body)
+            elapsed = time.monotonic() - t0
+            assert status == 504, doc
+            assert 1.9 <= elapsed < 3.5, f"{elapsed:.2f} s: not the route's one timeout of 2 s"
+        finally:
+            for e in frozen:
+                os.kill(e.proc.pid, signal.SIGCONT)
+            await gw.close()
+
+        # its only replica killed mid-request: nowhere to send it again
+        gw = await gateway_over(engines[2], default_timeout=30.0)
+        try:
+            task = asyncio.create_task(post(s, f"http://127.0.0.1:{gw.port}/v1/completions", body))
+            await eventually(
+                lambda: next_busy(s, {engines[2].address: engines[2]}), 20, what="it runs"
+            )
+            os.kill(engines[2].proc.pid, signal.SIGKILL)
+            status, headers, doc = await asyncio.wait_for(task, 30)
+            assert status == 503 and headers["Retry-After"] == "5", (status, headers, doc)
+            assert doc["error"]["code"] == "replica_lost", doc
+        finally:
+            await gw.close()
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict, dict]:
+    async with session.post(url, data=orjson.dumps(body)) as resp:
+        return resp.status, dict(resp.headers), await resp.json()
+
+
+async def next_busy(session: aiohttp.ClientSession, by_address: dict) -> str | None:
+    for address in by_address:
+        if await running(session, address) > 0:
+            return address
+    return None
+
+
+async def test_a_stream_with_no_replica_left_ends_with_a_retry_hint(engines):
+    """Its only replica killed mid-stream: an error event that says so and when to retry
+    (the activator's Retry-After), then [DONE]."""
+    gw = await gateway_over(engines[0], activator_retry_after=7.0)
+    try:
+        async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as s:
+            path, body = request(0)
+            async with s.post(f"http://127.0.0.1:{gw.port}{path}", json=body) as resp:
+                assert resp.status == 200
+                events = []
+                async for line in resp.content:
+                    if line.startswith(b"data: "):
+                        events.append(line[6:].strip())
+                        if len(events) == 20:
+                            os.kill(engines[0].proc.pid, signal.SIGKILL)
+        assert events[-1] == b"[DONE]"
+        error = orjson.loads(events[-2])["error"]
+        assert error["code"] == "stream_lost" and error["retry_after"] == 7, error
+        assert "no other replica" in error["message"] and "retry in 7 s" in error["message"]
+        assert not any(b'"error"' in e for e in events[:-2])
     finally:
         await gw.close()

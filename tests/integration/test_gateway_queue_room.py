@@ -15,26 +15,16 @@ import asyncio
 import itertools
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.server import Gateway
 from llmplane.testing import eventually
+from tests.integration.flowcontrol_gateway import held
 
 MODEL = "m"
 SLOTS = 16
 TOKENS = 120  # about a second per request at --time-scale 1: many scrapes while it runs
-
-
-def held(gw: Gateway) -> float:
-    """Requests that waited in the flow-control queue so far (every band and tenant)."""
-    total = 0.0
-    for family in text_string_to_metric_families(gw.metrics.render().decode()):
-        for s in family.samples:
-            if s.name == "llmplane_gateway_flow_wait_seconds_count":
-                total += s.value
-    return total
 
 
 async def burst(client: aiohttp.ClientSession, gw: Gateway, n: int, tag: str) -> list[int]:

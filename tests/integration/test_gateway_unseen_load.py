@@ -17,7 +17,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.registry import UNSEEN_LOAD, EndpointState
 from llmplane.gateway.server import Gateway
 from llmplane.testing import eventually
-from tests.integration.test_gateway_queue_room import held
+from tests.integration.flowcontrol_gateway import held
 
 MODEL = "m"
 

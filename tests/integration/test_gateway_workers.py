@@ -9,19 +9,16 @@ reaches a chosen worker through ``llmplane/testing/pinned.py``."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from llmplane.controlplane.plan import SERVICE_LABEL
@@ -31,16 +28,25 @@ from llmplane.testing import Processes, eventually, gateway, sim_process, wait_f
 from llmplane.testing.kube_emulator import KubeEmulator, pod
 from llmplane.testing.pinned import on_worker
 from llmplane.testing.sockets import established
-from tests.integration.test_gateway_kube import (
+from tests.integration.kube_fleet import (
     BACKEND_LABEL,
     MODEL,
     MODEL_LABEL,
-    _free_loopback_prefix,
+    free_loopback_prefix,
     ip,
     model_server,
     openmodel,
     playground,
 )
+from tests.integration.multiworker import (
+    access_lines,
+    chat,
+    inflight_gauge,
+    per_worker,
+    session,
+    workers_of,
+)
+from tests.integration.upcli import alive
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 SLOW = "wk-slow"  # 0.2 s a step: 200 tokens hold a request for 40 s
@@ -94,74 +100,10 @@ def gw(state):
         yield proc
 
 
-def workers_of(pid: int) -> set[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return {int(c) for c in children}
-
-
-def access_lines(output: str) -> list[dict]:
-    return [orjson.loads(line) for line in output.splitlines() if line.startswith('{"method"')]
-
-
-def inflight_gauge(text: str, address: str) -> float:
-    m = re.search(
-        rf'^llmplane_gateway_endpoint_inflight{{endpoint="{re.escape(address)}"}} (\S+)$',
-        text,
-        re.M,
-    )
-    return float(m.group(1)) if m else -1.0
-
-
-def session() -> aiohttp.ClientSession:
-    # A new connection per request: the kernel hashes each onto one worker's socket.
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
-
-
-@contextlib.asynccontextmanager
-async def per_worker(gateway_pid: int, **kwargs: Any) -> AsyncIterator[dict[int, Any]]:
-    """Worker pid -> a session whose every request reaches that worker (a new connection per
-    request unless ``kwargs`` say otherwise; ``llmplane/testing/pinned.py``)."""
-    among = workers_of(gateway_pid)
-    kwargs.setdefault("force_close", True)
-    pinned = {pid: on_worker(pid, among, **kwargs) for pid in among}
-    try:
-        yield pinned
-    finally:
-        for s in pinned.values():
-            await s.close()
-
-
-async def chat(s: aiohttp.ClientSession, url: str, model: str, tokens: int = 2) -> int:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "hello"}],
-        "max_tokens": tokens,
-        "ignore_eos": True,
-    }
-    async with s.post(f"{url}/v1/chat/completions", json=body) as resp:
-        await resp.read()
-        return resp.status
-
-
 async def metrics(s: aiohttp.ClientSession, url: str) -> str:
     async with s.get(f"{url}/metrics") as resp:
         assert resp.status == 200
         return await resp.text()
-
-
-@contextlib.contextmanager
-def only_among(keep: int, among: set[int]) -> Iterator[None]:
-    """Every process in ``among`` but ``keep`` stopped (SIGSTOP): nothing but ``keep`` moves.
-    Open connections to ``keep`` first (``per_worker``): a new connection the kernel hashes
-    onto a stopped worker's socket waits in its backlog until the worker runs again."""
-    others = among - {keep}
-    for pid in others:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in others:
-            os.kill(pid, signal.SIGCONT)
 
 
 def test_workers_share_inflight_counts(gw, engines):
@@ -469,14 +411,6 @@ def test_a_worker_reuses_its_warm_connections_among_alike_replicas(tmp_path):
         assert len(opened) == 1, (opened, served)
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_workers_die_with_a_killed_supervisor(gw):
     """SIGKILL to the supervisor (nothing of it runs): its workers stop too, none is left
     holding the port."""
@@ -510,7 +444,7 @@ async def test_autoscaling_signals_add_up_over_workers(tmp_path, monkeypatch):
     the requests both served: 5 sent to one worker, 7 to the other, requestsSeen 12 from each.
     In-cluster discovery against the Kubernetes API EMULATOR (no API server runs here; see
     tests/integration/test_gateway_kube.py), the pod a real sim on a loopback address."""
-    prefix = _free_loopback_prefix()
+    prefix = free_loopback_prefix()
     with Processes() as group:
         (engine,) = group.start(
             sim_process(MODEL, "--host", f"{prefix}.2", "--port", "8080", "--time-scale", "0")

@@ -13,7 +13,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.workers.cores import auto_workers
 from llmplane.store.paths import open_store
 from llmplane.testing import Process, Processes, gateway, sim_process
-from tests.integration.test_gateway_workers import workers_of
+from tests.integration.multiworker import workers_of
 
 MODEL = "auto-sim"
 

@@ -18,7 +18,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, eventually, gateway, sim_process, wait_for
 from llmplane.testing.pinned import on_worker
-from tests.integration.test_gateway_workers import (
+from tests.integration.multiworker import (
     access_lines,
     chat,
     only_among,

@@ -8,7 +8,6 @@ looks at where requests went (the sims' own counters)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 import urllib.request
@@ -37,10 +36,8 @@ from llmplane.testing import Processes, wait_for
 from llmplane.testing.fleets import sim_fleet
 from llmplane.testing.process import sim_process
 from llmplane.testing.wait import eventually
+from tests.integration.kv_sims import BLOCK, VOCAB, complete, events_flags, start_sim
 from tests.integration.upcli import http
-
-BLOCK = 16
-VOCAB = 128_256
 
 
 @pytest.fixture
@@ -50,30 +47,6 @@ async def subscriber() -> AsyncIterator[KVEventSubscriber]:
         yield sub
     finally:
         await sub.close()
-
-
-def events_flags(sockets: Path, name: str, replay: bool = True) -> tuple[list[str], str, str]:
-    """(sim flags, events address, replay address) for a sim publishing under ``name``."""
-    events = f"ipc://{sockets}/{name}.sock"
-    replay_at = f"ipc://{sockets}/{name}-replay.sock" if replay else ""
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events, "topic": "kv"}
-    if replay:
-        config["replay_endpoint"] = replay_at
-    return ["--kv-events-config", json.dumps(config)], events, replay_at
-
-
-def start_sim(processes: Processes, flags: list[str], *more: str, blocks: int = 48):
-    return processes.sim(
-        "m", "--time-scale", "0", "--block-size", str(BLOCK), "--num-blocks", str(blocks),
-        *flags, *more,
-    )  # fmt: skip
-
-
-async def complete(client: aiohttp.ClientSession, address: str, prompt: str) -> None:
-    body = {"model": "m", "prompt": prompt, "max_tokens": 2}
-    async with client.post(f"http://{address}/v1/completions", json=body) as r:
-        assert r.status == 200, await r.text()
-        await r.read()
 
 
 async def sim_cache(client: aiohttp.ClientSession, address: str) -> set[int]:

@@ -16,7 +16,7 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.gateway.server import Gateway
 from llmplane.testing import eventually
-from tests.integration.test_gateway_flowcontrol import queued, release, sample, saturate
+from tests.integration.flowcontrol_gateway import queued, release, sample, saturate
 
 MODEL = "m"
 LABELS = {"app": "pool"}

@@ -23,16 +23,16 @@ import pytest
 
 from llmplane.testing import Process, Processes, eventually, keeps, sim_process
 from llmplane.testing.kube_emulator import KubeEmulator, pod
-from tests.integration.test_gateway_kube import _free_loopback_prefix, ip
-from tests.integration.test_operator_autoscale import LWS, MODEL, SVC, cluster, openmodel
-from tests.integration.test_up_autoscale_roles import BURSTS
+from tests.integration.kube_fleet import free_loopback_prefix, ip
+from tests.integration.operator_cluster import LWS, MODEL, SVC, cluster, openmodel
+from tests.integration.role_bursts import BURSTS
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def role_engines() -> Iterator[dict[str, list[Process]]]:
-    prefix = _free_loopback_prefix()
+    prefix = free_loopback_prefix()
 
     def engine(host: int, role: str, *extra: str) -> Any:
         address = ("--host", f"{prefix}.{host}", "--port", "8080")

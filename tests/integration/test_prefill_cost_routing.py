@@ -22,13 +22,7 @@ from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.sim.tokenizer import tokenize
 from llmplane.testing import Processes
 from llmplane.testing.wait import eventually
-from tests.integration.test_kv_events import (
-    BLOCK,
-    VOCAB,
-    complete,
-    events_flags,
-    start_sim,
-)
+from tests.integration.kv_sims import BLOCK, VOCAB, complete, events_flags, start_sim
 
 PREFIX = "".join(f"p{i:03d}" for i in range(3_000))  # 3,000 tokens of 4 characters
 OWN_TOKENS = 700

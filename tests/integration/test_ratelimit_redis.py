@@ -7,8 +7,6 @@ and limiting is back once Redis is."""
 from __future__ import annotations
 
 import asyncio
-import re
-import shutil
 import socket
 import time
 from typing import Any
@@ -23,57 +21,15 @@ from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError, RedisBuckets
 from llmplane.gateway.request import InferenceRequest
 from llmplane.store.paths import open_store
-from llmplane.testing import Process, Processes, eventually, gateway, sim_process
-from tests.unit.test_ratelimit_math import hook_ctx
+from llmplane.testing import Processes, eventually, gateway, sim_process
+from tests.integration.metrics_pages import metric, scrape
+from tests.integration.redisserver import REDIS, free_port
+from tests.ratelimit_requests import hook_ctx
 
 KTHENA = "networking.serving.volcano.sh/v1alpha1"
 MODEL = "rl-redis-model"
-REDIS = shutil.which("redis-server")
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """``redis-server`` on a fixed loopback port, without persistence; restartable (on the
-    same port, which is why it does not take port 0)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.process: Process | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        assert REDIS is not None
-        argv = [
-            *(REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""),
-            *("--appendonly", "no", "--protected-mode", "no"),
-        ]
-        ready = re.compile(r"(Ready) to accept connections")
-        self.process = Process(argv, name="redis-server", ready=ready).start(10)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-        self.process = None
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture(scope="module")
@@ -139,19 +95,6 @@ async def send(session, address: str, body: bytes) -> tuple[int, dict, dict]:
         f"http://{address}/v1/completions", data=body, headers={"Content-Type": "application/json"}
     ) as resp:
         return resp.status, dict(resp.headers), orjson.loads(await resp.read())
-
-
-async def scrape(session, address: str) -> str:
-    async with session.get(f"http://{address}/metrics") as resp:
-        return await resp.text()
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 async def test_two_gateways_share_the_bucket_within_one_percent(two_gateways):

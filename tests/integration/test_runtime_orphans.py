@@ -22,7 +22,7 @@ import pytest
 from llmplane.runtime.local import LocalRuntime
 from llmplane.runtime.processes import TOKEN_ENV, ProcessRecord, ProcessTable, is_alive, start_ticks
 from llmplane.testing import eventually, keeps
-from tests.integration.test_runtime_local import get
+from tests.integration.standin_engine import get
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ RUNTIME_SNIPPET = """
 import asyncio, json, sys
 from pathlib import Path
 from llmplane.runtime.local import LocalRuntime
-from tests.integration.test_runtime_local import engine_plan
+from tests.integration.standin_engine import engine_plan
 
 async def main():
     rt = LocalRuntime(Path(sys.argv[1]))

@@ -17,17 +17,12 @@ from llmplane.gateway import apikeys
 from llmplane.gateway.discovery.store_endpoints import endpoint_object
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, gateway, sim_process
-from tests.integration import test_ratelimit_redis
-from tests.integration.test_ratelimit_redis import metric, scrape
+from tests.integration.metrics_pages import metric, scrape
 
 MODEL = "tenant-redis-model"
 REDIS = shutil.which("redis-server")
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
-
-
-# The module's own redis-server (module scope), started as test_ratelimit_redis starts its.
-redis_server = test_ratelimit_redis.redis_server
 
 
 def tenant(name: str, key: apikeys.NewKey, rate_limit: dict) -> dict:

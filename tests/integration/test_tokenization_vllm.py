@@ -26,8 +26,8 @@ from llmplane.runtime.endpoint import Endpoint
 from llmplane.runtime.launch import free_port
 from llmplane.testing.process import Process
 from llmplane.testing.tiny_model import build_tiny_llama, corpus
+from tests.chat_templates import CONVERSATIONS, TOOL_CONVERSATION, TOOLS, TOOLS_TEMPLATE
 from tests.integration.vllm_cpu import require_vllm
-from tests.unit.test_tokenization import CONVERSATIONS, TOOL_CONVERSATION, TOOLS, TOOLS_TEMPLATE
 
 require_vllm()
 

@@ -6,69 +6,21 @@ trigger's ``behavior``), so the rules are the production ones on a faster clock.
 
 from __future__ import annotations
 
-import itertools
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from llmplane.store.paths import open_store
 from llmplane.testing import Processes, Up, always, wait_for
+from tests.integration.elastic_fleets import (
+    FAST,
+    SCALE_TO_ZERO,
+    Load,
+    elastic_fleet,
+    metric,
+    spec_replicas,
+)
 from tests.integration.upcli import cli, http, sim_fleet, status
-
-FAST = ["--autoscale-interval", "0.2", "--autoscale-window", "1"]
-
-
-def elastic_fleet(
-    tmp_path: Path, elastic: str, name: str = "tiny", replicas: int = 1, time_scale: str = "5"
-) -> str:
-    """The sim fleet of upcli with ``elastic`` (YAML lines under spec) added; the sim is slowed
-    (time scale 5: about 2 s per 60-token request) so requests stay in flight."""
-    text = sim_fleet(name, replicas, time_scale=time_scale) + "  elasticConfig:\n" + elastic
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(text)
-    return str(path)
-
-
-def spec_replicas(state: Path, name: str = "tiny") -> int:
-    with open_store(state) as store:
-        obj = store.get("Playground", name, "default") or {}
-    return int((obj.get("spec") or {}).get("replicas", -1))
-
-
-class Load:
-    """``clients`` threads sending completions back to back until ``stop()``: ``body(n)`` is
-    the n-th request (default: a short prompt, 60 tokens answered)."""
-
-    def __init__(
-        self,
-        url: str,
-        model: str,
-        clients: int,
-        body: Callable[[int], dict[str, Any]] | None = None,
-    ) -> None:
-        self.url, self.model = url, model
-        self.body = body or (lambda _n: {"prompt": "hello there", "max_tokens": 60})
-        self.sent = itertools.count()
-        self.done = threading.Event()
-        self.failures: list[int] = []
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
-        for t in self.threads:
-            t.start()
-
-    def _loop(self) -> None:
-        while not self.done.is_set():
-            body = {"model": self.model, **self.body(next(self.sent))}
-            code, _, _ = http(f"{self.url}/v1/completions", body)
-            if code != 200:
-                self.failures.append(code)
-
-    def stop(self) -> None:
-        self.done.set()
-        for t in self.threads:
-            t.join(timeout=60)
 
 
 @pytest.fixture
@@ -139,33 +91,6 @@ def test_blog_example_scales_on_the_default_trigger(
     wait_for(lambda: spec_replicas(state) >= 2, 60, what="scale up on the default trigger")
     wait_for(lambda: spec_replicas(state) == 3, 60, what="up to maxReplicas")
     always(lambda: spec_replicas(state) <= 3, 1.0, what="never above maxReplicas")
-
-
-def metric(url: str, name: str) -> float:
-    """One sample's value from the gateway's /metrics (0 when absent)."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-SCALE_TO_ZERO = """    minReplicas: 0
-    maxReplicas: 2
-    scaleToZeroAfterSeconds: 2
-    scaleTrigger:
-      hpa:
-        metrics:
-        - type: Pods
-          pods:
-            metric: {name: llmplane_gateway_endpoint_inflight}
-            target: {type: AverageValue, averageValue: 4}
-        behavior:
-          scaleDown: {stabilizationWindowSeconds: 1}
-"""
 
 
 def test_scale_to_zero_and_the_first_request_is_held_then_answered(

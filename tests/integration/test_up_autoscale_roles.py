@@ -24,7 +24,8 @@ import pytest
 
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, always, wait_for
-from tests.integration.test_up_autoscale import FAST, Load
+from tests.integration.elastic_fleets import FAST, Load
+from tests.integration.role_bursts import BURSTS, prompt_heavy
 from tests.integration.upcli import cli, http, sim_fleet, status
 
 pytestmark = pytest.mark.timeout(240)
@@ -39,18 +40,6 @@ ROLES = {
     },
     "decode": {"replicas": 1, "elasticConfig": {"minReplicas": 1, "maxReplicas": 3}},
 }
-
-
-def prompt_heavy(n: int) -> dict[str, Any]:
-    """About 1,500 prompt tokens (4 characters a token), distinct from the first block on, so
-    no prefix cache saves the prefill; two tokens answered."""
-    return {"prompt": f"request {n:06d} " + "long prompt text " * 350, "max_tokens": 2}
-
-
-def decode_heavy(n: int) -> dict[str, Any]:
-    """A few prompt tokens, 40 to 80 answered: the clients, started together, drift apart
-    (prompts reach prefill spread out, as from independent users, not all in one step)."""
-    return {"prompt": f"request {n:06d}: hi", "max_tokens": 40 + n * 17 % 41, "ignore_eos": True}
 
 
 @pytest.fixture
@@ -68,17 +57,20 @@ def role_replicas(state: Path) -> tuple[int, int]:
     return dis["prefill"]["replicas"], dis["decode"]["replicas"]
 
 
-# Each burst: its requests, clients sending them back to back, the role it must scale and the
-# signal the rescale Event must name (the other role must not scale). Shared with the operator's
-# test (test_operator_autoscale_roles.py).
-BURSTS = pytest.mark.parametrize(
-    ("burst", "clients", "scaled", "metric"),
-    [
-        (prompt_heavy, 8, "prefill", "vllm:num_requests_waiting"),
-        (decode_heavy, 24, "decode", "vllm:num_requests_running"),
-    ],
-    ids=["prompt-heavy", "decode-heavy"],
-)
+def start_pair(tmp_path: Path, processes: Processes, roles: dict[str, Any]) -> tuple[Path, Any]:
+    """``llmplane up`` of the sim pair with ``roles`` (time scale 5), once one replica of each
+    role is ready and stays the only one while idle: (state directory, the ``Up``)."""
+    path = tmp_path / "pd.yaml"
+    path.write_text(sim_fleet(MODEL, 1, time_scale="5", disaggregation=roles))
+    state = tmp_path / "state"
+    up = processes.up(state, str(path), args=FAST)
+    wait_for(
+        lambda: status(state, "Playground", MODEL).get("readyReplicas") == 2,
+        60,
+        what="one ready replica per role",
+    )
+    always(lambda: role_replicas(state) == (1, 1), 1.0, what="idle: one replica per role")
+    return state, up
 
 
 @BURSTS
@@ -91,16 +83,7 @@ def test_a_burst_scales_the_role_it_loads_and_not_the_other(
     scaled: str,
     metric: str,
 ) -> None:
-    path = tmp_path / "pd.yaml"
-    path.write_text(sim_fleet(MODEL, 1, time_scale="5", disaggregation=ROLES))
-    state = tmp_path / "state"
-    up = processes.up(state, str(path), args=FAST)
-    wait_for(
-        lambda: status(state, "Playground", MODEL).get("readyReplicas") == 2,
-        60,
-        what="one ready replica per role",
-    )
-    always(lambda: role_replicas(state) == (1, 1), 1.0, what="idle: one replica per role")
+    state, up = start_pair(tmp_path, processes, ROLES)
 
     bursts.append(Load(up.url, MODEL, clients, burst))
     index = 0 if scaled == "prefill" else 1
@@ -169,16 +152,7 @@ def test_prompt_tokens_waiting_scale_prefill(
             },
         },
     }
-    path = tmp_path / "pd.yaml"
-    path.write_text(sim_fleet(MODEL, 1, time_scale="5", disaggregation=roles))
-    state = tmp_path / "state"
-    up = processes.up(state, str(path), args=FAST)
-    wait_for(
-        lambda: status(state, "Playground", MODEL).get("readyReplicas") == 2,
-        60,
-        what="one ready replica per role",
-    )
-    always(lambda: role_replicas(state) == (1, 1), 1.0, what="idle: one replica per role")
+    state, up = start_pair(tmp_path, processes, roles)
     assert [s["prefill_tokens"] for s in prefill_replicas(up.url)] == [0]
 
     bursts.append(Load(up.url, MODEL, 8, prompt_heavy))

@@ -14,7 +14,7 @@ import pytest
 from llmplane.store.paths import open_store
 from llmplane.testing import Processes, Up, wait_for
 from tests.integration.openai_errors import assert_openai_error
-from tests.integration.test_up_tenants import TENANT, _admin_key  # team-a: tiny-a*
+from tests.integration.tenant_keys import TENANT, admin_key
 from tests.integration.upcli import cli, http, sim_fleet, status
 
 # Every value below is a credential the console must never show.
@@ -74,7 +74,7 @@ def up(tmp_path: Path, processes: Processes) -> Up:
 @pytest.fixture
 def admin_up(tmp_path: Path, processes: Processes) -> tuple[Up, str]:
     """``up`` with an admin key configured: (up, the admin key)."""
-    admin, config = _admin_key(tmp_path)
+    admin, config = admin_key(tmp_path)
     return _start(tmp_path, processes, ["--gateway-config", str(config)]), admin
 
 

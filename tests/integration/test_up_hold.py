@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 from llmplane.testing import Processes, Up, wait_for
-from tests.integration.test_up_autoscale import FAST, SCALE_TO_ZERO, metric, spec_replicas
+from tests.integration.elastic_fleets import FAST, SCALE_TO_ZERO, metric, spec_replicas
 from tests.integration.upcli import condition, http, sim_fleet, status
 
 BODY = {"prompt": "hello", "max_tokens": 5}

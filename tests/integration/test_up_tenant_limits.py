@@ -13,7 +13,7 @@ import pytest
 
 from llmplane.testing import Processes, Up, wait_for
 from tests.integration.openai_errors import assert_openai_error
-from tests.integration.test_up_tenants import _bearer, _try, raw
+from tests.integration.tenant_keys import authenticated, bearer, raw
 from tests.integration.upcli import cli, http, sim_fleet, status
 
 TENANTS = """
@@ -49,7 +49,7 @@ def up(tmp_path: Path, processes: Processes) -> Up:
 
 def _complete(up: Up, key: str, max_tokens: int = 2) -> tuple[int, dict, dict]:
     body = {"model": "tiny", "prompt": "hello there", "max_tokens": max_tokens, "ignore_eos": True}
-    return http(f"{up.url}/v1/completions", body, _bearer(key))
+    return http(f"{up.url}/v1/completions", body, bearer(key))
 
 
 def test_tenant_limits_and_usage(up: Up, tmp_path: Path) -> None:
@@ -64,7 +64,9 @@ def test_tenant_limits_and_usage(up: Up, tmp_path: Path) -> None:
     # team-a: 4 requests an hour, through the official client (unary and streamed).
     client = openai.OpenAI(base_url=f"{up.url}/v1", api_key=key_a, max_retries=0)
     first = wait_for(
-        lambda: _try(lambda: client.completions.create(model="tiny", prompt="hi", max_tokens=3)),
+        lambda: authenticated(
+            lambda: client.completions.create(model="tiny", prompt="hi", max_tokens=3)
+        ),
         30,
         what="the openai client served with team-a's key",
     )

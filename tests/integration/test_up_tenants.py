@@ -10,32 +10,15 @@ import pytest
 
 from llmplane.testing import Processes, Up, always, wait_for
 from tests.integration.openai_errors import assert_openai_error
+from tests.integration.tenant_keys import TENANT, admin_key, authenticated, bearer, raw
 from tests.integration.upcli import cli, http, sim_fleet, status
-
-TENANT = """
-apiVersion: llmplane.io/v1alpha1
-kind: Tenant
-metadata: {name: team-a}
-spec:
-  models: ["tiny-a*"]
-  criticality: Critical
-"""
-
-
-def _admin_key(tmp_path: Path) -> tuple[str, Path]:
-    """A fresh admin key and a gateway config naming its hash (``llmplane keys admin``)."""
-    lines = cli("keys", "admin", state_dir=None).stdout.splitlines()
-    key = lines[1]
-    config = tmp_path / "gateway.yaml"
-    config.write_text("\n".join(lines[3:]) + "\n")
-    return key, config
 
 
 @pytest.fixture
 def fleet(tmp_path: Path, processes: Processes) -> tuple[Up, str]:
     path = tmp_path / "fleet.yaml"
     path.write_text(sim_fleet("tiny-a", 1) + "---" + sim_fleet("tiny-b", 1))
-    admin, config = _admin_key(tmp_path)
+    admin, config = admin_key(tmp_path)
     up = processes.up(tmp_path / "state", str(path), args=["-v", "--gateway-config", str(config)])
     for name in ("tiny-a", "tiny-b"):
         wait_for(
@@ -50,10 +33,6 @@ def _complete(up: Up, model: str, headers: dict[str, str] | None = None) -> tupl
     body = {"model": model, "prompt": "hello", "max_tokens": 2}
     code, _, doc = http(f"{up.url}/v1/completions", body, headers)
     return code, doc
-
-
-def _bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def test_keys_guard_models_metrics_and_never_leak(fleet: tuple[Up, str], tmp_path: Path) -> None:
@@ -82,7 +61,9 @@ def test_keys_guard_models_metrics_and_never_leak(fleet: tuple[Up, str], tmp_pat
     # The official client with the key.
     client = openai.OpenAI(base_url=f"{up.url}/v1", api_key=key, max_retries=0)
     done = wait_for(
-        lambda: _try(lambda: client.completions.create(model="tiny-a", prompt="hi", max_tokens=2)),
+        lambda: authenticated(
+            lambda: client.completions.create(model="tiny-a", prompt="hi", max_tokens=2)
+        ),
         30,
         what="the openai client served with the new key",
     )
@@ -93,16 +74,16 @@ def test_keys_guard_models_metrics_and_never_leak(fleet: tuple[Up, str], tmp_pat
     tenant_file.write_text(TENANT.replace("criticality: Critical", "weight: 2"))
     assert "configured" in cli("apply", "-f", str(tenant_file), state_dir=state).stdout
     assert key_id in cli("keys", "list", "team-a", state_dir=state).stdout
-    always(lambda: _complete(up, "tiny-a", _bearer(key))[0] == 200, 1, every=0.1)
+    always(lambda: _complete(up, "tiny-a", bearer(key))[0] == 200, 1, every=0.1)
     # x-api-key works too; /v1/models lists only what the key may use.
     assert _complete(up, "tiny-a", {"x-api-key": key})[0] == 200
-    code, _, models = http(f"{up.url}/v1/models", headers=_bearer(key))
+    code, _, models = http(f"{up.url}/v1/models", headers=bearer(key))
     assert code == 200 and [m["id"] for m in models["data"]] == ["tiny-a"]
 
     # Wrong keys: a wrong secret behind the right id, garbage, another scheme.
     for headers in (
-        _bearer(key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")),
-        _bearer("sk-not-ours"),
+        bearer(key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")),
+        bearer("sk-not-ours"),
         {"Authorization": f"Basic {key}"},
         {"x-api-key": ""},
     ):
@@ -112,8 +93,8 @@ def test_keys_guard_models_metrics_and_never_leak(fleet: tuple[Up, str], tmp_pat
         openai.OpenAI(base_url=f"{up.url}/v1", api_key="llmp-wrong", max_retries=0).models.list()
 
     # A model it may not use answers exactly as a model that does not exist.
-    forbidden = _complete(up, "tiny-b", _bearer(key))
-    unknown = _complete(up, "no-such-model", _bearer(key))
+    forbidden = _complete(up, "tiny-b", bearer(key))
+    unknown = _complete(up, "no-such-model", bearer(key))
     assert_openai_error(*forbidden, 403, "model_not_allowed", "model")
     assert_openai_error(*unknown, 403, "model_not_allowed", "model")
     same = unknown[1]["error"]["message"].replace("no-such-model", "tiny-b")
@@ -123,17 +104,17 @@ def test_keys_guard_models_metrics_and_never_leak(fleet: tuple[Up, str], tmp_pat
 
     # /metrics and the console's JSON API need the admin key; the tenant's key is not it.
     assert http_status(f"{up.url}/metrics") == 401
-    assert http_status(f"{up.url}/metrics", _bearer(key)) == 401
+    assert http_status(f"{up.url}/metrics", bearer(key)) == 401
     assert http_status(f"{up.url}/console/api/fleet") == 401
-    assert http_status(f"{up.url}/console/api/fleet", _bearer(admin)) == 200
-    metrics = raw(f"{up.url}/metrics", _bearer(admin))
+    assert http_status(f"{up.url}/console/api/fleet", bearer(admin)) == 200
+    metrics = raw(f"{up.url}/metrics", bearer(admin))
     assert 'llmplane_gateway_tenant_requests_total{status="200",tenant="team-a"}' in metrics
     assert 'status="403",tenant="team-a"' in metrics
 
     # Revoked: refused again.
     cli("keys", "revoke", "team-a", key_id, state_dir=state)
     code, doc = wait_for(
-        lambda: (r := _complete(up, "tiny-a", _bearer(key)))[0] == 401 and r,
+        lambda: (r := _complete(up, "tiny-a", bearer(key)))[0] == 401 and r,
         30,
         what="401 for the revoked key",
     )
@@ -158,13 +139,6 @@ def test_keys_guard_models_metrics_and_never_leak(fleet: tuple[Up, str], tmp_pat
     assert key_id.encode() in b"".join(p.read_bytes() for p in files)  # the search can find
 
 
-def _try(call):
-    try:
-        return call()
-    except openai.AuthenticationError:
-        return None  # the gateway has not seen the new key yet
-
-
 def http_status(url: str, headers: dict[str, str] | None = None) -> int:
     import urllib.error
     import urllib.request
@@ -174,10 +148,3 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
             return r.status
     except urllib.error.HTTPError as err:
         return err.code
-
-
-def raw(url: str, headers: dict[str, str]) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as r:
-        return r.read().decode()

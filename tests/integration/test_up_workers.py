@@ -18,10 +18,10 @@ import aiohttp
 
 from llmplane.testing import Processes, Up, eventually, wait_for
 from llmplane.testing.pinned import on_worker
-from tests.integration.test_gateway_workers import access_lines, alive, chat, inflight_gauge
-from tests.integration.test_gateway_workers import session as new_session
-from tests.integration.test_up_autoscale import SCALE_TO_ZERO, elastic_fleet, spec_replicas
-from tests.integration.upcli import sim_fleet, status
+from tests.integration.elastic_fleets import SCALE_TO_ZERO, elastic_fleet, spec_replicas
+from tests.integration.multiworker import access_lines, chat, inflight_gauge
+from tests.integration.multiworker import session as new_session
+from tests.integration.upcli import alive, sim_fleet, status
 
 MODEL = "tiny"
 INTERVAL = 0.1  # scrapeInterval = scrapeIdleInterval: every replica, busy or idle

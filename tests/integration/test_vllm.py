@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import threading
@@ -29,6 +28,7 @@ from llmplane.gateway.upstream_client import KEEPALIVE_TIMEOUT
 from llmplane.runtime.launch import module_exists
 from llmplane.testing import Up, wait_for
 from llmplane.testing.tiny_model import build_lora_adapter, build_tiny_llama, corpus
+from tests.integration.metrics_pages import engine_metric, gateway_metric
 from tests.integration.upcli import alive, condition, http, status
 
 if not module_exists("vllm"):
@@ -140,26 +140,6 @@ def _log_tail(up: Up) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-15:])
     except OSError:
         return "(none)"
-
-
-def engine_metric(address: str, name: str) -> float:
-    """Sum of a metric's samples on one vLLM replica's own /metrics."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
-    values = [float(v) for v in pattern.findall(text)]
-    assert values, f"{name} not in {address}/metrics"
-    return sum(values)
-
-
-def gateway_metric(url: str, name: str) -> dict[str, float]:
-    """The gateway's own /metrics: ``name``'s value per endpoint label."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(rf'^{re.escape(name)}{{endpoint="([^"]+)"}} (\S+)$', text, re.M)
-    }
 
 
 def completion(url: str, prompt: str, max_tokens: int = 8, model: str = NAME):

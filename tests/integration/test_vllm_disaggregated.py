@@ -25,7 +25,7 @@ from llmplane.runtime.launch import module_exists
 from llmplane.testing import Up, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama, corpus
-from tests.integration.test_vllm import engine_metric
+from tests.integration.metrics_pages import engine_metric
 from tests.integration.upcli import condition, http
 
 if not module_exists("vllm"):

@@ -2,7 +2,7 @@
 ``llmplane up``; a stream (temperature 0, a seed) whose replica is SIGKILLed after 20 tokens
 continues on the other, and the client's full text equals the uninterrupted run's, on
 /v1/completions (token level: prompt ids + generated ids) and on chat
-(``continue_final_message``)."""
+(``continue_final_message``). Without a failure the client's stream is vLLM's own."""
 
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, 
     return endpoint, text, events
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, path: str):
+def sea(path: str) -> dict:
+    """The request of both tests (temperature 0, a seed), as a completion or a chat."""
     body = {"model": NAME, "max_tokens": TOKENS, "temperature": 0, "seed": 5,
             "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
@@ -110,6 +110,55 @@ async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, p
         body["messages"] = [{"role": "user", "content": "Tell me about the sea."}]
     else:
         body["prompt"] = "The sea is"
+    return body
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
+    """Through the gateway (which asks vLLM for token ids) and straight from the same replica
+    (which is not asked): the same text and usage, events of the same shapes with the same
+    null fields; no token ids, no ``"delta": {}`` chunk vLLM sends only with ids. (Not the
+    same bytes: vLLM puts several tokens in one chunk when its stream falls behind, as it
+    happens.)"""
+    body = sea(path)
+    runs = []
+    async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as session:
+        for url in (up.url, None):
+            address = url or f"http://{runs[0][0]}"
+            async with session.post(address + path, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                raw = await resp.read()
+                runs.append((resp.headers.get("x-llmplane-endpoint"), raw))
+    (_, through), (_, direct) = runs
+    assert b'"token_ids":[' not in through and b'"delta":{}' not in through
+    parsed = [
+        [orjson.loads(e[6:]) for e in r.split(b"\n\n") if e and e != b"data: [DONE]"]
+        for r in (through, direct)
+    ]
+    chat = "chat" in path
+    texts = [
+        "".join(
+            ((c["delta"].get("content") if chat else c["text"]) or "")
+            for e in events
+            for c in e["choices"]
+        )
+        for events in parsed
+    ]
+    assert texts[0] == texts[1]
+    assert parsed[0][-1]["usage"] == parsed[1][-1]["usage"]
+
+    def shape(event: dict) -> tuple:
+        choices = event["choices"]
+        inner = sorted((k, v is None) for c in choices for k, v in c.items())
+        return tuple(sorted((k, v is None) for k, v in event.items())), tuple(inner)
+
+    assert {shape(e) for e in parsed[0]} == {shape(e) for e in parsed[1]}
+    assert through.endswith(b"data: [DONE]\n\n") and direct.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, path: str):
+    body = sea(path)
     url = up.url
     _, expected, _ = await stream(url, path, body)
     killed: list[str] = []

@@ -25,7 +25,7 @@ from llmplane.gateway.tokenization import ModelTokenizer
 from llmplane.testing import Processes, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama, corpus
-from tests.integration.test_vllm import engine_metric, gateway_metric
+from tests.integration.metrics_pages import engine_metric, gateway_metric
 from tests.integration.upcli import condition, http, status
 from tests.integration.vllm_cpu import require_vllm
 

@@ -2,7 +2,7 @@
 vLLM (the CPU build, one replica of the tiny test model: one cold start): the official clients,
 streamed and not, with a Tenant key whose output-token limit and ``llmplane usage`` count each
 request exactly as vLLM reported it (the same checks as against the sim,
-``test_up_responses_messages.check_apis``); with vLLM's response store on, a follow-up naming
+``tests/integration/responses_messages.py``); with vLLM's response store on, a follow-up naming
 a stored response in ``previous_response_id`` (the id the gateway gave it names the replica).
 Skipped where vLLM is not installed."""
 
@@ -17,7 +17,7 @@ from llmplane.gateway.protocols.responses import replica_tag
 from llmplane.testing import Processes, Up, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
-from tests.integration.test_up_responses_messages import check_apis
+from tests.integration.responses_messages import check_apis
 from tests.integration.upcli import cli, condition, status
 from tests.integration.vllm_cpu import require_vllm
 

@@ -34,10 +34,11 @@ def cli(
 
 
 def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
+    except (OSError, IndexError):
         return False
 
 

@@ -11,7 +11,7 @@ from llmplane.controlplane.disaggregation import gateway_mode, roles_status, ser
 from llmplane.controlplane.plan import PD_GROUP_LABEL, ROLE_LABEL
 from llmplane.controlplane.planning import Inputs, plan_service, service_for_playground
 from tests.unit.apihelpers import assert_error, errors_of
-from tests.unit.test_planning import backend, locate, model, playground
+from tests.unit.planning_inputs import backend, locate, model, playground
 
 
 def disaggregated(**dis: Any) -> dict[str, Any]:

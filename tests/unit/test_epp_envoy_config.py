@@ -88,7 +88,7 @@ def test_failure_mode_follows_the_pool() -> None:
 
 
 def test_gateway_api_example_validates() -> None:
-    from tests.unit.test_kube_schemas import validate
+    from tests.unit.kube_schemas import validate
 
     docs = list(yaml.safe_load_all((ROOT / "deploy/gateway-api/inference-pool.yaml").read_text()))
     kinds = [d["kind"] for d in docs]

@@ -1,4 +1,4 @@
-"""``gateway/migration.py``'s Splice on its own: events in (as vLLM and the sim send them, cut
+"""``gateway/splice.py``'s Splice on its own: events in (as vLLM and the sim send them, cut
 anywhere), the client's stream out, and the continuation request. No sockets: the streams with
 real engines are tests/integration/test_gateway_migration.py."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import orjson
 
-from llmplane.gateway.migration import MAX_EVENT, Splice, spliceable
+from llmplane.gateway.splice import KEEP_BYTES, MAX_EVENT, Splice, spliceable
+from llmplane.sim.protocol import ChunkWriter
 
 
 def ev(obj: dict | str) -> bytes:
@@ -171,3 +172,49 @@ def test_what_cannot_be_continued():
     splice.feed(completion("a", " x", [1], finish="length", prompt_ids=[3, 4]))
     end = splice.ending()
     assert events(end)[0]["usage"]["completion_tokens"] == 1 and end.endswith(b"[DONE]\n\n")
+
+
+def test_a_stream_never_lost_goes_out_as_the_engine_sends_it_unasked():
+    """Events in the sim's (vLLM's) exact bytes: with the ids the gateway asked for set back
+    to null they are the engine's own unasked stream, byte for byte; a chat chunk that only
+    carried ids (vLLM: ``"delta": {}``) is dropped, its ids still counted for a continuation."""
+    asked, plain = (ChunkWriter(True, "a", 1, "m", "fp", True) for _ in range(2))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_tokens": 50, "stream_options": {"include_usage": True}}  # fmt: skip
+    splice, _ = Splice.of(orjson.dumps(body), chat=True)
+    hollow = chunk("a", {}, [9])
+    texts = [f" w{k}" for k in range(40)]
+    upstream = [asked.role(0, 2, [5, 6]) + asked.token(0, texts[0], ids=[100])]
+    upstream += [asked.token(0, t, ids=[100 + k]) for k, t in enumerate(texts[1:20], 1)]
+    upstream.insert(5, hollow)
+    expected = [plain.role(0, 2) + plain.token(0, texts[0])]
+    expected += [plain.token(0, t) for t in texts[1:20]]
+    out = [splice.feed(piece) for piece in upstream]
+    assert b"".join(out) == b"".join(expected)
+    # read lazily: up to the chunk that had to be parsed (the hollow one), the rest kept
+    assert len(splice.kept) == 15 and splice.tokens == 6
+    # lost: what was sent is read now, the dropped chunk's id included, in order
+    path, cont = splice.continuation("/v1/chat/completions")
+    assert path == "/v1/completions"
+    assert orjson.loads(cont)["prompt"] == [5, 6, 100, *range(101, 105), 9, *range(105, 120)]
+    assert orjson.loads(cont)["max_tokens"] == 50 - 21 and not splice.kept
+    # the end as the engine sends it: finish, usage, [DONE]
+    fresh, _ = Splice.of(orjson.dumps(body), chat=True)
+    fresh.feed(asked.role(0, 2, [5, 6]) + asked.token(0, "x", ids=[1]))
+    last = asked.last(0, "y", "length", None, ids=[2]) + asked.usage(2, 2) + b"data: [DONE]\n\n"
+    assert fresh.feed(last) == plain.last(0, "y", "length", None) + plain.usage(2, 2) + (
+        b"data: [DONE]\n\n"
+    )
+    assert fresh.done and fresh.finished
+
+
+def test_kept_events_are_bounded():
+    writer = ChunkWriter(False, "a", 1, "m", "fp", False)
+    splice, _ = Splice.of(b'{"prompt": "x", "stream": true, "max_tokens": 100000}', chat=False)
+    splice.feed(writer.token(0, "x", ids=[1], prompt_ids=[3]))
+    piece = writer.token(0, "y" * 1000, ids=[2])
+    for _ in range(3 * KEEP_BYTES // len(piece)):
+        splice.feed(piece)
+        assert splice.kept_bytes <= KEEP_BYTES
+    assert splice.can_continue() is None
+    assert splice.tokens == 1 + 3 * KEEP_BYTES // len(piece)

@@ -117,3 +117,16 @@ def test_probation_success_then_a_second_success_forgives_past_ejections() -> No
     for _ in range(3):
         outliers.failure(s, now=100.0)
     assert s.ejected_until == 110.0  # back to the base cool-down
+
+
+def test_failures_of_requests_in_flight_at_the_ejection_do_not_eject_it_again() -> None:
+    ejected: list[str] = []
+    outliers = Outliers(CONFIG, on_eject=lambda s: ejected.append(s.address))
+    s = state()
+    for _ in range(3):
+        outliers.failure(s, now=100.0)
+    assert s.ejected_until == 110.0 and s.ejections == 1
+    for _ in range(20):  # the other streams the killed replica had, failing one after another
+        outliers.failure(s, now=100.5)
+    assert s.ejected_until == 110.0 and s.ejections == 1 and ejected == [s.address]
+    assert outliers.available([s], 110.0) == [s] and s.probation  # back after one cool-down

@@ -11,8 +11,8 @@ import pytest
 from llmplane.controlplane.plan import PD_GROUP_LABEL, ROLE_LABEL
 from llmplane.render import render_objects
 from llmplane.runtime.kube import KubeOptions
-from tests.unit.test_kube_manifests import EXAMPLES, _render, _runner
-from tests.unit.test_kube_schemas import validate
+from tests.unit.kube_objects import EXAMPLES, model_runner, render
+from tests.unit.kube_schemas import validate
 
 
 def _lws(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -37,13 +37,15 @@ def test_vllm_example_renders_one_workload_per_role() -> None:
         pod = spec["leaderWorkerTemplate"]["workerTemplate"]
         labels = pod["metadata"]["labels"]
         assert labels[ROLE_LABEL] == role and labels[PD_GROUP_LABEL] == "qwen2-5-0-5b"
-        runner = _runner(pod)
+        runner = model_runner(pod)
         config = orjson.loads(runner["args"][runner["args"].index("--kv-transfer-config") + 1])
         assert config["kv_connector_extra_config"]["shared_storage_path"] == "/workspace/kv"
         mount = next(m for m in runner["volumeMounts"] if m["mountPath"] == "/workspace/kv")
         volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
         assert volume["hostPath"]["path"] == "/var/lib/llmplane/kv/default/qwen2-5-0-5b"
-    prefill = _runner(lws["qwen2-5-0-5b-prefill"]["spec"]["leaderWorkerTemplate"]["workerTemplate"])
+    prefill = model_runner(
+        lws["qwen2-5-0-5b-prefill"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    )
     assert "--max-num-batched-tokens" in prefill["args"]
 
 
@@ -68,13 +70,13 @@ spec:
 
 @pytest.mark.parametrize("connector", ["nixl", "lmcache", "mooncake", "offloading"])
 def test_every_connector_renders_valid_workloads(connector: str) -> None:
-    objects = _render(PLAYGROUND.replace("CONNECTOR", connector))
+    objects = render(PLAYGROUND.replace("CONNECTOR", connector))
     for obj in objects:
         validate(obj)
     lws = _lws(objects)
     assert {n: o["spec"]["replicas"] for n, o in lws.items()} == {"m-prefill": 2, "m-decode": 3}
     for obj in lws.values():
-        runner = _runner(obj["spec"]["leaderWorkerTemplate"]["workerTemplate"])
+        runner = model_runner(obj["spec"]["leaderWorkerTemplate"]["workerTemplate"])
         ports = {p.get("name"): p["containerPort"] for p in runner.get("ports") or []}
         env = {e["name"]: e for e in runner.get("env") or []}
         if connector == "nixl":
@@ -91,19 +93,20 @@ def test_sglang_prefill_pods_expose_the_bootstrap_port() -> None:
         "  modelClaim: {modelName: m}",
         "  modelClaim: {modelName: m}\n  backendRuntimeConfig: {backendName: sglang}",
     )
-    objects = _render(doc)
+    objects = render(doc)
     for obj in objects:
         validate(obj)
     lws = _lws(objects)
     ports = {
         name: {
             p.get("name")
-            for p in _runner(o["spec"]["leaderWorkerTemplate"]["workerTemplate"]).get("ports") or []
+            for p in model_runner(o["spec"]["leaderWorkerTemplate"]["workerTemplate"]).get("ports")
+            or []
         }
         for name, o in lws.items()
     }
     assert "bootstrap" in ports["m-prefill"] and "bootstrap" not in ports["m-decode"]
-    prefill = _runner(lws["m-prefill"]["spec"]["leaderWorkerTemplate"]["workerTemplate"])
+    prefill = model_runner(lws["m-prefill"]["spec"]["leaderWorkerTemplate"]["workerTemplate"])
     assert prefill["args"][-4:] == [
         "--disaggregation-mode",
         "prefill",
@@ -113,7 +116,7 @@ def test_sglang_prefill_pods_expose_the_bootstrap_port() -> None:
 
 
 def test_deployment_mode_gives_one_deployment_per_role() -> None:
-    objects = _render(
+    objects = render(
         PLAYGROUND.replace("CONNECTOR", "nixl"), KubeOptions(use_leader_worker_set=False)
     )
     for obj in objects:

@@ -15,20 +15,13 @@ import orjson
 import pytest
 import yaml
 
-from llmplane.api.documents import parse_text
 from llmplane.controlplane.planning import PlanningError
-from llmplane.render import builtin_backend_models, dump_yaml, main, render_objects
+from llmplane.render import dump_yaml, main, render_objects
 from llmplane.runtime.endpoint import pod_kv_events
-from llmplane.runtime.kube import KubeOptions, objects_for
+from llmplane.runtime.kube import KubeOptions
 from llmplane.runtime.kube.service import with_kv_events
-from tests.unit.test_kube_schemas import ROOT, validate
-
-EXAMPLES = ROOT / "examples"
-
-
-def _render(text: str, options: KubeOptions | None = None) -> list[dict[str, Any]]:
-    resources = parse_text(text).resources
-    return objects_for(resources, builtin_backend_models(), options)
+from tests.unit.kube_objects import EXAMPLES, model_runner, render
+from tests.unit.kube_schemas import ROOT, validate
 
 
 def _by_kind(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -46,10 +39,6 @@ def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         found = [o for o in objects if o["apiVersion"] == "inference.llmaz.io/v1alpha1"]
     assert len(found) == 1, [o["kind"] for o in objects]
     return found[0]
-
-
-def _runner(template: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in template["spec"]["containers"] if c["name"] == "model-runner")
 
 
 # Every example renders and validates --------------------------------------------------------
@@ -110,7 +99,7 @@ def test_opt_125m_matches_llmaz() -> None:
     assert labels["llmaz.io/model-name"] == "opt-125m"
     assert labels["llmaz.io/model-family-name"] == "opt"
     assert pod["metadata"]["annotations"]["llmaz.io/inference-service-flavors"] == "default"
-    runner = _runner(pod)
+    runner = model_runner(pod)
     assert runner["image"] == "vllm/vllm-openai:v0.32.0"
     assert runner["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert runner["args"][:4] == [
@@ -192,7 +181,7 @@ def test_llama3_405b_is_multi_host_with_flavor_fallback() -> None:
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 2  # PP
     leader, worker = lwt["leaderTemplate"], lwt["workerTemplate"]
-    lead = _runner(leader)
+    lead = model_runner(leader)
     assert lead["command"][:2] == ["sh", "-c"]
     script = lead["command"][2]
     assert script.startswith("ray start --head")
@@ -202,7 +191,7 @@ def test_llama3_405b_is_multi_host_with_flavor_fallback() -> None:
     assert "args" not in lead
     assert lead["ports"] == [{"containerPort": 8080, "name": "http"}]
     assert "readinessProbe" in lead
-    work = _runner(worker)
+    work = model_runner(worker)
     assert work["command"][:2] == ["sh", "-c"]
     assert "ray start --address=$(LWS_LEADER_ADDRESS):6379" in work["command"][2]
     for absent in ("args", "ports", "readinessProbe", "startupProbe", "livenessProbe"):
@@ -243,12 +232,12 @@ def test_blog_backend_runtime_multi_host_commands_are_used() -> None:
         [str(EXAMPLES / "backendruntime-vllm-blog.yaml"), str(EXAMPLES / "llama3-405b.yaml")]
     )
     lwt = _one(objects, "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
-    lead = _runner(lwt["leaderTemplate"])
+    lead = model_runner(lwt["leaderTemplate"])
     assert lead["image"] == "vllm/vllm-openai:v0.6.0"
     script = lead["command"][2]
     assert "if [ $active_nodes -eq $(LWS_GROUP_SIZE) ]; then" in script  # the blog's own text
     assert script.rstrip().endswith("--tensor-parallel-size 8 --pipeline-parallel-size 2")
-    work = _runner(lwt["workerTemplate"])
+    work = model_runner(lwt["workerTemplate"])
     assert "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block" in work["command"][2]
 
 
@@ -275,11 +264,11 @@ spec:
 
 
 def test_sglang_multi_host_uses_native_flags() -> None:
-    objects = _render(SGLANG_MULTI)
+    objects = render(SGLANG_MULTI)
     for obj in objects:
         validate(obj)
     lwt = _one(objects, "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
-    lead, work = _runner(lwt["leaderTemplate"]), _runner(lwt["workerTemplate"])
+    lead, work = model_runner(lwt["leaderTemplate"]), model_runner(lwt["workerTemplate"])
     assert lead["command"] == work["command"] == ["python3", "-m", "sglang.launch_server"]
     for runner in (lead, work):
         args = runner["args"]
@@ -318,7 +307,7 @@ def test_speculative_decoding_has_one_loader_per_model() -> None:
         "AWS_ACCESS_KEY_ID": "aws-access-secret",
         "AWS_SECRET_ACCESS_KEY": "aws-access-secret",
     }
-    args = _runner(pod)["args"]
+    args = model_runner(pod)["args"]
     spec = orjson.loads(args[args.index("--speculative-config") + 1])
     assert spec["model"] == "/workspace/models/s3/models/llama3.2-1b"
     # One emptyDir shared by both loaders.
@@ -361,7 +350,7 @@ spec:
 
 
 def test_host_models_are_host_paths_and_skip_loader_passes_credentials() -> None:
-    objects = _render(HOST_AND_SKIP)
+    objects = render(HOST_AND_SKIP)
     for obj in objects:
         validate(obj)
     lwss = {o["metadata"]["name"]: o for o in objects if o["kind"] == "LeaderWorkerSet"}
@@ -371,7 +360,7 @@ def test_host_models_are_host_paths_and_skip_loader_passes_credentials() -> None
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
         {"name": "model-host", "hostPath": {"path": "/mnt/models/qwen.gguf"}},
     ]
-    runner = _runner(local)
+    runner = model_runner(local)
     assert runner["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "model-host", "mountPath": "/mnt/models/qwen.gguf", "readOnly": True},
@@ -382,7 +371,7 @@ def test_host_models_are_host_paths_and_skip_loader_passes_credentials() -> None
     direct = lwss["direct"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     assert "initContainers" not in direct["spec"]
     assert "volumes" not in direct["spec"]
-    runner = _runner(direct)
+    runner = model_runner(direct)
     assert runner["args"][:2] == ["--model", "facebook/opt-125m"]  # the engine downloads it
     assert {e["name"] for e in runner["env"]} == {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
     assert all("valueFrom" in e for e in runner["env"])
@@ -392,7 +381,7 @@ def test_ollama_has_no_loader_and_serves_the_tag() -> None:
     objects = render_objects([str(EXAMPLES / "ollama.yaml")])
     pod = _one(objects, "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     assert "initContainers" not in pod["spec"]
-    assert "qwen2:0.5b" in " ".join(_runner(pod)["args"])
+    assert "qwen2:0.5b" in " ".join(model_runner(pod)["args"])
 
 
 def test_credentials_are_never_inline_and_loaders_get_runner_env() -> None:
@@ -414,7 +403,7 @@ spec:
       - {name: HTTPS_PROXY, value: "http://proxy:3128"}
       - {name: OSS_ACCESS_KEY_ID, value: "leaked-if-copied"}
 """
-    objects = _render(text)
+    objects = render(text)
     pod = _one(objects, "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     loader = pod["spec"]["initContainers"][0]
     env = {e["name"]: e for e in loader["env"]}
@@ -439,7 +428,7 @@ spec:
   modelClaim: {modelName: m}
 """
     with pytest.raises(PlanningError, match="embedded substrate"):
-        _render(text)
+        render(text)
 
 
 # HPA -----------------------------------------------------------------------------------------
@@ -472,7 +461,7 @@ spec:
 
 
 def test_hpa_targets_the_playground_scale_subresource() -> None:
-    objects = _render(ELASTIC)
+    objects = render(ELASTIC)
     for obj in objects:
         validate(obj)
     hpa = _one(objects, "HorizontalPodAutoscaler")
@@ -531,7 +520,7 @@ def _elastic_on_a_recommended_trigger(metric: str, value: str) -> list[dict[str,
             "modelClaim: {modelName: opt}\n  backendRuntimeConfig: {backendName: vllm-elastic}",
         )
     )
-    return _render(text)
+    return render(text)
 
 
 def test_hpa_falls_back_to_the_recommended_config_trigger() -> None:
@@ -628,7 +617,7 @@ def test_no_hpa_for_scale_to_zero() -> None:
     text = ELASTIC.replace("minReplicas: 2", "minReplicas: 0").replace(
         "replicas: 2", "replicas: 0", 1
     )
-    objects = _render(text)
+    objects = render(text)
     assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
     assert _one(objects, "InferenceService")["spec"]["replicas"] == 0
 
@@ -676,7 +665,7 @@ def test_blog_example_renders_the_operators_autoscaling() -> None:
 )
 def test_hpa_only_for_metrics_an_hpa_reads(trigger: str, hpa: bool) -> None:
     text = ELASTIC.split("    scaleTrigger:")[0] + f"    scaleTrigger:\n      hpa: {{{trigger}}}\n"
-    objects = _render(text)
+    objects = render(text)
     hpas = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
     annotations = _one(objects, "InferenceService")["metadata"].get("annotations") or {}
     assert bool(hpas) is hpa

@@ -276,7 +276,7 @@ def test_the_charts_gateway_role_grants_exactly_reads_of_what_it_follows() -> No
     list / watch every resource the store and PodDiscovery follow, and nothing more than read
     but the scale of Playgrounds (its activator's scale from zero)."""
     from llmplane.kube.kinds import POD, Kind
-    from tests.unit.test_kube_chart import render_chart
+    from tests.unit.helm_chart import render_chart
 
     [role] = [
         d

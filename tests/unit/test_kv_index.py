@@ -21,6 +21,7 @@ from llmplane.gateway.scheduler.precise_prefix import (
 )
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.runtime.endpoint import Endpoint
+from tests.unit.token_source import Tokens
 
 BS = 4
 PROMPT = list(range(100, 124))  # 6 blocks
@@ -115,16 +116,6 @@ def test_memory_per_block_is_within_the_stated_figure() -> None:
     tracemalloc.stop()
     assert index.sizes["m"] == blocks == 50_000
     assert used / blocks <= BYTES_PER_BLOCK, used / blocks
-
-
-class Tokens:
-    """A token source answering for one engine kind (the protocol the scorer reads)."""
-
-    def __init__(self, ids: list[int] | None) -> None:
-        self.ids = ids
-
-    def token_ids(self, ctx: SchedulingContext, engine: str) -> list[int] | None:
-        return self.ids if engine == "sim" else None
 
 
 def states(*addresses: str) -> list[EndpointState]:

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from llmplane.api.documents import parse_document
+from llmplane.api.documents import InvalidResources, parse_document
 from llmplane.controlplane.plan import FLAVORS_ANNOTATION, MODEL_FAMILY_LABEL, MODEL_NAME_LABEL
 from llmplane.controlplane.planning import (
     Inputs,
@@ -20,44 +20,7 @@ from llmplane.controlplane.planning import (
     service_for_playground,
 )
 from llmplane.up import builtin_backends
-
-
-def model(name: str = "llama3-8b", **spec: Any) -> Any:
-    body: dict[str, Any] = {
-        "familyName": "llama3",
-        "source": {"modelHub": {"modelID": f"meta-llama/{name}"}},
-    }
-    body.update(spec)
-    return parse_document(
-        {
-            "apiVersion": "llmaz.io/v1alpha1",
-            "kind": "OpenModel",
-            "metadata": {"name": name},
-            "spec": body,
-        }
-    )[0]
-
-
-def playground(**spec: Any) -> Any:
-    body: dict[str, Any] = {"modelClaim": {"modelName": "llama3-8b"}}
-    body.update(spec)
-    return parse_document(
-        {
-            "apiVersion": "inference.llmaz.io/v1alpha1",
-            "kind": "Playground",
-            "metadata": {"name": "pg", "uid": "u1"},
-            "spec": body,
-        }
-    )[0]
-
-
-def backend(name: str = "vllm") -> Any:
-    doc = next(d for d in builtin_backends() if d["metadata"]["name"] == name)
-    return parse_document(doc)[0]
-
-
-def locate(m: Any) -> str:
-    return f"/models/{m.name}"
+from tests.unit.planning_inputs import backend, locate, model, playground
 
 
 def service(pg: Any, *models: Any, be: Any = None) -> Any:
@@ -334,3 +297,15 @@ def test_pipeline_parallel_flavor_infers_model_parallelism() -> None:
         "--tensor-parallel-size"
         not in container(service(playground(), m, be=backend("sglang")))["args"]
     )
+
+
+def test_termination_grace_period_reaches_the_pod_template_and_the_plan() -> None:
+    m = model()
+    default = plan_service(service(playground()), {m.name: m}, backend(), locate)
+    assert default.termination_grace_seconds == 30
+    svc = service(playground(llmplane={"terminationGracePeriodSeconds": 3}))
+    pod = svc.to_dict()["spec"]["workloadTemplate"]["workerTemplate"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 3  # (on Kubernetes: the pods' own)
+    assert plan_service(svc, {m.name: m}, backend(), locate).termination_grace_seconds == 3
+    with pytest.raises(InvalidResources, match="terminationGracePeriodSeconds"):
+        playground(llmplane={"terminationGracePeriodSeconds": -1})

@@ -18,7 +18,7 @@ from llmplane.gateway.scheduler.prefill_cost import PENDING_PREFERENCE, PrefillC
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.gateway.scraper import apply_metrics, parse_metrics
 from llmplane.runtime.endpoint import Endpoint
-from tests.unit.test_kv_index import Tokens
+from tests.unit.token_source import Tokens
 
 BS = 100
 PROMPT = list(range(3_600))  # 36 blocks: a 3,000-token prefix and 600 of the user's own

@@ -8,9 +8,7 @@ import math
 import orjson
 import pytest
 
-from llmplane.gateway.auth import TenantAccess
 from llmplane.gateway.config import GatewayConfig, config_from_dict
-from llmplane.gateway.context import RequestContext
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError
 from llmplane.gateway.ratelimit.buckets import (
@@ -24,11 +22,8 @@ from llmplane.gateway.ratelimit.buckets import (
 )
 from llmplane.gateway.ratelimit.limits import output_reservation, route_limits
 from llmplane.gateway.ratelimit.usage_filter import UsageChunkFilter, inject_include_usage
-from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.tokens import TokenCounter, estimate_tokens
-
-KTHENA = "networking.serving.volcano.sh/v1alpha1"
-
+from tests.ratelimit_requests import Clock, chat, hook_ctx, route
 
 # --- the bucket ---------------------------------------------------------------------------------
 
@@ -253,48 +248,10 @@ def test_filter_handles_crlf_events_and_flushes_a_truncated_tail():
 # --- the hook, local buckets ----------------------------------------------------------------------
 
 
-def route(name, rate_limit, namespace="default"):
-    return {
-        "apiVersion": KTHENA,
-        "kind": "ModelRoute",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "modelName": name,
-            "rules": [{"targetModels": [{"modelServerName": "s"}]}],
-            "rateLimit": rate_limit,
-        },
-    }
-
-
 class _Decision:
     def __init__(self, route, model="m"):
         self.route = route
         self.model = model
-
-
-def hook_ctx(inference, decision, status=200):
-    """The ``RequestContext`` a request hook receives: the parsed request, ``decision`` (its
-    route and model) and its tenant (``decision.tenant``, where a test's decision has one)."""
-    ctx = RequestContext(None)  # type: ignore[arg-type]  # (hooks read no HTTP request)
-    ctx.inference = inference
-    ctx.decision = decision
-    name = getattr(decision, "tenant", None)
-    ctx.tenant = TenantAccess(name, ("*",), "Default") if name is not None else None
-    ctx.status = status
-    return ctx
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
-def chat(text, **extra):
-    doc = {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
-    return InferenceRequest("/v1/chat/completions", {}, orjson.dumps(doc))
 
 
 async def test_limiter_admits_refuses_settles_and_refills():

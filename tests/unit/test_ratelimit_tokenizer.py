@@ -10,7 +10,7 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.ratelimit import RateLimiter
 from llmplane.gateway.request import InferenceRequest
 from llmplane.gateway.tokens import TokenCounter
-from tests.unit.test_ratelimit_math import hook_ctx
+from tests.ratelimit_requests import hook_ctx
 
 tokenizers = pytest.importorskip("tokenizers")
 

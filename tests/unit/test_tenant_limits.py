@@ -13,26 +13,7 @@ from llmplane.gateway.hooks import Usage
 from llmplane.gateway.ratelimit import RateLimiter, RateLimitError
 from llmplane.gateway.ratelimit.limits import tenant_limits
 from llmplane.gateway.request import InferenceRequest
-from tests.unit.test_ratelimit_math import Clock, chat, hook_ctx, route
-
-
-def tenant(name: str, rate_limit: dict | None, namespace: str = "default") -> dict:
-    spec: dict = {"models": ["*"]}
-    if rate_limit is not None:
-        spec["rateLimit"] = rate_limit
-    return {
-        "apiVersion": "llmplane.io/v1alpha1",
-        "kind": "Tenant",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
-class _Decision:
-    def __init__(self, tenant=None, route="Model/m", model="m"):
-        self.route = route
-        self.model = model
-        self.tenant = tenant
+from tests.ratelimit_requests import Clock, TenantDecision, chat, hook_ctx, route, tenant
 
 
 def limiter_with(*objects: dict, **config) -> tuple[RateLimiter, Clock]:
@@ -44,7 +25,7 @@ def limiter_with(*objects: dict, **config) -> tuple[RateLimiter, Clock]:
 
 async def test_requests_per_unit_refuse_with_retry_after_and_request_headers():
     limiter, clock = limiter_with(tenant("a", {"requestsPerUnit": 3, "unit": "minute"}))
-    d = _Decision("a")
+    d = TenantDecision("a")
     for left in (2, 1, 0):
         res = await limiter.reserve(hook_ctx(chat("hi"), d))
         assert res.response_headers["x-ratelimit-limit-requests"] == "3"
@@ -61,15 +42,15 @@ async def test_requests_per_unit_refuse_with_retry_after_and_request_headers():
     assert resp.headers["x-ratelimit-remaining-requests"] == "0"
     assert orjson.loads(resp.body)["error"]["type"] == "requests"
     # Other tenants and callers without a tenant are not held by a's limit.
-    assert await limiter.reserve(hook_ctx(chat("hi"), _Decision("b"))) is None
-    assert await limiter.reserve(hook_ctx(chat("hi"), _Decision(None))) is None
+    assert await limiter.reserve(hook_ctx(chat("hi"), TenantDecision("b"))) is None
+    assert await limiter.reserve(hook_ctx(chat("hi"), TenantDecision(None))) is None
     clock.now += 20
     assert await limiter.reserve(hook_ctx(chat("hi"), d)) is not None
 
 
 async def test_a_request_counts_even_when_it_used_nothing_but_a_failed_one_does_not():
     limiter, _ = limiter_with(tenant("a", {"requestsPerUnit": 1, "unit": "hour"}))
-    d = _Decision("a")
+    d = TenantDecision("a")
     req = chat("hi")
     res = await limiter.reserve(hook_ctx(req, d))
     limiter.settle(hook_ctx(req, d, 503), res, None)  # failed: the request comes back
@@ -84,7 +65,7 @@ async def test_tenant_token_limits_settle_on_usage():
     limiter, _ = limiter_with(
         tenant("a", {"inputTokensPerUnit": 100, "outputTokensPerUnit": 50, "unit": "minute"})
     )
-    d = _Decision("a")
+    d = TenantDecision("a")
     req = chat("x" * 156, max_tokens=40)  # 40 in, 40 out
     res = await limiter.reserve(hook_ctx(req, d))
     assert res.response_headers["x-ratelimit-remaining-tokens-output"] == "10"
@@ -108,7 +89,7 @@ async def test_a_refused_request_is_counted_once():
     calls = []
     count = limiter.counter.count
     limiter.counter.count = lambda *args: calls.append(args) or count(*args)
-    d = _Decision("a")
+    d = TenantDecision("a")
     assert await limiter.reserve(hook_ctx(chat("x" * 156), d)) is not None  # 40 of 100
     assert len(calls) == 1
     await limiter.reserve(hook_ctx(chat("x" * 156), d))  # 80 of 100
@@ -124,7 +105,7 @@ async def test_budget_counts_input_plus_output_over_its_own_unit():
     limiter, clock = limiter_with(
         tenant("a", {"requestsPerUnit": 1000, "budget": {"tokens": 100, "unit": "day"}})
     )
-    d = _Decision("a")
+    d = TenantDecision("a")
     req = chat("x" * 156, max_tokens=40)  # 40 in + 40 out reserved
     res = await limiter.reserve(hook_ctx(req, d))
     assert [a for part in res.taken for a in part.amounts] == [("requests", 1), ("budget", 80)]
@@ -147,7 +128,7 @@ async def test_tenant_and_route_limits_are_taken_together_or_not_at_all():
         tenant("a", {"inputTokensPerUnit": 1000, "requestsPerUnit": 10, "unit": "minute"}),
         route("r", {"inputTokensPerUnit": 60, "unit": "minute"}),
     )
-    d = _Decision("a", "ModelRoute/default/r#0")
+    d = TenantDecision("a", "ModelRoute/default/r#0")
     res = await limiter.reserve(hook_ctx(chat("x" * 156), d))  # 40 tokens from both
     assert [p.limit.ref for p in res.taken] == ["Tenant/a", "ModelRoute/default/r"]
     # The headers report the scarcer of the two input buckets (the route's: 20 left).
@@ -167,10 +148,10 @@ async def test_streams_get_usage_only_when_tokens_are_limited():
         tenant("a", {"requestsPerUnit": 10}), tenant("b", {"outputTokensPerUnit": 1000})
     )
     req = chat("hi", stream=True)
-    await limiter.reserve(hook_ctx(req, _Decision("a")))
+    await limiter.reserve(hook_ctx(req, TenantDecision("a")))
     assert not req.dirty  # a request count needs no usage: the body is relayed untouched
     req = chat("hi", stream=True)
-    res = await limiter.reserve(hook_ctx(req, _Decision("b")))
+    res = await limiter.reserve(hook_ctx(req, TenantDecision("b")))
     assert req.dirty and res.stream_filter is not None
 
 
@@ -178,13 +159,13 @@ async def test_embeddings_take_input_and_budget_but_no_output():
     limiter, _ = limiter_with(tenant("a", {"outputTokensPerUnit": 5, "budget": {"tokens": 50}}))
     doc = {"model": "m", "input": "x" * 40}
     req = InferenceRequest("/v1/embeddings", {}, orjson.dumps(doc))
-    res = await limiter.reserve(hook_ctx(req, _Decision("a")))
+    res = await limiter.reserve(hook_ctx(req, TenantDecision("a")))
     assert res.taken[0].amounts == [("budget", 10)]
 
 
 async def test_changed_limit_keeps_the_level_and_removed_tenant_frees_its_buckets():
     limiter, _ = limiter_with(tenant("a", {"requestsPerUnit": 5, "unit": "hour"}))
-    d = _Decision("a")
+    d = TenantDecision("a")
     for _ in range(4):
         await limiter.reserve(hook_ctx(chat("hi"), d))
     limiter.update([tenant("a", {"requestsPerUnit": 2, "unit": "hour"})])

@@ -11,7 +11,7 @@ from llmplane.gateway.hooks import Usage
 from llmplane.gateway.tenant_usage import TenantUsage, usage_log_for
 from llmplane.store.sqlite import SQLiteStore
 from llmplane.store.usage import RETENTION_DAYS, USAGE_FILENAME, UsageLog, UsageRow
-from tests.unit.test_ratelimit_math import chat, hook_ctx
+from tests.ratelimit_requests import chat, hook_ctx
 
 
 class _Decision:

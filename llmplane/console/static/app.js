@@ -408,6 +408,23 @@ const fleet = {
     $("fleet-other").replaceChildren(...(other.length ? [h("div", { class: "card" },
       h("div", { class: "card-head" }, h("h3", {}, "Other endpoints"), h("span", { class: "muted" }, "registered Endpoint objects and servers no workload owns")),
       this.table(other.map((e) => ({ index: "", phase: "Ready", endpoint: e, address: e.address, port: null, restarts: null })), null, false))] : []));
+    $("fleet-migrations").replaceChildren(...(data.migrations && data.migrations.length ? [this.migrations(data.migrations)] : []));
+  },
+
+  // Streams that lost their replica and went on on another one (gateway/migration.py).
+  migrations(routes) {
+    const reasons = ["broken", "stalled", "engine_error", "drained"];
+    const head = h("tr", {}, ...["Route", ...reasons, "Not continued", "Resume p50", "Resume p99"].map((t) => h("th", {}, t)));
+    const ms = (v) => (v === null || v === undefined ? "–" : `${num(v, 1)} ms`);
+    const rows = routes.map((r) => h("tr", { "data-route": r.route },
+      h("td", {}, r.route),
+      ...reasons.map((k) => h("td", {}, String(r.byReason[k] || 0))),
+      h("td", {}, String(r.failed)),
+      h("td", {}, ms(r.resumeMs && r.resumeMs[0])),
+      h("td", {}, ms(r.resumeMs && r.resumeMs[1]))));
+    return h("div", { class: "card", "data-testid": "migrations" },
+      h("div", { class: "card-head" }, h("h3", {}, "Stream migrations"), h("span", { class: "muted" }, "streams whose replica was lost, continued on another one (this gateway process, since it started)")),
+      h("table", { class: "replicas" }, h("thead", {}, head), h("tbody", {}, ...rows)));
   },
 
   card(w, embedded) {
