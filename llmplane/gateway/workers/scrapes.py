@@ -46,10 +46,10 @@ log = logging.getLogger("llmplane.gateway")
 
 ROW_BYTES = 1024
 # seq, waiting, running, kv, scraped_at, prefix hits, prefix queries, capacity, room,
-# inflight at scrape, flags, max_lora, adapters text length
-_HEAD = struct.Struct("<qdddddddddqqqqq")
+# inflight at scrape, flags, max_lora, block size, adapters text length
+_HEAD = struct.Struct("<qddddddddqqqqq")
 TEXT_BYTES = ROW_BYTES - _HEAD.size
-_FIELDS = struct.Struct("<dddddddddqqqqq")  # the head without seq
+_FIELDS = struct.Struct("<ddddddddqqqqq")  # the head without seq
 _TIME = struct.Struct("<d")
 HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
 READ_TRIES = 4
@@ -111,7 +111,6 @@ class ScrapeTable:
             state.prefix_queries,
             state.capacity,
             state.room,
-            state.prefill_rate,
             state.inflight_at_scrape,
             flags,
             state.max_lora,
@@ -153,7 +152,6 @@ def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
         queries,
         capacity,
         room,
-        prefill_rate,
         at_scrape,
         flags,
         max_lora,
@@ -169,7 +167,7 @@ def apply_row(state: EndpointState, fields: tuple, text: bytes) -> bool:
     state.has_load_metrics = bool(flags & HAS_LOAD) if flags & KNOWN else None
     state.scrape_ok = bool(flags & SCRAPE_OK)
     state.max_lora = max_lora
-    state.prefill_rate, state.block_size = prefill_rate, block_size
+    state.block_size = block_size
     running_text, _, waiting_text = text.partition(b"\n")
     state.lora_running = _names(running_text)
     state.lora_waiting = _names(waiting_text)
@@ -205,7 +203,6 @@ def _content(state: EndpointState, kept: bool) -> tuple:
         state.room,
         state.inflight_at_scrape,
         state.max_lora,
-        state.prefill_rate,
         state.block_size,
         state.lora_running,
         state.lora_waiting,
