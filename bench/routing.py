@@ -69,6 +69,7 @@ from bench.common import (
     table,
     write_section,
 )
+from llmplane.gateway.scheduler.config import DEFAULT_CONFIG
 from llmplane.testing import Process
 
 LLMPLANE_POLICIES = [
@@ -117,14 +118,7 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "max-score-picker"},
     ],
     # The shipped default (DEFAULT_CONFIG in llmplane/gateway/scheduler/config.py).
-    "prefix-margin": [
-        {"pluginRef": "model-served-filter"},
-        {"pluginRef": "queue-margin-filter"},
-        {"pluginRef": "prefix-cache-scorer", "weight": 6},
-        {"pluginRef": "least-request-scorer", "weight": 2},
-        {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
-        {"pluginRef": "max-score-picker"},
-    ],
+    "prefix-margin": DEFAULT_CONFIG["schedulingProfiles"][0]["plugins"],
     # The default until bench/precise_routing.py showed its filter breaking affinity under load.
     "prefix-guard": [
         {"pluginRef": "model-served-filter"},
@@ -145,7 +139,10 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
 }
 
 
-PARAMETERS = {"low-queue-filter": {"threshold": 5}, "queue-margin-filter": {"margin": 16}}
+# The parameters of the filters (the shipped default's from DEFAULT_CONFIG).
+PARAMETERS = {"low-queue-filter": {"threshold": 5}} | {
+    p["type"]: p["parameters"] for p in DEFAULT_CONFIG["plugins"] if "parameters" in p
+}
 
 
 def scheduler_config() -> dict[str, Any]:
