@@ -1,7 +1,12 @@
 """Precise prefix routing in llm-d's benchmark shape, scaled to this machine.
 
     python -m bench.precise_routing [--sims 8] [--time-scale 4] [--rates 10 20 30 40 50]
-                                    [--cell-seconds 40] [--no-write]
+                                    [--cell-seconds 40] [--no-write] [--logs DIR]
+                                    [--precise-config FILE] [--approximate-config FILE]
+
+``--logs`` keeps each router's output (the gateways' access logs: ``queued_ms``, the chosen
+endpoint, ``cached_tokens_predicted``); ``--precise-config`` / ``--approximate-config`` give a
+system a gateway config of its own (another profile, or ``gateway:`` settings) to compare.
 
 Fleet: ``--sims`` sims publishing their KV-cache events (``--kv-events-config``, ipc sockets,
 as ``llmplane up`` starts them), each with a KV cache of about a third of all the groups'
