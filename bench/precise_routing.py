@@ -1,7 +1,12 @@
 """Precise prefix routing in llm-d's benchmark shape, scaled to this machine.
 
     python -m bench.precise_routing [--sims 8] [--time-scale 4] [--rates 10 20 30 40 50]
-                                    [--cell-seconds 40] [--no-write]
+                                    [--cell-seconds 40] [--no-write] [--logs DIR]
+                                    [--precise-config FILE] [--approximate-config FILE]
+
+``--logs`` keeps each router's output (the gateways' access logs: ``queued_ms``, the chosen
+endpoint, ``cached_tokens_predicted``); ``--precise-config`` / ``--approximate-config`` give a
+system a gateway config of its own (another profile, or ``gateway:`` settings) to compare.
 
 Fleet: ``--sims`` sims publishing their KV-cache events (``--kv-events-config``, ipc sockets,
 as ``llmplane up`` starts them), each with a KV cache of about a third of all the groups'
@@ -16,11 +21,12 @@ with a ``--prefix-tokens`` (3,000) shared system prompt, ``--users`` (5) users a
 fresh text every cell (no cell profits from another's cache).
 
 Systems, used in turns on the same sims:
-- ``precise``: ``llmplane gateway`` with its built-in default profile, which is cost-aware
-  while the replicas publish events (docs/gateway.md "Precise prefix routing");
+- ``precise``: ``llmplane gateway`` with its built-in default profile, which scores prefixes
+  with the precise scorer while the replicas publish events (docs/gateway.md "Precise prefix
+  routing");
 - ``approximate``: a second ``llmplane gateway`` configured with the approximate-index default
-  (the built-in profile without events: low-queue filter, prefix-cache x3, least-request x2,
-  kv-cache x1);
+  (the built-in profile without events: queue-margin filter, prefix-cache x6, least-request
+  x2, kv-cache x1);
 - ``cache_aware``: vllm-router's ``cache_aware`` policy (skipped when not installed).
 
 Per cell: TTFT p50/p90/p99, goodput (requests a simulated second whose TTFT met
@@ -116,12 +122,18 @@ class Fleet:
         ]
         if "precise" in a.systems:
             store_objects(self.dirs[0], *endpoints)
-            self.routers["precise"] = gateway_proc(self.dirs[0], name="precise", access_log=True)
+            extra = ("--config", a.precise_config) if a.precise_config else ()
+            self.routers["precise"] = gateway_proc(
+                self.dirs[0], *extra, name="precise", access_log=True
+            )
         if "approximate" in a.systems:
             store_objects(self.dirs[1], *endpoints)
             cfg = os.path.join(self.dirs[1], "scheduler.yaml")
-            with open(cfg, "w") as f:
-                yaml.safe_dump(DEFAULT_CONFIG, f)
+            if a.approximate_config:
+                cfg = a.approximate_config
+            else:
+                with open(cfg, "w") as f:
+                    yaml.safe_dump(DEFAULT_CONFIG, f)
             self.routers["approximate"] = gateway_proc(
                 self.dirs[1], "--config", cfg, name="approximate", access_log=True
             )
@@ -156,6 +168,11 @@ class Fleet:
         return out
 
     def stop(self) -> None:
+        if self.a.logs:  # each router's output (the gateways' access logs) for a closer look
+            os.makedirs(self.a.logs, exist_ok=True)
+            for name, proc in self.routers.items():
+                with open(os.path.join(self.a.logs, f"{name}.log"), "w") as f:
+                    f.write(proc.output())
         for p in [*self.routers.values(), *self.sims]:
             p.stop()
         for d in [*self.dirs, self.sockets]:
@@ -309,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
     p.add_argument("--section", default="precise-routing")
     p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--precise-config", default="", help="an EndpointPickerConfig for precise")
+    p.add_argument("--approximate-config", default="", help="... and for approximate")
+    p.add_argument("--logs", default="", help="write each router's output (access logs) here")
     a = p.parse_args(argv)
     if not a.num_blocks:
         a.num_blocks = a.groups * a.prefix_tokens // 3 // BLOCK

@@ -74,20 +74,6 @@ def test_affinity_holds_until_the_queue_costs_more_than_recomputing() -> None:
     assert cost.costs(ctx(now), [a, b])[0] == 6 * 600 + 600
 
 
-def test_observed_prefill_speed_weighs_the_work() -> None:
-    cost, (a, b) = fleet(held_by_a=0)  # nothing cached anywhere: the faster replica wins
-    a.observe_prefill(0, 0.0)
-    a.observe_prefill(10_000, 10.0)  # 1,000 tokens/s
-    b.observe_prefill(0, 0.0)
-    b.observe_prefill(40_000, 10.0)  # 4,000 tokens/s
-    assert (a.prefill_rate, b.prefill_rate) == (1_000, 4_000)
-    assert cost.costs(ctx(time.monotonic()), [a, b]) == [3.6, 0.9]
-    # A restart (counters back to 0) changes nothing; the next interval is smoothed in.
-    b.observe_prefill(0, 0.0)
-    b.observe_prefill(2_000, 1.0)
-    assert b.prefill_rate == 0.7 * 4_000 + 0.3 * 2_000
-
-
 def test_without_token_ids_the_approximate_fractions_of_the_prompt_bytes_count() -> None:
     cost, (a, b) = fleet()
     cost.prefix.tokens = Tokens(None)
@@ -99,7 +85,7 @@ def test_without_token_ids_the_approximate_fractions_of_the_prompt_bytes_count()
     assert scores[1] == 1.0 > scores[0]
 
 
-def test_the_scraper_reads_block_size_and_prefill_counters() -> None:
+def test_the_scraper_reads_the_block_size() -> None:
     def body(block_size: str) -> bytes:
         return (
             "vllm:num_requests_waiting 0\nvllm:num_requests_running 1\n"
@@ -109,10 +95,10 @@ def test_the_scraper_reads_block_size_and_prefill_counters() -> None:
         ).encode()
 
     m = parse_metrics(body("128"), "vllm")
-    assert (m.block_size, m.prompt_tokens, m.prefix_hits, m.prefill_seconds) == (128, 5000, 1000, 2)
+    assert (m.block_size, m.prefix_hits) == (128, 1000)
     state = EndpointState(Endpoint("a", model_name="m"))
     apply_metrics(state, m, time.monotonic())
-    assert state.block_size == 128 and state.prefill_rate == 0  # one reading: no interval yet
+    assert state.block_size == 128
     for hostile in ("0", "-16", "16.5", "1e9", "99999999", "x", ""):
         assert parse_metrics(body(hostile), "vllm").block_size == 0, hostile
 

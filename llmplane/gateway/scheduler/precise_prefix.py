@@ -281,7 +281,7 @@ def use_in_default(scheduler: Scheduler, scorer: PrecisePrefixCacheScorer, activ
     """While ``active`` (some replica publishes KV events), ``scorer`` takes the approximate
     prefix scorer's place in the default profile, at its weight (the approximate one stays its
     fallback and keeps learning from picks); inactive again, the approximate one is back. The
-    rest of the profile (the low-queue filter, least-request, KV use) is unchanged."""
+    rest of the profile (the queue-margin filter, least-request, KV use) is unchanged."""
     profile = scheduler.profiles[scheduler.default]
     for i, (plugin, weight) in enumerate(profile.scorers):
         if active and type(plugin) is PrefixCacheScorer:

@@ -44,14 +44,13 @@ _ATTRS = (
     "prefix_queries",
     "capacity",
     "room",
-    "prefill_rate",
     "kv_received",
     "inflight_at_scrape",
     "max_lora",
     "block_size",
 )
 _SCRAPED_AT = _ATTRS.index("scraped_at")
-_FIELDS = struct.Struct("<ddddddddddqqqqq")
+_FIELDS = struct.Struct("<dddddddddqqqqq")
 _HEAD = struct.Struct("<q" + _FIELDS.format[1:])
 TEXT_BYTES = ROW_BYTES - _HEAD.size
 _TIME = struct.Struct("<d")
