@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, Protocol
 
 from llmplane.gateway.kvcache.index import BlockIndex, block_keys, root_key
@@ -35,6 +36,8 @@ from llmplane.sim.tokenizer import render_chat, tokenize
 
 SIM_VOCAB = 128_256  # the sim's default --vocab-size
 _UNKNOWN = object()
+_address = attrgetter("endpoint.address")  # EndpointState.key, without a call per endpoint
+_block_size = attrgetter("block_size")
 # ctx.cache key: replica -> prompt tokens the index says it holds, for the access log.
 PREDICTED = "cached_tokens_predicted"
 PROMPT_TOKENS = "prompt_tokens"  # ctx.cache key: the request's token count, once tokenized
@@ -216,23 +219,28 @@ class PrecisePrefixCacheScorer:
         return self.index.replicas if self.index is not None else {}
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        publishing = self.publishing()
-        first = endpoints[0].endpoint if endpoints else None
-        if first is None or not any(e.key in publishing for e in endpoints):
+        if not endpoints:
+            return []
+        # (One pass of C-level maps per field: at 1,000 endpoints, generators cost 0.3 ms.)
+        keys = list(map(_address, endpoints))
+        publishes = list(map(self.publishing().__contains__, keys))
+        if not any(publishes):
             return self._fallback(ctx, endpoints)
-        sizes = {e.block_size for e in endpoints if e.block_size}
+        sizes = set(map(_block_size, endpoints))
+        sizes.discard(0)
+        first = endpoints[0].endpoint
         scores = self.matches(ctx, replica_model(first), first.engine, sizes)
         if scores is None:  # not tokenized: the approximate scores for every replica
             return self._fallback(ctx, endpoints)
         share = ctx.cache.get(PENDING_SHARE)
         if share:  # sent there, not reported yet: the group's next request follows its first
             scores = {**scores, **{r: max(v, scores.get(r, 0.0)) for r, v in share.items()}}
-        if all(e.key in publishing for e in endpoints):
-            return list(map(scores.get, (e.key for e in endpoints), repeat(0.0)))
+        if all(publishes):
+            return list(map(scores.get, keys, repeat(0.0)))
         approximate = self._fallback(ctx, endpoints)
         return [
-            scores.get(e.key, 0.0) if e.key in publishing else a
-            for e, a in zip(endpoints, approximate, strict=True)
+            scores.get(k, 0.0) if p else a
+            for k, p, a in zip(keys, publishes, approximate, strict=True)
         ]
 
     def _fallback(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
