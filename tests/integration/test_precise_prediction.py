@@ -104,7 +104,8 @@ async def test_predicted_cached_tokens_are_what_the_sims_serve_from_cache(
     processes: Processes, store, gateways, client: aiohttp.ClientSession, sockets: Path, caplog
 ) -> None:
     """Pairs of requests of a group: the second is sent while the first is in its prefill
-    (a second of it at time scale 30), so its blocks are on their way, not reported. Each
+    (a second of it at time scale 30), so its blocks are on their way, not reported, and the
+    replica has no queue (the first computes them before the second is admitted). Each
     sim's cache holds about two groups' prompts: revisited groups find theirs evicted, in part
     or whole. Per pair, the predictions add up to the tokens the sims served from cache."""
     caplog.set_level(logging.INFO, logger="llmplane.gateway.access")
@@ -125,6 +126,12 @@ async def test_predicted_cached_tokens_are_what_the_sims_serve_from_cache(
         first = asyncio.create_task(send(client, url, chat(group, f"{turn}a")))
 
         await eventually(running(client, sims), what="the first request in its prefill")
+        await eventually(  # and the gateway saw it there, no queue (it predicts from that)
+            lambda: any(
+                s.running >= 1 and s.waiting == 0 for s in gateway.registry.states.values()
+            ),
+            what="the gateway scraped the first request running",
+        )
         sent = time.monotonic()
         second = asyncio.create_task(send(client, url, chat(group, f"{turn}b")))
         first_done, _ = await asyncio.gather(first, second)

@@ -176,6 +176,13 @@ def test_blocks_sent_but_not_reported_score_and_predict_as_held_there_until_repo
     assert predicted_cached_tokens(second, "b") == len(PROMPT) - BS
     assert predicted_cached_tokens(second, "a") == 0
     assert predicted_cached_tokens(second, "b", on_the_way=False) == 0
+    # Behind a queue there, the next request may be admitted with the first and compute the
+    # blocks too: still scored as held, not predicted.
+    fleet[1].waiting, fleet[1].has_load_metrics, fleet[1].scraped_at = 2, True, 101.0
+    queued = SchedulingContext("m", b"x" * 64, now=101.0)
+    assert scorer.score(queued, fleet) == [0.0, 1.0]
+    assert predicted_cached_tokens(queued, "b") == 0
+    fleet[1].waiting = 0
     # Past EXPECT_SECONDS without events: no longer on the way.
     late = SchedulingContext("m", b"x" * 64, now=100.0 + EXPECT_SECONDS + 1)
     assert scorer.score(late, fleet) == [0.0, 0.0]

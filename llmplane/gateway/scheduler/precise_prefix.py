@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from llmplane.gateway.kvcache.index import BlockIndex, block_keys, root_key
 from llmplane.gateway.kvcache.subscriber import replica_model
-from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 from llmplane.sim.tokenizer import render_chat, tokenize
@@ -48,6 +48,11 @@ KEYS = "block_keys"
 # fraction of the request's blocks that makes.
 PENDING = "cached_tokens_pending"
 PENDING_SHARE = "pending_share"
+# ctx.cache key: replica -> the ``PENDING`` tokens it will hold when this request is admitted:
+# those of replicas without a queue. Engines admit requests in order and cache a block once it
+# is computed, so the request computing them is running there and is done with them first;
+# behind a queue, the two may be admitted in one step, and this one computes them too.
+ARRIVING = "cached_tokens_arriving"
 BYTES_PER_TOKEN = 4  # the approximate index's bytes -> tokens (the sim's own rule; English ~4)
 
 
@@ -235,6 +240,12 @@ class PrecisePrefixCacheScorer:
         share = ctx.cache.get(PENDING_SHARE)
         if share:  # sent there, not reported yet: the group's next request follows its first
             scores = {**scores, **{r: max(v, scores.get(r, 0.0)) for r, v in share.items()}}
+            soon = ctx.cache[PENDING]
+            waiting = [endpoints[i] for i, k in enumerate(keys) if k in soon]
+            queues = queue_estimates(waiting, ctx.staleness, ctx.now)
+            ctx.cache[ARRIVING] = {
+                e.key: soon[e.key] for e, queue in zip(waiting, queues, strict=True) if queue < 1
+            }
         if all(publishes):
             return list(map(scores.get, keys, repeat(0.0)))
         approximate = self._fallback(ctx, endpoints)
@@ -252,10 +263,11 @@ class PrecisePrefixCacheScorer:
 def predicted_cached_tokens(
     ctx: SchedulingContext, replica: str, on_the_way: bool = True
 ) -> int | None:
-    """The prompt tokens ``replica`` will hold for this request when it arrives, as the router
-    believes (the access log's ``cached_tokens_predicted``): the leading run of its blocks the
-    index says the replica holds or, where longer, the run of blocks on their way there (sent
-    with earlier requests, not reported yet; not counted with ``on_the_way`` false). Where no
+    """The prompt tokens ``replica`` will hold for this request when it is admitted there, as
+    the router believes (the access log's ``cached_tokens_predicted``): the leading run of its
+    blocks the index says the replica holds or, where longer and the replica has no queue
+    (``ARRIVING``), the run of blocks on their way there (sent with earlier requests, not
+    reported yet; not counted with ``on_the_way`` false). Where no
     precise prediction was made (no replica of the model publishes events, the request was not
     tokenized, the profile has no precise scorer), the approximate index's estimate (its
     matched bytes / ``BYTES_PER_TOKEN``); None when neither scored."""
@@ -263,7 +275,7 @@ def predicted_cached_tokens(
     if tokens is not None:
         held = tokens.get(replica, 0)
         if on_the_way:
-            soon = ctx.cache.get(PENDING)
+            soon = ctx.cache.get(ARRIVING)
             if soon:
                 return max(held, soon.get(replica, 0))
         return held
