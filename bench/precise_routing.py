@@ -279,7 +279,7 @@ def report(res: dict[str, Any]) -> str:
         "",
     ]
     headers = ["rate req/s", "system", "ok / sent", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
-               "goodput req/s", "out tok/s", "hit"]  # fmt: skip
+               "goodput req/s", "out tok/s", "hit", "predicted / served"]  # fmt: skip
     rows = [
         [
             f"{c['rate']:g}",
@@ -291,10 +291,13 @@ def report(res: dict[str, Any]) -> str:
             f"{c['goodput']:.1f}",
             f"{c['tok_s']:,.0f}",
             f"{c['hit_rate']:.2f}",
+            f"{c['predicted'] / c['cached']:.3f}"
+            if c["predicted"] is not None and c["cached"]
+            else "-",
         ]
         for c in cells
     ]
-    out += [table(headers, rows, "ll" + "r" * 7), ""]
+    out += [table(headers, rows, "ll" + "r" * 8), ""]
     for system, index in (("precise", "precise index"), ("approximate", "approximate index")):
         ratio = accuracy(cells, system)
         if ratio is not None:
