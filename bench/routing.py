@@ -309,6 +309,7 @@ async def sim_counters(session: aiohttp.ClientSession, addrs: list[str]) -> list
             if name in (
                 "vllm:prefix_cache_hits",
                 "vllm:prefix_cache_queries",
+                "vllm:prompt_tokens_cached",
                 "vllm:request_success",
             ):
                 out[name] = out.get(name, 0.0) + float(value)

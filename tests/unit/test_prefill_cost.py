@@ -6,11 +6,10 @@ from __future__ import annotations
 import time
 
 from llmplane.gateway.kvcache.events import Batch, Stored
-from llmplane.gateway.kvcache.index import BlockIndex
+from llmplane.gateway.kvcache.index import EXPECT_SECONDS, BlockIndex
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
-    PENDING_SECONDS,
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
 )
@@ -58,7 +57,7 @@ def test_affinity_holds_until_the_queue_costs_more_than_recomputing() -> None:
     cost.score(first, [a, b])
     cost.on_pick(first, a)  # requests sent to "a" compute 600 tokens each
     assert cost.per_request["a"] == 600
-    now += PENDING_SECONDS  # (the pick's own blocks no longer count as pending on "a")
+    now += EXPECT_SECONDS  # (the pick's own blocks no longer count as pending on "a")
     # 4 waiting on "a": 4 * 600 + 600 = 3,000 tokens of prefill ahead < 3,600 on idle "b".
     loaded(a, 4, now)
     assert cost.costs(ctx(now), [a, b]) == [3_000, 3_600]
@@ -110,18 +109,20 @@ def test_a_request_just_sent_is_pending_on_its_replica_until_its_events_or_the_t
     first = ctx(now)
     assert cost.score(first, [a, b]) == [1.0, 1.0]
     cost.on_pick(first, b)
-    # The same prompt again before "b" reported it: not predicted cached (it may run beside
-    # the first and compute the blocks too), but "b" is preferred among equal costs ...
+    # The same prompt again before "b" reported it: predicted cached there (the access log),
+    # not counted as cached by the cost (it may run beside the first and compute the blocks
+    # too), but "b" is preferred among equal costs ...
     again = ctx(now + 1)
     assert cost.uncached(again, [a, b]) == [3_600, 3_600]
-    assert predicted_cached_tokens(again, "b") == 0
+    assert predicted_cached_tokens(again, "b") == 3_500
+    assert predicted_cached_tokens(again, "b", on_the_way=False) == 0
     assert cost.costs(again, [a, b]) == [3_600, 3_600 * (1 - PENDING_PREFERENCE * 3_500 / 3_600)]
     # ... and queued behind it there, the blocks will be cached by the time it runs.
     b.prefilling = 1
     behind = ctx(now + 1)
     assert cost.costs(behind, [a, b])[1] < 3_600
     assert predicted_cached_tokens(behind, "b") == 3_500
-    expired = ctx(now + PENDING_SECONDS + 1)
+    expired = ctx(now + EXPECT_SECONDS + 1)
     assert cost.costs(expired, [a, b]) == [3_600, 3_600 + 3_600]
-    cost.prefix._prune(now + PENDING_SECONDS + 1)
-    assert not cost.prefix.pending and not cost.prefix._expiries
+    cost.prefix.index.prune(now + EXPECT_SECONDS + 1)
+    assert not cost.prefix.index.expected and not cost.prefix.index._expiries

@@ -43,7 +43,6 @@ from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
     BYTES_PER_TOKEN,
     PENDING,
-    PREDICTED,
     PROMPT_TOKENS,
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
@@ -70,7 +69,7 @@ class PrefillCostScorer:
             return [size * (1.0 - h) for h in held]
         out = []
         for e, h in zip(endpoints, held, strict=True):
-            cached = predicted_cached_tokens(ctx, e.key)
+            cached = predicted_cached_tokens(ctx, e.key, on_the_way=False)
             if e.key not in self.prefix.publishing():
                 cached = h * total
             out.append(max(float(total) - (cached or 0), 1.0))
@@ -89,10 +88,8 @@ class PrefillCostScorer:
             ahead = max(queued, float(e.prefilling))
             soon = pending.get(e.key, 0)
             if soon and ahead >= 1 and total - soon < mine:
-                # Queued behind the requests computing those blocks: cached when it runs (the
-                # prediction the access log shows too).
+                # Queued behind the requests computing those blocks: cached when it runs.
                 mine = max(float(total - soon), 1.0)
-                ctx.cache.setdefault(PREDICTED, {})[e.key] = soon
             learned[e.key] = mine
             per_request = self.per_request.get(e.key, mine)
             cost = ahead * per_request + mine
