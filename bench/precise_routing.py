@@ -1,7 +1,12 @@
 """Precise prefix routing in llm-d's benchmark shape, scaled to this machine.
 
     python -m bench.precise_routing [--sims 8] [--time-scale 4] [--rates 10 20 30 40 50]
-                                    [--cell-seconds 40] [--no-write]
+                                    [--cell-seconds 40] [--no-write] [--logs DIR]
+                                    [--precise-config FILE] [--approximate-config FILE]
+
+``--logs`` keeps each router's output (the gateways' access logs: ``queued_ms``, the chosen
+endpoint, ``cached_tokens_predicted``); ``--precise-config`` / ``--approximate-config`` give a
+system a gateway config of its own (another profile, or ``gateway:`` settings) to compare.
 
 Fleet: ``--sims`` sims publishing their KV-cache events (``--kv-events-config``, ipc sockets,
 as ``llmplane up`` starts them), each with a KV cache of about a third of all the groups'
@@ -16,18 +21,22 @@ with a ``--prefix-tokens`` (3,000) shared system prompt, ``--users`` (5) users a
 fresh text every cell (no cell profits from another's cache).
 
 Systems, used in turns on the same sims:
-- ``precise``: ``llmplane gateway`` with its built-in default profile, which is cost-aware
-  while the replicas publish events (docs/gateway.md "Precise prefix routing");
+- ``precise``: ``llmplane gateway`` with its built-in default profile, which scores prefixes
+  with the precise scorer while the replicas publish events (docs/gateway.md "Precise prefix
+  routing");
 - ``approximate``: a second ``llmplane gateway`` configured with the approximate-index default
-  (the built-in profile without events: low-queue filter, prefix-cache x3, least-request x2,
-  kv-cache x1);
+  (the built-in profile without events: queue-margin filter, prefix-cache x6, least-request
+  x2, kv-cache x1);
 - ``cache_aware``: vllm-router's ``cache_aware`` policy (skipped when not installed).
 
 Per cell: TTFT p50/p90/p99, goodput (requests a simulated second whose TTFT met
 ``--slo-ttft``), output tokens a second, the sims' prefix-cache hit rate. Over the whole run, for
 each llmplane system: the prompt tokens its gateway predicted cached on the replicas it chose
-(the access log's ``cached_tokens_predicted``) against the hits the sims report for its
-requests (``vllm:prefix_cache_hits``): the ratio is the index's accuracy under evictions.
+(the access log's ``cached_tokens_predicted``: what the router believes the replica will hold
+when the request arrives, blocks on their way there included) against the prompt tokens the
+sims served from their cache for its requests (``vllm:prompt_tokens_cached``, counted once a
+request when it is first scheduled, as the prediction is made once): the ratio is the precise
+index's accuracy under evictions, and the approximate index's error on the same run.
 """
 
 from __future__ import annotations
@@ -116,12 +125,18 @@ class Fleet:
         ]
         if "precise" in a.systems:
             store_objects(self.dirs[0], *endpoints)
-            self.routers["precise"] = gateway_proc(self.dirs[0], name="precise", access_log=True)
+            extra = ("--config", a.precise_config) if a.precise_config else ()
+            self.routers["precise"] = gateway_proc(
+                self.dirs[0], *extra, name="precise", access_log=True
+            )
         if "approximate" in a.systems:
             store_objects(self.dirs[1], *endpoints)
             cfg = os.path.join(self.dirs[1], "scheduler.yaml")
-            with open(cfg, "w") as f:
-                yaml.safe_dump(DEFAULT_CONFIG, f)
+            if a.approximate_config:
+                cfg = a.approximate_config
+            else:
+                with open(cfg, "w") as f:
+                    yaml.safe_dump(DEFAULT_CONFIG, f)
             self.routers["approximate"] = gateway_proc(
                 self.dirs[1], "--config", cfg, name="approximate", access_log=True
             )
@@ -156,6 +171,11 @@ class Fleet:
         return out
 
     def stop(self) -> None:
+        if self.a.logs:  # each router's output (the gateways' access logs) for a closer look
+            os.makedirs(self.a.logs, exist_ok=True)
+            for name, proc in self.routers.items():
+                with open(os.path.join(self.a.logs, f"{name}.log"), "w") as f:
+                    f.write(proc.output())
         for p in [*self.routers.values(), *self.sims]:
             p.stop()
         for d in [*self.dirs, self.sockets]:
@@ -186,7 +206,13 @@ async def run_cell(fleet: Fleet, system: str, bodies: list[dict], arrivals: list
             )
         results = list(await asyncio.gather(*tasks))
         span = (time.perf_counter() - start) / scale
-        await asyncio.sleep(0.2)  # the last access-log lines and counters settle
+        if system in ("precise", "approximate"):  # every request's access-log line is out
+            settled = time.monotonic() + 5.0
+            while len(fleet.predicted(system)) < seen + len(results):
+                if time.monotonic() > settled:
+                    break
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the sims' counters settle
         after = await sim_counters(session, fleet.addrs)
 
     def delta(name: str) -> float:
@@ -209,6 +235,7 @@ async def run_cell(fleet: Fleet, system: str, bodies: list[dict], arrivals: list
         "tok_s": sum(r["tokens"] for r in ok) / span if span else 0.0,
         "hit_rate": hits / queries if queries else float("nan"),
         "hits": hits,
+        "cached": delta("vllm:prompt_tokens_cached"),
         "predicted": predicted,
     }
 
@@ -236,8 +263,8 @@ async def run_all(a: argparse.Namespace) -> dict[str, Any]:
                     f" p99 {cell['ttft_p99'] * 1000:7.1f} ms goodput {cell['goodput']:5.1f}/s"
                     f" hit {cell['hit_rate']:.2f}"
                     + (
-                        f" predicted/actual {cell['predicted'] / cell['hits']:.3f}"
-                        if cell["predicted"] is not None and cell["hits"]
+                        f" predicted/actual cached {cell['predicted'] / cell['cached']:.3f}"
+                        if cell["predicted"] is not None and cell["cached"]
                         else ""
                     ),
                     flush=True,
@@ -248,10 +275,11 @@ async def run_all(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def accuracy(cells: list[dict[str, Any]], system: str) -> float | None:
-    """Predicted / actual prefix-cache hits over the run (None: no hits or no predictions)."""
+    """Predicted / actual prompt tokens served from cache over the run (None: nothing served
+    from cache, or no predictions)."""
     mine = [c for c in cells if c["system"] == system and c["predicted"] is not None]
-    hits = sum(c["hits"] for c in mine)
-    return sum(c["predicted"] for c in mine) / hits if mine and hits else None
+    cached = sum(c["cached"] for c in mine)
+    return sum(c["predicted"] for c in mine) / cached if mine and cached else None
 
 
 def report(res: dict[str, Any]) -> str:
@@ -268,7 +296,7 @@ def report(res: dict[str, Any]) -> str:
         "",
     ]
     headers = ["rate req/s", "system", "ok / sent", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
-               "goodput req/s", "out tok/s", "hit"]  # fmt: skip
+               "goodput req/s", "out tok/s", "hit", "predicted / served"]  # fmt: skip
     rows = [
         [
             f"{c['rate']:g}",
@@ -280,14 +308,20 @@ def report(res: dict[str, Any]) -> str:
             f"{c['goodput']:.1f}",
             f"{c['tok_s']:,.0f}",
             f"{c['hit_rate']:.2f}",
+            f"{c['predicted'] / c['cached']:.3f}"
+            if c["predicted"] is not None and c["cached"]
+            else "-",
         ]
         for c in cells
     ]
-    out += [table(headers, rows, "ll" + "r" * 7), ""]
-    for system in ("precise", "approximate"):
+    out += [table(headers, rows, "ll" + "r" * 8), ""]
+    for system, index in (("precise", "precise index"), ("approximate", "approximate index")):
         ratio = accuracy(cells, system)
         if ratio is not None:
-            out.append(f"- {system}: predicted / actual prefix-cache hits over the run {ratio:.3f}")
+            out.append(
+                f"- {index}: prompt tokens predicted cached / served from cache over the run "
+                f"{ratio:.3f} (error {abs(ratio - 1):.1%})"
+            )
     return "\n".join(out)
 
 
@@ -309,6 +343,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
     p.add_argument("--section", default="precise-routing")
     p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--precise-config", default="", help="an EndpointPickerConfig for precise")
+    p.add_argument("--approximate-config", default="", help="... and for approximate")
+    p.add_argument("--logs", default="", help="write each router's output (access logs) here")
     a = p.parse_args(argv)
     if not a.num_blocks:
         a.num_blocks = a.groups * a.prefix_tokens // 3 // BLOCK

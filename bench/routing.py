@@ -15,9 +15,10 @@ client's own real-time overhead is divided by the scale too, so it is understate
 Routers, all started once and used in turns:
 - llmplane (one gateway process; one Kthena ModelServer + ModelRoute per policy, each
   ModelServer annotated with its scheduling profile): ``rr`` (round-robin scorer: the
-  Kubernetes Service baseline), ``random``, ``least-request``, ``prefix-guard`` (the shipped
-  default, DEFAULT_CONFIG: a low-queue filter at 5, then prefix-cache x3, least-request x2,
-  kv-cache x1), ``ie-blend`` (the Inference Extension's v1.5 blend: queue x2, kv-cache x2,
+  Kubernetes Service baseline), ``random``, ``least-request``, ``prefix-margin`` (the shipped
+  default, DEFAULT_CONFIG: a queue-margin filter at 16, then prefix-cache x6, least-request x2,
+  kv-cache x1), ``prefix-guard`` (the default before: a low-queue filter at 5, then
+  prefix-cache x3, least-request x2, kv-cache x1), ``ie-blend`` (the Inference Extension's v1.5 blend: queue x2, kv-cache x2,
   prefix-cache x3, plus least-request x1; the default before), ``ie-blend+lora`` (plus
   lora-affinity x2), and the candidates ``prefix-lr`` (prefix-guard without the filter) and
   ``prefix-lrq`` (prefix-lr plus queue x1), not in the default set;
@@ -68,6 +69,7 @@ from bench.common import (
     table,
     write_section,
 )
+from llmplane.gateway.scheduler.config import DEFAULT_CONFIG
 from llmplane.testing import Process
 
 LLMPLANE_POLICIES = [
@@ -78,6 +80,7 @@ LLMPLANE_POLICIES = [
     "ie-blend+lora",
     "prefix-lr",
     "prefix-guard",
+    "prefix-margin",
     "prefix-lrq",
 ]
 VLLM_ROUTER_POLICIES = ["cache_aware", "power_of_two", "consistent_hash"]
@@ -115,6 +118,8 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "max-score-picker"},
     ],
     # The shipped default (DEFAULT_CONFIG in llmplane/gateway/scheduler/config.py).
+    "prefix-margin": DEFAULT_CONFIG["schedulingProfiles"][0]["plugins"],
+    # The default until bench/precise_routing.py showed its filter breaking affinity under load.
     "prefix-guard": [
         {"pluginRef": "model-served-filter"},
         {"pluginRef": "low-queue-filter"},
@@ -134,11 +139,17 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
 }
 
 
+# The parameters of the filters (the shipped default's from DEFAULT_CONFIG).
+PARAMETERS = {"low-queue-filter": {"threshold": 5}} | {
+    p["type"]: p["parameters"] for p in DEFAULT_CONFIG["plugins"] if "parameters" in p
+}
+
+
 def scheduler_config() -> dict[str, Any]:
     types = sorted({p["pluginRef"] for plist in PROFILES.values() for p in plist})
     return {
         "plugins": [
-            {"type": t, "parameters": {"threshold": 5}} if t == "low-queue-filter" else {"type": t}
+            {"type": t, "parameters": PARAMETERS[t]} if t in PARAMETERS else {"type": t}
             for t in types
         ],
         "schedulingProfiles": [{"name": n, "plugins": p} for n, p in PROFILES.items()],
@@ -298,6 +309,7 @@ async def sim_counters(session: aiohttp.ClientSession, addrs: list[str]) -> list
             if name in (
                 "vllm:prefix_cache_hits",
                 "vllm:prefix_cache_queries",
+                "vllm:prompt_tokens_cached",
                 "vllm:request_success",
             ):
                 out[name] = out.get(name, 0.0) + float(value)

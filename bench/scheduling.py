@@ -1,7 +1,7 @@
 """The scheduler alone: what one pick costs, by fleet size and prompt length.
 
     python -m bench.scheduling [--iterations 5000] [--repeats 5] [--profile default] [--no-write]
-                               [--cells 1000x16000,...]
+                               [--cells 1000x16000,...] [--precise]
 
 Each cell builds ``endpoints`` EndpointStates with fresh, varied engine metrics (waiting 0-8,
 KV use 0-1, 0-4 in flight) and a prefix index warmed with 256 earlier picks, then times,
@@ -16,7 +16,15 @@ request by request:
   waited for a core.
 
 The prompts are chat requests whose first three quarters are one of 32 system prompts (so
-prefixes match on some endpoints) and the rest a fresh question. One process, nothing else
+prefixes match on some endpoints) and the rest a fresh question.
+
+``--precise``: every endpoint publishes KV events, so the default profile scores with the
+precise-prefix-cache scorer (docs/gateway.md "Precise prefix routing"): the index of the
+engines' blocks holds, for each endpoint, the blocks (16 tokens, the sim's tokenizer) of 2 of
+the system prompts as their ``BlockStored`` events would report them; a pick hashes the
+request's token ids into block keys and walks the index, and ``on_pick`` records its blocks on
+their way. Token ids are computed before the clock starts (tokenizing is bench/tokenization.py's
+figure). Writes the ``scheduling-precise`` section instead. One process, nothing else
 timed; the garbage collector runs as it would in the gateway. The cells run ``--repeats``
 times in turn and each percentile reported is the median over the repeats (this shared
 machine's speed drifts by up to 2x within minutes). Writes the ``scheduling`` section of
@@ -35,10 +43,18 @@ from typing import Any
 
 from bench.common import RESULTS, machine, machine_line, percentile, table, write_section
 from llmplane.gateway.discovery import Endpoint
+from llmplane.gateway.kvcache.events import Batch, Stored
+from llmplane.gateway.kvcache.index import BlockIndex
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.request import prompt_text
 from llmplane.gateway.scheduler.config import build_scheduler
-from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
+from llmplane.gateway.scheduler.precise_prefix import (
+    SIM_VOCAB,
+    PrecisePrefixCacheScorer,
+    use_in_default,
+)
+from llmplane.sim.tokenizer import render_chat, tokenize
 
 CELLS = [(8, 1_000), (8, 16_000), (64, 1_000), (64, 16_000), (256, 16_000), (1_000, 16_000)]
 
@@ -53,12 +69,57 @@ def _states(n: int, rng: random.Random, now: float) -> list[EndpointState]:
     return states
 
 
-def cell(endpoints: int, prompt_chars: int, iterations: int, profile: str | None) -> dict:
+BLOCK = 16  # the sim's block size: the most keys a prompt has
+
+
+class _KnownIds:
+    """Token ids computed before the clock starts, by request (``ctx.request``: the doc)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, list[int]] = {}
+
+    def of(self, doc: dict[str, Any]) -> list[int]:
+        ids = self.ids.get(id(doc))
+        if ids is None:
+            ids = self.ids[id(doc)] = tokenize(render_chat(doc["messages"], True), SIM_VOCAB)
+        return ids
+
+    def token_ids(self, ctx: SchedulingContext, engine: str) -> list[int] | None:
+        return self.ids.get(id(ctx.request))
+
+
+def _precise(
+    scheduler: Scheduler, states: list[EndpointState], systems: list[dict[str, Any]], rng: Any
+) -> _KnownIds:
+    """The precise scorer in the default profile, over an index where each endpoint holds the
+    blocks of 2 of the system prompts (``systems``: a request of each)."""
+    index = BlockIndex()
+    known = _KnownIds()
+    shared = []
+    for doc in systems:  # the blocks of the system prompt: those before the question's text
+        text = render_chat(doc["messages"], True)
+        head = text.index(doc["messages"][1]["content"][:20])
+        shared.append(known.of(doc)[: head // 4 // BLOCK * BLOCK])
+    serial = 0
+    for state in states:
+        index.add_replica(state.key, "m")
+        for ids in rng.sample(shared, 2):
+            hashes = list(range(serial, serial + len(ids) // BLOCK))
+            serial += len(hashes)
+            index.apply(state.key, Batch(0.0, [Stored(hashes, None, ids, BLOCK)]))
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index, scorer.tokens = index, known
+    use_in_default(scheduler, scorer, True)
+    return known
+
+
+def cell(
+    endpoints: int, prompt_chars: int, iterations: int, profile: str | None, precise: bool = False
+) -> dict:
     rng = random.Random(7)
     now = time.monotonic()
     states = _states(endpoints, rng, now)
     scheduler = build_scheduler()
-    prof = scheduler.profile(profile)
     shared = prompt_chars * 3 // 4
     systems = ["".join(rng.choice("abcdefghij ") for _ in range(shared)) for _ in range(32)]
 
@@ -72,10 +133,18 @@ def cell(endpoints: int, prompt_chars: int, iterations: int, profile: str | None
             ],
         }
 
+    known = _precise(scheduler, states, [doc(k) for k in range(32)], rng) if precise else None
+    prof = scheduler.profile(profile)
     for k in range(256):
-        ctx = SchedulingContext("m", prompt_text(doc(k)).encode(), {}, False, 0.2, now)
+        d = doc(k)
+        if known is not None:
+            known.of(d)
+        ctx = SchedulingContext("m", prompt_text(d).encode(), {}, False, 0.2, now, request=d)
         prof.on_pick(ctx, scheduler.pick(ctx, states, 4, profile).endpoints[0])
     docs = [doc(k) for k in range(64)]
+    if known is not None:
+        for d in docs:
+            known.of(d)
     pick_t: list[float] = []
     total_t: list[float] = []
     cpu_t: list[float] = []
@@ -84,7 +153,9 @@ def cell(endpoints: int, prompt_chars: int, iterations: int, profile: str | None
         d = docs[k % len(docs)]
         cpu_start = cpu()
         start = perf()
-        ctx = SchedulingContext("m", lambda d=d: prompt_text(d).encode(), {}, False, 0.2, now)
+        ctx = SchedulingContext(
+            "m", lambda d=d: prompt_text(d).encode(), {}, False, 0.2, now, request=d
+        )
         chosen = scheduler.pick(ctx, states, 4, profile).endpoints[0]
         picked = perf()
         cpu_picked = cpu()
@@ -133,7 +204,8 @@ def report(res: dict[str, Any]) -> str:
         [
             f"Command: `python -m bench.scheduling --iterations {a['iterations']} "
             f"--repeats {a['repeats']}"
-            f"{' --profile ' + a['profile'] if a['profile'] else ''}` "
+            f"{' --profile ' + a['profile'] if a['profile'] else ''}"
+            f"{' --precise' if a.get('precise') else ''}` "
             f"({machine_line(res['machine'], res['load_after'])}). Profile: "
             f"`{a['profile'] or 'default'}` ({res['profile_plugins']}).",
             "",
@@ -148,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--profile", default=None, help="scheduling profile (default: the default)")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--precise", action="store_true", help="endpoints publish KV events")
     p.add_argument(
         "--cells",
         default=None,
@@ -162,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in range(args.repeats):
         for endpoints, chars in cells_run:
-            c = cell(endpoints, chars, args.iterations, args.profile)
+            c = cell(endpoints, chars, args.iterations, args.profile, args.precise)
             runs.setdefault((endpoints, chars), []).append(c)
             print(
                 f"[{r + 1}/{args.repeats}] {endpoints:4d} endpoints {chars:6,d} chars: pick p50 "
@@ -179,7 +252,10 @@ def main(argv: list[str] | None = None) -> None:
         for cs in runs.values()
     ]
 
-    prof = build_scheduler().profile(args.profile)
+    scheduler = build_scheduler()
+    if args.precise:
+        use_in_default(scheduler, PrecisePrefixCacheScorer(), True)
+    prof = scheduler.profile(args.profile)
     plugins = ", ".join(
         [f.name for f in prof.filters] + [f"{s.name} x{w:g}" for s, w in prof.scorers]
     )
@@ -194,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "scheduling.json").write_text(json.dumps(res, indent=1))
-    print(f"wrote {write_section('scheduling', report(res))}")
+    section = "scheduling-precise" if args.precise else "scheduling"
+    print(f"wrote {write_section(section, report(res))}")
 
 
 if __name__ == "__main__":

@@ -36,11 +36,8 @@ class EndpointState:
     # The engine's prefix-cache counters in prompt tokens (console and /metrics only).
     prefix_hits: float = 0.0
     prefix_queries: float = 0.0
-    # Observed prefill speed, uncached prompt tokens a second per request (0 = not known yet;
-    # ``observe_prefill``), and the engine's KV block size in tokens (0 = not reported).
-    prefill_rate: float = 0.0
+    # The engine's KV block size in tokens (0 = not reported).
     block_size: int = 0
-    prefill_seen: tuple[float, float] = (-1.0, -1.0)  # the counters at the last scrape (-1: none)
     # Prompt tokens whose KV the engine took over its KV connector (-1: not reported).
     kv_received: float = -1.0
     # The engine's time to first token, seconds (-1: not reported; ``observe_ttft``), and its
@@ -99,19 +96,6 @@ class EndpointState:
         if freed <= 0 or running <= 0:
             return self.kv_usage
         return self.kv_usage * (running - freed) / running if freed < running else 0.0
-
-    def observe_prefill(self, computed: float, seconds: float) -> None:
-        """The engine's counters of prompt tokens computed (not read from its cache) and of
-        seconds its requests spent in prefill: the speed over the interval since the last
-        scrape, smoothed (an interval without prefill, or counters that went back after a
-        restart, changes nothing)."""
-        last_computed, last_seconds = self.prefill_seen
-        self.prefill_seen = (computed, seconds)
-        tokens, spent = computed - last_computed, seconds - last_seconds
-        if tokens <= 0 or spent <= 0 or last_seconds < 0:
-            return
-        rate = tokens / spent
-        self.prefill_rate = rate if not self.prefill_rate else 0.7 * self.prefill_rate + 0.3 * rate
 
     def observe_ttft(self, total: float, count: float, busy: bool) -> None:
         """The engine's time-to-first-token histogram (``_sum``, ``_count``) at a scrape: the

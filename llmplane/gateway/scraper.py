@@ -51,10 +51,6 @@ class MetricNames:
     # Prefix-cache counters (prompt tokens looked up / found cached), for the console only.
     prefix_hits: tuple[bytes, ...] = ()
     prefix_queries: tuple[bytes, ...] = ()
-    # Prompt tokens processed and seconds spent in prefill (counters): the observed prefill
-    # speed the ``prefill-cost`` scorer weighs a cache miss by.
-    prompt_tokens: tuple[bytes, ...] = ()
-    prefill_seconds: tuple[bytes, ...] = ()
     # An info gauge whose ``block_size`` label is the engine's KV block size in tokens.
     cache_info: bytes | None = None
     # Prompt tokens whose KV the engine loaded through its KV connector (a disaggregated
@@ -72,8 +68,6 @@ VLLM = MetricNames(
     lora=b"vllm:lora_requests_info",
     prefix_hits=(b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),
     prefix_queries=(b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"),
-    prompt_tokens=(b"vllm:prompt_tokens_total",),
-    prefill_seconds=(b"vllm:request_prefill_time_seconds_sum",),
     cache_info=b"vllm:cache_config_info",
     kv_received=(b"vllm:external_prefix_cache_hits_total",),
     ttft_sum=(b"vllm:time_to_first_token_seconds_sum",),
@@ -195,8 +189,6 @@ class LoadMetrics:
     max_lora: int = 0
     prefix_hits: float | None = None
     prefix_queries: float | None = None
-    prompt_tokens: float | None = None
-    prefill_seconds: float | None = None
     block_size: int = 0
     kv_received: float | None = None
     ttft_sum: float | None = None
@@ -244,9 +236,6 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
             if table.prefix_queries:
                 m.prefix_hits = _sum(body, table.prefix_hits)
                 m.prefix_queries = _sum(body, table.prefix_queries)
-            if table.prompt_tokens:
-                m.prompt_tokens = _sum(body, table.prompt_tokens)
-                m.prefill_seconds = _sum(body, table.prefill_seconds)
             if table.cache_info is not None:
                 m.block_size = _block_size(body, table.cache_info)
             if table.kv_received:
@@ -276,8 +265,6 @@ def apply_metrics(
     if m.prefix_queries is not None:
         state.prefix_hits = m.prefix_hits or 0.0
         state.prefix_queries = m.prefix_queries
-    if m.prompt_tokens is not None and m.prefill_seconds is not None:
-        state.observe_prefill(m.prompt_tokens - (m.prefix_hits or 0.0), m.prefill_seconds)
     if m.block_size:
         state.block_size = m.block_size
     state.kv_received = -1.0 if m.kv_received is None else m.kv_received

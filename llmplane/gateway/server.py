@@ -544,6 +544,9 @@ class Gateway:
             inference.prompt_bound(),
             inference,
         )
+        # Token ids from an engine's /tokenize where only it can tokenize (bounded wait).
+        profile = self.scheduler.profile(decision.backend.profile)
+        await self.kv.prepare(ctx.scheduling, candidates, profile)
 
     def disaggregated(self, ctx: RequestContext) -> bool:
         """Served by a prefill/decode pair (``pd.py``): the route's backend has one, and the

@@ -22,6 +22,7 @@ from llmplane.runtime.endpoint import Endpoint
 from llmplane.sim.config import SimConfig
 from llmplane.sim.tokenizer import render_chat, tokenize
 from llmplane.testing import Processes
+from llmplane.testing.wait import eventually
 
 MODEL = "sim-model"
 VOCAB = SimConfig(MODEL).vocab_size  # the sim's default vocabulary
@@ -50,7 +51,7 @@ CHATS = [
 
 async def test_remote_ids_equal_the_engines_and_are_cached(processes: Processes) -> None:
     sim = processes.sim(MODEL)
-    tokenization = Tokenization(timeout=5)
+    tokenization = Tokenization(timeout=5, prepare_wait=5)
     await tokenization.learn([Endpoint(address=sim.address, model_name=MODEL)])
     try:
         for messages in CHATS:
@@ -125,7 +126,7 @@ async def test_hanging_refusing_and_missing_tokenize_give_no_ids(processes: Proc
             f"127.0.0.1:{refused_port}",
             upstream.address,
         ):
-            tokenization = Tokenization(timeout=0.5)
+            tokenization = Tokenization(timeout=0.5, prepare_wait=5)
             await tokenization.learn([Endpoint(address=address, model_name=MODEL)])
             started = time.monotonic()
             await tokenization.prepare(req)
@@ -138,6 +139,40 @@ async def test_hanging_refusing_and_missing_tokenize_give_no_ids(processes: Proc
         hanging.close()
 
 
+async def test_prepare_waits_at_most_its_bound_and_the_answer_serves_the_next_request(
+    processes: Processes,
+) -> None:
+    """A request waits ``prepare_wait`` at most for the engine's /tokenize; an answer that
+    comes later is kept for the next request of the same text."""
+    hanging = socket.socket()
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(8)
+    sim = processes.sim(MODEL)
+    tokenization = Tokenization(timeout=1.0, prepare_wait=0.05)
+    try:
+        await tokenization.learn([Endpoint(address=f"127.0.0.1:{hanging.getsockname()[1]}",
+                                           model_name=MODEL)])  # fmt: skip
+        req = request("/v1/chat/completions", messages=CHATS[0])
+        started = time.monotonic()
+        assert await tokenization.prepare(req) is False
+        assert time.monotonic() - started < 0.5, "prepare waited past its bound"
+        assert tokenization.token_ids(req) is None
+        await eventually(lambda: tokenization.remote.failures == 1, what="the fetch timed out")
+        # An engine that answers, later than the request waits (here: not at all).
+        await tokenization.learn([Endpoint(address=sim.address, model_name=MODEL)])
+        tokenization.prepare_wait = 0
+        other = request("/v1/chat/completions", messages=CHATS[1])
+        assert await tokenization.prepare(other) is False
+        assert tokenization.token_ids(other) is None
+        await eventually(lambda: tokenization.token_ids(other) is not None, what="the answer")
+        assert tokenization.token_ids(other) == tokenize(render_chat(CHATS[1], True), VOCAB)
+        assert await tokenization.prepare(other) is True  # the next request: no round trip
+        assert tokenization.remote.asks == 2
+    finally:
+        hanging.close()
+        await tokenization.close()
+
+
 async def test_canary_mismatch_is_counted_logged_and_falls_back_to_the_engine(
     processes: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -146,7 +181,7 @@ async def test_canary_mismatch_is_counted_logged_and_falls_back_to_the_engine(
 
     build_tokenizer(tmp_path / "model")
     sim = processes.sim(MODEL)
-    tokenization = Tokenization(timeout=5)
+    tokenization = Tokenization(timeout=5, prepare_wait=5)
     endpoint = Endpoint(address=sim.address, model_name=MODEL, model_path=str(tmp_path / "model"))
     caplog.set_level(logging.WARNING, "llmplane.gateway.tokenization")
     try:
@@ -179,7 +214,7 @@ async def test_an_undecided_canary_is_checked_again_when_endpoints_change(
     files = str(tmp_path / "model")
     upstream = processes.upstream(MODEL)  # no /tokenize
     sim = processes.sim(MODEL)
-    tokenization = Tokenization(timeout=5)
+    tokenization = Tokenization(timeout=5, prepare_wait=5)
     try:
         await tokenization.learn(
             [Endpoint(address=upstream.address, model_name=MODEL, model_path=files)]

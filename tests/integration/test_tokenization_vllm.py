@@ -122,8 +122,8 @@ async def test_chat_and_completion_ids_equal_vllms(vllm: str, model: Path) -> No
 
 
 async def test_canary_matches_and_fallback_gives_the_same_ids(vllm: str, model: Path) -> None:
-    local = Tokenization(timeout=30)
-    remote = Tokenization(timeout=30)
+    local = Tokenization(timeout=30, prepare_wait=30)
+    remote = Tokenization(timeout=30, prepare_wait=30)
     try:
         await local.learn([Endpoint(address=vllm, model_name=NAME, model_path=str(model))])
         assert local.models[NAME].canary == "match"

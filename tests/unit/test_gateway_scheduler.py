@@ -19,6 +19,7 @@ from llmplane.gateway.scheduler.plugins import (
     LowQueueFilter,
     MaxScorePicker,
     ModelServedFilter,
+    QueueMarginFilter,
     QueueScorer,
     RoundRobinScorer,
     SessionAffinityScorer,
@@ -83,7 +84,8 @@ def test_kv_and_least_request_scorers():
 )
 def test_queue_filter_and_least_request_agree_with_their_definitions(rows, threshold):
     """The low-queue filter keeps exactly the endpoints whose ``queue_estimates`` value is
-    below the threshold, and the least-request scorer gives the min-max formula's scores."""
+    below the threshold, the queue-margin filter those at most that far above the shortest,
+    and the least-request scorer gives the min-max formula's scores."""
     states = []
     for i, (waiting, inflight, at_scrape, scraped_at, has_metrics) in enumerate(rows):
         states.append(
@@ -93,6 +95,9 @@ def test_queue_filter_and_least_request_agree_with_their_definitions(rows, thres
     queues = queue_estimates(states, 0.2, NOW)
     expected = [s for s, q in zip(states, queues, strict=True) if q < threshold]
     assert LowQueueFilter(threshold=threshold).filter(ctx(), states) == expected
+    bound = min(queues, default=0.0) + threshold
+    expected = [s for s, q in zip(states, queues, strict=True) if q <= bound]
+    assert QueueMarginFilter(margin=threshold).filter(ctx(), states) == expected
     counts = [float(s.inflight) for s in states]
     lo, hi = min(counts, default=0.0), max(counts, default=0.0)
     formula = [1.0 if hi <= lo else (hi - v) / (hi - lo) for v in counts]
@@ -246,7 +251,7 @@ def test_prefix_scorer_learns_from_picks():
     assert lazy.prompt == b"x" and calls == [1]
 
 
-def test_default_profile_prefers_prefix_holder_until_it_is_loaded():
+def test_default_profile_prefers_prefix_holder_until_its_queue_is_far_longer():
     sched = build_scheduler()
     a, b = state(1), state(2)
     prompt = b"shared context " * 100
@@ -255,9 +260,11 @@ def test_default_profile_prefers_prefix_holder_until_it_is_loaded():
     holder, other = pick.endpoints
     for _ in range(20):
         assert sched.pick(ctx(prompt=prompt + b"q"), [a, b], 2).endpoints[0] is holder
-    holder.waiting, other.waiting = 10, 0  # a long queue outweighs the cached prefix
     holder.kv_usage, holder.has_kv = 0.95, True
     other.kv_usage, other.has_kv = 0.0, True
+    holder.waiting, other.waiting = 10, 0  # a few queued there: the prefix is worth the wait
+    assert sched.pick(ctx(prompt=prompt + b"q"), [a, b], 2).endpoints[0] is holder
+    holder.waiting = 40  # a queue far longer than the others': recomputing is sooner
     assert sched.pick(ctx(prompt=prompt + b"q"), [a, b], 2).endpoints[0] is other
 
 

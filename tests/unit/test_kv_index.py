@@ -7,6 +7,7 @@ import tracemalloc
 from llmplane.gateway.kvcache.events import Batch, Cleared, Removed, Stored
 from llmplane.gateway.kvcache.index import (
     BYTES_PER_BLOCK,
+    EXPECT_SECONDS,
     BlockIndex,
     block_keys,
     root_key,
@@ -147,9 +148,9 @@ def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> Non
     ]
 
 
-def test_blocks_sent_but_not_reported_score_as_held_there_until_reported() -> None:
+def test_blocks_sent_but_not_reported_score_and_predict_as_held_there_until_reported() -> None:
     """A group's second request follows its first before the engine reports the blocks (the
-    approximate index learns at pick time too); the prediction counts only reported blocks."""
+    approximate index learns at pick time too), and is predicted to find them there."""
     index = index_with("a", "b")
     scorer = PrecisePrefixCacheScorer()
     scorer.index, scorer.tokens = index, Tokens(PROMPT)
@@ -158,14 +159,80 @@ def test_blocks_sent_but_not_reported_score_as_held_there_until_reported() -> No
         state.block_size = BS  # scraped (vllm:cache_config_info) before any event
     first = SchedulingContext("m", b"x" * 64, now=100.0)
     assert scorer.score(first, fleet) == [0.0, 0.0]
+    assert predicted_cached_tokens(first, "b") == 0
     scorer.on_pick(first, fleet[1])
     second = SchedulingContext("m", b"x" * 64, now=101.0)
     assert scorer.score(second, fleet) == [0.0, 1.0]
-    assert not predicted_cached_tokens(second, "b")
-    # Reported by the engine: held; no longer pending after PENDING_SECONDS.
+    # All its blocks but the one with the prompt's last token (the engine computes that).
+    assert predicted_cached_tokens(second, "b") == len(PROMPT) - BS
+    assert predicted_cached_tokens(second, "a") == 0
+    assert predicted_cached_tokens(second, "b", on_the_way=False) == 0
+    # Behind a queue there, the next request may be admitted with the first and compute the
+    # blocks too: still scored as held, not predicted.
+    fleet[1].waiting, fleet[1].has_load_metrics, fleet[1].scraped_at = 2, True, 101.0
+    queued = SchedulingContext("m", b"x" * 64, now=101.0)
+    assert scorer.score(queued, fleet) == [0.0, 1.0]
+    assert predicted_cached_tokens(queued, "b") == 0
+    fleet[1].waiting = 0
+    # Past EXPECT_SECONDS without events: no longer on the way.
+    late = SchedulingContext("m", b"x" * 64, now=100.0 + EXPECT_SECONDS + 1)
+    assert scorer.score(late, fleet) == [0.0, 0.0]
+    assert predicted_cached_tokens(late, "b") == 0
+
+
+def test_reported_blocks_are_no_longer_on_the_way_so_their_eviction_counts_at_once() -> None:
+    index = index_with("a", "b")
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index, scorer.tokens = index, Tokens(PROMPT)
+    fleet = states("a", "b")
+    for state in fleet:
+        state.block_size = BS
+    first = SchedulingContext("m", b"x" * 64, now=100.0)
+    scorer.score(first, fleet)
+    scorer.on_pick(first, fleet[1])
+    # "b" reports the first two blocks: the prediction keeps the other four on their way ...
     index.apply("b", stored([1, 2], PROMPT[:8]))
-    later = SchedulingContext("m", b"x" * 64, now=200.0)
-    assert scorer.score(later, fleet) == [0.0, 2 / 6]
+    second = SchedulingContext("m", b"x" * 64, now=101.0)
+    scorer.score(second, fleet)
+    assert predicted_cached_tokens(second, "b") == len(PROMPT) - BS
+    # ... then all six, and evicts the first: nothing is left on the way to hide that.
+    index.apply("b", stored([3, 4, 5, 6], PROMPT[8:], parent=2))
+    assert not index.expected
+    index.apply("b", Batch(0.0, [Removed([1])]))
+    third = SchedulingContext("m", b"x" * 64, now=102.0)
+    assert scorer.score(third, fleet) == [0.0, 0.0]
+    assert predicted_cached_tokens(third, "b") == 0
+    # A request to a replica holding part of its prompt expects only the rest there.
+    index.apply("a", stored([11, 12, 13], PROMPT[:12]))
+    fourth = SchedulingContext("m", b"x" * 64, now=103.0)
+    assert scorer.score(fourth, fleet) == [0.5, 0.0]
+    scorer.on_pick(fourth, fleet[0])
+    assert sorted(k for k, to in index.expected.items() if "a" in to) == sorted(
+        block_keys(PROMPT, BS)[3:]
+    )
+    # Its first blocks evicted before the rest arrive: the run it will hold is cut there.
+    index.apply("a", Batch(0.0, [Removed([11])]))
+    fifth = SchedulingContext("m", b"x" * 64, now=104.0)
+    scorer.score(fifth, fleet)
+    assert predicted_cached_tokens(fifth, "a") == 0
+
+
+def test_a_cleared_or_removed_replica_has_nothing_on_the_way() -> None:
+    index = index_with("a", "b")
+    keys = block_keys(PROMPT, BS)
+    index.expect("a", BS, keys, 100.0)
+    index.expect("b", BS, keys, 100.0)
+    assert index.expected_runs("m", BS, keys, {}, 101.0) == {"a": 6, "b": 6}
+    index.apply("a", Batch(0.0, [Cleared()]))
+    assert index.expected_runs("m", BS, keys, {}, 101.0) == {"b": 6}
+    index.remove_replica("b")
+    assert index.expected_runs("m", BS, keys, {}, 101.0) == {} and not index.expected
+    # Expiry and pruning forget the sends (and the bookkeeping of those already cleared).
+    index.add_replica("c", "m")
+    index.expect("c", BS, keys[:3], 100.0)
+    assert index.expected_runs("m", BS, keys, {}, 101.0) == {"c": 3}
+    index.prune(100.0 + EXPECT_SECONDS)
+    assert not index.expected and not index._expiries and index._expected_blocks == 0
 
 
 def test_predicted_cached_tokens_are_the_leading_run_less_the_last_token() -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import time
 
 from llmplane.gateway.kvcache.events import Batch, Stored
-from llmplane.gateway.kvcache.index import BlockIndex
+from llmplane.gateway.kvcache.index import EXPECT_SECONDS, BlockIndex
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
-    PENDING_SECONDS,
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
 )
@@ -58,7 +57,7 @@ def test_affinity_holds_until_the_queue_costs_more_than_recomputing() -> None:
     cost.score(first, [a, b])
     cost.on_pick(first, a)  # requests sent to "a" compute 600 tokens each
     assert cost.per_request["a"] == 600
-    now += PENDING_SECONDS  # (the pick's own blocks no longer count as pending on "a")
+    now += EXPECT_SECONDS  # (the pick's own blocks no longer count as pending on "a")
     # 4 waiting on "a": 4 * 600 + 600 = 3,000 tokens of prefill ahead < 3,600 on idle "b".
     loaded(a, 4, now)
     assert cost.costs(ctx(now), [a, b]) == [3_000, 3_600]
@@ -74,20 +73,6 @@ def test_affinity_holds_until_the_queue_costs_more_than_recomputing() -> None:
     assert cost.costs(ctx(now), [a, b])[0] == 6 * 600 + 600
 
 
-def test_observed_prefill_speed_weighs_the_work() -> None:
-    cost, (a, b) = fleet(held_by_a=0)  # nothing cached anywhere: the faster replica wins
-    a.observe_prefill(0, 0.0)
-    a.observe_prefill(10_000, 10.0)  # 1,000 tokens/s
-    b.observe_prefill(0, 0.0)
-    b.observe_prefill(40_000, 10.0)  # 4,000 tokens/s
-    assert (a.prefill_rate, b.prefill_rate) == (1_000, 4_000)
-    assert cost.costs(ctx(time.monotonic()), [a, b]) == [3.6, 0.9]
-    # A restart (counters back to 0) changes nothing; the next interval is smoothed in.
-    b.observe_prefill(0, 0.0)
-    b.observe_prefill(2_000, 1.0)
-    assert b.prefill_rate == 0.7 * 4_000 + 0.3 * 2_000
-
-
 def test_without_token_ids_the_approximate_fractions_of_the_prompt_bytes_count() -> None:
     cost, (a, b) = fleet()
     cost.prefix.tokens = Tokens(None)
@@ -99,7 +84,7 @@ def test_without_token_ids_the_approximate_fractions_of_the_prompt_bytes_count()
     assert scores[1] == 1.0 > scores[0]
 
 
-def test_the_scraper_reads_block_size_and_prefill_counters() -> None:
+def test_the_scraper_reads_the_block_size() -> None:
     def body(block_size: str) -> bytes:
         return (
             "vllm:num_requests_waiting 0\nvllm:num_requests_running 1\n"
@@ -109,10 +94,10 @@ def test_the_scraper_reads_block_size_and_prefill_counters() -> None:
         ).encode()
 
     m = parse_metrics(body("128"), "vllm")
-    assert (m.block_size, m.prompt_tokens, m.prefix_hits, m.prefill_seconds) == (128, 5000, 1000, 2)
+    assert (m.block_size, m.prefix_hits) == (128, 1000)
     state = EndpointState(Endpoint("a", model_name="m"))
     apply_metrics(state, m, time.monotonic())
-    assert state.block_size == 128 and state.prefill_rate == 0  # one reading: no interval yet
+    assert state.block_size == 128
     for hostile in ("0", "-16", "16.5", "1e9", "99999999", "x", ""):
         assert parse_metrics(body(hostile), "vllm").block_size == 0, hostile
 
@@ -124,18 +109,20 @@ def test_a_request_just_sent_is_pending_on_its_replica_until_its_events_or_the_t
     first = ctx(now)
     assert cost.score(first, [a, b]) == [1.0, 1.0]
     cost.on_pick(first, b)
-    # The same prompt again before "b" reported it: not predicted cached (it may run beside
-    # the first and compute the blocks too), but "b" is preferred among equal costs ...
+    # The same prompt again before "b" reported it: predicted cached there (the access log),
+    # not counted as cached by the cost (it may run beside the first and compute the blocks
+    # too), but "b" is preferred among equal costs ...
     again = ctx(now + 1)
     assert cost.uncached(again, [a, b]) == [3_600, 3_600]
-    assert predicted_cached_tokens(again, "b") == 0
+    assert predicted_cached_tokens(again, "b") == 3_500
+    assert predicted_cached_tokens(again, "b", on_the_way=False) == 0
     assert cost.costs(again, [a, b]) == [3_600, 3_600 * (1 - PENDING_PREFERENCE * 3_500 / 3_600)]
     # ... and queued behind it there, the blocks will be cached by the time it runs.
     b.prefilling = 1
     behind = ctx(now + 1)
     assert cost.costs(behind, [a, b])[1] < 3_600
     assert predicted_cached_tokens(behind, "b") == 3_500
-    expired = ctx(now + PENDING_SECONDS + 1)
+    expired = ctx(now + EXPECT_SECONDS + 1)
     assert cost.costs(expired, [a, b]) == [3_600, 3_600 + 3_600]
-    cost.prefix._prune(now + PENDING_SECONDS + 1)
-    assert not cost.prefix.pending and not cost.prefix._expiries
+    cost.prefix.index.prune(now + EXPECT_SECONDS + 1)
+    assert not cost.prefix.index.expected and not cost.prefix.index._expiries

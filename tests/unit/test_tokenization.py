@@ -184,6 +184,45 @@ def test_pieces_add_up_to_whole_encodings(base: Path) -> None:
         ), text
 
 
+def test_chats_sharing_leading_messages_are_tokenized_exactly_from_cached_pieces(
+    base: Path, tmp_path: Path
+) -> None:
+    """Many chat requests the way traffic shares prefixes (a group's system prompt, a
+    conversation's earlier turns, then a new tail), under two chat templates: the ids from
+    the piece cache equal the whole rendered text's encoding, request by request, and most
+    of each request comes from the cache."""
+    rng = random.Random(11)
+    words = [*corpus(80, seed=5), "</s>", "<|user|>", "<s>", " ", "  ", "\n", "\n\n", "é", "\t"]
+
+    def text(n: int) -> str:
+        return "".join(rng.choice(words) + rng.choice(["", " ", "\n"]) for _ in range(n))
+
+    for directory in (base, with_template(base, tmp_path / "tools", TOOLS_TEMPLATE)):
+        tokenizer = ModelTokenizer.load(directory)
+        systems = [text(rng.randint(20, 200)) for _ in range(6)]
+        conversations: list[list[dict[str, Any]]] = []
+        for _ in range(300):
+            if conversations and rng.random() < 0.5:  # a conversation goes on
+                messages = rng.choice(conversations)
+                messages += [
+                    {"role": "assistant", "content": text(rng.randint(1, 30))},
+                    {"role": "user", "content": text(rng.randint(1, 40))},
+                ]
+            else:  # a new one in a group
+                messages = [
+                    {"role": "system", "content": rng.choice(systems)},
+                    {"role": "user", "content": text(rng.randint(1, 60))},
+                ]
+                conversations.append(messages)
+            doc = {"messages": messages, "add_generation_prompt": rng.random() < 0.8}
+            whole = tokenizer.tokenizer.encode(
+                tokenizer.render_chat(doc), add_special_tokens=False
+            ).ids
+            assert tokenizer.chat_ids(doc) == whole, doc
+        assert tokenizer.pieces.cuts is not None  # cut all along, never turned off
+        assert tokenizer.pieces.hits > tokenizer.pieces.misses
+
+
 def test_position_dependent_tokenizers_encode_whole(base: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 

@@ -13,6 +13,11 @@ model normally share one). A partition maps key -> bit mask of the replicas hold
 lookup is one dict read per block however many replicas there are (the walk of
 ``scheduler/prefix.leading_runs``).
 
+Besides what the engines report, the index keeps what the gateway sent and they have not
+reported yet (``expect``): a request's blocks count as on their way to the replica it went to
+(``expected_runs``) until that replica's events store them, it is cleared or removed, or
+``EXPECT_SECONDS`` pass; at most ``MAX_EXPECTED`` such blocks (the oldest go first).
+
 Memory is bounded per model at ``max_blocks`` indexed blocks (``BLOCKS_PER_GB`` of them fit in
 a GB: about 190 bytes a block — the engine hash -> key entry, the key -> holders entry and
 their integers; measured by tests/unit/test_kv_index.py). Over the bound, the replica of that
@@ -24,6 +29,7 @@ never removes.
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
@@ -39,6 +45,10 @@ BYTES_PER_BLOCK = 190
 BLOCKS_PER_GB = (1 << 30) // BYTES_PER_BLOCK  # about 5.6 million
 DEFAULT_MAX_BLOCKS = 4_000_000  # per model: about 0.75 GB at most
 MAX_LOOKUP_BLOCKS = 4_096  # of a request: 512K tokens at block size 128
+# Blocks sent to a replica count as on their way there for this long at most (a request that
+# failed, or events that never came), and at most this many are remembered.
+EXPECT_SECONDS = 10.0
+MAX_EXPECTED = 1_000_000
 
 
 def root_key(lora: str | None = None) -> int:
@@ -98,6 +108,11 @@ class BlockIndex:
         self.sizes: dict[str, int] = {}  # model -> blocks indexed
         self.evicted = 0  # blocks dropped over the bound
         self.orphans = 0  # stored blocks whose parent the index does not know
+        # Blocks sent, not reported: key -> replica -> until when (monotonic) it counts, and
+        # the sends in the order they expire.
+        self.expected: dict[int, dict[str, float]] = {}
+        self._expiries: deque[tuple[float, list[int], str]] = deque()
+        self._expected_blocks = 0
 
     # --- replicas ---------------------------------------------------------------------------
 
@@ -116,7 +131,12 @@ class BlockIndex:
             self._free.append(state.bit)
 
     def clear(self, replica: str) -> None:
-        """Forget every block of ``replica`` (AllBlocksCleared, a restart, a gap)."""
+        """Forget every block of ``replica`` (AllBlocksCleared, a restart, a gap), and those
+        on their way there."""
+        if self.expected:
+            for _, keys, to in self._expiries:
+                if to == replica:
+                    self._unexpect(keys, replica)
         state = self.replicas.get(replica)
         if state is None or not state.blocks:
             return
@@ -143,7 +163,7 @@ class BlockIndex:
             return
         for event in batch.events:
             if isinstance(event, Stored):
-                self._stored(state, event)
+                self._stored(replica, state, event)
             elif isinstance(event, Removed):
                 self._removed(state, event.hashes)
             elif isinstance(event, Cleared):
@@ -151,7 +171,7 @@ class BlockIndex:
         if self.sizes.get(state.model, 0) > self.max_blocks:
             self._evict(state.model)
 
-    def _stored(self, state: _Replica, event: Stored) -> None:
+    def _stored(self, replica: str, state: _Replica, event: Stored) -> None:
         if state.block_size != event.block_size:
             if state.blocks:
                 return  # one block size a replica (vLLM's group 0): a stray event
@@ -181,6 +201,8 @@ class BlockIndex:
             blocks[engine_hash] = key
             holders[key] = holders.get(key, 0) | flag
         self.sizes[state.model] = self.sizes.get(state.model, 0) + len(blocks) - before
+        if self.expected:  # reported: from now on its events say whether it is there
+            self._unexpect(keys, replica)
 
     def _removed(self, state: _Replica, hashes: list[EngineHash]) -> None:
         if not state.blocks:
@@ -220,6 +242,83 @@ class BlockIndex:
             self.sizes[model] -= take
             self.evicted += take
             excess -= take
+
+    # --- blocks sent, not reported yet -----------------------------------------------------
+
+    def expect(self, replica: str, block_size: int, keys: list[int], now: float) -> None:
+        """``keys`` (at ``block_size``) were sent to ``replica`` at ``now``: those it has not
+        reported are on their way there (see the module's docstring). Only for a subscribed
+        replica, at its block size once it reported one."""
+        state = self.replicas.get(replica)
+        if state is None or (state.block_size and state.block_size != block_size):
+            return
+        holders = self.partitions.get(state.model, {}).get(block_size)
+        if holders:
+            flag = 1 << state.bit
+            keys = [key for key in keys if not holders.get(key, 0) & flag]
+            if not keys:
+                return
+        self.prune(now)
+        until = now + EXPECT_SECONDS
+        expected = self.expected
+        for key in keys:
+            to = expected.get(key)
+            if to is None:
+                expected[key] = {replica: until}
+            else:
+                to[replica] = until
+        self._expiries.append((until, keys, replica))
+        self._expected_blocks += len(keys)
+
+    def expected_runs(
+        self, model: str, block_size: int, keys: Sequence[int], held: dict[str, int], now: float
+    ) -> dict[str, int]:
+        """Leading blocks of ``keys`` each replica holds or has on their way, for the replicas
+        with blocks on their way right after those they hold (``held``: ``matches``)."""
+        expected = self.expected
+        if not keys or not expected:
+            return {}
+        first = expected.get(keys[0])
+        candidates = {r for r, until in first.items() if until > now} if first else set()
+        count = len(keys)
+        for replica, n in held.items():
+            if n < count and expected.get(keys[n], {}).get(replica, 0.0) > now:
+                candidates.add(replica)
+        if not candidates:
+            return {}
+        holders = self.partitions.get(model, {}).get(block_size, {})
+        runs = {}
+        for replica in candidates:
+            flag = 1 << self.replicas[replica].bit
+            i = held.get(replica, 0)
+            while i < count:
+                key = keys[i]
+                to = expected.get(key)
+                if (to is None or to.get(replica, 0.0) <= now) and not holders.get(key, 0) & flag:
+                    break
+                i += 1
+            runs[replica] = i
+        return runs
+
+    def prune(self, now: float) -> None:
+        """Forget the sends past their time, and the oldest beyond ``MAX_EXPECTED`` blocks."""
+        expiries, expected = self._expiries, self.expected
+        while expiries and (expiries[0][0] <= now or self._expected_blocks > MAX_EXPECTED):
+            until, keys, replica = expiries.popleft()
+            self._expected_blocks -= len(keys)
+            for key in keys:
+                holders = expected.get(key)
+                if holders is not None and holders.get(replica) == until:
+                    del holders[replica]
+                    if not holders:
+                        del expected[key]
+
+    def _unexpect(self, keys: Sequence[int], replica: str) -> None:
+        expected = self.expected
+        for key in keys:
+            holders = expected.get(key)
+            if holders is not None and holders.pop(replica, None) is not None and not holders:
+                del expected[key]
 
     # --- lookups ------------------------------------------------------------------------------
 

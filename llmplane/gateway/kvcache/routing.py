@@ -9,11 +9,12 @@ subscribes on its own, so all build the same index without sharing state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
-from llmplane.gateway.scheduler.framework import Scheduler
+from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scheduler.framework import Profile, Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
     PrecisePrefixCacheScorer,
     SimTokens,
@@ -48,6 +49,24 @@ class PreciseRouting:
     def add_tokens(self, source: TokenSource) -> None:
         """Another source of token ids, asked before the ones there are."""
         self.tokens.sources.insert(0, source)
+
+    async def prepare(
+        self, ctx: SchedulingContext, candidates: Sequence[EndpointState], profile: Profile
+    ) -> None:
+        """Before scheduling, for a profile that scores by the index and candidates that
+        publish events: where the gateway cannot tokenize the request itself (a model without
+        files here), fetch its ids from an engine's /tokenize (``Tokenization.prepare``, which
+        bounds the wait), so that it is scored precisely."""
+        feeds = self.subscriber.feeds
+        if not feeds or ctx.request is None:
+            return
+        engine = next((e.endpoint.engine for e in candidates if e.key in feeds), None)
+        if engine is None or not any(
+            plugin in self.scorers or getattr(plugin, "prefix", None) in self.scorers
+            for plugin, _ in profile.scorers
+        ):
+            return
+        await self.tokens.prepare(ctx, engine)
 
     def sync(self, endpoints: Iterable[Endpoint]) -> None:
         """Follow the endpoints (on the event loop): subscribe, unsubscribe, and put the

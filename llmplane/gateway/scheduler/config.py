@@ -40,7 +40,7 @@ from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 DEFAULT_CONFIG: dict[str, Any] = {
     "plugins": [
         {"type": "model-served-filter"},
-        {"type": "low-queue-filter", "parameters": {"threshold": 5}},
+        {"type": "queue-margin-filter", "parameters": {"margin": 16}},
         {"type": "prefix-cache-scorer"},
         {"type": "least-request-scorer"},
         {"type": "kv-cache-utilization-scorer"},
@@ -51,8 +51,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
             "name": "default",
             "plugins": [
                 {"pluginRef": "model-served-filter"},
-                {"pluginRef": "low-queue-filter"},
-                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                {"pluginRef": "queue-margin-filter"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 6},
                 {"pluginRef": "least-request-scorer", "weight": 2},
                 {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
                 {"pluginRef": "max-score-picker"},
@@ -74,6 +74,7 @@ def _prefix(name: str, params: dict[str, Any]) -> PrefixCacheScorer:
 PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
     "model-served-filter": lambda n, _: p.ModelServedFilter(n),
     "low-queue-filter": lambda n, a: p.LowQueueFilter(n, float(a.get("threshold", 10))),
+    "queue-margin-filter": lambda n, a: p.QueueMarginFilter(n, float(a.get("margin", 16))),
     "queue-scorer": lambda n, _: p.QueueScorer(n),
     "kv-cache-utilization-scorer": lambda n, _: p.KVCacheScorer(n),
     "prefix-cache-scorer": _prefix,
@@ -81,7 +82,7 @@ PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
     # default profile it takes the approximate scorer's place while some replica publishes.
     "precise-prefix-cache-scorer": lambda n, _: PrecisePrefixCacheScorer(n),
     # Expected time to first token: queued prefill plus the uncached tokens (prefill_cost.py);
-    # the default profile's scorer while some replica publishes events.
+    # opt-in (alone it trades a recompute for a short wait too readily under load).
     "prefill-cost-scorer": lambda n, _: PrefillCostScorer(n),
     "least-request-scorer": lambda n, _: p.LeastRequestScorer(n),
     "lora-affinity-scorer": lambda n, _: p.LoraAffinityScorer(n),
@@ -97,6 +98,7 @@ PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
 ALIASES = {
     "model-served": "model-served-filter",
     "low-queue": "low-queue-filter",
+    "queue-margin": "queue-margin-filter",
     "queue": "queue-scorer",
     "kv-cache-utilization": "kv-cache-utilization-scorer",
     "kv-cache-scorer": "kv-cache-utilization-scorer",

@@ -52,6 +52,24 @@ class LowQueueFilter:
         return [e for e, q in zip(endpoints, queues, strict=True) if q < self.threshold]
 
 
+class QueueMarginFilter:
+    """Keeps endpoints whose queue estimate is at most ``margin`` requests above the shortest
+    among the candidates. Unlike an absolute threshold it does not push a request off the
+    replica holding its prefix because every replica queues a little under load (each miss
+    recomputes the prefix elsewhere, slows that replica's steps and evicts: a death spiral);
+    it gives way when the holder's queue costs more than a recompute (docs/gateway.md
+    "Scheduling")."""
+
+    def __init__(self, name: str = "queue-margin", margin: float = 16) -> None:
+        self.name = name
+        self.margin = margin
+
+    def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
+        queues = queue_estimates(endpoints, ctx.staleness, ctx.now)
+        bound = min(queues, default=0.0) + self.margin
+        return [e for e, q in zip(endpoints, queues, strict=True) if q <= bound]
+
+
 # --- scorers ------------------------------------------------------------------------------------
 
 

@@ -1,9 +1,9 @@
 """The ``prefill-cost`` scorer: prefer the replica where the request's first token comes soonest.
 
 A candidate's expected time to first token is the prefill work queued ahead of the request plus
-the request's own uncached tokens, at that replica's observed prefill speed:
+the request's own uncached tokens, in tokens (the fleet's replicas taken as equally fast):
 
-    cost = (ahead * uncached_per_request + uncached) / prefill_rate
+    cost = ahead * uncached_per_request + uncached
 
 - ``uncached``: the request's prompt tokens less those the replica holds, from the precise
   scorer's index (``precise_prefix``; the approximate scorer's fraction for replicas that do
@@ -12,10 +12,13 @@ the request's own uncached tokens, at that replica's observed prefill speed:
   gateway estimates it (``registry.queue_estimates``) and this gateway's streams still awaiting
   their first token (queued or in prefill);
 - ``uncached_per_request``: the uncached tokens of the requests recently sent to that replica
-  (learned at each pick: requests queued behind their own prefix cost little);
-- ``prefill_rate``: uncached tokens a second per request, from the engine's counters
-  (``EndpointState.observe_prefill``); replicas not yet measured count at the fleet's median
-  (so a homogeneous fleet compares work alone).
+  (learned at each pick: requests queued behind their own prefix cost little).
+
+Not divided by a replica's observed prefill speed (its uncached prompt tokens over
+``vllm:request_prefill_time_seconds``): in a batching engine a request's prefill time is the
+whole steps', shared with other requests' prefill chunks, so a replica serving cache hits
+looked slow and one recomputing prefixes fast, and requests went to the misses
+(bench/precise_routing.py at 50 req/s: hit rate 0.61 with the division, 0.67 without).
 
 Blocks of requests just sent to a replica and not yet reported by its events (the precise
 scorer's pending blocks) count as cached there for a request that would wait behind those
@@ -23,8 +26,12 @@ requests (``ahead`` >= 1), and make their replica up to ``PENDING_PREFERENCE`` c
 otherwise, so a new group follows its first request instead of spreading.
 
 score = lowest cost among the candidates / the candidate's cost, in (0, 1]. So a replica holding
-the prefix keeps it under load, and gives it up only when its queue costs more than
-recomputing the prefix elsewhere (the direction of llm-d's predicted-latency routing).
+the prefix keeps it until its queue costs the request more than recomputing the prefix
+elsewhere (the direction of llm-d's predicted-latency routing). That trade is greedy: it counts
+neither what the recompute costs the other replica's requests nor the prefix it evicts there,
+and a replica's waiting count swings between 0 and a few under load, so in a saturated fleet
+it gives up affinity (bench/precise_routing.py, 150 req/s: hit rate 0.39 against 0.88 for the
+default profile); hence opt-in.
 """
 
 from __future__ import annotations
@@ -36,7 +43,6 @@ from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
     BYTES_PER_TOKEN,
     PENDING,
-    PREDICTED,
     PROMPT_TOKENS,
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
@@ -63,19 +69,16 @@ class PrefillCostScorer:
             return [size * (1.0 - h) for h in held]
         out = []
         for e, h in zip(endpoints, held, strict=True):
-            cached = predicted_cached_tokens(ctx, e.key)
+            cached = predicted_cached_tokens(ctx, e.key, on_the_way=False)
             if e.key not in self.prefix.publishing():
                 cached = h * total
             out.append(max(float(total) - (cached or 0), 1.0))
         return out
 
     def costs(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        """Each candidate's expected seconds to first token (relative where speeds are not
-        known: see the module docstring)."""
+        """Each candidate's prefill work before the request's first token, in tokens."""
         uncached = self.uncached(ctx, endpoints)
         queues = queue_estimates(endpoints, ctx.staleness, ctx.now)
-        known = sorted(e.prefill_rate for e in endpoints if e.prefill_rate > 0)
-        typical = known[len(known) // 2] if known else 1.0
         pending = ctx.cache.get(PENDING) or {}
         total = ctx.cache.get(PROMPT_TOKENS) or 0
         learned = ctx.cache[self] = {}
@@ -85,13 +88,11 @@ class PrefillCostScorer:
             ahead = max(queued, float(e.prefilling))
             soon = pending.get(e.key, 0)
             if soon and ahead >= 1 and total - soon < mine:
-                # Queued behind the requests computing those blocks: cached when it runs (the
-                # prediction the access log shows too).
+                # Queued behind the requests computing those blocks: cached when it runs.
                 mine = max(float(total - soon), 1.0)
-                ctx.cache.setdefault(PREDICTED, {})[e.key] = soon
             learned[e.key] = mine
             per_request = self.per_request.get(e.key, mine)
-            cost = (ahead * per_request + mine) / (e.prefill_rate or typical)
+            cost = ahead * per_request + mine
             if soon:  # by the blocks not reported yet
                 cost *= 1.0 - PENDING_PREFERENCE * (soon - (total - uncached_at[e.key])) / total
             out.append(cost)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 log = logging.getLogger("llmplane.gateway.tokenization")
@@ -61,9 +61,17 @@ class PieceEncoder:
 
     def __init__(self, tokenizer: Any, config: dict[str, Any], max_chars: int = CACHE_CHARS):
         self.tokenizer = tokenizer
+        # Without character offsets (about a quarter faster; the ids are the same).
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self.max_chars = max_chars
         self.cuts = cut_tokens(config)
-        self.cache: OrderedDict[str, array[int]] = OrderedDict()
+        # Piece -> its ids, as a tuple of shared int objects (``_ints``): 8 bytes an id, like an
+        # array of 64-bit integers, and copied into a request's ids without making an int each
+        # (from an array, a 6,000-id prefix cost a quarter of a millisecond); a tuple of ints
+        # leaves the garbage collector's lists at its first pass, so the cache adds nothing to
+        # later collections.
+        self.cache: OrderedDict[str, Sequence[int]] = OrderedDict()
+        self._ints = list(range(tokenizer.get_vocab_size(with_added_tokens=True)))
         self.chars = 0
         self.hits = 0
         self.misses = 0
@@ -90,10 +98,10 @@ class PieceEncoder:
 
     def encode(self, text: str) -> list[int]:
         if self.cuts is None:
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
+            return self._encode_batch([text], add_special_tokens=False)[0].ids
         pieces = self.pieces(text)
         cache = self.cache
-        found: list[array[int] | None] = []
+        found: list[Sequence[int] | None] = []
         missing: list[str] = []
         for piece in pieces:
             ids = cache.get(piece)
@@ -107,7 +115,7 @@ class PieceEncoder:
             encoded = dict(
                 zip(
                     missing,
-                    self.tokenizer.encode_batch(missing, add_special_tokens=False),
+                    self._encode_batch(missing, add_special_tokens=False),
                     strict=True,
                 )
             )
@@ -119,8 +127,11 @@ class PieceEncoder:
             out.extend(ids)
         return out
 
-    def _store(self, piece: str, ids: list[int]) -> array[int]:
-        stored = array("I", ids)
+    def _store(self, piece: str, ids: list[int]) -> Sequence[int]:
+        try:
+            stored = tuple(map(self._ints.__getitem__, ids))
+        except IndexError:  # an id past the vocabulary's size (not from this tokenizer)
+            stored = ids
         if len(piece) > self.max_chars // 4:
             return stored  # one piece may not push out most of the cache
         if piece not in self.cache:

@@ -4,7 +4,9 @@ engine's ``/tokenize``. And the start-up check that the two agree.
 
 ``token_ids(request)`` is what the precise prefix-cache scorer reads (synchronously, while
 scheduling): local tokenization, or the cached answer of the engine's /tokenize, which
-``prepare(request)`` fetches beforehand for models without files. ``learn(endpoints)`` follows
+``prepare(request)`` fetches beforehand for models without files (the gateway calls it before
+scheduling and waits at most ``PREPARE_WAIT`` for it: a slower answer is kept for the next
+request of the same text, and this one is scored without token ids). ``learn(endpoints)`` follows
 discovery: it loads a model's tokenizer the first time one of its endpoints names the files
 (in a thread: a large tokenizer.json takes a moment) and then checks one canary prompt, chat
 and completion, against that endpoint's /tokenize. A mismatch counts in
@@ -41,6 +43,8 @@ CANARY_CHAT = {
     "add_generation_prompt": True,
 }
 CANARY_PROMPT = {"prompt": "The quick brown fox jumps over the lazy dog. 0123456789 ?!"}
+# How long a request waits for the engine's /tokenize before it is scheduled without token ids.
+PREPARE_WAIT = 0.1
 
 
 class TokenIdSource(Protocol):
@@ -71,9 +75,17 @@ class _Model:
 class Tokenization:
     """The gateway's token ids per model (see the module's docstring)."""
 
-    def __init__(self, timeout: float = 0.5, remote: RemoteTokenizer | None = None) -> None:
+    def __init__(
+        self,
+        timeout: float = 0.5,
+        remote: RemoteTokenizer | None = None,
+        prepare_wait: float = PREPARE_WAIT,
+    ) -> None:
         self.models: dict[str, _Model] = {}
         self.remote = remote or RemoteTokenizer(timeout=timeout)
+        self.prepare_wait = prepare_wait
+        self._asked = 0  # requests prepared: which of a model's engines answers next
+        self._fetches: set[asyncio.Task[list[int] | None]] = set()  # not awaited to the end
         self._learning: asyncio.Task[None] | None = None
         self._next: list[Endpoint] | None = None  # endpoints that came while learning
         self.mismatch = Counter(
@@ -240,21 +252,34 @@ class Tokenization:
         body = tokenize_body(name, request.doc, chat)
         return None if body is None else self.remote.cached(body)
 
-    async def prepare(self, request: Any, model: str | None = None) -> None:
+    async def prepare(self, request: Any, model: str | None = None) -> bool:
         """For a model without local files: fetch the engine's ids into the cache that
-        ``token_ids`` reads (bounded by the remote timeout; failures leave no ids)."""
+        ``token_ids`` reads, waiting at most ``prepare_wait`` (the fetch goes on for the next
+        request of the same text, bounded by the remote timeout). True when the ids are there
+        now; failures leave none. The model's engines answer in turn."""
         chat = request_kind(request.path)
         name = model or request.model
         entry = self.models.get(name)
         if chat is None or entry is None or entry.tokenizer is not None or not entry.addresses:
-            return
+            return False
         if not chat and _id_prompt(request.doc):
-            return
+            return False
         body = tokenize_body(name, request.doc, chat)
-        if body is not None:
-            await self.remote.tokenize(entry.addresses[0], body)
+        if body is None:
+            return False
+        if self.remote.cached(body) is not None:
+            return True
+        self._asked += 1
+        address = entry.addresses[self._asked % len(entry.addresses)]
+        fetch = asyncio.ensure_future(self.remote.tokenize(address, body))
+        self._fetches.add(fetch)
+        fetch.add_done_callback(self._fetches.discard)
+        done, _ = await asyncio.wait((fetch,), timeout=self.prepare_wait)
+        return fetch in done and fetch.result() is not None
 
     async def close(self) -> None:
+        for fetch in list(self._fetches):
+            fetch.cancel()
         if self._learning is not None:
             self._learning.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

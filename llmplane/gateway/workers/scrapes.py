@@ -44,7 +44,6 @@ _ATTRS = (
     "prefix_queries",
     "capacity",
     "room",
-    "prefill_rate",
     "kv_received",
     "ttft",
     "inflight_at_scrape",
@@ -52,7 +51,7 @@ _ATTRS = (
     "block_size",
 )
 _SCRAPED_AT = _ATTRS.index("scraped_at")
-_FIELDS = struct.Struct("<dddddddddddqqqqq")
+_FIELDS = struct.Struct("<ddddddddddqqqqq")
 _HEAD = struct.Struct("<q" + _FIELDS.format[1:])
 TEXT_BYTES = ROW_BYTES - _HEAD.size
 _TIME = struct.Struct("<d")

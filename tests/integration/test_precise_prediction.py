@@ -1,0 +1,200 @@
+"""The gateway's prediction of each request's cached prompt tokens (the access log's
+``cached_tokens_predicted``) against what real sims serve from their cache
+(``vllm:prompt_tokens_cached``), with evictions and with requests that follow their group's
+first one before its blocks are reported; and precise scoring of a model whose tokenizer files
+the gateway does not have (token ids from the engines' ``/tokenize``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from llmplane.gateway.discovery.store_endpoints import endpoint_object
+from llmplane.sim.kvcache import chain_hashes
+from llmplane.sim.tokenizer import render_chat, tokenize
+from llmplane.testing import Processes
+from llmplane.testing.wait import eventually
+from tests.integration.test_kv_events import events_flags, indexed, sim_cache
+
+BLOCK = 16
+VOCAB = 128_256
+_CACHED = re.compile(r"^vllm:prompt_tokens_cached(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
+_RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
+
+
+def words(tag: str, n: int) -> str:
+    return " ".join(f"{tag}w{i:03d}" for i in range(n))
+
+
+def chat(group: int, user: str, prefix_words: int = 350) -> list[dict[str, str]]:
+    """A group's shared system prompt (about 700 sim tokens), then the user's own text."""
+    return [
+        {"role": "system", "content": words(f"g{group}", prefix_words)},
+        {"role": "user", "content": words(f"u{user}", 50)},
+    ]
+
+
+async def metric(client: aiohttp.ClientSession, address: str, pattern: re.Pattern[str]) -> float:
+    async with client.get(f"http://{address}/metrics") as r:
+        return sum(float(v) for v in pattern.findall(await r.text()))
+
+
+def running(client: aiohttp.ClientSession, sims: list[Any]) -> Any:
+    async def check() -> bool:
+        return sum([await metric(client, s.address, _RUNNING) for s in sims]) >= 1
+
+    return check
+
+
+async def cached(client: aiohttp.ClientSession, sims: list[Any]) -> list[float]:
+    return [await metric(client, s.address, _CACHED) for s in sims]
+
+
+async def send(client: aiohttp.ClientSession, url: str, messages: list[dict[str, str]]) -> float:
+    """One chat request of one output token; the time it finished."""
+    body = {"model": "m", "messages": messages, "max_tokens": 1}
+    async with client.post(f"{url}/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        await r.read()
+    return time.monotonic()
+
+
+def predictions(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    out = []
+    for record in caplog.records:
+        if record.name == "llmplane.gateway.access":
+            line = orjson.loads(record.getMessage())
+            if line.get("path") == "/v1/chat/completions":
+                out.append(line)
+    return out
+
+
+def start_sims(processes: Processes, store: Any, sockets: Path, engine: str, *args: str) -> list:
+    sims = []
+    for i, name in enumerate(("a", "b")):
+        flags, events, replay = events_flags(sockets, name)
+        sim = processes.sim("m", "--block-size", str(BLOCK), *args, *flags)
+        store.apply(endpoint_object(f"s{i}", sim.address, "m", engine=engine, kv_events=events,
+                                    kv_events_replay=replay))  # fmt: skip
+        sims.append(sim)
+    return sims
+
+
+async def settled(gateway: Any, client: aiohttp.ClientSession, sims: list[Any]) -> None:
+    """The gateway's index holds exactly what each sim's cache holds."""
+
+    async def same() -> bool:
+        for sim in sims:
+            if indexed(gateway.kv.subscriber, sim.address) != await sim_cache(client, sim.address):
+                return False
+        return True
+
+    await eventually(same, what="the gateway's index equals the sims' caches")
+
+
+async def test_predicted_cached_tokens_are_what_the_sims_serve_from_cache(
+    processes: Processes, store, gateways, client: aiohttp.ClientSession, sockets: Path, caplog
+) -> None:
+    """Pairs of requests of a group: the second is sent while the first is in its prefill
+    (a second of it at time scale 30), so its blocks are on their way, not reported, and the
+    replica has no queue (the first computes them before the second is admitted). Each
+    sim's cache holds about two groups' prompts: revisited groups find theirs evicted, in part
+    or whole. Per pair, the predictions add up to the tokens the sims served from cache."""
+    caplog.set_level(logging.INFO, logger="llmplane.gateway.access")
+    sims = start_sims(processes, store, sockets, "sim", "--time-scale", "30", "--num-blocks", "120")
+    gateway = await gateways(store)
+    url = f"http://127.0.0.1:{gateway.port}"
+    await eventually(
+        lambda: (
+            len(gateway.kv.subscriber.feeds) == 2
+            and [s.block_size for s in gateway.registry.states.values()] == [BLOCK, BLOCK]
+        ),
+        what="both sims followed, their block size scraped (keys before any event)",
+    )
+    plan = [0, 1, 2, 3, 0, 2, 1, 3]
+    on_the_way = 0
+    for turn, group in enumerate(plan):
+        before, logged = await cached(client, sims), len(predictions(caplog))
+        first = asyncio.create_task(send(client, url, chat(group, f"{turn}a")))
+
+        await eventually(running(client, sims), what="the first request in its prefill")
+        await eventually(  # and the gateway saw it there, no queue (it predicts from that)
+            lambda: any(
+                s.running >= 1 and s.waiting == 0 for s in gateway.registry.states.values()
+            ),
+            what="the gateway scraped the first request running",
+        )
+        sent = time.monotonic()
+        second = asyncio.create_task(send(client, url, chat(group, f"{turn}b")))
+        first_done, _ = await asyncio.gather(first, second)
+        await eventually(
+            lambda n=logged + 2: len(predictions(caplog)) == n, what="both requests logged"
+        )
+        await settled(gateway, client, sims)
+        after = await cached(client, sims)
+        lines = predictions(caplog)[logged:]
+        served = sum(after) - sum(before)
+        predicted = sum(line["cached_tokens_predicted"] for line in lines)
+        assert predicted == served, (turn, group, lines, before, after)
+        if group not in plan[:turn] and first_done > sent + 0.2:
+            # Nothing of the group was anywhere, and the first's blocks were computed only
+            # after the second was sent: what the second was predicted was on its way.
+            assert min(line["cached_tokens_predicted"] for line in lines) == 0, lines
+            on_the_way += predicted > 0
+    assert on_the_way >= 2, "second requests did not find their first's blocks on their way"
+    # Evictions happened: the sims hold less than the distinct blocks the plan sent.
+    sent_blocks = {
+        h
+        for turn, group in enumerate(plan)
+        for user in (f"{turn}a", f"{turn}b")
+        for h in chain_hashes(tokenize(render_chat(chat(group, user), True), VOCAB), BLOCK)
+    }
+    held = set().union(*[await sim_cache(client, s.address) for s in sims])
+    assert held <= sent_blocks and sent_blocks - held
+
+
+async def test_a_model_without_files_here_is_scored_by_the_engines_own_tokens(
+    processes: Processes, store, gateways, client: aiohttp.ClientSession, sockets: Path, caplog
+) -> None:
+    """Sims registered as vLLM endpoints (the gateway has neither their tokenizer files nor the
+    sim's rule for them): before scheduling, the gateway asks an engine's /tokenize, so the
+    requests of prompts warmed directly on one sim (only its events tell) go there, predicted
+    exactly."""
+    caplog.set_level(logging.INFO, logger="llmplane.gateway.access")
+    sims = start_sims(
+        processes, store, sockets, "vllm", "--time-scale", "0", "--num-blocks", "4000"
+    )
+    gateway = await gateways(store)
+    gateway.tokenization.prepare_wait = 10.0  # a loaded test machine (the bound: unit tested)
+    url = f"http://127.0.0.1:{gateway.port}"
+    await eventually(
+        lambda: (
+            len(gateway.kv.subscriber.feeds) == 2
+            and len(gateway.tokenization.models.get("m").addresses) == 2
+        ),
+        what="both sims followed, their model learnt",
+        ignore=(AttributeError,),
+    )
+    groups = range(6)
+    for group in groups:
+        await send(client, f"http://{sims[group % 2].address}", chat(group, "warm"))
+    await settled(gateway, client, sims)
+    asks = gateway.tokenization.remote.asks
+    for group in groups:
+        before = await cached(client, sims)
+        await send(client, url, chat(group, "again"))
+        after = await cached(client, sims)
+        served = [y - x for x, y in zip(before, after, strict=True)]
+        line = predictions(caplog)[-1]
+        assert served[group % 2] > 0 and not served[1 - group % 2], (group, served, line)
+        assert line["endpoint"] == sims[group % 2].address, (group, line)
+        assert line["cached_tokens_predicted"] == served[group % 2], (group, line, served)
+    assert gateway.tokenization.remote.asks >= asks + len(groups)
