@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import re
 import time
@@ -283,6 +284,8 @@ def apply_metrics(
     )
     if m.ttft_sum is None or m.ttft_count is None:
         state.ttft = -1.0
+    elif not (math.isfinite(m.ttft_sum) and math.isfinite(m.ttft_count)):
+        state.ttft, state.ttft_seen = -1.0, (-1.0, -1.0)  # NaN or Inf: not a reading
     else:
         busy = bool(state.waiting or state.running or sent)
         state.observe_ttft(m.ttft_sum, m.ttft_count, busy)

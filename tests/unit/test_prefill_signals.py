@@ -24,7 +24,7 @@ from llmplane.runtime.endpoint import Endpoint
 LABELS = '{engine="0",model_name="tiny"}'
 
 
-def vllm_page(waiting: int, running: int, ttft_sum: float, ttft_count: int) -> bytes:
+def vllm_page(waiting: int, running: int, ttft_sum: float | str, ttft_count: int) -> bytes:
     """The lines of a vLLM /metrics page the scraper reads, the TTFT histogram among them (its
     buckets too: they must not be taken for the sum or the count)."""
     return (
@@ -79,6 +79,13 @@ def test_an_engine_without_the_histogram_reports_no_ttft() -> None:
     scrape(vllm, vllm_page(0, 0, 0.0, 0))
     scrape(vllm, b"vllm:num_requests_running 0\n")
     assert vllm.ttft == -1.0
+    # A broken or hostile page: NaN or Inf are no reading (never a replica count from them).
+    for bad in ("NaN", "+Inf"):
+        scrape(vllm, vllm_page(1, 1, 0.0, 0), sent=1)
+        scrape(vllm, vllm_page(1, 1, bad, 1), sent=1)
+        assert vllm.ttft == -1.0, bad
+        scrape(vllm, vllm_page(1, 1, 1.0, 2), sent=1)
+        assert vllm.ttft == 0.0, bad  # the first good page after it starts again
 
 
 def test_ttft_reaches_the_workers_that_do_not_scrape() -> None:
