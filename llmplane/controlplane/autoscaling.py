@@ -27,8 +27,9 @@ maxReplicas: 3}`` scales as llmaz's blog promises.
 
 Metric names users know map onto the signals the gateway has (``SIGNAL_ALIASES``): engine
 queue (``vllm:num_requests_waiting`` and the llama.cpp/SGLang/TGI equivalents), running
-requests, KV-cache usage (a 0..1 fraction), the gateway's own per-endpoint in-flight count,
-and ``cpu`` (cores) / ``memory`` (bytes) of the replica process for Resource metrics.
+requests, KV-cache usage (a 0..1 fraction), time to first token, the gateway's own
+per-endpoint in-flight count and prompt tokens waiting for their first token, and ``cpu``
+(cores) / ``memory`` (bytes) of the replica process for Resource metrics.
 
 Over 500 lines on purpose: one pure decision whose steps (per-metric proposal, tolerance,
 stabilization, policies, clamp) are read together, in the order the HPA controller applies them.
@@ -66,14 +67,17 @@ DEFAULT_SCALE_DOWN_WINDOW = 300
 UNBOUNDED = 99999  # maxReplicas when elasticConfig leaves it unset (llmaz's HPA uses the same)
 
 INFLIGHT_METRIC = "llmplane_gateway_endpoint_inflight"
+PREFILL_TOKENS_METRIC = "llmplane_gateway_endpoint_prefill_tokens"
 DEFAULT_INFLIGHT_TARGET = 8
 
 # Signal keys the gateway (or the process supervisor) provides per replica.
-WAITING, RUNNING, KV_USAGE, INFLIGHT, CPU, MEMORY = (
+WAITING, RUNNING, KV_USAGE, INFLIGHT, PREFILL_TOKENS, TTFT, CPU, MEMORY = (
     "waiting",
     "running",
     "kv_usage",
     "inflight",
+    "prefill_tokens",
+    "ttft",
     "cpu",
     "memory",
 )
@@ -96,9 +100,16 @@ SIGNAL_ALIASES: dict[str, str] = {
     "sglang:token_usage": KV_USAGE,
     "llamacpp:kv_cache_usage_ratio": KV_USAGE,
     "llmplane_gateway_endpoint_kv_usage": KV_USAGE,
+    # time to first token, seconds: the engine's mean over the last scrape interval (held
+    # while it is busy, 0 when idle)
+    "vllm:time_to_first_token_seconds": TTFT,
+    "sglang:time_to_first_token_seconds": TTFT,
+    "llmplane_gateway_endpoint_ttft_seconds": TTFT,
     # the gateway's own count of requests it sent and has not finished
     INFLIGHT_METRIC: INFLIGHT,
     "llmplane:inflight_requests": INFLIGHT,
+    # the gateway's own count of prompt tokens sent that have not had their first token
+    PREFILL_TOKENS_METRIC: PREFILL_TOKENS,
 }
 RESOURCE_SIGNALS = {"cpu": CPU, "memory": MEMORY}
 
@@ -133,11 +144,17 @@ def _pods_trigger(*targets: tuple[str, float]) -> ScaleTrigger:
 
 # Disaggregated roles load differently, so each has its own default trigger (a role's
 # elasticConfig.scaleTrigger replaces it). Prefill replicas answer one token per request: their
-# load is the prompts queued for prefill (the engine's waiting queue), and in-flight counts at
-# the gateway say little (a decode request holds its slot for the whole answer). Decode
-# replicas' load is the sequences being generated and the KV cache they hold.
+# load is the prompt work waiting for its first token, counted in prompts queued in the engine
+# and in prompt tokens the gateway sent and has not had answered (long prompts an engine runs
+# side by side never queue); in-flight counts at the gateway say little (a decode request
+# holds its slot for the whole answer). 8192 tokens: a few of vLLM's prefill steps on a GPU,
+# under a second of TTFT. Decode replicas' load is the sequences being generated and the KV
+# cache they hold.
+PREFILL_TOKENS_TARGET = 8192
 ROLE_TRIGGERS: dict[str, ScaleTrigger] = {
-    "prefill": _pods_trigger(("vllm:num_requests_waiting", 2)),
+    "prefill": _pods_trigger(
+        ("vllm:num_requests_waiting", 2), (PREFILL_TOKENS_METRIC, PREFILL_TOKENS_TARGET)
+    ),
     "decode": _pods_trigger(("vllm:num_requests_running", 16), ("vllm:kv_cache_usage_perc", 0.8)),
 }
 

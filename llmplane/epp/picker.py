@@ -29,6 +29,7 @@ from llmplane.gateway.hooks import Usage, header_pairs
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.server import Gateway
+from llmplane.gateway.tokens import sent_prompt_tokens
 
 log = logging.getLogger("llmplane.epp")
 
@@ -76,6 +77,8 @@ class _Exchange:
         "finished",
         "picked",
         "prefilling",
+        "prompt_at",
+        "prompt_tokens",
         "response_body",
         "routed",
         "scanner",
@@ -90,6 +93,9 @@ class _Exchange:
         self.state: EndpointState | None = None  # the chosen endpoint, while counted in flight
         self.picked: dict[str, EndpointState] = {}  # address -> state, the named endpoints
         self.prefilling: EndpointState | None = None  # a stream's, until its first chunk
+        # Where the prompt's tokens are counted (``prefill_tokens``) until the first byte.
+        self.prompt_at: EndpointState | None = None
+        self.prompt_tokens = 0
         self.scanner: StreamScanner | None = None
         self.response_body: list[bytes] | None = None
         self.subset: frozenset[str] | None = None  # the data plane's subset hint
@@ -214,6 +220,9 @@ class EndpointPickerService:
         if inference.stream:  # counted until its first chunk (saturationMaxPrefilling)
             chosen.add_prefilling(1)
             ex.prefilling = chosen
+        ex.prompt_tokens = sent_prompt_tokens(inference, ctx.scheduling)
+        chosen.add_prefill_tokens(ex.prompt_tokens)
+        ex.prompt_at = chosen
         ctx.endpoint = backend.address(chosen)
         ctx.attempts = 1
         ex.picked = {backend.address(e): e for e in pick.endpoints}
@@ -241,6 +250,10 @@ class EndpointPickerService:
             ex.prefilling.add_prefilling(-1)
             served.add_prefilling(1)
             ex.prefilling = served
+        if ex.prompt_at is not None:
+            ex.prompt_at.add_prefill_tokens(-ex.prompt_tokens)
+            served.add_prefill_tokens(ex.prompt_tokens)
+            ex.prompt_at = served
         ctx.failed(ctx.endpoint or "", "the data plane went on to the next endpoint")
         ctx.endpoint = address
         ctx.attempts += 1
@@ -294,10 +307,18 @@ class EndpointPickerService:
     def _first_chunk(self, ex: _Exchange) -> None:
         """The stream's prefill is over: uncount it, and let flow control release a waiter
         (the hook the proxy calls on a first chunk, set with saturationMaxPrefilling)."""
+        self._prompt_answered(ex)
         state, ex.prefilling = ex.prefilling, None
         if state is not None:
             state.add_prefilling(-1)
             self.gateway.prefilled()
+
+    @staticmethod
+    def _prompt_answered(ex: _Exchange) -> None:
+        """The first byte came back (or the request ended): its prompt is no longer waiting."""
+        state, ex.prompt_at = ex.prompt_at, None
+        if state is not None:
+            state.add_prefill_tokens(-ex.prompt_tokens)
 
     # --- end ---------------------------------------------------------------------------------
 
@@ -311,6 +332,7 @@ class EndpointPickerService:
         if ex.prefilling is not None:  # ended before its first chunk
             ex.prefilling.add_prefilling(-1)
             ex.prefilling = None
+        self._prompt_answered(ex)
         state = ex.state
         if state is not None:
             state.add_inflight(-1)

@@ -141,6 +141,8 @@ _PER_ENDPOINT: tuple[tuple[Any, str, str, Callable[[EndpointState, float], float
     (GaugeMetricFamily, "llmplane_gateway_endpoint_inflight", "Requests in flight per endpoint", lambda s, now: s.inflight),
     (GaugeMetricFamily, "llmplane_gateway_endpoint_waiting", "Waiting requests per endpoint, as last scraped", lambda s, now: s.waiting),
     (GaugeMetricFamily, "llmplane_gateway_endpoint_kv_usage", "KV-cache utilisation per endpoint, as last scraped", lambda s, now: s.kv_usage),
+    (GaugeMetricFamily, "llmplane_gateway_endpoint_prefill_tokens", "Prompt tokens (estimated) of requests sent to the endpoint that have not answered their first byte", lambda s, now: s.prefill_tokens),
+    (GaugeMetricFamily, "llmplane_gateway_endpoint_ttft_seconds", "The endpoint's engine's mean time to first token since the scrape before, held while busy, 0 when idle", lambda s, now: s.ttft if s.ttft >= 0 else None),
     (GaugeMetricFamily, "llmplane_gateway_endpoint_ejected", "1 while the endpoint is ejected", lambda s, now: 1.0 if s.ejected(now) else 0.0),
     (CounterMetricFamily, "llmplane_gateway_endpoint_prefix_cache_hits", "Prompt tokens the endpoint's engine found in its prefix cache, as last scraped", lambda s, now: s.prefix_hits if s.prefix_queries else None),
     (CounterMetricFamily, "llmplane_gateway_endpoint_prefix_cache_queries", "Prompt tokens the endpoint's engine looked up in its prefix cache, as last scraped", lambda s, now: s.prefix_queries or None),

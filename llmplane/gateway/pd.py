@@ -51,6 +51,7 @@ from llmplane.gateway.proxy import AttemptFailed, Proxy, forwarded_headers, rela
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.routing import SGLANG, PDBackend
 from llmplane.gateway.scheduler.framework import Profile, Scheduler, SchedulingContext
+from llmplane.gateway.tokens import sent_prompt_tokens
 from llmplane.gateway.upstream_client import encode_request
 
 log = logging.getLogger("llmplane.gateway")
@@ -242,6 +243,8 @@ class _Pair:
         )
         self.profile.on_pick(self.sched, state)
         state.add_inflight(1)
+        tokens = sent_prompt_tokens(self.inference, self.sched)  # its answer is the first token
+        state.add_prefill_tokens(tokens)
         t = time.perf_counter()
         try:
             status, upstream_headers, data = await pd.proxy.fetch(
@@ -252,6 +255,7 @@ class _Pair:
             raise
         finally:
             state.add_inflight(-1)
+            state.add_prefill_tokens(-tokens)
         elapsed = time.perf_counter() - t
         pd.metrics.pd_prefill.labels(self.inference.model).observe(elapsed)
         ctx.prefill_endpoint = address

@@ -38,6 +38,7 @@ from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.scheduler.framework import Scheduler
 from llmplane.gateway.scheduler.precise_prefix import predicted_cached_tokens
 from llmplane.gateway.splice import Splice, failed_event
+from llmplane.gateway.tokens import sent_prompt_tokens
 from llmplane.gateway.upstream_client import (
     ConnectionLost,
     RawHeaders,
@@ -422,10 +423,15 @@ class Proxy:
                     raise AttemptFailed("timeout", "the route's timeout was spent")
         wire = encode_request("POST", ctx.request.path_qs, address, headers, body)
         state.add_inflight(1)
+        # Prefill work queued there until the first byte (the autoscaling signal).
+        tokens = sent_prompt_tokens(ctx.inference, ctx.scheduling)
+        state.add_prefill_tokens(tokens)
         ctx.endpoint = address
         if ctx.inference.stream:
-            return self._stream(ctx, address, wire, state, may_retry, timeout, splice, headers)
-        return self._unary(ctx, address, wire, state, may_retry, timeout)
+            return self._stream(
+                ctx, address, wire, state, may_retry, timeout, splice, headers, tokens
+            )
+        return self._unary(ctx, address, wire, state, may_retry, timeout, tokens)
 
     async def fetch(
         self,
@@ -449,6 +455,7 @@ class Proxy:
         state: EndpointState,
         may_retry: bool,
         timeout: float | None,
+        tokens: int = 0,
     ) -> Response:
         assert self.pool is not None
         try:  # ``fetch``, inline: one coroutine less per request
@@ -457,6 +464,7 @@ class Proxy:
             raise attempt_failure(err, timeout) from None
         finally:
             state.add_inflight(-1)
+            state.add_prefill_tokens(-tokens)
         if status >= 500 and may_retry:
             raise AttemptFailed("status", f"HTTP {status}")
         # On the last attempt an engine's own 5xx goes to the client as it is.
@@ -481,9 +489,11 @@ class Proxy:
         timeout: float | None,
         splice: Splice | None = None,
         headers: dict[str, str] | None = None,
+        tokens: int = 0,
     ) -> StreamResponse:
         """The timeout covers connect + response headers + first chunk (time to first byte);
-        once a byte has been sent to the client the request is never retried."""
+        once a byte has been sent to the client the request is never retried. ``tokens``
+        (the prompt's) are counted on ``state`` until the first chunk."""
         assert self.pool is not None
         resp: UpstreamResponse | None = None
         state.add_prefilling(1)  # until the first chunk: queued or in prefill in the engine
@@ -504,6 +514,7 @@ class Proxy:
             raise
         finally:
             state.add_prefilling(-1)
+            state.add_prefill_tokens(-tokens)
         if self.on_first_chunk is not None:
             self.on_first_chunk()
         watch: _StreamWatch | None = None

@@ -40,6 +40,10 @@ class EndpointState:
     block_size: int = 0
     # Prompt tokens whose KV the engine took over its KV connector (-1: not reported).
     kv_received: float = -1.0
+    # The engine's time to first token, seconds (-1: not reported; ``observe_ttft``), and its
+    # histogram's (sum, count) at the last scrape.
+    ttft: float = -1.0
+    ttft_seen: tuple[float, float] = (-1.0, -1.0)
     # The gateway's own accounting.
     inflight: int = 0
     inflight_at_scrape: int = 0  # ``inflight`` when the last applied scrape was sent
@@ -51,6 +55,9 @@ class EndpointState:
     # Streams this gateway sent that have not yet answered their first chunk: in the engine's
     # queue or in prefill (``saturation_max_prefilling``); every worker's sum, as ``inflight``.
     prefilling: int = 0
+    # Prompt tokens (estimated) of the requests this gateway sent that have not answered their
+    # first byte: the prefill work it has queued there (every worker's sum, as ``inflight``).
+    prefill_tokens: int = 0
     # Health.
     consecutive_failures: int = 0
     ejected_until: float = 0.0
@@ -90,6 +97,18 @@ class EndpointState:
             return self.kv_usage
         return self.kv_usage * (running - freed) / running if freed < running else 0.0
 
+    def observe_ttft(self, total: float, count: float, busy: bool) -> None:
+        """The engine's time-to-first-token histogram (``_sum``, ``_count``) at a scrape: the
+        mean of the first tokens since the last scrape; none since then, the last mean is held
+        while the engine is ``busy`` and 0 once it is idle (so a reading never lingers to block
+        scale-down); counters that went back (a restart) start again from 0."""
+        last_total, last_count = self.ttft_seen
+        self.ttft_seen = (total, count)
+        if 0 <= last_count < count and total >= last_total:
+            self.ttft = (total - last_total) / (count - last_count)
+        elif not busy or self.ttft < 0 or count < last_count:
+            self.ttft = 0.0
+
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
 
@@ -103,6 +122,11 @@ class EndpointState:
         """Count ``n`` more (or fewer) streams waiting for their first chunk (shared by the
         workers like ``add_inflight``)."""
         self.prefilling += n
+
+    def add_prefill_tokens(self, n: int) -> None:
+        """Count ``n`` more (or fewer) prompt tokens waiting for their first byte (shared by
+        the workers like ``add_inflight``)."""
+        self.prefill_tokens += n
 
 
 def scraped_room(

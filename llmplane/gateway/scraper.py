@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import re
 import time
@@ -56,6 +57,9 @@ class MetricNames:
     # Prompt tokens whose KV the engine loaded through its KV connector (a disaggregated
     # decode replica's KV received from prefill), for the console only.
     kv_received: tuple[bytes, ...] = ()
+    # The time-to-first-token histogram's ``_sum`` and ``_count`` (the autoscaling signal).
+    ttft_sum: tuple[bytes, ...] = ()
+    ttft_count: tuple[bytes, ...] = ()
 
 
 VLLM = MetricNames(
@@ -67,11 +71,15 @@ VLLM = MetricNames(
     prefix_queries=(b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"),
     cache_info=b"vllm:cache_config_info",
     kv_received=(b"vllm:external_prefix_cache_hits_total",),
+    ttft_sum=(b"vllm:time_to_first_token_seconds_sum",),
+    ttft_count=(b"vllm:time_to_first_token_seconds_count",),
 )
 SGLANG = MetricNames(
     waiting=(b"sglang:num_queue_reqs",),
     running=(b"sglang:num_running_reqs",),
     kv=(b"sglang:token_usage",),
+    ttft_sum=(b"sglang:time_to_first_token_seconds_sum",),
+    ttft_count=(b"sglang:time_to_first_token_seconds_count",),
 )
 LLAMACPP = MetricNames(
     waiting=(b"llamacpp:requests_deferred",),
@@ -184,6 +192,8 @@ class LoadMetrics:
     prefix_queries: float | None = None
     block_size: int = 0
     kv_received: float | None = None
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
 
     @property
     def any(self) -> bool:
@@ -231,6 +241,9 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
                 m.block_size = _block_size(body, table.cache_info)
             if table.kv_received:
                 m.kv_received = _sum(body, table.kv_received)
+            if table.ttft_count:
+                m.ttft_sum = _sum(body, table.ttft_sum)
+                m.ttft_count = _sum(body, table.ttft_count)
             return m
     return LoadMetrics()
 
@@ -269,6 +282,13 @@ def apply_metrics(
         waited,
         state.endpoint.max_num_seqs,
     )
+    if m.ttft_sum is None or m.ttft_count is None:
+        state.ttft = -1.0
+    elif not (math.isfinite(m.ttft_sum) and math.isfinite(m.ttft_count)):
+        state.ttft, state.ttft_seen = -1.0, (-1.0, -1.0)  # NaN or Inf: not a reading
+    else:
+        busy = bool(state.waiting or state.running or sent)
+        state.observe_ttft(m.ttft_sum, m.ttft_count, busy)
     state.scrape_ok = True
 
 

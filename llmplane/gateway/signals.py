@@ -1,7 +1,7 @@
 """The gateway's view of load per workload, for the autoscaler (``controlplane/autoscaler.py``).
 
 Read off what the gateway keeps anyway (endpoint registry: scraped engine metrics and its own
-in-flight counts; the request counter by endpoint; requests waiting in flow control, shared
+in-flight counts and prompt tokens waiting for their first byte; the request counter by endpoint; requests waiting in flow control, shared
 out over the endpoints they wait for and counted as in flight there, so that queueing in the
 gateway instead of the engines still scales the workload): nothing is added to the request
 path.
@@ -18,7 +18,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llmplane.controlplane.autoscaling import INFLIGHT, KV_USAGE, RUNNING, WAITING
+from llmplane.controlplane.autoscaling import (
+    INFLIGHT,
+    KV_USAGE,
+    PREFILL_TOKENS,
+    RUNNING,
+    TTFT,
+    WAITING,
+)
 
 if TYPE_CHECKING:
     from llmplane.gateway.server import GatewayView
@@ -60,12 +67,17 @@ class GatewaySignals:
         if queued is None:
             queued = self._merged(self._peers)[1] if self._peers else view.queued
         for state in self._states(workload, view):
-            values: dict[str, float] = {INFLIGHT: state.inflight + queued.get(state.address, 0.0)}
+            values: dict[str, float] = {
+                INFLIGHT: state.inflight + queued.get(state.address, 0.0),
+                PREFILL_TOKENS: float(state.prefill_tokens),
+            }
             if state.metrics_fresh(staleness, now):
                 values[WAITING] = state.waiting
                 values[RUNNING] = state.running
                 if state.has_kv:
                     values[KV_USAGE] = state.kv_usage
+                if state.ttft >= 0:
+                    values[TTFT] = state.ttft
             out[state.address] = values
         return out
 

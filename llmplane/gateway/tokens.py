@@ -22,11 +22,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from llmplane.gateway.protocols.text import content_text
+from llmplane.gateway.scheduler.precise_prefix import PROMPT_TOKENS
+
+if TYPE_CHECKING:
+    from llmplane.gateway.request import InferenceRequest
+    from llmplane.gateway.scheduler.framework import SchedulingContext
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -79,6 +84,18 @@ def estimate_tokens(doc: dict[str, Any]) -> int:
     """The documented estimate: ``ceil(characters / 4)`` plus token ids given as numbers."""
     texts, ids = _texts(doc)
     return ids - (-sum(map(len, texts)) // CHARS_PER_TOKEN)
+
+
+def sent_prompt_tokens(request: InferenceRequest, scheduling: SchedulingContext | None) -> int:
+    """The prompt tokens a request sends upstream, for the prefill work the gateway counts per
+    endpoint (``EndpointState.prefill_tokens``): the count of the precise prefix scorer when it
+    tokenized the prompt, else ``ceil(bytes / 4)`` of the prompt if extracted, else of the body
+    (nothing is parsed or tokenized for it)."""
+    if scheduling is not None:
+        counted = scheduling.cache.get(PROMPT_TOKENS)
+        if isinstance(counted, int):
+            return counted
+    return -(-request.prompt_size() // CHARS_PER_TOKEN)
 
 
 class TokenCounter:

@@ -3,8 +3,9 @@
 Every gateway replica serves ``GET /autoscaling/signals`` (``gateway/signals.py``): per
 workload (``namespace/playground``) the signals of each ready replica it routes to, a request
 counter and the requests its activator holds. Each gateway counts only its own traffic, so the
-operator asks every replica and merges: in-flight counts, request counters and held requests
-add up; engine metrics (queue, running, KV usage), which every gateway scrapes from the same
+operator asks every replica and merges: in-flight counts, prompt tokens waiting for their first
+token, request counters and held requests add up; engine metrics (queue, running, KV usage,
+time to first token), which every gateway scrapes from the same
 engine, are the same reading and the highest one is kept.
 
 The gateways are found by a label selector on Pods (``--gateway-selector``, the Helm chart's
@@ -23,14 +24,15 @@ from typing import Any
 
 import aiohttp
 
-from llmplane.controlplane.autoscaling import INFLIGHT
+from llmplane.controlplane.autoscaling import INFLIGHT, PREFILL_TOKENS
 from llmplane.kube.kinds import POD
 from llmplane.kube.pods import pod_address, pod_ready
 
 log = logging.getLogger("llmplane.operator")
 
 PATH = "/autoscaling/signals"
-ADDITIVE = frozenset({INFLIGHT})  # each gateway's own count; the rest are engine readings
+# Each gateway's own counts; the rest are engine readings.
+ADDITIVE = frozenset({INFLIGHT, PREFILL_TOKENS})
 
 
 @dataclass

@@ -20,13 +20,38 @@ def decode_heavy(n: int) -> dict[str, Any]:
     return {"prompt": f"request {n:06d}: hi", "max_tokens": 40 + n * 17 % 41, "ignore_eos": True}
 
 
-# Each burst: its requests, clients sending them back to back, the role it must scale and the
-# signal the rescale Event must name (the other role must not scale).
+# The prefill role's own trigger for the "prompt-tokens" burst: the prompt tokens the gateway
+# sent and has not had a first token for, 3,000 a replica (a prompt-heavy burst keeps several
+# thousand waiting on one prefill replica).
+PREFILL_TOKENS_TRIGGER = {
+    "hpa": {
+        "metrics": [
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": "llmplane_gateway_endpoint_prefill_tokens"},
+                    "target": {"type": "AverageValue", "averageValue": 3000},
+                },
+            }
+        ]
+    }
+}
+
+# Each burst: its requests, clients sending them back to back, the role it must scale, the
+# signal the rescale Event must name (the other role must not scale) and the prefill role's own
+# scale trigger (None: its default).
 BURSTS = pytest.mark.parametrize(
-    ("burst", "clients", "scaled", "metric"),
+    ("burst", "clients", "scaled", "metric", "prefill_trigger"),
     [
-        (prompt_heavy, 8, "prefill", "vllm:num_requests_waiting"),
-        (decode_heavy, 24, "decode", "vllm:num_requests_running"),
+        (prompt_heavy, 8, "prefill", "vllm:num_requests_waiting", None),
+        (
+            prompt_heavy,
+            8,
+            "prefill",
+            "llmplane_gateway_endpoint_prefill_tokens",
+            PREFILL_TOKENS_TRIGGER,
+        ),
+        (decode_heavy, 24, "decode", "vllm:num_requests_running", None),
     ],
-    ids=["prompt-heavy", "decode-heavy"],
+    ids=["prompt-heavy", "prompt-tokens", "decode-heavy"],
 )

@@ -6,8 +6,9 @@ engines, at time scale 5; the LeaderWorkerSet controller is played, one pod per 
 
 The bursts of ``test_up_autoscale_roles.py`` through the gateway's prefill/decode pairs: a
 prompt-heavy one queues prompts on the prefill replica, and the operator scales the prefill
-role to its maximum while decode stays at one replica; a decode-heavy one keeps more
-sequences decoding than the decode target, and the operator scales decode, not prefill.
+role to its maximum while decode stays at one replica (also with prefill on a trigger of prompt
+tokens waiting alone, the gateway's count); a decode-heavy one keeps more sequences decoding
+than the decode target, and the operator scales decode, not prefill.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ def role_engines() -> Iterator[dict[str, list[Process]]]:
         yield {"prefill": started[:2], "decode": started[2:]}
 
 
-def playground(elastic: dict[str, Any] | None = None) -> dict[str, Any]:
+def playground(
+    elastic: dict[str, Any] | None = None, prefill_trigger: dict[str, Any] | None = None
+) -> dict[str, Any]:
     elastic = elastic or {"minReplicas": 1, "maxReplicas": 2}
+    prefill = {**elastic, "scaleTrigger": prefill_trigger} if prefill_trigger else elastic
     return {
         "apiVersion": SVC,
         "kind": "Playground",
@@ -59,7 +63,7 @@ def playground(elastic: dict[str, Any] | None = None) -> dict[str, Any]:
             "llmplane": {
                 "disaggregation": {
                     "kvConnector": {"type": "nixl"},
-                    "prefill": {"replicas": 1, "elasticConfig": elastic},
+                    "prefill": {"replicas": 1, "elasticConfig": prefill},
                     "decode": {"replicas": 1, "elasticConfig": elastic},
                 }
             },
@@ -118,13 +122,14 @@ async def test_a_burst_scales_the_role_it_loads_and_not_the_other(
     clients: int,
     scaled: str,
     metric: str,
+    prefill_trigger: dict[str, Any] | None,
 ) -> None:
     other = "decode" if scaled == "prefill" else "prefill"
     async with cluster([]) as (kube, gateway, _):
         lws = RoleLws(kube, role_engines)
         try:
             await kube.create(openmodel())
-            await kube.create(playground())
+            await kube.create(playground(prefill_trigger=prefill_trigger))
             await eventually(
                 lambda: len(gateway.registry.states) == 2, 30, what="one pod of each role routed"
             )

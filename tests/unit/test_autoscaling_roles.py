@@ -1,5 +1,6 @@
 """Per-role autoscaling of disaggregated Playgrounds: prefill scales on prompts queued for
-prefill, decode on sequences being generated and KV use, each within its own bounds; the
+prefill and prompt tokens waiting for their first token (or on time to first token, by its own
+trigger), decode on sequences being generated and KV use, each within its own bounds; the
 embedded autoscaler writes each role's replicas. Signals come from a plain in-memory source,
 as in test_autoscaler_loop.py."""
 
@@ -16,7 +17,9 @@ from llmplane.api.inference import ElasticConfig
 from llmplane.controlplane.autoscaler import RESCALE, Autoscaler, AutoscalerConfig
 from llmplane.controlplane.autoscaling import (
     KV_USAGE,
+    PREFILL_TOKENS,
     RUNNING,
+    TTFT,
     WAITING,
     History,
     ReplicaSignals,
@@ -55,6 +58,71 @@ def test_a_prompt_heavy_burst_scales_prefill_and_not_decode() -> None:
 def test_a_decode_heavy_burst_scales_decode_and_not_prefill() -> None:
     assert desired("decode", DECODE_HEAVY) == 5  # running 40 / 16 -> ceil(5.0)
     assert desired("prefill", DECODE_HEAVY) == 2
+
+
+# Long prompts an engine runs side by side (a large token budget a step): nothing queues in
+# the engine, the prompt tokens the gateway sent and has not had answered pile up.
+LONG_PROMPTS_IN_PARALLEL = {
+    "prefill": {WAITING: 0.0, RUNNING: 6.0, KV_USAGE: 0.4, PREFILL_TOKENS: 20_000.0},
+    "decode": {WAITING: 0.0, RUNNING: 6.0, KV_USAGE: 0.2, PREFILL_TOKENS: 300.0},
+}
+
+
+def test_prefill_scales_on_prompt_tokens_waiting_when_its_engine_queues_nothing() -> None:
+    assert desired("prefill", LONG_PROMPTS_IN_PARALLEL) == 5  # ceil(2 x 20,000 / 8,192)
+    assert desired("decode", LONG_PROMPTS_IN_PARALLEL) == 2
+    trigger = role_trigger("prefill", ELASTIC)
+    assert trigger is not None
+    signals = [ReplicaSignals(values=LONG_PROMPTS_IN_PARALLEL["prefill"])] * 2
+    reason = decide(2, signals, ELASTIC, trigger, History(), 0.0).reason
+    assert reason.startswith("llmplane_gateway_endpoint_prefill_tokens 2e+04 per replica"), reason
+    # Few tokens waiting (and none queued): within the target, prefill stays.
+    light = {"prefill": {**LONG_PROMPTS_IN_PARALLEL["prefill"], PREFILL_TOKENS: 8000.0}}
+    assert desired("prefill", light) == 2
+
+
+def pods(name: str, target: float | str) -> dict[str, Any]:
+    return {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": name},
+            "target": {"type": "AverageValue", "averageValue": target},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["vllm:time_to_first_token_seconds", "llmplane_gateway_endpoint_ttft_seconds"]
+)
+def test_a_ttft_trigger_scales_prefill_up_on_slow_first_tokens_and_down_when_idle(
+    name: str,
+) -> None:
+    """TTFT against an objective (500 ms a replica): 1.5 s triples prefill; an idle replica
+    reports 0, so the reading never holds replicas once the burst is over."""
+    elastic = ElasticConfig.model_validate(
+        {
+            "minReplicas": 1,
+            "maxReplicas": 8,
+            "scaleTrigger": {
+                "hpa": {
+                    "metrics": [pods(name, "500m")],
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
+                }
+            },
+        }
+    )
+    trigger = role_trigger("prefill", elastic)
+    assert trigger is not None
+    slow = [ReplicaSignals(values={TTFT: 1.5, WAITING: 0.0})] * 2
+    decision = decide(2, slow, elastic, trigger, History(), 0.0)
+    assert decision.desired == 6, decision.reason
+    assert decision.reason.startswith(f"{name} 1.5 per replica (target 0.5)")
+    idle = [ReplicaSignals(values={TTFT: 0.0})] * 6
+    assert decide(6, idle, elastic, trigger, decision.history, 30.0).desired == 1
+    # No TTFT at all (an engine without the histogram): no data, which holds replicas.
+    blind = [ReplicaSignals(values={WAITING: 0.0})] * 6
+    held = decide(6, blind, elastic, trigger, decision.history, 30.0)
+    assert held.desired == 6 and "no data" in held.reason, held.reason
 
 
 def test_a_roles_own_trigger_replaces_its_default() -> None:

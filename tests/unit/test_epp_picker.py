@@ -69,9 +69,12 @@ async def test_fallback_that_served_takes_the_accounting(tmp_path) -> None:
             for message in _request({"model": "m", "prompt": "hello", "max_tokens": 3}):
                 yield message
             seen["picked"] = inflight()
+            seen["picked tokens"] = {a: s.prefill_tokens for a, s in states.items()}
             # The data plane tried the first named endpoint, then served from the second.
             yield _served_by(order[1], "application/json")
             seen["served"] = inflight()
+            # Not a stream: the response's headers are its first byte.
+            seen["served tokens"] = {a: s.prefill_tokens for a, s in states.items()}
             usage = b'{"usage":{"prompt_tokens":2,"completion_tokens":3}}'
             yield pb.ProcessingRequest(response_body=pb.HttpBody(body=usage, end_of_stream=True))
 
@@ -85,6 +88,8 @@ async def test_fallback_that_served_takes_the_accounting(tmp_path) -> None:
         assert seen["picked"] == {first: 1, second: 0}  # counted on the primary
         assert seen["served"] == {first: 0, second: 1}  # moved to the one that served
         assert inflight() == {first: 0, second: 0}  # released at the end of the stream
+        assert seen["picked tokens"][first] > 0 and seen["picked tokens"][second] == 0
+        assert seen["served tokens"] == {first: 0, second: 0}
         added = {
             h.header.key: h.header.raw_value.decode()
             for h in replies[2].response_headers.response.header_mutation.set_headers
@@ -101,7 +106,8 @@ async def test_fallback_that_served_takes_the_accounting(tmp_path) -> None:
 async def test_a_stream_counts_as_prefilling_until_its_first_chunk(tmp_path) -> None:
     """saturationMaxPrefilling through Envoy: the picker counts a stream on its endpoint from
     the pick (moved with the data plane's fallback) until the first response chunk, and that
-    chunk pumps flow control (the proxy's hook)."""
+    chunk pumps flow control (the proxy's hook). Its prompt tokens (the autoscaling signal of
+    prefill tokens waiting) are counted and moved the same way."""
     store = SQLiteStore(tmp_path / "db.sqlite")
     store.apply(endpoint_object("a", A, "m"))
     store.apply(endpoint_object("b", B, "m"))
@@ -119,19 +125,23 @@ async def test_a_stream_counts_as_prefilling_until_its_first_chunk(tmp_path) -> 
         def prefilling() -> dict[str, int]:
             return {a: s.prefilling for a, s in states.items()}
 
+        def tokens() -> dict[str, int]:
+            return {a: s.prefill_tokens for a, s in states.items()}
+
         order: list[str] = []
+        prompt = "a long prompt " * 40  # 560 bytes: 140 tokens at most, its body's more
 
         async def messages():
             for message in _request(
-                {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True}
+                {"model": "m", "prompt": prompt, "max_tokens": 3, "stream": True}
             ):
                 yield message
-            seen["picked"] = prefilling()
+            seen["picked"], seen["picked tokens"] = prefilling(), tokens()
             yield _served_by(order[1], "text/event-stream")
-            seen["served"] = prefilling()
+            seen["served"], seen["served tokens"] = prefilling(), tokens()
             chunk = b'data: {"choices":[{"text":" abc"}]}\n\n'
             yield pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk))
-            seen["first chunk"] = prefilling()
+            seen["first chunk"], seen["first chunk tokens"] = prefilling(), tokens()
             yield pb.ProcessingRequest(
                 response_body=pb.HttpBody(body=b"data: [DONE]\n\n", end_of_stream=True)
             )
@@ -145,6 +155,11 @@ async def test_a_stream_counts_as_prefilling_until_its_first_chunk(tmp_path) -> 
         assert seen["served"] == {first: 0, second: 1}  # moved to the one that served
         assert seen["first chunk"] == {first: 0, second: 0} and pumps == [1]
         assert prefilling() == {first: 0, second: 0}
+        n = seen["picked tokens"][first]
+        assert 140 <= n <= 160, n  # the prompt's bytes / 4, or its body's
+        assert seen["picked tokens"] == {first: n, second: 0}
+        assert seen["served tokens"] == {first: 0, second: n}
+        assert seen["first chunk tokens"] == tokens() == {first: 0, second: 0}
     finally:
         await picker.close(0)
         store.close()

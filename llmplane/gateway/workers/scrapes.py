@@ -45,12 +45,13 @@ _ATTRS = (
     "capacity",
     "room",
     "kv_received",
+    "ttft",
     "inflight_at_scrape",
     "max_lora",
     "block_size",
 )
 _SCRAPED_AT = _ATTRS.index("scraped_at")
-_FIELDS = struct.Struct("<dddddddddqqqqq")
+_FIELDS = struct.Struct("<ddddddddddqqqqq")
 _HEAD = struct.Struct("<q" + _FIELDS.format[1:])
 TEXT_BYTES = ROW_BYTES - _HEAD.size
 _TIME = struct.Struct("<d")
