@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 
+from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
 from llmplane.testing import Processes
 
 BLOCK = 16
@@ -38,3 +39,15 @@ async def complete(client: aiohttp.ClientSession, address: str, prompt: str) -> 
     async with client.post(f"http://{address}/v1/completions", json=body) as r:
         assert r.status == 200, await r.text()
         await r.read()
+
+
+async def sim_cache(client: aiohttp.ClientSession, address: str) -> set[int]:
+    """The block hashes a sim holds (its ``/admin/kv-cache``)."""
+    async with client.get(f"http://{address}/admin/kv-cache") as r:
+        return {int(h) for h in (await r.json())["hashes"]}
+
+
+def indexed(sub: KVEventSubscriber, replica: str) -> set[int]:
+    """The blocks the subscriber's index holds for ``replica``."""
+    state = sub.index.replicas.get(replica)
+    return set(state.blocks) if state is not None else set()

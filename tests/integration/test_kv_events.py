@@ -36,7 +36,15 @@ from llmplane.testing import Processes, wait_for
 from llmplane.testing.fleets import sim_fleet
 from llmplane.testing.process import sim_process
 from llmplane.testing.wait import eventually
-from tests.integration.kv_sims import BLOCK, VOCAB, complete, events_flags, start_sim
+from tests.integration.kv_sims import (
+    BLOCK,
+    VOCAB,
+    complete,
+    events_flags,
+    indexed,
+    sim_cache,
+    start_sim,
+)
 from tests.integration.upcli import http
 
 
@@ -47,16 +55,6 @@ async def subscriber() -> AsyncIterator[KVEventSubscriber]:
         yield sub
     finally:
         await sub.close()
-
-
-async def sim_cache(client: aiohttp.ClientSession, address: str) -> set[int]:
-    async with client.get(f"http://{address}/admin/kv-cache") as r:
-        return {int(h) for h in (await r.json())["hashes"]}
-
-
-def indexed(sub: KVEventSubscriber, replica: str) -> set:
-    state = sub.index.replicas.get(replica)
-    return set(state.blocks) if state is not None else set()
 
 
 def prompts(n: int, words: int = 40) -> list[str]:

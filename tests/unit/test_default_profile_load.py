@@ -17,7 +17,7 @@ from llmplane.gateway.scheduler.config import build_scheduler
 from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer, use_in_default
 from llmplane.runtime.endpoint import Endpoint
-from tests.unit.test_kv_index import Tokens
+from tests.unit.token_source import Tokens
 
 NOW = 1000.0
 BS = 16
