@@ -88,6 +88,8 @@ def http_parse(repeats: int, requests: int) -> float:
     class Server:
         max_connections = 0
         max_body = 1 << 20
+        max_body_total = 0
+        body_bytes = 0
         connections: set[Any] = set()
         loop = None
         closing = False
@@ -106,7 +108,7 @@ def http_parse(repeats: int, requests: int) -> float:
 
 
 def upstream_parse(repeats: int, requests: int) -> float:
-    from llmplane.gateway.upstream_client import UpstreamPool, _Connection
+    from llmplane.gateway.upstream_client import _HEAD, UpstreamPool, _Connection
 
     loop = asyncio.new_event_loop()
     try:
@@ -117,7 +119,7 @@ def upstream_parse(repeats: int, requests: int) -> float:
             for _ in range(n):
                 # What ``exchange`` sets up before its write (the same in earlier versions,
                 # where it was a coroutine).
-                conn._state = conn.HEAD
+                conn._state = _HEAD
                 conn._done = False
                 conn._whole = True
                 conn._status = None

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
     from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 
 
+def milliseconds(seconds: float) -> float:
+    """``seconds`` in milliseconds to the microsecond, for the access log: ``round(x, 3)``
+    goes through decimal digits and costs several times as much."""
+    return round(seconds * 1e6) / 1000
+
+
 class RequestContext:
     __slots__ = (
         "attempts",
@@ -158,7 +164,7 @@ class RequestContext:
         if self.sched_ms is not None:
             record["sched_ms"] = self.sched_ms
         if self.waited is not None:
-            record["queued_ms"] = round(self.waited * 1000, 3)
+            record["queued_ms"] = milliseconds(self.waited)
         if self.pick is not None:
             record["profile"] = self.pick.profile
         if self.cached_predicted is not None:
@@ -181,9 +187,9 @@ class RequestContext:
             record["migrations"] = self.migrations
         record["status"] = self.status
         record["endpoint"] = self.endpoint
-        record["total_ms"] = round(elapsed * 1000, 3)
+        record["total_ms"] = milliseconds(elapsed)
         if self.ttft is not None:
-            record["ttft_ms"] = round(self.ttft * 1000, 3)
+            record["ttft_ms"] = milliseconds(self.ttft)
         if prompt is not None:
             record["prompt_tokens"] = prompt
             record["completion_tokens"] = completion

@@ -53,7 +53,7 @@ class StreamScanner:
         complete = buf[:end]
         self.tail = buf[end + 2 :]
         self.events += complete.count(b"data:")
-        if _USAGE in complete:
+        if complete.find(_USAGE) != -1:  # (not ``in``: on 3.11 that raises and drops a TypeError)
             usage = extract_usage(complete)
             if usage is not None:
                 # Merged: a Messages stream has its input in one event, its output in another.

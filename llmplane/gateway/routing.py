@@ -234,6 +234,8 @@ class RoutingTable:
         str, list[tuple[str, str, list[tuple[str, float]], Backend | None, str]]
     ] = field(default_factory=dict)
     defaults: dict[str, Backend] = field(default_factory=dict)
+    # Each default's decision, made once by ``build_table`` rather than per request.
+    decisions: dict[str, RouteDecision] = field(default_factory=dict)
     placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
     failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
     adapters: set[str] = field(default_factory=set)  # LoRA adapters among ``defaults``
@@ -302,11 +304,9 @@ class RoutingTable:
         rewrites = self.rewrites.get(model)
         if rewrites:
             return self._objective(self._rewrite(model, rewrites[0]), headers)
-        backend = self.defaults.get(model)
-        if backend is not None:
-            return RouteDecision(
-                backend.ref, backend, backend.model or model, lora=model in self.adapters
-            )
+        decision = self.decisions.get(model)
+        if decision is not None:
+            return decision
         declared = self.declared.get(model)
         if declared is not None:
             adapter, backend = declared
@@ -693,6 +693,12 @@ def build_table(
             **defaults,
         },
     )
+    table.decisions = {
+        name: RouteDecision(
+            backend.ref, backend, backend.model or name, lora=name in table.adapters
+        )
+        for name, backend in table.defaults.items()
+    }
     table.placeholders -= set(table.defaults)
     for name in set(table.activatable) - table.placeholders:
         del table.activatable[name]

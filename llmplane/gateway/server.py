@@ -32,7 +32,7 @@ from llmplane.gateway.auth import KIND as TENANT_KIND
 from llmplane.gateway.auth import SECRET_KIND, Authenticator
 from llmplane.gateway.clip import clip
 from llmplane.gateway.config import GatewayConfig, client_connection_limit
-from llmplane.gateway.context import RequestContext
+from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
 from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady, Overloaded
 from llmplane.gateway.exposure import is_loopback, make_guard
@@ -579,7 +579,7 @@ class Gateway:
             self.adapters.touch(pick.endpoints[0].address, decision.model)
         elapsed = time.perf_counter() - ts
         self._scheduling.observe(elapsed)
-        ctx.sched_ms = round(elapsed * 1000, 3)
+        ctx.sched_ms = milliseconds(elapsed)
 
     def sent_to(self, ctx: RequestContext, state: EndpointState) -> None:
         """``ctx`` goes to ``state`` (the endpoint picker's data plane proxies it): the

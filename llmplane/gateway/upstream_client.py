@@ -413,13 +413,15 @@ class _Connection:
                     length = int(value)
                 except ValueError:
                     raise UpstreamError(f"bad Content-Length {value[:20]!r}") from None
+            # (``find``, not ``in``: on Python 3.11 ``bytes in bytes`` first tries its operand
+            # as an int, raising and dropping a formatted TypeError: twice the cost of find.)
             elif lk == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
+                chunked = value.lower().find(b"chunked") != -1
             elif lk == b"connection":
                 lv = value.lower()
-                if b"close" in lv:
+                if lv.find(b"close") != -1:
                     keep_alive = False
-                elif b"keep-alive" in lv:
+                elif lv.find(b"keep-alive") != -1:
                     keep_alive = True
         self._keep_alive = keep_alive
         if status in _NO_BODY:

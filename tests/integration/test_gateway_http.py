@@ -15,6 +15,7 @@ import pytest
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
+from llmplane.gateway.http_server import HttpRequest, HttpServer, Response
 from llmplane.gateway.server import start_gateway
 from llmplane.testing import eventually, sim
 from tests.integration.openai_errors import assert_openai_error
@@ -323,3 +324,27 @@ async def test_streams_end_framed_on_a_kept_connection_and_raw_for_http10(gatewa
         assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n")
     finally:
         writer.close()
+
+
+async def test_a_repeated_header_reaches_the_handler_with_its_values_joined():
+    # RFC 9110 5.3, whatever the case of the name; also one-character and empty values (which
+    # Python may hand back as one shared string object each time).
+    async def echo(req: HttpRequest) -> Response:
+        return Response(body=orjson.dumps(dict(req.headers)), content_type="application/json")
+
+    server = HttpServer({("POST", "/echo"): echo}, echo, max_body=1024)
+    port = await server.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nx-a: 1\r\nX-B: b\r\nX-C:\r\n"
+            b"x-c:\r\nX-D: one\r\nX-d: two\r\nContent-Length: 0\r\n\r\n"
+        )
+        status, _, body = await read_response(reader)
+        assert status == 200
+        headers = orjson.loads(body)
+        assert (headers["x-a"], headers["x-b"], headers["x-c"]) == ("1, 1", "b", ", ")
+        assert headers["x-d"] == "one, two" and headers["host"] == "h"
+    finally:
+        writer.close()
+        await server.close(1.0)

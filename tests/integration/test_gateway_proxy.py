@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import openai
 import orjson
@@ -153,7 +154,7 @@ async def test_upstream_4xx_is_relayed_after_exactly_one_attempt(gateway, client
         ),
         what="both replicas' model lists read",
     )
-    gateway.table.defaults["ghost"] = gateway.table.defaults[MODEL]
+    gateway.table.decisions["ghost"] = replace(gateway.table.decisions[MODEL], model="ghost")
     with caplog.at_level(logging.INFO, logger="llmplane.gateway.access"):
         status, headers, body = await post(
             client, gateway, "/v1/completions", {"model": "ghost", "prompt": "x"}

@@ -42,3 +42,15 @@ def test_counters_and_histograms_render_cumulative_buckets():
     )
     sched = "llmplane_gateway_scheduling_duration_seconds_bucket"
     assert got[(sched, (("le", "0.0001"),))] == 0 and got[(sched, (("le", "0.0002"),))] == 1
+
+
+def test_access_record_times_in_milliseconds_to_the_microsecond():
+    from llmplane.gateway.context import RequestContext
+    from llmplane.gateway.http_server import Headers, HttpRequest
+
+    request = HttpRequest(None, "POST", "/v1/completions", "/v1/completions", Headers(), b"{}", "1.1", True, False)  # type: ignore[arg-type]  # fmt: skip
+    ctx = RequestContext(request)
+    ctx.waited, ctx.ttft = 0.0004995, 2.5
+    record = ctx.access_record(0.0123456789, None, None)
+    assert record["total_ms"] == 12.346 and record["queued_ms"] == 0.5
+    assert record["ttft_ms"] == 2500.0 and "prompt_tokens" not in record

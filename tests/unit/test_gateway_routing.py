@@ -216,6 +216,18 @@ def test_playground_default_route_and_placeholder():
     assert err.value.status == 404
 
 
+def test_a_claimed_name_is_sent_as_the_engine_serves_it():
+    # An engine serving "qwen2:0.5b" that a Playground claims as "qwen": both names route to
+    # it and the request goes upstream with the engine's own name; a default route's
+    # decision is made once per table, not per request.
+    states = [ep(1, {MODEL_NAME_LABEL: "qwen"}, model="qwen2:0.5b")]
+    table = build_table([], states)
+    claimed = table.resolve("qwen", "/", {})
+    assert (claimed.model, claimed.route, claimed.lora) == ("qwen2:0.5b", "Model/qwen", False)
+    assert table.resolve("qwen2:0.5b", "/", {}).model == "qwen2:0.5b"
+    assert table.resolve("qwen", "/", {}) is claimed
+
+
 def test_invalid_objects_are_ignored_not_fatal():
     objects = [route("bad", {"rules": []}), server("s", "m", {"matchLabels": {"app": "a"}})]
     table = build_table(objects, STATES)

@@ -149,6 +149,27 @@ async def test_connections_that_must_not_be_reused_are_not(upstream, pool, answe
     assert upstream.connections == 2
 
 
+@pytest.mark.parametrize(
+    ("answer", "connections"),
+    [
+        # the server says close but leaves the connection open: the client closes it
+        (b"HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 11\r\n\r\nuntil close", 2),
+        # an HTTP/1.0 server that keeps it alive, among other tokens
+        (
+            b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive, x\r\nContent-Length: 11\r\n\r\nuntil close",
+            1,
+        ),
+    ],
+    ids=["close-left-open", "http-1.0-keep-alive"],
+)
+async def test_the_connection_header_decides_reuse(upstream, pool, answer, connections) -> None:
+    upstream.reply = lambda n: (answer, False)
+    for _ in range(2):
+        status, _, body = await pool.request(upstream.address, post(upstream.address))
+        assert (status, body) == (200, b"until close")
+    assert upstream.connections == connections
+
+
 async def test_a_whole_response_in_one_read_or_split_or_with_bytes_after_it(upstream, pool) -> None:
     # One read holding head and body (the usual case, taken without copying through the
     # buffer), the body split after the head or inside it, and bytes nobody asked for after a

@@ -84,7 +84,10 @@ def _start_key(state: EndpointState) -> tuple[bool, int, int]:
 
 def prioritized(candidates: Sequence[EndpointState]) -> bool:
     """Whether one of these endpoints orders its queue by priority (``priority.py``)."""
-    return any(state.endpoint.priority_scheduling for state in candidates)
+    for state in candidates:  # noqa: SIM110 - a loop, not any(genexpr): no generator per request
+        if state.endpoint.priority_scheduling:
+            return True
+    return False
 
 
 class FlowMetrics:

@@ -100,9 +100,12 @@ class Scorer(Plugin, Protocol):
 
 @runtime_checkable
 class Picker(Plugin, Protocol):
-    def pick(
-        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], scores: Scores, n: int
-    ) -> list[EndpointState]: ...
+    def order(
+        self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
+    ) -> list[int]:
+        """The indexes of the ``n`` endpoints to take, in order; ``prefer(i)`` (if given) is
+        True for endpoint ``i`` with a warm connection (a picker may ignore it)."""
+        ...
 
 
 @dataclass
@@ -123,28 +126,30 @@ class Profile:
     observers: list[Any] = field(default_factory=list)  # plugins with on_pick
 
     def run(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], n: int) -> Pick:
-        order = getattr(self.picker, "order", None)
         kept, totals = self.score(ctx, endpoints)
-        if order is not None:  # a picker that decides from the scores alone: no index lookups
-            warm = ctx.warm
-            if warm is None:
-                picked = order(totals, n)
-            else:
-                picked = order(totals, n, lambda i: warm(kept[i].address))
-            return Pick(
-                [kept[i] for i in picked],
-                {kept[i].address: round(totals[i], 4) for i in picked},
-                self.name,
-            )
-        chosen = self.picker.pick(ctx, kept, totals, n)
-        return Pick(chosen, {s.address: round(totals[kept.index(s)], 4) for s in chosen}, self.name)
+        warm = ctx.warm
+        if len(kept) < 2:  # nothing to choose
+            picked: Sequence[int] = range(min(n, len(kept)))
+        elif warm is None:
+            picked = self.picker.order(totals, n)
+        else:
+            picked = self.picker.order(totals, n, lambda i: warm(kept[i].address))
+        return Pick(
+            [kept[i] for i in picked],
+            # (4 decimals; round(x, 4) goes through decimal digits: several times the cost)
+            {kept[i].address: round(totals[i] * 1e4) / 1e4 for i in picked},
+            self.name,
+        )
 
     def score(
         self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]
     ) -> tuple[list[EndpointState], list[float]]:
         """The general path: each filter in turn (skipped if it would keep no one), then each
-        scorer, weighted and summed: (candidates, totals)."""
+        scorer, weighted and summed: (candidates, totals). One candidate is the answer as it
+        is: no filter may remove it and no score can rank it."""
         kept = list(endpoints)
+        if len(kept) < 2:
+            return kept, [0.0] * len(kept)
         for f in self.filters:
             narrowed = f.filter(ctx, kept)
             if narrowed:

@@ -210,8 +210,7 @@ class _Picker:
     def order(
         self, scores: Scores, n: int, prefer: Callable[[int], bool] | None = None
     ) -> list[int]:
-        """The indexes of the ``n`` endpoints to take, in order; ``prefer(i)`` (if given) is
-        True for endpoint ``i`` with a warm connection (a picker may ignore it)."""
+        """``framework.Picker.order``."""
         raise NotImplementedError
 
 
