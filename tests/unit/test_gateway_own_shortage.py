@@ -56,6 +56,7 @@ def real_emfile() -> OSError:
 
 
 def test_a_real_emfile_connecting_upstream_is_a_local_failure() -> None:
+    # asyncio's loop (the gateway runs on uvloop: its EMFILE is in the integration test)
     err = real_emfile()
     assert err.errno == errno.EMFILE, err
     failure = attempt_failure(err, 5.0)
