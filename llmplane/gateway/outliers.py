@@ -35,7 +35,7 @@ class Outliers:
         self.on_eject = on_eject
         self.shortage = ShortageLog(
             log,
-            "the gateway is short of its own resources connecting to a replica (%s): such "
+            "the gateway ran out of its own resources connecting to a replica (%s): such "
             "requests get 503 with Retry-After and no replica is blamed; see docs/security.md "
             "(open files)",
             "the gateway has its resources back: connecting to replicas as usual",

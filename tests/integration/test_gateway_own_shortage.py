@@ -101,7 +101,7 @@ def test_running_out_of_descriptors_ejects_no_replica(
     assert status_of(first) == 200, first[:500]
     log = gw.log()
     assert "ejecting" not in log, log[-3000:]
-    assert log.count("short of its own resources") == 1, log[-3000:]
+    assert log.count("ran out of its own resources") == 1, log[-3000:]
     metrics = asyncio.run(
         fetch(gw.port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     ).decode()

@@ -98,7 +98,7 @@ def test_local_failures_never_eject_and_are_logged_once_per_burst(
         for _ in range(50):
             outliers.attempt_failed(s, local)
         assert s.consecutive_failures == 0 and s.ejected_until == 0.0 and ejected == []
-        shortage = [r for r in caplog.records if "short of its own resources" in r.message]
+        shortage = [r for r in caplog.records if "ran out of its own resources" in r.message]
         assert len(shortage) == 1 and "Too many open files" in shortage[0].message
         outliers.success(s)
         outliers.success(s)
