@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     NO_READY_ENDPOINT = "no_ready_endpoint"
     NOT_FOUND = "not_found"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
+    OUT_OF_RESOURCES = "out_of_resources"  # the gateway's own descriptors or memory ran out
     OVERLOADED = "overloaded"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     RATE_LIMIT_UNAVAILABLE = "rate_limit_unavailable"

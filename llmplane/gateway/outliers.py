@@ -5,7 +5,9 @@ ejected for ``ejection_base`` seconds, doubling with each ejection up to ``eject
 After the cool-down it is readmitted on probation once its metrics endpoint answers again (at
 once for engines without metrics); one failure on probation ejects it again, a success ends
 the probation and two in a row forgive its past ejections. Failures while it is ejected (the
-requests it had) count for nothing.
+requests it had) count for nothing, nor do the gateway's own shortages (a connect that failed
+with EMFILE, ENOMEM ...: ``attempt_failed``), which are logged once per burst instead: a
+gateway out of descriptors must not eject the healthy engines it could not reach.
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.registry import EndpointState
+from llmplane.shortage import ShortageLog
+
+if TYPE_CHECKING:
+    from llmplane.gateway.proxy import AttemptFailed
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -26,13 +33,30 @@ class Outliers:
     ) -> None:
         self.config = config
         self.on_eject = on_eject
+        self.shortage = ShortageLog(
+            log,
+            "the gateway ran out of its own resources connecting to a replica (%s): such "
+            "requests get 503 with Retry-After and no replica is blamed; see docs/security.md "
+            "(open files)",
+            "the gateway has its resources back: connecting to replicas as usual",
+        )
 
     def success(self, state: EndpointState) -> None:
+        if self.shortage.short_now:
+            self.shortage.back()
         state.consecutive_failures = 0
         if state.probation:
             state.probation = False
         elif state.ejections:
             state.ejections = 0
+
+    def attempt_failed(self, state: EndpointState, failure: AttemptFailed) -> None:
+        """An attempt on ``state`` failed before reaching the client: charged to it unless the
+        gateway itself was short of a resource."""
+        if failure.blames_replica:
+            self.failure(state)
+        else:
+            self.shortage.short(f"{state.address}: {failure.detail}")
 
     def failure(self, state: EndpointState, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

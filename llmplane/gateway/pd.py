@@ -210,7 +210,7 @@ class PrefillDecode:
                     di, pi = di + 1, 0
                 continue
             except AttemptFailed as failure:
-                self.outliers.failure(decode)
+                self.outliers.attempt_failed(decode, failure)
                 attempts.failed(failure, backend.address(decode))
                 di, pi = di + 1, 0
                 continue
@@ -250,8 +250,8 @@ class _Pair:
             status, upstream_headers, data = await pd.proxy.fetch(
                 address, wire, self.backend.timeout, PrefillFailed
             )
-        except PrefillFailed:
-            pd.outliers.failure(state)
+        except PrefillFailed as failure:
+            pd.outliers.attempt_failed(state, failure)
             raise
         finally:
             state.add_inflight(-1)

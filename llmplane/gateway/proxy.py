@@ -2,12 +2,15 @@
 
 A request's attempts run under one ``Attempts`` budget (the route's retry count): iterate it
 for the attempt numbers; it counts and spaces the retries, keeps the failures for the access
-log and, once spent, gives the 502 / 504 to answer with. An attempt fails (``AttemptFailed``,
-worth retrying on another endpoint) on a connect error, a timeout or a 5xx while more attempts
-are left; once a byte has been sent to the client it is never retried. Both the plain path
-(``Proxy.serve``) and the prefill/decode path (``pd.py``) send their attempts with
-``Proxy.send``: unary answers are relayed whole, streams chunk by chunk as they come, the
-upstream bytes untouched (a hook's stream filter aside) while usage is read on the way.
+log and, once spent, gives the 502 / 503 / 504 to answer with. An attempt fails
+(``AttemptFailed``, worth retrying on another endpoint) on a connect error, a timeout or a 5xx
+while more attempts are left; once a byte has been sent to the client it is never retried. A
+connect that fails for the gateway's own shortage (out of descriptors or memory:
+``llmplane.shortage``) is no replica's fault: it ends the attempts with a 503 and outlier
+ejection does not count it. Both the plain path (``Proxy.serve``) and the prefill/decode path
+(``pd.py``) send their attempts with ``Proxy.send``: unary answers are relayed whole, streams
+chunk by chunk as they come, the upstream bytes untouched (a hook's stream filter aside) while
+usage is read on the way.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from llmplane.gateway.upstream_client import (
     UpstreamResponse,
     encode_request,
 )
+from llmplane.shortage import own_shortage
 
 ENDPOINT_HEADER = "x-llmplane-endpoint"
 
@@ -112,13 +116,25 @@ def stall_event(seconds: float, path: str = "") -> bytes:
     return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n"
 
 
+LOCAL = "local"  # an attempt's failure kind: the gateway's own shortage, not the replica's
+# Seconds in the 503's Retry-After when the gateway itself was short of descriptors or memory:
+# they come back as soon as requests in flight end.
+LOCAL_RETRY_AFTER = 1.0
+
+
 class AttemptFailed(Exception):
     """One attempt failed in a way worth retrying elsewhere (nothing reached the client)."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
-        self.kind = kind  # connect | lost (after the request went out) | timeout | status
+        # connect | lost (after the request went out) | timeout | status | local (LOCAL)
+        self.kind = kind
         self.detail = detail
+
+    @property
+    def blames_replica(self) -> bool:
+        """Whether the replica tried is at fault (outlier ejection counts it)."""
+        return self.kind != LOCAL
 
 
 def attempt_failure(
@@ -127,6 +143,8 @@ def attempt_failure(
     """What a timeout or a connection error of an upstream exchange is, for the retry loop."""
     if isinstance(err, TimeoutError):
         return failure("timeout", f"timed out after {timeout or 0:.3g} s")
+    if own_shortage(err):  # EMFILE, ENOMEM ... connecting: ours, whatever the replica
+        return failure(LOCAL, f"{type(err).__name__}: {err}")
     kind = "lost" if isinstance(err, _LOST) else "connect"
     return failure(kind, f"{type(err).__name__}: {err}")
 
@@ -235,12 +253,24 @@ class Attempts:
         self.last = failure
         self.lost = self.lost or failure.kind == "lost"
         self.ctx.failed(where, failure.detail)
+        if failure.kind == LOCAL:
+            # The gateway is short of descriptors or memory: another replica would fail the
+            # same way, and each try takes what the requests in flight need.
+            self.budget = 0
 
     def exhausted(self) -> GatewayError:
         ctx = self.ctx
         assert self.last is not None and ctx.decision is not None and ctx.inference is not None
         model, tried, last = ctx.inference.model, ctx.attempts, self.last
         plural = "s" if tried > 1 else ""
+        if last.kind == LOCAL:
+            return GatewayError(
+                503,
+                f"model {model!r}: the gateway is out of resources and could not connect to a "
+                f"replica ({last.detail}); the replica is not at fault, retry later",
+                ErrorCode.OUT_OF_RESOURCES,
+                retry_after=LOCAL_RETRY_AFTER,
+            )
         if last.kind == "timeout":
             return GatewayError(
                 504,
@@ -374,7 +404,7 @@ class Proxy:
             try:
                 response = await self.send(ctx, state, address, headers, body, attempts.may_retry)
             except AttemptFailed as failure:
-                self.outliers.failure(state)
+                self.outliers.attempt_failed(state, failure)
                 attempts.failed(failure, address)
                 failed.add(state.endpoint.address)
                 if failure.kind == "timeout":

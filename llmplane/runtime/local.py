@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
@@ -29,10 +28,9 @@ from llmplane.runtime.placement import NVIDIA_GPU, DevicePool, detect_nvidia_gpu
 from llmplane.runtime.processes import ProcessTable, kill_leftovers
 from llmplane.runtime.status import READY, WorkloadStatus
 from llmplane.runtime.workload import Workload
+from llmplane.shortage import ShortageLog
 
 log = logging.getLogger(__name__)
-
-SHORTAGE_LOG_INTERVAL = 60.0  # seconds: llmplane's own shortage is logged at most this often
 
 
 class StateDirInUse(RuntimeError):
@@ -105,8 +103,12 @@ class LocalRuntime:
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
-        self._short = False  # a shortage was logged and nothing succeeded since (short_of)
-        self._short_logged: float | None = None
+        self._shortage = ShortageLog(
+            log,
+            "llmplane is short of its own resources (%s): probes that cannot be made count "
+            "as unknown and no engine is stopped for them; see docs/security.md (open files)",
+            "llmplane has its resources back: probing engines as usual",
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -259,24 +261,12 @@ class LocalRuntime:
 
     def short_of(self, what: str) -> None:
         """llmplane itself lacks a resource (EMFILE, ENOMEM ... while probing or starting an
-        engine). No engine is blamed for it; it is logged once, and again only if it comes
-        back ``SHORTAGE_LOG_INTERVAL`` seconds later (a limit reached is often reached again
-        and again, a probe succeeding in between)."""
-        now = time.monotonic()
-        if self._short_logged is None or now - self._short_logged >= SHORTAGE_LOG_INTERVAL:
-            self._short_logged = now
-            self._short = True
-            log.error(
-                "llmplane is short of its own resources (%s): probes that cannot be made count "
-                "as unknown and no engine is stopped for them; see docs/security.md (open files)",
-                what,
-            )
+        engine). No engine is blamed for it; it is logged once per burst (``ShortageLog``)."""
+        self._shortage.short(what)
 
     def not_short(self) -> None:
         """A probe could be made again."""
-        if self._short:
-            self._short = False
-            log.warning("llmplane has its resources back: probing engines as usual")
+        self._shortage.back()
 
     def release_port(self, port: int | None) -> None:
         self._ports.discard(port)  # type: ignore[arg-type]

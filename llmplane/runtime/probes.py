@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import random
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
@@ -11,6 +10,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from llmplane.controlplane.plan import HttpProbe
+from llmplane.shortage import own_shortage
 
 USER_AGENT = "llmplane-probe/1"
 # Gauges of requests an engine is working on, by engine. Draining waits for their sum to be 0.
@@ -48,18 +48,6 @@ class _StatusLine(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.status.done():
             self.status.set_exception(exc or ConnectionResetError("closed without an answer"))
-
-
-# This process's own shortages (descriptors, memory, local ports, processes): an attempt that
-# fails with one says nothing about the engine.
-OWN_SHORTAGES = frozenset(
-    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EADDRNOTAVAIL, errno.EAGAIN}
-)
-
-
-def own_shortage(err: BaseException) -> bool:
-    """Whether ``err`` is llmplane's own lack of a resource rather than the engine's fault."""
-    return isinstance(err, OSError) and err.errno in OWN_SHORTAGES
 
 
 async def http_ok(url: str, timeout: float) -> tuple[bool | None, str]:

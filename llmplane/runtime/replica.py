@@ -60,6 +60,7 @@ from llmplane.runtime.status import (
     TERMINATING,
     ReplicaStatus,
 )
+from llmplane.shortage import own_shortage
 
 if TYPE_CHECKING:
     from llmplane.runtime.workload import Workload
@@ -215,7 +216,7 @@ class Replica:
                     self._set(FAILED, ENGINE_NOT_INSTALLED, f"{err}. {hint}")
                     return
                 except OSError as err:
-                    if probes.own_shortage(err):  # ours, not the engine's: no crash counted
+                    if own_shortage(err):  # ours, not the engine's: no crash counted
                         self._give_slot()
                         self.runtime.short_of(f"starting {self.name}: {err}")
                         self._set(

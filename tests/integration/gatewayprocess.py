@@ -17,15 +17,21 @@ from llmplane.testing.process import Process, gateway
 class GatewayProcess:
     """``llmplane gateway --port 0 --workers 1`` on its own state directory with ``settings``
     as its ``gateway:`` config section; ``stop()`` on teardown. One worker: what these tests
-    look at (memory, connection caps, buffers) is per worker process."""
+    look at (memory, connection caps, buffers) is per worker process. ``nofile``: started under
+    ``prlimit`` with that soft and hard open-files limit."""
 
-    def __init__(self, tmp: Path, settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, settings: dict[str, Any] | None = None, nofile: int | None = None
+    ) -> None:
         self.state = tmp / "state"
         config = tmp / "gateway.yaml"
         config.write_text(yaml.safe_dump({"gateway": settings or {}}))
         self.process: Process = gateway(
             "--config", str(config), "--no-access-log", "--workers", "1", state_dir=self.state
-        ).start()
+        )
+        if nofile is not None:
+            self.process.argv[:0] = ["prlimit", f"--nofile={nofile}:{nofile}"]
+        self.process.start()
         self.port = self.process.port
 
     def register(self, name: str, address: str, model: str) -> None:
