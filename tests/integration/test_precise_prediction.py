@@ -68,6 +68,21 @@ async def send(client: aiohttp.ClientSession, url: str, messages: list[dict[str,
     return time.monotonic()
 
 
+def no_queue_seen(gateway: Any, staleness: float, since: float) -> bool:
+    """The replica the first request of a pair went to (the one request in flight) has no
+    queue by the gateway's estimate (what the prediction reads for the second), from a scrape
+    since ``since`` that saw the first request running. Another replica's state does not
+    count: its last scrape may still show the previous pair running."""
+    now = time.monotonic()
+    return any(
+        s.inflight >= 1
+        and s.scraped_at > since
+        and s.running >= 1
+        and s.queue_estimate(staleness, now) < 1
+        for s in gateway.registry.states.values()
+    )
+
+
 def predictions(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     out = []
     for record in caplog.records:
@@ -114,9 +129,10 @@ async def test_predicted_cached_tokens_are_what_the_sims_serve_from_cache(
     # The rule predicts blocks on their way where the replica has no queue by the gateway's
     # estimate; on a loaded machine the last scrape may be older than the default 0.2 s when
     # the second request is picked, and the estimate falls back to the in-flight count (1).
-    # This test is about the prediction: a scrape counts for 0.6 s (scraped every 0.3 s, well
-    # inside the first request's prefill of about a second).
-    gateway = await gateways(store, config=GatewayConfig(metrics_staleness=0.6))
+    # This test is about the prediction: a scrape counts for 0.6 s (well inside the first
+    # request's prefill of about a second).
+    config = GatewayConfig(metrics_staleness=0.6)
+    gateway = await gateways(store, config=config)
     url = f"http://127.0.0.1:{gateway.port}"
     await eventually(
         lambda: (
@@ -129,14 +145,13 @@ async def test_predicted_cached_tokens_are_what_the_sims_serve_from_cache(
     on_the_way = 0
     for turn, group in enumerate(plan):
         before, logged = await cached(client, sims), len(predictions(caplog))
+        started = time.monotonic()
         first = asyncio.create_task(send(client, url, chat(group, f"{turn}a")))
 
         await eventually(running(client, sims), what="the first request in its prefill")
-        await eventually(  # and the gateway saw it there, no queue (it predicts from that)
-            lambda: any(
-                s.running >= 1 and s.waiting == 0 for s in gateway.registry.states.values()
-            ),
-            what="the gateway scraped the first request running",
+        await eventually(
+            lambda t=started: no_queue_seen(gateway, config.metrics_staleness, t),
+            what="the gateway scraped the first request running there, no queue",
         )
         sent = time.monotonic()
         second = asyncio.create_task(send(client, url, chat(group, f"{turn}b")))
