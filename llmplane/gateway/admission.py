@@ -59,13 +59,22 @@ class Admission:
                 return False
         return True
 
-    def with_prefill_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
-        """With ``saturation_max_prefilling`` set: the candidates below it, so that the scheduler
-        does not stack a prefill on an endpoint that has enough (all of them when none is)."""
-        cap = self.config.saturation_max_prefilling
-        if not cap:
+    def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """The candidates below the configured caps (``saturation_max_inflight``,
+        ``saturation_max_prefilling``), so that the scheduler does not send past a cap while
+        another endpoint has room (a prefix held there outweighs the load scorers); all of
+        them when none has room or no cap is set."""
+        c = self.config
+        if not (c.saturation_max_inflight or c.saturation_max_prefilling):
             return candidates
-        room = [state for state in candidates if state.prefilling < cap]
+        room = [
+            state
+            for state in candidates
+            if not (c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight)
+            and not (
+                c.saturation_max_prefilling and state.prefilling >= c.saturation_max_prefilling
+            )
+        ]
         return room or candidates
 
     def admit(

@@ -188,7 +188,11 @@ _KINDS = {
     "dict[str, str]": "a mapping of names to strings",
 }
 # The least a number may be, and how to say it: at least 0 unless named here.
-_LEAST = {"flow_control_ttl": (1e-9, "of seconds above 0")} | {
+_LEAST = {
+    "flow_control_ttl": (1e-9, "of seconds above 0"),
+    # Below 0: every replica reporting its KV use counts as saturated (shedding on demand).
+    "saturation_kv": (-1, "of at least -1"),
+} | {
     f"flow_control_{bound}_{what}": (1, "of at least 1")
     for bound in ("band", "total")
     for what in ("requests", "bytes")

@@ -529,9 +529,8 @@ class Gateway:
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
-        if self.config.saturation_max_prefilling and decision.backend.pd is None:
-            # (Prefill/decode pairs: pd.py picks each role among its own endpoints.)
-            candidates = self.admission.with_prefill_room(candidates)
+        if decision.backend.pd is None:  # (pairs: pd.py picks each role among its own)
+            candidates = self.admission.with_room(candidates)
         ctx.candidates = candidates
         ctx.scheduling = SchedulingContext(
             decision.model,

@@ -65,6 +65,14 @@ def test_the_prefill_cap_steers_the_pick_to_endpoints_with_room() -> None:
     busy, free = scraped(), scraped()
     busy.prefilling = 1
     a = admission(saturation_max_prefilling=1)
-    assert a.with_prefill_room([busy, free]) == [free]
-    assert list(a.with_prefill_room([busy, busy])) == [busy, busy]  # none has room: all
-    assert list(admission().with_prefill_room([busy, free])) == [busy, free]  # off
+    assert a.with_room([busy, free]) == [free]
+    assert list(a.with_room([busy, busy])) == [busy, busy]  # none has room: all
+    assert list(admission().with_room([busy, free])) == [busy, free]  # off
+
+
+def test_the_inflight_cap_steers_the_pick_to_endpoints_with_room() -> None:
+    busy, free = scraped(inflight=2), scraped(inflight=1)
+    a = admission(saturation_max_inflight=2)
+    assert a.with_room([busy, free]) == [free]
+    assert list(a.with_room([busy, busy])) == [busy, busy]  # none has room: all
+    assert list(admission().with_room([busy, free])) == [busy, free]  # off
