@@ -487,11 +487,8 @@ class Proxy:
         timeout: float | None,
         tokens: int = 0,
     ) -> Response:
-        assert self.pool is not None
-        try:  # ``fetch``, inline: one coroutine less per request
-            status, upstream_headers, data = await self.pool.request(address, wire, timeout)
-        except (TimeoutError, aiohttp.ClientError, OSError) as err:
-            raise attempt_failure(err, timeout) from None
+        try:
+            status, upstream_headers, data = await self.fetch(address, wire, timeout)
         finally:
             state.add_inflight(-1)
             state.add_prefill_tokens(-tokens)

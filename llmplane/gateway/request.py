@@ -9,18 +9,14 @@ import orjson
 from llmplane.gateway import protocols
 from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import ErrorCode, GatewayError, missing_model
-from llmplane.gateway.protocols.text import message_text
+from llmplane.gateway.protocols.text import messages_text
 
 
 def prompt_text(doc: dict[str, Any]) -> str:
     """The text a prefix cache would see: chat messages (role + content), a completion prompt
     or an embedding input, concatenated. Token-id prompts are rendered as numbers."""
     parts: list[str] = []
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict):
-                message_text(message, parts)
+    if messages_text(doc.get("messages"), parts):
         return "".join(parts)
     for key in ("prompt", "input"):
         value = doc.get(key)

@@ -36,6 +36,18 @@ def flat(text: str) -> str:
     return "".join(text.split())
 
 
+def hold_lock(state: Path) -> subprocess.Popen[str]:
+    """A process holding the store's write lock until its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(db_path(state))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
 def test_a_locked_store_is_one_warning_then_quiet(tmp_path: Path, processes: Processes) -> None:
     state = tmp_path / "state"
     fleet = tmp_path / "fleet.yaml"
@@ -47,14 +59,8 @@ def test_a_locked_store_is_one_warning_then_quiet(tmp_path: Path, processes: Pro
         every=0.25,
         what="the replica ready",
     )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(db_path(state))],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = hold_lock(state)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         os.killpg(min(up.engine_pids()), signal.SIGKILL)  # status to write, again and again
         wait_for(lambda: WARNING in flat(up.output()), 40, every=0.25, what="the warning")
         # The CLI: one line, exit 1 (after the store's busy timeout).
@@ -91,14 +97,8 @@ def test_a_held_write_lock_does_not_stall_the_gateway(tmp_path: Path, processes:
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
     wait_for(lambda: http(f"{up.url}/v1/completions", body)[0] == 200, 30, what="served")
     victim = min(up.engine_pids())
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(db_path(state))],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = hold_lock(state)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         os.killpg(victim, signal.SIGKILL)  # the control plane has status and events to write
         # Past one busy timeout (10 s) of the control plane's writes: every request served
         # promptly by the replica left.

@@ -20,7 +20,7 @@ import orjson
 from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response
-from llmplane.gateway.protocols.text import content_text, message_text
+from llmplane.gateway.protocols.text import content_text, messages_text
 
 PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
@@ -67,11 +67,7 @@ def prompt_text(doc: dict[str, Any]) -> str:
         parts.append("system:")
         content_text(system, parts)
         parts.append("\n")
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict):
-                message_text(message, parts)
+    messages_text(doc.get("messages"), parts)
     return "".join(parts)
 
 

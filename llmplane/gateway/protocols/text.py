@@ -32,3 +32,14 @@ def message_text(message: Any, parts: list[str]) -> None:
             parts += (role, ":")
         content_text(message.get("content"), parts)
         parts.append("\n")
+
+
+def messages_text(messages: Any, parts: list[str]) -> bool:
+    """Append the role and text of each message of a list of ``messages`` (chat's, the
+    Messages API's) to ``parts``; False when ``messages`` is not a list."""
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if isinstance(message, dict):
+            message_text(message, parts)
+    return True
