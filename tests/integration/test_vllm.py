@@ -219,34 +219,46 @@ def test_the_gateway_sends_its_priority_to_vllm_run_with_priority_scheduling(fle
 
 def test_gateway_sees_vllms_queue_and_kv_cache_under_load(fleet: Fleet) -> None:
     url = fleet.up.url
-    peak_waiting: dict[str, float] = {}
-    peak_kv: dict[str, float] = {}
     results: list[int] = []
+    stop = threading.Event()
 
-    def one(i: int) -> None:
-        code, _, _ = completion(url, f"{' '.join(corpus(1, seed=100 + i))}", 96)
-        results.append(code)
+    def client(i: int) -> None:
+        while not stop.is_set():
+            code, _, _ = completion(url, f"{' '.join(corpus(1, seed=100 + i))}", 48)
+            results.append(code)
 
-    # 12 requests of 96 tokens over two replicas running two sequences each: the engines' queues
-    # stay non-empty for several of the gateway's 50 ms scrapes even on a loaded machine (with
-    # 10 of 48 tokens they emptied between two of this loop's samples about one run in five).
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    def seen(metric: str) -> dict[str, float]:
+        return {a: v for a, v in gateway_metric(url, metric).items() if v > 0}
+
+    # 12 clients over two replicas that run two sequences each (--max-num-seqs 2) keep vLLM's
+    # queues non-empty until the gateway's scrape has seen them: a wait on the condition, not a
+    # sampler that can miss a queue that empties between two samples on a loaded machine.
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
     for t in threads:
         t.start()
-    while any(t.is_alive() for t in threads):
-        for address, value in gateway_metric(url, "llmplane_gateway_endpoint_waiting").items():
-            peak_waiting[address] = max(peak_waiting.get(address, 0.0), value)
-        for address, value in gateway_metric(url, "llmplane_gateway_endpoint_kv_usage").items():
-            peak_kv[address] = max(peak_kv.get(address, 0.0), value)
-        time.sleep(0.05)
-    for t in threads:
-        t.join()
-    assert results == [200] * 12
-    # vLLM runs two sequences at a time (--max-num-seqs 2): the rest wait in its queue, and the
-    # gateway reads that (and the KV blocks they hold) from vLLM's own /metrics.
-    assert max(peak_waiting.values(), default=0) >= 1, peak_waiting
-    assert max(peak_kv.values(), default=0) > 0, peak_kv
-    assert set(peak_waiting) == set(fleet.replica_addresses())
+    try:
+        waiting = wait_for(
+            lambda: seen("llmplane_gateway_endpoint_waiting"),
+            90,
+            0.02,
+            what="the gateway to see requests waiting in vLLM's queue (from vLLM's /metrics)",
+        )
+        kv = wait_for(
+            lambda: seen("llmplane_gateway_endpoint_kv_usage"),
+            90,
+            0.02,
+            what="the gateway to see vLLM's KV cache in use",
+        )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert results and set(results) == {200}, results
+    assert set(waiting) <= set(fleet.replica_addresses()), waiting
+    assert set(kv) <= set(fleet.replica_addresses()), kv
+    # Both replicas are scraped: each one's series is there.
+    listed = gateway_metric(url, "llmplane_gateway_endpoint_waiting")
+    assert set(listed) == set(fleet.replica_addresses()), listed
 
 
 def test_shared_prefixes_stick_to_one_replica_and_hit_vllms_prefix_cache(fleet: Fleet) -> None:
