@@ -16,7 +16,7 @@ Routers, all started once and used in turns:
 - llmplane (one gateway process; one Kthena ModelServer + ModelRoute per policy, each
   ModelServer annotated with its scheduling profile): ``rr`` (round-robin scorer: the
   Kubernetes Service baseline), ``random``, ``least-request``, ``prefix-margin`` (the shipped
-  default, DEFAULT_CONFIG: a queue-margin filter at 16, then prefix-cache x6, least-request x2,
+  default, DEFAULT_CONFIG: a queue-margin filter at 64, then prefix-cache x6, least-request x2,
   kv-cache x1), ``prefix-guard`` (the default before: a low-queue filter at 5, then
   prefix-cache x3, least-request x2, kv-cache x1), ``ie-blend`` (the Inference Extension's v1.5 blend: queue x2, kv-cache x2,
   prefix-cache x3, plus least-request x1; the default before), ``ie-blend+lora`` (plus

@@ -264,7 +264,7 @@ def test_default_profile_prefers_prefix_holder_until_its_queue_is_far_longer():
     other.kv_usage, other.has_kv = 0.0, True
     holder.waiting, other.waiting = 10, 0  # a few queued there: the prefix is worth the wait
     assert sched.pick(ctx(prompt=prompt + b"q"), [a, b], 2).endpoints[0] is holder
-    holder.waiting = 40  # a queue far longer than the others': recomputing is sooner
+    holder.waiting = 100  # a queue far longer than the others': recomputing is sooner
     assert sched.pick(ctx(prompt=prompt + b"q"), [a, b], 2).endpoints[0] is other
 
 

@@ -40,7 +40,7 @@ from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
 DEFAULT_CONFIG: dict[str, Any] = {
     "plugins": [
         {"type": "model-served-filter"},
-        {"type": "queue-margin-filter", "parameters": {"margin": 16}},
+        {"type": "queue-margin-filter", "parameters": {"margin": 64}},
         {"type": "prefix-cache-scorer"},
         {"type": "least-request-scorer"},
         {"type": "kv-cache-utilization-scorer"},
@@ -74,7 +74,7 @@ def _prefix(name: str, params: dict[str, Any]) -> PrefixCacheScorer:
 PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
     "model-served-filter": lambda n, _: p.ModelServedFilter(n),
     "low-queue-filter": lambda n, a: p.LowQueueFilter(n, float(a.get("threshold", 10))),
-    "queue-margin-filter": lambda n, a: p.QueueMarginFilter(n, float(a.get("margin", 16))),
+    "queue-margin-filter": lambda n, a: p.QueueMarginFilter(n, float(a.get("margin", 64))),
     "queue-scorer": lambda n, _: p.QueueScorer(n),
     "kv-cache-utilization-scorer": lambda n, _: p.KVCacheScorer(n),
     "prefix-cache-scorer": _prefix,

@@ -60,7 +60,7 @@ class QueueMarginFilter:
     it gives way when the holder's queue costs more than a recompute (docs/gateway.md
     "Scheduling")."""
 
-    def __init__(self, name: str = "queue-margin", margin: float = 16) -> None:
+    def __init__(self, name: str = "queue-margin", margin: float = 64) -> None:
         self.name = name
         self.margin = margin
 
