@@ -108,7 +108,7 @@ def http_parse(repeats: int, requests: int) -> float:
 
 
 def upstream_parse(repeats: int, requests: int) -> float:
-    from llmplane.gateway.upstream_client import _HEAD, UpstreamPool, _Connection
+    from llmplane.gateway.upstream_client import UpstreamPool, _Connection
 
     loop = asyncio.new_event_loop()
     try:
@@ -117,13 +117,7 @@ def upstream_parse(repeats: int, requests: int) -> float:
 
         def run(n: int) -> None:
             for _ in range(n):
-                # What ``exchange`` sets up before its write (the same in earlier versions,
-                # where it was a coroutine).
-                conn._state = _HEAD
-                conn._done = False
-                conn._whole = True
-                conn._status = None
-                waiter = conn._head_waiter = loop.create_future()
+                waiter = conn._start(True)  # what ``exchange`` does before its write
                 conn.data_received(RESPONSE)
                 assert waiter.result()[2] == BODY
 

@@ -4,9 +4,11 @@ aiohttp's client was half of the gateway's Python CPU per request (building a Cl
 cookie filtering, URL and header merging, payload lookup, tracing hooks); the gateway needs
 none of that: it sends one POST with bytes it already has to ``host:port`` and reads the answer.
 This client keeps idle keep-alive connections per address, writes request line, headers and
-body in one ``write`` and parses responses (Content-Length, chunked, or until close) in
-``data_received``. Responses are delivered whole (``request``) or as de-chunked body pieces
-(``open`` + ``UpstreamResponse.readany``) for streaming.
+body in one ``write`` and parses responses with httptools' C parser (llhttp, as the gateway's
+server does requests): Content-Length, chunked, or until close, and it refuses the framings a
+request smuggler plays with (two Content-Lengths, Content-Length with chunked). Responses are
+delivered whole (``request``) or as de-chunked body pieces (``open`` +
+``UpstreamResponse.readany``) for streaming.
 
 Errors: ``UpstreamError`` (an ``OSError``: connection refused or reset, the server closing
 before a complete response, a malformed response) and ``TimeoutError``; a connection is reused
@@ -19,9 +21,6 @@ default, below theirs), and a request written on a reused connection that the se
 or resets before any byte of the answer arrived (it closed the idle connection as the request
 went out) is sent once more on a new connection; never once a response byte arrived, never
 for a new connection. ``on_resend`` is told each time.
-
-Over 500 lines on purpose: the connection's parser states (head, Content-Length, chunked, until
-close) and the pool that reuses connections only between complete responses are one piece.
 """
 
 from __future__ import annotations
@@ -35,14 +34,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from llmplane.gateway.deadlines import Deadlines
 
-_CRLF = b"\r\n"
-_HEAD_END = b"\r\n\r\n"
-_MAX_HEAD = 64 * 1024
-_NO_BODY = frozenset({204, 304})
+_MAX_HEAD = 64 * 1024  # bytes of a response head (with any 1xx heads before it)
 # Idle keep-alive connections are closed after this many seconds: below the 5 s after which
 # uvicorn (vLLM, llmplane's llama.cpp engine) and cpp-httplib (llama-server) close theirs.
 KEEPALIVE_TIMEOUT = 4.0
@@ -53,9 +50,8 @@ STREAM_HIGH_WATER = 256 * 1024
 
 log = logging.getLogger("llmplane.gateway")
 
-# A connection's states, and a response body's framing modes.
+# A connection's states.
 _IDLE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
-_LENGTH, _CHUNKED, _UNTIL_CLOSE, _EMPTY = 0, 1, 2, 3
 
 
 class UpstreamError(OSError):
@@ -155,24 +151,27 @@ class UpstreamResponse:
 
 
 class _Connection:
-    """One upstream connection (an asyncio protocol by its methods)."""
+    """One upstream connection (an asyncio protocol by its methods); its responses are parsed
+    by httptools' C parser (llhttp), whose callbacks below collect the head and body pieces;
+    waiters are woken once per read, after the parser has taken it."""
 
     __slots__ = (
-        "_body_left",
-        "_buf",
         "_buffered",
-        "_chunk_left",
         "_closed_exc",
         "_done",
+        "_framed",
+        "_head",
         "_head_waiter",
         "_interim",
         "_keep_alive",
-        "_mode",
+        "_lines",
+        "_names",
+        "_parser",
         "_piece_waiter",
         "_pieces",
         "_read_paused",
+        "_received",
         "_state",
-        "_status",
         "_whole",
         "idle_since",
         "key",
@@ -188,21 +187,22 @@ class _Connection:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self._closed_exc: Exception | None = None
-        self._buf = bytearray()
+        self._parser = httptools.HttpResponseParser(self)
         self._state = _IDLE
-        self._head_waiter: asyncio.Future[tuple[int, RawHeaders]] | None = None
+        self._received = 0  # bytes of this request's answer so far (the head's limit)
+        self._head_waiter: asyncio.Future[Any] | None = None
         self._piece_waiter: asyncio.Future[None] | None = None
+        self._head: tuple[int, RawHeaders] | None = None  # parsed, not yet handed over
+        self._lines: list[bytes] = []  # the head's header lines, and their lower-case names
+        self._names: list[bytes] = []
+        self._framed = False  # Content-Length or Transfer-Encoding: else the body ends at EOF
         self._pieces: collections.deque[bytes] = collections.deque()
         self._buffered = 0  # bytes in ``_pieces`` of a streamed body
         self._read_paused = False  # reading paused until the pieces are taken
         self._done = False
-        self._mode = _LENGTH
-        self._body_left = 0
-        self._chunk_left = -1  # -1: expecting a chunk-size line
         self._keep_alive = True
         # ``exchange``: the head waiter gets (status, headers, body) once the body is in.
         self._whole = False
-        self._status: tuple[int, RawHeaders] | None = None
         # Set once the connection is pooled: 0.0 means it has never been reused.
         self.idle_since = 0.0
         # A 1xx interim head has ever arrived (never reset: no store per request); such a
@@ -220,8 +220,9 @@ class _Connection:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool._forget(self)
-        if self._state == _BODY and self._mode == _UNTIL_CLOSE and exc is None:
-            self._finish_body()
+        if self._state == _BODY and not self._framed and exc is None:
+            self.on_message_complete()  # a body without framing ends with the connection
+            self._wake()
             return
         if self._closed_exc is None:
             self._closed_exc = (
@@ -248,231 +249,88 @@ class _Connection:
             if state == _IDLE and self.transport is not None:
                 self.transport.close()
             return
+        self._received += len(data)
         try:
-            if state == _HEAD and self._whole and not self._buf:
-                self._whole_read(data)
-            else:
-                self._buf += data
-                self._parse()
-        except UpstreamError as err:
-            self._fail(err)
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamError("malformed response: an upgrade, not an answer"))
+            return
+        except httptools.HttpParserError as err:
+            if self._state != _DONE:  # (garbage after a complete response: not reused)
+                self._fail(UpstreamError(f"malformed response: {err}"))
+                return
+            self._keep_alive = False
+        if self._state == _HEAD and self._received > _MAX_HEAD:
+            self._fail(UpstreamError("response head too large"))
+            return
+        self._wake()
 
-    def _whole_read(self, data: bytes) -> None:
-        """``exchange``'s usual case, a response head arriving at the start of a read: parsed
-        from ``data`` as it came, and a Content-Length body that is exactly the rest of it
-        handed over as a slice (no copy through the buffer); anything else goes on through
-        the buffer like any read."""
-        end = data.find(_HEAD_END)
-        if end != -1 and self._head(data[:end]) and self._mode == _LENGTH:
-            start = end + 4
-            if len(data) - start == self._body_left:
-                self._body_left = 0
-                self._state = _DONE
-                self._done = True
+    # --- httptools' callbacks (within ``feed_data``) ---
+
+    def on_message_begin(self) -> None:
+        if self._state == _DONE:  # more after a complete response: never reuse this one
+            self._keep_alive = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower == b"content-length" or lower == b"transfer-encoding":
+            self._framed = True
+        self._lines.append(name + b": " + value)
+        self._names.append(lower)
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        lines, names = self._lines, self._names
+        self._lines, self._names = [], []
+        if status < 200:  # a 1xx interim head: the real one follows
+            self._interim = True
+            self._framed = False
+            return
+        self._keep_alive = parser.should_keep_alive()
+        self._head = (status, RawHeaders(lines, names))
+        self._state = _BODY
+
+    def on_body(self, piece: bytes) -> None:
+        self._pieces.append(piece)
+        if not self._whole:
+            self._buffered += len(piece)
+
+    def on_message_complete(self) -> None:
+        if self._state == _BODY:
+            self._state = _DONE
+            self._done = True
+
+    # --- waking the waiters, once per read ---
+
+    def _wake(self) -> None:
+        """Hand over what the last read completed: the head (streams), the whole response
+        (``exchange``), body pieces; pause reading while a slow reader leaves them."""
+        head = self._head
+        if self._whole:
+            if self._done and head is not None:
+                self._head = None
                 waiter = self._head_waiter
                 self._head_waiter = None
-                if waiter is not None and not waiter.done():
-                    waiter.set_result((*self._status, data[start:]))  # type: ignore[misc]
-                return
-        elif end == -1:
-            start = 0
-        else:  # a 1xx interim head (skipped), or a body framed otherwise
-            start = end + 4
-            if self._state == _DONE:  # EMPTY: bytes after the head stay unread
-                if start < len(data):
-                    self._buf += data[start:]
-                return
-        self._buf += data[start:] if start else data
-        self._parse()
-
-    # --- parsing ---
-
-    def _parse(self) -> None:
-        while True:
-            if self._state == _HEAD:
-                end = self._buf.find(_HEAD_END)
-                if end == -1:
-                    if len(self._buf) > _MAX_HEAD:
-                        raise UpstreamError("response head too large")
-                    return
-                head = bytes(self._buf[:end])
-                del self._buf[: end + 4]
-                if not self._head(head):
-                    continue  # 1xx interim response: read the next head
-            if self._state != _BODY:
-                return
-            mode = self._mode
-            if mode == _LENGTH:
-                if not self._buf:
-                    return
-                take = min(self._body_left, len(self._buf))
-                self._push(bytes(self._buf[:take]))
-                del self._buf[:take]
-                self._body_left -= take
-                if self._body_left == 0:
-                    self._finish_body()
-                return
-            if mode == _UNTIL_CLOSE:
-                if self._buf:
-                    self._push(bytes(self._buf))
-                    self._buf.clear()
-                return
-            if mode == _EMPTY:
-                self._finish_body()
-                return
-            # chunked: walk the buffer with an offset, compact it once, and hand the data of
-            # every complete chunk in it over as one piece.
-            self._parse_chunked()
-            return
-
-    def _parse_chunked(self) -> None:
-        buf = self._buf
-        n = len(buf)
-        pos = 0
-        left = self._chunk_left
-        out: list[bytes] = []
-        finished = False
-        try:
-            while True:
-                if left == -1:  # a chunk-size line
-                    eol = buf.find(_CRLF, pos)
-                    if eol == -1:
-                        if n - pos > 4096:
-                            raise UpstreamError("bad chunk size line")
-                        break
-                    line = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-                    pos = eol + 2
-                    try:
-                        size = int(line, 16)
-                    except ValueError:
-                        raise UpstreamError(f"bad chunk size {line[:20]!r}") from None
-                    if size < 0:
-                        raise UpstreamError("bad chunk size")
-                    left = size if size else -2  # 0: trailers until an empty line
-                elif left == -2:  # trailers
-                    eol = buf.find(_CRLF, pos)
-                    if eol == -1:
-                        break
-                    empty = eol == pos
-                    pos = eol + 2
-                    if empty:
-                        finished = True
-                        break
-                elif left == -3:  # the CRLF after chunk data
-                    if n - pos < 2:
-                        break
-                    if buf[pos : pos + 2] != _CRLF:
-                        raise UpstreamError("missing CRLF after chunk")
-                    pos += 2
-                    left = -1
-                else:  # chunk data
-                    take = min(left, n - pos)
-                    if take <= 0:
-                        break
-                    out.append(bytes(buf[pos : pos + take]))
-                    pos += take
-                    left -= take
-                    if left == 0:
-                        left = -3
-        finally:
-            self._chunk_left = left
-            if pos:
-                del buf[:pos]
-            if out:
-                self._push(out[0] if len(out) == 1 else b"".join(out))
-        if finished:
-            self._finish_body()
-
-    def _head(self, head: bytes) -> bool:
-        """Parse a response head; False for a 1xx interim response (skipped)."""
-        lines = head.split(_CRLF)
-        status_line = lines[0]
-        parts = status_line.split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise UpstreamError(f"bad status line {status_line[:60]!r}")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise UpstreamError(f"bad status line {status_line[:60]!r}") from None
-        if 100 <= status < 200:
-            self._interim = True
-            return False
-        length = None
-        chunked = False
-        keep_alive = parts[0] == b"HTTP/1.1"
-        fields = lines[1:]
-        names = []
-        for line in fields:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise UpstreamError(f"bad header line {line[:60]!r}")
-            lk = name.strip().lower()
-            names.append(lk)
-            if lk == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise UpstreamError(f"bad Content-Length {value[:20]!r}") from None
-            # (``find``, not ``in``: on Python 3.11 ``bytes in bytes`` first tries its operand
-            # as an int, raising and dropping a formatted TypeError: twice the cost of find.)
-            elif lk == b"transfer-encoding":
-                chunked = value.lower().find(b"chunked") != -1
-            elif lk == b"connection":
-                lv = value.lower()
-                if lv.find(b"close") != -1:
-                    keep_alive = False
-                elif lv.find(b"keep-alive") != -1:
-                    keep_alive = True
-        self._keep_alive = keep_alive
-        if status in _NO_BODY:
-            self._mode = _EMPTY
-        elif chunked:
-            self._mode = _CHUNKED
-            self._chunk_left = -1
-        elif length is not None:
-            self._mode = _LENGTH if length else _EMPTY
-            self._body_left = length
-        else:
-            self._mode = _UNTIL_CLOSE
-            self._keep_alive = False
-        self._state = _BODY
-        if self._whole:
-            self._status = (status, RawHeaders(fields, names))
-        else:
-            waiter = self._head_waiter
-            self._head_waiter = None
-            if waiter is not None and not waiter.done():
-                waiter.set_result((status, RawHeaders(fields, names)))
-        if self._mode == _EMPTY:
-            self._finish_body()
-        return True
-
-    def _push(self, piece: bytes) -> None:
-        self._pieces.append(piece)
-        if not self._whole:  # a streamed body: pause reading while nobody takes it
-            self._buffered += len(piece)
-            t = self.transport
-            if self._buffered > STREAM_HIGH_WATER and not self._read_paused and t is not None:
-                self._read_paused = True
-                t.pause_reading()
-        w = self._piece_waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def _finish_body(self) -> None:
-        self._state = _DONE
-        self._done = True
-        if self._whole:
-            waiter = self._head_waiter
-            self._head_waiter = None
-            if waiter is not None and not waiter.done() and self._status is not None:
                 pieces = self._pieces
                 body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
                 pieces.clear()
-                waiter.set_result((*self._status, body))
+                if waiter is not None and not waiter.done():
+                    waiter.set_result((*head, body))
             return
+        if head is not None:
+            self._head = None
+            waiter = self._head_waiter
+            self._head_waiter = None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(head)
+        if self._buffered > STREAM_HIGH_WATER and not self._read_paused:
+            t = self.transport
+            if t is not None:
+                self._read_paused = True
+                t.pause_reading()
         w = self._piece_waiter
-        if w is not None and not w.done():
+        if w is not None and not w.done() and (self._pieces or self._done):
             w.set_result(None)
 
     def _fail(self, err: Exception) -> None:
@@ -496,14 +354,23 @@ class _Connection:
         t = self.transport
         return self._closed_exc is None and t is not None and not t.is_closing()
 
-    async def send(self, data: bytes) -> UpstreamResponse:
-        assert self.transport is not None
+    def _start(self, whole: bool) -> asyncio.Future[Any]:
+        """Ready for the next response: a fresh parser (nothing of the last one carried over)."""
         self._state = _HEAD
         self._done = False
-        self._whole = False
-        self._pieces.clear()
-        self._buf.clear()
+        self._whole = whole
+        self._head = None
+        self._framed = False
+        self._received = 0
+        if self._pieces:
+            self._pieces.clear()
+        self._parser = httptools.HttpResponseParser(self)
         waiter = self._head_waiter = self.loop.create_future()
+        return waiter
+
+    async def send(self, data: bytes) -> UpstreamResponse:
+        assert self.transport is not None
+        waiter = self._start(False)
         self.transport.write(data)
         status, headers = await waiter
         return UpstreamResponse(self, status, headers)
@@ -512,17 +379,9 @@ class _Connection:
         """Send ``data``; await the returned future for the whole response, woken once (a
         future, not a coroutine: one frame less per request)."""
         assert self.transport is not None
-        self._state = _HEAD
-        self._done = False
-        self._whole = True
-        self._status = None
-        if self._pieces:
-            self._pieces.clear()
-        if self._buf:
-            self._buf.clear()
-        waiter = self._head_waiter = self.loop.create_future()
+        waiter = self._start(True)
         self.transport.write(data)
-        return waiter  # type: ignore[return-value]
+        return waiter
 
     def _resume(self) -> None:
         """The streamed pieces were taken: read again."""
@@ -570,7 +429,6 @@ class _Connection:
             and self._closed_exc is None
             and t is not None
             and not t.is_closing()
-            and not self._buf
         ):
             self.pool._release(self)
         else:
@@ -588,7 +446,7 @@ def _unanswered(conn: _Connection, err: BaseException) -> bool:
         conn.idle_since != 0.0
         and isinstance(err, (ServerDisconnected, ConnectionLost))
         and conn._state == _HEAD
-        and not conn._buf
+        and not conn._received
         and not conn._interim
     )
 

@@ -229,15 +229,36 @@ async def test_a_timeout_abandons_the_connection(upstream, pool) -> None:
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
-        (b"SPDY/3 200 OK\r\n\r\n", "bad status line"),
-        (b"HTTP/1.1 abc OK\r\n\r\n", "bad status line"),
-        (b"HTTP/1.1 200 OK\r\nno-colon\r\n\r\n", "bad header line"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "bad Content-Length"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY", "missing CRLF"),
+        (b"SPDY/3 200 OK\r\n\r\n", "malformed response: Expected HTTP/"),
+        (b"HTTP/1.1 abc OK\r\n\r\n", "malformed response: Invalid status"),
+        (b"HTTP/1.1 200 OK\r\nno-colon\r\n\r\n", "malformed response: Invalid header"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "Invalid character in Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "in chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY", "after chunk data"),
         (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000, "response head too large"),
+        # Framing a smuggler would play with: refused, not guessed.
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "Duplicate"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\nab",
+            "Transfer-Encoding can't be present with Content-Length",
+        ),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+            "upgrade",
+        ),
     ],
-    ids=["not-http", "status", "header", "length", "chunk-size", "chunk-crlf", "head-size"],
+    ids=[
+        "not-http",
+        "status",
+        "header",
+        "length",
+        "chunk-size",
+        "chunk-crlf",
+        "head-size",
+        "two-lengths",
+        "length-and-chunked",
+        "upgrade",
+    ],
 )
 async def test_malformed_answers_are_upstream_errors(upstream, pool, answer, error) -> None:
     upstream.reply = lambda n: (answer, False)
