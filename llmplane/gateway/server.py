@@ -336,15 +336,12 @@ class Gateway:
         for labels, child in list(self.metrics.requests.children.items()):
             address = labels[2]  # (model, route, endpoint, status)
             requests[address] = requests.get(address, 0.0) + child.value
-        held: dict[str, int] = {}
-        for queue in list(self.activator.queues.values()):
-            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
         return GatewayView(
             list(self.registry.states.values()),
             self.config.metrics_staleness,
             requests,
             self.flow.queued_by_endpoint(),
-            held,
+            self.activator.held_by_workload(),
             self.kv.subscriber.index,
         )
 
@@ -369,8 +366,7 @@ class Gateway:
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
-        if self.activator.queues:
-            self.activator.release(self.table.activatable.__contains__)
+        self.activator.release(self.table.activatable.__contains__)
         self._capacity_changed()
 
     def prefilled(self) -> None:
