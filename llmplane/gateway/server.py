@@ -56,7 +56,7 @@ from llmplane.gateway.routing import (
     build_table,
     model_not_found,
 )
-from llmplane.gateway.scheduler.config import build_scheduler
+from llmplane.gateway.scheduler.config import PluginHandle, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import ModelTokens
 from llmplane.gateway.scraper import Scraper
@@ -118,12 +118,12 @@ class Gateway:
         self.seat = seat
         self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
-        self.scheduler = build_scheduler(self.config.scheduler)
+        self.scheduler = build_scheduler(
+            self.config.scheduler, PluginHandle(picks=seat.picks if seat else None)
+        )
         self.metrics = GatewayMetrics(self)
         # The replicas' KV events and the precise prefix scorer (gateway/kvcache/routing.py).
         self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
-        if seat is not None:
-            seat.picks.attach(self.scheduler.plugins)
         self.scrape_follower = (
             seat.share_scrapes(
                 self.config,

@@ -38,12 +38,7 @@ from llmplane.runtime.endpoint import Endpoint
 
 
 def scorers(rings: PickRings) -> list[PrefixCacheScorer]:
-    out = []
-    for i in range(rings.workers):
-        scorer = PrefixCacheScorer()
-        rings.feed(i).attach({"prefix-cache-scorer": scorer, "other": object()})
-        out.append(scorer)
-    return out
+    return [PrefixCacheScorer(feed=rings.feed(i)) for i in range(rings.workers)]
 
 
 def test_picks_reach_the_peer_index():
