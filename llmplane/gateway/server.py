@@ -40,6 +40,7 @@ from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import RequestHook, Reservation
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.kvcache.routing import PreciseRouting
+from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -58,7 +59,7 @@ from llmplane.gateway.routing import (
 )
 from llmplane.gateway.scheduler.config import PluginHandle, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.scheduler.precise_prefix import ModelTokens
+from llmplane.gateway.scheduler.precise_prefix import ModelTokens, SimTokens, TokenSources
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
@@ -118,12 +119,17 @@ class Gateway:
         self.seat = seat
         self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
+        # The replicas' KV events, into the index the precise prefix scorers read, and the
+        # token ids they key a request by (gateway/kvcache/routing.py).
+        subscriber, tokens = KVEventSubscriber(), TokenSources(SimTokens())
         self.scheduler = build_scheduler(
-            self.config.scheduler, PluginHandle(picks=seat.picks if seat else None)
+            self.config.scheduler,
+            PluginHandle(seat.picks if seat else None, subscriber.index, tokens),
         )
         self.metrics = GatewayMetrics(self)
-        # The replicas' KV events and the precise prefix scorer (gateway/kvcache/routing.py).
-        self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
+        self.kv = PreciseRouting(
+            self.scheduler, subscriber, tokens, self.metrics.registry, not self.config.scheduler
+        )
         self.scrape_follower = (
             seat.share_scrapes(
                 self.config,

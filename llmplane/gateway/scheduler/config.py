@@ -32,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmplane.gateway.kvcache.index import BlockIndex
 from llmplane.gateway.scheduler import plugins as p
 from llmplane.gateway.scheduler.framework import Profile, Scheduler
-from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer
+from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer, TokenSource
 from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, SharedPicks
 
@@ -69,6 +70,8 @@ class PluginHandle:
     Inference Extension's plugin handle): state the plugin shares with the rest of it."""
 
     picks: SharedPicks | None = None  # several gateway workers: their prefix picks
+    kv_index: BlockIndex | None = None  # the blocks the replicas report (gateway/kvcache)
+    tokens: TokenSource | None = None  # a request's token ids, as the engines compute them
 
 
 def _prefix(name: str, params: dict[str, Any], handle: PluginHandle) -> PrefixCacheScorer:
@@ -81,6 +84,10 @@ def _prefix(name: str, params: dict[str, Any], handle: PluginHandle) -> PrefixCa
     )
 
 
+def _precise(handle: PluginHandle, name: str = "precise-prefix-cache") -> PrecisePrefixCacheScorer:
+    return PrecisePrefixCacheScorer(name, index=handle.kv_index, tokens=handle.tokens)
+
+
 PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any], PluginHandle], Any]] = {
     "model-served-filter": lambda n, *_: p.ModelServedFilter(n),
     "low-queue-filter": lambda n, a, _: p.LowQueueFilter(n, float(a.get("threshold", 10))),
@@ -90,10 +97,10 @@ PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any], PluginHandle], Any]] = {
     "prefix-cache-scorer": _prefix,
     # The blocks engines report in their KV events (scheduler/precise_prefix.py); in the
     # default profile it takes the approximate scorer's place while some replica publishes.
-    "precise-prefix-cache-scorer": lambda n, *_: PrecisePrefixCacheScorer(n),
+    "precise-prefix-cache-scorer": lambda n, _, h: _precise(h, n),
     # Expected time to first token: queued prefill plus the uncached tokens (prefill_cost.py);
     # opt-in (alone it trades a recompute for a short wait too readily under load).
-    "prefill-cost-scorer": lambda n, *_: PrefillCostScorer(n),
+    "prefill-cost-scorer": lambda n, _, h: PrefillCostScorer(n, _precise(h)),
     "least-request-scorer": lambda n, *_: p.LeastRequestScorer(n),
     "lora-affinity-scorer": lambda n, *_: p.LoraAffinityScorer(n),
     "session-affinity-scorer": lambda n, a, _: p.SessionAffinityScorer(
