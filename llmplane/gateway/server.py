@@ -126,7 +126,7 @@ class Gateway:
             self.config.scheduler,
             PluginHandle(seat.picks if seat else None, subscriber.index, tokens),
         )
-        self.metrics = GatewayMetrics(self)
+        self.metrics = GatewayMetrics(lambda: self.registry.states.values())
         self.kv = PreciseRouting(
             self.scheduler, subscriber, tokens, self.metrics.registry, not self.config.scheduler
         )
