@@ -361,6 +361,10 @@ class Gateway:
             del self._leaving[address]
         return state.inflight
 
+    def migrations(self) -> list[dict[str, Any]]:
+        """This process's stream migrations per route (``Migrator.summary``)."""
+        return self.proxy.migrator.summary()
+
     def handover(self, address: str) -> int:
         """Hand the streams running on ``address`` (a replica being drained) over to other
         replicas now; how many (``Proxy.handover``)."""
