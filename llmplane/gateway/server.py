@@ -387,9 +387,8 @@ class Gateway:
 
     def _capacity_changed(self) -> None:
         """A request finished, an endpoint was scraped or the endpoints changed: requests
-        waiting in flow control may go (one attribute read when none waits)."""
-        if self.flow.queues:
-            self.flow.pump()
+        waiting in flow control may go."""
+        self.flow.pump()
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -614,8 +613,7 @@ class Gateway:
         if ctx.seat is not None:
             self.flow.release(ctx.seat)
             ctx.seat = None
-        if self.flow.queues:  # a slot may have freed
-            self.flow.pump()
+        self.flow.pump()  # a slot may have freed
         if self.seat is not None:  # for the other workers' waiting requests too
             self.seat.waker.wake_peers()
         for hook, reservation in ctx.reservations:
