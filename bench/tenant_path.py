@@ -134,7 +134,7 @@ def request_of(kind: str, limits: str = "all") -> Any:
         Response(
             status=200,
             body=RESPONSE_BODY,
-            **relayed_headers(upstream, "127.0.0.1:1", ctx.response_headers, ctx.response_lines),
+            **relayed_headers(upstream, "127.0.0.1:1", ctx.response_headers),
         ).encode(True, False, DATE)
         ctx.status = 200
         ctx.usage = Usage.of(USAGE)
@@ -194,11 +194,10 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
     for made in (reservation, now(usage.reserve(ctx))):
         if isinstance(made, Reservation):
             ctx.adopt(made)
-    lines = ctx.response_lines
     response = Response(
         status=200,
         body=RESPONSE_BODY,
-        **relayed_headers(s.upstream, "127.0.0.1:1", None, lines),
+        **relayed_headers(s.upstream, "127.0.0.1:1", ctx.response_headers),
     ).encode(True, False, DATE)
     wire_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
     parser = _Protocol.__new__(_Protocol)  # its fields only
@@ -222,7 +221,7 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
         taken = now(limiter.reserve(ctx))
         if isinstance(taken, Reservation):
             fresh.adopt(taken)
-            fresh.response_lines = None
+            fresh.response_headers = None
 
     def settle() -> None:
         limiter.settle(ctx, reservation, Usage.of(USAGE))
@@ -234,7 +233,7 @@ def stages_of(kind: str, limits: str = "all") -> dict[str, Any]:
         Response(
             status=200,
             body=RESPONSE_BODY,
-            **relayed_headers(s.upstream, "127.0.0.1:1", None, lines),
+            **relayed_headers(s.upstream, "127.0.0.1:1", ctx.response_headers),
         ).encode(True, False, DATE)
 
     def parse() -> None:

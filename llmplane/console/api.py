@@ -218,7 +218,7 @@ class Console:
             return refused
         data = snapshot(self.gateway.store, self.runtime, self.gateway, self.stats.prefix_hit_rate)
         data["embedded"] = self.runtime is not None
-        data["migrations"] = self.gateway.proxy.migrator.summary()  # this gateway process's
+        data["migrations"] = self.gateway.migrations()  # this gateway process's
         return _json(redact(data))
 
     async def series(self, request: Any) -> Any:

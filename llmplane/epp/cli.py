@@ -38,7 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port (0: any free)")
     parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve /metrics and /health on this port"
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics, /health and /autoscaling/signals on this port",
     )
     parser.add_argument(
         "--fallbacks",

@@ -25,7 +25,7 @@ from typing import Any
 from llmplane.epp import protocol
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import ErrorCode, GatewayError
-from llmplane.gateway.hooks import Usage, header_pairs
+from llmplane.gateway.hooks import Usage
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.response_usage import StreamScanner, extract_usage
 from llmplane.gateway.server import Gateway
@@ -273,8 +273,6 @@ class EndpointPickerService:
         extra = {ENDPOINT_HEADER: ctx.endpoint or ""}
         if ctx.response_headers:
             extra.update(ctx.response_headers)
-        if ctx.response_lines:
-            extra.update(header_pairs(ctx.response_lines))
         return protocol.response_headers(extra)
 
     def _response_chunk(self, ex: _Exchange, chunk: bytes, end: bool) -> Any:

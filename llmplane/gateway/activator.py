@@ -110,6 +110,14 @@ class Activator:
         queue = self.queues.get(model)
         return len(queue.waiters) if queue else 0
 
+    def held_by_workload(self) -> dict[str, int]:
+        """Requests held now, by workload (``namespace/name``): what the autoscaling signals
+        count."""
+        held: dict[str, int] = {}
+        for queue in list(self.queues.values()):
+            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
+        return held
+
     async def hold(self, model: str, workload: str, size: int) -> None:
         """Wait until ``model`` may be resolved again; GatewayError 503 when it may not."""
         c = self.config

@@ -58,7 +58,6 @@ class RequestContext:
         "request",
         "reservations",
         "response_headers",
-        "response_lines",
         "sched_ms",
         "scheduling",
         "seat",
@@ -94,7 +93,6 @@ class RequestContext:
         self.pick: Pick | None = None  # schedule: the endpoints in order, their scores
         # Added to the response by hooks.
         self.response_headers: dict[str, str] | None = None
-        self.response_lines: bytes | None = None  # header lines, as rendered by hooks
         self.stream_filter: StreamFilter | None = None
         # What the proxy saw.
         self.deadline: float | None = None  # monotonic: the route's timeout, for every attempt
@@ -127,10 +125,7 @@ class RequestContext:
 
     def adopt(self, reservation: Reservation) -> None:
         """Take a hook reservation's response headers and stream filter."""
-        lines = reservation.response_lines
-        if lines:
-            self.response_lines = self.response_lines + lines if self.response_lines else lines
-        elif reservation.response_headers:
+        if reservation.response_headers:
             self.add_headers(reservation.response_headers)
         if reservation.stream_filter is not None:
             self.stream_filter = reservation.stream_filter

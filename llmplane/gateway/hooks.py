@@ -13,9 +13,7 @@ what the client got), with the usage the engine reported (None if it reported no
 with I/O to do then starts a task, as the limiter does for Redis).
 
 A hook that shapes the response returns a ``Reservation`` (or a subclass): its
-``response_headers`` (or ``response_lines``, the same already rendered as header lines: for a
-hook that makes many on every request) are added to the proxied response (e.g.
-``x-ratelimit-*``) and the streamed body passes through its ``stream_filter`` (e.g. to drop a
+``response_headers`` are added to the proxied response (e.g. ``x-ratelimit-*``) and the streamed body passes through its ``stream_filter`` (e.g. to drop a
 usage chunk the client did not ask for; usage is read from the bytes before the filter).
 Anything else it returns is only handed back to ``settle``.
 """
@@ -61,43 +59,17 @@ class StreamFilter(Protocol):
 
 
 class Reservation:
-    """What a hook returns when it adds response headers or filters the stream.
-    ``response_lines``: CRLF-terminated ``name: value`` lines (ASCII), appended to the
-    response head as they are; when set, the gateway ignores ``response_headers`` (which
-    then reads as those lines' pairs, made when asked for)."""
+    """What a hook returns when it adds response headers or filters the stream."""
 
-    __slots__ = ("_headers", "response_lines", "stream_filter")
+    __slots__ = ("response_headers", "stream_filter")
 
     def __init__(
         self,
         response_headers: dict[str, str] | None = None,
         stream_filter: StreamFilter | None = None,
-        response_lines: bytes | None = None,
     ) -> None:
-        self._headers = response_headers
+        self.response_headers = response_headers
         self.stream_filter = stream_filter
-        self.response_lines = response_lines
-
-    @property
-    def response_headers(self) -> dict[str, str] | None:
-        if self._headers is None and self.response_lines:
-            self._headers = header_pairs(self.response_lines)
-        return self._headers
-
-    @response_headers.setter
-    def response_headers(self, value: dict[str, str] | None) -> None:
-        self._headers = value
-
-
-def header_pairs(lines: bytes) -> dict[str, str]:
-    """Rendered header lines as a dict (for a reader that needs one, e.g. the endpoint
-    picker, which hands Envoy header mutations)."""
-    pairs = {}
-    for line in lines.decode("latin-1").split("\r\n"):
-        if line:
-            name, _, value = line.partition(":")
-            pairs[name] = value.strip()
-    return pairs
 
 
 @runtime_checkable

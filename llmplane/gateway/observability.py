@@ -14,7 +14,7 @@ import os
 import select
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -151,12 +151,12 @@ _PER_ENDPOINT: tuple[tuple[Any, str, str, Callable[[EndpointState, float], float
 
 
 class _EndpointCollector:
-    def __init__(self, gateway: Any) -> None:
-        self.gateway = gateway
+    def __init__(self, endpoints: Callable[[], Iterable[EndpointState]]) -> None:
+        self.endpoints = endpoints
 
     def collect(self) -> Any:
         now = time.monotonic()
-        states = list(self.gateway.registry.states.values())
+        states = list(self.endpoints())
         for family_type, name, doc, value_of in _PER_ENDPOINT:
             family = family_type(name, doc, labels=["endpoint"])
             for state in states:
@@ -202,7 +202,8 @@ _REQUEST_METRICS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...] |
 
 class GatewayMetrics:
     """The request path's metrics (one attribute per ``_REQUEST_METRICS`` entry) and the
-    per-endpoint gauges, on one registry of the gateway's own."""
+    per-endpoint gauges of the states ``endpoints()`` gives, on one registry of the gateway's
+    own."""
 
     requests: Counter
     e2e: Histogram
@@ -219,7 +220,7 @@ class GatewayMetrics:
     pd_requests: Counter
     pd_prefill: Histogram
 
-    def __init__(self, gateway: Any = None) -> None:
+    def __init__(self, endpoints: Callable[[], Iterable[EndpointState]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         fast: list[Counter | Histogram] = []
         for attribute, (name, doc, labels, buckets) in _REQUEST_METRICS.items():
@@ -231,8 +232,8 @@ class GatewayMetrics:
             setattr(self, attribute, metric)
             fast.append(metric)
         self.registry.register(_FastCollector(fast))  # type: ignore[arg-type]
-        if gateway is not None:
-            self.registry.register(_EndpointCollector(gateway))  # type: ignore[arg-type]
+        if endpoints is not None:
+            self.registry.register(_EndpointCollector(endpoints))  # type: ignore[arg-type]
 
     def add(self, metrics: list[Counter | Histogram]) -> None:
         """Export request-path metrics kept by another module (the activator's)."""

@@ -171,17 +171,14 @@ def relayed_headers(
     upstream: RawHeaders,
     endpoint: str | None,
     extra: dict[str, str] | None = None,
-    lines: bytes | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for a Response relaying an upstream one: its header lines as they
     came (less hop-by-hop ones and those the gateway sets itself), plus the endpoint header
-    and any a hook added (``lines``: already rendered, e.g. the rate limits')."""
+    and any a hook added."""
     raw = upstream.forward(_HOP_RESPONSE)
-    if lines:
-        raw += lines
     if endpoint:
         # Rendered as Response.encode renders a header of its own, once per endpoint; it
-        # comes after the hooks' lines and before ``extra``, as it did as a header.
+        # comes before ``extra``, as it did as a header.
         line = _endpoint_lines.get(endpoint)
         if line is None:
             if len(_endpoint_lines) >= 4096:  # endpoints come and go: stay bounded
@@ -501,9 +498,7 @@ class Proxy:
         return Response(
             status=status,
             body=data,
-            **relayed_headers(
-                upstream_headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
-            ),
+            **relayed_headers(upstream_headers, ctx.endpoint, ctx.response_headers),
         )
 
     async def _stream(
@@ -550,9 +545,7 @@ class Proxy:
             ctx.upstream_status = resp.status
             out = StreamResponse(
                 status=resp.status,
-                **relayed_headers(
-                    resp.headers, ctx.endpoint, ctx.response_headers, ctx.response_lines
-                ),
+                **relayed_headers(resp.headers, ctx.endpoint, ctx.response_headers),
             )
             scanner = StreamScanner()
             relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)

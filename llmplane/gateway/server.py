@@ -40,6 +40,7 @@ from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import RequestHook, Reservation
 from llmplane.gateway.http_server import Handler, HttpRequest, HttpServer, Response, StreamResponse
 from llmplane.gateway.kvcache.routing import PreciseRouting
+from llmplane.gateway.kvcache.subscriber import KVEventSubscriber
 from llmplane.gateway.observability import GatewayMetrics, access_log, write_access
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillDecode
@@ -56,9 +57,9 @@ from llmplane.gateway.routing import (
     build_table,
     model_not_found,
 )
-from llmplane.gateway.scheduler.config import build_scheduler
+from llmplane.gateway.scheduler.config import PluginHandle, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
-from llmplane.gateway.scheduler.precise_prefix import ModelTokens
+from llmplane.gateway.scheduler.precise_prefix import ModelTokens, SimTokens, TokenSources
 from llmplane.gateway.scraper import Scraper
 from llmplane.gateway.signals import GatewaySignals
 from llmplane.gateway.store_follower import StoreFollower
@@ -118,12 +119,17 @@ class Gateway:
         self.seat = seat
         self._warm: Callable[[str], bool] | None = None  # set at start (a worker's own pool)
         self.registry = EndpointRegistry(seat.endpoint_state if seat else EndpointState)
-        self.scheduler = build_scheduler(self.config.scheduler)
-        self.metrics = GatewayMetrics(self)
-        # The replicas' KV events and the precise prefix scorer (gateway/kvcache/routing.py).
-        self.kv = PreciseRouting(self.scheduler, self.metrics.registry, not self.config.scheduler)
-        if seat is not None:
-            seat.picks.attach(self.scheduler.plugins)
+        # The replicas' KV events, into the index the precise prefix scorers read, and the
+        # token ids they key a request by (gateway/kvcache/routing.py).
+        subscriber, tokens = KVEventSubscriber(), TokenSources(SimTokens())
+        self.scheduler = build_scheduler(
+            self.config.scheduler,
+            PluginHandle(seat.picks if seat else None, subscriber.index, tokens),
+        )
+        self.metrics = GatewayMetrics(lambda: self.registry.states.values())
+        self.kv = PreciseRouting(
+            self.scheduler, subscriber, tokens, self.metrics.registry, not self.config.scheduler
+        )
         self.scrape_follower = (
             seat.share_scrapes(
                 self.config,
@@ -336,15 +342,12 @@ class Gateway:
         for labels, child in list(self.metrics.requests.children.items()):
             address = labels[2]  # (model, route, endpoint, status)
             requests[address] = requests.get(address, 0.0) + child.value
-        held: dict[str, int] = {}
-        for queue in list(self.activator.queues.values()):
-            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
         return GatewayView(
             list(self.registry.states.values()),
             self.config.metrics_staleness,
             requests,
             self.flow.queued_by_endpoint(),
-            held,
+            self.activator.held_by_workload(),
             self.kv.subscriber.index,
         )
 
@@ -358,6 +361,10 @@ class Gateway:
             del self._leaving[address]
         return state.inflight
 
+    def migrations(self) -> list[dict[str, Any]]:
+        """This process's stream migrations per route (``Migrator.summary``)."""
+        return self.proxy.migrator.summary()
+
     def handover(self, address: str) -> int:
         """Hand the streams running on ``address`` (a replica being drained) over to other
         replicas now; how many (``Proxy.handover``)."""
@@ -369,8 +376,7 @@ class Gateway:
 
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
-        if self.activator.queues:
-            self.activator.release(self.table.activatable.__contains__)
+        self.activator.release(self.table.activatable.__contains__)
         self._capacity_changed()
 
     def prefilled(self) -> None:
@@ -381,9 +387,8 @@ class Gateway:
 
     def _capacity_changed(self) -> None:
         """A request finished, an endpoint was scraped or the endpoints changed: requests
-        waiting in flow control may go (one attribute read when none waits)."""
-        if self.flow.queues:
-            self.flow.pump()
+        waiting in flow control may go."""
+        self.flow.pump()
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -608,8 +613,7 @@ class Gateway:
         if ctx.seat is not None:
             self.flow.release(ctx.seat)
             ctx.seat = None
-        if self.flow.queues:  # a slot may have freed
-            self.flow.pump()
+        self.flow.pump()  # a slot may have freed
         if self.seat is not None:  # for the other workers' waiting requests too
             self.seat.waker.wake_peers()
         for hook, reservation in ctx.reservations:

@@ -164,16 +164,15 @@ class Splice:
         ):  # a continuation, the first events, an error event, a chunk only there for its ids
             self.catch_up()
             return self._events(whole)
-        self.kept.append(whole)
-        self.kept_bytes += len(whole)
-        if b'"finish_reason":"' in whole:
+        if not self.finished and b'"finish_reason":"' in whole:
             self.finished = True
         if whole.endswith(b"data: [DONE]\n\n"):
             if not self.finished:  # read as a lost stream: what came before [DONE] goes out
-                self.kept.pop()
                 self.catch_up()
                 return self._events(whole)
             self.done = True
+        self.kept.append(whole)
+        self.kept_bytes += len(whole)
         if self.kept_bytes > KEEP_BYTES:
             self.catch_up()
         return whole if self.client_ids else _IDS.sub(_NULL_IDS, whole)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.discovery import Endpoint
@@ -47,8 +46,7 @@ def test_every_metric_named_is_exported() -> None:
     named = set(re.findall(r"\b(llmplane_[a-z_]+)", DASHBOARD.read_text()))
     state = EndpointState(Endpoint("127.0.0.1:1", model_name="m"))
     state.prefix_queries = 10.0
-    gateway = SimpleNamespace(registry=SimpleNamespace(states={state.address: state}))
-    metrics = GatewayMetrics(gateway)
+    metrics = GatewayMetrics(lambda: [state])
     RateLimiter(GatewayConfig(), metrics.registry)
     # As the Gateway wires them: flow control's and the tenants' usage metrics.
     flow = FlowControl(lambda candidates, now: False)

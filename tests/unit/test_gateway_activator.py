@@ -40,6 +40,22 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
     assert sum(act.metrics.cold_start.labels("m").counts) == 1  # one cold start
 
 
+async def test_held_by_workload_adds_up_the_models_of_one_workload() -> None:
+    """What the autoscaling signals count: held requests per workload, over its models (a
+    Playground's model and, say, an InferenceModel routed to it)."""
+    act = activator()
+    held = [("a", "default/pg"), ("a", "default/pg"), ("b", "default/pg"), ("c", "other/pg")]
+    tasks = [asyncio.create_task(act.hold(model, workload, 10)) for model, workload in held]
+    await eventually(lambda: sum(map(act.held, "abc")) == 4, every=0.005, what="four held")
+    assert act.held_by_workload() == {"default/pg": 3, "other/pg": 1}
+    act.release(lambda model: model == "c")  # the replica of default/pg is ready
+    await asyncio.gather(*tasks[:3])
+    assert act.held_by_workload() == {"other/pg": 1}
+    act.release(lambda model: False)
+    await asyncio.gather(*tasks)
+    assert act.held_by_workload() == {}
+
+
 async def test_queue_bounded_by_count_and_bytes() -> None:
     act = activator(activator_max_queue=2, activator_max_queue_bytes=100)
     first = [asyncio.create_task(act.hold("m", "default/pg", 40)) for _ in range(2)]

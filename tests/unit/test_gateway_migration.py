@@ -208,6 +208,25 @@ def test_a_stream_never_lost_goes_out_as_the_engine_sends_it_unasked():
     assert fresh.done and fresh.finished
 
 
+def test_the_end_of_a_stream_passed_as_bytes_is_still_read():
+    """Past the first event a stream goes out unparsed: its finish reason is still seen (a loss
+    after it is only a missing end) and a [DONE] without one still loses the stream, after
+    what came before it in the chunk went out."""
+    body = b'{"prompt": "x", "stream": true}'
+    splice, _ = Splice.of(body, chat=False)
+    splice.feed(completion("a", " x", [1], prompt_ids=[3]))  # parsed: the head
+    splice.feed(completion("a", " y", [2], finish="length"))  # kept as it went out
+    assert splice.finished and splice.kept and not splice.done
+    assert splice.ending().endswith(b"data: [DONE]\n\n") and splice.done
+    cut, _ = Splice.of(body, chat=False)
+    cut.feed(completion("a", " x", [1], prompt_ids=[3]))
+    cut.feed(completion("a", " y", [2]))
+    out = cut.feed(completion("a", " z", [4]) + b"data: [DONE]\n\n")
+    assert [e["choices"][0]["text"] for e in events(out)] == [" z"] and not cut.done
+    assert cut.lost == "the stream ended without a finish reason"
+    assert not cut.kept and cut.ids == [1, 2, 4]  # all read, in order
+
+
 def test_kept_events_are_bounded():
     writer = ChunkWriter(False, "a", 1, "m", "fp", False)
     splice, _ = Splice.of(b'{"prompt": "x", "stream": true, "max_tokens": 100000}', chat=False)

@@ -12,6 +12,7 @@ import os
 import time
 
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.scheduler.config import PluginHandle, build_scheduler
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, block_hashes
 from llmplane.gateway.scraper import (
     MAX_NAME_CHARS,
@@ -38,12 +39,7 @@ from llmplane.runtime.endpoint import Endpoint
 
 
 def scorers(rings: PickRings) -> list[PrefixCacheScorer]:
-    out = []
-    for i in range(rings.workers):
-        scorer = PrefixCacheScorer()
-        rings.feed(i).attach({"prefix-cache-scorer": scorer, "other": object()})
-        out.append(scorer)
-    return out
+    return [PrefixCacheScorer(feed=rings.feed(i)) for i in range(rings.workers)]
 
 
 def test_picks_reach_the_peer_index():
@@ -56,6 +52,25 @@ def test_picks_reach_the_peer_index():
     assert b.index.matches(hashes, ["10.0.0.1:8000"]) == {"10.0.0.1:8000": 10}
     a.feed.apply()  # its own picks do not come back to it
     assert a.index.matches(hashes, ["10.0.0.1:8000"]) == {}
+
+
+def test_workers_schedulers_share_picks_scorer_by_scorer():
+    """Every worker builds its scheduler from the same config with its own feed: a pick of one
+    prefix scorer reaches the same scorer in the other worker, not another one."""
+    config = {
+        "plugins": [
+            {"type": "prefix-cache-scorer", "name": "short", "parameters": {"blockSize": 32}},
+            {"type": "prefix-cache-scorer", "name": "long"},
+        ]
+    }
+    rings = PickRings(2)
+    a, b = (build_scheduler(config, PluginHandle(picks=rings.feed(i))) for i in range(2))
+    hashes = block_hashes(b"p" * 640, "m")
+    picked = a.plugins["long"]
+    picked.feed.publish(picked.feed_id, "10.0.0.1:8000", hashes)
+    b.plugins["short"].feed.apply()  # (one feed per worker, whichever scorer applies it)
+    assert b.plugins["long"].index.matches(hashes) == {"10.0.0.1:8000": 10}
+    assert b.plugins["short"].index.matches(hashes) == {}
 
 
 def test_ring_wraps_and_a_reader_that_fell_behind_skips():

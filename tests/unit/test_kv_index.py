@@ -13,7 +13,7 @@ from llmplane.gateway.kvcache.index import (
     root_key,
 )
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.config import build_scheduler
+from llmplane.gateway.scheduler.config import PluginHandle, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
     PrecisePrefixCacheScorer,
@@ -277,3 +277,15 @@ def test_the_default_profile_takes_the_precise_scorer_while_replicas_publish() -
         )
         is PrecisePrefixCacheScorer
     )
+
+
+def test_configured_precise_scorers_read_the_index_and_tokens_they_are_built_with() -> None:
+    """Both a configured ``precise-prefix-cache`` scorer and the one inside ``prefill-cost``
+    score by the gateway's index and token ids (``PluginHandle``), not by an empty one."""
+    index = index_with("a")
+    index.apply("a", stored([1, 2, 3, 4, 5, 6], PROMPT))
+    config = {"plugins": [{"type": "precise-prefix-cache"}, {"type": "prefill-cost"}]}
+    plugins = build_scheduler(config, PluginHandle(kv_index=index, tokens=Tokens(PROMPT))).plugins
+    for scorer in (plugins["precise-prefix-cache"], plugins["prefill-cost"].prefix):
+        ctx = SchedulingContext("m", b"x" * 64)
+        assert scorer.matches(ctx, "m", "sim") == {"a": 1.0}, scorer

@@ -17,7 +17,6 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import Profile, Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
     PrecisePrefixCacheScorer,
-    SimTokens,
     TokenSource,
     TokenSources,
     use_in_default,
@@ -27,12 +26,26 @@ from llmplane.runtime.endpoint import Endpoint
 
 
 class PreciseRouting:
-    def __init__(self, scheduler: Scheduler, registry: Any, builtin_default: bool) -> None:
+    """``subscriber`` and ``tokens``: the index and token ids the scheduler's precise scorers
+    were built with (``PluginHandle``); ``builtin_default``: its profile is the built-in one."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        subscriber: KVEventSubscriber,
+        tokens: TokenSources,
+        registry: Any,
+        builtin_default: bool,
+    ) -> None:
         self.scheduler = scheduler
-        self.subscriber = KVEventSubscriber()
-        registry.register(self.subscriber)
-        self.tokens = TokenSources(SimTokens())
-        self.default = PrecisePrefixCacheScorer() if builtin_default else None
+        self.subscriber = subscriber
+        registry.register(subscriber)
+        self.tokens = tokens
+        self.default = (
+            PrecisePrefixCacheScorer(index=subscriber.index, tokens=tokens)
+            if builtin_default
+            else None
+        )
         self.scorers = [
             p for p in scheduler.plugins.values() if isinstance(p, PrecisePrefixCacheScorer)
         ]
@@ -41,9 +54,6 @@ class PreciseRouting:
         ]
         if self.default is not None:
             self.scorers.append(self.default)
-        for scorer in self.scorers:
-            scorer.index = self.subscriber.index
-            scorer.tokens = self.tokens
         self.active = False
 
     def add_tokens(self, source: TokenSource) -> None:

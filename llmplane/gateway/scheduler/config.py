@@ -29,13 +29,15 @@ router's do; its other sections (featureGates, dataLayer, flowControl, ...) are 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from llmplane.gateway.kvcache.index import BlockIndex
 from llmplane.gateway.scheduler import plugins as p
 from llmplane.gateway.scheduler.framework import Profile, Scheduler
-from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer
+from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer, TokenSource
 from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer
-from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, SharedPicks
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "plugins": [
@@ -62,38 +64,53 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def _prefix(name: str, params: dict[str, Any]) -> PrefixCacheScorer:
+@dataclass(frozen=True, slots=True)
+class PluginHandle:
+    """What the gateway hands a plugin's constructor besides its name and parameters (the
+    Inference Extension's plugin handle): state the plugin shares with the rest of it."""
+
+    picks: SharedPicks | None = None  # several gateway workers: their prefix picks
+    kv_index: BlockIndex | None = None  # the blocks the replicas report (gateway/kvcache)
+    tokens: TokenSource | None = None  # a request's token ids, as the engines compute them
+
+
+def _prefix(name: str, params: dict[str, Any], handle: PluginHandle) -> PrefixCacheScorer:
     return PrefixCacheScorer(
         name,
         block_size=int(params.get("blockSize", 64)),
         max_blocks=int(params.get("maxPrefixBlocksToMatch", 256)),
         capacity=int(params.get("lruCapacityPerServer", 31_250)),
+        feed=handle.picks,
     )
 
 
-PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any]], Any]] = {
-    "model-served-filter": lambda n, _: p.ModelServedFilter(n),
-    "low-queue-filter": lambda n, a: p.LowQueueFilter(n, float(a.get("threshold", 10))),
-    "queue-margin-filter": lambda n, a: p.QueueMarginFilter(n, float(a.get("margin", 64))),
-    "queue-scorer": lambda n, _: p.QueueScorer(n),
-    "kv-cache-utilization-scorer": lambda n, _: p.KVCacheScorer(n),
+def _precise(handle: PluginHandle, name: str = "precise-prefix-cache") -> PrecisePrefixCacheScorer:
+    return PrecisePrefixCacheScorer(name, index=handle.kv_index, tokens=handle.tokens)
+
+
+PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any], PluginHandle], Any]] = {
+    "model-served-filter": lambda n, *_: p.ModelServedFilter(n),
+    "low-queue-filter": lambda n, a, _: p.LowQueueFilter(n, float(a.get("threshold", 10))),
+    "queue-margin-filter": lambda n, a, _: p.QueueMarginFilter(n, float(a.get("margin", 64))),
+    "queue-scorer": lambda n, *_: p.QueueScorer(n),
+    "kv-cache-utilization-scorer": lambda n, *_: p.KVCacheScorer(n),
     "prefix-cache-scorer": _prefix,
     # The blocks engines report in their KV events (scheduler/precise_prefix.py); in the
     # default profile it takes the approximate scorer's place while some replica publishes.
-    "precise-prefix-cache-scorer": lambda n, _: PrecisePrefixCacheScorer(n),
+    "precise-prefix-cache-scorer": lambda n, _, h: _precise(h, n),
     # Expected time to first token: queued prefill plus the uncached tokens (prefill_cost.py);
     # opt-in (alone it trades a recompute for a short wait too readily under load).
-    "prefill-cost-scorer": lambda n, _: PrefillCostScorer(n),
-    "least-request-scorer": lambda n, _: p.LeastRequestScorer(n),
-    "lora-affinity-scorer": lambda n, _: p.LoraAffinityScorer(n),
-    "session-affinity-scorer": lambda n, a: p.SessionAffinityScorer(
+    "prefill-cost-scorer": lambda n, _, h: PrefillCostScorer(n, _precise(h)),
+    "least-request-scorer": lambda n, *_: p.LeastRequestScorer(n),
+    "lora-affinity-scorer": lambda n, *_: p.LoraAffinityScorer(n),
+    "session-affinity-scorer": lambda n, a, _: p.SessionAffinityScorer(
         n, header=str(a.get("header", "x-session-id")).lower()
     ),
-    "round-robin-scorer": lambda n, _: p.RoundRobinScorer(n),
-    "random-scorer": lambda n, _: p.RandomScorer(n),
-    "max-score-picker": lambda n, _: p.MaxScorePicker(n),
-    "weighted-random-picker": lambda n, _: p.WeightedRandomPicker(n),
-    "random-picker": lambda n, _: p.RandomPicker(n),
+    "round-robin-scorer": lambda n, *_: p.RoundRobinScorer(n),
+    "random-scorer": lambda n, *_: p.RandomScorer(n),
+    "max-score-picker": lambda n, *_: p.MaxScorePicker(n),
+    "weighted-random-picker": lambda n, *_: p.WeightedRandomPicker(n),
+    "random-picker": lambda n, *_: p.RandomPicker(n),
 }
 ALIASES = {
     "model-served": "model-served-filter",
@@ -126,8 +143,12 @@ class ConfigError(ValueError):
     pass
 
 
-def build_scheduler(config: dict[str, Any] | None = None) -> Scheduler:
-    """A Scheduler from an EndpointPickerConfig dict (None = ``DEFAULT_CONFIG``)."""
+def build_scheduler(
+    config: dict[str, Any] | None = None, handle: PluginHandle | None = None
+) -> Scheduler:
+    """A Scheduler from an EndpointPickerConfig dict (None = ``DEFAULT_CONFIG``), its plugins
+    built with ``handle``."""
+    handle = handle or PluginHandle()
     config = config or DEFAULT_CONFIG
     api_version, kind = config.get("apiVersion"), config.get("kind")
     if api_version is not None and api_version not in API_VERSIONS:
@@ -152,7 +173,7 @@ def build_scheduler(config: dict[str, Any] | None = None) -> Scheduler:
         name = entry.get("name") or entry["type"]
         if name in instances:
             raise ConfigError(f"plugins[{i}].name: {name!r} is defined twice")
-        instances[name] = factory(name, dict(entry.get("parameters") or {}))
+        instances[name] = factory(name, dict(entry.get("parameters") or {}), handle)
         if name != kind:
             instances.setdefault(kind, instances[name])  # refer by canonical type name too
     profiles: dict[str, Profile] = {}

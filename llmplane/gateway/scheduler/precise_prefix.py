@@ -154,14 +154,21 @@ class TokenSources:
 
 
 class PrecisePrefixCacheScorer:
-    """See the module docstring; ``index`` and ``tokens`` are set by the gateway (without
-    them every endpoint gets the fallback's score, or 0)."""
+    """See the module docstring; ``index``: the gateway's index of the replicas' blocks,
+    ``tokens``: where a request's token ids come from (without them every endpoint gets the
+    fallback's score, or 0)."""
 
-    def __init__(self, name: str = "precise-prefix-cache", fallback: Any = None) -> None:
+    def __init__(
+        self,
+        name: str = "precise-prefix-cache",
+        fallback: Any = None,
+        index: BlockIndex | None = None,
+        tokens: TokenSource | None = None,
+    ) -> None:
         self.name = name
         self.fallback: PrefixCacheScorer | None = fallback
-        self.index: BlockIndex | None = None
-        self.tokens: TokenSource | None = None
+        self.index = index
+        self.tokens = tokens
 
     def matches(
         self, ctx: SchedulingContext, model: str, engine: str, sizes: Iterable[int] = ()

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Container, Iterable, Sequence
 from itertools import islice, repeat
 from operator import attrgetter
-from typing import Any
+from typing import Protocol
 
 import xxhash
 
@@ -164,8 +164,21 @@ def leading_runs(
     return result
 
 
+class SharedPicks(Protocol):
+    """The picks of the other gateway workers (``gateway/workers/picks.py``): a scorer joins
+    with its index (and gets the number its picks go under), applies its peers' picks before
+    it scores and publishes its own."""
+
+    def join(self, index: PrefixIndex) -> int: ...
+
+    def apply(self) -> None: ...
+
+    def publish(self, scorer: int, key: str, hashes: Sequence[int]) -> None: ...
+
+
 class PrefixCacheScorer:
-    """score = consecutive leading blocks the endpoint probably holds / blocks in the prompt."""
+    """score = consecutive leading blocks the endpoint probably holds / blocks in the prompt.
+    ``feed``: with several gateway workers, the picks shared with the others."""
 
     def __init__(
         self,
@@ -173,14 +186,14 @@ class PrefixCacheScorer:
         block_size: int = 64,
         max_blocks: int = 256,
         capacity: int = 31_250,
+        feed: SharedPicks | None = None,
     ) -> None:
         self.name = name
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.index = PrefixIndex(capacity)
-        # With several gateway workers: the picks shared with the others (workers/picks.py).
-        self.feed: Any = None
-        self.feed_id = 0
+        self.feed = feed
+        self.feed_id = feed.join(self.index) if feed is not None else 0
 
     def hashes(self, ctx: SchedulingContext) -> list[int]:
         key = ("prefix", self.block_size, self.max_blocks)

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+from llmplane.gateway.scheduler.prefix import PrefixIndex
 from llmplane.gateway.workers.shm import region
 
 RING_BYTES = 4 << 20  # per worker: at 64 blocks a pick, about 8,000 picks of slack
@@ -46,18 +46,15 @@ class PickFeed:
         self.peers = [i for i in range(rings.workers) if i != index]
         positions = rings.positions
         self.read = {i: positions[i] for i in self.peers}  # start at the present
-        self.scorers: list[PrefixCacheScorer] = []
+        self.indexes: list[PrefixIndex] = []
         self.lost = 0
 
-    def attach(self, plugins: dict[str, Any]) -> None:
-        """Share the picks of every prefix scorer in a scheduler's plugins (the same config in
-        every worker, so sorted names give the same scorer numbers)."""
-        for name in sorted(plugins):
-            plugin = plugins[name]
-            if isinstance(plugin, PrefixCacheScorer):
-                plugin.feed = self
-                plugin.feed_id = len(self.scorers)
-                self.scorers.append(plugin)
+    def join(self, index: PrefixIndex) -> int:
+        """Share the picks of a prefix scorer's ``index``; the number its picks go under
+        (every worker builds its scorers from the same config in the same order, so a number
+        names the same scorer in each)."""
+        self.indexes.append(index)
+        return len(self.indexes) - 1
 
     def publish(self, scorer: int, key: str, hashes: Sequence[int]) -> None:
         raw = key.encode()
@@ -108,7 +105,7 @@ class PickFeed:
         return ring[a:] + ring[:b]
 
     def _apply(self, data: bytes) -> None:
-        scorers = self.scorers
+        indexes = self.indexes
         offset = 0
         total = len(data)
         while offset < total:
@@ -117,6 +114,6 @@ class PickFeed:
             key = data[key_at : key_at + key_len].decode()
             hashes_at = offset + length - 8 * n
             hashes = struct.unpack_from(f"<{n}Q", data, hashes_at)
-            if scorer < len(scorers):
-                scorers[scorer].index.add(key, hashes)
+            if scorer < len(indexes):
+                indexes[scorer].add(key, hashes)
             offset += length
