@@ -55,6 +55,7 @@ class Setup:
         from bench.tenant_auth import BUSY, LIMITS, tenant_object
         from llmplane.gateway import apikeys
         from llmplane.gateway.auth import Authenticator
+        from llmplane.gateway.config import GatewayConfig
         from llmplane.gateway.ratelimit.limiter import RateLimiter
         from llmplane.gateway.request import InferenceRequest
         from llmplane.gateway.tenant_usage import TenantUsage
@@ -67,7 +68,7 @@ class Setup:
             objects = [tenant_object("t0", made, chosen)]
         self.auth = Authenticator()
         self.auth.update(objects)
-        self.limiter = RateLimiter(SimpleNamespace())
+        self.limiter = RateLimiter(GatewayConfig())
         self.limiter.update(objects)
         self.usage = TenantUsage(None)
         self.hooks = (self.limiter, self.usage)
