@@ -162,14 +162,17 @@ PLAIN = (  # no markers: a conversation so far ends in " ", which the next " use
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-# The system prompt goes into the last user message (older Mistral templates): what precedes
-# depends on what follows, which no safety tail covers; the gateway's check of each whole
-# answer against the leading ids turns the reuse off for such a model.
-SYSTEM_LAST = (
-    "{% set system = messages[0]['content'] if messages[0]['role'] == 'system' else '' %}"
-    "{% for m in messages if m['role'] != 'system' %}{% if m['role'] == 'user' %}[INST] "
-    "{% if loop.last and system %}{{ system }}\n\n{% endif %}{{ m['content'] }} [/INST]"
-    "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+# Assistant messages after the last user message open with an empty reasoning block (as Qwen3's
+# template renders them): a conversation so far ending in an answer renders that answer
+# otherwise than the next request does, which no safety tail covers; the gateway's check of each
+# whole answer against the leading ids turns the reuse off for such a model.
+REASONING_LAST = (
+    "{% set ns = namespace(last=0) %}{% for m in messages %}"
+    "{% if m['role'] == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and loop.index0 > ns.last %}<think>\n\n</think>\n\n"
+    "{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SYSTEM = "the model serves the gateway well " * 6
 TURNS = [
@@ -207,8 +210,8 @@ async def test_leading_ids_are_a_prefix_of_vllms_for_the_requests_that_follow(
     (ChatML, Llama 3 style, plain text, the test model's own): the rule (the leading answer
     less at least 8 ids, down to a multiple of 16) is a prefix of vLLM's ids for the
     continuations, and for the plain one the untrimmed answer is not (the tail is needed);
-    a system prompt moved into the last user message breaks the rule (the runtime check's
-    case)."""
+    a template rendering the answers after the last user message otherwise breaks the rule
+    (the runtime check's case)."""
     remote = Tokenization(timeout=30, prepare_wait=30)
     try:
         await remote.learn([Endpoint(address=vllm, model_name=NAME)])
@@ -235,7 +238,7 @@ async def test_leading_ids_are_a_prefix_of_vllms_for_the_requests_that_follow(
         assert remote.prefix_mismatch.labels(NAME).value == 0
 
         trimmed_needed = broken = 0
-        for template in (CHATML, LLAMA3, PLAIN, CHAT_TEMPLATE, SYSTEM_LAST):
+        for template in (CHATML, LLAMA3, PLAIN, CHAT_TEMPLATE, REASONING_LAST):
             for messages in TURNS:
                 leading = await tokenize(
                     vllm,
@@ -243,18 +246,16 @@ async def test_leading_ids_are_a_prefix_of_vllms_for_the_requests_that_follow(
                      "chat_template": template},
                 )  # fmt: skip
                 n = kept(leading)
-                if not n:  # [system] under the system-last template renders nothing
-                    assert template is SYSTEM_LAST
-                    continue
+                assert n > 0
                 for follow in continuations(messages):
                     whole = await tokenize(vllm, {"messages": follow, "chat_template": template})
-                    if template is SYSTEM_LAST:
+                    if template is REASONING_LAST:
                         broken += whole[:n] != leading[:n]
                         continue
                     assert whole[:n] == leading[:n], (template, follow)
                     trimmed_needed += whole[: len(leading)] != leading
         assert trimmed_needed, "no template here needs the safety tail: the test lost its case"
-        assert broken, "the system-last template did not break the rule"
+        assert broken, "the reasoning template did not break the rule"
     finally:
         await remote.close()
 

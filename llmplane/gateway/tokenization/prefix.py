@@ -15,17 +15,19 @@ for the next time.
 - Completions (a string prompt): the leading parts are the prompt's first ``CHUNK``-character
   multiples on a grid of 1, 2, 3, 4, 6, 8, 12... chunks (each at most 1.5 times the one
   before, so the longest cached cut covers at least two thirds of a shared text it fits in);
-  the part asked is the longest cut shorter than the prompt.
+  the part asked is the longest cut another recent prompt had too (``Tokenization``), else
+  the prompt's longest.
 
 A leading part's ids are the request's leading ids except near the end: the last tokens of a
 conversation so far may merge with the next message's text (a plain-text template), a cut
 through a word tokenizes that word differently, a template may close a conversation without a
 generation prompt differently. So the last ``SAFETY`` tokens at least are dropped, down to a
 multiple of ``ALIGN`` (16, the smallest block size engines use). A chat template that renders
-an earlier message according to what follows it (a system prompt moved into the last user
-message, reasoning kept only after the last user message), or a tokenizer whose merges reach
-further back, breaks the rule: every whole answer that arrives is checked against the leading
-ids its request could use, and a model whose check fails stops using them (``Tokenization``).
+an earlier message according to what follows it (Qwen3's opens the answers after the last user
+message with a reasoning block, so a conversation so far ending in an answer renders it
+otherwise than the next request does), or a tokenizer whose merges reach further back, breaks
+the rule: every whole answer that arrives is checked against the leading ids its request
+could use, and a model whose check fails stops using them (``Tokenization``).
 
 Leading ids that are a prefix of the request's ids make the precise prefix scorer count fewer
 of the request's cached blocks, never other ones: block keys are chained, so the keys of a
