@@ -221,35 +221,54 @@ async def test_an_engine_whose_ids_do_not_start_with_the_leading_ones_turns_them
     processes: Processes, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two engines of one model name that tokenize differently (another vocabulary: what a
-    template that renders earlier messages according to later ones looks like from here):
-    the leading ids one gave are not a prefix of the other's answer for the next request.
-    Counted once, logged, and the model's chat requests use whole answers only."""
+    template that renders earlier messages according to later ones looks like from here;
+    requests ask them in turn): the leading ids one gave are not a prefix of the other's
+    answer. The first failure (counted, logged) leaves the model's chats the run of their
+    system messages only: a longer cached run is not used, the system run is asked instead;
+    the second failure leaves them whole answers only, also when the endpoints change."""
     sims = [processes.sim(MODEL), processes.sim(MODEL, "--vocab-size", "1000")]
     tokenization = Tokenization(timeout=5, prepare_wait=5)
     await tokenization.learn([Endpoint(address=s.address, model_name=MODEL) for s in sims])
     caplog.set_level(logging.WARNING, "llmplane.gateway.tokenization")
+    mode = tokenization.models[MODEL].prefixes
+    conversation = answered([SYSTEM, user("hello")], "one")  # [system, user, answer, user]
+
+    async def send(messages: list[dict[str, Any]]) -> InferenceRequest:
+        req = request("/v1/chat/completions", messages=messages)
+        assert await tokenization.prepare(req) is True
+        await eventually(lambda: not tokenization.fetches, what="the answers")
+        return req
+
     try:
-        first = [SYSTEM, user("hello")]
-        await tokenization.prepare(request("/v1/chat/completions", messages=first))
-        await eventually(lambda: leading_cached(tokenization, first), what="[system] answered")
-        second = request("/v1/chat/completions", messages=[SYSTEM, user("again")])
-        assert await tokenization.prepare(second) is True  # the leading ids, of the first engine
-        assert isinstance(tokenization.token_ids(second), LeadingIds)
-        await eventually(
-            lambda: tokenization.prefix_mismatch.labels(MODEL).value == 1, what="the mismatch"
+        await send(conversation)  # its leading run: [system, user, answer]
+        follow = [*conversation[:-1], user("two")]
+        assert isinstance(
+            tokenization.token_ids(request("/v1/chat/completions", messages=follow)), LeadingIds
         )
-        assert not tokenization.models[MODEL].prefixes
-        assert any("do not start with the ids of its leading" in r.message for r in caplog.records)
-        third = request("/v1/chat/completions", messages=[SYSTEM, user("third")])
-        assert tokenization.token_ids(third) is None  # no leading ids any more
-        asks = tokenization.remote.asks
-        assert await tokenization.prepare(third) is True  # waited for its own answer
-        assert not isinstance(tokenization.token_ids(third), LeadingIds)
-        assert tokenization.remote.asks == asks + 1  # and asked no leading messages
-        # The model's endpoints change: still off, counted once.
-        await tokenization.learn([Endpoint(address=sims[0].address, model_name=MODEL)])
-        assert not tokenization.models[MODEL].prefixes
+        await send(follow)
         assert tokenization.prefix_mismatch.labels(MODEL).value == 1
+        assert mode == {True: "system", False: "all"}
+        assert any("do not start with the ids of its leading" in r.message for r in caplog.records)
+        third = [*conversation[:-1], user("three")]
+        assert tokenization.token_ids(request("/v1/chat/completions", messages=third)) is None
+        asks = tokenization.remote.asks
+        await send(third)
+        assert tokenization.remote.asks == asks + 2  # its own body and the [system] run
+        assert leading_cached(tokenization, [SYSTEM, user("x")])
+        fourth = request("/v1/chat/completions", messages=[*conversation[:-1], user("four")])
+        assert isinstance(tokenization.token_ids(fourth), LeadingIds)  # the [system] run
+        await send([*conversation[:-1], user("four")])
+        assert tokenization.prefix_mismatch.labels(MODEL).value == 2
+        assert mode == {True: "off", False: "all"}
+        fifth = [SYSTEM, user("five")]
+        assert tokenization.token_ids(request("/v1/chat/completions", messages=fifth)) is None
+        asks = tokenization.remote.asks
+        await send(fifth)
+        assert tokenization.remote.asks == asks + 1  # and asked no leading part
+        # The model's endpoints change: still off.
+        await tokenization.learn([Endpoint(address=sims[0].address, model_name=MODEL)])
+        assert tokenization.models[MODEL].prefixes == {True: "off", False: "all"}
+        assert tokenization.prefix_mismatch.labels(MODEL).value == 2
     finally:
         await tokenization.close()
 

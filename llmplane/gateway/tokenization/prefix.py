@@ -27,7 +27,8 @@ an earlier message according to what follows it (Qwen3's opens the answers after
 message with a reasoning block, so a conversation so far ending in an answer renders it
 otherwise than the next request does), or a tokenizer whose merges reach further back, breaks
 the rule: every whole answer that arrives is checked against the leading ids its request
-could use, and a model whose check fails stops using them (``Tokenization``).
+could use; a model whose check fails uses only the run of a chat's system messages, and
+none after a second failure (``Tokenization``).
 
 Leading ids that are a prefix of the request's ids make the precise prefix scorer count fewer
 of the request's cached blocks, never other ones: block keys are chained, so the keys of a
@@ -66,19 +67,37 @@ class LeadingIds(list[int]):
 @dataclass
 class Runs:
     """A request's leading parts that may be cached: ``keys[i]`` of a part of ``sizes[i]``
-    (characters, or JSON bytes of a chat's fields and messages), longest first, of a request
-    of ``size``."""
+    (characters, or JSON bytes of a chat's fields and messages) and ``parts[i]`` messages or
+    characters, longest first, of a request of ``size``."""
 
     keys: list[bytes]
     sizes: list[int]
+    parts: list[int]
     size: int
     whole: dict[str, Any]  # the request's /tokenize body
 
     def body(self, i: int) -> dict[str, Any]:
         """The /tokenize body of part ``i``."""
         if "messages" in self.whole:
-            return leading_body(self.whole, len(self.keys) - i)
-        return {**self.whole, "prompt": self.whole["prompt"][: self.sizes[i]]}
+            return leading_body(self.whole, self.parts[i])
+        return {**self.whole, "prompt": self.whole["prompt"][: self.parts[i]]}
+
+    def system(self) -> Runs | None:
+        """Only a chat's run of leading system (or developer) messages, if it has one and
+        more: templates render those first, whatever follows them."""
+        messages = self.whole["messages"]
+        n = next(
+            (
+                i
+                for i, m in enumerate(messages)
+                if not isinstance(m, dict) or m.get("role") not in ("system", "developer")
+            ),
+            len(messages),
+        )
+        if n not in self.parts:
+            return None
+        i = self.parts.index(n)
+        return Runs([self.keys[i]], [self.sizes[i]], [n], self.size, self.whole)
 
 
 def leading_runs(body: dict[str, Any], chat: bool) -> Runs | None:
@@ -89,7 +108,8 @@ def leading_runs(body: dict[str, Any], chat: bool) -> Runs | None:
             if len(body["messages"]) < 2:
                 return None
             keys, sizes = chain(body)
-            return Runs(keys[-2::-1], sizes[-2::-1], sizes[-1], body)
+            count = len(keys)
+            return Runs(keys[-2::-1], sizes[-2::-1], list(range(count - 1, 0, -1)), sizes[-1], body)
         prompt = body["prompt"]
         grid = cuts(len(prompt))
         if not grid:
@@ -106,7 +126,7 @@ def leading_runs(body: dict[str, Any], chat: bool) -> Runs | None:
             hasher.update(prompt[done:cut].encode())
             keys.append(hasher.digest())
             done = cut
-        return Runs(keys[::-1], grid, len(prompt), body)
+        return Runs(keys[::-1], grid, grid, len(prompt), body)
     except (TypeError, ValueError):  # what JSON cannot hold (an integer beyond 64 bits, a
         return None  # lone surrogate): no key
 

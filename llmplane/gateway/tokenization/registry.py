@@ -13,8 +13,10 @@ a completion prompt's first characters) serves at once (``LeadingIds``, ``prefix
 round trip at most) for the requests that follow. Each whole answer that arrives is checked
 against the leading ids its request could use: a model that fails it (a template that renders
 earlier messages according to later ones) counts in
-``llmplane_gateway_tokenizer_prefix_mismatch_total{model}`` and uses whole answers only from
-then on. ``learn(endpoints)`` follows
+``llmplane_gateway_tokenizer_prefix_mismatch_total{model}`` and from then on uses only the run
+of its chats' system messages (templates render those first whatever follows: a Qwen3-style
+template renders the answers after the last user message otherwise), and whole answers only
+after a second failure (completions: after the first). ``learn(endpoints)`` follows
 discovery: it loads a model's tokenizer the first time one of its endpoints names the files
 (in a thread: a large tokenizer.json takes a moment) and then checks one canary prompt, chat
 and completion, against that endpoint's /tokenize. A mismatch counts in
@@ -81,7 +83,9 @@ class _Model:
     tokenizer: ModelTokenizer | None = None
     loaded_from: str = ""  # the path ``tokenizer`` came from ("" while none)
     canary: str = "unchecked"  # unchecked | match | mismatch | undecided | no-files
-    prefixes: bool = True  # requests may use the ids of their leading parts (``prefix.py``)
+    # Which leading parts requests may use (``prefix.py``): "all", "system" (a chat's system
+    # messages only, after a failed check) or "off"; per kind (chat: True, completion: False).
+    prefixes: dict[bool, str] = field(default_factory=lambda: {True: "all", False: "all"})
 
 
 class Tokenization:
@@ -113,7 +117,8 @@ class Tokenization:
         self.prefix_mismatch = Counter(
             "llmplane_gateway_tokenizer_prefix_mismatch",
             "Requests of a model whose /tokenize ids did not start with the ids of their "
-            "leading part (counted once: the model then uses whole answers only)",
+            "leading part (the model's chats then use only their system messages' ids, then "
+            "none; completions none)",
             ("model",),
         )
 
@@ -274,8 +279,8 @@ class Tokenization:
         if body is None:
             return None
         ids = self.remote.cached(body)
-        if ids is None and entry.prefixes:
-            return self._leading(leading_runs(body, chat))
+        if ids is None:
+            return self._leading(_runs(entry, body, chat))
         return ids
 
     def _leading(self, runs: Runs | None) -> LeadingIds | None:
@@ -330,9 +335,9 @@ class Tokenization:
             return True
         self._asked += 1
         address = entry.addresses[self._asked % len(entry.addresses)]
-        runs = leading_runs(body, chat) if entry.prefixes else None
+        runs = _runs(entry, body, chat)
         leading = self._leading(runs)
-        fetch = self._start(self._fetch(name, address, body, leading))
+        fetch = self._start(self._fetch(name, address, body, chat, leading))
         part = None if runs is None else self._part_to_ask(runs, chat)
         if part is not None:  # a leading part, for the requests that follow
             self._start(self.remote.tokenize(address, runs.body(part), runs.keys[part]))
@@ -351,21 +356,30 @@ class Tokenization:
         return fetch
 
     async def _fetch(
-        self, name: str, address: str, body: dict[str, Any], leading: LeadingIds | None
+        self,
+        name: str,
+        address: str,
+        body: dict[str, Any],
+        chat: bool,
+        leading: LeadingIds | None,
     ) -> list[int] | None:
-        """The whole body's ids, checked against the leading ids the request could use."""
+        """The whole body's ids, checked against the leading ids the request could use: on a
+        mismatch a model's chats use only their system messages' run, then none."""
         ids = await self.remote.tokenize(address, body)
         if ids is not None and leading is not None and ids[: len(leading)] != leading:
             entry = self.models.get(name)
-            if entry is not None and entry.prefixes:
-                entry.prefixes = False
+            if entry is not None and entry.prefixes[chat] != "off":
+                mode = "system" if chat and entry.prefixes[chat] == "all" else "off"
+                entry.prefixes[chat] = mode
                 self.prefix_mismatch.labels(name).inc()
                 log.warning(
                     "model %s: a request's ids from /tokenize at %s do not start with the ids "
                     "of its leading part (%d ids against %d, first difference at %d): its chat "
                     "template renders earlier messages according to later ones, or its "
-                    "tokenizer merges across a cut; using whole answers only for this model",
+                    "tokenizer merges across a cut; %s",
                     name, address, len(ids), len(leading), _parting(leading, ids),
+                    "using only the ids of its chats' system messages" if mode == "system"
+                    else f"using whole {'chat' if chat else 'completion'} answers only",
                 )  # fmt: skip
         return ids
 
@@ -383,6 +397,15 @@ class Tokenization:
 def _id_prompt(doc: dict[str, Any]) -> bool:
     prompt = doc.get("prompt")
     return isinstance(prompt, list) and bool(prompt) and all(type(i) is int for i in prompt)
+
+
+def _runs(entry: _Model, body: dict[str, Any], chat: bool) -> Runs | None:
+    """The leading parts of a request the model's mode lets it use."""
+    mode = entry.prefixes[chat]
+    if mode == "off":
+        return None
+    runs = leading_runs(body, chat)
+    return runs.system() if runs is not None and mode == "system" else runs
 
 
 def _parting(a: list[int], b: list[int]) -> int:
