@@ -182,20 +182,19 @@ async def test_predicted_cached_tokens_are_what_the_sims_serve_from_cache(
     assert held <= sent_blocks and sent_blocks - held
 
 
-async def test_a_model_without_files_here_is_scored_by_the_engines_own_tokens(
-    processes: Processes, store, gateways, client: aiohttp.ClientSession, sockets: Path, caplog
-) -> None:
-    """Sims registered as vLLM endpoints (the gateway has neither their tokenizer files nor the
-    sim's rule for them): before scheduling, the gateway asks an engine's /tokenize, so the
-    requests of prompts warmed directly on one sim (only its events tell) go there, predicted
-    exactly."""
-    caplog.set_level(logging.INFO, logger="llmplane.gateway.access")
+GROUPS = 6
+
+
+async def warmed_vllm_sims(
+    processes: Processes, store, gateways, client: aiohttp.ClientSession, sockets: Path, **kw: Any
+) -> tuple[list[Any], Any]:
+    """Two sims registered as vLLM endpoints (the gateway has neither their tokenizer files
+    nor the sim's rule for them) and a gateway (``kw``: its arguments) following them; group
+    ``g``'s prompt warmed on sim ``g % 2`` directly (only its events tell the gateway)."""
     sims = start_sims(
         processes, store, sockets, "vllm", "--time-scale", "0", "--num-blocks", "4000"
     )
-    gateway = await gateways(store)
-    gateway.tokenization.prepare_wait = 10.0  # a loaded test machine (the bound: unit tested)
-    url = f"http://127.0.0.1:{gateway.port}"
+    gateway = await gateways(store, **kw)
     await eventually(
         lambda: (
             len(gateway.kv.subscriber.feeds) == 2
@@ -204,10 +203,24 @@ async def test_a_model_without_files_here_is_scored_by_the_engines_own_tokens(
         what="both sims followed, their model learnt",
         ignore=(AttributeError,),
     )
-    groups = range(6)
-    for group in groups:
+    for group in range(GROUPS):
         await send(client, f"http://{sims[group % 2].address}", chat(group, "warm"))
     await settled(gateway, client, sims)
+    return sims, gateway
+
+
+async def test_a_model_without_files_here_is_scored_by_the_engines_own_tokens(
+    processes: Processes, store, gateways, client: aiohttp.ClientSession, sockets: Path, caplog
+) -> None:
+    """Sims registered as vLLM endpoints (the gateway has neither their tokenizer files nor the
+    sim's rule for them): before scheduling, the gateway asks an engine's /tokenize, so the
+    requests of prompts warmed directly on one sim (only its events tell) go there, predicted
+    exactly."""
+    caplog.set_level(logging.INFO, logger="llmplane.gateway.access")
+    sims, gateway = await warmed_vllm_sims(processes, store, gateways, client, sockets)
+    gateway.tokenization.prepare_wait = 10.0  # a loaded test machine (the bound: unit tested)
+    url = f"http://127.0.0.1:{gateway.port}"
+    groups = range(GROUPS)
     asks = gateway.tokenization.remote.asks
     for group in groups:
         before = await cached(client, sims)
@@ -219,3 +232,58 @@ async def test_a_model_without_files_here_is_scored_by_the_engines_own_tokens(
         assert line["endpoint"] == sims[group % 2].address, (group, line)
         assert line["cached_tokens_predicted"] == served[group % 2], (group, line, served)
     assert gateway.tokenization.remote.asks >= asks + len(groups)
+
+
+PRECISE_ONLY = {  # no approximate fallback: without token ids every replica ties
+    "plugins": [{"type": "precise-prefix-cache-scorer"}, {"type": "max-score-picker"}],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "precise-prefix-cache-scorer", "weight": 1},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+
+
+async def test_a_new_user_under_a_cached_system_prompt_is_routed_without_a_round_trip(
+    processes: Processes, store, gateways, client: aiohttp.ClientSession, sockets: Path, caplog
+) -> None:
+    """Sims registered as vLLM endpoints (token ids only from their /tokenize), a profile
+    scoring by the index alone, and requests that never wait for /tokenize (``prepare_wait``
+    0, as if the engine were slow). Each group's system prompt is warmed on one sim directly;
+    one request of the group through the gateway (waiting for its ids, so it goes there too)
+    leaves the answer for [system] cached. Then a new user of each group is scored from those
+    leading ids at once: it goes to the sim holding the prompt (a tie without ids: a coin
+    toss per group), predicted at most what that sim serves from cache (fewer blocks, never
+    others)."""
+    caplog.set_level(logging.INFO, logger="llmplane.gateway.access")
+    config = GatewayConfig(scheduler=PRECISE_ONLY)
+    sims, gateway = await warmed_vllm_sims(
+        processes, store, gateways, client, sockets, config=config
+    )
+    url = f"http://127.0.0.1:{gateway.port}"
+    groups = range(GROUPS)
+    gateway.tokenization.prepare_wait = 10.0  # the first of each group: its own ids
+    for group in groups:
+        await send(client, url, chat(group, "first"))
+        assert predictions(caplog)[-1]["endpoint"] == sims[group % 2].address, group
+    await eventually(lambda: not gateway.tokenization.fetches, what="the leading answers")
+    await settled(gateway, client, sims)
+    gateway.tokenization.prepare_wait = 0.0
+    asks = gateway.tokenization.remote.asks
+    for group in groups:
+        before = await cached(client, sims)
+        await send(client, url, chat(group, "second"))
+        after = await cached(client, sims)
+        served = [y - x for x, y in zip(before, after, strict=True)]
+        line = predictions(caplog)[-1]
+        assert line["endpoint"] == sims[group % 2].address, (group, line)
+        assert 0 < line["cached_tokens_predicted"] <= served[group % 2], (group, line, served)
+        # Less than the run it reports by the safety tail's blocks at most.
+        assert line["cached_tokens_predicted"] >= served[group % 2] - 2 * BLOCK, (line, served)
+    await eventually(lambda: not gateway.tokenization.fetches, what="the whole answers")
+    assert gateway.tokenization.remote.asks == asks + len(groups)  # its own body only
+    assert gateway.tokenization.prefix_mismatch.labels("m").value == 0

@@ -1,6 +1,9 @@
 """The engine's /tokenize as the gateway's source of token ids (models whose files it does not
 have), against a real sim process: answers equal the engine's, cached per request text, bounded;
 an engine that hangs, refuses connections or has no /tokenize gives no ids within the timeout.
+Chat answers cached by prefix: a new turn or a new user message under a cached system prompt
+is scored at once from the ids of its leading messages, a prefix of the engine's ids for it,
+with one more round trip at most; an engine whose ids do not start with them turns that off.
 And the canary check: the tiny model's own tokenizer against the sim's (a different tokenizer)
 is a mismatch, counted and logged, after which the model's ids come from the engine."""
 
@@ -16,8 +19,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmplane.gateway.kvcache.index import block_keys
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.tokenization import RemoteTokenizer, Tokenization
+from llmplane.gateway.tokenization import RemoteTokenizer, Tokenization, tokenize_body
+from llmplane.gateway.tokenization.prefix import LeadingIds, chain
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.sim.config import SimConfig
 from llmplane.sim.tokenizer import render_chat, tokenize
@@ -84,6 +89,186 @@ async def test_remote_ids_equal_the_engines_and_are_cached(processes: Processes)
         other = InferenceRequest("/v1/chat/completions", {}, b'{"model": "x", "messages": []}')
         await tokenization.prepare(other)
         assert tokenization.token_ids(other) is None
+    finally:
+        await tokenization.close()
+
+
+SYSTEM = {"role": "system", "content": " ".join(f"rule {i} of the house" for i in range(40))}
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def answered(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    return [*messages, {"role": "assistant", "content": f"answer to {text}"}, user(text)]
+
+
+def leading_cached(tokenization: Tokenization, messages: list[dict[str, Any]]) -> bool:
+    """The answer for ``messages`` but the last is cached (``prefix.chain``'s key)."""
+    body = tokenize_body(MODEL, {"messages": messages}, True)
+    assert body is not None
+    return tokenization.remote.get(chain(body)[0][-2]) is not None
+
+
+async def test_a_new_turn_is_scored_at_once_from_its_leading_messages(
+    processes: Processes,
+) -> None:
+    """The first request of a system prompt waits for its ids (and its leading messages'
+    come along); a new user message under it, then each next turn of a conversation, is
+    scored at once (``prepare`` does not wait for the round trip, though it may wait 5 s)
+    with ids that are a prefix of the engine's for it, and block keys that are the first of
+    the whole request's (fewer blocks, never others); its own answer replaces them once it
+    arrives. One more /tokenize ask per request at most; other tools: no reuse."""
+    sim = processes.sim(MODEL)
+    tokenization = Tokenization(timeout=5, prepare_wait=5)
+    await tokenization.learn([Endpoint(address=sim.address, model_name=MODEL)])
+    try:
+        first = [SYSTEM, user("hello")]
+        req = request("/v1/chat/completions", messages=first)
+        assert await tokenization.prepare(req) is True
+        assert not isinstance(tokenization.token_ids(req), LeadingIds)  # waited: its own ids
+        await eventually(lambda: leading_cached(tokenization, first), what="[system] answered")
+        assert tokenization.remote.asks == 2  # the whole body and its leading messages
+        conversation = [SYSTEM, user("another question entirely")]
+        longest = 1  # messages of the longest cached leading run
+        for turn in range(4):
+            asks = tokenization.remote.asks
+            req = request("/v1/chat/completions", messages=conversation)
+            assert tokenization.token_ids(req) is not None  # before any round trip
+            assert await tokenization.prepare(req) is True
+            ids = tokenization.token_ids(req)
+            assert isinstance(ids, LeadingIds), (turn, "prepare waited for the whole answer")
+            expected = await engine_ids(sim.address, {"model": MODEL, "messages": conversation})
+            assert expected[: len(ids)] == ids, turn
+            # The leading run's ids, less at least 8 (the safety tail).
+            run = tokenize(render_chat(conversation[:longest], False), VOCAB)
+            assert len(run) - 24 < len(ids) <= len(run) - 8, (turn, len(ids), len(run))
+            assert abs(ids.total - len(expected)) <= len(expected) // 4, (ids.total, expected)
+            keys, whole = block_keys(ids, 16), block_keys(expected, 16)
+            assert keys and keys == whole[: len(keys)] and len(keys) < len(whole)
+            await eventually(
+                lambda r=req: not isinstance(tokenization.token_ids(r), LeadingIds),
+                what="the whole answer",
+            )
+            assert tokenization.token_ids(req) == expected
+            await eventually(
+                lambda c=conversation: leading_cached(tokenization, c), what="leading answer"
+            )
+            # Its own body, and its leading messages ([system] is cached at the first turn).
+            assert tokenization.remote.asks == asks + (1 if turn == 0 else 2), turn
+            longest = len(conversation) - 1
+            conversation = answered(conversation, f"turn {turn}")
+        # Other tools change every token: nothing to reuse.
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        req = request("/v1/chat/completions", messages=conversation, tools=tools)
+        assert tokenization.token_ids(req) is None
+        assert tokenization.prefix_mismatch.labels(MODEL).value == 0
+    finally:
+        await tokenization.close()
+
+
+async def test_a_completion_sharing_a_leading_text_is_scored_at_once(
+    processes: Processes,
+) -> None:
+    """Completion prompts that share a long text: the first two (each waiting for its own
+    ids) find their shared leading text (the second asks the longest cut the first had too),
+    the third is scored at once from that cut's ids, a prefix of the engine's for it; a prompt
+    that extends an earlier one reuses the earlier one's longest cut."""
+    sim = processes.sim(MODEL)
+    tokenization = Tokenization(timeout=5, prepare_wait=5)
+    await tokenization.learn([Endpoint(address=sim.address, model_name=MODEL)])
+    shared = " ".join(f"shared{i:03d}" for i in range(100))  # 999 characters
+
+    def completion(text: str) -> InferenceRequest:
+        return request("/v1/completions", prompt=text)
+
+    try:
+        for who in ("alice", "bob"):
+            req = completion(f"{shared} and then {who} asks a question of her or his own, " * 2)
+            assert await tokenization.prepare(req) is True
+            assert not isinstance(tokenization.token_ids(req), LeadingIds)
+            await eventually(lambda: not tokenization.fetches, what="the answers")
+        assert tokenization.remote.asks == 4  # two prompts, each with one leading text
+        for who in ("carol", "dave"):
+            text = f"{shared} but {who} wants something else"
+            req = completion(text)
+            ids = tokenization.token_ids(req)
+            assert isinstance(ids, LeadingIds), who
+            expected = tokenize(text, VOCAB)
+            assert expected[: len(ids)] == ids
+            # The cut at 768 characters (192 ids), less the safety tail.
+            assert len(ids) == 176, len(ids)
+            assert abs(ids.total - len(expected)) <= 2, (ids.total, len(expected))
+            assert await tokenization.prepare(req) is True
+            await eventually(lambda: not tokenization.fetches, what="the answers")
+            assert tokenization.token_ids(req) == expected
+        # A prompt that extends an earlier one: the earlier one's longest cut (1,024
+        # characters: 256 ids, 240 kept).
+        story = " ".join(f"story{i:03d}" for i in range(120))  # 1,079 characters
+        await tokenization.prepare(completion(story))
+        await eventually(lambda: not tokenization.fetches, what="the answers")
+        longer = f"{story} and the story goes on"
+        ids = tokenization.token_ids(completion(longer))
+        assert isinstance(ids, LeadingIds) and len(ids) == 240, ids
+        assert tokenize(longer, VOCAB)[:240] == ids
+        assert tokenization.prefix_mismatch.labels(MODEL).value == 0
+    finally:
+        await tokenization.close()
+
+
+async def test_an_engine_whose_ids_do_not_start_with_the_leading_ones_turns_them_off(
+    processes: Processes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two engines of one model name that tokenize differently (another vocabulary: what a
+    template that renders earlier messages according to later ones looks like from here;
+    requests ask them in turn): the leading ids one gave are not a prefix of the other's
+    answer. The first failure (counted, logged) leaves the model's chats the run of their
+    system messages only: a longer cached run is not used, the system run is asked instead;
+    the second failure leaves them whole answers only, also when the endpoints change."""
+    sims = [processes.sim(MODEL), processes.sim(MODEL, "--vocab-size", "1000")]
+    tokenization = Tokenization(timeout=5, prepare_wait=5)
+    await tokenization.learn([Endpoint(address=s.address, model_name=MODEL) for s in sims])
+    caplog.set_level(logging.WARNING, "llmplane.gateway.tokenization")
+    mode = tokenization.models[MODEL].prefixes
+    conversation = answered([SYSTEM, user("hello")], "one")  # [system, user, answer, user]
+
+    async def send(messages: list[dict[str, Any]]) -> InferenceRequest:
+        req = request("/v1/chat/completions", messages=messages)
+        assert await tokenization.prepare(req) is True
+        await eventually(lambda: not tokenization.fetches, what="the answers")
+        return req
+
+    try:
+        await send(conversation)  # its leading run: [system, user, answer]
+        follow = [*conversation[:-1], user("two")]
+        assert isinstance(
+            tokenization.token_ids(request("/v1/chat/completions", messages=follow)), LeadingIds
+        )
+        await send(follow)
+        assert tokenization.prefix_mismatch.labels(MODEL).value == 1
+        assert mode == {True: "system", False: "all"}
+        assert any("do not start with the ids of its leading" in r.message for r in caplog.records)
+        third = [*conversation[:-1], user("three")]
+        assert tokenization.token_ids(request("/v1/chat/completions", messages=third)) is None
+        asks = tokenization.remote.asks
+        await send(third)
+        assert tokenization.remote.asks == asks + 2  # its own body and the [system] run
+        assert leading_cached(tokenization, [SYSTEM, user("x")])
+        fourth = request("/v1/chat/completions", messages=[*conversation[:-1], user("four")])
+        assert isinstance(tokenization.token_ids(fourth), LeadingIds)  # the [system] run
+        await send([*conversation[:-1], user("four")])
+        assert tokenization.prefix_mismatch.labels(MODEL).value == 2
+        assert mode == {True: "off", False: "all"}
+        fifth = [SYSTEM, user("five")]
+        assert tokenization.token_ids(request("/v1/chat/completions", messages=fifth)) is None
+        asks = tokenization.remote.asks
+        await send(fifth)
+        assert tokenization.remote.asks == asks + 1  # and asked no leading part
+        # The model's endpoints change: still off.
+        await tokenization.learn([Endpoint(address=sims[0].address, model_name=MODEL)])
+        assert tokenization.models[MODEL].prefixes == {True: "off", False: "all"}
+        assert tokenization.prefix_mismatch.labels(MODEL).value == 2
     finally:
         await tokenization.close()
 
@@ -167,7 +352,7 @@ async def test_prepare_waits_at_most_its_bound_and_the_answer_serves_the_next_re
         await eventually(lambda: tokenization.token_ids(other) is not None, what="the answer")
         assert tokenization.token_ids(other) == tokenize(render_chat(CHATS[1], True), VOCAB)
         assert await tokenization.prepare(other) is True  # the next request: no round trip
-        assert tokenization.remote.asks == 2
+        assert tokenization.remote.asks == 3  # the hanging one, the answer, its leading part
     finally:
         hanging.close()
         await tokenization.close()

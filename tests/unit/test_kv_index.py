@@ -16,11 +16,13 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.config import PluginHandle, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.precise_prefix import (
+    PROMPT_TOKENS,
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
     use_in_default,
 )
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+from llmplane.gateway.tokenization.prefix import LeadingIds
 from llmplane.runtime.endpoint import Endpoint
 from tests.unit.token_source import Tokens
 
@@ -256,6 +258,30 @@ def test_predicted_cached_tokens_are_the_leading_run_less_the_last_token() -> No
     whole = SchedulingContext("m", b"x" * 64)
     assert scorer.score(whole, states("a", "b")) == [1.0, 0.0]
     assert predicted_cached_tokens(whole, "a") == len(PROMPT) - BS
+
+
+def test_leading_ids_count_fewer_held_blocks_never_others() -> None:
+    """A request scored from the ids of its leading part (``LeadingIds``: a prefix of its
+    ids, for a prompt of ``total`` tokens): each replica's run is at most the whole ids' run,
+    a replica holding another continuation of the leading part counts only the shared
+    blocks, and the fractions and the prompt's length are the whole prompt's."""
+    index = index_with("a", "b", "c")
+    index.apply("a", stored([1, 2, 3, 4, 5, 6], PROMPT))
+    index.apply("b", stored([7, 8], PROMPT[:8]))
+    index.apply("c", stored([9, 10, 11, 12], [*PROMPT[:8], 1, 2, 3, 4, 5, 6, 7, 8]))
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index = index
+    whole, part = SchedulingContext("m", b"x" * 64), SchedulingContext("m", b"x" * 64)
+    scorer.tokens = Tokens(PROMPT)
+    full = scorer.score(whole, states("a", "b", "c"))
+    scorer.tokens = Tokens(LeadingIds(PROMPT[:12], len(PROMPT)))
+    leading = scorer.score(part, states("a", "b", "c"))
+    assert full == [1.0, 2 / 6, 2 / 6]
+    assert leading == [3 / 6, 2 / 6, 2 / 6]  # of the whole prompt's 6 blocks
+    for replica in ("a", "b", "c"):
+        assert predicted_cached_tokens(part, replica) <= predicted_cached_tokens(whole, replica)
+    assert predicted_cached_tokens(part, "a") == 12
+    assert part.cache[PROMPT_TOKENS] == whole.cache[PROMPT_TOKENS] == len(PROMPT)
 
 
 def test_the_default_profile_takes_the_precise_scorer_while_replicas_publish() -> None:

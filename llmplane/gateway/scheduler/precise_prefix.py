@@ -7,9 +7,11 @@ block size the model's replicas use), so the score counts the engine's real bloc
 its evictions and its restarts, and every request any gateway sent.
 
 Token ids come from a ``TokenSource``: the model's own tokenizer where the gateway has one,
-the sim's rule for sim replicas (``SimTokens``). A replica that does not publish events, or a
-request the source cannot tokenize, gets the ``fallback`` scorer's score (the approximate
-``prefix-cache`` one in the default profile), so one profile serves a mixed fleet.
+the engine's /tokenize (whole, or for a request not asked before the ids of its leading part:
+``LeadingIds``), the sim's rule for sim replicas (``SimTokens``). A replica that does not
+publish events, or a request the source cannot tokenize, gets the ``fallback`` scorer's score
+(the approximate ``prefix-cache`` one in the default profile), so one profile serves a mixed
+fleet.
 
 A request's blocks that the replica it was sent to has not reported yet are on their way there
 (``BlockIndex.expect``): they score as held there, and ``predicted_cached_tokens`` (the access
@@ -32,6 +34,7 @@ from llmplane.gateway.kvcache.subscriber import replica_model
 from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+from llmplane.gateway.tokenization.prefix import LeadingIds
 from llmplane.sim.tokenizer import render_chat, tokenize
 
 SIM_VOCAB = 128_256  # the sim's default --vocab-size
@@ -124,7 +127,7 @@ class ModelTokens:
 
 class TokenSources:
     """The first answer of several sources, computed once a request and engine kind (kept in
-    ``ctx.cache``)."""
+    ``ctx.cache``); a whole answer before another source's ``LeadingIds``."""
 
     def __init__(self, *sources: TokenSource) -> None:
         self.sources = list(sources)
@@ -134,17 +137,22 @@ class TokenSources:
         ids = ctx.cache.get(key, _UNKNOWN)
         if ids is not _UNKNOWN:
             return ids
+        leading = None
         for source in self.sources:
             ids = source.token_ids(ctx, engine)
-            if ids is not None:
+            if ids is not None and not isinstance(ids, LeadingIds):
                 break
+            leading = leading or ids  # a later source may know them whole
+        else:
+            ids = leading
         ctx.cache[key] = ids
         return ids
 
     async def prepare(self, ctx: SchedulingContext, engine: str) -> None:
-        """Where no source knows the request's ids now, let those that can fetch them (the
-        engine's /tokenize) do so, within their bound."""
-        if self.token_ids(ctx, engine) is not None:
+        """Where no source knows the request's whole ids now, let those that can fetch them
+        (the engine's /tokenize) do so, within their bound."""
+        ids = self.token_ids(ctx, engine)
+        if ids is not None and not isinstance(ids, LeadingIds):
             return
         for source in self.sources:
             prepare = getattr(source, "prepare", None)
@@ -187,16 +195,21 @@ class PrecisePrefixCacheScorer:
             found = None
         else:
             found = {}
-            ctx.cache[PROMPT_TOKENS] = len(ids)
+            # Leading ids (a prefix of the request's ids) are keyed as far as they go: block
+            # keys are chained, so theirs are the whole request's first keys and the scorer
+            # counts fewer of its cached blocks, never other ones; the fractions and the
+            # prompt's length are the whole request's (estimated).
+            length = ids.total if isinstance(ids, LeadingIds) else len(ids)
+            ctx.cache[PROMPT_TOKENS] = length
             tokens = ctx.cache.setdefault(PREDICTED, {})
             root = root_key(ctx.model if ctx.lora else None)
             request_keys = ctx.cache[KEYS] = []
             for size in {*index.block_sizes(model), *sizes}:
                 keys = block_keys(ids, size, root)
                 if keys:
-                    total = len(keys)
+                    total = max(len(keys), length // size)
                     # The engine computes the prompt's last token whatever it holds.
-                    usable = (len(ids) - 1) // size
+                    usable = (length - 1) // size
                     runs = index.matches(model, size, keys)
                     request_keys.append((size, keys))
                     for replica, held in runs.items():

@@ -6,7 +6,17 @@ engine's ``/tokenize``. And the start-up check that the two agree.
 scheduling): local tokenization, or the cached answer of the engine's /tokenize, which
 ``prepare(request)`` fetches beforehand for models without files (the gateway calls it before
 scheduling and waits at most ``PREPARE_WAIT`` for it: a slower answer is kept for the next
-request of the same text, and this one is scored without token ids). ``learn(endpoints)`` follows
+request of the same text, and this one is scored without token ids). For a request whose
+body is not cached, the cached answer of its longest leading part (a run of a chat's messages,
+a completion prompt's first characters) serves at once (``LeadingIds``, ``prefix.py``):
+``prepare`` then does not wait, and asks, next to the whole body, one leading part (one more
+round trip at most) for the requests that follow. Each whole answer that arrives is checked
+against the leading ids its request could use: a model that fails it (a template that renders
+earlier messages according to later ones) counts in
+``llmplane_gateway_tokenizer_prefix_mismatch_total{model}`` and from then on uses only the run
+of its chats' system messages (templates render those first whatever follows: a Qwen3-style
+template renders the answers after the last user message otherwise), and whole answers only
+after a second failure (completions: after the first). ``learn(endpoints)`` follows
 discovery: it loads a model's tokenizer the first time one of its endpoints names the files
 (in a thread: a large tokenizer.json takes a moment) and then checks one canary prompt, chat
 and completion, against that endpoint's /tokenize. A mismatch counts in
@@ -21,12 +31,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmplane.gateway.observability import Counter
 from llmplane.gateway.tokenization.model import ModelTokenizer, NoTokenIds, TokenizerUnavailable
+from llmplane.gateway.tokenization.prefix import LeadingIds, Runs, kept, leading_runs
 from llmplane.gateway.tokenization.remote import RemoteTokenizer, tokenize_body
 from llmplane.gateway.tokenization.template import TemplateRefused
 from llmplane.runtime.endpoint import Endpoint
@@ -45,6 +57,7 @@ CANARY_CHAT = {
 CANARY_PROMPT = {"prompt": "The quick brown fox jumps over the lazy dog. 0123456789 ?!"}
 # How long a request waits for the engine's /tokenize before it is scheduled without token ids.
 PREPARE_WAIT = 0.1
+SEEN = 16_384  # keys of completion prompts' leading texts remembered (about 2 MB)
 
 
 class TokenIdSource(Protocol):
@@ -70,6 +83,9 @@ class _Model:
     tokenizer: ModelTokenizer | None = None
     loaded_from: str = ""  # the path ``tokenizer`` came from ("" while none)
     canary: str = "unchecked"  # unchecked | match | mismatch | undecided | no-files
+    # Which leading parts requests may use (``prefix.py``): "all", "system" (a chat's system
+    # messages only, after a failed check) or "off"; per kind (chat: True, completion: False).
+    prefixes: dict[bool, str] = field(default_factory=lambda: {True: "all", False: "all"})
 
 
 class Tokenization:
@@ -85,7 +101,11 @@ class Tokenization:
         self.remote = remote or RemoteTokenizer(timeout=timeout)
         self.prepare_wait = prepare_wait
         self._asked = 0  # requests prepared: which of a model's engines answers next
-        self._fetches: set[asyncio.Task[list[int] | None]] = set()  # not awaited to the end
+        # Round trips that run on after their request stopped waiting (cancelled by ``close``).
+        self.fetches: set[asyncio.Future[list[int] | None]] = set()
+        # Keys of the leading texts of recent completion prompts: a text two prompts start
+        # with is the one to ask (``_part_to_ask``).
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._learning: asyncio.Task[None] | None = None
         self._next: list[Endpoint] | None = None  # endpoints that came while learning
         self.mismatch = Counter(
@@ -94,10 +114,17 @@ class Tokenization:
             "/tokenize (the model's tokens then come from /tokenize)",
             ("model",),
         )
+        self.prefix_mismatch = Counter(
+            "llmplane_gateway_tokenizer_prefix_mismatch",
+            "Requests of a model whose /tokenize ids did not start with the ids of their "
+            "leading part (the model's chats then use only their system messages' ids, then "
+            "none; completions none)",
+            ("model",),
+        )
 
     def metrics(self) -> list[Counter]:
         """For ``GatewayMetrics.add``."""
-        return [self.mismatch]
+        return [self.mismatch, self.prefix_mismatch]
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -133,6 +160,8 @@ class Tokenization:
                     model.addresses.append(endpoint.address)
         for name, new in seen.items():
             old = self.models.get(name)
+            if old is not None:
+                new.prefixes = old.prefixes
             if old is not None and old.loaded_from == new.path:
                 new.tokenizer, new.loaded_from, new.canary = (
                     old.tokenizer,
@@ -199,15 +228,12 @@ class Tokenization:
             if engine is None:
                 continue
             if engine != local:
-                at = next(
-                    (i for i, (a, b) in enumerate(zip(local, engine, strict=False)) if a != b), None
-                )
-                at = min(len(local), len(engine)) if at is None else at
                 log.warning(
                     "model %s: the gateway's %s token ids differ from the engine's /tokenize at "
                     "%s (%d ids against %d, first difference at %d); using the engine's "
                     "/tokenize for this model",
-                    name, "chat" if chat else "completion", address, len(local), len(engine), at,
+                    name, "chat" if chat else "completion", address, len(local), len(engine),
+                    _parting(local, engine),
                 )  # fmt: skip
                 self.mismatch.labels(name).inc()
                 model.canary = "mismatch"
@@ -250,7 +276,45 @@ class Tokenization:
         if not chat and _id_prompt(request.doc):
             return request.doc["prompt"]
         body = tokenize_body(name, request.doc, chat)
-        return None if body is None else self.remote.cached(body)
+        if body is None:
+            return None
+        ids = self.remote.cached(body)
+        if ids is None:
+            return self._leading(_runs(entry, body, chat))
+        return ids
+
+    def _leading(self, runs: Runs | None) -> LeadingIds | None:
+        """The ids of a request's longest leading part whose answer is cached, less the safety
+        tail (``prefix.py``); None when there is none."""
+        if runs is None:
+            return None
+        for key, size in zip(runs.keys, runs.sizes, strict=True):
+            ids = self.remote.get(key)
+            if ids is not None:
+                n = kept(ids)
+                if not n:
+                    return None
+                # The whole prompt's tokens, estimated from the part's by their sizes.
+                return LeadingIds(ids[:n], -(-len(ids) * runs.size // max(size, 1)))
+        return None
+
+    def _part_to_ask(self, runs: Runs, chat: bool) -> int | None:
+        """Which of a request's leading parts to ask /tokenize for (None: none): a chat's
+        messages but the last; a prompt's longest leading text another recent prompt had
+        too (where prompts share a text up to where they part), else its longest one (for a
+        prompt that extends it). Not one cached or on its way."""
+        i = 0
+        if not chat:
+            i = next((j for j, key in enumerate(runs.keys) if key in self._seen), 0)
+            for key in runs.keys:
+                self._seen[key] = None
+                self._seen.move_to_end(key)
+            while len(self._seen) > SEEN:
+                self._seen.popitem(last=False)
+        key = runs.keys[i]
+        if self.remote.get(key) is not None or self.remote.asking(key):
+            return None
+        return i
 
     async def prepare(self, request: Any, model: str | None = None) -> bool:
         """For a model without local files: fetch the engine's ids into the cache that
@@ -271,14 +335,56 @@ class Tokenization:
             return True
         self._asked += 1
         address = entry.addresses[self._asked % len(entry.addresses)]
-        fetch = asyncio.ensure_future(self.remote.tokenize(address, body))
-        self._fetches.add(fetch)
-        fetch.add_done_callback(self._fetches.discard)
+        runs = _runs(entry, body, chat)
+        leading = self._leading(runs)
+        fetch = self._start(self._fetch(name, address, body, chat, leading))
+        part = None if runs is None else self._part_to_ask(runs, chat)
+        if part is not None:  # a leading part, for the requests that follow
+            self._start(self.remote.tokenize(address, runs.body(part), runs.keys[part]))
+        if leading is not None:
+            return True  # scored with the leading ids now, without waiting
         done, _ = await asyncio.wait((fetch,), timeout=self.prepare_wait)
-        return fetch in done and fetch.result() is not None
+        if fetch in done and fetch.result() is not None:
+            return True
+        return self._leading(runs) is not None  # a leading answer came first
+
+    def _start(self, coro: Any) -> asyncio.Future[list[int] | None]:
+        """A fetch that runs on after the request stops waiting (cancelled by ``close``)."""
+        fetch = asyncio.ensure_future(coro)
+        self.fetches.add(fetch)
+        fetch.add_done_callback(self.fetches.discard)
+        return fetch
+
+    async def _fetch(
+        self,
+        name: str,
+        address: str,
+        body: dict[str, Any],
+        chat: bool,
+        leading: LeadingIds | None,
+    ) -> list[int] | None:
+        """The whole body's ids, checked against the leading ids the request could use: on a
+        mismatch a model's chats use only their system messages' run, then none."""
+        ids = await self.remote.tokenize(address, body)
+        if ids is not None and leading is not None and ids[: len(leading)] != leading:
+            entry = self.models.get(name)
+            if entry is not None and entry.prefixes[chat] != "off":
+                mode = "system" if chat and entry.prefixes[chat] == "all" else "off"
+                entry.prefixes[chat] = mode
+                self.prefix_mismatch.labels(name).inc()
+                log.warning(
+                    "model %s: a request's ids from /tokenize at %s do not start with the ids "
+                    "of its leading part (%d ids against %d, first difference at %d): its chat "
+                    "template renders earlier messages according to later ones, or its "
+                    "tokenizer merges across a cut; %s",
+                    name, address, len(ids), len(leading), _parting(leading, ids),
+                    "using only the ids of its chats' system messages" if mode == "system"
+                    else f"using whole {'chat' if chat else 'completion'} answers only",
+                )  # fmt: skip
+        return ids
 
     async def close(self) -> None:
-        for fetch in list(self._fetches):
+        for fetch in list(self.fetches):
             fetch.cancel()
         if self._learning is not None:
             self._learning.cancel()
@@ -291,3 +397,19 @@ class Tokenization:
 def _id_prompt(doc: dict[str, Any]) -> bool:
     prompt = doc.get("prompt")
     return isinstance(prompt, list) and bool(prompt) and all(type(i) is int for i in prompt)
+
+
+def _runs(entry: _Model, body: dict[str, Any], chat: bool) -> Runs | None:
+    """The leading parts of a request the model's mode lets it use."""
+    mode = entry.prefixes[chat]
+    if mode == "off":
+        return None
+    runs = leading_runs(body, chat)
+    return runs.system() if runs is not None and mode == "system" else runs
+
+
+def _parting(a: list[int], b: list[int]) -> int:
+    """Where two id lists part (the shorter one's length when it is a prefix of the other)."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )

@@ -1,9 +1,10 @@
 """Token ids from the engine itself (vLLM's ``POST /tokenize``), for models whose files the
 gateway does not have (a remote Endpoint, a pod on another node).
 
-The answer for one request text is cached (an LRU keyed by a hash of the /tokenize body,
-bounded in entries and in ids), so a conversation's repeated prefix, a retried request or a
-burst of the same prompt costs one round trip; concurrent asks for the same text share it. Every
+The answer for one request text is cached (an LRU keyed by a hash of the /tokenize body, or
+by the caller's key for a request's leading part, ``prefix.py``; bounded in entries and in
+ids), so a conversation's repeated prefix, a retried request or a burst of the same prompt
+costs one round trip; concurrent asks for the same text share it. Every
 ask has a timeout and a bound on the answer's size; whatever goes wrong, the answer is ``None``
 ("no token ids": the precise prefix scorer then contributes nothing), never an error to the
 client.
@@ -75,15 +76,25 @@ class RemoteTokenizer:
         return xxh3_128_digest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
 
     def cached(self, body: dict[str, Any]) -> list[int] | None:
-        key = self.key(body)
+        return self.get(self.key(body))
+
+    def get(self, key: bytes) -> list[int] | None:
+        """The cached answer under ``key`` (a body's ``key``, or one the caller chose)."""
         ids = self.cache.get(key)
         if ids is not None:
             self.cache.move_to_end(key)
         return ids
 
-    async def tokenize(self, address: str, body: dict[str, Any]) -> list[int] | None:
-        """The ids the engine at ``address`` gives ``body``; None on any failure."""
-        key = self.key(body)
+    def asking(self, key: bytes) -> bool:
+        """Whether an answer under ``key`` is on its way."""
+        return key in self._pending
+
+    async def tokenize(
+        self, address: str, body: dict[str, Any], key: bytes | None = None
+    ) -> list[int] | None:
+        """The ids the engine at ``address`` gives ``body``, cached under ``key`` (by default
+        the body's own); None on any failure."""
+        key = self.key(body) if key is None else key
         ids = self.cache.get(key)
         if ids is not None:
             self.cache.move_to_end(key)
