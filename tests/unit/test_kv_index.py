@@ -150,6 +150,27 @@ def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> Non
     ]
 
 
+def test_token_ids_beyond_8_bytes_score_as_a_request_not_tokenized() -> None:
+    """A completion's prompt of token ids is the client's: ids no engine has fall back to the
+    approximate scores (here none) instead of failing the pick, and leave nothing on the way."""
+    index = index_with("a")
+    index.apply("a", stored([1, 2, 3], PROMPT[:12]))
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index = index
+    for ids in ([1 << 63] * 24, PROMPT + [1 << 64] * 8, [-(1 << 63) - 1] * 24, [1 << 200] * 4):
+        scorer.tokens = Tokens(ids)
+        ctx = SchedulingContext("m", b"x" * 64, now=100.0)
+        fleet = states("a")
+        fleet[0].block_size = BS
+        assert scorer.score(ctx, fleet) == [0.0]
+        assert predicted_cached_tokens(ctx, "a") is None
+        scorer.on_pick(ctx, fleet[0])
+        assert not index.expected
+    # In range, the same prompt is scored (the ids, not the scorer, made the difference).
+    scorer.tokens = Tokens(PROMPT)
+    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a")) == [0.5]
+
+
 def test_blocks_sent_but_not_reported_score_and_predict_as_held_there_until_reported() -> None:
     """A group's second request follows its first before the engine reports the blocks (the
     approximate index learns at pick time too), and is predicted to find them there."""
