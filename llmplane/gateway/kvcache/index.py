@@ -38,7 +38,7 @@ import msgpack
 import xxhash
 
 from llmplane.gateway.kvcache.events import Batch, Cleared, EngineHash, Removed, Stored
-from llmplane.gateway.scheduler.prefix import leading_runs
+from llmplane.gateway.scheduler.prefix import leading_runs, name_bit, run_groups
 
 _xxh64 = xxhash.xxh64_intdigest
 ROOT = _xxh64(b"llmplane kv block")
@@ -103,7 +103,7 @@ class BlockIndex:
     def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
         self.max_blocks = max_blocks
         self.replicas: dict[str, _Replica] = {}
-        self.names: dict[int, str] = {}  # bit -> replica
+        self.names: list[str | None] = []  # bit -> replica (None: free)
         self._free: list[int] = []
         # model -> block size -> key -> bit mask of the replicas holding it.
         self.partitions: dict[str, dict[int, dict[int, int]]] = {}
@@ -121,15 +121,13 @@ class BlockIndex:
     def add_replica(self, replica: str, model: str) -> None:
         if replica in self.replicas:
             return
-        bit = self._free.pop() if self._free else len(self.names)
-        self.replicas[replica] = _Replica(bit, model)
-        self.names[bit] = replica
+        self.replicas[replica] = _Replica(name_bit(self.names, self._free, replica), model)
 
     def remove_replica(self, replica: str) -> None:
         self.clear(replica)
         state = self.replicas.pop(replica, None)
         if state is not None:
-            del self.names[state.bit]
+            self.names[state.bit] = None
             self._free.append(state.bit)
 
     def clear(self, replica: str) -> None:
@@ -283,9 +281,10 @@ class BlockIndex:
         first = expected.get(keys[0])
         candidates = {r for r, until in first.items() if until > now} if first else set()
         count = len(keys)
-        for replica, n in held.items():
-            if n < count and expected.get(keys[n], {}).get(replica, 0.0) > now:
-                candidates.add(replica)
+        for n in set(held.values()):  # a lookup a run length, not one a holder
+            to = expected.get(keys[n]) if n < count else None
+            if to:
+                candidates.update(r for r, until in to.items() if until > now and held.get(r) == n)
         if not candidates:
             return {}
         holders = self.partitions.get(model, {}).get(block_size, {})
@@ -334,3 +333,13 @@ class BlockIndex:
         if not holders:
             return {}
         return leading_runs(holders, self.names, keys)
+
+    def run_groups(
+        self, model: str, block_size: int, keys: Sequence[int]
+    ) -> list[tuple[int, list[str]]]:
+        """``matches`` as (leading blocks held, the replicas holding that many), shallowest
+        first (``scheduler/prefix.run_groups``)."""
+        holders = self.partitions.get(model, {}).get(block_size)
+        if not holders:
+            return []
+        return run_groups(holders, self.names, keys)

@@ -34,7 +34,7 @@ from llmplane.gateway.kvcache.index import BlockIndex, block_keys, root_key
 from llmplane.gateway.kvcache.subscriber import replica_model
 from llmplane.gateway.registry import EndpointState, queue_estimates
 from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
-from llmplane.gateway.scheduler.prefix import PrefixCacheScorer
+from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, runs_by_name
 from llmplane.gateway.tokenization.prefix import LeadingIds
 from llmplane.sim.tokenizer import render_chat, tokenize
 
@@ -209,11 +209,13 @@ class PrecisePrefixCacheScorer:
                 total = max(len(keys), length // size)
                 # The engine computes the prompt's last token whatever it holds.
                 usable = (length - 1) // size
-                runs = index.matches(model, size, keys)
-                found.update({replica: held / total for replica, held in runs.items()})
-                tokens.update(
-                    {r: (held if held < usable else usable) * size for r, held in runs.items()}
-                )
+                # By run length, in C-level steps: when 1,000 replicas hold the request's first
+                # block, a step per replica in Python cost most of a pick.
+                groups = index.run_groups(model, size, keys)
+                runs = runs_by_name(groups)
+                for held, replicas in groups:
+                    found.update(dict.fromkeys(replicas, held / total))
+                    tokens.update(dict.fromkeys(replicas, min(held, usable) * size))
                 if index.expected:
                     soon = ctx.cache.setdefault(PENDING, {})
                     share = ctx.cache.setdefault(PENDING_SHARE, {})
