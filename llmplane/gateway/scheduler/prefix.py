@@ -248,11 +248,14 @@ class PrefixCacheScorer:
         if not hashes:
             return [0.0] * len(endpoints)
         # Endpoints outside ``endpoints`` may be in ``matched``: only the candidates are read.
-        matched = ctx.cache[self] = self.index.matches(hashes)
+        groups = run_groups(self.index.holders, self.index.names, hashes)
+        matched = ctx.cache[self] = runs_by_name(groups)
         if not matched:
             return [0.0] * len(endpoints)
         total = len(hashes)
-        scores = {k: n / total for k, n in matched.items()}
+        scores: dict[str, float] = {}
+        for depth, held in groups:  # a run length at a time, in C
+            scores.update(dict.fromkeys(held, depth / total))
         # One lookup per endpoint, all in C (EndpointState.key is endpoint.address).
         return list(map(scores.get, map(_address, endpoints), repeat(0.0)))
 
