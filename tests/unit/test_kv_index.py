@@ -89,6 +89,28 @@ def test_cleared_and_removed_replicas_forget_only_their_blocks() -> None:
     assert index.sizes["m"] == 0
 
 
+def test_runs_among_hundreds_of_replicas_and_reused_bits() -> None:
+    """Masks wider than a machine word, freed bits taken by new replicas: every holder is
+    found at its own run length (the walk reads the masks' holders a run length at a time)."""
+    names = [f"r{i}" for i in range(300)]
+    index = index_with(*names)
+    want = {}
+    for i, r in enumerate(names):
+        if i % 7:  # r0, r7, ... hold nothing
+            index.apply(r, stored(range(i * 10, i * 10 + i % 7), PROMPT[: 4 * (i % 7)]))
+            want[r] = i % 7
+    assert held(index) == want
+    for r in names[::3]:  # their bits freed, then reused by new replicas holding everything
+        index.remove_replica(r)
+        want.pop(r, None)
+    for i in range(50):
+        index.add_replica(f"new{i}", "m")
+        index.apply(f"new{i}", stored(range(5000 + i * 10, 5006 + i * 10), PROMPT))
+        want[f"new{i}"] = 6
+    assert held(index) == want
+    assert max(index.replicas[f"new{i}"].bit for i in range(50)) < 300  # bits were reused
+
+
 def test_the_bound_takes_the_oldest_blocks_of_the_largest_replica() -> None:
     index = BlockIndex(max_blocks=10)
     for r in ("a", "b"):
