@@ -89,6 +89,28 @@ def test_cleared_and_removed_replicas_forget_only_their_blocks() -> None:
     assert index.sizes["m"] == 0
 
 
+def test_runs_among_hundreds_of_replicas_and_reused_bits() -> None:
+    """Masks wider than a machine word, freed bits taken by new replicas: every holder is
+    found at its own run length (the walk reads the masks' holders a run length at a time)."""
+    names = [f"r{i}" for i in range(300)]
+    index = index_with(*names)
+    want = {}
+    for i, r in enumerate(names):
+        if i % 7:  # r0, r7, ... hold nothing
+            index.apply(r, stored(range(i * 10, i * 10 + i % 7), PROMPT[: 4 * (i % 7)]))
+            want[r] = i % 7
+    assert held(index) == want
+    for r in names[::3]:  # their bits freed, then reused by new replicas holding everything
+        index.remove_replica(r)
+        want.pop(r, None)
+    for i in range(50):
+        index.add_replica(f"new{i}", "m")
+        index.apply(f"new{i}", stored(range(5000 + i * 10, 5006 + i * 10), PROMPT))
+        want[f"new{i}"] = 6
+    assert held(index) == want
+    assert max(index.replicas[f"new{i}"].bit for i in range(50)) < 300  # bits were reused
+
+
 def test_the_bound_takes_the_oldest_blocks_of_the_largest_replica() -> None:
     index = BlockIndex(max_blocks=10)
     for r in ("a", "b"):
@@ -148,6 +170,27 @@ def test_scorer_scores_held_fraction_and_falls_back_for_silent_replicas() -> Non
         0.0,
         1.0,
     ]
+
+
+def test_token_ids_beyond_8_bytes_score_as_a_request_not_tokenized() -> None:
+    """A completion's prompt of token ids is the client's: ids no engine has fall back to the
+    approximate scores (here none) instead of failing the pick, and leave nothing on the way."""
+    index = index_with("a")
+    index.apply("a", stored([1, 2, 3], PROMPT[:12]))
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index = index
+    for ids in ([1 << 63] * 24, PROMPT + [1 << 64] * 8, [-(1 << 63) - 1] * 24, [1 << 200] * 4):
+        scorer.tokens = Tokens(ids)
+        ctx = SchedulingContext("m", b"x" * 64, now=100.0)
+        fleet = states("a")
+        fleet[0].block_size = BS
+        assert scorer.score(ctx, fleet) == [0.0]
+        assert predicted_cached_tokens(ctx, "a") is None
+        scorer.on_pick(ctx, fleet[0])
+        assert not index.expected
+    # In range, the same prompt is scored (the ids, not the scorer, made the difference).
+    scorer.tokens = Tokens(PROMPT)
+    assert scorer.score(SchedulingContext("m", b"x" * 64), states("a")) == [0.5]
 
 
 def test_blocks_sent_but_not_reported_score_and_predict_as_held_there_until_reported() -> None:

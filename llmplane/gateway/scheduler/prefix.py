@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
-from itertools import islice, repeat
+from itertools import compress, islice, repeat
 from operator import attrgetter
 from typing import Protocol
 
@@ -55,15 +55,13 @@ class PrefixIndex:
         self.lrus: dict[str, dict[int, bool]] = {}
         self.holders: dict[int, int] = {}
         self.bits: dict[str, int] = {}
-        self.names: dict[int, str] = {}  # bit -> endpoint
+        self.names: list[str | None] = []  # bit -> endpoint (None: free)
         self._free: list[int] = []
 
     def _bit(self, endpoint: str) -> int:
         bit = self.bits.get(endpoint)
         if bit is None:
-            bit = self._free.pop() if self._free else len(self.bits)
-            self.bits[endpoint] = bit
-            self.names[bit] = endpoint
+            bit = self.bits[endpoint] = name_bit(self.names, self._free, endpoint)
         return bit
 
     def add(self, endpoint: str, hashes: Sequence[int], held: int | None = None) -> None:
@@ -106,7 +104,7 @@ class PrefixIndex:
         lru = self.lrus.pop(endpoint, None)
         if bit is None:
             return
-        del self.names[bit]
+        self.names[bit] = None
         keep = ~(1 << bit)
         holders = self.holders
         for h in lru or ():
@@ -129,39 +127,75 @@ class PrefixIndex:
         return leading_runs(self.holders, self.names, hashes, endpoints)
 
 
-def leading_runs(
-    holders: dict[int, int],
-    names: dict[int, str],
-    hashes: Sequence[int],
-    endpoints: Container[str] | None = None,
-) -> dict[str, int]:
-    """Consecutive leading ``hashes`` each endpoint holds, from ``holders`` (hash -> bit mask
-    of the endpoints holding it) and ``names`` (bit -> endpoint); see ``PrefixIndex.matches``.
-    Shared with the index of the engines' real blocks (``gateway/kvcache/index.py``)."""
+def name_bit(names: list[str | None], free: list[int], name: str) -> int:
+    """A bit for ``name`` in a bit mask index: a freed one (``free``) if any, else a new one;
+    ``names[bit]`` is ``name`` from now on."""
+    if free:
+        bit = free.pop()
+        names[bit] = name
+    else:
+        bit = len(names)
+        names.append(name)
+    return bit
+
+
+_BIT_FLAGS = bytes.maketrans(b"01", b"\0\1")
+
+
+def run_groups(
+    holders: dict[int, int], names: Sequence[str | None], hashes: Sequence[int]
+) -> list[tuple[int, list[str]]]:
+    """(depth, the names holding exactly the first ``depth`` of ``hashes`` in a row), for
+    each depth where some stop, shallowest first; from ``holders`` (hash -> bit mask of the
+    names holding it) and ``names`` (bit -> name). One dict read and one ``&`` a block, and a
+    mask's names in C-level steps (its binary digits select from ``names``): picking bits one
+    by one cost three big-integer operations per holder, 0.3 ms when 1,000 replicas hold the
+    request's first block."""
     if not hashes:
-        return {}
+        return []
     alive = holders.get(hashes[0], 0)
     if not alive:
-        return {}
-    result: dict[str, int] = {}
-
-    def record(bits: int, depth: int) -> None:
-        while bits:
-            low = bits & -bits
-            name = names[low.bit_length() - 1]
-            if endpoints is None or name in endpoints:
-                result[name] = depth
-            bits ^= low
-
+        return []
+    masks = []
     for i in range(1, len(hashes)):
         now = alive & holders.get(hashes[i], 0)
         if now != alive:
-            record(alive & ~now, i)
+            masks.append((i, alive & ~now))
             alive = now
             if not alive:
-                return result
-    record(alive, len(hashes))
+                break
+    else:
+        masks.append((len(hashes), alive))
+    return [
+        (depth, list(compress(names, bin(mask)[:1:-1].encode().translate(_BIT_FLAGS))))
+        for depth, mask in masks
+    ]
+
+
+def runs_by_name(
+    groups: Iterable[tuple[int, Iterable[str]]], endpoints: Container[str] | None = None
+) -> dict[str, int]:
+    """``run_groups`` as name -> depth (only the names in ``endpoints`` if given)."""
+    result: dict[str, int] = {}
+    for depth, held in groups:
+        result.update(
+            dict.fromkeys(
+                held if endpoints is None else filter(endpoints.__contains__, held), depth
+            )
+        )
     return result
+
+
+def leading_runs(
+    holders: dict[int, int],
+    names: Sequence[str | None],
+    hashes: Sequence[int],
+    endpoints: Container[str] | None = None,
+) -> dict[str, int]:
+    """Consecutive leading ``hashes`` each endpoint holds (see ``run_groups``,
+    ``PrefixIndex.matches``). Shared with the index of the engines' real blocks
+    (``gateway/kvcache/index.py``)."""
+    return runs_by_name(run_groups(holders, names, hashes), endpoints)
 
 
 class SharedPicks(Protocol):
@@ -214,11 +248,14 @@ class PrefixCacheScorer:
         if not hashes:
             return [0.0] * len(endpoints)
         # Endpoints outside ``endpoints`` may be in ``matched``: only the candidates are read.
-        matched = ctx.cache[self] = self.index.matches(hashes)
+        groups = run_groups(self.index.holders, self.index.names, hashes)
+        matched = ctx.cache[self] = runs_by_name(groups)
         if not matched:
             return [0.0] * len(endpoints)
         total = len(hashes)
-        scores = {k: n / total for k, n in matched.items()}
+        scores: dict[str, float] = {}
+        for depth, held in groups:  # a run length at a time, in C
+            scores.update(dict.fromkeys(held, depth / total))
         # One lookup per endpoint, all in C (EndpointState.key is endpoint.address).
         return list(map(scores.get, map(_address, endpoints), repeat(0.0)))
 
