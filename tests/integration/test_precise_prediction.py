@@ -83,6 +83,17 @@ def no_queue_seen(gateway: Any, staleness: float, since: float) -> bool:
     )
 
 
+async def served_and_logged(
+    client: aiohttp.ClientSession, url: str, sims: list[Any], messages: list[dict[str, str]], caplog
+) -> tuple[list[float], dict[str, Any]]:
+    """Send one chat: the prompt tokens each sim served from its cache for it, and its
+    access-log line."""
+    before = await cached(client, sims)
+    await send(client, url, messages)
+    after = await cached(client, sims)
+    return [y - x for x, y in zip(before, after, strict=True)], predictions(caplog)[-1]
+
+
 def predictions(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     out = []
     for record in caplog.records:
@@ -223,11 +234,7 @@ async def test_a_model_without_files_here_is_scored_by_the_engines_own_tokens(
     groups = range(GROUPS)
     asks = gateway.tokenization.remote.asks
     for group in groups:
-        before = await cached(client, sims)
-        await send(client, url, chat(group, "again"))
-        after = await cached(client, sims)
-        served = [y - x for x, y in zip(before, after, strict=True)]
-        line = predictions(caplog)[-1]
+        served, line = await served_and_logged(client, url, sims, chat(group, "again"), caplog)
         assert served[group % 2] > 0 and not served[1 - group % 2], (group, served, line)
         assert line["endpoint"] == sims[group % 2].address, (group, line)
         assert line["cached_tokens_predicted"] == served[group % 2], (group, line, served)
@@ -275,11 +282,7 @@ async def test_a_new_user_under_a_cached_system_prompt_is_routed_without_a_round
     gateway.tokenization.prepare_wait = 0.0
     asks = gateway.tokenization.remote.asks
     for group in groups:
-        before = await cached(client, sims)
-        await send(client, url, chat(group, "second"))
-        after = await cached(client, sims)
-        served = [y - x for x, y in zip(before, after, strict=True)]
-        line = predictions(caplog)[-1]
+        served, line = await served_and_logged(client, url, sims, chat(group, "second"), caplog)
         assert line["endpoint"] == sims[group % 2].address, (group, line)
         assert 0 < line["cached_tokens_predicted"] <= served[group % 2], (group, line, served)
         # Less than the run it reports by the safety tail's blocks at most.
