@@ -355,7 +355,8 @@ class _Connection:
         return self._closed_exc is None and t is not None and not t.is_closing()
 
     def _start(self, whole: bool) -> asyncio.Future[Any]:
-        """Ready for the next response: a fresh parser (nothing of the last one carried over)."""
+        """Ready for the next response. The connection's parser goes on from the last one: a
+        connection is reused only after a complete response, where llhttp expects the next."""
         self._state = _HEAD
         self._done = False
         self._whole = whole
@@ -364,7 +365,6 @@ class _Connection:
         self._received = 0
         if self._pieces:
             self._pieces.clear()
-        self._parser = httptools.HttpResponseParser(self)
         waiter = self._head_waiter = self.loop.create_future()
         return waiter
 
