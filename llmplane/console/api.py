@@ -14,8 +14,8 @@ touched and cost nothing more. Everything here is read-only; chat goes to the ga
 - ``resources``: every stored object of every kind, as YAML (credentials masked);
 - ``logs?workload=NS/NAME&replica=I``: the tail of a replica's log (``llmplane up`` only);
 - ``whoami``: what the presented key may do (``admin``: read the console API; ``chat``: call
-  ``/v1``; ``adminKey``: whether an admin key is configured), always 200, so the page learns it needs a key without a 401 (which the browser
-  logs as a failed resource).
+  ``/v1``; ``adminKey``: whether an admin key is configured), always 200, so the page learns
+  it needs a key without a 401 (which the browser logs as a failed resource).
 
 Access: ``authorize(request)`` returns None to allow or a reason to refuse (401). By default
 (``key_refusal``): the admin key when one is configured, or once the gateway asks inference

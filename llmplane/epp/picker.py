@@ -8,8 +8,9 @@ the whole body the picker runs the gateway's own stages (``Gateway.route`` / ``a
 ``schedule`` / ``finish`` on one ``RequestContext``): parse the body once (model, stream) ->
 resolve the route (InferenceModel / ModelRoute rules, weighted splits, criticality) -> request
 hooks reserve (token rate limits) -> admission (no ready endpoint 503, Sheddable shed 429, a
-declared LoRA adapter loaded) -> scheduler pick (the prefix index learns the chosen endpoint) -> answer with the destination and, when the body changed (model
-rewrite, ``stream_options``), the new body. Refusals are immediate responses. The response
+declared LoRA adapter loaded) -> scheduler pick (the prefix index learns the chosen
+endpoint) -> answer with the destination and, when the body changed (model rewrite,
+``stream_options``), the new body. Refusals are immediate responses. The response
 side reads the status and the usage (the last ``usage`` object of the body or of the SSE
 stream) so the hooks settle on real token counts; the endpoint's in-flight count is released
 when the stream ends, however it ends.

@@ -13,8 +13,9 @@ what the client got), with the usage the engine reported (None if it reported no
 with I/O to do then starts a task, as the limiter does for Redis).
 
 A hook that shapes the response returns a ``Reservation`` (or a subclass): its
-``response_headers`` are added to the proxied response (e.g. ``x-ratelimit-*``) and the streamed body passes through its ``stream_filter`` (e.g. to drop a
-usage chunk the client did not ask for; usage is read from the bytes before the filter).
+``response_headers`` are added to the proxied response (e.g. ``x-ratelimit-*``) and the
+streamed body passes through its ``stream_filter`` (e.g. to drop a usage chunk the client did
+not ask for; usage is read from the bytes before the filter).
 Anything else it returns is only handed back to ``settle``.
 """
 

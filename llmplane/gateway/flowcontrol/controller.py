@@ -2,9 +2,10 @@
 
 ``FlowControl.needed`` is the fast path's question (nothing waits for this backend and one of
 its candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
-``FlowQueue`` (band from its criticality or InferenceObjective priority, flow from its tenant) until it is dispatched, and
-raises the 429 when its TTL ends, its band is full or it is evicted for a higher band. A
-client that goes away cancels its task and the waiter leaves the queue.
+``FlowQueue`` (band from its criticality or InferenceObjective priority, flow from its
+tenant) until it is dispatched, and raises the 429 when its TTL ends, its band is full or it
+is evicted for a higher band. A client that goes away cancels its task and the waiter leaves
+the queue.
 
 Dispatch is event driven: ``pump`` runs when a request finishes (a slot freed), when an
 endpoint was scraped or its metrics kept fresh (fresh load), and when the endpoint list

@@ -3,8 +3,9 @@ events, their index, and the ``precise-prefix-cache`` scorers reading it.
 
 The built-in default profile takes the precise scorer in the approximate one's place while at
 least one replica publishes events (``precise_prefix.use_in_default``); a configured profile
-uses it, or the cost-aware ``prefill-cost`` scorer, where it names it. Every gateway process (each worker, each replica of the gateway)
-subscribes on its own, so all build the same index without sharing state.
+uses it, or the cost-aware ``prefill-cost`` scorer, where it names it. Every gateway process
+(each worker, each replica of the gateway) subscribes on its own, so all build the same index
+without sharing state.
 """
 
 from __future__ import annotations
