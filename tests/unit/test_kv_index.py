@@ -357,4 +357,31 @@ def test_configured_precise_scorers_read_the_index_and_tokens_they_are_built_wit
     plugins = build_scheduler(config, PluginHandle(kv_index=index, tokens=Tokens(PROMPT))).plugins
     for scorer in (plugins["precise-prefix-cache"], plugins["prefill-cost"].prefix):
         ctx = SchedulingContext("m", b"x" * 64)
-        assert scorer.matches(ctx, "m", "sim") == {"a": 1.0}, scorer
+        assert scorer.scores(ctx, states("a")) == {"a": 1.0}, scorer
+
+
+def test_in_a_fleet_of_1000_the_replica_holding_the_blocks_is_found() -> None:
+    """Past ``SAMPLE_ABOVE`` candidates the default profile scores a sample: the precise
+    scorer's holders are in it, and where some replica does not publish, the approximate
+    index's holders too."""
+    names = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(1000)]
+    index = index_with(*names[:999])  # the last one publishes nothing
+    index.apply(names[321], stored([1, 2, 3, 4, 5], PROMPT[:20]))
+    scheduler = build_scheduler()
+    profile = scheduler.profile(None)
+    approximate = next(s for s, _ in profile.scorers if isinstance(s, PrefixCacheScorer))
+    precise = PrecisePrefixCacheScorer(index=index, tokens=Tokens(PROMPT))
+    use_in_default(scheduler, precise, True)
+    fleet = states(*names)
+    for s in fleet:
+        s.has_load_metrics, s.scraped_at = True, 100.0
+    for _ in range(20):
+        ctx = SchedulingContext("m", b"x" * 64, now=100.0)
+        assert scheduler.pick(ctx, fleet, 4).endpoints[0].key == names[321]
+    # A longer prompt the silent replica probably holds (the approximate index says so).
+    prompt = b"y" * 64 * 8
+    approximate.index.add(names[999], approximate.hashes(SchedulingContext("m", prompt)))
+    precise.tokens = Tokens(None)
+    for _ in range(20):
+        ctx = SchedulingContext("m", prompt, now=100.0)
+        assert scheduler.pick(ctx, fleet, 4).endpoints[0].key == names[999]

@@ -6,16 +6,32 @@ scheduling fails open rather than refusing a request the endpoints could still s
 endpoints; the first is used and the next ``n - 1`` are the retry fallbacks. Plugins that need
 to learn from the outcome implement ``on_pick`` (called for the endpoint a request is actually
 sent to) and ``on_remove`` (an endpoint went away).
+
+Past ``SAMPLE_ABOVE`` candidates the scorers rank a sample (``Profile.sample``): the endpoints
+each scorer favours (``Favouring``: those holding the request's prefix, its session, its
+adapter) and ``SAMPLE`` others at random. So a pick costs about the same at 1,000 endpoints as
+at 150 (bench/scheduling.py), and load is spread as well as by looking at all of them: the
+least loaded of 64 random replicas is about as lightly loaded as the least loaded of all (the
+"power of d choices"; Envoy's least-request balancer looks at 2).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 from typing import Any, Protocol, runtime_checkable
 
 from llmplane.gateway.registry import EndpointState
+
+SAMPLE_ABOVE = 256  # candidates past which a pick scores a sample of them
+SAMPLE = 64  # the random part of that sample, and the most each scorer favours
+_sample = random.sample
+_randrange = random.randrange
+_key = attrgetter("endpoint.address")  # EndpointState.key, without a call per endpoint
 
 
 class SchedulingContext:
@@ -98,6 +114,16 @@ class Scorer(Plugin, Protocol):
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]: ...
 
 
+class Favouring(Protocol):
+    """A scorer that names the candidates it scores highest, so that a sample keeps them."""
+
+    def favoured(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
+    ) -> list[EndpointState]:
+        """At most ``k`` of ``endpoints``, those this scorer scores highest (above the rest)."""
+        ...
+
+
 @runtime_checkable
 class Picker(Plugin, Protocol):
     def order(
@@ -154,12 +180,29 @@ class Profile:
             narrowed = f.filter(ctx, kept)
             if narrowed:
                 kept = narrowed
+        if len(kept) > SAMPLE_ABOVE:
+            kept = self.sample(ctx, kept)
         totals = (
             weighted_sum([(scorer.score(ctx, kept), w) for scorer, w in self.scorers], len(kept))
             if len(kept) > 1
             else [0.0] * len(kept)
         )
         return kept, totals
+
+    def sample(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
+        """The endpoints the scorers favour and ``SAMPLE`` others at random (module docstring)."""
+        chosen: dict[str, EndpointState] = {}
+        for scorer, _ in self.scorers:
+            favoured = getattr(scorer, "favoured", None)
+            if favoured is not None:
+                named = favoured(ctx, endpoints, SAMPLE)
+                chosen.update({e.key: e for e in named})
+        # Every ``step``-th from a random start: each endpoint as likely as any (and a slice is
+        # C work; ``random.sample`` costs a Python call per endpoint taken).
+        step = len(endpoints) // SAMPLE
+        for e in endpoints[_randrange(step) :: step]:
+            chosen.setdefault(e.key, e)
+        return list(chosen.values())
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         for plugin in self.observers:
@@ -172,6 +215,21 @@ def weighted_sum(scored: Sequence[tuple[Sequence[float], float]], n: int) -> lis
     for scores, w in scored:
         totals = [t + w * x for t, x in zip(totals, scores, strict=True)]
     return totals
+
+
+def best(
+    endpoints: Sequence[EndpointState], scores: Mapping[str, float], k: int
+) -> list[EndpointState]:
+    """At most ``k`` of the ``endpoints`` named in ``scores`` (by key), the highest first; ties
+    at the cut taken at random (``Favouring.favoured`` for scorers that score by key)."""
+    named = list(compress(endpoints, map(scores.__contains__, map(_key, endpoints))))
+    if len(named) <= k:
+        return named
+    values = list(map(scores.__getitem__, map(_key, named)))
+    cut = sorted(values, reverse=True)[k - 1]
+    above = list(compress(named, map(cut.__lt__, values)))
+    tied = list(compress(named, map(cut.__eq__, values)))
+    return above + _sample(tied, k - len(above))
 
 
 class Scheduler:

@@ -67,6 +67,8 @@ class QueueMarginFilter:
     def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
         queues = queue_estimates(endpoints, ctx.staleness, ctx.now)
         bound = min(queues, default=0.0) + self.margin
+        if max(queues, default=0.0) <= bound:
+            return endpoints
         return [e for e, q in zip(endpoints, queues, strict=True) if q <= bound]
 
 
@@ -135,6 +137,15 @@ class LoraAffinityScorer:
                 out.append(0.0)
         return out
 
+    def favoured(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
+    ) -> list[EndpointState]:
+        """The endpoints running or queueing the adapter."""
+        if not ctx.lora:
+            return []
+        model = ctx.model
+        return [e for e in endpoints if model in e.lora_running or model in e.lora_waiting][:k]
+
 
 class SessionAffinityScorer:
     """1 for the endpoint that served the request's session (header ``x-session-id`` by
@@ -154,6 +165,13 @@ class SessionAffinityScorer:
         if target is None:
             return [0.0] * len(endpoints)
         return [1.0 if e.key == target else 0.0 for e in endpoints]
+
+    def favoured(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
+    ) -> list[EndpointState]:
+        session = ctx.headers.get(self.header)
+        target = self.sessions.get(session) if session else None
+        return [] if target is None else [e for e in endpoints if e.key == target]
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         session = ctx.headers.get(self.header)
@@ -176,11 +194,24 @@ class RoundRobinScorer:
         self._turn = count()
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        n = len(endpoints)
-        out = [0.0] * n
-        if n:
-            out[next(self._turn) % n] = 1.0
-        return out
+        target = self._target(ctx, endpoints)
+        return [1.0 if e is target else 0.0 for e in endpoints]
+
+    def favoured(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
+    ) -> list[EndpointState]:
+        target = self._target(ctx, endpoints)
+        return [] if target is None else [target]
+
+    def _target(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]
+    ) -> EndpointState | None:
+        """The endpoint whose turn it is, chosen once a request (among all the candidates
+        when a sample is taken)."""
+        target = ctx.cache.get(self)
+        if target is None and endpoints:
+            target = ctx.cache[self] = endpoints[next(self._turn) % len(endpoints)]
+        return target
 
 
 class RandomScorer:

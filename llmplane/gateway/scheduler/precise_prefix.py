@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from llmplane.gateway.kvcache.index import BlockIndex, block_keys, root_key
 from llmplane.gateway.kvcache.subscriber import replica_model
 from llmplane.gateway.registry import EndpointState, queue_estimates
-from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext
+from llmplane.gateway.scheduler.framework import Scheduler, SchedulingContext, best
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, runs_by_name
 from llmplane.gateway.tokenization.prefix import LeadingIds
 from llmplane.sim.tokenizer import render_chat, tokenize
@@ -179,17 +179,22 @@ class PrecisePrefixCacheScorer:
         self.index = index
         self.tokens = tokens
 
-    def matches(
-        self, ctx: SchedulingContext, model: str, engine: str, sizes: Iterable[int] = ()
+    def scores(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]
     ) -> dict[str, float] | None:
-        """Replica -> score for the replicas of ``model`` holding the request's first block;
-        None when the request's token ids are not known (kept in ``ctx.cache``). ``sizes``:
-        block sizes the candidates reported besides those in the index (their first request
-        then leaves blocks on their way too)."""
+        """Replica -> score for the replicas of the candidates' model holding the request's
+        first block, or with its blocks on their way there (the group's next request follows
+        its first); None when the request's token ids are not known. Computed once a request
+        (kept in ``ctx.cache``), at the block sizes in the index and those the candidates
+        reported (their first request then leaves blocks on their way too)."""
+        first = endpoints[0].endpoint
+        model, engine = replica_model(first), first.engine
         key = (self, model, engine)
         found = ctx.cache.get(key, _UNKNOWN)
         if found is not _UNKNOWN:
             return found
+        sizes = set(map(_block_size, endpoints))
+        sizes.discard(0)
         index, tokens = self.index, self.tokens
         ids = tokens.token_ids(ctx, engine) if tokens is not None else None
         request_keys = None if ids is None or index is None else self._keys(ctx, ids, model, sizes)
@@ -223,6 +228,9 @@ class PrecisePrefixCacheScorer:
                         if min(n, usable) > runs.get(replica, 0):  # beyond what it reported
                             soon[replica] = min(n, usable) * size
                             share[replica] = max(share.get(replica, 0.0), n / total)
+            share = ctx.cache.get(PENDING_SHARE)
+            if share:
+                found = {**found, **{r: max(v, found.get(r, 0.0)) for r, v in share.items()}}
         ctx.cache[key] = found
         return found
 
@@ -269,16 +277,11 @@ class PrecisePrefixCacheScorer:
         publishes = None if all(map(publishing, keys)) else list(map(publishing, keys))
         if publishes is not None and not any(publishes):
             return self._fallback(ctx, endpoints)
-        sizes = set(map(_block_size, endpoints))
-        sizes.discard(0)
-        first = endpoints[0].endpoint
-        scores = self.matches(ctx, replica_model(first), first.engine, sizes)
+        scores = self.scores(ctx, endpoints)
         if scores is None:  # not tokenized: the approximate scores for every replica
             return self._fallback(ctx, endpoints)
-        share = ctx.cache.get(PENDING_SHARE)
-        if share:  # sent there, not reported yet: the group's next request follows its first
-            scores = {**scores, **{r: max(v, scores.get(r, 0.0)) for r, v in share.items()}}
-            soon = ctx.cache[PENDING]
+        soon = ctx.cache.get(PENDING)
+        if soon:  # which replicas run the request at once, to count the blocks on their way
             waiting = list(compress(endpoints, map(soon.__contains__, keys)))
             queues = queue_estimates(waiting, ctx.staleness, ctx.now)
             ctx.cache[ARRIVING] = {
@@ -291,6 +294,19 @@ class PrecisePrefixCacheScorer:
             scores.get(k, 0.0) if p else a
             for k, p, a in zip(keys, publishes, approximate, strict=True)
         ]
+
+    def favoured(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
+    ) -> list[EndpointState]:
+        """The candidates holding most of the request's blocks (``Profile.sample``), and those
+        the fallback favours where some candidate does not publish."""
+        publishing = self.publishing()
+        every = all(map(publishing.__contains__, map(_address, endpoints)))
+        scores = self.scores(ctx, endpoints) if endpoints and publishing else None
+        chosen = best(endpoints, scores, k) if scores is not None else []
+        if self.fallback is not None and (scores is None or not every):
+            chosen += self.fallback.favoured(ctx, endpoints, k)
+        return chosen
 
     def _fallback(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
         if self.fallback is None:

@@ -103,6 +103,13 @@ class PrefillCostScorer:
         best = min(costs, default=0.0)
         return [best / c if c > 0 else 1.0 for c in costs]
 
+    def favoured(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
+    ) -> list[EndpointState]:
+        """The replicas holding most of the request's prefix (the cheapest ones unless their
+        queues are long, which a sample's random part finds)."""
+        return self.prefix.favoured(ctx, endpoints, k)
+
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         """Learn the uncached tokens of what is sent to ``endpoint`` (and the precise scorer
         its pending blocks)."""

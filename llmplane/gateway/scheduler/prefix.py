@@ -23,7 +23,7 @@ from typing import Protocol
 import xxhash
 
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.framework import SchedulingContext, best
 
 _xxh64 = xxhash.xxh64_intdigest
 _address = attrgetter("endpoint.address")
@@ -241,23 +241,37 @@ class PrefixCacheScorer:
                 )
         return cached
 
-    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+    def scores(self, ctx: SchedulingContext) -> dict[str, float]:
+        """Endpoint -> score for the endpoints holding the request's first block (any endpoint
+        of the index: only the candidates' are read); computed once a request."""
+        key = (self, "scores")
+        scores = ctx.cache.get(key)
+        if scores is not None:
+            return scores
         if self.feed is not None:
             self.feed.apply()
+        scores = ctx.cache[key] = {}
         hashes = self.hashes(ctx)
         if not hashes:
-            return [0.0] * len(endpoints)
-        # Endpoints outside ``endpoints`` may be in ``matched``: only the candidates are read.
+            return scores
         groups = run_groups(self.index.holders, self.index.names, hashes)
-        matched = ctx.cache[self] = runs_by_name(groups)
-        if not matched:
-            return [0.0] * len(endpoints)
+        ctx.cache[self] = runs_by_name(groups)
         total = len(hashes)
-        scores: dict[str, float] = {}
         for depth, held in groups:  # a run length at a time, in C
             scores.update(dict.fromkeys(held, depth / total))
+        return scores
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        scores = self.scores(ctx)
+        if not scores:
+            return [0.0] * len(endpoints)
         # One lookup per endpoint, all in C (EndpointState.key is endpoint.address).
         return list(map(scores.get, map(_address, endpoints), repeat(0.0)))
+
+    def favoured(
+        self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
+    ) -> list[EndpointState]:
+        return best(endpoints, self.scores(ctx), k)
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         hashes = self.hashes(ctx)
