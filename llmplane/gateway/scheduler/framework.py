@@ -9,7 +9,7 @@ sent to) and ``on_remove`` (an endpoint went away).
 
 Past ``SAMPLE_ABOVE`` candidates the scorers rank a sample (``Profile.sample``): the endpoints
 each scorer favours (``Favouring``: those holding the request's prefix, its session, its
-adapter) and ``SAMPLE`` others at random. So a pick costs about the same at 1,000 endpoints as
+adapter) and about ``SAMPLE`` others at random. So a pick costs about the same at 1,000 endpoints as
 at 150 (bench/scheduling.py), and load is spread as well as by looking at all of them: the
 least loaded of 64 random replicas is about as lightly loaded as the least loaded of all (the
 "power of d choices"; Envoy's least-request balancer looks at 2).
@@ -220,8 +220,9 @@ def weighted_sum(scored: Sequence[tuple[Sequence[float], float]], n: int) -> lis
 def best(
     endpoints: Sequence[EndpointState], scores: Mapping[str, float], k: int
 ) -> list[EndpointState]:
-    """At most ``k`` of the ``endpoints`` named in ``scores`` (by key), the highest first; ties
-    at the cut taken at random (``Favouring.favoured`` for scorers that score by key)."""
+    """The ``k`` of the ``endpoints`` named in ``scores`` (by key) with the highest scores (all
+    of them if fewer), ties at the cut taken at random: ``Favouring.favoured`` for scorers
+    that score by key."""
     named = list(compress(endpoints, map(scores.__contains__, map(_key, endpoints))))
     if len(named) <= k:
         return named
