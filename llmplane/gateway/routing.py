@@ -27,10 +27,11 @@ Resolution order for the request's ``model``:
 InferencePools of both versions (v1 ``inference.networking.k8s.io``, v1alpha2
 ``inference.networking.x-k8s.io``) are read as v1 (``api/gie_v1.py``). A request to a pool
 that names an ``InferenceObjective`` of that pool in ``x-llm-d-inference-objective`` (or
-``x-gateway-inference-objective``) gets the objective's integer priority (``RouteDecision.priority``)
-for flow control.
+``x-gateway-inference-objective``) gets the objective's integer priority
+(``RouteDecision.priority``) for flow control.
 
-``build_table`` reads the kinds in that order, one ``_Builder`` method each.
+``RoutingTable.resolve`` follows that order; ``build_table`` reads each kind in one method of
+``_Builder``.
 """
 
 from __future__ import annotations
@@ -284,7 +285,7 @@ class RoutingTable:
         return decision
 
     def _decide(self, model: str, path: str, headers: Mapping[str, str]) -> RouteDecision:
-        if model:  # a request without a model: only a catch-all rewrite takes it
+        if model:
             if (routes := self.routes_by_model.get(model)) is not None:
                 return self._model_route(routes, model, False, path, headers)
             if (routes := self.routes_by_lora.get(model)) is not None:
@@ -301,7 +302,7 @@ class RoutingTable:
                     else f"model {model!r} has no ready endpoint yet (its Playground is "
                     "starting or scaled to zero)"
                 )
-        if self.fallbacks:
+        if self.fallbacks:  # a name nothing above knows, or no model: a catch-all rewrite
             return self.fallbacks[0].decide(model)
         raise model_not_found(model, self.model_names()) if model else missing_model()
 

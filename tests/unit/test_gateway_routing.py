@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
@@ -226,6 +228,18 @@ def test_a_claimed_name_is_sent_as_the_engine_serves_it():
     assert (claimed.model, claimed.route, claimed.lora) == ("qwen2:0.5b", "Model/qwen", False)
     assert table.resolve("qwen2:0.5b", "/", {}).model == "qwen2:0.5b"
     assert table.resolve("qwen", "/", {}) is claimed
+
+
+def test_a_decision_cannot_be_changed_once_made():
+    # A default route's decision is shared by every request on the table: a later stage that
+    # changed it would change the next request's too.
+    table = build_table([], [ep(1, {MODEL_NAME_LABEL: "qwen"}, model="qwen")])
+    decision = table.resolve("qwen", "/", {})
+    for name, value in (("model", "other"), ("priority", 9), ("lora", True)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(decision, name, value)
+    again = table.resolve("qwen", "/", {})
+    assert (again.model, again.priority, again.lora) == ("qwen", None, False)
 
 
 def test_invalid_objects_are_ignored_not_fatal():
