@@ -447,6 +447,7 @@ class _Builder:
     # One method per source kind
 
     def model_servers(self) -> None:
+        """Kthena ModelServers: the backends ModelRoutes send to, by (namespace, name)."""
         for meta, ref, namespace, spec in self.specs("ModelServer", ModelServer):
             selector = dict(spec.workload_selector.match_labels or {})
             group, pd = spec.workload_selector.pd_group, None
@@ -470,6 +471,7 @@ class _Builder:
             self.table.servers[(namespace, meta["name"])] = backend
 
     def model_routes(self) -> None:
+        """Kthena ModelRoutes, by model name and by LoRA adapter, oldest first."""
         for _, ref, namespace, spec in self.specs("ModelRoute", ModelRoute):
             rules = tuple(_Rule.of(rule, i) for i, rule in enumerate(spec.rules))
             entry = _Route(ref, namespace, rules)
@@ -479,6 +481,7 @@ class _Builder:
                 self.table.routes_by_lora.setdefault(adapter, []).append(entry)
 
     def inference_pools(self) -> None:
+        """InferencePools: the backends the llm-d and Inference Extension kinds name."""
         for meta, ref, namespace, spec in self.specs("InferencePool", pool_v1):
             key = (namespace, meta["name"])
             if spec.app_protocol == H2C:
