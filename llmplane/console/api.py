@@ -114,8 +114,8 @@ def route_sources(table: Any) -> list[dict[str, str]]:
             via = "InferenceModel"
         elif name in getattr(table, "rewrites", {}):
             via = "InferenceModelRewrite"
-        elif name in getattr(table, "defaults", {}):
-            via = "served model"
+        elif name in table.decisions and table.decisions[name].load is None:
+            via = "served model"  # (a declared adapter no replica holds yet: no ready endpoint)
         else:
             via = "no ready endpoint"
         out.append({"name": name, "via": via})

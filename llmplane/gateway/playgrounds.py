@@ -146,7 +146,7 @@ def activatable_routes(
             ],
         )
     for name, entries in table.inference_models.items():
-        hold(name, [entry[3] for entry in entries])
+        hold(name, [entry.backend for entry in entries])
     for name, rewrites in table.rewrites.items():
         hold(name, [rewrites[0].backend])
 

@@ -27,11 +27,11 @@ Resolution order for the request's ``model``:
 InferencePools of both versions (v1 ``inference.networking.k8s.io``, v1alpha2
 ``inference.networking.x-k8s.io``) are read as v1 (``api/gie_v1.py``). A request to a pool
 that names an ``InferenceObjective`` of that pool in ``x-llm-d-inference-objective`` (or
-``x-gateway-inference-objective``) gets the objective's integer priority (``RouteDecision.priority``)
-for flow control.
+``x-gateway-inference-objective``) gets the objective's integer priority
+(``RouteDecision.priority``) for flow control.
 
-Over 500 lines on purpose: ``build_table`` and the lookups it serves share one set of route and
-backend types; Playground helpers and LoRA adapters already live in playgrounds.py / adapters.py.
+``RoutingTable.resolve`` follows that order; ``build_table`` reads each kind in one method of
+``_Builder``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from llmplane.api.gie import InferenceModel
 from llmplane.api.gie_v1 import H2C, pool_v1
@@ -50,13 +50,7 @@ from llmplane.api.llmd import OBJECTIVE_HEADERS, InferenceModelRewrite, Inferenc
 from llmplane.gateway.clip import shown
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.disaggregated import GROUP_KEY, pd_pairs
-from llmplane.gateway.errors import (
-    ErrorCode,
-    GatewayError,
-    ModelNotFound,
-    NotReady,
-    missing_model,
-)
+from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady, missing_model
 from llmplane.gateway.playgrounds import (
     DeclaredAdapter,
     activatable_routes,
@@ -104,9 +98,7 @@ class PDBackend:
 
 def mode_of(engine: str, connector: str | None) -> str:
     """SGLang engines pair by bootstrap room; vLLM ones by their KV connector (default http)."""
-    if engine == "SGLang":
-        return SGLANG
-    return connector or "http"
+    return SGLANG if engine == "SGLang" else connector or "http"
 
 
 @dataclass(frozen=True)
@@ -147,11 +139,25 @@ class RouteDecision:
     priority: int | None = None
 
 
-# --- matching -------------------------------------------------------------------------------
+# --- routes ------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def _pick_weighted(targets: Sequence[tuple[T, float]]) -> T | None:
+    """One of ``targets`` (target, weight) at random by weight; None when every weight is 0."""
+    weights = [w for _, w in targets]
+    return random.choices([t for t, _ in targets], weights)[0] if sum(weights) > 0 else None
+
+
+def _no_backend(model: str, why: str) -> GatewayError:
+    return GatewayError(503, f"model {model!r}: {why}", ErrorCode.NO_BACKEND)
 
 
 @dataclass(frozen=True)
 class _Match:
+    """A Kthena ``StringMatch``: exact, prefix or (unanchored) regex; empty matches all."""
+
     exact: str | None = None
     prefix: str | None = None
     regex: re.Pattern[str] | None = None
@@ -172,19 +178,32 @@ class _Match:
         return True
 
 
-@dataclass(frozen=True)
-class _Target:
+class _Target(NamedTuple):
     server: str  # ModelServer name (same namespace as the route)
     weight: int
 
 
 @dataclass(frozen=True)
 class _Rule:
+    """One ModelRoute rule: its ``modelMatch`` and the ModelServers it sends to."""
+
     name: str
     headers: tuple[tuple[str, _Match], ...]
     uri: _Match | None
     body_model: str | None
     targets: tuple[_Target, ...]
+
+    @classmethod
+    def of(cls, rule: Any, index: int) -> _Rule:
+        match = rule.model_match
+        headers = (match and match.headers) or {}
+        return cls(
+            name=rule.name or str(index),
+            headers=tuple((name.lower(), _Match.of(m)) for name, m in headers.items()),
+            uri=_Match.of(match.uri) if match and match.uri else None,
+            body_model=match.body.model if match and match.body else None,
+            targets=tuple(_Target(t.model_server_name, t.weight) for t in rule.target_models),
+        )
 
     def matches(self, model: str, path: str, headers: Mapping[str, str]) -> bool:
         if self.body_model is not None and model != self.body_model:
@@ -196,155 +215,114 @@ class _Rule:
 
 @dataclass(frozen=True)
 class _Route:
+    """A Kthena ModelRoute."""
+
     ref: str
     namespace: str
-    model_name: str | None
-    lora_adapters: frozenset[str]
     rules: tuple[_Rule, ...]
-    order: tuple[str, str, str]
 
 
 @dataclass(frozen=True)
-class _Rewrite:
-    """One InferenceModelRewrite rule: the names to send (by weight; none: the request's)
-    and its pool's backend (None: ``problem`` says why there is none)."""
+class _PoolRoute:
+    """An InferenceModel or one InferenceModelRewrite rule: the names to send (by weight;
+    none: the request's) to its pool's backend (None: ``problem`` says why there is none)."""
 
     ref: str
     targets: tuple[tuple[str, float], ...]
     backend: Backend | None
     problem: str
+    criticality: str | None = None
+
+    def decide(self, model: str) -> RouteDecision:
+        if self.backend is None:
+            raise _no_backend(model, self.problem)
+        if not self.targets:
+            return RouteDecision(self.ref, self.backend, model)
+        target = _pick_weighted(self.targets)
+        if target is None:
+            raise _no_backend(model, f"every target model of {self.ref} has weight 0")
+        return RouteDecision(self.ref, self.backend, target, self.criticality)
 
 
-def _pick_weighted(items: list[Any], weights: list[float]) -> Any:
-    total = sum(weights)
-    if total <= 0:
-        return None
-    return random.choices(items, weights)[0]
-
-
-# --- the table --------------------------------------------------------------------------------
+# --- the table ---------------------------------------------------------------------------------
 
 
 @dataclass
 class RoutingTable:
+    """Every name the gateway routes, by the kind that routes it (``resolve``: in which order)."""
+
     routes_by_model: dict[str, list[_Route]] = field(default_factory=dict)
     routes_by_lora: dict[str, list[_Route]] = field(default_factory=dict)
     servers: dict[tuple[str, str], Backend] = field(default_factory=dict)  # (ns, name)
-    inference_models: dict[
-        str, list[tuple[str, str, list[tuple[str, float]], Backend | None, str]]
-    ] = field(default_factory=dict)
-    defaults: dict[str, Backend] = field(default_factory=dict)
-    # Each default's decision, made once by ``build_table`` rather than per request.
+    inference_models: dict[str, list[_PoolRoute]] = field(default_factory=dict)
+    # InferenceModelRewrite rules by exact model name, and those without matches; each in
+    # precedence order (oldest rewrite, then rule order).
+    rewrites: dict[str, list[_PoolRoute]] = field(default_factory=dict)
+    fallbacks: list[_PoolRoute] = field(default_factory=list)
+    # Names routed without extra YAML (served names, LoRA adapters), decided once per table.
     decisions: dict[str, RouteDecision] = field(default_factory=dict)
-    placeholders: set[str] = field(default_factory=set)  # Playground models without endpoints
-    failing: dict[str, str] = field(default_factory=dict)  # placeholder -> why its engine fails
-    adapters: set[str] = field(default_factory=set)  # LoRA adapters among ``defaults``
-    declared: dict[str, tuple[DeclaredAdapter, Backend]] = field(default_factory=dict)
+    # Playground models without endpoints -> why their engine fails (None: it is starting).
+    placeholders: dict[str, str | None] = field(default_factory=dict)
     # Placeholders whose requests the activator may hold -> their workload (namespace/name).
     activatable: dict[str, str] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # ref -> why it is ignored
-    # InferenceModelRewrite rules by exact model name, and those without matches; each in
-    # precedence order (oldest rewrite, then rule order).
-    rewrites: dict[str, list[_Rewrite]] = field(default_factory=dict)
-    fallbacks: list[_Rewrite] = field(default_factory=list)
     # (pool ref, InferenceObjective name) -> its priority.
     objectives: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def model_names(self) -> list[str]:
-        names = set(self.routes_by_model) | set(self.routes_by_lora)
-        names |= set(self.inference_models) | set(self.defaults) | self.placeholders
-        names |= set(self.declared) | set(self.rewrites)
-        return sorted(names)
-
-    def _objective(self, decision: RouteDecision, headers: Mapping[str, str]) -> RouteDecision:
-        """``decision`` with the priority of the InferenceObjective the request names, when
-        it is one of the decision's pool."""
-        if self.objectives:
-            for header in OBJECTIVE_HEADERS:
-                name = headers.get(header)
-                if name:
-                    priority = self.objectives.get((decision.backend.ref, name))
-                    return replace(decision, priority=priority)
-        return decision
-
-    def _rewrite(self, model: str, rule: _Rewrite) -> RouteDecision:
-        if rule.backend is None:
-            raise GatewayError(503, f"model {model!r}: {rule.problem}", ErrorCode.NO_BACKEND)
-        if not rule.targets:
-            return RouteDecision(rule.ref, rule.backend, model)
-        target = _pick_weighted([n for n, _ in rule.targets], [w for _, w in rule.targets])
-        return RouteDecision(rule.ref, rule.backend, target)
+        names = set(self.routes_by_model) | set(self.routes_by_lora) | set(self.inference_models)
+        return sorted(names | set(self.rewrites) | set(self.decisions) | set(self.placeholders))
 
     def resolve(self, model: str, path: str, headers: Mapping[str, str]) -> RouteDecision:
-        if not model:  # a request without a model: only a catch-all rewrite takes it
-            if self.fallbacks:
-                return self._objective(self._rewrite(model, self.fallbacks[0]), headers)
-            raise missing_model()
-        routes = self.routes_by_model.get(model)
-        lora = False
-        if routes is None:
-            routes = self.routes_by_lora.get(model)
-            lora = routes is not None
-        if routes is not None:
-            return self._resolve_route(routes, model, lora, path, headers)
-        candidates = self.inference_models.get(model)
-        if candidates:
-            ref, criticality, shares, backend, problem = candidates[0]
-            if backend is None:
-                raise GatewayError(503, f"model {model!r}: {problem}", ErrorCode.NO_BACKEND)
-            names = [n for n, _ in shares]
-            target = _pick_weighted(names, [s for _, s in shares])
-            if target is None:
-                raise GatewayError(
-                    503,
-                    f"model {model!r}: every target model of {ref} has weight 0",
-                    ErrorCode.NO_BACKEND,
-                )
-            return self._objective(RouteDecision(ref, backend, target, criticality), headers)
-        rewrites = self.rewrites.get(model)
-        if rewrites:
-            return self._objective(self._rewrite(model, rewrites[0]), headers)
-        decision = self.decisions.get(model)
-        if decision is not None:
-            return decision
-        declared = self.declared.get(model)
-        if declared is not None:
-            adapter, backend = declared
-            return RouteDecision(backend.ref, backend, model, lora=True, load=adapter)
-        if model in self.placeholders:
-            failing = self.failing.get(model)
-            raise NotReady(
-                f"model {model!r} has no ready endpoint: {failing}"
-                if failing
-                else f"model {model!r} has no ready endpoint yet (its Playground is starting or "
-                "scaled to zero)"
-            )
-        if self.fallbacks:
-            return self._objective(self._rewrite(model, self.fallbacks[0]), headers)
-        raise model_not_found(model, self.model_names())
+        """The decision for ``model``, with the priority of the InferenceObjective the request
+        names when it is one of the decision's pool."""
+        decision = self._decide(model, path, headers)
+        if self.objectives:
+            for header in OBJECTIVE_HEADERS:
+                if name := headers.get(header):
+                    priority = self.objectives.get((decision.backend.ref, name))
+                    return decision if priority is None else replace(decision, priority=priority)
+        return decision
 
-    def _resolve_route(
+    def _decide(self, model: str, path: str, headers: Mapping[str, str]) -> RouteDecision:
+        if model:
+            if (routes := self.routes_by_model.get(model)) is not None:
+                return self._model_route(routes, model, False, path, headers)
+            if (routes := self.routes_by_lora.get(model)) is not None:
+                return self._model_route(routes, model, True, path, headers)
+            if pool_routes := self.inference_models.get(model) or self.rewrites.get(model):
+                return pool_routes[0].decide(model)
+            if (decision := self.decisions.get(model)) is not None:
+                return decision
+            if model in self.placeholders:
+                failing = self.placeholders[model]
+                raise NotReady(
+                    f"model {model!r} has no ready endpoint: {failing}"
+                    if failing
+                    else f"model {model!r} has no ready endpoint yet (its Playground is "
+                    "starting or scaled to zero)"
+                )
+        if self.fallbacks:  # a name nothing above knows, or no model: a catch-all rewrite
+            return self.fallbacks[0].decide(model)
+        raise model_not_found(model, self.model_names()) if model else missing_model()
+
+    def _model_route(
         self, routes: list[_Route], model: str, lora: bool, path: str, headers: Mapping[str, str]
     ) -> RouteDecision:
         for route in routes:
             for rule in route.rules:
                 if not rule.matches(model, path, headers):
                     continue
-                target = _pick_weighted(list(rule.targets), [t.weight for t in rule.targets])
+                server = _pick_weighted(rule.targets)
                 ref = f"{route.ref}#{rule.name}"
-                if target is None:
-                    raise GatewayError(
-                        503,
-                        f"model {model!r}: every target of {ref} has weight 0",
-                        ErrorCode.NO_BACKEND,
-                    )
-                backend = self.servers.get((route.namespace, target.server))
+                if server is None:
+                    raise _no_backend(model, f"every target of {ref} has weight 0")
+                backend = self.servers.get((route.namespace, server))
                 if backend is None:
-                    raise GatewayError(
-                        503,
-                        f"model {model!r}: {ref} targets ModelServer {target.server!r}, "
+                    raise _no_backend(
+                        model,
+                        f"{ref} targets ModelServer {server!r}, "
                         f"which does not exist in namespace {route.namespace!r}",
-                        ErrorCode.NO_BACKEND,
                     )
                 sent = model if lora or backend.model is None else backend.model
                 return RouteDecision(ref, backend, sent, lora=lora)
@@ -366,345 +344,291 @@ def model_not_found(model: str, known: Sequence[str]) -> ModelNotFound:
 # --- building ----------------------------------------------------------------------------------
 
 
-def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in (selector or {}).items())
-
-
-def _ref(kind: str, meta: Mapping[str, Any]) -> str:
-    return f"{kind}/{meta.get('namespace') or 'default'}/{meta['name']}"
-
-
-def _criticality(im: InferenceModel) -> str | None:
-    """The InferenceModel's criticality when it names one; else the tenant's applies."""
-    return im.spec.criticality if "criticality" in im.spec.model_fields_set else None
-
-
-def _profile(meta: Mapping[str, Any]) -> str | None:
-    return (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
-
-
-def _seconds(meta: Mapping[str, Any], annotation: str, default: float | None) -> float | None:
-    """A positive number of seconds from an annotation ("0" or "none": no limit), else
-    ``default``; a value that is not a number is logged and ignored."""
-    value = (meta.get("annotations") or {}).get(annotation)
-    if value is None:
-        return default
-    text = str(value).strip().lower().removesuffix("s")
-    if text in ("0", "none", "off"):
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0 or seconds == float("inf"):
-        log.warning(
-            "ignoring %s=%r on %s: not a number of seconds", annotation, value, meta.get("name")
-        )
-        return default
-    return seconds
-
-
-def _count(meta: Mapping[str, Any], annotation: str, default: int) -> int:
-    """A whole number >= 0 from an annotation, else ``default`` (a bad value is logged)."""
-    value = (meta.get("annotations") or {}).get(annotation)
-    if value is None:
-        return default
-    text = str(value).strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= 6):
-        log.warning("ignoring %s=%r on %s: not a count", annotation, value, meta.get("name"))
-        return default
-    return int(text)
-
-
-def _limits(meta: Mapping[str, Any], config: GatewayConfig) -> dict[str, Any]:
-    """The Backend fields an object's annotations set: timeout, stall_timeout and
-    migration_limit."""
-    return {
-        "timeout": _seconds(meta, TIMEOUT_ANNOTATION, config.default_timeout),
-        "stall_timeout": _seconds(meta, STALL_ANNOTATION, config.stream_stall_timeout),
-        "migration_limit": _count(meta, MIGRATION_ANNOTATION, config.migration_limit),
-    }
-
-
-def _valid(
-    table: RoutingTable, by_kind: dict[str, list[dict[str, Any]]], kind: str, model: Any
-) -> Iterator[tuple[dict[str, Any], str, str, Any]]:
-    """(metadata, ref, namespace, parsed) of each ``kind`` object that validates against
-    ``model`` (a model class, or a function from the object to one); the others become the
-    table's problems."""
-    parse = getattr(model, "model_validate", model)
-    for obj in by_kind[kind]:
-        meta = obj["metadata"]
-        ref = _ref(kind, meta)
-        try:
-            parsed = parse(obj)
-        except Exception as err:
-            table.problems[ref] = f"invalid: {err}"
-            continue
-        yield meta, ref, meta.get("namespace") or "default", parsed
-
-
-def _adapter_routes(
-    table: RoutingTable,
-    states: Iterable[EndpointState],
-    playgrounds: list[dict[str, Any]],
-    by_name: Mapping[str, list[EndpointState]],
-    fields: Callable[[str], dict[str, Any]],
-) -> None:
-    """LoRA adapters need no YAML: those a replica reports route to the replicas holding them;
-    those declared on a Playground and held by none route to its replicas, marked for loading
-    (``gateway/adapters.py``). ``fields(base_model)``: the base model's Backend settings."""
-    for name, members in reported_adapters(states).items():
-        if name not in table.defaults:  # a model of that name is served: the name means it
-            base = members[0].endpoint.model_name
-            table.defaults[name] = Backend(f"LoRA/{name}", tuple(members), **fields(base))
-            table.adapters.add(name)
-    for adapter in declared_adapters(playgrounds):
-        if adapter.name not in table.defaults and adapter.name not in table.declared:
-            candidates = tuple(by_name.get(adapter.base, ()))
-            backend = Backend(f"LoRA/{adapter.name}", candidates, **fields(adapter.base))
-            table.declared[adapter.name] = (adapter, backend)
-
-
 def build_table(
     objects: Iterable[dict[str, Any]],
     states: Iterable[EndpointState],
     config: GatewayConfig | None = None,
 ) -> RoutingTable:
     """A new routing table from store objects (any kinds; others are ignored) and endpoints."""
-    config = config or GatewayConfig()
-    states = list(states)
-    by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in ROUTE_KINDS}
-    for obj in objects:
-        if obj.get("kind") in by_kind:
-            by_kind[obj["kind"]].append(obj)
-    table = RoutingTable()
-    default_retry = (config.default_retry_attempts, config.default_retry_interval)
-    # What a backend without a trafficPolicy of its own gets.
-    defaults: dict[str, Any] = {  # timeouts come from _limits (annotations, else config)
-        "retry_attempts": default_retry[0],
-        "retry_interval": default_retry[1],
-    }
+    build = _Builder(objects, states, config or GatewayConfig())
+    build.model_servers()
+    build.model_routes()
+    build.inference_pools()
+    build.inference_models()
+    build.objectives()
+    build.rewrites()
+    build.served_models()
+    build.lora_adapters()
+    return build.finish()
 
-    def in_namespace(namespace: str) -> list[EndpointState]:
-        return [s for s in states if s.endpoint.namespace == namespace]
 
-    # What each ModelServer / InferencePool selects (by ref), to trace an empty one to a Playground.
-    selectors: dict[str, tuple[str, dict[str, str]]] = {}
+class _Builder:
+    """Fills one RoutingTable from the objects of each kind, in ``build_table``'s order."""
 
-    # ModelServers
-    for meta, ref, namespace, server in _valid(table, by_kind, "ModelServer", ModelServer):
-        spec = server.spec
-        selector = dict(spec.workload_selector.match_labels or {})
-        group = spec.workload_selector.pd_group
-        pd = None
-        if group is not None:
-            # Candidates are the decode replicas; pd.py pairs each with a prefill replica.
-            prefill = {**selector, **group.prefill_labels}
-            pd = PDBackend(
-                group.group_key,
-                tuple(s for s in in_namespace(namespace) if _selects(prefill, s.endpoint.labels)),
-                mode_of(spec.inference_engine, spec.kv_connector and spec.kv_connector.type),
-            )
-            selector.update(group.decode_labels)
-        candidates = tuple(
-            s for s in in_namespace(namespace) if _selects(selector, s.endpoint.labels)
-        )
-        policy = spec.traffic_policy
-        retry = default_retry
-        if policy is not None and policy.retry is not None:
-            retry = (policy.retry.attempts, policy.retry.retry_interval_seconds)
-        timeout = policy.timeout_seconds if policy is not None else None
-        limits = _limits(meta, config)
-        if pd is None:
-            selectors[ref] = (namespace, selector)
-        table.servers[(namespace, meta["name"])] = Backend(
-            ref=ref,
-            candidates=candidates,
-            port=spec.workload_port.port if spec.workload_port else None,
-            model=spec.model or None,
-            timeout=timeout if timeout is not None else limits["timeout"],
-            stall_timeout=limits["stall_timeout"],
-            migration_limit=limits["migration_limit"],
-            retry_attempts=retry[0],
-            retry_interval=retry[1],
-            profile=_profile(meta),
-            pd=pd,
-        )
+    def __init__(
+        self,
+        objects: Iterable[dict[str, Any]],
+        states: Iterable[EndpointState],
+        config: GatewayConfig,
+    ) -> None:
+        self.table = RoutingTable()
+        self.states = list(states)
+        self.config = config
+        self.by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in ROUTE_KINDS}
+        for obj in objects:
+            if obj.get("kind") in self.by_kind:
+                self.by_kind[obj["kind"]].append(obj)
+        self.playgrounds = self.by_kind["Playground"]
+        # What each ModelServer / InferencePool selects (by ref), to trace an empty one to the
+        # Playground that would fill it.
+        self.selectors: dict[str, tuple[str, dict[str, str]]] = {}
+        self.pools: dict[tuple[str, str], Backend] = {}
+        self.unusable_pools: dict[tuple[str, str], str] = {}  # (ns, name) -> why
+        # Served model name -> its endpoints, and its Playground's Backend settings.
+        self.by_name: dict[str, list[EndpointState]] = {}
+        for state in self.states:
+            for name in state.endpoint.served_names():
+                self.by_name.setdefault(name, []).append(state)
+        self.named_settings: dict[str | None, dict[str, Any]] = {}
 
-    # ModelRoutes, oldest first within a name
-    routes: list[_Route] = []
-    for meta, ref, namespace, route in _valid(table, by_kind, "ModelRoute", ModelRoute):
-        rules = []
-        for i, rule in enumerate(route.spec.rules):
-            match = rule.model_match
-            rules.append(
-                _Rule(
-                    name=rule.name or str(i),
-                    headers=tuple(
-                        (name.lower(), _Match.of(m))
-                        for name, m in ((match and match.headers) or {}).items()
-                    ),
-                    uri=_Match.of(match.uri) if match and match.uri else None,
-                    body_model=match.body.model if match and match.body else None,
-                    targets=tuple(
-                        _Target(t.model_server_name, t.weight) for t in rule.target_models
-                    ),
-                )
-            )
-        routes.append(
-            _Route(
-                ref=ref,
-                namespace=namespace,
-                model_name=route.spec.model_name,
-                lora_adapters=frozenset(route.spec.lora_adapters or ()),
-                rules=tuple(rules),
-                order=(meta.get("creationTimestamp") or "", namespace, meta["name"]),
-            )
-        )
-    routes.sort(key=lambda r: r.order)
-    for route in routes:
-        if route.model_name:
-            table.routes_by_model.setdefault(route.model_name, []).append(route)
-        for adapter in route.lora_adapters:
-            table.routes_by_lora.setdefault(adapter, []).append(route)
+    # Helpers shared by the kinds
 
-    # InferencePools and InferenceModels
-    pools: dict[tuple[str, str], Backend] = {}
-    missing: dict[tuple[str, str], str] = {}  # pools that route nothing, and why
-    for meta, ref, namespace, pool in _valid(table, by_kind, "InferencePool", pool_v1):
-        selector = pool.spec.selector.match_labels
-        if pool.spec.app_protocol == H2C:
-            missing[(namespace, meta["name"])] = table.problems[ref] = (
-                f"{ref} has appProtocol {H2C}: the gateway speaks HTTP/1.1 to model servers"
-            )
-            continue
-        selectors[ref] = (namespace, dict(selector))
-        pools[(namespace, meta["name"])] = Backend(
-            ref=ref,
-            candidates=tuple(
-                s for s in in_namespace(namespace) if _selects(selector, s.endpoint.labels)
-            ),
-            # Every port of a v1 pool is an endpoint of its own to an endpoint picker; this
-            # gateway sends to the first (docs/gateway.md).
-            port=pool.spec.target_ports[0].number,
-            **_limits(meta, config),
-            profile=_profile(meta),
-            **defaults,
+    def specs(self, kind: str, model: Any) -> Iterator[tuple[dict[str, Any], str, str, Any]]:
+        """(metadata, ref, namespace, parsed spec) of each ``kind`` object, oldest first, that
+        validates against ``model`` (a model class, or a function from the object to one);
+        the others become the table's problems."""
+        parse = getattr(model, "model_validate", model)
+
+        def age(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+            meta = obj["metadata"]
+            return meta.get("creationTimestamp") or "", _namespace(meta), meta["name"]
+
+        for obj in sorted(self.by_kind[kind], key=age):
+            meta = obj["metadata"]
+            ref = f"{kind}/{_namespace(meta)}/{meta['name']}"
+            try:
+                spec = parse(obj).spec
+            except Exception as err:
+                self.table.problems[ref] = f"invalid: {err}"
+                continue
+            yield meta, ref, _namespace(meta), spec
+
+    def selected(self, namespace: str, selector: Mapping[str, str]) -> tuple[EndpointState, ...]:
+        labels = selector.items()
+        return tuple(
+            s
+            for s in self.states
+            if s.endpoint.namespace == namespace
+            and all(s.endpoint.labels.get(k) == v for k, v in labels)
         )
 
-    def pool_of(namespace: str, ref: str, pool_ref: Any) -> tuple[Backend | None, str]:
+    def settings(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        """The Backend fields an object's annotations set, else the config's defaults."""
+        c = self.config
+        return {
+            "timeout": _annotation(meta, TIMEOUT_ANNOTATION, _seconds, c.default_timeout),
+            "stall_timeout": _annotation(meta, STALL_ANNOTATION, _seconds, c.stream_stall_timeout),
+            "migration_limit": _annotation(meta, MIGRATION_ANNOTATION, _count, c.migration_limit),
+            "retry_attempts": c.default_retry_attempts,
+            "retry_interval": c.default_retry_interval,
+            "profile": (meta.get("annotations") or {}).get(PROFILE_ANNOTATION),
+        }
+
+    def pool_of(self, namespace: str, ref: str, pool_ref: Any) -> tuple[Backend | None, str]:
+        """The InferencePool backend ``ref`` names, else None and why there is none."""
         if pool_ref.kind != "InferencePool" or pool_ref.group not in POOL_GROUPS:
             return None, f"{ref} names a {pool_ref.kind} of group {pool_ref.group!r}, not a pool"
         key = (namespace, pool_ref.name)
-        problem = missing.get(key) or (
+        problem = self.unusable_pools.get(key) or (
             f"{ref} names InferencePool {pool_ref.name!r}, which does not exist"
         )
-        return pools.get(key), problem
+        return self.pools.get(key), problem
 
-    models = []
-    for meta, ref, namespace, im in _valid(table, by_kind, "InferenceModel", InferenceModel):
-        backend, problem = pool_of(namespace, ref, im.spec.pool_ref)
-        models.append(
-            (
-                (meta.get("creationTimestamp") or "", namespace, meta["name"]),
-                im.spec.model_name,
-                (ref, _criticality(im), im.spec.target_shares(), backend, problem),
+    # One method per source kind
+
+    def model_servers(self) -> None:
+        """Kthena ModelServers: the backends ModelRoutes send to, by (namespace, name)."""
+        for meta, ref, namespace, spec in self.specs("ModelServer", ModelServer):
+            selector = dict(spec.workload_selector.match_labels or {})
+            group, pd = spec.workload_selector.pd_group, None
+            if group is None:
+                self.selectors[ref] = (namespace, selector)
+            else:  # candidates are the decode replicas; pd.py pairs each with a prefill one
+                prefill = self.selected(namespace, {**selector, **group.prefill_labels})
+                connector = spec.kv_connector and spec.kv_connector.type
+                pd = PDBackend(group.group_key, prefill, mode_of(spec.inference_engine, connector))
+                selector.update(group.decode_labels)
+            settings = self.settings(meta)
+            policy = spec.traffic_policy
+            if policy is not None and policy.timeout_seconds is not None:
+                settings["timeout"] = policy.timeout_seconds
+            if policy is not None and policy.retry is not None:
+                settings["retry_attempts"] = policy.retry.attempts
+                settings["retry_interval"] = policy.retry.retry_interval_seconds
+            port = spec.workload_port.port if spec.workload_port else None
+            candidates = self.selected(namespace, selector)
+            backend = Backend(ref, candidates, port, spec.model or None, pd=pd, **settings)
+            self.table.servers[(namespace, meta["name"])] = backend
+
+    def model_routes(self) -> None:
+        """Kthena ModelRoutes, by model name and by LoRA adapter, oldest first."""
+        for _, ref, namespace, spec in self.specs("ModelRoute", ModelRoute):
+            rules = tuple(_Rule.of(rule, i) for i, rule in enumerate(spec.rules))
+            entry = _Route(ref, namespace, rules)
+            if spec.model_name:
+                self.table.routes_by_model.setdefault(spec.model_name, []).append(entry)
+            for adapter in set(spec.lora_adapters or ()):
+                self.table.routes_by_lora.setdefault(adapter, []).append(entry)
+
+    def inference_pools(self) -> None:
+        """InferencePools: the backends the llm-d and Inference Extension kinds name."""
+        for meta, ref, namespace, spec in self.specs("InferencePool", pool_v1):
+            key = (namespace, meta["name"])
+            if spec.app_protocol == H2C:
+                self.unusable_pools[key] = self.table.problems[ref] = (
+                    f"{ref} has appProtocol {H2C}: the gateway speaks HTTP/1.1 to model servers"
+                )
+                continue
+            selector = spec.selector.match_labels
+            self.selectors[ref] = (namespace, dict(selector))
+            # Every port of a v1 pool is an endpoint of its own to an endpoint picker; this
+            # gateway sends to the first (docs/gateway.md).
+            port = spec.target_ports[0].number
+            self.pools[key] = Backend(
+                ref, self.selected(namespace, selector), port, **self.settings(meta)
             )
-        )
-    models.sort(key=lambda m: m[0])
-    for _, name, entry in models:
-        table.inference_models.setdefault(name, []).append(entry)
 
-    # InferenceObjectives (priorities) and InferenceModelRewrites (llm-d.ai)
-    for _, ref, namespace, objective in _valid(
-        table, by_kind, "InferenceObjective", InferenceObjective
-    ):
-        backend, problem = pool_of(namespace, ref, objective.spec.pool_ref)
-        if backend is None:
-            table.problems[ref] = problem
-            continue
-        name = ref.rsplit("/", 1)[1]
-        table.objectives[(backend.ref, name)] = objective.spec.effective_priority
-    rewrites: list[tuple[tuple[str, str, str], int, str | None, _Rewrite]] = []
-    for meta, ref, namespace, rewrite in _valid(
-        table, by_kind, "InferenceModelRewrite", InferenceModelRewrite
-    ):
-        backend, problem = pool_of(namespace, ref, rewrite.spec.pool_ref)
-        order = (meta.get("creationTimestamp") or "", namespace, meta["name"])
-        for i, rule in enumerate(rewrite.spec.rules):
-            entry = _Rewrite(f"{ref}#{i}", tuple(rule.shares()), backend, problem)
-            for match in rule.matches or ():
-                rewrites.append((order, i, match.model.value, entry))
-            if not rule.matches:
-                rewrites.append((order, i, None, entry))
-    rewrites.sort(key=lambda r: (r[0], r[1]))
-    for _, _, exact, entry in rewrites:
-        if exact is None:
-            table.fallbacks.append(entry)
-        else:
-            table.rewrites.setdefault(exact, []).append(entry)
+    def inference_models(self) -> None:
+        for _, ref, namespace, spec in self.specs("InferenceModel", InferenceModel):
+            backend, problem = self.pool_of(namespace, ref, spec.pool_ref)
+            # Its criticality when it names one; else (None) the tenant's applies.
+            criticality = spec.criticality if "criticality" in spec.model_fields_set else None
+            entry = _PoolRoute(ref, tuple(spec.target_shares()), backend, problem, criticality)
+            self.table.inference_models.setdefault(spec.model_name, []).append(entry)
 
-    # Playgrounds and plain endpoints: routable by the served model name.
-    by_name: dict[str, list[EndpointState]] = {}
-    for state in states:
-        for name in state.endpoint.served_names():
-            by_name.setdefault(name, []).append(state)
-    profiles: dict[str, str | None] = {}
-    limits: dict[str, dict[str, float | None]] = {}
-    for obj in by_kind["Playground"]:
-        failing = failing_reason(obj)
-        for name in playground_models(obj.get("spec") or {}):
-            table.placeholders.add(name)
-            profiles.setdefault(name, _profile(obj["metadata"]))
-            limits.setdefault(name, _limits(obj["metadata"], config))
-            if failing:
-                table.failing.setdefault(name, failing)
+    def objectives(self) -> None:
+        for meta, ref, namespace, spec in self.specs("InferenceObjective", InferenceObjective):
+            backend, problem = self.pool_of(namespace, ref, spec.pool_ref)
+            if backend is None:
+                self.table.problems[ref] = problem
             else:
+                self.table.objectives[(backend.ref, meta["name"])] = spec.effective_priority
+
+    def rewrites(self) -> None:
+        for _, ref, namespace, spec in self.specs("InferenceModelRewrite", InferenceModelRewrite):
+            backend, problem = self.pool_of(namespace, ref, spec.pool_ref)
+            for i, rule in enumerate(spec.rules):
+                entry = _PoolRoute(f"{ref}#{i}", tuple(rule.shares()), backend, problem)
+                for match in rule.matches or ():
+                    self.table.rewrites.setdefault(match.model.value, []).append(entry)
+                if not rule.matches:
+                    self.table.fallbacks.append(entry)
+
+    def served_models(self) -> None:
+        """Playgrounds and plain endpoints: routable by the served model name; a Playground's
+        name with no endpoint yet is a placeholder (503, maybe held for the activator)."""
+        table = self.table
+        for obj in self.playgrounds:
+            failing = failing_reason(obj)
+            for name in playground_models(obj.get("spec") or {}):
                 meta = obj["metadata"]
-                workload = f"{meta.get('namespace') or 'default'}/{meta['name']}"
-                table.activatable.setdefault(name, workload)
-    for name, members in by_name.items():
-        served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
-        rewrite = served.pop() if len(served) == 1 else None
-        table.defaults[name] = Backend(
-            ref=f"Model/{name}",
-            candidates=tuple(members),
-            model=rewrite if rewrite != name else None,
-            **(limits.get(name) or _limits({}, config)),
-            profile=profiles.get(name),
-            **defaults,
-        )
-    for name, decodes, prefill, mode in pd_pairs(by_kind["Playground"], states):
-        default = table.defaults.get(name)
-        if default is not None and not (decodes and prefill):
-            del table.defaults[name]  # no pair yet: activatable (held until both roles are up)
-        elif default is not None:  # decode replicas, each paired with a prefill one (pd.py)
-            pd = PDBackend(GROUP_KEY, prefill, mode)
-            table.defaults[name] = replace(default, candidates=decodes, pd=pd)
-    _adapter_routes(
-        table,
-        states,
-        by_kind["Playground"],
-        by_name,
-        lambda base: {
-            **(limits.get(base) or _limits({}, config)),
-            "profile": profiles.get(base),
-            **defaults,
-        },
-    )
-    table.decisions = {
-        name: RouteDecision(
-            backend.ref, backend, backend.model or name, lora=name in table.adapters
-        )
-        for name, backend in table.defaults.items()
-    }
-    table.placeholders -= set(table.defaults)
-    for name in set(table.activatable) - table.placeholders:
-        del table.activatable[name]
-    for name in table.failing:  # one failing Playground for the name: say so, do not hold
-        table.activatable.pop(name, None)
-    activatable_routes(table, selectors, by_kind["Playground"])
-    for ref, problem in table.problems.items():
-        log.warning("routing ignores %s: %s", ref, problem)
-    return table
+                self.named_settings.setdefault(name, self.settings(meta))
+                if not table.placeholders.get(name):  # the first failing Playground says why
+                    table.placeholders[name] = failing
+                if not failing:
+                    table.activatable.setdefault(name, f"{_namespace(meta)}/{meta['name']}")
+        defaults = {}
+        for name, members in self.by_name.items():
+            served = {s.endpoint.model_name for s in members if s.endpoint.model_name}
+            model = served.pop() if len(served) == 1 else None
+            defaults[name] = Backend(
+                f"Model/{name}",
+                tuple(members),
+                model=model if model != name else None,
+                **self.settings_of(name),
+            )
+        for name, decodes, prefill, mode in pd_pairs(self.playgrounds, self.states):
+            if name in defaults and not (decodes and prefill):
+                del defaults[name]  # no pair yet: activatable (held until both roles are up)
+            elif name in defaults:  # decode replicas, each paired with a prefill one (pd.py)
+                pd = PDBackend(GROUP_KEY, prefill, mode)
+                defaults[name] = replace(defaults[name], candidates=decodes, pd=pd)
+        for name, backend in defaults.items():
+            self.route(name, backend)
+
+    def lora_adapters(self) -> None:
+        """LoRA adapters need no YAML: those a replica reports route to the replicas holding
+        them; those declared on a Playground and held by none route to its replicas, marked
+        for loading (``gateway/adapters.py``). A model of the adapter's name wins."""
+        decisions = self.table.decisions
+        for name, members in reported_adapters(self.states).items():
+            if name not in decisions:
+                settings = self.settings_of(members[0].endpoint.model_name)
+                self.route(name, Backend(f"LoRA/{name}", tuple(members), **settings), lora=True)
+        for adapter in declared_adapters(self.playgrounds):
+            if (name := adapter.name) not in decisions:
+                candidates = tuple(self.by_name.get(adapter.base, ()))
+                backend = Backend(f"LoRA/{name}", candidates, **self.settings_of(adapter.base))
+                decisions[name] = RouteDecision(backend.ref, backend, name, lora=True, load=adapter)
+
+    def settings_of(self, name: str | None) -> dict[str, Any]:
+        """The Backend settings of the Playground serving ``name``, else the defaults."""
+        return self.named_settings.get(name) or self.settings({})
+
+    def route(self, name: str, backend: Backend, lora: bool = False) -> None:
+        """Route ``name`` to ``backend`` without extra YAML (decided once per table): it is no
+        placeholder any more."""
+        decision = RouteDecision(backend.ref, backend, backend.model or name, lora=lora)
+        self.table.decisions[name] = decision
+        self.table.placeholders.pop(name, None)
+
+    def finish(self) -> RoutingTable:
+        table = self.table
+        table.activatable = {  # only for a placeholder no Playground of the name fails
+            name: workload
+            for name, workload in table.activatable.items()
+            if name in table.placeholders and not table.placeholders[name]
+        }
+        activatable_routes(table, self.selectors, self.playgrounds)
+        for ref, problem in table.problems.items():
+            log.warning("routing ignores %s: %s", ref, problem)
+        return table
+
+
+def _namespace(meta: Mapping[str, Any]) -> str:
+    return meta.get("namespace") or "default"
+
+
+def _annotation(
+    meta: Mapping[str, Any], annotation: str, parse: Callable[[str], T], default: T
+) -> T:
+    """``parse`` of an annotation's value, else ``default`` (a bad value is logged)."""
+    value = (meta.get("annotations") or {}).get(annotation)
+    if value is None:
+        return default
+    try:
+        return parse(str(value).strip())
+    except ValueError as err:
+        log.warning("ignoring %s=%r on %s: %s", annotation, value, meta.get("name"), err)
+        return default
+
+
+def _seconds(text: str) -> float | None:
+    """A positive number of seconds ("0", "none" or "off": no limit)."""
+    text = text.lower().removesuffix("s")
+    if text in ("0", "none", "off"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError("not a number of seconds")
+    return seconds
+
+
+def _count(text: str) -> int:
+    """A whole number >= 0 (at most six digits)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6):
+        raise ValueError("not a count")
+    return int(text)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from llmplane.controlplane.plan import MODEL_NAME_LABEL
@@ -228,6 +230,18 @@ def test_a_claimed_name_is_sent_as_the_engine_serves_it():
     assert table.resolve("qwen", "/", {}) is claimed
 
 
+def test_a_decision_cannot_be_changed_once_made():
+    # A default route's decision is shared by every request on the table: a later stage that
+    # changed it would change the next request's too.
+    table = build_table([], [ep(1, {MODEL_NAME_LABEL: "qwen"}, model="qwen")])
+    decision = table.resolve("qwen", "/", {})
+    for name, value in (("model", "other"), ("priority", 9), ("lora", True)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(decision, name, value)
+    again = table.resolve("qwen", "/", {})
+    assert (again.model, again.priority, again.lora) == ("qwen", None, False)
+
+
 def test_invalid_objects_are_ignored_not_fatal():
     objects = [route("bad", {"rules": []}), server("s", "m", {"matchLabels": {"app": "a"}})]
     table = build_table(objects, STATES)
@@ -265,6 +279,14 @@ def test_reported_and_declared_lora_adapters_need_no_routes():
     assert "a2" in table.model_names() and "a1" in table.model_names()
     # The base model stays a plain model.
     assert not table.resolve("base", "/v1/completions", {}).lora
+    # The console says what routes each: a declared adapter is not on a replica yet.
+    from llmplane.console.api import route_sources
+
+    assert route_sources(table) == [
+        {"name": "a1", "via": "served model"},
+        {"name": "a2", "via": "no ready endpoint"},
+        {"name": "base", "via": "served model"},
+    ]
 
 
 def test_a_failing_playground_says_so_in_its_503():
@@ -286,6 +308,19 @@ def test_a_failing_playground_says_so_in_its_503():
     assert err.value.status == 503
     assert "its engine is failing (CrashLoopBackOff)" in err.value.message
     assert "llmplane logs pl/p" in err.value.message and "last lines" not in err.value.message
+
+    # Two Playgrounds claim the name, the first one starting: the failing one still speaks,
+    # and requests are not held for the starting one.
+    table = build_table([_playground("q", "m"), pg], [])
+    with pytest.raises(GatewayError) as err:
+        table.resolve("m", "/v1/completions", {})
+    assert "its engine is failing (CrashLoopBackOff)" in err.value.message
+    assert table.activatable == {}
+    table = build_table([_playground("q", "m")], [])
+    assert table.activatable == {"m": "default/q"}
+    with pytest.raises(GatewayError) as err:
+        table.resolve("m", "/v1/completions", {})
+    assert err.value.status == 503 and "starting or scaled to zero" in err.value.message
 
 
 def _pool(name, selector):
@@ -397,7 +432,21 @@ def test_rewrite_precedence_exact_then_oldest_then_rule_order():
     with pytest.raises(GatewayError) as missing:
         build_table(objects[:2], STATES).resolve("", "/v1/completions", {})
     assert (missing.value.status, missing.value.code) == (400, "missing_model")
-    assert {"name": "x", "via": "InferenceModelRewrite"} in route_sources(table)
+    sources = route_sources(table)
+    assert {"name": "x", "via": "InferenceModelRewrite"} in sources
+    assert {"name": "m", "via": "served model"} in sources  # the endpoints' own name
+
+
+def test_a_rewrite_rule_without_targets_keeps_the_requested_model():
+    keep_x = {"matches": [{"model": {"value": "x"}}]}
+    objects = [pool_v1("a", {"app": "a"}), rewrite("r", "a", [keep_x, {}])]
+    table = build_table(objects, STATES)
+    assert (table.resolve("x", "/", {}).model, table.resolve("x", "/", {}).route) == (
+        "x",
+        "InferenceModelRewrite/default/r#0",
+    )
+    assert table.resolve("other", "/", {}).model == "other"  # the catch-all rule
+    assert table.resolve("", "/", {}).model == ""  # no model: the engine's default
 
 
 def test_served_names_win_over_generic_rewrites_but_not_exact_ones():
@@ -473,3 +522,22 @@ def test_migration_limit_per_route_from_its_annotation():
     table = build_table([plain, off, bad], STATES, GatewayConfig(migration_limit=5))
     limits = {name: b.migration_limit for (_, name), b in table.servers.items()}
     assert limits == {"a": 5, "b": 0, "c": 5}  # a bad value keeps the default
+
+
+def test_timeouts_from_annotations_else_the_config():
+    def timeouts(value):
+        s = server("a", "model-a", {"matchLabels": {"app": "a"}})
+        s["metadata"]["annotations"] = {
+            "llmplane.io/upstream-timeout": value,
+            "llmplane.io/stream-stall-timeout": value,
+        }
+        config = GatewayConfig(default_timeout=7.0, stream_stall_timeout=8.0)
+        backend = build_table([s], STATES, config).servers[("default", "a")]
+        return backend.timeout, backend.stall_timeout
+
+    assert timeouts("30s") == timeouts(" 30 ") == (30.0, 30.0)
+    assert timeouts("0.5") == (0.5, 0.5)
+    for off in ("0", "none", "Off"):
+        assert timeouts(off) == (None, None), off
+    for bad in ("-1", "0.0", "abc", "inf", "nan", "", "1e999"):  # logged, the default kept
+        assert timeouts(bad) == (7.0, 8.0), bad
