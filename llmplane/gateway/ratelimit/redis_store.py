@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from llmplane.api.kthena import split_host_port
+from llmplane.gateway.ratelimit.buckets import BucketState
 from llmplane.gateway.ratelimit.limits import RouteLimit
 
 # Both scripts: a bucket is a hash {level, stamp}, refilled at ``rate`` up to ``burst`` from
@@ -58,19 +59,17 @@ return out
 )
 
 # KEYS: one hash per direction. ARGV: rate, burst, delta for each key (delta > 0 gives back,
-# < 0 debits). Returns the levels after.
+# < 0 debits).
 SETTLE_LUA = (
     _BUCKET_LUA
     + """
-local out = {}
 for i, key in ipairs(KEYS) do
   local rate = tonumber(ARGV[3 * i - 2])
   local burst = tonumber(ARGV[3 * i - 1])
   local level = math.min(burst, refilled(key, rate, burst) + tonumber(ARGV[3 * i]))
   store(key, level, rate, burst)
-  out[i] = string.format('%.17g', level)
 end
-return out
+return 1
 """
 )
 
@@ -115,18 +114,20 @@ class RedisBuckets:
 
     async def reserve(
         self, limit: RouteLimit, amounts: list[tuple[str, int]]
-    ) -> tuple[bool, list[tuple[float, float]]]:
-        """Take every (direction, amount) or none: admitted, and (level, wait) per direction."""
+    ) -> tuple[bool, list[BucketState]]:
+        """Take every (direction, amount) or none: admitted, and the buckets' states."""
         async with asyncio.timeout(self.timeout):
             reply = await self._reserve(*_script_args(limit, amounts))
-        ok = reply[0] in (b"1", "1", 1)
-        return ok, [(float(reply[2 * i + 1]), float(reply[2 * i + 2])) for i in range(len(amounts))]
+        states = [
+            BucketState(d, limit.limit(d) or 0, limit.rate(d), float(level), float(wait))
+            for (d, _), level, wait in zip(amounts, reply[1::2], reply[2::2], strict=True)
+        ]
+        return reply[0] in (b"1", "1", 1), states
 
-    async def settle(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> list[float]:
-        """Give back (> 0) or debit (< 0) each (direction, delta); the levels after."""
+    async def settle(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> None:
+        """Give back (> 0) or debit (< 0) each (direction, delta)."""
         async with asyncio.timeout(self.timeout):
-            reply = await self._settle(*_script_args(limit, deltas))
-        return [float(v) for v in reply]
+            await self._settle(*_script_args(limit, deltas))
 
     async def close(self) -> None:
         await self.client.aclose()
