@@ -73,22 +73,13 @@ def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
     known) over one where it would wait for a running request to end, then the fewest streams
     before their first chunk (each is a prefill in the step under way or in the next one, the
     step this request joins), then the fewest requests in flight."""
-    keys = [_start_key(state) for state in candidates]
-    best = min(keys)
-    return [state for state, key in zip(candidates, keys, strict=True) if key == best]
 
+    def start(state: EndpointState) -> tuple[bool, int, int]:
+        full = bool(state.capacity) and state.inflight >= state.capacity
+        return (full, state.prefilling, state.inflight)
 
-def _start_key(state: EndpointState) -> tuple[bool, int, int]:
-    capacity = state.capacity
-    return (bool(capacity) and state.inflight >= capacity, state.prefilling, state.inflight)
-
-
-def prioritized(candidates: Sequence[EndpointState]) -> bool:
-    """Whether one of these endpoints orders its queue by priority (``priority.py``)."""
-    for state in candidates:  # noqa: SIM110 - a loop, not any(genexpr): no generator per request
-        if state.endpoint.priority_scheduling:
-            return True
-    return False
+    best = min(map(start, candidates))
+    return [state for state in candidates if start(state) == best]
 
 
 class FlowMetrics:
@@ -191,40 +182,44 @@ class FlowControl:
         """With a reserve: whether this request may go now past the saturation rule (not
         Sheddable, its flow under its fair share, an endpoint with room within the reserve);
         ``room`` then narrows its candidates."""
-        band = band_of(level)
-        if not self.reserve or band >= SHEDDABLE_BAND:
-            return False
-        flow = flow_of(tenant)
-        if not self.shares.under(key, flow, weight, self.queues.get(key)):
-            return False
-        if not self._reserve_left(candidates, now):
+        band, flow = band_of(level), flow_of(tenant)
+        if (
+            not self.reserve
+            or band >= SHEDDABLE_BAND
+            or not self.shares.under(key, flow, weight, self.queues.get(key))
+            or not self._with_room(candidates, now, self.reserve)
+        ):
             return False
         self.metrics.reserved.labels(band_name(band), flow).inc()
         return True
 
-    def _reserve_left(self, candidates: Sequence[EndpointState], now: float) -> bool:
-        saturated_by, reserve = self.saturated_by, self.reserve
+    def _with_room(
+        self, candidates: Sequence[EndpointState], now: float, extra: int
+    ) -> list[EndpointState]:
+        """The candidates with room for ``extra`` more requests past the saturation rule."""
+        saturated_by = self.saturated_by
         assert saturated_by is not None
-        return any(not saturated_by(state, now, reserve) for state in candidates)
+        return [state for state in candidates if not saturated_by(state, now, extra)]
 
     def room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
         """With a reserve, the candidates an admitted request should go to: those below the
         saturation rule, else those within the reserve (it was let through by the reserve),
         else all."""
-        saturated_by = self.saturated_by
-        if not self.reserve or saturated_by is None:
+        if not self.reserve:
             return candidates
-        room = [state for state in candidates if not saturated_by(state, now, 0)]
+        room = self._with_room(candidates, now, 0)
         if room:
             return room
-        room = [state for state in candidates if not saturated_by(state, now, self.reserve)]
+        room = self._with_room(candidates, now, self.reserve)
         return soonest(room) if room else candidates
 
     def counts(self, candidates: Sequence[EndpointState]) -> bool:
         """Whether requests to these candidates are counted for their flow's fair share: with
         a reserve, or when one of them orders its queue by priority (``priority.py`` ranks
         a request by its share); never with flow control off."""
-        return bool(self.reserve) or (self.enabled and prioritized(candidates))
+        return bool(self.reserve) or (
+            self.enabled and any(state.endpoint.priority_scheduling for state in candidates)
+        )
 
     def seat(self, key: str, tenant: str | None, weight: int) -> FlowSeat:
         """Count a request that passed admission for its flow until ``release``, noting
@@ -304,7 +299,7 @@ class FlowControl:
         now = time.monotonic()
         if not self.saturated(queue.candidates, now):
             waiter = queue.pop()
-        elif self.reserve and self._reserve_left(queue.candidates, now):
+        elif self.reserve and self._with_room(queue.candidates, now, self.reserve):
             waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter
             if waiter is None:
                 return

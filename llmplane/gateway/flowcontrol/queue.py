@@ -27,7 +27,6 @@ flooding the band pays); with nothing lower to evict the newcomer is refused.
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,6 @@ from typing import Any
 BANDS = ("Critical", "Default", "Sheddable")  # highest priority first
 BAND = {name: index for index, name in enumerate(BANDS)}
 BAND["Standard"] = BAND["Default"]  # upstream's name for the middle band
-PRIORITY = {name: 1 - band for name, band in BAND.items()}  # Critical 1, Default 0, Sheddable -1
 DEFAULT_BAND = BAND["Default"]
 SHEDDABLE_BAND = BAND["Sheddable"]  # this band and those after it are sheddable (priority < 0)
 
@@ -165,16 +163,23 @@ class Full(Exception):
 class FlowQueue:
     """Waiters of one backend, in bands (see the module docstring)."""
 
-    __slots__ = ("bands", "bytes", "candidates", "count", "granted", "limits", "order")
+    __slots__ = ("bands", "candidates", "granted", "limits")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.bands: dict[int, Band] = {}  # band number -> its waiters (bands once used stay)
-        self.order: list[int] = []  # band numbers, highest priority (lowest number) first
-        self.count = 0
-        self.bytes = 0
+        # Band number -> its waiters, highest priority (lowest number) first; bands once used
+        # stay. The counts live in the bands; the queue's are their sums.
+        self.bands: dict[int, Band] = {}
         self.granted = False  # a popped waiter has not taken its endpoint yet (caller's)
         self.candidates: Any = ()  # the endpoints the waiters wait for (caller's)
+
+    @property
+    def count(self) -> int:
+        return sum(band.count for band in self.bands.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(band.bytes for band in self.bands.values())
 
     def offer(self, waiter: Waiter, weight: int = 1) -> list[Waiter]:
         """Queue ``waiter`` (flow weight ``weight``); returns the waiters evicted for it.
@@ -185,49 +190,35 @@ class FlowQueue:
             raise Full(f"the {band_name(waiter.band)} band is full", "band_full")
         if waiter.size > lim.total_bytes:
             raise Full("the request is larger than the whole queue")
-        # How much has to go from lower bands; refuse before evicting anything.
-        need_count = self.count + 1 - lim.total_requests
-        need_bytes = self.bytes + waiter.size - lim.total_bytes
-        lower = [self.bands[n] for n in self.order if n > waiter.band]
-        if (need_count > 0 or need_bytes > 0) and (
-            sum(b.count for b in lower) < need_count or sum(b.bytes for b in lower) < need_bytes
+        # What has to go from lower bands; refuse before evicting anything.
+        lower = [b for n, b in self.bands.items() if n > waiter.band]
+        if (
+            sum(b.count for b in lower) < self.count + 1 - lim.total_requests
+            or sum(b.bytes for b in lower) < self.bytes + waiter.size - lim.total_bytes
         ):
             raise Full("the queue is full")
         if waiter.band not in self.bands:
-            self.bands[waiter.band] = band
-            bisect.insort(self.order, waiter.band)
+            self.bands = dict(sorted({**self.bands, waiter.band: band}.items()))
         evicted: list[Waiter] = []
         for b in reversed(lower):
             while b.count and (
                 self.count + 1 > lim.total_requests or self.bytes + waiter.size > lim.total_bytes
             ):
-                victim = b.victim()
-                self.count -= 1
-                self.bytes -= victim.size
-                evicted.append(victim)
+                evicted.append(b.victim())
         band.push(waiter, weight)
-        self.count += 1
-        self.bytes += waiter.size
         return evicted
 
     def pop(self) -> Waiter | None:
         """The next waiter to dispatch, or None."""
-        if not self.count:
-            return None
-        band = next(self.bands[n] for n in self.order if self.bands[n].count)
-        waiter = band.pop()
-        self.count -= 1
-        self.bytes -= waiter.size
-        return waiter
+        for band in self.bands.values():
+            if band.count:
+                return band.pop()
+        return None
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (TTL, client gone); False if it is no longer queued."""
         band = self.bands.get(waiter.band)
-        if band is not None and band.remove(waiter):
-            self.count -= 1
-            self.bytes -= waiter.size
-            return True
-        return False
+        return band is not None and band.remove(waiter)
 
     def lengths(self) -> dict[tuple[str, str], int]:
         """(band, flow) -> waiters, for the queue gauge."""
@@ -239,4 +230,4 @@ class FlowQueue:
 
     def served_bands(self) -> list[Band]:
         """The bands a reserve serves (not sheddable), highest first."""
-        return [self.bands[n] for n in self.order if n < SHEDDABLE_BAND]
+        return [band for number, band in self.bands.items() if number < SHEDDABLE_BAND]
