@@ -1,33 +1,23 @@
-"""Flow control in the gateway: requests wait here while every candidate is saturated.
+"""Flow control in the gateway: requests wait here while every candidate is saturated
+(docs/gateway.md, "Flow control").
 
-``FlowControl.needed`` is the fast path's question (nothing waits for this backend and one of
-its candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
-``FlowQueue`` (band from its criticality or InferenceObjective priority, flow from its
-tenant) until it is dispatched, and raises the 429 when its TTL ends, its band is full or it
-is evicted for a higher band. A client that goes away cancels its task and the waiter leaves
-the queue.
+``needed`` is the fast path's question (nothing waits for this backend and one of its
+candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
+``FlowQueue`` until it is dispatched, or raises the 429 (TTL, band full, evicted); a client
+that goes away cancels its task and the waiter leaves the queue.
 
-Dispatch is event driven: ``pump`` runs when a request finishes (a slot freed), when an
-endpoint was scraped or its metrics kept fresh (fresh load), and when the endpoint list
-changes. Capacity can also free without an event this process sees (with several workers:
-another worker's requests finishing, a dead worker's counts released by the supervisor), so
-while anything waits a re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL
-while an endpoint has room (a replacement worker's requests did: `bench.worker_spread`). One
-waiter per backend is dispatched at a time: the next one only after the dispatched request has
-taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
-burst of completions from releasing more requests than there is room for.
+Dispatch (``pump``) runs when a request finishes, an endpoint was scraped and when the
+endpoint list changes. Capacity can also free without an event this process sees (another
+worker's requests finishing, a dead worker's counts released), so while anything waits a
+re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL while an endpoint has
+room. One waiter per backend is dispatched at a time, the next only once the dispatched
+request has taken its endpoint (the saturation rule sees its in-flight count), so a burst of
+completions never releases more requests than there is room for.
 
-With a reserve (``flowControlReserve``, ``share.py``): a request whose flow is under its fair
-share of the backend's recent dispatches (and within its share of the seats plus the reserve)
-goes at once to an endpoint within the
-reserve past the saturation rule, instead of waiting behind over-share flows; of those, to
-where it starts soonest (``soonest``: a free sequence slot, the fewest prefills under way),
-not the scheduler's usual pick, since what it waits for there is the engine's step. When the
-backend's engines order their queues by priority (``priority.py``), the shares are counted
-even without a reserve: a request's priority says whether its tenant was under its share.
-
-The state is per gateway process (each worker of a multi-worker gateway keeps its own queues,
-over the load it sees on the shared engines): see docs/gateway.md, "Flow control".
+With a reserve (``share.py``) a request of a flow under its fair share goes past the
+saturation rule, to where it starts soonest (``soonest``), not to the scheduler's usual pick:
+what it waits for there is the engine's step. State is per gateway process (each worker keeps
+its own queues over the load it sees on the shared engines).
 """
 
 from __future__ import annotations
@@ -253,7 +243,7 @@ class FlowControl:
             evicted = queue.offer(waiter, weight)
         except Full as full:
             self._drop_if_idle(key, queue)
-            raise self._refuse(waiter, full.code, f"{full.reason}; retry later") from None
+            raise self._refuse(waiter, full.code, full.reason) from None
         for victim in evicted:
             self._fail(
                 victim, "evicted", "evicted from the gateway's queue by higher-priority requests"
@@ -306,7 +296,6 @@ class FlowControl:
             self.metrics.reserved.labels(band_name(waiter.band), waiter.flow).inc()
         else:
             return
-        assert waiter is not None
         waiter.granted = True
         queue.granted = True
         waiter.future.set_result(None)
@@ -344,13 +333,13 @@ class FlowControl:
 
     def _fail(self, waiter: Waiter, reason: str, detail: str) -> None:
         if not waiter.future.done():
-            waiter.future.set_exception(self._refuse(waiter, reason, detail + "; retry later"))
+            waiter.future.set_exception(self._refuse(waiter, reason, detail))
 
     def _refuse(self, waiter: Waiter, reason: str, detail: str) -> GatewayError:
         self.metrics.refused.labels(band_name(waiter.band), waiter.flow, reason).inc()
         return Overloaded(
             429,
-            f"every endpoint is saturated and the request was not served: {detail}",
+            f"every endpoint is saturated and the request was not served: {detail}; retry later",
             retry_after=self.retry_after,
         )
 
