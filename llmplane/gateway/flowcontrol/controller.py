@@ -73,8 +73,12 @@ def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
 
 
 class FlowMetrics:
-    def __init__(self) -> None:
-        # Label values: band names and tenant names from the tenant table (never client text).
+    """Flow control's metrics, and ``llmplane_gateway_flow_queue{band,tenant}`` (requests
+    waiting now in ``queues``). Label values: band names and tenant names from the tenant table
+    (never client text)."""
+
+    def __init__(self, queues: dict[str, FlowQueue]) -> None:
+        self.queues = queues
         self.wait = Histogram(
             "llmplane_gateway_flow_wait_seconds",
             "Time dispatched requests waited in the gateway's flow-control queue",
@@ -100,13 +104,6 @@ class FlowMetrics:
     def all(self) -> list[Counter | Histogram]:
         return [self.wait, self.refused, self.left, self.reserved]
 
-
-class _QueueCollector:
-    """``llmplane_gateway_flow_queue{band,tenant}``: requests waiting now."""
-
-    def __init__(self, flow: FlowControl) -> None:
-        self.flow = flow
-
     def collect(self) -> list[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "llmplane_gateway_flow_queue",
@@ -114,7 +111,7 @@ class _QueueCollector:
             labels=["band", "tenant"],
         )
         totals: dict[tuple[str, str], int] = {}
-        for queue in list(self.flow.queues.values()):
+        for queue in list(self.queues.values()):
             for key, n in queue.lengths().items():
                 totals[key] = totals.get(key, 0) + n
         for (band, tenant), n in sorted(totals.items()):
@@ -152,8 +149,8 @@ class FlowControl:
         self.recheck = recheck  # seconds between re-checks while anything waits (0: none)
         self._rechecking: asyncio.TimerHandle | None = None
         self.queues: dict[str, FlowQueue] = {}  # by backend; only while something waits
-        self.metrics = FlowMetrics()
-        self.collector = _QueueCollector(self)
+        self.metrics = FlowMetrics(self.queues)
+        self.collector = self.metrics  # the queue gauge
 
     def needed(self, key: str, candidates: Sequence[EndpointState], now: float) -> bool:
         """Whether a request for backend ``key`` must wait: others wait already, or every

@@ -1,28 +1,15 @@
-"""The flow-control queue as a data structure: priority bands, fair flows, bounds, eviction.
+"""The flow-control queue as a data structure: priority bands, fair flows, bounds, eviction
+(the rules: docs/gateway.md, "Flow control").
 
 No I/O and no clock of its own: ``FlowQueue`` holds ``Waiter`` objects (whatever the caller
 hangs on them) and answers three questions: may this one wait (``offer``: it may, and these
 lower-band waiters are evicted for it; or it may not), which one goes next (``pop``), and take
 this one out (``remove``: a TTL, a client that left).
 
-Bands are integer priorities, higher first, as an InferenceObjective's ``priority`` says; a
-criticality is one of them: Critical 1, Default (upstream's Standard) 0, Sheddable -1, and any
-negative priority is sheddable, as in llm-d. Internally a band is numbered ``1 - priority`` so
-that Critical, Default and Sheddable are bands 0, 1 and 2 (``BAND``), lower served first.
-
-Order of dispatch: the highest band with a waiter (Critical, then Default, then Sheddable);
-inside a band, between flows (tenants), smooth weighted round-robin over the flows that have
-waiters: every flow with waiters gets ``weight / sum of weights`` of the dispatches and no flow
-waits more than one round, however many requests another flow queued. A flow that empties
-leaves the round and the others' credit restarts at zero; of flows with equal credit the one
-with fewer waiters goes first: a tenant that sends one request now and then goes next instead
-of behind one more request of a tenant that keeps a backlog. Inside a flow, arrival order.
-
-Bounds: each band holds at most ``band_requests`` waiters and ``band_bytes`` of bodies; the
-whole queue at most ``total_requests`` / ``total_bytes``. A band at its own bound refuses the
-newcomer. When only the total bound is hit, waiters of lower bands are evicted to make room,
-lowest band first and, inside it, the newest waiter of the flow with the most waiters (the one
-flooding the band pays); with nothing lower to evict the newcomer is refused.
+A band is an InferenceObjective's integer priority, higher first, numbered ``1 - priority`` so
+that the criticalities Critical (1), Default (0) and Sheddable (-1) are bands 0, 1 and 2, lower
+served first; any negative priority is sheddable, as in llm-d. Inside a band, flows (tenants)
+take turns by smooth weighted round-robin; inside a flow, arrival order.
 """
 
 from __future__ import annotations

@@ -136,24 +136,25 @@ class RateLimiter:
                 f"rateLimitRedisFailure: {self.policy!r} is not one of {FAILURE_POLICIES}"
             )
         self._tasks: set[asyncio.Task[None]] = set()
-        self.rejections = Counter(
+
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        self.rejections = counter(
             "llmplane_ratelimit_rejections",
             "Requests refused by a rate limit (route: the ModelRoute or Tenant; reason: "
             "exhausted = retry later, too_large = can never fit)",
             ("route", "direction", "reason"),
-            registry=registry,
         )
-        self.redis_errors = Counter(
+        self.redis_errors = counter(
             "llmplane_ratelimit_redis_errors",
             "Failed or timed-out Redis calls of global rate limits",
             ("op",),
-            registry=registry,
         )
-        self.degraded = Counter(
+        self.degraded = counter(
             "llmplane_ratelimit_degraded",
             "Requests decided by the Redis failure policy (open, local, closed)",
             ("route", "policy"),
-            registry=registry,
         )
 
     def update(self, objects: Iterable[dict[str, Any]]) -> None:
