@@ -14,7 +14,7 @@ room. One waiter per backend is dispatched at a time, the next only once the dis
 request has taken its endpoint (the saturation rule sees its in-flight count), so a burst of
 completions never releases more requests than there is room for.
 
-With a reserve (``share.py``) a request of a flow under its fair share goes past the
+With a reserve (``fairshare.py``) a request of a flow under its fair share goes past the
 saturation rule, to where it starts soonest (``soonest``), not to the scheduler's usual pick:
 what it waits for there is the engine's step. State is per gateway process (each worker keeps
 its own queues over the load it sees on the shared engines).
@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client.core import GaugeMetricFamily
 
 from llmplane.gateway.errors import GatewayError, Overloaded
+from llmplane.gateway.flowcontrol.fairshare import FlowSeat, Shares
 from llmplane.gateway.flowcontrol.queue import (
     SHEDDABLE_BAND,
     FlowQueue,
@@ -39,7 +40,6 @@ from llmplane.gateway.flowcontrol.queue import (
     band_name,
     band_of,
 )
-from llmplane.gateway.flowcontrol.share import FlowSeat, Shares
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
 

@@ -4,7 +4,7 @@ that what flow control knows still counts once the request is in the engine's qu
 
     priority = 2 x (band - 1) + (0 if the tenant was under its fair share else 1)
 
-Bands first, and inside a band a tenant under its fair share (``share.py``, decided at
+Bands first, and inside a band a tenant under its fair share (``fairshare.py``, decided at
 admission) ahead of one over it (docs/gateway.md, "Engine-side priority"). Only for endpoints
 whose ``Endpoint.priority_scheduling`` is set: an fcfs engine gets the client's bytes
 untouched. A client's own ``priority`` is overridden (a tenant must not rank itself): the field
