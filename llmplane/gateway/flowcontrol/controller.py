@@ -245,7 +245,7 @@ class FlowControl:
             self._fail(
                 victim, "evicted", "evicted from the gateway's queue by higher-priority requests"
             )
-        waiter.timer = loop.call_later(self.ttl, self._expire, key, queue, waiter)
+        waiter.timer = loop.call_later(self.ttl, self._expire, queue, waiter)
         if self._rechecking is None and self.recheck > 0:
             self._rechecking = loop.call_later(self.recheck, self._recheck)
         self._pump(key, queue)
@@ -293,6 +293,7 @@ class FlowControl:
             self.metrics.reserved.labels(band_name(waiter.band), waiter.flow).inc()
         else:
             return
+        assert waiter is not None  # the queue has a count
         waiter.granted = True
         queue.granted = True
         waiter.future.set_result(None)
@@ -324,7 +325,7 @@ class FlowControl:
             return True
         return False
 
-    def _expire(self, key: str, queue: FlowQueue, waiter: Waiter) -> None:
+    def _expire(self, queue: FlowQueue, waiter: Waiter) -> None:
         if queue.remove(waiter):
             self._fail(waiter, "ttl", f"waited {self.ttl:g} s in the gateway's queue")
 
