@@ -35,10 +35,8 @@ class Admission:
         """``extra``: that many more requests allowed past each count limit (flow control's
         reserve for flows under their fair share); stale metrics and KV use stay limits."""
         c = self.config
-        if c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight + extra:
-            return True  # the configured cap per endpoint, whatever its metrics say
-        if c.saturation_max_prefilling and state.prefilling >= c.saturation_max_prefilling + extra:
-            return True  # enough prefills under way: one more would share their steps
+        if self._capped(state, extra):
+            return True
         if (
             state.has_load_metrics is False
             or (state.has_load_metrics is None and not state.scraped_at)
@@ -51,31 +49,27 @@ class Admission:
             state.has_kv and state.kv_estimate() > c.saturation_kv
         )
 
+    def _capped(self, state: EndpointState, extra: int = 0) -> bool:
+        """At a configured cap, whatever the metrics say: ``saturation_max_inflight`` (keeps
+        room in the engine: what it is sent starts at once) or ``saturation_max_prefilling``
+        (one more prefill would share the steps of those under way)."""
+        c = self.config
+        return bool(
+            (c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight + extra)
+            or (
+                c.saturation_max_prefilling
+                and state.prefilling >= c.saturation_max_prefilling + extra
+            )
+        )
+
     def all_saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
-        saturated = self.saturated
-        # A loop, not all(genexpr): no generator per request on the fast path.
-        for state in candidates:  # noqa: SIM110 - the first one with room ends it
-            if not saturated(state, now):
-                return False
-        return True
+        return all(self.saturated(state, now) for state in candidates)
 
     def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
-        """The candidates below the configured caps (``saturation_max_inflight``,
-        ``saturation_max_prefilling``), so that the scheduler does not send past a cap while
-        another endpoint has room (a prefix held there outweighs the load scorers); all of
-        them when none has room or no cap is set."""
-        c = self.config
-        if not (c.saturation_max_inflight or c.saturation_max_prefilling):
-            return candidates
-        room = [
-            state
-            for state in candidates
-            if not (c.saturation_max_inflight and state.inflight >= c.saturation_max_inflight)
-            and not (
-                c.saturation_max_prefilling and state.prefilling >= c.saturation_max_prefilling
-            )
-        ]
-        return room or candidates
+        """The candidates below the configured caps, so that the scheduler does not send past
+        a cap while another endpoint has room (a prefix held there outweighs the load
+        scorers); all of them when none has room."""
+        return [state for state in candidates if not self._capped(state)] or candidates
 
     def admit(
         self, model: str, decision: RouteDecision, now: float, level: Level, shed: bool = True

@@ -126,7 +126,7 @@ class GatewayConfig:
     # Per endpoint, this many requests past the saturation rule (each count limit: in flight,
     # prefilling, queue) for a request whose tenant holds less than its fair share of the
     # backend's requests in flight (not Sheddable): it goes at once instead of waiting behind
-    # a heavy tenant's backlog (gateway/flowcontrol/share.py; 0: off).
+    # a heavy tenant's backlog (gateway/flowcontrol/fairshare.py; 0: off).
     flow_control_reserve: int = 0
     # ID:SALT:HASH of the admin key (`llmplane keys admin` makes one): with it, /metrics and
     # the console's JSON API need that key (Authorization: Bearer or x-api-key). None: open.

@@ -23,8 +23,8 @@ from llmplane.gateway.routing import RouteDecision
 
 if TYPE_CHECKING:
     from llmplane.gateway.auth import TenantAccess
+    from llmplane.gateway.flowcontrol.fairshare import FlowSeat
     from llmplane.gateway.flowcontrol.queue import Level
-    from llmplane.gateway.flowcontrol.share import FlowSeat
     from llmplane.gateway.registry import EndpointState
     from llmplane.gateway.scheduler.framework import Pick, SchedulingContext
 

@@ -12,8 +12,8 @@ import pytest
 
 from llmplane.gateway.config import config_from_dict
 from llmplane.gateway.flowcontrol import FlowControl
+from llmplane.gateway.flowcontrol.fairshare import FORGET, TAU, FlowSeat, Shares
 from llmplane.gateway.flowcontrol.queue import FlowQueue, Limits, Waiter
-from llmplane.gateway.flowcontrol.share import FORGET, TAU, FlowSeat, Shares
 
 
 class Endpoint:

@@ -1,4 +1,4 @@
-"""Local token buckets whose level lives in shared memory (``workers/buckets.py``, one per
+"""Token buckets whose level lives in shared memory (``workers/buckets.py``, one per
 rate-limited direction shared by the gateway's workers) against buckets of this process:
 the same admissions, levels and headers through ``reserve_local`` and ``rate_headers``."""
 
@@ -9,7 +9,8 @@ import random
 
 from llmplane.gateway.ratelimit.buckets import TokenBucket, rate_headers, reserve_local
 from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, OUTPUT, REQUESTS
-from llmplane.gateway.workers.buckets import SharedTokenBucket
+from llmplane.gateway.workers.buckets import SharedBuckets
+from llmplane.gateway.workers.shm import Locks
 
 LIMITS = {REQUESTS: 5, INPUT: 300, OUTPUT: 120, BUDGET: 2000}
 PERIOD = {REQUESTS: 60.0, INPUT: 60.0, OUTPUT: 1.0, BUDGET: 86400.0}
@@ -35,13 +36,12 @@ def test_shared_buckets_take_as_local_buckets():
     """A bucket whose level lives elsewhere (shared by workers) takes through the same
     ``reserve_local``: the same admissions, levels and headers as a bucket of this process."""
     rng = random.Random(17)
-    values = memoryview(bytearray(32)).cast("d")
+    table = SharedBuckets(8, Locks())
     shared = {
-        REQUESTS: SharedTokenBucket(LIMITS[REQUESTS] / 60.0, LIMITS[REQUESTS], values, 0, _Lock()),
-        OUTPUT: SharedTokenBucket(LIMITS[OUTPUT] / 1.0, LIMITS[OUTPUT], values, 2, _Lock()),
+        d: table.bucket(f"r\n{d}", LIMITS[d] / PERIOD[d], LIMITS[d], 0.0)
+        for d in (REQUESTS, OUTPUT)
     }
-    for bucket in shared.values():
-        bucket.level, bucket.stamp = float(bucket.burst), 0.0
+    assert all(isinstance(b.cells, memoryview) for b in shared.values())  # in shared memory
     theirs = local([REQUESTS, OUTPUT])
     now, admitted = 0.0, 0
     for _ in range(200):
@@ -56,12 +56,12 @@ def test_shared_buckets_take_as_local_buckets():
 
 
 def test_a_shared_bucket_keeps_the_arithmetic_of_a_local_one():
-    """``SharedTokenBucket`` (level and stamp in shared memory) refills, waits, adjusts and
-    reports as a ``TokenBucket`` does."""
+    """A bucket whose level and stamp are two float64 of shared memory refills, waits, adjusts
+    and reports as one of this process does."""
     rng = random.Random(3)
     values = memoryview(bytearray(16)).cast("d")
-    shared = SharedTokenBucket(2.0, 100, values, 0, _Lock())
-    shared.level, shared.stamp = 100.0, 0.0
+    values[0], values[1] = 100.0, 0.0
+    shared = TokenBucket(2.0, 100, 0.0, values, _Lock())
     mine = TokenBucket(2.0, 100, 0.0)
     now = 0.0
     for _ in range(300):
@@ -76,6 +76,6 @@ def test_a_shared_bucket_keeps_the_arithmetic_of_a_local_one():
         delta = rng.randint(-40, 40)
         shared.adjust(delta, now)
         mine.adjust(delta, now)
-        assert (values[0], values[1]) == (mine.level, mine.stamp)
+        assert (values[0], values[1]) == tuple(mine.cells)
         assert shared.state("requests") == mine.state("requests")
     assert values[0] < 0 < values[1]  # an overuse debit was covered too

@@ -1,33 +1,23 @@
-"""Flow control in the gateway: requests wait here while every candidate is saturated.
+"""Flow control in the gateway: requests wait here while every candidate is saturated
+(docs/gateway.md, "Flow control").
 
-``FlowControl.needed`` is the fast path's question (nothing waits for this backend and one of
-its candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
-``FlowQueue`` (band from its criticality or InferenceObjective priority, flow from its
-tenant) until it is dispatched, and raises the 429 when its TTL ends, its band is full or it
-is evicted for a higher band. A client that goes away cancels its task and the waiter leaves
-the queue.
+``needed`` is the fast path's question (nothing waits for this backend and one of its
+candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
+``FlowQueue`` until it is dispatched, or raises the 429 (TTL, band full, evicted); a client
+that goes away cancels its task and the waiter leaves the queue.
 
-Dispatch is event driven: ``pump`` runs when a request finishes (a slot freed), when an
-endpoint was scraped or its metrics kept fresh (fresh load), and when the endpoint list
-changes. Capacity can also free without an event this process sees (with several workers:
-another worker's requests finishing, a dead worker's counts released by the supervisor), so
-while anything waits a re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL
-while an endpoint has room (a replacement worker's requests did: `bench.worker_spread`). One
-waiter per backend is dispatched at a time: the next one only after the dispatched request has
-taken its endpoint (its in-flight count is up, so the saturation rule sees it), which keeps a
-burst of completions from releasing more requests than there is room for.
+Dispatch (``pump``) runs when a request finishes, an endpoint was scraped and when the
+endpoint list changes. Capacity can also free without an event this process sees (another
+worker's requests finishing, a dead worker's counts released), so while anything waits a
+re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL while an endpoint has
+room. One waiter per backend is dispatched at a time, the next only once the dispatched
+request has taken its endpoint (the saturation rule sees its in-flight count), so a burst of
+completions never releases more requests than there is room for.
 
-With a reserve (``flowControlReserve``, ``share.py``): a request whose flow is under its fair
-share of the backend's recent dispatches (and within its share of the seats plus the reserve)
-goes at once to an endpoint within the
-reserve past the saturation rule, instead of waiting behind over-share flows; of those, to
-where it starts soonest (``soonest``: a free sequence slot, the fewest prefills under way),
-not the scheduler's usual pick, since what it waits for there is the engine's step. When the
-backend's engines order their queues by priority (``priority.py``), the shares are counted
-even without a reserve: a request's priority says whether its tenant was under its share.
-
-The state is per gateway process (each worker of a multi-worker gateway keeps its own queues,
-over the load it sees on the shared engines): see docs/gateway.md, "Flow control".
+With a reserve (``fairshare.py``) a request of a flow under its fair share goes past the
+saturation rule, to where it starts soonest (``soonest``), not to the scheduler's usual pick:
+what it waits for there is the engine's step. State is per gateway process (each worker keeps
+its own queues over the load it sees on the shared engines).
 """
 
 from __future__ import annotations
@@ -39,6 +29,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client.core import GaugeMetricFamily
 
 from llmplane.gateway.errors import GatewayError, Overloaded
+from llmplane.gateway.flowcontrol.fairshare import FlowSeat, Shares
 from llmplane.gateway.flowcontrol.queue import (
     SHEDDABLE_BAND,
     FlowQueue,
@@ -49,7 +40,6 @@ from llmplane.gateway.flowcontrol.queue import (
     band_name,
     band_of,
 )
-from llmplane.gateway.flowcontrol.share import FlowSeat, Shares
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
 
@@ -73,27 +63,22 @@ def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
     known) over one where it would wait for a running request to end, then the fewest streams
     before their first chunk (each is a prefill in the step under way or in the next one, the
     step this request joins), then the fewest requests in flight."""
-    keys = [_start_key(state) for state in candidates]
-    best = min(keys)
-    return [state for state, key in zip(candidates, keys, strict=True) if key == best]
 
+    def start(state: EndpointState) -> tuple[bool, int, int]:
+        full = bool(state.capacity) and state.inflight >= state.capacity
+        return (full, state.prefilling, state.inflight)
 
-def _start_key(state: EndpointState) -> tuple[bool, int, int]:
-    capacity = state.capacity
-    return (bool(capacity) and state.inflight >= capacity, state.prefilling, state.inflight)
-
-
-def prioritized(candidates: Sequence[EndpointState]) -> bool:
-    """Whether one of these endpoints orders its queue by priority (``priority.py``)."""
-    for state in candidates:  # noqa: SIM110 - a loop, not any(genexpr): no generator per request
-        if state.endpoint.priority_scheduling:
-            return True
-    return False
+    best = min(map(start, candidates))
+    return [state for state in candidates if start(state) == best]
 
 
 class FlowMetrics:
-    def __init__(self) -> None:
-        # Label values: band names and tenant names from the tenant table (never client text).
+    """Flow control's metrics, and ``llmplane_gateway_flow_queue{band,tenant}`` (requests
+    waiting now in ``queues``). Label values: band names and tenant names from the tenant table
+    (never client text)."""
+
+    def __init__(self, queues: dict[str, FlowQueue]) -> None:
+        self.queues = queues
         self.wait = Histogram(
             "llmplane_gateway_flow_wait_seconds",
             "Time dispatched requests waited in the gateway's flow-control queue",
@@ -119,13 +104,6 @@ class FlowMetrics:
     def all(self) -> list[Counter | Histogram]:
         return [self.wait, self.refused, self.left, self.reserved]
 
-
-class _QueueCollector:
-    """``llmplane_gateway_flow_queue{band,tenant}``: requests waiting now."""
-
-    def __init__(self, flow: FlowControl) -> None:
-        self.flow = flow
-
     def collect(self) -> list[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "llmplane_gateway_flow_queue",
@@ -133,7 +111,7 @@ class _QueueCollector:
             labels=["band", "tenant"],
         )
         totals: dict[tuple[str, str], int] = {}
-        for queue in list(self.flow.queues.values()):
+        for queue in list(self.queues.values()):
             for key, n in queue.lengths().items():
                 totals[key] = totals.get(key, 0) + n
         for (band, tenant), n in sorted(totals.items()):
@@ -171,8 +149,8 @@ class FlowControl:
         self.recheck = recheck  # seconds between re-checks while anything waits (0: none)
         self._rechecking: asyncio.TimerHandle | None = None
         self.queues: dict[str, FlowQueue] = {}  # by backend; only while something waits
-        self.metrics = FlowMetrics()
-        self.collector = _QueueCollector(self)
+        self.metrics = FlowMetrics(self.queues)
+        self.collector = self.metrics  # the queue gauge
 
     def needed(self, key: str, candidates: Sequence[EndpointState], now: float) -> bool:
         """Whether a request for backend ``key`` must wait: others wait already, or every
@@ -191,40 +169,44 @@ class FlowControl:
         """With a reserve: whether this request may go now past the saturation rule (not
         Sheddable, its flow under its fair share, an endpoint with room within the reserve);
         ``room`` then narrows its candidates."""
-        band = band_of(level)
-        if not self.reserve or band >= SHEDDABLE_BAND:
-            return False
-        flow = flow_of(tenant)
-        if not self.shares.under(key, flow, weight, self.queues.get(key)):
-            return False
-        if not self._reserve_left(candidates, now):
+        band, flow = band_of(level), flow_of(tenant)
+        if (
+            not self.reserve
+            or band >= SHEDDABLE_BAND
+            or not self.shares.under(key, flow, weight, self.queues.get(key))
+            or not self._with_room(candidates, now, self.reserve)
+        ):
             return False
         self.metrics.reserved.labels(band_name(band), flow).inc()
         return True
 
-    def _reserve_left(self, candidates: Sequence[EndpointState], now: float) -> bool:
-        saturated_by, reserve = self.saturated_by, self.reserve
+    def _with_room(
+        self, candidates: Sequence[EndpointState], now: float, extra: int
+    ) -> list[EndpointState]:
+        """The candidates with room for ``extra`` more requests past the saturation rule."""
+        saturated_by = self.saturated_by
         assert saturated_by is not None
-        return any(not saturated_by(state, now, reserve) for state in candidates)
+        return [state for state in candidates if not saturated_by(state, now, extra)]
 
     def room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
         """With a reserve, the candidates an admitted request should go to: those below the
         saturation rule, else those within the reserve (it was let through by the reserve),
         else all."""
-        saturated_by = self.saturated_by
-        if not self.reserve or saturated_by is None:
+        if not self.reserve:
             return candidates
-        room = [state for state in candidates if not saturated_by(state, now, 0)]
+        room = self._with_room(candidates, now, 0)
         if room:
             return room
-        room = [state for state in candidates if not saturated_by(state, now, self.reserve)]
+        room = self._with_room(candidates, now, self.reserve)
         return soonest(room) if room else candidates
 
     def counts(self, candidates: Sequence[EndpointState]) -> bool:
         """Whether requests to these candidates are counted for their flow's fair share: with
         a reserve, or when one of them orders its queue by priority (``priority.py`` ranks
         a request by its share); never with flow control off."""
-        return bool(self.reserve) or (self.enabled and prioritized(candidates))
+        return bool(self.reserve) or (
+            self.enabled and any(state.endpoint.priority_scheduling for state in candidates)
+        )
 
     def seat(self, key: str, tenant: str | None, weight: int) -> FlowSeat:
         """Count a request that passed admission for its flow until ``release``, noting
@@ -258,12 +240,12 @@ class FlowControl:
             evicted = queue.offer(waiter, weight)
         except Full as full:
             self._drop_if_idle(key, queue)
-            raise self._refuse(waiter, full.code, f"{full.reason}; retry later") from None
+            raise self._refuse(waiter, full.code, full.reason) from None
         for victim in evicted:
             self._fail(
                 victim, "evicted", "evicted from the gateway's queue by higher-priority requests"
             )
-        waiter.timer = loop.call_later(self.ttl, self._expire, key, queue, waiter)
+        waiter.timer = loop.call_later(self.ttl, self._expire, queue, waiter)
         if self._rechecking is None and self.recheck > 0:
             self._rechecking = loop.call_later(self.recheck, self._recheck)
         self._pump(key, queue)
@@ -304,14 +286,14 @@ class FlowControl:
         now = time.monotonic()
         if not self.saturated(queue.candidates, now):
             waiter = queue.pop()
-        elif self.reserve and self._reserve_left(queue.candidates, now):
+        elif self.reserve and self._with_room(queue.candidates, now, self.reserve):
             waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter
             if waiter is None:
                 return
             self.metrics.reserved.labels(band_name(waiter.band), waiter.flow).inc()
         else:
             return
-        assert waiter is not None
+        assert waiter is not None  # the queue has a count
         waiter.granted = True
         queue.granted = True
         waiter.future.set_result(None)
@@ -343,19 +325,19 @@ class FlowControl:
             return True
         return False
 
-    def _expire(self, key: str, queue: FlowQueue, waiter: Waiter) -> None:
+    def _expire(self, queue: FlowQueue, waiter: Waiter) -> None:
         if queue.remove(waiter):
             self._fail(waiter, "ttl", f"waited {self.ttl:g} s in the gateway's queue")
 
     def _fail(self, waiter: Waiter, reason: str, detail: str) -> None:
         if not waiter.future.done():
-            waiter.future.set_exception(self._refuse(waiter, reason, detail + "; retry later"))
+            waiter.future.set_exception(self._refuse(waiter, reason, detail))
 
     def _refuse(self, waiter: Waiter, reason: str, detail: str) -> GatewayError:
         self.metrics.refused.labels(band_name(waiter.band), waiter.flow, reason).inc()
         return Overloaded(
             429,
-            f"every endpoint is saturated and the request was not served: {detail}",
+            f"every endpoint is saturated and the request was not served: {detail}; retry later",
             retry_after=self.retry_after,
         )
 

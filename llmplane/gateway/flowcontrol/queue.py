@@ -1,33 +1,19 @@
-"""The flow-control queue as a data structure: priority bands, fair flows, bounds, eviction.
+"""The flow-control queue as a data structure: priority bands, fair flows, bounds, eviction
+(the rules: docs/gateway.md, "Flow control").
 
 No I/O and no clock of its own: ``FlowQueue`` holds ``Waiter`` objects (whatever the caller
 hangs on them) and answers three questions: may this one wait (``offer``: it may, and these
 lower-band waiters are evicted for it; or it may not), which one goes next (``pop``), and take
 this one out (``remove``: a TTL, a client that left).
 
-Bands are integer priorities, higher first, as an InferenceObjective's ``priority`` says; a
-criticality is one of them: Critical 1, Default (upstream's Standard) 0, Sheddable -1, and any
-negative priority is sheddable, as in llm-d. Internally a band is numbered ``1 - priority`` so
-that Critical, Default and Sheddable are bands 0, 1 and 2 (``BAND``), lower served first.
-
-Order of dispatch: the highest band with a waiter (Critical, then Default, then Sheddable);
-inside a band, between flows (tenants), smooth weighted round-robin over the flows that have
-waiters: every flow with waiters gets ``weight / sum of weights`` of the dispatches and no flow
-waits more than one round, however many requests another flow queued. A flow that empties
-leaves the round and the others' credit restarts at zero; of flows with equal credit the one
-with fewer waiters goes first: a tenant that sends one request now and then goes next instead
-of behind one more request of a tenant that keeps a backlog. Inside a flow, arrival order.
-
-Bounds: each band holds at most ``band_requests`` waiters and ``band_bytes`` of bodies; the
-whole queue at most ``total_requests`` / ``total_bytes``. A band at its own bound refuses the
-newcomer. When only the total bound is hit, waiters of lower bands are evicted to make room,
-lowest band first and, inside it, the newest waiter of the flow with the most waiters (the one
-flooding the band pays); with nothing lower to evict the newcomer is refused.
+A band is an InferenceObjective's integer priority, higher first, numbered ``1 - priority`` so
+that the criticalities Critical (1), Default (0) and Sheddable (-1) are bands 0, 1 and 2, lower
+served first; any negative priority is sheddable, as in llm-d. Inside a band, flows (tenants)
+take turns by smooth weighted round-robin; inside a flow, arrival order.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +21,6 @@ from typing import Any
 BANDS = ("Critical", "Default", "Sheddable")  # highest priority first
 BAND = {name: index for index, name in enumerate(BANDS)}
 BAND["Standard"] = BAND["Default"]  # upstream's name for the middle band
-PRIORITY = {name: 1 - band for name, band in BAND.items()}  # Critical 1, Default 0, Sheddable -1
 DEFAULT_BAND = BAND["Default"]
 SHEDDABLE_BAND = BAND["Sheddable"]  # this band and those after it are sheddable (priority < 0)
 
@@ -165,16 +150,23 @@ class Full(Exception):
 class FlowQueue:
     """Waiters of one backend, in bands (see the module docstring)."""
 
-    __slots__ = ("bands", "bytes", "candidates", "count", "granted", "limits", "order")
+    __slots__ = ("bands", "candidates", "granted", "limits")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.bands: dict[int, Band] = {}  # band number -> its waiters (bands once used stay)
-        self.order: list[int] = []  # band numbers, highest priority (lowest number) first
-        self.count = 0
-        self.bytes = 0
+        # Band number -> its waiters, highest priority (lowest number) first; bands once used
+        # stay. The counts live in the bands; the queue's are their sums.
+        self.bands: dict[int, Band] = {}
         self.granted = False  # a popped waiter has not taken its endpoint yet (caller's)
         self.candidates: Any = ()  # the endpoints the waiters wait for (caller's)
+
+    @property
+    def count(self) -> int:
+        return sum(band.count for band in self.bands.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(band.bytes for band in self.bands.values())
 
     def offer(self, waiter: Waiter, weight: int = 1) -> list[Waiter]:
         """Queue ``waiter`` (flow weight ``weight``); returns the waiters evicted for it.
@@ -185,49 +177,35 @@ class FlowQueue:
             raise Full(f"the {band_name(waiter.band)} band is full", "band_full")
         if waiter.size > lim.total_bytes:
             raise Full("the request is larger than the whole queue")
-        # How much has to go from lower bands; refuse before evicting anything.
-        need_count = self.count + 1 - lim.total_requests
-        need_bytes = self.bytes + waiter.size - lim.total_bytes
-        lower = [self.bands[n] for n in self.order if n > waiter.band]
-        if (need_count > 0 or need_bytes > 0) and (
-            sum(b.count for b in lower) < need_count or sum(b.bytes for b in lower) < need_bytes
+        # What has to go from lower bands; refuse before evicting anything.
+        lower = [b for n, b in self.bands.items() if n > waiter.band]
+        if (
+            sum(b.count for b in lower) < self.count + 1 - lim.total_requests
+            or sum(b.bytes for b in lower) < self.bytes + waiter.size - lim.total_bytes
         ):
             raise Full("the queue is full")
         if waiter.band not in self.bands:
-            self.bands[waiter.band] = band
-            bisect.insort(self.order, waiter.band)
+            self.bands = dict(sorted({**self.bands, waiter.band: band}.items()))
         evicted: list[Waiter] = []
         for b in reversed(lower):
             while b.count and (
                 self.count + 1 > lim.total_requests or self.bytes + waiter.size > lim.total_bytes
             ):
-                victim = b.victim()
-                self.count -= 1
-                self.bytes -= victim.size
-                evicted.append(victim)
+                evicted.append(b.victim())
         band.push(waiter, weight)
-        self.count += 1
-        self.bytes += waiter.size
         return evicted
 
     def pop(self) -> Waiter | None:
         """The next waiter to dispatch, or None."""
-        if not self.count:
-            return None
-        band = next(self.bands[n] for n in self.order if self.bands[n].count)
-        waiter = band.pop()
-        self.count -= 1
-        self.bytes -= waiter.size
-        return waiter
+        for band in self.bands.values():
+            if band.count:
+                return band.pop()
+        return None
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (TTL, client gone); False if it is no longer queued."""
         band = self.bands.get(waiter.band)
-        if band is not None and band.remove(waiter):
-            self.count -= 1
-            self.bytes -= waiter.size
-            return True
-        return False
+        return band is not None and band.remove(waiter)
 
     def lengths(self) -> dict[tuple[str, str], int]:
         """(band, flow) -> waiters, for the queue gauge."""
@@ -239,4 +217,4 @@ class FlowQueue:
 
     def served_bands(self) -> list[Band]:
         """The bands a reserve serves (not sheddable), highest first."""
-        return [self.bands[n] for n in self.order if n < SHEDDABLE_BAND]
+        return [band for number, band in self.bands.items() if number < SHEDDABLE_BAND]

@@ -1,12 +1,11 @@
-"""Token-bucket maths: the local bucket, the state both kinds of bucket report, the
-``x-ratelimit-*`` headers and what settling a reservation gives back or debits. A subclass
-that keeps its level elsewhere (``workers/buckets.py``) overrides ``level`` and ``stamp``."""
+"""Token-bucket maths: the bucket (of this process or shared by the workers), the state every
+kind of bucket reports, the ``x-ratelimit-*`` headers and what settling gives back or debits."""
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableSequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -15,38 +14,56 @@ from llmplane.gateway.ratelimit.limits import BUDGET, INPUT, REQUESTS
 
 class TokenBucket:
     """``burst`` tokens at most, refilled at ``rate`` per second. ``level`` may go below zero
-    after an overuse debit: requests then wait until it has refilled far enough."""
+    after an overuse debit: requests then wait until it has refilled far enough.
 
-    __slots__ = ("burst", "level", "lock", "rate", "stamp")
+    Level and refill stamp live in ``cells``: a list for a bucket of this process, two float64
+    of shared memory for one every worker shares (``workers/buckets.py``), whose ``lock`` (a
+    record lock) is held around a read-modify-write of them."""
 
-    def __init__(self, rate: float, burst: float, now: float) -> None:
+    __slots__ = ("burst", "cells", "lock", "rate")
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        now: float,
+        cells: MutableSequence[float] | None = None,
+        lock: AbstractContextManager[None] | None = None,
+    ) -> None:
         self.rate = rate
         self.burst = burst
-        self.level = float(burst)
-        self.stamp = now
-        # Held around a read-modify-write of the level: nothing for a bucket of one process;
-        # a record lock for one shared by worker processes (``workers/buckets.py``).
-        self.lock: AbstractContextManager[None] = contextlib.nullcontext()
+        self.cells = [float(burst), now] if cells is None else cells
+        self.lock = lock or contextlib.nullcontext()
+
+    @property
+    def level(self) -> float:
+        return self.cells[0]
+
+    @level.setter
+    def level(self, value: float) -> None:
+        self.cells[0] = value
 
     def refill(self, now: float) -> None:
-        if now > self.stamp:
-            self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
-            self.stamp = now
-        elif self.level > self.burst:  # the limit was lowered
-            self.level = float(self.burst)
+        level, stamp = self.cells
+        if now > stamp:
+            self.cells[0] = min(self.burst, level + (now - stamp) * self.rate)
+            self.cells[1] = now
+        elif level > self.burst:  # the limit was lowered
+            self.cells[0] = float(self.burst)
 
     def wait(self, amount: float) -> float:
         """Seconds until ``amount`` tokens are there (0 now); call ``refill`` first."""
-        return 0.0 if self.level >= amount else (amount - self.level) / self.rate
+        level = self.cells[0]
+        return 0.0 if level >= amount else (amount - level) / self.rate
 
     def adjust(self, delta: float, now: float) -> None:
         """Give back (``delta`` > 0, up to the burst) or debit (< 0, may go negative)."""
         with self.lock:
             self.refill(now)
-            self.level = min(float(self.burst), self.level + delta)
+            self.cells[0] = min(float(self.burst), self.cells[0] + delta)
 
     def state(self, direction: str, wait: float = 0.0) -> BucketState:
-        return BucketState(direction, int(self.burst), self.rate, self.level, wait)
+        return BucketState(direction, int(self.burst), self.rate, self.cells[0], wait)
 
 
 @dataclass(slots=True)

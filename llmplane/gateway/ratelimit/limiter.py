@@ -1,11 +1,12 @@
 """``RateLimiter``: the request hook that reserves requests and tokens before scheduling and
-settles them with the engine's usage afterwards (see the package docstring)."""
+settles them with the engine's usage afterwards (see the package docstring), and its 429."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.hooks import Reservation, Usage
+from llmplane.gateway.http_server import Response
 from llmplane.gateway.protocols import generates
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
@@ -25,7 +27,6 @@ from llmplane.gateway.ratelimit.buckets import (
     retry_after,
     settle_deltas,
 )
-from llmplane.gateway.ratelimit.error import RateLimitError
 from llmplane.gateway.ratelimit.limits import (
     BUDGET,
     OUTPUT,
@@ -38,7 +39,6 @@ from llmplane.gateway.ratelimit.limits import (
 from llmplane.gateway.ratelimit.redis_store import RedisBuckets
 from llmplane.gateway.ratelimit.usage_filter import ask_stream_usage
 from llmplane.gateway.request import InferenceRequest
-from llmplane.gateway.routing import RouteDecision
 from llmplane.gateway.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -49,14 +49,34 @@ log = logging.getLogger("llmplane.gateway")
 
 FAILURE_POLICIES = ("open", "local", "closed")
 
-# attribute -> (metric name, help, label names)
-# fmt: off
-_METRICS = {
-    "rejections": ("llmplane_ratelimit_rejections", "Requests refused by a rate limit (route: the ModelRoute or Tenant; reason: exhausted = retry later, too_large = can never fit)", ("route", "direction", "reason")),
-    "redis_errors": ("llmplane_ratelimit_redis_errors", "Failed or timed-out Redis calls of global rate limits", ("op",)),
-    "degraded": ("llmplane_ratelimit_degraded", "Requests decided by the Redis failure policy (open, local, closed)", ("route", "policy")),
-}
-# fmt: on
+
+class RateLimitError(GatewayError):
+    """429 in OpenAI's shape: ``{"error": {"message", "type": "tokens" | "requests",
+    "param": null, "code": "rate_limit_exceeded"}}`` with ``Retry-After`` (whole seconds,
+    rounded up) and the ``x-ratelimit-*`` headers."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None,
+        headers: dict[str, str],
+        kind: str = "tokens",
+    ) -> None:
+        super().__init__(429, message, ErrorCode.RATE_LIMIT_EXCEEDED, retry_after=retry_after)
+        self.headers = headers
+        self.kind = kind
+
+    @property
+    def type(self) -> str:
+        return self.kind
+
+    def response(self) -> Response:
+        response = super().response()
+        response.headers.update(self.headers)
+        if self.retry_after is not None:
+            response.headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return response
 
 
 @dataclass(slots=True)
@@ -107,24 +127,35 @@ class RateLimiter:
         )
         self.limits: dict[str, RouteLimit] = {}  # ModelRoute ref -> limit
         self.tenant_limits: dict[str, RouteLimit] = {}  # tenant name -> limit
-        # Buckets of this process (or shared by the workers, see make_bucket), by (limit key,
-        # direction): one interface (TokenBucket) whatever holds them.
-        self.local: dict[tuple[str, str], TokenBucket] = {}
-        self.redis: dict[str, RedisBuckets] = {}
+        self.local: dict[tuple[str, str], TokenBucket] = {}  # by (limit key, direction)
+        self.redis: dict[str, RedisBuckets] = {}  # by address
         self.counter = TokenCounter(config.rate_limit_tokenizers)
-        self.default_output = config.rate_limit_default_output_tokens
         self.policy = config.rate_limit_redis_failure
         if self.policy not in FAILURE_POLICIES:
             raise ValueError(
                 f"rateLimitRedisFailure: {self.policy!r} is not one of {FAILURE_POLICIES}"
             )
         self._tasks: set[asyncio.Task[None]] = set()
-        self.rejections = self.redis_errors = self.degraded = None
-        if registry is not None:
-            for attribute, (name, doc, labels) in _METRICS.items():
-                setattr(self, attribute, Counter(name, doc, labels, registry=registry))
 
-    # --- configuration ---------------------------------------------------------------------
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        self.rejections = counter(
+            "llmplane_ratelimit_rejections",
+            "Requests refused by a rate limit (route: the ModelRoute or Tenant; reason: "
+            "exhausted = retry later, too_large = can never fit)",
+            ("route", "direction", "reason"),
+        )
+        self.redis_errors = counter(
+            "llmplane_ratelimit_redis_errors",
+            "Failed or timed-out Redis calls of global rate limits",
+            ("op",),
+        )
+        self.degraded = counter(
+            "llmplane_ratelimit_degraded",
+            "Requests decided by the Redis failure policy (open, local, closed)",
+            ("route", "policy"),
+        )
 
     def update(self, objects: Iterable[dict[str, Any]]) -> None:
         """New store objects: re-read every ModelRoute's and Tenant's rateLimit. A changed
@@ -132,21 +163,14 @@ class RateLimiter:
         objects = list(objects)
         self.limits = route_limits(objects)
         self.tenant_limits = tenant_limits(objects)
-        every = [*self.limits.values(), *self.tenant_limits.values()]
-        for limit in every:
-            for direction, tokens in limit.tokens:
+        live = set()
+        for limit in [*self.limits.values(), *self.tenant_limits.values()]:
+            for direction, tokens in limit.tokens.items():
+                live.add((limit.key, direction))
                 bucket = self.local.get((limit.key, direction))
                 if bucket is not None:
-                    bucket.rate = limit.rate(direction)
-                    bucket.burst = tokens
-        live = {(lim.key, d) for lim in every for d, _ in lim.tokens}
-        for key in [k for k in self.local if k not in live]:
-            del self.local[key]
-
-    @staticmethod
-    def _count(metric: Counter | None, *labels: str) -> None:
-        if metric is not None:
-            metric.labels(*labels).inc()
+                    bucket.rate, bucket.burst = limit.rate(direction), tokens
+        self.local = {key: bucket for key, bucket in self.local.items() if key in live}
 
     def _bucket(self, limit: RouteLimit, direction: str) -> TokenBucket:
         bucket = self.local.get((limit.key, direction))
@@ -171,25 +195,15 @@ class RateLimiter:
             )
         return client
 
-    # --- the hook ----------------------------------------------------------------------------
-
     def applicable(self, tenant: str | None, route: str) -> list[RouteLimit]:
         """The tenant's limit, then the route's (either may be missing)."""
-        found = []
-        if self.tenant_limits and tenant is not None:
-            limit = self.tenant_limits.get(tenant)
-            if limit is not None:
-                found.append(limit)
-        if self.limits:
-            limit = self.limits.get(route.partition("#")[0])
-            if limit is not None:
-                found.append(limit)
-        return found
+        found = [self.tenant_limits.get(tenant)] if tenant is not None else []
+        found.append(self.limits.get(route.partition("#")[0]))
+        return [limit for limit in found if limit is not None]
 
     async def reserve(self, ctx: RequestContext) -> LimitReservation | None:
         """Take the request's amounts from the tenant's and the route's limit, from both or
-        from neither (429 when one has not enough). Local buckets never wait; a limit in
-        Redis is awaited."""
+        from neither (429 when one has not enough)."""
         inference, decision = ctx.inference, ctx.decision
         assert inference is not None and decision is not None
         limits = self.applicable(ctx.tenant_name, decision.route)
@@ -198,12 +212,11 @@ class RateLimiter:
         taken: list[Taken] = []
         states: list[BucketState] = []
         try:
-            for limit, amounts in self._parts(inference, decision, limits):
-                if limit.redis is None:
-                    part, part_states = self._take_local(inference, limit, amounts)
-                else:
-                    part, part_states = await self._take_redis(inference, limit, amounts)
-                taken.append(part)
+            for limit, amounts in self._amounts(inference, decision.model, limits):
+                mode, ok, part_states = await self._take(limit, amounts)
+                if not ok:
+                    raise self._exhausted(inference, limit, amounts, part_states)
+                taken.append(Taken(limit, mode, amounts))
                 states += part_states
         except BaseException:
             for part in taken:  # another limit refused: what the earlier ones took goes back
@@ -218,95 +231,65 @@ class RateLimiter:
             reservation.stream_filter = ask_stream_usage(inference)
         return reservation
 
-    def _parts(
-        self, inference: InferenceRequest, decision: RouteDecision, limits: list[RouteLimit]
+    def _amounts(
+        self, inference: InferenceRequest, model: str, limits: list[RouteLimit]
     ) -> list[tuple[RouteLimit, list[tuple[str, int]]]]:
         """What each limit takes, as (direction, amount) pairs (limits taking nothing left
         out); the 429 of an amount larger than its bucket (it could never fit), before
         anything is taken. An embedding takes no output tokens; the input is counted once."""
         doc = inference.doc
-        embeddings = not generates(inference.path)  # nor count_tokens, tokenize
-        counted = functools.cache(lambda: self.counter.count(doc, decision.model, inference.model))
+        generating = generates(inference.path)  # not embeddings, count_tokens, tokenize
+        counted = functools.cache(lambda: self.counter.count(doc, model, inference.model))
+        default = self.config.rate_limit_default_output_tokens
         parts = []
         for limit in limits:
             amounts = []
-            for direction, tokens in limit.tokens:
+            for direction, tokens in limit.tokens.items():
                 if direction == REQUESTS:
                     amount = 1
                 elif direction == OUTPUT:
-                    if embeddings:
+                    if not generating:
                         continue
-                    amount = output_reservation(doc, self.default_output, tokens)
+                    amount = output_reservation(doc, default, tokens)
                 else:
                     amount = counted()
-                    if direction == BUDGET and not embeddings:
-                        amount += output_reservation(doc, self.default_output, tokens)
+                    if direction == BUDGET and generating:
+                        amount += output_reservation(doc, default, tokens)
                 if amount > tokens:
-                    raise self._too_large(inference, limit, direction, tokens, amount)
+                    raise self._too_large(inference, limit, direction, amount)
                 amounts.append((direction, amount))
             if amounts:
                 parts.append((limit, amounts))
         return parts
 
-    def _too_large(
-        self,
-        inference: InferenceRequest,
-        limit: RouteLimit,
-        direction: str,
-        tokens: int,
-        amount: int,
-    ) -> RateLimitError:
-        """The 429 without Retry-After of an amount larger than its bucket (counted)."""
-        self._count(self.rejections, limit.ref, direction, "too_large")
-        state = BucketState(direction, tokens, limit.rate(direction), tokens)
-        reduce = " (max_tokens, prompts or n)" if direction in (OUTPUT, BUDGET) else ""
-        return RateLimitError(
-            f"Request too large for model {inference.model!r} on {_what(direction)} "
-            f"per {limit.unit_of(direction)} ({limit.ref}): Limit {tokens}, Requested "
-            f"{amount}. The tokens{reduce} must be reduced for this request to ever "
-            "be admitted.",
-            retry_after=None,
-            headers=rate_headers([state], state),
-        )
-
-    def _take_local(
-        self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
-    ) -> tuple[Taken, list[BucketState]]:
+    async def _take(
+        self, limit: RouteLimit, amounts: list[tuple[str, int]]
+    ) -> tuple[str, bool, list[BucketState]]:
+        """Reserve every amount or none: (mode, admitted, the buckets' states). A limit in
+        Redis is awaited; when Redis fails the policy decides."""
+        if limit.redis is not None:
+            client = self._redis(limit.redis)
+            if client.available(self.clock()):
+                try:
+                    return "redis", *await client.reserve(limit, amounts)
+                except Exception as err:  # RedisError, OSError, TimeoutError
+                    self._redis_failed(client, "reserve", err)
+            self.degraded.labels(limit.ref, self.policy).inc()
+            if self.policy == "closed":
+                raise GatewayError(
+                    503,
+                    f"the rate limit of {limit.ref} cannot be checked (Redis at "
+                    f"{limit.redis} is unreachable); retry later",
+                    ErrorCode.RATE_LIMIT_UNAVAILABLE,
+                    retry_after=client.retry_interval,
+                )
+            if self.policy == "open":
+                return "none", True, []
         buckets = [(d, self._bucket(limit, d), a) for d, a in amounts]
-        ok, states = reserve_local(buckets, self.clock())
-        return self._decide(inference, limit, "local", amounts, ok, states)
-
-    async def _take_redis(
-        self, inference: InferenceRequest, limit: RouteLimit, amounts: list[tuple[str, int]]
-    ) -> tuple[Taken, list[BucketState]]:
-        assert limit.redis is not None
-        client = self._redis(limit.redis)
-        if client.available(self.clock()):
-            try:
-                ok, pairs = await client.reserve(limit, amounts)
-            except Exception as err:  # RedisError, OSError, TimeoutError: the policy decides
-                self._redis_failed(client, "reserve", err)
-            else:
-                states = [
-                    BucketState(d, limit.limit(d) or 0, limit.rate(d), level, wait)
-                    for (d, _), (level, wait) in zip(amounts, pairs, strict=True)
-                ]
-                return self._decide(inference, limit, "redis", amounts, ok, states)
-        self._count(self.degraded, limit.ref, self.policy)
-        if self.policy == "local":
-            return self._take_local(inference, limit, amounts)
-        if self.policy == "closed":
-            raise GatewayError(
-                503,
-                f"the rate limit of {limit.ref} cannot be checked (Redis at "
-                f"{limit.redis} is unreachable); retry later",
-                ErrorCode.RATE_LIMIT_UNAVAILABLE,
-                retry_after=client.retry_interval,
-            )
-        return Taken(limit, "none", amounts), []
+        return "local", *reserve_local(buckets, self.clock())
 
     def _redis_failed(self, client: RedisBuckets, op: str, err: BaseException) -> None:
-        self._count(self.redis_errors, op)
+        self.redis_errors.labels(op).inc()
         if client.available(self.clock()):
             log.warning(
                 "rate limits: Redis %s %s failed (%s: %s); policy %s for %.1f s",
@@ -319,31 +302,43 @@ class RateLimiter:
             )
         client.failed(self.clock())
 
-    def _decide(
+    def _too_large(
+        self, inference: InferenceRequest, limit: RouteLimit, direction: str, amount: int
+    ) -> RateLimitError:
+        """The 429 without Retry-After of an amount larger than its bucket (counted)."""
+        self.rejections.labels(limit.ref, direction, "too_large").inc()
+        tokens = limit.tokens[direction]
+        state = BucketState(direction, tokens, limit.rate(direction), tokens)
+        reduce = " (max_tokens, prompts or n)" if direction in (OUTPUT, BUDGET) else ""
+        return RateLimitError(
+            f"Request too large for model {inference.model!r} on {_what(direction)} "
+            f"per {limit.unit_of(direction)} ({limit.ref}): Limit {tokens}, Requested "
+            f"{amount}. The tokens{reduce} must be reduced for this request to ever "
+            "be admitted.",
+            retry_after=None,
+            headers=rate_headers([state], state),
+        )
+
+    def _exhausted(
         self,
         inference: InferenceRequest,
         limit: RouteLimit,
-        mode: str,
         amounts: list[tuple[str, int]],
-        ok: bool,
         states: list[BucketState],
-    ) -> tuple[Taken, list[BucketState]]:
-        if ok:
-            return Taken(limit, mode, amounts), states
+    ) -> RateLimitError:
+        """The 429 of a reservation that did not fit now (counted per blocking direction)."""
         blocking = max(states, key=lambda s: s.wait)
         for s in states:
             if s.wait > 0:
-                self._count(self.rejections, limit.ref, s.direction, "exhausted")
-        wait = retry_after(states)
-        asked = dict(amounts)
+                self.rejections.labels(limit.ref, s.direction, "exhausted").inc()
         used = max(0, blocking.limit - blocking.remaining)
         where = f"model {inference.model!r} on " if limit.ref.startswith("ModelRoute/") else ""
-        raise RateLimitError(
+        return RateLimitError(
             f"Rate limit reached for {where}{_what(blocking.direction)} per "
             f"{limit.unit_of(blocking.direction)} ({limit.ref}): Limit {blocking.limit}, Used "
-            f"{used}, Requested {asked[blocking.direction]}. Please try again in "
+            f"{used}, Requested {dict(amounts)[blocking.direction]}. Please try again in "
             f"{duration(blocking.wait)}.",
-            retry_after=wait,
+            retry_after=retry_after(states),
             headers=rate_headers(states, blocking),
             kind="requests" if blocking.direction == REQUESTS else "tokens",
         )
@@ -355,9 +350,8 @@ class RateLimiter:
         (never waits: Redis settles in a task)."""
         if reservation is None:
             return
-        prompt = completion = None
-        if usage is not None:
-            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        prompt = usage.prompt_tokens if usage is not None else None
+        completion = usage.completion_tokens if usage is not None else None
         for part in reservation.taken:
             deltas = settle_deltas(part.amounts, prompt, completion, ctx.status)
             if deltas:
@@ -365,18 +359,14 @@ class RateLimiter:
 
     def _apply(self, part: Taken, deltas: list[tuple[str, int]]) -> None:
         """Give back (> 0) or debit (< 0) tokens of what ``part`` took."""
-        limit = part.limit
-        if part.mode == "none":
-            return
         if part.mode == "local":
             now = self.clock()
             for direction, delta in deltas:
-                self._bucket(limit, direction).adjust(delta, now)
-            return
-        # Redis: off the response path (the client does not wait for it).
-        task = asyncio.ensure_future(self._settle_redis(limit, deltas))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+                self._bucket(part.limit, direction).adjust(delta, now)
+        elif part.mode == "redis":  # off the response path (the client does not wait for it)
+            task = asyncio.ensure_future(self._settle_redis(part.limit, deltas))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _settle_redis(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> None:
         assert limit.redis is not None

@@ -17,117 +17,83 @@ REQUESTS = "requests"  # one per request
 INPUT = "input"
 OUTPUT = "output"
 BUDGET = "budget"  # input + output tokens over the budget's own unit
-TOKEN_DIRECTIONS = (INPUT, OUTPUT, BUDGET)
 
 
 @dataclass(frozen=True)
 class RouteLimit:
-    """A ModelRoute's or a Tenant's rateLimit: amounts per ``period`` seconds in each limited
-    direction (a Tenant's budget per ``budget_period``)."""
+    """A ModelRoute's or a Tenant's rateLimit: amounts per ``unit`` in each limited direction
+    (a Tenant's budget per ``budget_unit``)."""
 
     ref: str  # ModelRoute/namespace/name (what RouteDecision.route starts with) or Tenant/name
     key: str  # the buckets' key: namespace/name (routes), tenant/namespace/name (tenants)
-    tokens: tuple[tuple[str, int], ...]  # (direction, amount per unit), limited ones only
+    tokens: dict[str, int]  # direction -> amount per unit, limited directions only
     unit: str
-    period: float
     redis: str | None = None  # host:port of global.redis
     budget_unit: str = "day"
-    budget_period: float = 86400.0
+
+    @property
+    def period(self) -> float:
+        return float(UNIT_SECONDS[self.unit])
 
     def limit(self, direction: str) -> int | None:
-        for d, n in self.tokens:
-            if d == direction:
-                return n
-        return None
-
-    def period_of(self, direction: str) -> float:
-        return self.budget_period if direction == BUDGET else self.period
-
-    def rate(self, direction: str) -> float:
-        """Tokens a second the bucket of ``direction`` refills at."""
-        return (self.limit(direction) or 0) / self.period_of(direction)
+        return self.tokens.get(direction)
 
     def unit_of(self, direction: str) -> str:
         return self.budget_unit if direction == BUDGET else self.unit
 
-
-def _key(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-
-
-def _build(
-    ref: str, key: str, rl: RateLimit, extra: tuple[tuple[str, int | None], ...] = ()
-) -> RouteLimit | None:
-    directions = (
-        *extra[:1],
-        (INPUT, rl.input_tokens_per_unit),
-        (OUTPUT, rl.output_tokens_per_unit),
-        *extra[1:],
-    )
-    tokens = tuple((d, n) for d, n in directions if n)
-    if not tokens:
-        return None
-    redis = rl.global_.redis.address if rl.global_ and rl.global_.redis else None
-    budget = getattr(rl, "budget", None)
-    return RouteLimit(
-        ref=ref,
-        key=key,
-        tokens=tokens,
-        unit=rl.unit,
-        period=float(UNIT_SECONDS[rl.unit]),
-        redis=redis,
-        **(
-            {"budget_unit": budget.unit, "budget_period": float(UNIT_SECONDS[budget.unit])}
-            if budget is not None
-            else {}
-        ),
-    )
+    def rate(self, direction: str) -> float:
+        """Tokens a second the bucket of ``direction`` refills at."""
+        return (self.tokens.get(direction) or 0) / UNIT_SECONDS[self.unit_of(direction)]
 
 
-def _specs(objects: Iterable[dict[str, Any]], kind: str) -> Iterator[tuple[str, Any]]:
-    """(namespace/name, raw rateLimit) of every ``kind`` object in ``objects`` with one."""
+def _limits(objects: Iterable[dict[str, Any]], kind: str) -> Iterator[tuple[str, RouteLimit]]:
+    """(namespace/name, its limit) of every ``kind`` object with a valid rateLimit that limits
+    something (an invalid one is logged and ignored)."""
+    model = TenantRateLimit if kind == "Tenant" else RateLimit
     for obj in objects:
-        if obj.get("kind") != kind:
-            continue
-        spec = obj.get("spec") or {}
+        spec = obj.get("spec") if obj.get("kind") == kind else None
         raw = spec.get("rateLimit") if isinstance(spec, dict) else None
-        if raw:
-            yield _key(obj), raw
+        if not raw:
+            continue
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        shown = key.removeprefix("default/") if kind == "Tenant" else key
+        try:
+            rl = model.model_validate(raw)
+        except Exception as err:
+            log.warning("rate limits: %s/%s: invalid rateLimit ignored: %s", kind, shown, err)
+            continue
+        budget = getattr(rl, "budget", None)
+        directions = (
+            (REQUESTS, getattr(rl, "requests_per_unit", None)),
+            (INPUT, rl.input_tokens_per_unit),
+            (OUTPUT, rl.output_tokens_per_unit),
+            (BUDGET, budget.tokens if budget is not None else None),
+        )
+        tokens = {d: n for d, n in directions if n}
+        if tokens:
+            yield (
+                key,
+                RouteLimit(
+                    ref=f"{kind}/{shown}",
+                    key=f"tenant/{key}" if kind == "Tenant" else key,
+                    tokens=tokens,
+                    unit=rl.unit,
+                    redis=rl.global_.redis.address if rl.global_ and rl.global_.redis else None,
+                    budget_unit=budget.unit if budget is not None else "day",
+                ),
+            )
 
 
 def route_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
-    """ModelRoute ref -> its limit, for the routes in ``objects`` with a valid rateLimit."""
-    limits: dict[str, RouteLimit] = {}
-    for key, raw in _specs(objects, "ModelRoute"):
-        try:
-            rl = RateLimit.model_validate(raw)
-        except Exception as err:
-            log.warning("rate limits: ModelRoute/%s: invalid rateLimit ignored: %s", key, err)
-            continue
-        limit = _build(f"ModelRoute/{key}", key, rl)
-        if limit is not None:
-            limits[limit.ref] = limit
-    return limits
+    """ModelRoute ref -> its limit."""
+    return {limit.ref: limit for _, limit in _limits(objects, "ModelRoute")}
 
 
 def tenant_limits(objects: Iterable[dict[str, Any]]) -> dict[str, RouteLimit]:
     """Tenant name (as ``gateway/auth.py`` names it: ``name`` in namespace default, else
-    ``namespace/name``) -> its limit, for the Tenants in ``objects`` with a valid rateLimit."""
-    limits: dict[str, RouteLimit] = {}
-    for key, raw in _specs(objects, "Tenant"):
-        name = key.removeprefix("default/")
-        try:
-            rl = TenantRateLimit.model_validate(raw)
-        except Exception as err:
-            log.warning("rate limits: Tenant/%s: invalid rateLimit ignored: %s", name, err)
-            continue
-        budget = rl.budget.tokens if rl.budget is not None else None
-        extra = ((REQUESTS, rl.requests_per_unit), (BUDGET, budget))
-        limit = _build(f"Tenant/{name}", f"tenant/{key}", rl, extra)
-        if limit is not None:
-            limits[name] = limit
-    return limits
+    ``namespace/name``) -> its limit."""
+    return {key.removeprefix("default/"): limit for key, limit in _limits(objects, "Tenant")}
 
 
 def _given(doc: dict[str, Any], key: str) -> int | None:

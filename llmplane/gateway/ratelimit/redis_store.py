@@ -1,78 +1,58 @@
-"""Buckets shared by every gateway process: two Lua scripts in one Redis, timed by Redis ``TIME``."""
+"""Buckets shared by every gateway process: one Lua script in one Redis, timed by Redis ``TIME``."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from llmplane.api.kthena import split_host_port
+from llmplane.gateway.ratelimit.buckets import BucketState
 from llmplane.gateway.ratelimit.limits import RouteLimit
 
-# Both scripts: a bucket is a hash {level, stamp}, refilled at ``rate`` up to ``burst`` from
-# ``stamp`` to Redis' own clock; a missing one is full. It expires once it would be full again.
-_BUCKET_LUA = """
+# KEYS: one bucket per limited direction. ARGV[1]: take (every amount or none) or adjust (give
+# back > 0, debit < 0, up to the burst); then rate, burst, amount for each key. A bucket is a
+# hash {level, stamp}, refilled at rate up to burst from stamp to Redis' own clock (a missing
+# one is full) and expiring once it would be full again. Returns {admitted, level_1, wait_1,
+# level_2, wait_2, ...}: the levels after, or as they are when a take is refused.
+BUCKETS_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function refilled(key, rate, burst)
-  local v = redis.call('HMGET', key, 'level', 'stamp')
-  local level = tonumber(v[1])
-  local stamp = tonumber(v[2])
-  if level == nil or stamp == nil then return burst end
-  if now > stamp then level = level + (now - stamp) * rate end
-  return math.min(burst, level)
-end
-local function store(key, level, rate, burst)
-  redis.call('HSET', key, 'level', string.format('%.17g', level),
-             'stamp', string.format('%.17g', now))
-  redis.call('PEXPIRE', key, math.ceil((burst - level) / rate * 1000) + 1000)
-end
-"""
-
-# KEYS: one hash per limited direction. ARGV: rate, burst, amount for each key.
-# Takes every amount or none. Returns {admitted, level_1, wait_1, level_2, wait_2, ...}.
-RESERVE_LUA = (
-    _BUCKET_LUA
-    + """
-local levels = {}
-local ok = 1
+local take = ARGV[1] == 'take'
+local levels, ok = {}, 1
 for i, key in ipairs(KEYS) do
-  local level = refilled(key, tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]))
-  levels[i] = level
-  if level < tonumber(ARGV[3 * i]) then ok = 0 end
+  local rate, burst = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local v = redis.call('HMGET', key, 'level', 'stamp')
+  local level, stamp = tonumber(v[1]), tonumber(v[2])
+  if level == nil or stamp == nil then
+    level = burst
+  elseif now > stamp then
+    level = level + (now - stamp) * rate
+  end
+  levels[i] = math.min(burst, level)
+  if take and levels[i] < tonumber(ARGV[3 * i + 1]) then ok = 0 end
 end
 local out = {tostring(ok)}
 for i, key in ipairs(KEYS) do
-  local rate = tonumber(ARGV[3 * i - 2])
-  local want = tonumber(ARGV[3 * i])
-  local level = levels[i]
-  local wait = 0
-  if level < want then wait = (want - level) / rate end
+  local rate, burst = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local amount = tonumber(ARGV[3 * i + 1])
+  local level, wait = levels[i], 0
+  if not take then
+    level = math.min(burst, level + amount)
+  elseif level < amount then
+    wait = (amount - level) / rate
+  elseif ok == 1 then
+    level = level - amount
+  end
   if ok == 1 then
-    level = level - want
-    store(key, level, rate, tonumber(ARGV[3 * i - 1]))
+    redis.call('HSET', key, 'level', string.format('%.17g', level),
+               'stamp', string.format('%.17g', now))
+    redis.call('PEXPIRE', key, math.ceil((burst - level) / rate * 1000) + 1000)
   end
   out[2 * i] = string.format('%.17g', level)
   out[2 * i + 1] = string.format('%.17g', wait)
 end
 return out
 """
-)
-
-# KEYS: one hash per direction. ARGV: rate, burst, delta for each key (delta > 0 gives back,
-# < 0 debits). Returns the levels after.
-SETTLE_LUA = (
-    _BUCKET_LUA
-    + """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local rate = tonumber(ARGV[3 * i - 2])
-  local burst = tonumber(ARGV[3 * i - 1])
-  local level = math.min(burst, refilled(key, rate, burst) + tonumber(ARGV[3 * i]))
-  store(key, level, rate, burst)
-  out[i] = string.format('%.17g', level)
-end
-return out
-"""
-)
 
 
 class RedisBuckets:
@@ -103,8 +83,7 @@ class RedisBuckets:
             retry=no_retry,
         )
         self.client = aioredis.Redis(connection_pool=self.pool, retry=no_retry)
-        self._reserve = self.client.register_script(RESERVE_LUA)
-        self._settle = self.client.register_script(SETTLE_LUA)
+        self._script = self.client.register_script(BUCKETS_LUA)
         self.down_until = 0.0
 
     def available(self, now: float) -> bool:
@@ -115,27 +94,26 @@ class RedisBuckets:
 
     async def reserve(
         self, limit: RouteLimit, amounts: list[tuple[str, int]]
-    ) -> tuple[bool, list[tuple[float, float]]]:
-        """Take every (direction, amount) or none: admitted, and (level, wait) per direction."""
-        async with asyncio.timeout(self.timeout):
-            reply = await self._reserve(*_script_args(limit, amounts))
-        ok = reply[0] in (b"1", "1", 1)
-        return ok, [(float(reply[2 * i + 1]), float(reply[2 * i + 2])) for i in range(len(amounts))]
+    ) -> tuple[bool, list[BucketState]]:
+        """Take every (direction, amount) or none: admitted, and the buckets' states."""
+        reply = await self._run("take", limit, amounts)
+        states = [
+            BucketState(d, limit.limit(d) or 0, limit.rate(d), float(level), float(wait))
+            for (d, _), level, wait in zip(amounts, reply[1::2], reply[2::2], strict=True)
+        ]
+        return reply[0] in (b"1", "1", 1), states
 
-    async def settle(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> list[float]:
-        """Give back (> 0) or debit (< 0) each (direction, delta); the levels after."""
+    async def settle(self, limit: RouteLimit, deltas: list[tuple[str, int]]) -> None:
+        """Give back (> 0) or debit (< 0) each (direction, delta)."""
+        await self._run("adjust", limit, deltas)
+
+    async def _run(self, op: str, limit: RouteLimit, pairs: list[tuple[str, int]]) -> list[Any]:
+        # The {hash tag} keeps a limit's buckets in one Redis Cluster slot (one script).
+        keys = [f"llmplane:ratelimit:{{{limit.key}}}:{d}" for d, _ in pairs]
+        args = [op, *(x for d, n in pairs for x in (limit.rate(d), limit.limit(d) or 0, n))]
         async with asyncio.timeout(self.timeout):
-            reply = await self._settle(*_script_args(limit, deltas))
-        return [float(v) for v in reply]
+            return await self._script(keys, args)
 
     async def close(self) -> None:
         await self.client.aclose()
         await self.pool.disconnect()
-
-
-def _script_args(limit: RouteLimit, pairs: list[tuple[str, int]]) -> tuple[list[str], list[float]]:
-    """A script's KEYS (one bucket per direction) and ARGV (rate, burst, amount per key)."""
-    # The {hash tag} keeps a limit's buckets in one Redis Cluster slot (one script).
-    keys = [f"llmplane:ratelimit:{{{limit.key}}}:{d}" for d, _ in pairs]
-    args = [x for d, n in pairs for x in (limit.rate(d), limit.limit(d) or 0, n)]
-    return keys, args

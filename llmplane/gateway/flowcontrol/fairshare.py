@@ -1,39 +1,24 @@
-"""Fair shares of a backend's service, for the flow-control reserve and engine priority.
+"""Fair shares of a backend's service, for the flow-control reserve and engine priority
+(docs/gateway.md, "Reserve for flows under their fair share").
 
-With ``flowControlReserve: N`` a request may go past the saturation rule, by at most N per
-endpoint, when its flow (tenant) is under its fair share of the backend's service; the engine
-priority (``priority.py``) ranks a request by the same test. The share is of **recent
-dispatches**, not of seats: a flow is under when its decayed count of dispatches (requests
-that passed admission; each counts 1, decaying with time constant ``TAU``) is below
-``the backend's decayed total x weight / sum of the weights of the active flows`` — the
-least-attained-service idea of fair queuing (a flow that got less service recently goes
-first), applied at the moment of dispatch. Active: a flow with a request in flight, one
-dispatched recently (its count not yet decayed below ``FORGET``) or one waiting in a band the
-reserve serves (Critical or Default). Over-share flows and Sheddable requests wait. What the
-reserve lends is paid back: the endpoint stays saturated for everyone else until its load is
-below the rule again.
-
-Why dispatches and not seats (requests in flight): under load every request lasts as long as
-the engine's queue makes it, so a tenant sending a tenth of another's rate would hold its share
-of the seats after a burst of a few arrivals and then wait as "over its share"; its dispatch
-rate stays a fraction of its share whatever its requests' length.
+A flow (tenant) is under its share when its decayed count of dispatches (requests that passed
+admission, each 1, decaying with time constant ``TAU``) is below ``the backend's decayed total
+x weight / sum of the weights of the active flows``: least attained service, decided at the
+moment of dispatch. Why dispatches and not seats (requests in flight): under load every request
+lasts as long as the engine's queue makes it, so a tenant sending a tenth of another's rate
+would hold its share of the seats after a burst of a few arrivals and then wait as "over its
+share"; its dispatch rate stays a fraction of its share whatever its requests' length.
 
 Why ``TAU`` = 5 s: long against a request's life under load (1-2 s) and the gaps between a
-small flow's arrivals, so a burst of a few requests moves its count by little against the
-backend's total; short enough that a flow that stops sending is forgotten within about ten
-seconds and one that starts a backlog is over its share within a few.
+small flow's arrivals, so a burst of a few requests moves its count by little; short enough
+that a flow that stops sending is forgotten within about ten seconds and one that starts a
+backlog is over its share within a few.
 
 The slot-hog guard: a flow with few but long requests has a low dispatch rate yet could hold
-every slot the reserve lends. So a flow is also over when its requests in flight reach its
-in-flight share (``in flight x weight / the active flows' weights``) plus ``slack`` (the
-reserve, at least 1).
-
-A flow with only Sheddable requests waiting is no claimant: those are the requests overload
-sheds and the reserve never serves; counted, they would cut every other tenant's share.
-
-``Shares`` counts, per backend and flow, the requests that passed admission (only when the
-reserve is configured or an engine orders by priority: nothing on the default path); a ``FlowSeat``
-is one of them until it finishes.
+every slot the reserve lends, so it is also over when its requests in flight reach its
+in-flight share plus ``slack`` (the reserve, at least 1). A flow with only Sheddable requests
+waiting is no claimant: the reserve never serves those, and counted they would cut every other
+tenant's share.
 """
 
 from __future__ import annotations
@@ -68,7 +53,6 @@ class FlowSeat:
     """One request in flight, counted for its flow until ``Shares.release``; ``under``: its
     flow was under its fair share when it was admitted (``priority.py`` ranks it so)."""
 
-    key: str
     backend: _Backend
     flow: str
     under: bool = True
@@ -92,8 +76,9 @@ class Shares:
         """Count a dispatch of ``flow`` to backend ``key`` and its seat until ``release``."""
         now = self.clock()
         backend = self.backends.get(key)
-        if backend is None:
-            self._sweep(now)
+        if backend is None:  # (and forget the backends no request goes to any more)
+            for other_key, other in list(self.backends.items()):
+                self._prune(other_key, other, now)
             backend = self.backends[key] = _Backend()
         state = backend.flows.get(flow)
         if state is None:
@@ -103,7 +88,7 @@ class Shares:
         state.weight = weight
         state.inflight += 1
         backend.total += 1
-        return FlowSeat(key, backend, flow, under)
+        return FlowSeat(backend, flow, under)
 
     def release(self, seat: FlowSeat) -> None:
         backend = seat.backend
@@ -169,9 +154,3 @@ class Shares:
         if not backend.flows and self.backends.get(key) is backend:
             del self.backends[key]
         return served
-
-    def _sweep(self, now: float) -> None:
-        """Prune every backend (when a new one is counted: keeps backends no request goes to
-        any more from staying)."""
-        for key, backend in list(self.backends.items()):
-            self._prune(key, backend, now)
