@@ -135,7 +135,7 @@ class RouteDecision:
     lora: bool = False
     load: DeclaredAdapter | None = None  # a declared adapter no replica holds: load it first
     # The InferenceObjective's priority the request named (higher first); None: its
-    # criticality's (flowcontrol/queue.py PRIORITY).
+    # criticality's (Critical 1, Default 0, Sheddable -1: flowcontrol/queue.py).
     priority: int | None = None
 
 
