@@ -34,6 +34,7 @@ from urllib.parse import unquote
 
 import httptools
 import orjson
+
 from llmplane.aio import wait_event
 from llmplane.gateway.clip import clip
 
@@ -240,7 +241,7 @@ class _Protocol(asyncio.Protocol):
     serving task answers them in order."""
 
     __slots__ = ("_body", "_complete", "_drain", "_failed", "_head_left", "_header_bytes",
-                 "_headers", "_heads", "_held", "_in_body", "_more", "_read_paused", "_refusal",
+                 "_headers", "_held", "_in_body", "_more", "_read_paused", "_refusal",
                  "_too_large", "_url", "body_since", "busy", "closed", "head_since",
                  "idle_since", "parser", "queue", "server", "task", "transport",
                  "write_paused")  # fmt: skip
@@ -260,19 +261,10 @@ class _Protocol(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._read_paused = False
         self.idle_since = time.monotonic()  # when its last request finished
-        self._url = b""
-        self._headers = Headers()
-        # One piece (the usual case) or a bytearray: never a list of pieces, so a body sent
-        # in 1-byte chunks costs its length, not an object per chunk.
-        self._body: bytes | bytearray = b""
-        self._header_bytes = 0  # of the head being parsed (request line and header lines)
-        self._too_large = False
-        self._refusal: Response | None = None  # answered instead of the request (417, 503)
-        self._complete = False  # the last message ended (an upgrade after it needs no reply)
+        self.on_message_begin()  # the fields of the request being read
         # Raw bytes a head may still take; counted as they arrive, because httptools keeps
         # an unfinished header line to itself (growing it by copying) until the line ends.
         self._head_left = MAX_HEADER_BYTES
-        self._heads = 0  # heads completed: tells ``data_received`` a head ended in a piece
         self._in_body = False  # between a head's end and its message's end
         # When the head being read began (None: between requests, where the keep-alive idle
         # timeout applies instead); a new connection must send its first head in time too.
@@ -362,9 +354,8 @@ class _Protocol(asyncio.Protocol):
             if self.head_since is None:
                 self.head_since = time.monotonic()
             piece = data[: self._head_left]
-            heads = self._heads
             self.parser.feed_data(piece)
-            if self._heads == heads:
+            if self.head_since is not None:  # the head goes on past this piece
                 self._head_left -= len(piece)
                 if self._head_left <= 0:
                     self._fail(_error(431, _HEAD_TOO_LARGE, "headers_too_large"))
@@ -404,11 +395,13 @@ class _Protocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = Headers()
-        self._body = b""
-        self._header_bytes = 0
+        # One piece (the usual case) or a bytearray: never a list of pieces, so a body sent
+        # in 1-byte chunks costs its length, not an object per chunk.
+        self._body: bytes | bytearray = b""
+        self._header_bytes = 0  # of the head being parsed (request line and header lines)
         self._too_large = False
-        self._refusal = None
-        self._complete = False
+        self._refusal: Response | None = None  # answered instead of the request (417, 503)
+        self._complete = False  # the message ended (an upgrade after it needs no reply)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -430,7 +423,6 @@ class _Protocol(asyncio.Protocol):
             raise _TooLarge
 
     def on_headers_complete(self) -> None:
-        self._heads += 1
         self._head_left = MAX_HEADER_BYTES
         self.head_since = None
         self._in_body = True
