@@ -184,10 +184,10 @@ class StreamResponse:
     async def write_eof(self) -> None:
         if self.finished:
             return
-        self.finished = True
+        end = self._framed(b"", True)
         protocol = self._protocol
-        if protocol is not None and not protocol.closed and self._chunked:
-            protocol.transport.write(b"0\r\n\r\n")
+        if end and protocol is not None and not protocol.closed:
+            protocol.transport.write(end)
 
     def _framed(self, data: bytes, last: bool) -> bytes:
         if last:
