@@ -38,8 +38,8 @@ from llmplane.gateway.deadlines import Deadlines
 
 _MAX_HEAD = 64 * 1024  # bytes of a response head (with any 1xx heads before it)
 KEEPALIVE_TIMEOUT = 4.0  # seconds an idle connection is kept: below the engines' 5 s
-# A streamed body's bytes that have arrived and not been taken: above this the connection stops
-# reading until they are, so a slow client holds the engine back through TCP instead of the
+# A body's bytes that have arrived and not been taken: above this the connection stops reading
+# until they are, so a slow client of a stream holds the engine back through TCP instead of the
 # gateway buffering the whole generation.
 STREAM_HIGH_WATER = 256 * 1024
 
