@@ -10,8 +10,8 @@ least is the one nothing else disturbed):
 - **HTTP request parse**: ``http_server._Protocol.data_received`` fed wrk's request (head and
   body in one read) over a stub transport: httptools and its callbacks, the ``HttpRequest``;
 - **upstream response parse**: ``upstream_client._Connection`` given nginx's answer
-  (bench/nginx_upstream.py's completion) in one read, set up as ``exchange`` sets it up:
-  head, body, the waiter woken;
+  (bench/nginx_upstream.py's completion) in one read, set up as ``send`` sets it up:
+  head and body parsed;
 - **pipeline**: ``Gateway.handle`` over one endpoint with the default settings (access log
   on, into /dev/null through the CLI's ``AccessSink``; flow control on) and the upstream
   pool's ``request`` replaced by one returning that answer at once, then ``Response.encode``:
@@ -117,9 +117,9 @@ def upstream_parse(repeats: int, requests: int) -> float:
 
         def run(n: int) -> None:
             for _ in range(n):
-                waiter = conn._start(True)  # what ``exchange`` does before its write
+                conn._start()  # what ``send`` does before its write
                 conn.data_received(RESPONSE)
-                assert waiter.result()[2] == BODY
+                assert conn._head is not None and conn._pieces[0] == BODY
 
         return least(repeats, requests, run)
     finally:

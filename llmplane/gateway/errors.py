@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-import orjson
-
-from llmplane.gateway.http_server import Response
+from llmplane.gateway.http_server import Response, error_body
 
 _TYPES = {
     400: "invalid_request_error",
@@ -83,16 +81,7 @@ class GatewayError(Exception):
         return _TYPES.get(self.status, "error")
 
     def body(self) -> bytes:
-        return orjson.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.type,
-                    "param": self.param,
-                    "code": self.code,
-                }
-            }
-        )
+        return error_body(self.message, self.type, self.code, self.param)
 
     def response(self) -> Response:
         headers = {}

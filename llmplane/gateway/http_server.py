@@ -1,23 +1,20 @@
 """The gateway's HTTP/1.1 server: httptools' C parser on an asyncio Protocol.
 
 Why not aiohttp's server: for every request it builds a header multidict, a Request with URL
-parsing, a payload stream, a response with a header multidict of its own, and runs the handler
-through several coroutine layers. With the upstream client already lean (upstream_client.py), py-spy
-showed that as the largest share of the gateway's Python time per request. Here a request is
-parsed by httptools' callbacks into plain slotted objects, a response is one
-``transport.write``, and a stream is chunked by hand.
+parsing, a payload stream and a response with a multidict of its own, and runs the handler
+through several coroutine layers; py-spy showed that as the largest share of the gateway's
+Python time per request. Here httptools' callbacks parse a request into plain objects, a
+response is one ``transport.write``, and a stream is chunked by hand.
 
 What it does: keep-alive and pipelining (requests on a connection are answered in order), the
 request-body limit (413 without buffering the rest), ``Expect: 100-continue``, HEAD for GET
-routes, write back-pressure for streams, an idle keep-alive timeout, a cap on connections (at it,
-an idle one is closed to make room, else 503), and a graceful close that
-lets in-flight requests finish. A handler is cancelled when its client goes away (aiohttp's
-default is to let it run): its upstream connection closes and the engine aborts the request.
+routes, write back-pressure for streams, limits on a head's size and time, a body's time, the
+bodies held at once and the connections (at the cap an idle one is closed to make room, else
+503), and a graceful close that lets in-flight requests finish. A handler is cancelled when its
+client goes away: its upstream connection closes and the engine aborts the request.
 
 The request/response classes keep the attribute names of aiohttp's (``headers``, ``path_qs``;
-``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same. Over 500
-lines on purpose: the parser callbacks, the per-connection queue and the response writers share
-one connection state.
+``Response``, ``StreamResponse.prepare/write/write_eof``) so handlers read the same.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -46,17 +44,9 @@ MAX_HEADER_BYTES = 64 * 1024  # request line + headers; over it: 431
 MAX_QUEUED = 32  # pipelined requests waiting on one connection before reading pauses
 HEADER_TIMEOUT = 10.0  # seconds from a head's first byte (or from connecting) to its end
 EVICTION_SCAN = 64  # connections looked at for an idle one when a new one arrives at the cap
+_HEAD_TOO_LARGE = f"the request line and headers are over {MAX_HEADER_BYTES} bytes"
 
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
-_STATUS_LINES: dict[int, bytes] = {}
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode()
-        _STATUS_LINES[status] = line
-    return line
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
 
 def _date_header() -> bytes:
@@ -64,17 +54,22 @@ def _date_header() -> bytes:
     return f"Date: {formatdate(usegmt=True)}\r\nServer: llmplane\r\n".encode()
 
 
-def _head(
-    status: int, raw_headers: bytes, headers: dict[str, str] | None, date: bytes
-) -> list[bytes]:
-    """Status line, relayed header lines, our headers, Date/Server; the caller adds framing
-    headers (Content-Length, Transfer-Encoding, Connection) and the blank line."""
-    ours = (
-        "".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("utf-8", "surrogateescape")
-        if headers
-        else b""
-    )
-    return [_status_line(status), raw_headers, ours, date]
+def _message(
+    status: int,
+    raw_headers: bytes,
+    headers: dict[str, str] | None,
+    date: bytes,
+    framing: bytes,
+    keep_alive: bool,
+    body: bytes = b"",
+) -> bytes:
+    """A response's bytes: status line, relayed header lines, ours, Date/Server, the framing
+    header, ``Connection: close`` unless ``keep_alive``, the blank line, ``body``."""
+    line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode()
+    ours = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) if headers else ""
+    close = b"" if keep_alive else b"Connection: close\r\n"
+    ours_bytes = ours.encode("utf-8", "surrogateescape")
+    return b"".join((line, raw_headers, ours_bytes, date, framing, close, b"\r\n", body))
 
 
 class Headers(dict[str, str]):
@@ -93,42 +88,19 @@ class Headers(dict[str, str]):
         return dict.__contains__(self, key.lower() if isinstance(key, str) else key)
 
 
+@dataclass(slots=True, eq=False)
 class HttpRequest:
     """One request as read off the wire (the parsed body is an ``InferenceRequest``)."""
 
-    __slots__ = (
-        "_protocol",
-        "body",
-        "headers",
-        "keep_alive",
-        "method",
-        "path",
-        "path_qs",
-        "too_large",
-        "version",
-    )
-
-    def __init__(
-        self,
-        _protocol: _Protocol,
-        method: str,
-        path: str,
-        path_qs: str,  # the request target as sent (path and query)
-        headers: Headers,
-        body: bytes,
-        version: str,
-        keep_alive: bool,
-        too_large: bool,  # the body was over the limit and was not kept
-    ) -> None:
-        self._protocol = _protocol
-        self.method = method
-        self.path = path
-        self.path_qs = path_qs
-        self.headers = headers
-        self.body = body
-        self.version = version
-        self.keep_alive = keep_alive
-        self.too_large = too_large
+    _protocol: _Protocol
+    method: str
+    path: str
+    path_qs: str  # the request target as sent (path and query)
+    headers: Headers
+    body: bytes
+    version: str
+    keep_alive: bool
+    too_large: bool  # the body was over the limit and was not kept
 
     def __repr__(self) -> str:
         return f"HttpRequest(method={self.method!r}, path_qs={self.path_qs!r})"
@@ -158,49 +130,23 @@ class Response:
         self.headers = headers
         self.raw_headers = raw_headers  # CRLF-terminated lines relayed as they came
         if content_type is not None:
-            self.headers = (
-                {**headers, "Content-Type": content_type}
-                if headers
-                else {"Content-Type": content_type}
-            )
+            self.headers = {**(headers or {}), "Content-Type": content_type}
 
     def encode(self, keep_alive: bool, head: bool, date: bytes) -> bytes:
-        # ``_head`` inline, and a single header of our own without a list: once per request.
-        status = self.status
-        ours = self.headers
-        if not ours:
-            line = b""
-        elif len(ours) == 1:
-            ((k, v),) = ours.items()
-            line = f"{k}: {v}\r\n".encode("utf-8", "surrogateescape")
-        else:
-            line = "".join([f"{k}: {v}\r\n" for k, v in ours.items()]).encode(
-                "utf-8", "surrogateescape"
-            )
-        parts = [_STATUS_LINES.get(status) or _status_line(status), self.raw_headers, line, date]
-        if status >= 200 and status not in (204, 304):
-            parts.append(b"Content-Length: %d\r\n" % len(self.body))
-        if not keep_alive:
-            parts.append(b"Connection: close\r\n")
-        parts.append(b"\r\n")
-        if not head:
-            parts.append(self.body)
-        return b"".join(parts)
+        bodied = self.status >= 200 and self.status not in (204, 304)
+        framing = b"Content-Length: %d\r\n" % len(self.body) if bodied else b""
+        body = b"" if head else self.body
+        return _message(
+            self.status, self.raw_headers, self.headers, date, framing, keep_alive, body
+        )
 
 
 class StreamResponse:
     """A response whose body is written piece by piece (``Transfer-Encoding: chunked``; for an
     HTTP/1.0 client, raw bytes and the connection closes at the end)."""
 
-    __slots__ = (
-        "_chunked",
-        "_protocol",
-        "finished",
-        "headers",
-        "prepared",
-        "raw_headers",
-        "status",
-    )
+    __slots__ = ("_chunked", "_protocol", "finished", "headers", "prepared", "raw_headers",
+                 "status")  # fmt: skip
 
     def __init__(
         self, *, status: int = 200, headers: dict[str, str] | None = None, raw_headers: bytes = b""
@@ -216,108 +162,97 @@ class StreamResponse:
     async def prepare(self, request: HttpRequest, first: bytes = b"", last: bool = False) -> None:
         """Send the head; with ``first``, the body's first piece in the same write, and with
         ``last`` the end of the body too (a relay that has them already saves a write each)."""
-        protocol = request._protocol
-        self._protocol = protocol
+        self._protocol = request._protocol
         self.prepared = True
-        if protocol.closed:
-            raise ConnectionResetError("the client closed the connection")
         self._chunked = request.version != "1.0"
         if not self._chunked:
             request.keep_alive = False
-        parts = _head(self.status, self.raw_headers, self.headers, protocol.server.date)
-        if self._chunked:
-            parts.append(b"Transfer-Encoding: chunked\r\n")
-        if not request.keep_alive:
-            parts.append(b"Connection: close\r\n")
-        parts.append(b"\r\n")
-        if first or last:
-            parts.append(self._framed(first, last))
-        protocol.transport.write(b"".join(parts))
-        if protocol.write_paused:
-            await protocol.drain()
-
-    def _framed(self, data: bytes, last: bool) -> bytes:
-        if last:
-            self.finished = True
-        if not self._chunked:
-            return data
-        if not data:
-            return b"0\r\n\r\n" if last else b""
-        return (b"%x\r\n%b\r\n0\r\n\r\n" if last else b"%x\r\n%b\r\n") % (len(data), data)
+        framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
+        date = request._protocol.server.date
+        body = self._framed(first, last)
+        await self._send(
+            _message(
+                self.status, self.raw_headers, self.headers, date, framing, request.keep_alive, body
+            )
+        )
 
     async def write(self, data: bytes, last: bool = False) -> None:
         """Send ``data`` as it is (chunk-framed); ``last``: and end the body in the same write."""
-        protocol = self._protocol
-        assert protocol is not None, "prepare() first"
-        if protocol.closed:
-            raise ConnectionResetError("the client closed the connection")
-        if not data and not last:
-            return
-        protocol.transport.write(self._framed(data, last))
-        if protocol.write_paused:
-            await protocol.drain()
+        assert self._protocol is not None, "prepare() first"
+        await self._send(self._framed(data, last))
 
     async def write_eof(self) -> None:
         if self.finished:
             return
-        self.finished = True
+        end = self._framed(b"", True)
         protocol = self._protocol
-        if protocol is not None and not protocol.closed and self._chunked:
-            protocol.transport.write(b"0\r\n\r\n")
+        if end and protocol is not None and not protocol.closed:
+            protocol.transport.write(end)
+
+    def _framed(self, data: bytes, last: bool) -> bytes:
+        if last:
+            self.finished = True
+        if not self._chunked or (not data and not last):
+            return data
+        if not data:
+            return b"0\r\n\r\n"
+        return (b"%x\r\n%b\r\n0\r\n\r\n" if last else b"%x\r\n%b\r\n") % (len(data), data)
+
+    async def _send(self, data: bytes) -> None:
+        protocol = self._protocol
+        assert protocol is not None
+        if protocol.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if data:
+            protocol.transport.write(data)
+            if protocol.write_paused:
+                await protocol.drain()
 
 
 Handler = Callable[[HttpRequest], Awaitable["Response | StreamResponse"]]
 
 
-def _error(status: int, message: str, code: str) -> Response:
-    # (the types of gateway/errors.py, which builds on this module)
+def error_body(message: str, kind: str, code: str, param: str | None = None) -> bytes:
+    """OpenAI's error shape (``param`` always there: null unless one request field is at
+    fault); gateway/errors.py builds its errors on it."""
+    error = {"message": message, "type": kind, "param": param, "code": code}
+    return orjson.dumps({"error": error})
+
+
+def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Response:
+    """The server's own errors: malformed or refused requests, limits, timeouts, a failed
+    handler."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 503:
         kind = "service_unavailable"
-    body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-    return Response(status=status, body=body, content_type="application/json")
-
-
-class _Protocol:
-    """One client connection (an asyncio protocol by its methods)."""
-
-    __slots__ = (
-        "_body",
-        "_complete",
-        "_drain",
-        "_failed",
-        "_head_left",
-        "_header_bytes",
-        "_headers",
-        "_heads",
-        "_held",
-        "_in_body",
-        "_more",
-        "_read_paused",
-        "_refusal",
-        "_size",
-        "_too_large",
-        "_url",
-        "body_since",
-        "busy",
-        "closed",
-        "head_since",
-        "idle_since",
-        "parser",
-        "queue",
-        "server",
-        "task",
-        "transport",
-        "write_paused",
+    return Response(
+        status=status,
+        body=error_body(message, kind, code),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Protocol(asyncio.Protocol):
+    """One client connection: httptools' callbacks parse its requests into ``queue``, and one
+    serving task answers them in order."""
+
+    __slots__ = ("_body", "_complete", "_drain", "_failed", "_head_left", "_header_bytes",
+                 "_headers", "_held", "_in_body", "_more", "_read_paused", "_refusal",
+                 "_too_large", "_url", "body_since", "busy", "closed", "head_since",
+                 "idle_since", "parser", "queue", "server", "task", "transport",
+                 "write_paused")  # fmt: skip
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
         self.queue: collections.deque[HttpRequest | Response] = collections.deque()
-        # The connection's serving task: started by its first request, then parked on
-        # ``_more`` between requests (a future per request instead of a task per request).
+        # The serving task: started by the first request, then parked on ``_more`` between
+        # requests, for as long as the connection lives.
         self.task: asyncio.Task[None] | None = None
         self._more: asyncio.Future[None] | None = None
         self.busy = False  # a request is queued or being answered
@@ -326,29 +261,19 @@ class _Protocol:
         self._drain: asyncio.Future[None] | None = None
         self._read_paused = False
         self.idle_since = time.monotonic()  # when its last request finished
-        self._url = b""
-        self._headers = Headers()
-        # One piece (the usual case) or a bytearray: never a list of pieces, so a body sent
-        # in 1-byte chunks costs its length, not an object per chunk.
-        self._body: bytes | bytearray = b""
-        self._size = 0
-        self._header_bytes = 0
-        self._too_large = False
-        self._refusal: Response | None = None  # answered instead of the request (417, 503)
-        self._complete = False  # the last message ended (an upgrade after it needs no reply)
+        self.on_message_begin()  # the fields of the request being read
         # Raw bytes a head may still take; counted as they arrive, because httptools keeps
         # an unfinished header line to itself (growing it by copying) until the line ends.
         self._head_left = MAX_HEADER_BYTES
-        self._heads = 0  # heads completed: tells data_received a head ended inside a piece
         self._in_body = False  # between a head's end and its message's end
+        # When the head being read began (None: between requests, where the keep-alive idle
+        # timeout applies instead); a new connection must send its first head in time too.
+        self.head_since: float | None = time.monotonic()
         self.body_since: float | None = None  # when the body being read began (its head ended)
         # Body bytes of this connection counted in ``server.body_bytes``: the body being read,
         # and those of its requests queued or being answered.
         self._held = 0
         self._failed = False  # a parse error is queued: read nothing more
-        # When the head being read began (None: between requests, where the keep-alive idle
-        # timeout applies instead); a new connection must send its first head in time too.
-        self.head_since: float | None = time.monotonic()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -360,11 +285,10 @@ class _Protocol:
             and len(server.connections) >= server.max_connections
             and not server.make_room()
         ):
-            server.refused += 1
-            response = _error(503, "too many connections to the gateway", "server_busy")
-            response.headers = {**(response.headers or {}), "Retry-After": "1"}
-            transport.write(response.encode(False, False, server.date))  # type: ignore[attr-defined]
-            transport.close()
+            busy = _error(503, "too many connections to the gateway", "server_busy",
+                          {"Retry-After": "1"})  # fmt: skip
+            self.transport.write(busy.encode(False, False, server.date))
+            self.transport.close()
             self.closed = self._failed = True
             return
         server.connections.add(self)
@@ -398,20 +322,8 @@ class _Protocol:
         self.server.body_bytes -= size
 
     def data_received(self, data: bytes) -> None:
-        if self._failed:
-            return
         try:
-            if self._in_body:
-                self.parser.feed_data(data)
-            elif len(data) < self._head_left:  # the usual case: a whole head in one read
-                if self.head_since is None:
-                    self.head_since = time.monotonic()
-                heads = self._heads
-                self.parser.feed_data(data)
-                if self._heads == heads:
-                    self._head_left -= len(data)
-            else:
-                self._feed_head(data)
+            self._feed(data)
         except httptools.HttpParserUpgrade:
             if self._complete and self.queue:
                 # The request that asked to upgrade (or CONNECT) is queued and will be
@@ -424,34 +336,31 @@ class _Protocol:
             else:
                 self._fail(_error(400, "protocol upgrades are not supported", "bad_request"))
         except httptools.HttpParserCallbackError as err:
-            cause = err.__context__
-            if isinstance(cause, _TooLarge):
-                self._fail(_error(431, str(cause), "headers_too_large"))
+            if isinstance(err.__context__, _TooLarge):
+                self._fail(_error(431, _HEAD_TOO_LARGE, "headers_too_large"))
             else:
                 log.exception("request parsing failed")
                 self._fail(_error(400, "malformed request", "bad_request"))
         except httptools.HttpParserError as err:
             self._fail(_error(400, f"malformed HTTP request: {err}", "bad_request"))
 
-    def _feed_head(self, data: bytes) -> None:
-        """Feed a head no more than its remaining budget at a time: 431 once it is spent."""
-        if self.head_since is None:
-            self.head_since = time.monotonic()
-        view = memoryview(data)
-        while view and not self._failed:
+    def _feed(self, data: bytes) -> None:
+        """Feed the parser a head no more than its remaining budget at a time: 431 once it is
+        spent (a head that ends inside a piece leaves the rest to the next head's budget)."""
+        while data and not self._failed:
             if self._in_body:
-                self.parser.feed_data(view)
+                self.parser.feed_data(data)
                 return
-            piece = view[: self._head_left]
-            heads = self._heads
+            if self.head_since is None:
+                self.head_since = time.monotonic()
+            piece = data[: self._head_left]
             self.parser.feed_data(piece)
-            if self._heads == heads:
+            if self.head_since is not None:  # the head goes on past this piece
                 self._head_left -= len(piece)
                 if self._head_left <= 0:
-                    message = f"the request line and headers are over {MAX_HEADER_BYTES} bytes"
-                    self._fail(_error(431, message, "headers_too_large"))
+                    self._fail(_error(431, _HEAD_TOO_LARGE, "headers_too_large"))
                     return
-            view = view[len(piece) :]
+            data = data[len(piece) :]
 
     def idle(self) -> bool:
         """No request under way, queued or arriving (a keep-alive connection between requests,
@@ -464,9 +373,6 @@ class _Protocol:
             and self._head_left == MAX_HEADER_BYTES
         )
 
-    def eof_received(self) -> None:
-        """The client shut its side: the transport closes (asyncio.Protocol's default)."""
-
     def pause_writing(self) -> None:
         self.write_paused = True
 
@@ -477,6 +383,7 @@ class _Protocol:
         self._drain = None
 
     async def drain(self) -> None:
+        """Until the client has taken what was written (back-pressure for streams)."""
         if not self.write_paused:
             return
         if self._drain is None:
@@ -488,43 +395,41 @@ class _Protocol:
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = Headers()
-        self._body = b""
-        self._size = 0
-        self._header_bytes = 0
+        # One piece (the usual case) or a bytearray: never a list of pieces, so a body sent
+        # in 1-byte chunks costs its length, not an object per chunk.
+        self._body: bytes | bytearray = b""
+        self._header_bytes = 0  # of the head being parsed (request line and header lines)
         self._too_large = False
-        self._refusal = None
-        self._complete = False
+        self._refusal: Response | None = None  # answered instead of the request (417, 503)
+        self._complete = False  # the message ended (an upgrade after it needs no reply)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._header_bytes += len(url)
-        if self._header_bytes > MAX_HEADER_BYTES:
-            raise _TooLarge(f"the request line and headers are over {MAX_HEADER_BYTES} bytes")
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > MAX_HEADER_BYTES:
-            raise _TooLarge(f"the request line and headers are over {MAX_HEADER_BYTES} bytes")
+        self._count_head(len(name) + len(value) + 4)
         key = name.decode("latin-1").lower()
         text = value.decode("utf-8", "surrogateescape")
         headers = self._headers
-        # dict's own setdefault (the key is lower-case already): one C call for a new name,
-        # where dict.__setitem__ through its slot wrapper cost several times as much.
-        size = len(headers)
-        known = headers.setdefault(key, text)
-        if len(headers) == size:  # the name came before: its values joined
-            dict.__setitem__(headers, key, f"{known}, {text}")
+        known = dict.get(headers, key)
+        headers[key] = text if known is None else f"{known}, {text}"
+
+    def _count_head(self, size: int) -> None:
+        """The parsed head's size (the raw count in ``_feed`` misses a head that begins in the
+        piece where the previous one ended)."""
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise _TooLarge
 
     def on_headers_complete(self) -> None:
-        self._heads += 1
         self._head_left = MAX_HEADER_BYTES
         self.head_since = None
         self._in_body = True
         self.body_since = time.monotonic()
         headers = self._headers
         length = dict.get(headers, "content-length")
-        limit = self.server.max_body
-        if length is not None and length.isdigit() and int(length) > limit:
+        if length is not None and length.isdigit() and int(length) > self.server.max_body:
             self._too_large = True
         expect = dict.get(headers, "expect")
         if expect is not None and self.parser.get_http_version() == "1.1":
@@ -536,24 +441,21 @@ class _Protocol:
     def on_body(self, body: bytes) -> None:
         if self._too_large or self._refusal is not None:
             return
-        size = len(body)
-        self._size += size
-        server = self.server
-        if self._size > server.max_body:
+        server, size = self.server, len(body)
+        if len(self._body) + size > server.max_body:
             self._too_large = True
-            self._release(len(self._body))
-            self._body = b""
+            self._drop_body()
             return
         if server.max_body_total and server.body_bytes + size > server.max_body_total:
             # Over the bodies held at once: the rest of this one is read and dropped (as for
             # a 413), then 503 and close.
-            server.bodies_refused += 1
-            self._release(len(self._body))
-            self._body = b""
+            self._drop_body()
             self._refusal = _error(
-                503, "the gateway holds too many request bodies at once; retry later", "server_busy"
+                503,
+                "the gateway holds too many request bodies at once; retry later",
+                "server_busy",
+                {"Retry-After": "1"},
             )
-            self._refusal.headers = {**(self._refusal.headers or {}), "Retry-After": "1"}
             return
         server.body_bytes += size
         self._held += size
@@ -565,39 +467,44 @@ class _Protocol:
         else:
             self._body = bytearray(collected) + body
 
+    def _drop_body(self) -> None:
+        self._release(len(self._body))
+        self._body = b""
+
     def on_message_complete(self) -> None:
         parser = self.parser
-        url = self._url
         method = parser.get_method().decode("latin-1")
-        version = parser.get_http_version()
-        keep_alive = parser.should_keep_alive()
-        headers = self._headers
         self._complete = True
         self._in_body = False
         self.body_since = None
         if method == "CONNECT":  # a proxy request: not for us; one answer, then close
-            self._refusal = _error(405, "CONNECT is not supported", "method_not_allowed")
-            self._refusal.headers = {**(self._refusal.headers or {}), "Allow": "GET, HEAD, POST"}
+            self._refusal = _error(405, "CONNECT is not supported", "method_not_allowed",
+                                   {"Allow": "GET, HEAD, POST"})  # fmt: skip
         if self._refusal is not None:
             self.queue.append(self._refusal)
         else:
-            raw = url.decode("latin-1")
-            q = raw.find("?")
-            path = raw if q < 0 else raw[:q]
+            raw = self._url.decode("latin-1")
+            path = raw.partition("?")[0]
             if "%" in path:
                 path = unquote(path)
-            body = self._body
-            if type(body) is not bytes:
-                body = bytes(body)
-            self.queue.append(
-                HttpRequest(
-                    self, method, path, raw, headers, body, version, keep_alive, self._too_large
-                )
-            )
+            body = bytes(self._body) if isinstance(self._body, bytearray) else self._body
+            version, keep_alive = parser.get_http_version(), parser.should_keep_alive()
+            self.queue.append(HttpRequest(self, method, path, raw, self._headers, body, version,
+                                          keep_alive, self._too_large))  # fmt: skip
         self._body = b""
         if not self._wake() and len(self.queue) > MAX_QUEUED and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()
+
+    def _fail(self, response: Response) -> None:
+        """A request we cannot parse: answer it after the ones before it, then close."""
+        self._failed = True
+        self.head_since = None
+        self.queue.append(response)
+        self._wake()
+        self.transport.pause_reading()
+
+    # --- serving ------------------------------------------------------------------------------
 
     def _wake(self) -> bool:
         """Get the queue served: start the serving task, or wake it where it is parked. False
@@ -615,52 +522,44 @@ class _Protocol:
             more.set_result(None)
         return True
 
-    # --- serving ------------------------------------------------------------------------------
-
     async def _serve(self) -> None:
-        queue = self.queue
-        server = self.server
-        loop = server.loop
+        queue, server = self.queue, self.server
         try:
-            while True:
-                if not queue or self.closed:
-                    if self.closed or server.closing:
+            while not self.closed:
+                if not queue:
+                    if server.closing:
                         return
                     # Park until the connection's next request (``_wake``).
                     self.busy = False
                     self.idle_since = time.monotonic()
-                    more = self._more = loop.create_future()  # type: ignore[union-attr]
-                    await more
+                    self._more = server.loop.create_future()  # type: ignore[union-attr]
+                    await self._more
                     continue
-                item = queue.popleft()
-                if isinstance(item, Response):  # a refusal decided while parsing (417)
-                    self.transport.write(item.encode(False, False, server.date))
+                request = queue.popleft()
+                if isinstance(request, Response):  # a refusal decided while parsing
+                    self.transport.write(request.encode(False, False, server.date))
                     self.transport.close()
                     return
-                request = item
-                head = request.method == "HEAD"
                 try:
-                    guard = server.guard
-                    refusal = guard(request) if guard is not None else None
-                    response = refusal or await server.dispatch(request)
+                    response = server.guard and server.guard(request)
+                    response = response or await server.dispatch(request)
                 except Exception:
                     log.exception("handler failed: %s %s", request.method, clip(request.path))
                     response = _error(500, "internal error in the gateway", "internal_error")
                 self._release(len(request.body))  # the handler is done with it
                 if self.closed:
                     return
-                if isinstance(response, StreamResponse):
-                    if not response.prepared:
-                        await response.prepare(request)
-                        await response.write_eof()
-                    elif not response.finished:
-                        # The handler gave up mid-stream (the upstream broke): no final chunk,
-                        # so the client sees a truncated response, not a complete one.
-                        self.transport.close()
-                        return
-                else:
-                    whole = response
-                    self.transport.write(whole.encode(request.keep_alive, head, server.date))
+                if isinstance(response, Response):
+                    head = request.method == "HEAD"
+                    self.transport.write(response.encode(request.keep_alive, head, server.date))
+                elif not response.prepared:
+                    await response.prepare(request)
+                    await response.write_eof()
+                elif not response.finished:
+                    # The handler gave up mid-stream (the upstream broke): no final chunk,
+                    # so the client sees a truncated response, not a complete one.
+                    self.transport.close()
+                    return
                 if not request.keep_alive or server.closing:
                     self.transport.close()
                     return
@@ -672,26 +571,13 @@ class _Protocol:
                 self.transport.close()
             raise
         finally:
-            self.task = None
-            self._more = None
+            self.task = self._more = None
             self.busy = False
             self.idle_since = time.monotonic()
             if server.closing:
                 self.transport.close()
                 if not server.busy():
                     server.idle.set()
-
-    def _fail(self, response: Response) -> None:
-        """A request we cannot parse: answer it after the ones before it, then close."""
-        self._failed = True
-        self.head_since = None
-        self.queue.append(response)
-        self._wake()
-        self.transport.pause_reading()
-
-
-class _TooLarge(Exception):
-    pass
 
 
 class HttpServer:
@@ -725,15 +611,11 @@ class HttpServer:
         # ``max_body_total`` (0: no cap) a body gets 503 and its connection is closed.
         self.max_body_total = max_body_total
         self.body_bytes = 0
-        self.bodies_refused = 0
         self.body_timeout = body_timeout  # seconds from a head's end to its body's; 0: none
         self.keepalive_timeout = keepalive_timeout
         self.header_timeout = header_timeout
         self.max_connections = max_connections  # 0: no cap
         self.guard = guard  # checked before routing; a Response it returns is the answer
-        self.refused = 0  # connections turned away by the cap
-        self.evicted = 0  # idle connections closed to make room for a new one at the cap
-        self.timed_out = 0  # connections closed for sending a head too slowly
         self.connections: set[_Protocol] = set()
         self.closing = False
         self.idle = asyncio.Event()
@@ -744,22 +626,15 @@ class HttpServer:
         # getpid() system call.
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def dispatch(self, request: HttpRequest) -> Awaitable[Response | StreamResponse]:
+    async def dispatch(self, request: HttpRequest) -> Response | StreamResponse:
         handler = self.routes.get((request.method, request.path))
         if handler is None:
             allow = self.allowed.get(request.path)
             if allow is not None:
-                return self._not_allowed(request, allow)
+                message = f"{request.method} is not allowed on {clip(request.path)}"
+                return _error(405, message, "method_not_allowed", {"Allow": allow})
             handler = self.fallback
-        return handler(request)
-
-    @staticmethod
-    async def _not_allowed(request: HttpRequest, allow: str) -> Response:
-        response = _error(
-            405, f"{request.method} is not allowed on {clip(request.path)}", "method_not_allowed"
-        )
-        response.headers = {**(response.headers or {}), "Allow": allow}
-        return response
+        return await handler(request)
 
     def busy(self) -> bool:
         return any(c.busy for c in self.connections)
@@ -770,7 +645,6 @@ class HttpServer:
         little; False then (the new one is refused)."""
         for conn in itertools.islice(self.connections, EVICTION_SCAN):
             if conn.idle():
-                self.evicted += 1
                 self.connections.discard(conn)  # its place is the new connection's now
                 conn.transport.close()
                 return True
@@ -782,43 +656,41 @@ class HttpServer:
         """Serve on ``host:port``, or on ``sock``, a listening socket a supervisor shares
         between worker processes (``llmplane/gateway/workers``)."""
         loop = self.loop = asyncio.get_running_loop()
-        if sock is not None:
-            self._server = await loop.create_server(
-                lambda: _Protocol(self), sock=sock, backlog=backlog
-            )
-        else:
-            self._server = await loop.create_server(
-                lambda: _Protocol(self), host, port, backlog=backlog, reuse_address=True
-            )
+        where: dict[str, Any] = (
+            {"sock": sock}
+            if sock is not None
+            else {"host": host, "port": port, "reuse_address": True}
+        )
+        self._server = await loop.create_server(lambda: _Protocol(self), backlog=backlog, **where)
         self._ticker = loop.create_task(self._tick())
         return self._server.sockets[0].getsockname()[1]
 
     async def _tick(self) -> None:
-        """Once a second: the Date header, and close keep-alive connections idle too long
-        (one sweep instead of a timer armed and cancelled per request)."""
+        """Once a second: the Date header, and the time limits of heads, bodies and idle
+        keep-alive connections (one sweep instead of a timer armed and cancelled per request)."""
         while True:
             await asyncio.sleep(1.0)
             self.date = _date_header()
             now = time.monotonic()
-            idle_limit = now - self.keepalive_timeout if self.keepalive_timeout else None
-            head_limit = now - self.header_timeout if self.header_timeout else None
-            body_limit = now - self.body_timeout if self.body_timeout else None
             for conn in list(self.connections):
                 if conn.busy or conn.queue:
                     continue
-                since = conn.head_since
-                body_since = conn.body_since
-                if since is not None and head_limit is not None and since < head_limit:
-                    self._time_out(conn, "the request head took too long")
-                elif body_since is not None and body_limit is not None:
-                    if body_since < body_limit:
+                head, body = conn.head_since, conn.body_since
+                if head is not None and self.header_timeout:
+                    if now - head > self.header_timeout:
+                        self._time_out(conn, "the request head took too long")
+                elif body is not None and self.body_timeout:
+                    if now - body > self.body_timeout:
                         self._time_out(conn, "the request body took too long")
-                elif since is None and idle_limit is not None and conn.idle_since < idle_limit:
+                elif (
+                    head is None
+                    and self.keepalive_timeout
+                    and now - conn.idle_since > self.keepalive_timeout
+                ):
                     conn.transport.close()
 
     def _time_out(self, conn: _Protocol, message: str) -> None:
         """408 and close: a head or a body that did not arrive in time."""
-        self.timed_out += 1
         conn.transport.write(
             _error(408, message, "request_timeout").encode(False, False, self.date)
         )

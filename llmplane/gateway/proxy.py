@@ -7,7 +7,7 @@ log and, once spent, gives the 502 / 503 / 504 to answer with. An attempt fails
 while more attempts are left; once a byte has been sent to the client it is never retried. A
 connect that fails for the gateway's own shortage (out of descriptors or memory:
 ``llmplane.shortage``) is no replica's fault: it ends the attempts with a 503 and outlier
-ejection does not count it. Both the plain path (``Proxy.serve``) and the prefill/decode path
+ejection does not count it. The plain path (``Proxy.serve``) and the prefill/decode path
 (``pd.py``) send their attempts with ``Proxy.send``: unary answers are relayed whole, streams
 chunk by chunk as they come, the upstream bytes untouched (a hook's stream filter aside) while
 usage is read on the way.
@@ -18,10 +18,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import orjson
 
 from llmplane.gateway.config import GatewayConfig
@@ -55,24 +54,35 @@ from llmplane.shortage import own_shortage
 ENDPOINT_HEADER = "x-llmplane-endpoint"
 
 # Not forwarded in either direction (RFC 9110 7.6.1), plus what the upstream client sets itself.
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "accept-encoding",
-    }
-)
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                  "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+                  "accept-encoding"})  # fmt: skip
+# A Tenant's API key is the gateway's credential, never the engine's: a request a key
+# authenticated goes upstream without it (engines log and may echo headers).
+_HOP_AND_KEY = _HOP | {"authorization", "x-api-key"}
 _HOP_RESPONSE = frozenset(
     name.encode() for name in (_HOP - {"accept-encoding"}) | {"server", "date"}
 )
+
+
+def forwarded_headers(request: HttpRequest, keyed: bool = False) -> dict[str, str]:
+    """The client's headers to send upstream: all but hop-by-hop ones (names are lower-case),
+    and without the API key when one authenticated the request (``keyed``). Without Tenants
+    the client's ``Authorization`` goes through (e.g. an engine's own ``--api-key``)."""
+    drop = _HOP_AND_KEY if keyed else _HOP
+    return {k: v for k, v in request.headers.items() if k not in drop}
+
+
+def relayed_headers(
+    upstream: RawHeaders, endpoint: str | None, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for a Response relaying an upstream one: its header lines as they
+    came (less hop-by-hop ones and those the gateway sets itself), then the endpoint header
+    and any a hook added."""
+    headers = {ENDPOINT_HEADER: endpoint} if endpoint else {}
+    if extra:
+        headers.update(extra)
+    return {"raw_headers": upstream.forward(_HOP_RESPONSE), "headers": headers or None}
 
 
 class StreamStalled(TimeoutError):
@@ -91,19 +101,14 @@ class _StreamWatch:
     __slots__ = ("address", "chunks", "drained", "movable", "resp", "seen", "since", "stall",
                  "stalled", "waiting")  # fmt: skip
 
-    def __init__(
-        self, resp: UpstreamResponse, stall: float, now: float, address: str, movable: bool
-    ) -> None:
+    def __init__(self, resp: UpstreamResponse, stall: float, address: str, movable: bool) -> None:
         self.resp = resp
         self.stall = stall
         self.address = address
         self.movable = movable
-        self.chunks = 0
-        self.seen = 0
-        self.since = now
-        self.waiting = False
-        self.stalled = False
-        self.drained = False
+        self.chunks = self.seen = 0
+        self.since = 0.0  # (set by the watchdog's first look while the relay waits)
+        self.waiting = self.stalled = self.drained = False
 
 
 def stall_event(seconds: float, path: str = "") -> bytes:
@@ -137,6 +142,11 @@ class AttemptFailed(Exception):
         return self.kind != LOCAL
 
 
+# A replica that had the request and broke off (killed, restarted) rather than one that never
+# answered: with no other one left to send it to, the client may retry soon (503).
+_LOST = (ServerDisconnected, ConnectionLost, ConnectionResetError, asyncio.IncompleteReadError)
+
+
 def attempt_failure(
     err: BaseException, timeout: float | None, failure: type[AttemptFailed] = AttemptFailed
 ) -> AttemptFailed:
@@ -147,50 +157,6 @@ def attempt_failure(
         return failure(LOCAL, f"{type(err).__name__}: {err}")
     kind = "lost" if isinstance(err, _LOST) else "connect"
     return failure(kind, f"{type(err).__name__}: {err}")
-
-
-# A replica that had the request and broke off (killed, restarted) rather than one that never
-# answered: with no other one left to send it to, the client may retry soon (503).
-_LOST = (ServerDisconnected, ConnectionLost, ConnectionResetError, asyncio.IncompleteReadError)
-
-
-# A Tenant's API key is the gateway's credential, never the engine's: a request a key
-# authenticated goes upstream without it (engines log and may echo headers).
-_HOP_AND_KEY = _HOP | {"authorization", "x-api-key"}
-
-
-def forwarded_headers(request: HttpRequest, keyed: bool = False) -> dict[str, str]:
-    """The client's headers to send upstream: all but hop-by-hop ones (names are lower-case),
-    and without the API key when one authenticated the request (``keyed``). Without Tenants
-    the client's ``Authorization`` goes through (e.g. an engine's own ``--api-key``)."""
-    drop = _HOP_AND_KEY if keyed else _HOP
-    return {k: v for k, v in request.headers.items() if k not in drop}
-
-
-def relayed_headers(
-    upstream: RawHeaders,
-    endpoint: str | None,
-    extra: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Keyword arguments for a Response relaying an upstream one: its header lines as they
-    came (less hop-by-hop ones and those the gateway sets itself), plus the endpoint header
-    and any a hook added."""
-    raw = upstream.forward(_HOP_RESPONSE)
-    if endpoint:
-        # Rendered as Response.encode renders a header of its own, once per endpoint; it
-        # comes before ``extra``, as it did as a header.
-        line = _endpoint_lines.get(endpoint)
-        if line is None:
-            if len(_endpoint_lines) >= 4096:  # endpoints come and go: stay bounded
-                _endpoint_lines.clear()
-            line = _endpoint_lines[endpoint] = f"{ENDPOINT_HEADER}: {endpoint}\r\n".encode(
-                "utf-8", "surrogateescape"
-            )
-        raw += line
-    return {"raw_headers": raw, "headers": extra or None}
-
-
-_endpoint_lines: dict[str, bytes] = {}
 
 
 class Attempts:
@@ -222,23 +188,15 @@ class Attempts:
         return self
 
     async def __anext__(self) -> int:
-        n = self.next()
-        if n is None:
-            raise StopAsyncIteration
-        if n and self.interval > 0:
-            await asyncio.sleep(self.interval)
-        return n
-
-    def next(self) -> int | None:
-        """The next attempt's number (None: the budget is spent), without the retry interval's
-        wait: the plain path's first attempt costs no coroutine."""
         ctx = self.ctx
         n = ctx.attempts
         if n > self.budget:
-            return None
+            raise StopAsyncIteration
+        ctx.attempts = n + 1
         if n:
             self.retries.labels(ctx.decision.route).inc()  # type: ignore[union-attr]
-        ctx.attempts = n + 1
+            if self.interval > 0:
+                await asyncio.sleep(self.interval)
         return n
 
     @property
@@ -258,8 +216,8 @@ class Attempts:
     def exhausted(self) -> GatewayError:
         ctx = self.ctx
         assert self.last is not None and ctx.decision is not None and ctx.inference is not None
-        model, tried, last = ctx.inference.model, ctx.attempts, self.last
-        plural = "s" if tried > 1 else ""
+        model, last = ctx.inference.model, self.last
+        tried = f"({ctx.attempts} attempt{'s' if ctx.attempts > 1 else ''}); last: {last.detail}"
         if last.kind == LOCAL:
             return GatewayError(
                 503,
@@ -271,8 +229,7 @@ class Attempts:
         if last.kind == "timeout":
             return GatewayError(
                 504,
-                f"model {model!r}: no response within {ctx.decision.backend.timeout} s "
-                f"({tried} attempt{plural}); last: {last.detail}",
+                f"model {model!r}: no response within {ctx.decision.backend.timeout} s {tried}",
                 ErrorCode.UPSTREAM_TIMEOUT,
                 endpoint=ctx.endpoint,
             )
@@ -280,15 +237,14 @@ class Attempts:
             return GatewayError(
                 503,
                 f"model {model!r}: the replica serving the request was lost and no other one "
-                f"could take it ({tried} attempt{plural}); last: {last.detail}",
+                f"could take it {tried}",
                 ErrorCode.REPLICA_LOST,
                 retry_after=self.retry_after,
                 endpoint=ctx.endpoint,
             )
         return GatewayError(
             502,
-            f"model {model!r}: could not get a response from {self.what} "
-            f"({tried} attempt{plural}); last: {last.detail}",
+            f"model {model!r}: could not get a response from {self.what} {tried}",
             ErrorCode.BAD_GATEWAY,
             endpoint=ctx.endpoint,
         )
@@ -314,8 +270,7 @@ class Proxy:
         self.scheduler = scheduler  # its profiles learn where each request went (on_pick)
         self.retries = retries
         self.stalls = stalls  # streams ended by the stall timeout, by route
-        # Requests sent again after a stale keep-alive connection, by endpoint.
-        self.resends = resends
+        self.resends = resends  # requests sent again after a stale connection, by endpoint
         self.pool: UpstreamPool | None = None
         self._streams: set[_StreamWatch] = set()
         self._watchdog: asyncio.Task[None] | None = None
@@ -326,18 +281,14 @@ class Proxy:
         self.migrator = Migrator(scheduler, outliers, config.migration_max_sequence)
 
     def start(self) -> None:
-        c = self.config
+        c, resends = self.config, self.resends
         self.pool = UpstreamPool(
             limit=c.connection_limit,
             keepalive_timeout=c.keepalive_timeout,
             connect_timeout=c.connect_timeout,
-            on_resend=self._resent if self.resends is not None else None,
+            on_resend=None if resends is None else lambda address: resends.labels(address).inc(),
         )
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
-
-    def _resent(self, address: str) -> None:
-        assert self.resends is not None
-        self.resends.labels(address).inc()
 
     async def close(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
@@ -349,7 +300,7 @@ class Proxy:
 
     async def _watch(self) -> None:
         """End streams whose upstream went quiet: one sweep for all of them, instead of a
-        timer armed and cancelled per chunk on the relay's hot loop."""
+        timer armed and cancelled per chunk."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.WATCH_INTERVAL)
@@ -387,11 +338,9 @@ class Proxy:
         order = pick.endpoints
         headers = forwarded_headers(ctx.request, ctx.tenant is not None)
         body = ctx.inference.final_body()
-        attempts = Attempts(ctx, self.retries, retry_after=self.config.activator_retry_after)
+        attempts = self.attempts(ctx)
         failed: set[str] = set()
-        while (attempt := attempts.next()) is not None:
-            if attempt and attempts.interval > 0:
-                await asyncio.sleep(attempts.interval)
+        async for attempt in attempts:
             state = order[attempt % len(order)]
             if failed:  # a retry goes to a replica that has not failed this request, if any
                 state = next((s for s in order if s.endpoint.address not in failed), state)
@@ -418,7 +367,7 @@ class Proxy:
         elif not ctx.migrations:  # (a replica a stream moved away from was charged then)
             self.outliers.success(state)
 
-    def send(
+    async def send(
         self,
         ctx: RequestContext,
         state: EndpointState,
@@ -426,9 +375,8 @@ class Proxy:
         headers: dict[str, str],
         body: bytes,
         may_retry: bool,
-    ) -> Awaitable[StreamResponse]:
-        """One attempt on ``state`` (await it), counted in flight until it ends however it
-        ends. Not a coroutine itself: the caller awaits the stream or unary one directly."""
+    ) -> StreamResponse:
+        """One attempt on ``state``, counted in flight until it ends however it ends."""
         assert ctx.decision is not None and ctx.inference is not None
         refusal = unserved(state.endpoint.engine, ctx.request.path, ctx.inference.model)
         if refusal is not None:  # an engine without this API (protocols/)
@@ -455,10 +403,25 @@ class Proxy:
         state.add_prefill_tokens(tokens)
         ctx.endpoint = address
         if ctx.inference.stream:
-            return self._stream(
+            return await self._stream(
                 ctx, address, wire, state, may_retry, timeout, splice, headers, tokens
             )
-        return self._unary(ctx, address, wire, state, may_retry, timeout, tokens)
+        try:
+            status, upstream_headers, data = await self.fetch(address, wire, timeout)
+        finally:
+            state.add_inflight(-1)
+            state.add_prefill_tokens(-tokens)
+        if status >= 500 and may_retry:
+            raise AttemptFailed("status", f"HTTP {status}")
+        # On the last attempt an engine's own 5xx goes to the client as it is.
+        ctx.upstream_status = status
+        if status < 400:
+            ctx.usage = Usage.of(extract_usage(data))
+        return Response(
+            status=status,
+            body=data,
+            **relayed_headers(upstream_headers, ctx.endpoint, ctx.response_headers),
+        )
 
     async def fetch(
         self,
@@ -471,35 +434,8 @@ class Proxy:
         assert self.pool is not None
         try:
             return await self.pool.request(address, wire, timeout)
-        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+        except (TimeoutError, OSError) as err:
             raise attempt_failure(err, timeout, failure) from None
-
-    async def _unary(
-        self,
-        ctx: RequestContext,
-        address: str,
-        wire: bytes,
-        state: EndpointState,
-        may_retry: bool,
-        timeout: float | None,
-        tokens: int = 0,
-    ) -> Response:
-        try:
-            status, upstream_headers, data = await self.fetch(address, wire, timeout)
-        finally:
-            state.add_inflight(-1)
-            state.add_prefill_tokens(-tokens)
-        if status >= 500 and may_retry:
-            raise AttemptFailed("status", f"HTTP {status}")
-        # On the last attempt an engine's own 5xx goes to the client as it is.
-        ctx.upstream_status = status
-        if status < 400:  # (searched from the end, where an engine puts it: no scan first)
-            ctx.usage = Usage.of(extract_usage(data))
-        return Response(
-            status=status,
-            body=data,
-            **relayed_headers(upstream_headers, ctx.endpoint, ctx.response_headers),
-        )
 
     async def _stream(
         self,
@@ -509,53 +445,48 @@ class Proxy:
         state: EndpointState,
         may_retry: bool,
         timeout: float | None,
-        splice: Splice | None = None,
-        headers: dict[str, str] | None = None,
-        tokens: int = 0,
+        splice: Splice | None,
+        headers: dict[str, str],
+        tokens: int,
     ) -> StreamResponse:
         """The timeout covers connect + response headers + first chunk (time to first byte);
         once a byte has been sent to the client the request is never retried. ``tokens``
         (the prompt's) are counted on ``state`` until the first chunk."""
-        assert self.pool is not None
+        assert self.pool is not None and ctx.decision is not None
         resp: UpstreamResponse | None = None
         state.add_prefilling(1)  # until the first chunk: queued or in prefill in the engine
         try:
-            try:
-                with self.pool.deadlines.after(timeout):
-                    resp = await self.pool.open(address, wire)
-                    if resp.status >= 500 and may_retry:
-                        await resp.read()
-                        raise AttemptFailed("status", f"HTTP {resp.status}")
-                    first = await resp.readany()
-            except (TimeoutError, aiohttp.ClientError, OSError) as err:
-                raise attempt_failure(err, timeout) from None
-        except BaseException:
+            with self.pool.deadlines.after(timeout):
+                resp = await self.pool.open(address, wire)
+                if resp.status >= 500 and may_retry:
+                    await resp.read()
+                    raise AttemptFailed("status", f"HTTP {resp.status}")
+                chunk = await resp.readany()
+        except BaseException as err:
             state.add_inflight(-1)
             if resp is not None:
                 resp.release()
+            if isinstance(err, (TimeoutError, OSError)):
+                raise attempt_failure(err, timeout) from None
             raise
         finally:
             state.add_prefilling(-1)
             state.add_prefill_tokens(-tokens)
         if self.on_first_chunk is not None:
             self.on_first_chunk()
-        watch: _StreamWatch | None = None
+        stall = ctx.decision.backend.stall_timeout
+        watch = _StreamWatch(resp, stall or math.inf, state.endpoint.address, splice is not None)
+        if stall or splice is not None:  # (a movable stream: for a handover)
+            self._streams.add(watch)
         try:
-            ctx.ttft = time.perf_counter() - ctx.t0
-            ctx.upstream_status = resp.status
             out = StreamResponse(
                 status=resp.status,
                 **relayed_headers(resp.headers, ctx.endpoint, ctx.response_headers),
             )
+            ctx.ttft = time.perf_counter() - ctx.t0
+            ctx.upstream_status = resp.status
             scanner = StreamScanner()
             relay = ctx.stream_filter  # a hook's (drops an injected usage chunk)
-            stall = ctx.decision.backend.stall_timeout  # type: ignore[union-attr]
-            if stall or splice is not None:  # (a movable stream: for a handover)
-                now = asyncio.get_running_loop().time()
-                address = state.endpoint.address
-                watch = _StreamWatch(resp, stall or math.inf, now, address, splice is not None)
-                self._streams.add(watch)
-            chunk = first
             while True:  # MIGRATION: once per replica the stream runs on (one without it)
                 lost: str | None = None
                 while chunk:
@@ -575,36 +506,30 @@ class Proxy:
                     if splice is not None and splice.lost is not None:
                         ctx.error, lost = f"stream lost: {splice.lost}", "engine_error"
                         break
+                    watch.chunks += 1
+                    watch.waiting = True
                     try:
-                        if watch is not None:
-                            watch.chunks += 1
-                            watch.waiting = True
-                            chunk = await resp.readany()
-                            watch.waiting = False
-                        else:
-                            chunk = await resp.readany()
-                    except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as err:
+                        chunk = await resp.readany()
+                    except OSError as err:  # (StreamStalled and StreamDrained among them)
                         # The replica broke mid-stream; the client sees a truncated stream.
                         ctx.error = f"stream broken: {type(err).__name__}: {err}"
                         ctx.upstream_broken = True
                         break
+                    watch.waiting = False
                 if splice is None or splice.done:
                     break
                 if splice.finished:  # lost after its final chunk: only the end is missing
                     data = splice.ending()
                     scanner.feed(data)
-                    if relay is not None:
-                        data = relay.feed(data)
-                    await out.write(data)
+                    await out.write(data if relay is None else relay.feed(data))
                     ctx.error, ctx.upstream_broken = None, False
                     break
-                if watch is not None and watch.drained:
+                if watch.drained:
                     lost = "drained"  # (not the replica's failure)
                 else:
-                    if watch is not None and watch.stalled:
+                    if watch.stalled:
                         lost = "stalled"
                     self.outliers.failure(state)
-                assert self.migrator is not None and headers is not None
                 moved = await self.migrator.continue_on(
                     self.pool, ctx, splice, lost or "broken", state, headers
                 )
@@ -625,33 +550,31 @@ class Proxy:
                 resp.release()
                 state, resp, chunk = moved
                 ctx.error, ctx.upstream_broken = None, False
-                if watch is not None:
-                    watch.resp, watch.address = resp, state.endpoint.address
-                    watch.stalled = watch.waiting = watch.drained = False
+                watch.resp, watch.address = resp, state.endpoint.address
+                watch.stalled = watch.waiting = watch.drained = False
             if not out.prepared:  # an empty body
                 await out.prepare(ctx.request)
             if relay is not None and (rest := relay.flush()):
                 await out.write(rest)
             ctx.usage = Usage.of(scanner.usage)
             ctx.events = scanner.events
-            if splice is not None:  # complete: its [DONE], or an error event and [DONE]
-                await out.write_eof()
-            elif watch is not None and watch.stalled:
+            if splice is None and watch.stalled:
                 # A frozen replica: the client gets an error event and a complete response.
                 ctx.error = f"stream stalled: no bytes for {watch.stall:g} s"
                 if self.stalls is not None:
-                    self.stalls.labels(ctx.decision.route).inc()  # type: ignore[union-attr]
+                    self.stalls.labels(ctx.decision.route).inc()
                 await out.write(stall_event(watch.stall, ctx.request.path))
                 await out.write_eof()
-            elif not ctx.upstream_broken:
+            elif splice is not None or not ctx.upstream_broken:
+                # Complete (a spliced stream: its [DONE], or an error event and [DONE]); a
+                # broken one gets no final chunk: the client sees it truncated.
                 await out.write_eof()
             return out
-        except (ConnectionResetError, ConnectionError) as err:
+        except ConnectionError as err:
             ctx.error = f"client went away: {err}"
             return out
         finally:
-            if watch is not None:
-                self._streams.discard(watch)
+            self._streams.discard(watch)
             state.add_inflight(-1)
             ctx.end = time.perf_counter()
             resp.release()
