@@ -109,6 +109,15 @@ class EndpointState:
         elif not busy or self.ttft < 0 or count < last_count:
             self.ttft = 0.0
 
+    def keep_fresh(self, now: float) -> bool:
+        """Take the last scrape's figures as read at ``now`` if nothing was sent to the engine
+        since (it is as idle as it was): the idle tickers' rule, in the scraping worker and
+        its followers. True if they were."""
+        if self.inflight != self.inflight_at_scrape or not 0 < self.scraped_at < now:
+            return False
+        self.scraped_at = now
+        return True
+
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
 

@@ -45,34 +45,32 @@ log = logging.getLogger("llmplane.gateway")
 
 @dataclass(frozen=True)
 class MetricNames:
+    """An engine's names for each ``LoadMetrics`` figure: the first name present is read, the
+    sum of its samples (``kv``: the largest); newer names come first."""
+
     waiting: tuple[bytes, ...] = ()
     running: tuple[bytes, ...] = ()
-    kv: tuple[bytes, ...] = ()  # first one present wins (newer name first)
-    lora: bytes | None = None
-    # Prefix-cache counters (prompt tokens looked up / found cached), for the console only.
+    kv: tuple[bytes, ...] = ()
     prefix_hits: tuple[bytes, ...] = ()
     prefix_queries: tuple[bytes, ...] = ()
-    # An info gauge whose ``block_size`` label is the engine's KV block size in tokens.
-    cache_info: bytes | None = None
-    # Prompt tokens whose KV the engine loaded through its KV connector (a disaggregated
-    # decode replica's KV received from prefill), for the console only.
     kv_received: tuple[bytes, ...] = ()
-    # The time-to-first-token histogram's ``_sum`` and ``_count`` (the autoscaling signal).
     ttft_sum: tuple[bytes, ...] = ()
     ttft_count: tuple[bytes, ...] = ()
+    lora: bytes | None = None  # an info gauge: the adapters running and waiting, as labels
+    cache_info: bytes | None = None  # an info gauge: the KV ``block_size`` label
 
 
 VLLM = MetricNames(
     waiting=(b"vllm:num_requests_waiting",),
     running=(b"vllm:num_requests_running",),
     kv=(b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
-    lora=b"vllm:lora_requests_info",
     prefix_hits=(b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),
     prefix_queries=(b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"),
-    cache_info=b"vllm:cache_config_info",
     kv_received=(b"vllm:external_prefix_cache_hits_total",),
     ttft_sum=(b"vllm:time_to_first_token_seconds_sum",),
     ttft_count=(b"vllm:time_to_first_token_seconds_count",),
+    lora=b"vllm:lora_requests_info",
+    cache_info=b"vllm:cache_config_info",
 )
 SGLANG = MetricNames(
     waiting=(b"sglang:num_queue_reqs",),
@@ -104,6 +102,8 @@ _ALIASES = {
     "text-generation-inference": "tgi",
     "llmplane-sim": "sim",
 }
+# The figures read as the sum of their samples.
+_SUMMED = "waiting running prefix_hits prefix_queries kv_received ttft_sum ttft_count".split()
 
 
 def engine_of(backend: str | None) -> str:
@@ -126,21 +126,13 @@ def metric_names(engine: str) -> MetricNames | None:
     return ENGINE_METRICS.get(engine_of(engine)) if engine else None
 
 
-def _float(text: bytes) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def _samples(body: bytes, name: bytes) -> Iterator[tuple[bytes, float]]:
     """(labels text, value) of every sample of ``name``; skips names that only share a prefix."""
-    n = len(name)
     pos = 0 if body.startswith(name) else body.find(b"\n" + name)
     if pos > 0:
         pos += 1
     while pos != -1:
-        after = pos + n
+        after = pos + len(name)
         nxt = body[after : after + 1]
         if nxt in (b"{", b" "):
             end = body.find(b"\n", after)
@@ -148,10 +140,8 @@ def _samples(body: bytes, name: bytes) -> Iterator[tuple[bytes, float]]:
             labels = b""
             if nxt == b"{":
                 close = line.rfind(b"}")
-                labels = line[1:close]
-                line = line[close + 1 :]
-            parts = line.split()
-            value = _float(parts[0]) if parts else None
+                labels, line = line[1:close], line[close + 1 :]
+            value = _number(line)
             if value is not None:
                 yield labels, value
         pos = body.find(b"\n" + name, after)
@@ -159,21 +149,22 @@ def _samples(body: bytes, name: bytes) -> Iterator[tuple[bytes, float]]:
             pos += 1
 
 
-def _sum(body: bytes, names: tuple[bytes, ...]) -> float | None:
-    for name in names:
-        total = None
-        for _, value in _samples(body, name):
-            total = value if total is None else total + value
-        if total is not None:
-            return total
-    return None
+def _number(text: bytes) -> float | None:
+    """The first word of ``text`` as a number (None: there is none)."""
+    try:
+        return float(text.split(maxsplit=1)[0])
+    except (ValueError, IndexError):
+        return None
 
 
-def _first(body: bytes, names: tuple[bytes, ...]) -> float | None:
+def _read(
+    body: bytes, names: tuple[bytes, ...], combine: Callable[[list[float]], float]
+) -> float | None:
+    """``combine`` of the samples of the first of ``names`` that has any; None if none has."""
     for name in names:
         values = [v for _, v in _samples(body, name)]
         if values:
-            return max(values)
+            return combine(values)
     return None
 
 
@@ -188,11 +179,11 @@ class LoadMetrics:
     lora_running: frozenset[str] = frozenset()
     lora_waiting: frozenset[str] = frozenset()
     max_lora: int = 0
-    prefix_hits: float | None = None
-    prefix_queries: float | None = None
+    prefix_hits: float | None = None  # prompt tokens found cached (console and /metrics)
+    prefix_queries: float | None = None  # prompt tokens looked up
     block_size: int = 0
-    kv_received: float | None = None
-    ttft_sum: float | None = None
+    kv_received: float | None = None  # prompt tokens whose KV came over the KV connector
+    ttft_sum: float | None = None  # the time-to-first-token histogram (autoscaling)
     ttft_count: float | None = None
 
     @property
@@ -205,46 +196,32 @@ def adapter_names(value: bytes) -> frozenset[str]:
     return frozenset(a for a in value.decode("utf-8", "replace").split(",") if a)
 
 
-def _block_size(body: bytes, name: bytes) -> int:
-    """The ``block_size`` label of the engine's cache info gauge (0: none, or not a number
-    between 1 and 65,536)."""
-    for labels, _ in _samples(body, name):
-        value = dict(_LABEL.findall(labels)).get(b"block_size", b"")
-        if value.isdigit() and 0 < int(value) <= 65_536:
-            return int(value)
-    return 0
-
-
 def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
+    """The figures of the engine's table (an unknown engine's: of the first table with any)."""
     names = metric_names(engine)
-    tables = [names] if names is not None else [VLLM, SGLANG, LLAMACPP, TGI]
-    for table in tables:
+    for table in [names] if names is not None else [VLLM, SGLANG, LLAMACPP, TGI]:
         m = LoadMetrics(
-            _sum(body, table.waiting), _sum(body, table.running), _first(body, table.kv)
+            kv=_read(body, table.kv, max),
+            **{name: _read(body, getattr(table, name), sum) for name in _SUMMED},
         )
-        if table.lora is not None:
-            newest: tuple[float, bytes] | None = None
-            for labels, value in _samples(body, table.lora):
-                if newest is None or value >= newest[0]:
-                    newest = (value, labels)
-            if newest is not None:
-                fields = dict(_LABEL.findall(newest[1]))
-                m.lora_running = adapter_names(fields.get(b"running_lora_adapters", b""))
-                m.lora_waiting = adapter_names(fields.get(b"waiting_lora_adapters", b""))
-                with contextlib.suppress(ValueError):
-                    m.max_lora = int(float(fields.get(b"max_lora", b"0") or 0))
-        if m.any:
-            if table.prefix_queries:
-                m.prefix_hits = _sum(body, table.prefix_hits)
-                m.prefix_queries = _sum(body, table.prefix_queries)
-            if table.cache_info is not None:
-                m.block_size = _block_size(body, table.cache_info)
-            if table.kv_received:
-                m.kv_received = _sum(body, table.kv_received)
-            if table.ttft_count:
-                m.ttft_sum = _sum(body, table.ttft_sum)
-                m.ttft_count = _sum(body, table.ttft_count)
-            return m
+        if not m.any:
+            continue
+        newest: tuple[float, bytes] | None = None  # the adapters' gauge is set to a timestamp
+        for labels, value in _samples(body, table.lora) if table.lora else ():
+            if newest is None or value >= newest[0]:
+                newest = (value, labels)
+        if newest is not None:
+            lora = dict(_LABEL.findall(newest[1]))
+            m.lora_running = adapter_names(lora.get(b"running_lora_adapters", b""))
+            m.lora_waiting = adapter_names(lora.get(b"waiting_lora_adapters", b""))
+            with contextlib.suppress(ValueError):
+                m.max_lora = int(float(lora.get(b"max_lora", b"0") or 0))
+        for labels, _ in _samples(body, table.cache_info) if table.cache_info else ():
+            size = dict(_LABEL.findall(labels)).get(b"block_size", b"")
+            if size.isdigit() and 0 < int(size) <= 65_536:
+                m.block_size = int(size)
+                break
+        return m
     return LoadMetrics()
 
 
@@ -256,39 +233,31 @@ def apply_metrics(
     the queue estimate keeps counting it (see ``registry.queue_estimates``), and the engine's
     capacity and room are learned from it (``registry.scraped_room``)."""
     waited = state.waiting > 0 and bool(state.scraped_at)  # the scrape before this one
-    state.waiting = m.waiting or 0.0
-    state.running = m.running or 0.0
-    state.has_kv = m.kv is not None
-    state.kv_usage = m.kv or 0.0
-    state.lora_running = m.lora_running
-    state.lora_waiting = m.lora_waiting
-    state.max_lora = m.max_lora
-    if m.prefix_queries is not None:
-        state.prefix_hits = m.prefix_hits or 0.0
-        state.prefix_queries = m.prefix_queries
-    if m.block_size:
-        state.block_size = m.block_size
-    state.kv_received = -1.0 if m.kv_received is None else m.kv_received
     sent = state.inflight if inflight_at_start is None else inflight_at_start
+    state.waiting, state.running = m.waiting or 0.0, m.running or 0.0
+    state.has_kv, state.kv_usage = m.kv is not None, m.kv or 0.0
+    state.lora_running, state.lora_waiting, state.max_lora = (
+        m.lora_running,
+        m.lora_waiting,
+        m.max_lora,
+    )
+    if m.prefix_queries is not None:
+        state.prefix_hits, state.prefix_queries = m.prefix_hits or 0.0, m.prefix_queries
+    state.block_size = m.block_size or state.block_size
+    state.kv_received = -1.0 if m.kv_received is None else m.kv_received
     state.unseen = unseen_load(state.unseen, state.waiting, state.running, sent) if m.any else 0
     state.has_load_metrics = m.any and state.unseen < UNSEEN_LOAD  # see ``unseen_load``
     state.scraped_at = now if m.any else 0.0
     state.inflight_at_scrape = sent
     state.capacity, state.room = scraped_room(
-        state.capacity,
-        state.waiting,
-        state.running,
-        sent,
-        waited,
-        state.endpoint.max_num_seqs,
+        state.capacity, state.waiting, state.running, sent, waited, state.endpoint.max_num_seqs
     )
     if m.ttft_sum is None or m.ttft_count is None:
         state.ttft = -1.0
     elif not (math.isfinite(m.ttft_sum) and math.isfinite(m.ttft_count)):
         state.ttft, state.ttft_seen = -1.0, (-1.0, -1.0)  # NaN or Inf: not a reading
     else:
-        busy = bool(state.waiting or state.running or sent)
-        state.observe_ttft(m.ttft_sum, m.ttft_count, busy)
+        state.observe_ttft(m.ttft_sum, m.ttft_count, bool(state.waiting or state.running or sent))
     state.scrape_ok = True
 
 
@@ -334,26 +303,29 @@ class ScrapeSharing(Protocol):
 
 
 class Scraper:
-    """One background task per endpoint, started and stopped as endpoints come and go."""
+    """One background task per endpoint, started and stopped as endpoints come and go.
+
+    ``on_scraped`` is called after each scrape and idle refresh (fresh load: flow control may
+    dispatch), ``on_models_changed`` when an endpoint's /v1/models list changed (routes
+    change). ``upstream``, if given, is the proxy's upstream pool: /metrics is read over its
+    keep-alive connections, so the first request routed to an idle replica finds a warm
+    connection (the scrape keeps it open, within vLLM's 5 s keep-alive), not a TCP connect."""
 
     def __init__(
         self,
         config: GatewayConfig,
-        on_models_changed: Callable[[], None] | None = None,
-        on_scraped: Callable[[], None] | None = None,
-        upstream: Callable[[], UpstreamPool | None] | None = None,
+        on_models_changed: Callable[[], None] = lambda: None,
+        on_scraped: Callable[[], None] = lambda: None,
+        upstream: Callable[[], UpstreamPool | None] = lambda: None,
         sharing: ScrapeSharing | None = None,
     ) -> None:
         self.config = config
-        self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
-        self.on_scraped = on_scraped  # after each scrape (or idle refresh)
+        self.on_models_changed = on_models_changed
+        self.on_scraped = on_scraped
+        self.upstream = upstream
         self.sharing = sharing
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
-        # The proxy's upstream pool, if given: /metrics is read over its keep-alive
-        # connections, so the first request routed to an idle replica finds a warm connection
-        # (the scrape keeps it open, within vLLM's 5 s keep-alive) instead of a TCP connect.
-        self.upstream = upstream
         self.scrapes: dict[str, int] = {}  # /metrics requests per endpoint (tests, debugging)
         # Idle endpoints: their state and the event that wakes their scraper early.
         self._idle: dict[str, tuple[EndpointState, asyncio.Event]] = {}
@@ -362,23 +334,19 @@ class Scraper:
     def client(self) -> aiohttp.ClientSession:
         """The scraper's HTTP session (engine-side admin calls share it)."""
         if self.session is None:
-            connector = aiohttp.TCPConnector(
-                limit=256, keepalive_timeout=self.config.keepalive_timeout, ttl_dns_cache=300
-            )
             self.session = aiohttp.ClientSession(
-                connector=connector,
+                connector=aiohttp.TCPConnector(
+                    limit=256, keepalive_timeout=self.config.keepalive_timeout, ttl_dns_cache=300
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout),
                 skip_auto_headers=("User-Agent",),
             )
         return self.session
 
     def add(self, state: EndpointState) -> None:
-        if state.key not in self.tasks:
-            if self.sharing is not None and self.sharing.follows(state):
-                return  # a peer reads it for us
-            self.tasks[state.key] = asyncio.create_task(
-                self._run(state), name=f"scrape {state.key}"
-            )
+        if state.key in self.tasks or (self.sharing is not None and self.sharing.follows(state)):
+            return  # already scraped, or a peer reads it for us
+        self.tasks[state.key] = asyncio.create_task(self._run(state), name=f"scrape {state.key}")
 
     def remove(self, state: EndpointState) -> None:
         task = self.tasks.pop(state.key, None)
@@ -388,13 +356,11 @@ class Scraper:
         self.scrapes.pop(state.key, None)
 
     async def close(self) -> None:
-        tasks = list(self.tasks.values())
-        if self._keeper is not None:
-            tasks.append(self._keeper)
-            self._keeper = None
+        tasks = [*self.tasks.values(), *([self._keeper] if self._keeper else [])]
         self.tasks.clear()
         self._idle.clear()
-        for task in tasks:
+        self._keeper = None
+        for task in tasks:  # all cancelled before any is awaited: none starts anything anew
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -405,13 +371,13 @@ class Scraper:
 
     async def scrape_once(self, state: EndpointState) -> bool:
         """One scrape of /metrics; False if the endpoint did not answer."""
-        names = metric_names(state.endpoint.engine)
-        if names is NONE:
+        engine = state.endpoint.engine
+        if metric_names(engine) is NONE:
             state.has_load_metrics = False
             return True
         self.scrapes[state.key] = self.scrapes.get(state.key, 0) + 1
         sent = state.inflight
-        pool = self.upstream() if self.upstream is not None else None
+        pool = self.upstream()
         try:
             if pool is not None:
                 status, _, body = await pool.request(
@@ -421,19 +387,17 @@ class Scraper:
                 )
             else:
                 async with self.client().get(f"http://{state.address}/metrics") as resp:
-                    status = resp.status
-                    body = await resp.read()
+                    status, body = resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
-            state.scrape_ok = False
-            return False
-        if status == 404:
+            status = 0
+        if status == 404:  # no /metrics: scheduled on the in-flight counts
             state.has_load_metrics = False
-            state.scrape_ok = True
-            return True
-        if status != 200:
+        elif status != 200:
             state.scrape_ok = False
             return False
-        apply_metrics(state, parse_metrics(body, state.endpoint.engine), time.monotonic(), sent)
+        else:
+            apply_metrics(state, parse_metrics(body, engine), time.monotonic(), sent)
+        state.scrape_ok = True
         return True
 
     async def refresh_models(self, state: EndpointState) -> None:
@@ -446,16 +410,14 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
             return
         served = served_names(doc.get("data") if isinstance(doc, dict) else None)
-        if served is None:
+        if served is None or served == state.served_models:
             return
         if state.extra.get(MODELS_CHANGED_AT, 0.0) > started:
             return  # an adapter was loaded or unloaded meanwhile: this list may predate it
-        if served != state.served_models:
-            state.served_models = served
-            if self.sharing is not None:
-                self.sharing.models_read(state, started)
-            if self.on_models_changed is not None:
-                self.on_models_changed()  # LoRA adapters came or went: routes change
+        state.served_models = served
+        if self.sharing is not None:
+            self.sharing.models_read(state, started)
+        self.on_models_changed()
 
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval
@@ -484,18 +446,19 @@ class Scraper:
             kept = bool(healthy and not busy and pause > interval)  # _idle_wait follows
             if self.sharing is not None:
                 self.sharing.publish(state, kept)
-            if self.on_scraped is not None:
-                self.on_scraped()  # fresh load: flow control may dispatch
+            self.on_scraped()
             if not healthy:
                 # Engines without load metrics (or unreachable ones) are asked again more slowly.
                 await asyncio.sleep(max(0.0, max(interval, 1.0) - (time.monotonic() - started)))
                 continue
-            wait = pause * random.uniform(0.8, 1.2) + spread - (time.monotonic() - started)
+            wait = max(
+                0.0, pause * random.uniform(0.8, 1.2) + spread - (time.monotonic() - started)
+            )
             spread = 0.0
             if kept:
-                await self._idle_wait(state, max(0.0, wait))
+                await self._idle_wait(state, wait)
             else:
-                await asyncio.sleep(max(0.0, wait))
+                await asyncio.sleep(wait)
 
     async def _idle_wait(self, state: EndpointState, seconds: float) -> None:
         """Sleep ``seconds`` unless a request is sent to the endpoint first."""
@@ -519,10 +482,9 @@ class Scraper:
             for state, wake in list(self._idle.values()):
                 if state.inflight != state.inflight_at_scrape:
                     wake.set()
-                elif state.scraped_at:
-                    state.scraped_at = now  # peer workers: ``ScrapeFollower`` does the same
-                    refreshed = True
-            if refreshed and self.on_scraped is not None:
+                else:
+                    refreshed = state.keep_fresh(now) or refreshed
+            if refreshed:
                 self.on_scraped()  # fresh again: a request held on the stale age may go
             await asyncio.sleep(tick)
 
