@@ -1,22 +1,10 @@
-"""Engine load metrics, scraped every ``scrape_interval`` (50 ms) per busy endpoint.
-
-An endpoint is busy while this gateway has requests on it, its engine reports running or waiting
-requests, or its signals changed since the previous scrape. Once it is idle the pause doubles up
-to ``scrape_idle_interval`` (2 s): a scrape costs a vLLM API server about a millisecond of CPU
-and one access-log line, which 20 times a second is most of what an idle replica does. Pauses
-are jittered so endpoints do not scrape in step. An idle endpoint's metrics stay fresh for
-admission and scoring while this gateway sends it nothing (one ticker for all idle endpoints
-keeps ``scraped_at`` current); the first request sent to it wakes its scraper within
-``metrics_staleness / 2``, and the in-flight accounting covers the moment in between.
-
-Only the few lines routing needs are read, by byte scanning (``bytes.find`` for each name,
-then one float parse): a vLLM ``/metrics`` page is tens of kilobytes of histograms that
-``prometheus_client``'s parser would turn into thousands of objects 20 times a second per
-replica. Metric names per engine are in ``ENGINE_METRICS``; an engine with none of them (or no
-``/metrics``) is marked ``has_load_metrics = False`` and scheduled on the gateway's own
-in-flight counts; so is an engine whose gauges say nothing runs while this gateway has requests
-on it (``registry.unseen_load``), until they show a request. Each endpoint also has its
-``/v1/models`` read every few seconds, which tells which base model and LoRA adapters it serves.
+"""Engine load metrics and served models, read per endpoint (docs/gateway.md, "Metrics
+scraping"): a busy endpoint's /metrics every ``scrape_interval``, an idle one's after a pause
+that doubles up to ``scrape_idle_interval`` (a scrape costs a vLLM API server about a
+millisecond of CPU and an access-log line), its figures kept fresh meanwhile by one ticker
+while nothing is sent to it. Only the few lines routing needs are read, by ``bytes.find``: a
+vLLM page is tens of kilobytes of histograms that a Prometheus parser would turn into
+thousands of objects 20 times a second per replica.
 """
 
 from __future__ import annotations
@@ -236,11 +224,8 @@ def apply_metrics(
     sent = state.inflight if inflight_at_start is None else inflight_at_start
     state.waiting, state.running = m.waiting or 0.0, m.running or 0.0
     state.has_kv, state.kv_usage = m.kv is not None, m.kv or 0.0
-    state.lora_running, state.lora_waiting, state.max_lora = (
-        m.lora_running,
-        m.lora_waiting,
-        m.max_lora,
-    )
+    state.lora_running, state.lora_waiting = m.lora_running, m.lora_waiting
+    state.max_lora = m.max_lora
     if m.prefix_queries is not None:
         state.prefix_hits, state.prefix_queries = m.prefix_hits or 0.0, m.prefix_queries
     state.block_size = m.block_size or state.block_size

@@ -1,14 +1,9 @@
 """Engine metrics and model lists read once for every worker: worker 0 scrapes each endpoint
 and publishes what ``EndpointState`` keeps from a scrape into the endpoint's row of a shared
-table (the in-flight table's column), and each changed ``/v1/models`` list into one shared
-document; the other workers copy what changed into their own states and read nothing from the
-engines. The design (rows published on change, the heartbeat that keeps idle rows fresh, what
-followers do when it stops): docs/gateway.md, "Workers: several processes, one routing state".
-
-Each row is a seqlock ``shm.Document``: neither side waits, and nothing of it runs on a
-request's path. LoRA adapter names share ``TEXT_BYTES`` per row (past that, the last names are
-left out, logged once); model lists are capped where they are read (``scraper.served_names``)
-and checked the same way when copied.
+table (a seqlock ``shm.Document`` per in-flight table column), and each changed
+``/v1/models`` list into one shared document; the other workers copy what changed into their
+own states. Rows published on change, the heartbeat that keeps idle rows fresh, what
+followers do when it stops: docs/gateway.md, "Workers: several processes, one routing state".
 """
 
 from __future__ import annotations
@@ -209,16 +204,10 @@ class ScrapeFollower:
     """A worker that does not scrape (a ``ScrapeSharing`` that follows every endpoint with a
     row): every ``interval`` it copies the rows and model lists published since it last
     looked into its states and calls ``on_changed`` (metrics, also when the heartbeat made a
-    kept row fresh again) or ``on_models_changed`` (routes).
-
-    Kept rows take the heartbeat as ``scraped_at`` while the endpoint's shared in-flight count
-    is the one at its scrape. A heartbeat older than ``stale_after`` means the scraper is gone
-    (killed and not yet replaced, stopped): the states are marked ``scrape_ok = False``, so
-    admission counts in-flight requests as for an engine whose metrics cannot be read instead
-    of taking every endpoint for saturated because its copy is old. When the heartbeat moves
-    again every row is read again, restoring the states. Model lists stay as they were (they
-    change rarely); a list missing from the document (a replaced worker 0 that has not read
-    that endpoint yet) leaves a state's names alone."""
+    kept row fresh again) or ``on_models_changed`` (routes). A heartbeat older than
+    ``stale_after`` means the scraper is gone: the states are marked ``scrape_ok = False``
+    (admission counts in-flight requests, rather than take every endpoint for saturated)
+    until it beats again; model lists stay as they were."""
 
     def __init__(
         self,
