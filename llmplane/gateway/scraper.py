@@ -17,7 +17,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import aiohttp
@@ -90,8 +90,8 @@ _ALIASES = {
     "text-generation-inference": "tgi",
     "llmplane-sim": "sim",
 }
-# The figures read as the sum of their samples.
-_SUMMED = "waiting running prefix_hits prefix_queries kv_received ttft_sum ttft_count".split()
+# The figures read from samples (the rest are info gauges' labels).
+_FIGURES = [f.name for f in fields(MetricNames) if f.default == ()]
 
 
 def engine_of(backend: str | None) -> str:
@@ -189,8 +189,7 @@ def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
     names = metric_names(engine)
     for table in [names] if names is not None else [VLLM, SGLANG, LLAMACPP, TGI]:
         m = LoadMetrics(
-            kv=_read(body, table.kv, max),
-            **{name: _read(body, getattr(table, name), sum) for name in _SUMMED},
+            **{f: _read(body, getattr(table, f), max if f == "kv" else sum) for f in _FIGURES}
         )
         if not m.any:
             continue
