@@ -361,19 +361,7 @@ class Scraper:
             return True
         self.scrapes[state.key] = self.scrapes.get(state.key, 0) + 1
         sent = state.inflight
-        pool = self.upstream()
-        try:
-            if pool is not None:
-                status, _, body = await pool.request(
-                    state.address,
-                    b"GET /metrics HTTP/1.1\r\nHost: %s\r\n\r\n" % state.address.encode(),
-                    self.config.scrape_timeout,
-                )
-            else:
-                async with self.client().get(f"http://{state.address}/metrics") as resp:
-                    status, body = resp.status, await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            status = 0
+        status, body = await self._get(state.address, "/metrics")
         if status == 404:  # no /metrics: scheduled on the in-flight counts
             state.has_load_metrics = False
         elif status != 200:
@@ -386,12 +374,10 @@ class Scraper:
 
     async def refresh_models(self, state: EndpointState) -> None:
         started = time.monotonic()
+        status, body = await self._get(state.address, "/v1/models")
         try:
-            async with self.client().get(f"http://{state.address}/v1/models") as resp:
-                if resp.status != 200:
-                    return
-                doc = orjson.loads(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+            doc = orjson.loads(body) if status == 200 else None
+        except orjson.JSONDecodeError:
             return
         served = served_names(doc.get("data") if isinstance(doc, dict) else None)
         if served is None or served == state.served_models:
@@ -402,6 +388,19 @@ class Scraper:
         if self.sharing is not None:
             self.sharing.models_read(state, started)
         self.on_models_changed()
+
+    async def _get(self, address: str, path: str) -> tuple[int, bytes]:
+        """(status, body) of a GET of ``path``; status 0 if the endpoint did not answer."""
+        pool = self.upstream()
+        try:
+            if pool is not None:
+                wire = f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode()
+                status, _, body = await pool.request(address, wire, self.config.scrape_timeout)
+                return status, body
+            async with self.client().get(f"http://{address}{path}") as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return 0, b""
 
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval

@@ -27,22 +27,13 @@ log = logging.getLogger("llmplane.gateway")
 
 ROW_BYTES = 1024
 # What a row holds: these ``EndpointState`` attributes, the flags, then the adapters' names.
-_ATTRS = (
-    "waiting",
-    "running",
-    "kv_usage",
-    "scraped_at",
-    "prefix_hits",
-    "prefix_queries",
-    "capacity",
-    "room",
-    "kv_received",
-    "ttft",
-    "inflight_at_scrape",
-    "max_lora",
-    "block_size",
+_DOUBLES = (
+    *("waiting", "running", "kv_usage", "scraped_at", "prefix_hits", "prefix_queries"),
+    *("capacity", "room", "kv_received", "ttft"),
 )
-_FIELDS = struct.Struct("<" + "d" * 10 + "q" * 4)
+_INTEGERS = ("inflight_at_scrape", "max_lora", "block_size")
+_ATTRS = (*_DOUBLES, *_INTEGERS)
+_FIELDS = struct.Struct(f"<{len(_DOUBLES)}d{len(_INTEGERS) + 1}q")  # + 1: the flags
 _AGE = 8 * _ATTRS.index("scraped_at")  # where a row's ``scraped_at`` is
 TEXT_BYTES = ROW_BYTES - 16 - _FIELDS.size  # 16: the document's sequence and length
 HAS_KV, KNOWN, HAS_LOAD, SCRAPE_OK, KEPT = 1, 2, 4, 8, 16
@@ -166,13 +157,8 @@ class ScrapePublisher:
         column = column_of(state)
         if column is None or state.served_models is None:
             return
-        endpoint = state.endpoint
-        self.models[column] = [
-            started,
-            endpoint.workload,
-            endpoint.model_name,
-            sorted(state.served_models),
-        ]
+        e = state.endpoint
+        self.models[column] = [started, e.workload, e.model_name, sorted(state.served_models)]
         if not self._models_dirty:
             self._models_dirty = True
             # Soon, not at the next beat: lists read together go out together, and before
