@@ -53,13 +53,13 @@ def encode_row(state: EndpointState, kept: bool = False) -> bytes:
         ",".join(sorted(names)).encode() for names in (state.lora_running, state.lora_waiting)
     )
     if len(text) > TEXT_BYTES:
-        _names_cut()
+        _log_once(logging.WARNING, f"LoRA adapter names cut to {TEXT_BYTES} bytes")
     return _FIELDS.pack(*(getattr(state, name) for name in _ATTRS), flags) + text[:TEXT_BYTES]
 
 
 @functools.cache
-def _names_cut() -> None:
-    log.warning("LoRA adapter names cut to %d bytes", TEXT_BYTES)
+def _log_once(level: int, message: str) -> None:
+    log.log(level, message)  # a condition that, once met, stays so: said once
 
 
 def apply_row(state: EndpointState, data: bytes) -> bool:
@@ -125,10 +125,8 @@ class ScrapePublisher:
     ) -> None:
         self.table = table
         self.states = states
-        self.rows: dict[int, bytes] = {}  # column -> the row last written, but its scraped_at
         self.models: dict[int, list] = {}  # column -> [read at, workload, model, names]
         self._models_dirty = False
-        self._too_big = False
         self._ticker = Periodic(lambda: self.flush(time.monotonic()), tick, "scrape heartbeat")
 
     def start(self) -> None:
@@ -145,12 +143,12 @@ class ScrapePublisher:
         if column is None:
             return
         data = encode_row(state, kept)
-        content = data[:_AGE] + data[_AGE + 8 :]
-        if self.rows.get(column) == content and (
-            kept or not state.has_load_metrics or not state.scrape_ok
-        ):
-            return  # the same, and its age is the heartbeat's (or does not matter)
-        self.rows[column] = content
+        # A kept row's age is the heartbeat's (and an unreadable one's does not matter): it is
+        # written only if anything but its ``scraped_at`` changed.
+        if kept or not state.has_load_metrics or not state.scrape_ok:
+            old = self.table.row(column).read(0)
+            if old and (old[1][:_AGE], old[1][_AGE + 8 :]) == (data[:_AGE], data[_AGE + 8 :]):
+                return
         self.table.write(column, data)
 
     def models_read(self, state: EndpointState, started: float) -> None:
@@ -179,11 +177,9 @@ class ScrapePublisher:
         live = {column_of(s) for s in self.states()}
         for gone in [c for c in self.models if c not in live]:
             del self.models[gone]
-            self.rows.pop(gone, None)
         data = orjson.dumps(self.models, option=orjson.OPT_NON_STR_KEYS)
-        if not self.table.models.write(data) and not self._too_big:
-            self._too_big = True
-            log.error("the endpoints' model lists do not fit the workers' shared document")
+        if not self.table.models.write(data):
+            _log_once(logging.ERROR, "the model lists do not fit the workers' shared document")
 
 
 class ScrapeFollower:
