@@ -8,6 +8,7 @@ scraper's heartbeat, and model lists read by the scraping worker reach the other
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 
@@ -22,11 +23,13 @@ from llmplane.gateway.scraper import (
     apply_metrics,
     served_names,
 )
+from llmplane.gateway.workers import scrapes
 from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import merge
 from llmplane.gateway.workers.picks import PickRings
 from llmplane.gateway.workers.scrapes import (
+    TEXT_BYTES,
     ScrapeFollower,
     ScrapePublisher,
     ScrapeTable,
@@ -196,6 +199,24 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     assert seq2 % 2 == 0 and seq2 > seq
     apply_row(follower, data)
     assert follower.has_load_metrics is None and not follower.scrape_ok
+
+
+def test_a_row_cuts_adapter_names_past_its_room_and_says_so_once(caplog):
+    table = ScrapeTable(2)
+    scraped = EndpointState(Endpoint("10.0.0.1:8000", engine="vllm"))
+    names = frozenset(f"adapter-{i:04d}" for i in range(200))  # 2,600 bytes of names
+    waiting = frozenset({"w"})
+    apply_metrics(scraped, LoadMetrics(1, 2, 0.5, names, waiting), now=5.0)
+    scrapes._log_once.cache_clear()  # said once per process: count from here
+    with caplog.at_level(logging.WARNING, "llmplane.gateway"):
+        table.write(0, encode_row(scraped))
+        table.write(0, encode_row(scraped))
+    follower = EndpointState(Endpoint("10.0.0.1:8000", engine="vllm"))
+    apply_row(follower, table.row(0).read(0)[1])
+    assert (follower.waiting, follower.running, follower.kv_usage) == (1, 2, 0.5)
+    assert len(follower.lora_running & names) > 60 and follower.lora_waiting == frozenset()
+    assert all(n.startswith("adapter-") for n in follower.lora_running)
+    assert [r.message for r in caplog.records] == [f"LoRA adapter names cut to {TEXT_BYTES} bytes"]
 
 
 def _pair(table: ScrapeTable, changes: list, models: list | None = None):
