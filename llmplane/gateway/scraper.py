@@ -291,7 +291,7 @@ class Scraper:
 
     ``on_scraped`` is called after each scrape and idle refresh (fresh load: flow control may
     dispatch), ``on_models_changed`` when an endpoint's /v1/models list changed (routes
-    change). ``upstream``, if given, is the proxy's upstream pool: /metrics is read over its
+    change). ``upstream``, if given, is the proxy's upstream pool: the engines are read over its
     keep-alive connections, so the first request routed to an idle replica finds a warm
     connection (the scrape keeps it open, within vLLM's 5 s keep-alive), not a TCP connect."""
 
