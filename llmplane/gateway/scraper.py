@@ -121,28 +121,23 @@ def _samples(body: bytes, name: bytes) -> Iterator[tuple[bytes, float]]:
         pos += 1
     while pos != -1:
         after = pos + len(name)
-        nxt = body[after : after + 1]
-        if nxt in (b"{", b" "):
-            end = body.find(b"\n", after)
-            line = body[after:] if end == -1 else body[after:end]
-            labels = b""
-            if nxt == b"{":
-                close = line.rfind(b"}")
-                labels, line = line[1:close], line[close + 1 :]
-            value = _number(line)
-            if value is not None:
-                yield labels, value
-        pos = body.find(b"\n" + name, after)
+        pos = body.find(b"\n" + name, after)  # the next line of it
         if pos != -1:
             pos += 1
-
-
-def _number(text: bytes) -> float | None:
-    """The first word of ``text`` as a number (None: there is none)."""
-    try:
-        return float(text.split(maxsplit=1)[0])
-    except (ValueError, IndexError):
-        return None
+        nxt = body[after : after + 1]
+        if nxt not in (b"{", b" "):
+            continue
+        end = body.find(b"\n", after)
+        line = body[after:] if end == -1 else body[after:end]
+        labels = b""
+        if nxt == b"{":
+            close = line.rfind(b"}")
+            labels, line = line[1:close], line[close + 1 :]
+        try:
+            value = float(line.split(maxsplit=1)[0])
+        except (ValueError, IndexError):
+            continue  # not a number
+        yield labels, value
 
 
 def _read(
