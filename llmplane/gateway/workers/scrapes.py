@@ -114,11 +114,11 @@ def column_of(state: EndpointState) -> int | None:
     return column if column >= 0 else None
 
 
-class ScrapePublisher:
+class ScrapePublisher(Periodic):
     """Worker 0's ``ScrapeSharing``: a row is written when its content changes (or, for an
     endpoint not kept fresh by the idle ticker, at each scrape: its ``scraped_at`` matters),
-    model lists are gathered into the shared document, and the heartbeat beats every ``tick``
-    seconds."""
+    model lists are gathered into the shared document, and from ``start()`` to ``close()``
+    the heartbeat beats every ``tick`` seconds."""
 
     def __init__(
         self, table: ScrapeTable, states: Callable[[], Iterable[EndpointState]], tick: float
@@ -127,13 +127,7 @@ class ScrapePublisher:
         self.states = states
         self.models: dict[int, list] = {}  # column -> [read at, workload, model, names]
         self._models_dirty = False
-        self._ticker = Periodic(lambda: self.flush(time.monotonic()), tick, "scrape heartbeat")
-
-    def start(self) -> None:
-        self._ticker.start()
-
-    async def close(self) -> None:
-        await self._ticker.close()
+        super().__init__(lambda: self.flush(time.monotonic()), tick, "scrape heartbeat")
 
     def follows(self, state: EndpointState) -> bool:
         return False  # worker 0 reads every endpoint itself
@@ -182,11 +176,12 @@ class ScrapePublisher:
             _log_once(logging.ERROR, "the model lists do not fit the workers' shared document")
 
 
-class ScrapeFollower:
+class ScrapeFollower(Periodic):
     """A worker that does not scrape (a ``ScrapeSharing`` that follows every endpoint with a
-    row): every ``interval`` it copies the rows and model lists published since it last
-    looked into its states and calls ``on_changed`` (metrics, also when the heartbeat made a
-    kept row fresh again) or ``on_models_changed`` (routes). A heartbeat older than
+    row): from ``start()`` to ``close()``, every ``interval`` it copies the rows and model
+    lists published since it last looked into its states and calls ``on_changed`` (metrics,
+    also when the heartbeat made a kept row fresh again) or ``on_models_changed`` (routes). A
+    heartbeat older than
     ``stale_after`` means the scraper is gone: the states are marked ``scrape_ok = False``
     (admission counts in-flight requests, rather than take every endpoint for saturated)
     until it beats again; model lists stay as they were."""
@@ -213,13 +208,7 @@ class ScrapeFollower:
         self._heartbeat = 0.0
         self._models_seq = 0
         self._rescan = False
-        self._ticker = Periodic(self.poll, interval, "reading the shared scrapes")
-
-    def start(self) -> None:
-        self._ticker.start()
-
-    async def close(self) -> None:
-        await self._ticker.close()
+        super().__init__(self.poll, interval, "reading the shared scrapes")
 
     def follows(self, state: EndpointState) -> bool:
         """A new state (perhaps for an address seen before): its row is copied at the next
