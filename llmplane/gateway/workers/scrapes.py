@@ -263,8 +263,10 @@ class ScrapeFollower(Periodic):
         changed = False
         for state in self.states():
             column = column_of(state)
-            got = None if column is None else self.table.row(column).read(self.seen.get(column, 0))
-            if column is None or got is None:
+            if column is None:
+                continue
+            got = self.table.row(column).read(self.seen.get(column, 0))
+            if got is None:
                 continue
             self.seen[column], data = got
             if apply_row(state, data):
