@@ -266,19 +266,16 @@ def served_names(data: object) -> frozenset[str] | None:
 
 class ScrapeSharing(Protocol):
     """With several workers one scrapes for all (``workers/scrapes.py``): its publisher, or
-    another worker's follower of what it publishes."""
+    another worker's follower of what it publishes. ``follows``: a peer reads this state's
+    metrics and models (nothing of it is read here); ``publish``: after a scrape (``kept``:
+    the idle ticker keeps its ``scraped_at`` fresh from now); ``models_read``: a changed
+    /v1/models list, read from ``started`` on."""
 
-    def follows(self, state: EndpointState) -> bool:
-        """True for a state whose metrics and models a peer reads: nothing of it is read here."""
-        ...
+    def follows(self, state: EndpointState) -> bool: ...
 
-    def publish(self, state: EndpointState, kept: bool) -> None:
-        """After a scrape (``kept``: the idle ticker keeps its ``scraped_at`` fresh from now)."""
-        ...
+    def publish(self, state: EndpointState, kept: bool) -> None: ...
 
-    def models_read(self, state: EndpointState, started: float) -> None:
-        """A changed /v1/models list, read from ``started`` on."""
-        ...
+    def models_read(self, state: EndpointState, started: float) -> None: ...
 
 
 class Scraper:
