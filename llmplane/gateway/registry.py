@@ -109,6 +109,15 @@ class EndpointState:
         elif not busy or self.ttft < 0 or count < last_count:
             self.ttft = 0.0
 
+    def keep_fresh(self, now: float) -> bool:
+        """Take the last scrape's figures as read at ``now`` if nothing was sent to the engine
+        since (it is as idle as it was): the idle tickers' rule, in the scraping worker and
+        its followers. True if they were."""
+        if self.inflight != self.inflight_at_scrape or not 0 < self.scraped_at < now:
+            return False
+        self.scraped_at = now
+        return True
+
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
 
@@ -139,22 +148,12 @@ def scraped_room(
 ) -> tuple[float, float]:
     """(capacity, room) after a scrape that reported ``waiting`` and ``running``, sent while
     this gateway had ``sent`` requests in flight to the endpoint; ``waited``: the scrape
-    before reported requests waiting too; ``configured``: the engine's ``max_num_seqs`` if
-    known (0: not known).
-
-    The capacity is the concurrency the engine was seen to hold without queueing: with
-    requests waiting, what it runs (its ``max_num_seqs``, or less when its KV cache is the
-    limit: the estimate follows it down); with none waiting, at least what it runs and every
-    request this gateway had in flight (none of them waits), so it grows by what admission
-    lets through beyond the last figure until the engine queues. vLLM and the sim count a
-    request as waiting until their next step schedules it, so one scrape's waiting requests
-    may have just arrived while slots are free: the capacity goes down to what the engine
-    runs only when requests still wait at the next scrape too, and never below
-    ``configured`` (an engine whose KV cache is the limit is caught by the KV rule). The room
-    is the capacity minus what the engine holds now (0 while anything waits): the requests
-    sent after this scrape that it starts at once. Unknown (0) capacity leaves no room,
-    which is the estimate without it: a burst onto an engine not yet seen busy counts as
-    waiting."""
+    before reported requests waiting too; ``configured``: the engine's ``max_num_seqs`` (0:
+    not known). The capacity is the concurrency the engine was seen to hold without queueing
+    (vLLM does not report its ``max_num_seqs``); one scrape's waiting requests may have just
+    arrived while slots are free, so it goes down only when requests still wait at the next
+    scrape, never below ``configured``. The room is the capacity minus what the engine holds
+    (0 while anything waits). Why and how: docs/gateway.md, "Queue estimate"."""
     held = running if running > sent else float(sent)
     if waiting > 0:
         seen = running if running > configured else configured
@@ -172,20 +171,12 @@ UNSEEN_LOAD = 32
 def unseen_load(unseen: int, waiting: float, running: float, sent: int) -> int:
     """``unseen`` after a scrape that reported ``waiting`` and ``running``, sent while this
     gateway had ``sent`` requests in flight to the endpoint: the requests the engine did not
-    report, summed over scrapes in a row (any request reported running or waiting ends the
-    run), capped at ``UNSEEN_LOAD``. From ``UNSEEN_LOAD`` on the engine is scheduled as one
-    without load metrics (``has_load_metrics`` False: the queue estimate is the in-flight
-    count, saturated at ``saturation_inflight``) until a scrape reports a request.
-
-    An OpenAI-compatible server whose ``/metrics`` has vLLM's gauges at 0 whatever it serves
-    (a proxy, a stand-in, nginx answering a fixed completion) would otherwise look like an
-    engine that never queues and never holds more than this gateway had in flight at a
-    scrape: ``scraped_room`` learns its capacity only from that, so a closed loop of clients
-    kept it saturated and most requests waited in flow control. A real engine reports what it
-    runs: a request it has not received yet (in transit, being tokenized) or has finished but
-    not yet answered is missing from its gauges for a few milliseconds, which a scrape may
-    catch for one or two requests, never for 32 over consecutive scrapes while it is loaded
-    (and a loaded engine reports running requests at almost every scrape)."""
+    report, summed over scrapes in a row (a request reported ends the run), capped at
+    ``UNSEEN_LOAD``, from which the engine is scheduled as one without load metrics until a
+    scrape reports a request. A server whose gauges stay at 0 whatever it serves (a proxy, a
+    stand-in) would otherwise look like an engine that never queues; a real one misses a
+    request or two for milliseconds, never 32 in a row while loaded (docs/gateway.md, "Gauges
+    that do not show the load")."""
     if running > 0 or waiting > 0:
         return 0
     unseen += sent
@@ -195,11 +186,8 @@ def unseen_load(unseen: int, waiting: float, running: float, sent: int) -> int:
 def queue_estimates(states: Sequence[EndpointState], staleness: float, now: float) -> list[float]:
     """Each endpoint's queue: the waiting requests its engine last reported, moved by the net
     change in this gateway's in-flight count since that report beyond the room the engine
-    had then (``scraped_room``), never below 0 (optimistic accounting: a burst between two
-    scrapes counts at once once the room is used, and requests that already finished stop
-    counting, so a fast replica is not taken for a loaded one). With metrics missing or older
-    than ``staleness`` seconds, the in-flight count. One list comprehension over the fields
-    (no method call per endpoint): the scheduler's hottest loop."""
+    had then (``scraped_room``), never below 0 (docs/gateway.md, "Queue estimate"); with
+    metrics missing or older than ``staleness`` seconds, the in-flight count."""
     oldest = now - staleness
     return [
         (q if (q := s.waiting - s.room + s.inflight - s.inflight_at_scrape) > 0 else 0.0)

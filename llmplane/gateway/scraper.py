@@ -1,22 +1,10 @@
-"""Engine load metrics, scraped every ``scrape_interval`` (50 ms) per busy endpoint.
-
-An endpoint is busy while this gateway has requests on it, its engine reports running or waiting
-requests, or its signals changed since the previous scrape. Once it is idle the pause doubles up
-to ``scrape_idle_interval`` (2 s): a scrape costs a vLLM API server about a millisecond of CPU
-and one access-log line, which 20 times a second is most of what an idle replica does. Pauses
-are jittered so endpoints do not scrape in step. An idle endpoint's metrics stay fresh for
-admission and scoring while this gateway sends it nothing (one ticker for all idle endpoints
-keeps ``scraped_at`` current); the first request sent to it wakes its scraper within
-``metrics_staleness / 2``, and the in-flight accounting covers the moment in between.
-
-Only the few lines routing needs are read, by byte scanning (``bytes.find`` for each name,
-then one float parse): a vLLM ``/metrics`` page is tens of kilobytes of histograms that
-``prometheus_client``'s parser would turn into thousands of objects 20 times a second per
-replica. Metric names per engine are in ``ENGINE_METRICS``; an engine with none of them (or no
-``/metrics``) is marked ``has_load_metrics = False`` and scheduled on the gateway's own
-in-flight counts; so is an engine whose gauges say nothing runs while this gateway has requests
-on it (``registry.unseen_load``), until they show a request. Each endpoint also has its
-``/v1/models`` read every few seconds, which tells which base model and LoRA adapters it serves.
+"""Engine load metrics and served models, read per endpoint (docs/gateway.md, "Metrics
+scraping"): a busy endpoint's /metrics every ``scrape_interval``, an idle one's after a pause
+that doubles up to ``scrape_idle_interval`` (a scrape costs a vLLM API server about a
+millisecond of CPU and an access-log line), its figures kept fresh meanwhile by one ticker
+while nothing is sent to it. Only the few lines routing needs are read, by ``bytes.find``: a
+vLLM page is tens of kilobytes of histograms that a Prometheus parser would turn into
+thousands of objects 20 times a second per replica.
 """
 
 from __future__ import annotations
@@ -29,7 +17,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import aiohttp
@@ -45,34 +33,32 @@ log = logging.getLogger("llmplane.gateway")
 
 @dataclass(frozen=True)
 class MetricNames:
+    """An engine's names for each ``LoadMetrics`` figure: the first name present is read, the
+    sum of its samples (``kv``: the largest); newer names come first."""
+
     waiting: tuple[bytes, ...] = ()
     running: tuple[bytes, ...] = ()
-    kv: tuple[bytes, ...] = ()  # first one present wins (newer name first)
-    lora: bytes | None = None
-    # Prefix-cache counters (prompt tokens looked up / found cached), for the console only.
+    kv: tuple[bytes, ...] = ()
     prefix_hits: tuple[bytes, ...] = ()
     prefix_queries: tuple[bytes, ...] = ()
-    # An info gauge whose ``block_size`` label is the engine's KV block size in tokens.
-    cache_info: bytes | None = None
-    # Prompt tokens whose KV the engine loaded through its KV connector (a disaggregated
-    # decode replica's KV received from prefill), for the console only.
     kv_received: tuple[bytes, ...] = ()
-    # The time-to-first-token histogram's ``_sum`` and ``_count`` (the autoscaling signal).
     ttft_sum: tuple[bytes, ...] = ()
     ttft_count: tuple[bytes, ...] = ()
+    lora: bytes | None = None  # an info gauge: the adapters running and waiting, as labels
+    cache_info: bytes | None = None  # an info gauge: the KV ``block_size`` label
 
 
 VLLM = MetricNames(
     waiting=(b"vllm:num_requests_waiting",),
     running=(b"vllm:num_requests_running",),
     kv=(b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
-    lora=b"vllm:lora_requests_info",
     prefix_hits=(b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),
     prefix_queries=(b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"),
-    cache_info=b"vllm:cache_config_info",
     kv_received=(b"vllm:external_prefix_cache_hits_total",),
     ttft_sum=(b"vllm:time_to_first_token_seconds_sum",),
     ttft_count=(b"vllm:time_to_first_token_seconds_count",),
+    lora=b"vllm:lora_requests_info",
+    cache_info=b"vllm:cache_config_info",
 )
 SGLANG = MetricNames(
     waiting=(b"sglang:num_queue_reqs",),
@@ -104,6 +90,8 @@ _ALIASES = {
     "text-generation-inference": "tgi",
     "llmplane-sim": "sim",
 }
+# The figures read from samples (the rest are info gauges' labels).
+_FIGURES = [f.name for f in fields(MetricNames) if f.default == ()]
 
 
 def engine_of(backend: str | None) -> str:
@@ -126,54 +114,40 @@ def metric_names(engine: str) -> MetricNames | None:
     return ENGINE_METRICS.get(engine_of(engine)) if engine else None
 
 
-def _float(text: bytes) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def _samples(body: bytes, name: bytes) -> Iterator[tuple[bytes, float]]:
     """(labels text, value) of every sample of ``name``; skips names that only share a prefix."""
-    n = len(name)
     pos = 0 if body.startswith(name) else body.find(b"\n" + name)
     if pos > 0:
         pos += 1
     while pos != -1:
-        after = pos + n
-        nxt = body[after : after + 1]
-        if nxt in (b"{", b" "):
-            end = body.find(b"\n", after)
-            line = body[after:] if end == -1 else body[after:end]
-            labels = b""
-            if nxt == b"{":
-                close = line.rfind(b"}")
-                labels = line[1:close]
-                line = line[close + 1 :]
-            parts = line.split()
-            value = _float(parts[0]) if parts else None
-            if value is not None:
-                yield labels, value
-        pos = body.find(b"\n" + name, after)
+        after = pos + len(name)
+        pos = body.find(b"\n" + name, after)  # the next line of it
         if pos != -1:
             pos += 1
+        nxt = body[after : after + 1]
+        if nxt not in (b"{", b" "):
+            continue
+        end = body.find(b"\n", after)
+        line = body[after:] if end == -1 else body[after:end]
+        labels = b""
+        if nxt == b"{":
+            close = line.rfind(b"}")
+            labels, line = line[1:close], line[close + 1 :]
+        try:
+            value = float(line.split(maxsplit=1)[0])
+        except (ValueError, IndexError):
+            continue  # not a number
+        yield labels, value
 
 
-def _sum(body: bytes, names: tuple[bytes, ...]) -> float | None:
-    for name in names:
-        total = None
-        for _, value in _samples(body, name):
-            total = value if total is None else total + value
-        if total is not None:
-            return total
-    return None
-
-
-def _first(body: bytes, names: tuple[bytes, ...]) -> float | None:
+def _read(
+    body: bytes, names: tuple[bytes, ...], combine: Callable[[list[float]], float]
+) -> float | None:
+    """``combine`` of the samples of the first of ``names`` that has any; None if none has."""
     for name in names:
         values = [v for _, v in _samples(body, name)]
         if values:
-            return max(values)
+            return combine(values)
     return None
 
 
@@ -188,11 +162,11 @@ class LoadMetrics:
     lora_running: frozenset[str] = frozenset()
     lora_waiting: frozenset[str] = frozenset()
     max_lora: int = 0
-    prefix_hits: float | None = None
-    prefix_queries: float | None = None
+    prefix_hits: float | None = None  # prompt tokens found cached (console and /metrics)
+    prefix_queries: float | None = None  # prompt tokens looked up
     block_size: int = 0
-    kv_received: float | None = None
-    ttft_sum: float | None = None
+    kv_received: float | None = None  # prompt tokens whose KV came over the KV connector
+    ttft_sum: float | None = None  # the time-to-first-token histogram (autoscaling)
     ttft_count: float | None = None
 
     @property
@@ -205,46 +179,31 @@ def adapter_names(value: bytes) -> frozenset[str]:
     return frozenset(a for a in value.decode("utf-8", "replace").split(",") if a)
 
 
-def _block_size(body: bytes, name: bytes) -> int:
-    """The ``block_size`` label of the engine's cache info gauge (0: none, or not a number
-    between 1 and 65,536)."""
-    for labels, _ in _samples(body, name):
-        value = dict(_LABEL.findall(labels)).get(b"block_size", b"")
-        if value.isdigit() and 0 < int(value) <= 65_536:
-            return int(value)
-    return 0
-
-
 def parse_metrics(body: bytes, engine: str) -> LoadMetrics:
+    """The figures of the engine's table (an unknown engine's: of the first table with any)."""
     names = metric_names(engine)
-    tables = [names] if names is not None else [VLLM, SGLANG, LLAMACPP, TGI]
-    for table in tables:
+    for table in [names] if names is not None else [VLLM, SGLANG, LLAMACPP, TGI]:
         m = LoadMetrics(
-            _sum(body, table.waiting), _sum(body, table.running), _first(body, table.kv)
+            **{f: _read(body, getattr(table, f), max if f == "kv" else sum) for f in _FIGURES}
         )
-        if table.lora is not None:
-            newest: tuple[float, bytes] | None = None
-            for labels, value in _samples(body, table.lora):
-                if newest is None or value >= newest[0]:
-                    newest = (value, labels)
-            if newest is not None:
-                fields = dict(_LABEL.findall(newest[1]))
-                m.lora_running = adapter_names(fields.get(b"running_lora_adapters", b""))
-                m.lora_waiting = adapter_names(fields.get(b"waiting_lora_adapters", b""))
-                with contextlib.suppress(ValueError):
-                    m.max_lora = int(float(fields.get(b"max_lora", b"0") or 0))
-        if m.any:
-            if table.prefix_queries:
-                m.prefix_hits = _sum(body, table.prefix_hits)
-                m.prefix_queries = _sum(body, table.prefix_queries)
-            if table.cache_info is not None:
-                m.block_size = _block_size(body, table.cache_info)
-            if table.kv_received:
-                m.kv_received = _sum(body, table.kv_received)
-            if table.ttft_count:
-                m.ttft_sum = _sum(body, table.ttft_sum)
-                m.ttft_count = _sum(body, table.ttft_count)
-            return m
+        if not m.any:
+            continue
+        newest: tuple[float, bytes] | None = None  # the adapters' gauge is set to a timestamp
+        for labels, value in _samples(body, table.lora) if table.lora else ():
+            if newest is None or value >= newest[0]:
+                newest = (value, labels)
+        if newest is not None:
+            lora = dict(_LABEL.findall(newest[1]))
+            m.lora_running = adapter_names(lora.get(b"running_lora_adapters", b""))
+            m.lora_waiting = adapter_names(lora.get(b"waiting_lora_adapters", b""))
+            with contextlib.suppress(ValueError):
+                m.max_lora = int(float(lora.get(b"max_lora", b"0") or 0))
+        for labels, _ in _samples(body, table.cache_info) if table.cache_info else ():
+            size = dict(_LABEL.findall(labels)).get(b"block_size", b"")
+            if size.isdigit() and 0 < int(size) <= 65_536:
+                m.block_size = int(size)
+                break
+        return m
     return LoadMetrics()
 
 
@@ -256,39 +215,28 @@ def apply_metrics(
     the queue estimate keeps counting it (see ``registry.queue_estimates``), and the engine's
     capacity and room are learned from it (``registry.scraped_room``)."""
     waited = state.waiting > 0 and bool(state.scraped_at)  # the scrape before this one
-    state.waiting = m.waiting or 0.0
-    state.running = m.running or 0.0
-    state.has_kv = m.kv is not None
-    state.kv_usage = m.kv or 0.0
-    state.lora_running = m.lora_running
-    state.lora_waiting = m.lora_waiting
+    sent = state.inflight if inflight_at_start is None else inflight_at_start
+    state.waiting, state.running = m.waiting or 0.0, m.running or 0.0
+    state.has_kv, state.kv_usage = m.kv is not None, m.kv or 0.0
+    state.lora_running, state.lora_waiting = m.lora_running, m.lora_waiting
     state.max_lora = m.max_lora
     if m.prefix_queries is not None:
-        state.prefix_hits = m.prefix_hits or 0.0
-        state.prefix_queries = m.prefix_queries
-    if m.block_size:
-        state.block_size = m.block_size
+        state.prefix_hits, state.prefix_queries = m.prefix_hits or 0.0, m.prefix_queries
+    state.block_size = m.block_size or state.block_size
     state.kv_received = -1.0 if m.kv_received is None else m.kv_received
-    sent = state.inflight if inflight_at_start is None else inflight_at_start
     state.unseen = unseen_load(state.unseen, state.waiting, state.running, sent) if m.any else 0
     state.has_load_metrics = m.any and state.unseen < UNSEEN_LOAD  # see ``unseen_load``
     state.scraped_at = now if m.any else 0.0
     state.inflight_at_scrape = sent
     state.capacity, state.room = scraped_room(
-        state.capacity,
-        state.waiting,
-        state.running,
-        sent,
-        waited,
-        state.endpoint.max_num_seqs,
+        state.capacity, state.waiting, state.running, sent, waited, state.endpoint.max_num_seqs
     )
     if m.ttft_sum is None or m.ttft_count is None:
         state.ttft = -1.0
     elif not (math.isfinite(m.ttft_sum) and math.isfinite(m.ttft_count)):
         state.ttft, state.ttft_seen = -1.0, (-1.0, -1.0)  # NaN or Inf: not a reading
     else:
-        busy = bool(state.waiting or state.running or sent)
-        state.observe_ttft(m.ttft_sum, m.ttft_count, busy)
+        state.observe_ttft(m.ttft_sum, m.ttft_count, bool(state.waiting or state.running or sent))
     state.scrape_ok = True
 
 
@@ -318,42 +266,42 @@ def served_names(data: object) -> frozenset[str] | None:
 
 class ScrapeSharing(Protocol):
     """With several workers one scrapes for all (``workers/scrapes.py``): its publisher, or
-    another worker's follower of what it publishes."""
+    another worker's follower of what it publishes. ``follows``: a peer reads this state's
+    metrics and models (nothing of it is read here); ``publish``: after a scrape (``kept``:
+    the idle ticker keeps its ``scraped_at`` fresh from now); ``models_read``: a changed
+    /v1/models list, read from ``started`` on."""
 
-    def follows(self, state: EndpointState) -> bool:
-        """True for a state whose metrics and models a peer reads: nothing of it is read here."""
-        ...
+    def follows(self, state: EndpointState) -> bool: ...
 
-    def publish(self, state: EndpointState, kept: bool) -> None:
-        """After a scrape (``kept``: the idle ticker keeps its ``scraped_at`` fresh from now)."""
-        ...
+    def publish(self, state: EndpointState, kept: bool) -> None: ...
 
-    def models_read(self, state: EndpointState, started: float) -> None:
-        """A changed /v1/models list, read from ``started`` on."""
-        ...
+    def models_read(self, state: EndpointState, started: float) -> None: ...
 
 
 class Scraper:
-    """One background task per endpoint, started and stopped as endpoints come and go."""
+    """One background task per endpoint, started and stopped as endpoints come and go.
+
+    ``on_scraped`` is called after each scrape and idle refresh (fresh load: flow control may
+    dispatch), ``on_models_changed`` when an endpoint's /v1/models list changed (routes
+    change). ``upstream``, if given, is the proxy's upstream pool: the engines are read over its
+    keep-alive connections, so the first request routed to an idle replica finds a warm
+    connection (the scrape keeps it open, within vLLM's 5 s keep-alive), not a TCP connect."""
 
     def __init__(
         self,
         config: GatewayConfig,
-        on_models_changed: Callable[[], None] | None = None,
-        on_scraped: Callable[[], None] | None = None,
-        upstream: Callable[[], UpstreamPool | None] | None = None,
+        on_models_changed: Callable[[], None] = lambda: None,
+        on_scraped: Callable[[], None] = lambda: None,
+        upstream: Callable[[], UpstreamPool | None] = lambda: None,
         sharing: ScrapeSharing | None = None,
     ) -> None:
         self.config = config
-        self.on_models_changed = on_models_changed  # an endpoint's /v1/models list changed
-        self.on_scraped = on_scraped  # after each scrape (or idle refresh)
+        self.on_models_changed = on_models_changed
+        self.on_scraped = on_scraped
+        self.upstream = upstream
         self.sharing = sharing
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.session: aiohttp.ClientSession | None = None
-        # The proxy's upstream pool, if given: /metrics is read over its keep-alive
-        # connections, so the first request routed to an idle replica finds a warm connection
-        # (the scrape keeps it open, within vLLM's 5 s keep-alive) instead of a TCP connect.
-        self.upstream = upstream
         self.scrapes: dict[str, int] = {}  # /metrics requests per endpoint (tests, debugging)
         # Idle endpoints: their state and the event that wakes their scraper early.
         self._idle: dict[str, tuple[EndpointState, asyncio.Event]] = {}
@@ -362,23 +310,19 @@ class Scraper:
     def client(self) -> aiohttp.ClientSession:
         """The scraper's HTTP session (engine-side admin calls share it)."""
         if self.session is None:
-            connector = aiohttp.TCPConnector(
-                limit=256, keepalive_timeout=self.config.keepalive_timeout, ttl_dns_cache=300
-            )
             self.session = aiohttp.ClientSession(
-                connector=connector,
+                connector=aiohttp.TCPConnector(
+                    limit=256, keepalive_timeout=self.config.keepalive_timeout, ttl_dns_cache=300
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout),
                 skip_auto_headers=("User-Agent",),
             )
         return self.session
 
     def add(self, state: EndpointState) -> None:
-        if state.key not in self.tasks:
-            if self.sharing is not None and self.sharing.follows(state):
-                return  # a peer reads it for us
-            self.tasks[state.key] = asyncio.create_task(
-                self._run(state), name=f"scrape {state.key}"
-            )
+        if state.key in self.tasks or (self.sharing is not None and self.sharing.follows(state)):
+            return  # already scraped, or a peer reads it for us
+        self.tasks[state.key] = asyncio.create_task(self._run(state), name=f"scrape {state.key}")
 
     def remove(self, state: EndpointState) -> None:
         task = self.tasks.pop(state.key, None)
@@ -388,13 +332,11 @@ class Scraper:
         self.scrapes.pop(state.key, None)
 
     async def close(self) -> None:
-        tasks = list(self.tasks.values())
-        if self._keeper is not None:
-            tasks.append(self._keeper)
-            self._keeper = None
+        tasks = [*self.tasks.values(), *([self._keeper] if self._keeper else [])]
         self.tasks.clear()
         self._idle.clear()
-        for task in tasks:
+        self._keeper = None
+        for task in tasks:  # all cancelled before any is awaited: none starts anything anew
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -405,57 +347,52 @@ class Scraper:
 
     async def scrape_once(self, state: EndpointState) -> bool:
         """One scrape of /metrics; False if the endpoint did not answer."""
-        names = metric_names(state.endpoint.engine)
-        if names is NONE:
+        engine = state.endpoint.engine
+        if metric_names(engine) is NONE:
             state.has_load_metrics = False
             return True
         self.scrapes[state.key] = self.scrapes.get(state.key, 0) + 1
         sent = state.inflight
-        pool = self.upstream() if self.upstream is not None else None
-        try:
-            if pool is not None:
-                status, _, body = await pool.request(
-                    state.address,
-                    b"GET /metrics HTTP/1.1\r\nHost: %s\r\n\r\n" % state.address.encode(),
-                    self.config.scrape_timeout,
-                )
-            else:
-                async with self.client().get(f"http://{state.address}/metrics") as resp:
-                    status = resp.status
-                    body = await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            state.scrape_ok = False
-            return False
-        if status == 404:
+        status, body = await self._get(state.address, "/metrics")
+        if status == 404:  # no /metrics: scheduled on the in-flight counts
             state.has_load_metrics = False
-            state.scrape_ok = True
-            return True
-        if status != 200:
+        elif status != 200:
             state.scrape_ok = False
             return False
-        apply_metrics(state, parse_metrics(body, state.endpoint.engine), time.monotonic(), sent)
+        else:
+            apply_metrics(state, parse_metrics(body, engine), time.monotonic(), sent)
+        state.scrape_ok = True
         return True
 
     async def refresh_models(self, state: EndpointState) -> None:
         started = time.monotonic()
+        status, body = await self._get(state.address, "/v1/models")
         try:
-            async with self.client().get(f"http://{state.address}/v1/models") as resp:
-                if resp.status != 200:
-                    return
-                doc = orjson.loads(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+            doc = orjson.loads(body) if status == 200 else None
+        except orjson.JSONDecodeError:
             return
         served = served_names(doc.get("data") if isinstance(doc, dict) else None)
-        if served is None:
+        if served is None or served == state.served_models:
             return
         if state.extra.get(MODELS_CHANGED_AT, 0.0) > started:
             return  # an adapter was loaded or unloaded meanwhile: this list may predate it
-        if served != state.served_models:
-            state.served_models = served
-            if self.sharing is not None:
-                self.sharing.models_read(state, started)
-            if self.on_models_changed is not None:
-                self.on_models_changed()  # LoRA adapters came or went: routes change
+        state.served_models = served
+        if self.sharing is not None:
+            self.sharing.models_read(state, started)
+        self.on_models_changed()
+
+    async def _get(self, address: str, path: str) -> tuple[int, bytes]:
+        """(status, body) of a GET of ``path``; status 0 if the endpoint did not answer."""
+        pool = self.upstream()
+        try:
+            if pool is not None:
+                wire = f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode()
+                status, _, body = await pool.request(address, wire, self.config.scrape_timeout)
+                return status, body
+            async with self.client().get(f"http://{address}{path}") as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return 0, b""
 
     async def _run(self, state: EndpointState) -> None:
         interval = self.config.scrape_interval
@@ -484,18 +421,19 @@ class Scraper:
             kept = bool(healthy and not busy and pause > interval)  # _idle_wait follows
             if self.sharing is not None:
                 self.sharing.publish(state, kept)
-            if self.on_scraped is not None:
-                self.on_scraped()  # fresh load: flow control may dispatch
+            self.on_scraped()
             if not healthy:
                 # Engines without load metrics (or unreachable ones) are asked again more slowly.
                 await asyncio.sleep(max(0.0, max(interval, 1.0) - (time.monotonic() - started)))
                 continue
-            wait = pause * random.uniform(0.8, 1.2) + spread - (time.monotonic() - started)
+            wait = max(
+                0.0, pause * random.uniform(0.8, 1.2) + spread - (time.monotonic() - started)
+            )
             spread = 0.0
             if kept:
-                await self._idle_wait(state, max(0.0, wait))
+                await self._idle_wait(state, wait)
             else:
-                await asyncio.sleep(max(0.0, wait))
+                await asyncio.sleep(wait)
 
     async def _idle_wait(self, state: EndpointState, seconds: float) -> None:
         """Sleep ``seconds`` unless a request is sent to the endpoint first."""
@@ -519,10 +457,9 @@ class Scraper:
             for state, wake in list(self._idle.values()):
                 if state.inflight != state.inflight_at_scrape:
                     wake.set()
-                elif state.scraped_at:
-                    state.scraped_at = now  # peer workers: ``ScrapeFollower`` does the same
-                    refreshed = True
-            if refreshed and self.on_scraped is not None:
+                else:
+                    refreshed = state.keep_fresh(now) or refreshed
+            if refreshed:
                 self.on_scraped()  # fresh again: a request held on the stale age may go
             await asyncio.sleep(tick)
 

@@ -12,7 +12,7 @@ from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import UNSEEN_LOAD, EndpointState, unseen_load
 from llmplane.gateway.scraper import LoadMetrics, apply_metrics, blind
-from llmplane.gateway.workers.scrapes import ScrapeTable, apply_row
+from llmplane.gateway.workers.scrapes import ScrapeTable, apply_row, encode_row
 from llmplane.runtime.endpoint import Endpoint
 
 NOW = 100.0
@@ -106,8 +106,8 @@ def test_the_scraping_worker_publishes_it_to_the_others():
     state.add_inflight(UNSEEN_LOAD)
     scrape(state)
     assert not state.has_load_metrics
-    table.publish(0, state)
-    row = table.read(0, 0)
+    table.write(0, encode_row(state))
+    row = table.row(0).read(0)
     assert row is not None
-    apply_row(follower, row[1], row[2])
+    apply_row(follower, row[1])
     assert follower.has_load_metrics is False

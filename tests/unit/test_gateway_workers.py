@@ -8,6 +8,7 @@ scraper's heartbeat, and model lists read by the scraping worker reach the other
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 
@@ -22,16 +23,18 @@ from llmplane.gateway.scraper import (
     apply_metrics,
     served_names,
 )
+from llmplane.gateway.workers import scrapes
 from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import merge
 from llmplane.gateway.workers.picks import PickRings
 from llmplane.gateway.workers.scrapes import (
-    ROW_BYTES,
+    TEXT_BYTES,
     ScrapeFollower,
     ScrapePublisher,
     ScrapeTable,
     apply_row,
+    encode_row,
 )
 from llmplane.gateway.workers.shm import Directory, Locks
 from llmplane.gateway.workers.wake import WakeTable
@@ -165,11 +168,12 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
         inflight_at_start=7,
     )
     follower = EndpointState(Endpoint("10.0.0.1:8000", engine="sim"))
-    assert table.read(2, 0) is None  # never published
-    table.publish(2, scraped)
-    seq, fields, text = table.read(2, 0)
-    assert table.read(2, seq) is None  # nothing new since
-    apply_row(follower, fields, text)
+    row = table.row(2)
+    assert row.read(0) is None  # never published
+    table.write(2, encode_row(scraped))
+    seq, data = row.read(0)
+    assert row.read(seq) is None  # nothing new since
+    apply_row(follower, data)
     assert (follower.waiting, follower.running, follower.kv_usage) == (3, 5, 0.25)
     assert (follower.scraped_at, follower.inflight_at_scrape) == (123.5, 7)
     assert follower.has_kv and follower.has_load_metrics and follower.scrape_ok
@@ -180,21 +184,39 @@ def test_scrape_rows_reach_followers_and_a_torn_row_is_skipped():
     apply_metrics(
         scraped, LoadMetrics(waiting=0, running=1, kv=0.1), now=124.0, inflight_at_start=1
     )
-    table.publish(2, scraped)
-    seq, fields, text = table.read(2, 0)
-    apply_row(follower, fields, text)
+    table.write(2, encode_row(scraped))
+    seq, data = row.read(0)
+    apply_row(follower, data)
     assert (follower.capacity, follower.room) == (5, 4)
     assert follower.kv_received == -1  # an engine without a KV connector reports none
     # A writer that died mid-row leaves the sequence odd: readers keep what they had, the
     # next writer steps over it.
-    table.words[2 * ROW_BYTES // 8] += 1
-    assert table.read(2, seq) is None and table.read(2, 0) is None
+    row.words[0] += 1
+    assert row.read(seq) is None and row.read(0) is None
     scraped.has_load_metrics, scraped.scrape_ok = None, False
-    table.publish(2, scraped)
-    seq2, fields, text = table.read(2, seq)
+    table.write(2, encode_row(scraped))
+    seq2, data = row.read(seq)
     assert seq2 % 2 == 0 and seq2 > seq
-    apply_row(follower, fields, text)
+    apply_row(follower, data)
     assert follower.has_load_metrics is None and not follower.scrape_ok
+
+
+def test_a_row_cuts_adapter_names_past_its_room_and_says_so_once(caplog):
+    table = ScrapeTable(2)
+    scraped = EndpointState(Endpoint("10.0.0.1:8000", engine="vllm"))
+    names = frozenset(f"adapter-{i:04d}" for i in range(200))  # 2,600 bytes of names
+    waiting = frozenset({"w"})
+    apply_metrics(scraped, LoadMetrics(1, 2, 0.5, names, waiting), now=5.0)
+    scrapes._log_once.cache_clear()  # said once per process: count from here
+    with caplog.at_level(logging.WARNING, "llmplane.gateway"):
+        table.write(0, encode_row(scraped))
+        table.write(0, encode_row(scraped))
+    follower = EndpointState(Endpoint("10.0.0.1:8000", engine="vllm"))
+    apply_row(follower, table.row(0).read(0)[1])
+    assert (follower.waiting, follower.running, follower.kv_usage) == (1, 2, 0.5)
+    assert len(follower.lora_running & names) > 60 and follower.lora_waiting == frozenset()
+    assert all(n.startswith("adapter-") for n in follower.lora_running)
+    assert [r.message for r in caplog.records] == [f"LoRA adapter names cut to {TEXT_BYTES} bytes"]
 
 
 def _pair(table: ScrapeTable, changes: list, models: list | None = None):

@@ -16,7 +16,7 @@ from llmplane.gateway.scheduler.precise_prefix import PROMPT_TOKENS
 from llmplane.gateway.scraper import apply_metrics, parse_metrics
 from llmplane.gateway.tokens import sent_prompt_tokens
 from llmplane.gateway.workers.inflight import InflightTable
-from llmplane.gateway.workers.scrapes import ScrapeTable, apply_row
+from llmplane.gateway.workers.scrapes import ScrapeTable, apply_row, encode_row
 from llmplane.gateway.workers.shm import Locks
 from llmplane.operator.signals import Snapshot
 from llmplane.runtime.endpoint import Endpoint
@@ -93,10 +93,10 @@ def test_ttft_reaches_the_workers_that_do_not_scrape() -> None:
     scraped = EndpointState(Endpoint("10.0.0.1:8000", engine="vllm"))
     scrape(scraped, vllm_page(0, 2, 0.0, 0), sent=2)
     scrape(scraped, vllm_page(0, 2, 2.4, 3), sent=2)
-    table.publish(1, scraped)
+    table.write(1, encode_row(scraped))
     follower = EndpointState(Endpoint("10.0.0.1:8000", engine="vllm"))
-    _, fields, text = table.read(1, 0)
-    apply_row(follower, fields, text)
+    _, data = table.row(1).read(0)
+    apply_row(follower, data)
     assert follower.ttft == pytest.approx(0.8)
     assert follower.kv_usage == 0.1  # the fields after it still in place
 

@@ -67,12 +67,13 @@ class Document:
     number of readers: the writer makes the sequence odd, writes the length and the bytes,
     makes it even; a reader keeps its copy only if the sequence was even and unchanged
     around it. Nobody waits; a reader that sees nothing new pays one 8-byte read. Pages
-    are touched only as written, so ``size`` may be generous."""
+    are touched only as written, so ``size`` may be generous. Given ``mem``, the document is
+    its ``size`` bytes from ``offset`` on (one row of a table of them)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, mem: mmap.mmap | None = None, offset: int = 0) -> None:
         self.size = size
-        self.mem = region(size)
-        self.words = memoryview(self.mem).cast("q")
+        self.mem = memoryview(region(size) if mem is None else mem)[offset : offset + size]
+        self.words = self.mem.cast("q")
 
     def write(self, data: bytes) -> bool:
         """Publish ``data``; False (nothing written) if it does not fit."""
@@ -98,7 +99,7 @@ class Document:
         if seq == seen or seq % 2:
             return None
         length = min(max(words[1], 0), self.size - _DOC_HEAD)
-        data = self.mem[_DOC_HEAD : _DOC_HEAD + length]
+        data = self.mem[_DOC_HEAD : _DOC_HEAD + length].tobytes()
         if words[0] != seq:
             return None
         return seq, data
