@@ -108,7 +108,7 @@ def leading_cached(tokenization: Tokenization, messages: list[dict[str, Any]]) -
     """The answer for ``messages`` but the last is cached (``prefix.chain``'s key)."""
     body = tokenize_body(MODEL, {"messages": messages}, True)
     assert body is not None
-    return tokenization.remote.get(chain(body)[0][-2]) is not None
+    return tokenization.remote.cache.get(chain(body)[0][-2]) is not None
 
 
 async def test_a_new_turn_is_scored_at_once_from_its_leading_messages(
@@ -288,9 +288,9 @@ async def test_remote_cache_is_bounded_and_concurrent_asks_share_a_round_trip(
         for body in bodies[1:]:
             await remote.tokenize(sim.address, body)
         assert len(remote.cache) == 3
-        assert remote.cached(bodies[0]) is None  # the oldest went
-        assert remote.cached(bodies[4]) == tokenize("prompt number 4", VOCAB)
-        assert remote.ids == sum(len(v) for v in remote.cache.values())
+        assert remote.cache.get(remote.key(bodies[0])) is None  # the oldest went
+        assert remote.cache.get(remote.key(bodies[4])) == tokenize("prompt number 4", VOCAB)
+        assert remote.cache.total == sum(len(v) for v in remote.cache.values())
     finally:
         await remote.close()
 

@@ -254,8 +254,8 @@ def test_piece_cache_is_bounded(base: Path) -> None:
     )
     for i in range(300):
         encoder.encode(f"message number {i} of the user</s>\n<|user|>")
-    assert encoder.chars <= 2000
-    assert sum(map(len, encoder.cache)) == encoder.chars
+    assert encoder.cache.total <= 2000
+    assert sum(map(len, encoder.cache)) == encoder.cache.total
 
 
 HOSTILE = [

@@ -1,27 +1,16 @@
-"""A model's own tokenizer and chat template, read from its files, applied to a request as vLLM
-applies them.
-
-Files (a Hugging Face model directory): ``tokenizer.json`` (the ``tokenizers`` pipeline),
-``tokenizer_config.json`` (the special tokens, the chat template, or several named ones), and
-``chat_template.jinja``, which takes precedence over the config's template as in transformers.
-
-A chat request becomes text as in vLLM's chat path: messages parsed the way vLLM parses them (text
-content joined with newlines, or kept as a list of ``{"type": "text"}`` parts for templates that
-loop over content; ``name``, ``tool_call_id``, ``tool_calls`` with their arguments decoded to
-objects, ``reasoning``; ``developer`` turned into ``system`` for templates that do not know it;
-an ``x-anthropic-billing-header`` first line dropped from system text),
-the template rendered with transformers' variables (special tokens, ``tools``, ``documents``,
-``add_generation_prompt``, the request's ``chat_template_kwargs`` the template reads), and
-``continue_final_message`` cutting the text after the final message as transformers does. The
-text is then encoded without special tokens (``add_special_tokens`` false, vLLM's chat default);
-a completion prompt with them (its default). What the gateway cannot reproduce (images, audio,
-a chat template sent with the request) gives no token ids.
+"""A model's own tokenizer and chat template, read from its files (``tokenizer.json``,
+``tokenizer_config.json``, ``special_tokens_map.json``, ``chat_template.jinja``), applied to a
+request as vLLM applies them: messages parsed as vLLM parses them, the template rendered with
+transformers' variables, the text encoded without special tokens (a completion prompt with
+them). What the gateway cannot reproduce (images, audio, a chat template sent with the request)
+raises ``NoTokenIds``. docs/gateway.md, "Tokenization", lists the rules.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +18,7 @@ import jinja2
 from jinja2 import nodes
 
 from llmplane.gateway.tokenization.pieces import PieceEncoder
-from llmplane.gateway.tokenization.template import ChatTemplate, TemplateRefused
+from llmplane.gateway.tokenization.template import ChatTemplate, NoTokenIds, TemplateRefused
 
 SPECIAL_TOKENS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -44,10 +33,18 @@ _TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal"})
 # vLLM drops this first line of a system message (Claude Code's, which changes every request).
 _BILLING_HEADER = "x-anthropic-billing-header"
 MAX_FILE = 64 << 20  # bytes of tokenizer.json (large vocabularies are a few tens of MB)
+# What the gateway checks a model's tokenizer with: its pieces at load, its ids against the
+# engine's /tokenize (``Tokenization.check_canary``).
+CANARY_CHAT = {
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hello! What is 2+2? Answer briefly, please."},
+    ],
+    "add_generation_prompt": True,
+}
+CANARY_PROMPT = {"prompt": "The quick brown fox jumps over the lazy dog. 0123456789 ?!"}
 
-
-class NoTokenIds(Exception):
-    """The request cannot be tokenized here as the engine would (the reason is the message)."""
+log = logging.getLogger("llmplane.gateway.tokenization")
 
 
 class TokenizerUnavailable(Exception):
@@ -161,9 +158,17 @@ class ModelTokenizer:
         if not isinstance(template, str | dict):
             template = None
         try:
-            return cls(tokenizer, config, tokenizer_json, template)
+            model = cls(tokenizer, config, tokenizer_json, template)
         except TemplateRefused as err:
             raise TokenizerUnavailable(str(err)) from None
+        try:
+            sample = model.render_chat(CANARY_CHAT) if model.templates else "x"
+        except NoTokenIds as err:
+            log.warning("%s: the chat template fails on the canary prompt: %s", root, err)
+            sample = CANARY_PROMPT["prompt"]
+        if not model.pieces.check(sample):
+            log.info("%s: the tokenizer encodes whole texts (no piece cache)", root)
+        return model
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -177,15 +182,13 @@ class ModelTokenizer:
     def completion_ids(self, doc: dict[str, Any]) -> list[int]:
         """The ids of a completion request's prompt: a string encoded with special tokens
         (unless ``add_special_tokens`` is false); a list of ids as it is; a batch of one."""
-        prompt = doc.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            special = doc.get("add_special_tokens", True) is not False
-            return self.tokenizer.encode(prompt, add_special_tokens=special).ids
-        if isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):
+        prompt = one_prompt(doc)
+        if prompt is None:
+            raise NoTokenIds("the prompt is not one string or one list of token ids")
+        if isinstance(prompt, list):
             return prompt
-        raise NoTokenIds("the prompt is not one string or one list of token ids")
+        special = doc.get("add_special_tokens", True) is not False
+        return self.tokenizer.encode(prompt, add_special_tokens=special).ids
 
     def render_chat(self, doc: dict[str, Any]) -> str:
         if doc.get("chat_template") is not None:
@@ -212,7 +215,7 @@ class ModelTokenizer:
             variables["documents"] = doc["documents"]
         if tools is not None:
             variables["tools"] = _tool_dicts(tools)
-        return self.render(conversation, **variables)
+        return self.render(conversation, template_name=name, **variables)
 
     def render(
         self,
@@ -322,6 +325,19 @@ class ModelTokenizer:
         ):
             out = _developer_as_system(out)
         return out
+
+
+def one_prompt(doc: dict[str, Any]) -> str | list[int] | None:
+    """A completion request's one prompt: a string or a list of token ids (a batch of one
+    unwrapped); None for anything else."""
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):
+        return prompt
+    return None
 
 
 def _texts(content: object) -> list[str]:

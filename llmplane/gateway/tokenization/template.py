@@ -37,7 +37,11 @@ MAX_TEMPLATE = 1 << 20  # characters of template source
 MAX_BITS = 1 << 16  # bits of an integer the template computes with * or **
 
 
-class TemplateRefused(Exception):
+class NoTokenIds(Exception):
+    """The request cannot be tokenized here as the engine would (the reason is the message)."""
+
+
+class TemplateRefused(NoTokenIds):
     """The template cannot be used (syntax, sandbox) or one render exceeded its budget."""
 
 
