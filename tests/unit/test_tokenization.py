@@ -247,6 +247,23 @@ def test_position_dependent_tokenizers_encode_whole(base: Path) -> None:
     assert cut_tokens(config) is None
 
 
+def test_pieces_are_checked_at_load_and_cutting_stops_when_they_do_not_add_up(
+    base: Path,
+) -> None:
+    tokenizer = ModelTokenizer.load(base)
+    assert tokenizer.pieces.cuts is not None and tokenizer.pieces.misses > 0  # checked at load
+    # A cut the tokenizer does not make (a letter claimed as an added token): the pieces of a
+    # text cut after it differ from its encoding, so the check turns cutting off.
+    config = json.loads((base / "tokenizer.json").read_text())
+    config["added_tokens"].append({"id": 10_000, "content": "e", "normalized": False})
+    encoder = PieceEncoder(tokenizer.tokenizer, config)
+    text = "the model serves the gateway</s>"
+    assert encoder.cuts is not None and len(encoder.pieces(text)) > 2
+    assert encoder.check(text) is False
+    assert encoder.cuts is None and len(encoder.cache) == 0 and encoder.cache.total == 0
+    assert encoder.encode(text) == tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+
+
 def test_piece_cache_is_bounded(base: Path) -> None:
     tokenizer = ModelTokenizer.load(base)
     encoder = PieceEncoder(

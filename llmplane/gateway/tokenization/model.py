@@ -14,9 +14,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2 import nodes
-
 from llmplane.gateway.tokenization.pieces import PieceEncoder
 from llmplane.gateway.tokenization.template import ChatTemplate, NoTokenIds, TemplateRefused
 
@@ -71,37 +68,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _loops_over_content(tree: nodes.Template) -> bool:
-    """vLLM's content-format detection, for the usual shapes: a template that loops over a
-    message's ``content`` gets the OpenAI form (a list of parts), others a string."""
-    message_vars = {
-        loop.target.name
-        for loop in tree.find_all(nodes.For)
-        if isinstance(loop.target, nodes.Name) and _names(loop.iter, "messages")
-    }
-    for loop in tree.find_all(nodes.For):
-        it = loop.iter
-        while isinstance(it, nodes.Filter) and it.node is not None:
-            it = it.node
-        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const):
-            key, base = it.arg.value, it.node
-        elif isinstance(it, nodes.Getattr):
-            key, base = it.attr, it.node
-        else:
-            if isinstance(it, nodes.Name) and it.name == "content":
-                return True
-            continue
-        if key == "content" and isinstance(base, nodes.Name) and base.name in message_vars:
-            return True
-    return False
-
-
-def _names(node: nodes.Node, name: str) -> bool:
-    return any(n.name == name for n in node.find_all(nodes.Name)) or (
-        isinstance(node, nodes.Name) and node.name == name
-    )
-
-
 class ModelTokenizer:
     """One model's tokenizer and chat template(s)."""
 
@@ -122,11 +88,7 @@ class ModelTokenizer:
         named = (
             template if isinstance(template, dict) else {"default": template} if template else {}
         )
-        self.templates: dict[str, ChatTemplate] = {}
-        self.openai_content: dict[str, bool] = {}
-        for name, source in named.items():
-            self.templates[name] = ChatTemplate(source)
-            self.openai_content[name] = _loops_over_content(self.templates[name].tree)
+        self.templates = {name: ChatTemplate(source) for name, source in named.items()}
 
     @classmethod
     def load(cls, directory: str | Path) -> ModelTokenizer:
@@ -141,9 +103,9 @@ class ModelTokenizer:
             tokenizer = Tokenizer.from_str(json.dumps(tokenizer_json))
         except Exception as err:  # the tokenizers library raises its own types
             raise TokenizerUnavailable(f"{path}: {err}") from None
-        config = _read_json(root / "tokenizer_config.json")
-        for name, value in _read_json(root / "special_tokens_map.json").items():
-            config.setdefault(name, value)
+        config = _read_json(root / "special_tokens_map.json") | _read_json(
+            root / "tokenizer_config.json"
+        )
         template: str | dict[str, str] | None = config.get("chat_template")
         if isinstance(template, list):  # transformers' form of several named templates
             template = {
@@ -199,7 +161,7 @@ class ModelTokenizer:
         tools = doc.get("tools")
         name = self._template_name(tools)
         template = self.templates[name]
-        conversation = self._conversation(messages, self.openai_content[name], template.source)
+        conversation = _conversation(messages, template)
         kwargs = doc.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise NoTokenIds("chat_template_kwargs is not an object")
@@ -253,10 +215,7 @@ class ModelTokenizer:
             documents=documents,
             add_generation_prompt=add_generation_prompt,
         )
-        try:
-            text = chat.render(**variables)
-        except jinja2.TemplateError as err:  # raise_exception, or a template error
-            raise NoTokenIds(f"the chat template refused the request: {err}") from None
+        text = chat.render(**variables)
         if continue_final_message:
             tag = _CONTINUE_TAG.strip()
             if final.strip() not in text or tag not in text:
@@ -280,51 +239,44 @@ class ModelTokenizer:
             return next(iter(self.templates))
         raise NoTokenIds("the model has several chat templates and no default")
 
-    @staticmethod
-    def _conversation(
-        messages: list[Any], openai_content: bool, source: str
-    ) -> list[dict[str, Any]]:
-        out = []
-        for message in messages:
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise NoTokenIds("a message is not an object with a role")
-            role = message["role"]
-            texts = _texts(message.get("content"))
-            if role == "system":
-                texts = [
-                    t.partition("\n")[2] if t.startswith(_BILLING_HEADER) else t
-                    for t in texts
-                    if not (t.startswith(_BILLING_HEADER) and not t.partition("\n")[2])
-                ]
-            parsed: dict[str, Any] = {
-                "role": role,
-                "content": [{"type": "text", "text": t} for t in texts]
-                if openai_content
-                else "\n".join(texts),
-            }
-            if role == "assistant":
-                calls = message.get("tool_calls")
-                if calls is not None and calls != []:  # vLLM drops an empty list
-                    parsed["tool_calls"] = _tool_calls(calls)
-                if message.get("reasoning") is not None:
-                    parsed["reasoning"] = parsed["reasoning_content"] = message["reasoning"]
-            elif role == "tool":
-                if "tool_call_id" in message:
-                    parsed["tool_call_id"] = message["tool_call_id"]
-                if isinstance(parsed["content"], list):
-                    parsed["content"] = "\n".join(texts)
-            if isinstance(message.get("name"), str):
-                parsed["name"] = message["name"]
-            if isinstance(message.get("task"), str):
-                parsed["task"] = message["task"]
-            if role == "developer":
-                parsed["tools"] = message.get("tools")
-            out.append(parsed)
-        if any(m["role"] == "developer" for m in out) and not (
-            '"developer"' in source or "'developer'" in source
-        ):
-            out = _developer_as_system(out)
-        return out
+
+def _conversation(messages: list[Any], template: ChatTemplate) -> list[dict[str, Any]]:
+    """The messages as vLLM parses them for ``template``."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise NoTokenIds("a message is not an object with a role")
+        role = message["role"]
+        texts = _texts(message.get("content"))
+        if role == "system":
+            texts = [
+                t.partition("\n")[2] if t.startswith(_BILLING_HEADER) else t
+                for t in texts
+                if not (t.startswith(_BILLING_HEADER) and not t.partition("\n")[2])
+            ]
+        parsed: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if template.openai_content and role != "tool":  # tool results stay text
+            parsed["content"] = [{"type": "text", "text": t} for t in texts]
+        if role == "assistant":
+            calls = message.get("tool_calls")
+            if calls is not None and calls != []:  # vLLM drops an empty list
+                parsed["tool_calls"] = _tool_calls(calls)
+            if message.get("reasoning") is not None:
+                parsed["reasoning"] = parsed["reasoning_content"] = message["reasoning"]
+        elif role == "tool" and "tool_call_id" in message:
+            parsed["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            parsed["name"] = message["name"]
+        if isinstance(message.get("task"), str):
+            parsed["task"] = message["task"]
+        if role == "developer":
+            parsed["tools"] = message.get("tools")
+        out.append(parsed)
+    if any(m["role"] == "developer" for m in out) and not (
+        '"developer"' in template.source or "'developer'" in template.source
+    ):
+        out = _developer_as_system(out)
+    return out
 
 
 def one_prompt(doc: dict[str, Any]) -> str | list[int] | None:

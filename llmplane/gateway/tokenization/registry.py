@@ -1,15 +1,8 @@
 """Per served model name, where the gateway gets the engine's token ids (docs/gateway.md,
 "Tokenization"): the model's own files when an endpoint names them (``Endpoint.model_path``),
-checked once against the engine's /tokenize with canary prompts (a mismatch: the engine's ids
-from then on); else the engine's /tokenize, asked before scheduling (``prepare``, waiting
-``PREPARE_WAIT`` at most) and cached whole and by leading part (``prefix.py``).
-
-Each whole answer is checked against the leading ids its request could use: a model that fails
-(a template that renders earlier messages according to later ones) counts in
-``llmplane_gateway_tokenizer_prefix_mismatch_total{model}`` and from then on uses only its chats'
-system messages' run (templates render those first whatever follows), and whole answers only
-after a second failure (completions: after the first).
-"""
+checked against the engine's /tokenize with canary prompts; else the engine's /tokenize, asked
+before scheduling (``prepare``) and cached whole and by leading part (``prefix.py``), each
+whole answer checked against the leading ids its request could use."""
 
 from __future__ import annotations
 
@@ -66,10 +59,8 @@ class Tokenization:
         self.remote = RemoteTokenizer(timeout=timeout)
         self.prepare_wait = prepare_wait
         self._asked = 0  # requests prepared: which of a model's engines answers next
-        # Round trips that run on after their request stopped waiting (cancelled by ``close``).
-        self.fetches: set[asyncio.Future[list[int] | None]] = set()
-        # Keys of the leading texts of recent completion prompts: a text two prompts start
-        # with is the one to ask (``_part_to_ask``).
+        self.fetches: set[asyncio.Future[list[int] | None]] = set()  # run on after a request
+        # Keys of recent completion prompts' leading texts (``_part_to_ask``).
         self._seen: LRU[bytes, None] = LRU(max_entries=SEEN)
         self._learning: asyncio.Task[None] | None = None
         self._next: list[Endpoint] | None = None  # endpoints that came while learning
@@ -194,10 +185,9 @@ class Tokenization:
     # -- requests ----------------------------------------------------------------------------
 
     def token_ids(self, request: Any, model: str | None = None) -> list[int] | None:
-        """The engine's ids for ``request`` (an ``InferenceRequest``: ``path``, ``doc``,
-        ``model``), ``model`` being the served name when a route renamed it; None when
-        unknown: the local tokenizer's, a token-id prompt, else the cached answer of the
-        engine's /tokenize for the request or its longest leading part."""
+        """The engine's ids for an ``InferenceRequest`` (``model``: the served name when a
+        route renamed it), or None: the local tokenizer's, a token-id prompt, else the cached
+        /tokenize answer for the request or its longest leading part."""
         found = self._find(request, model)
         if found is None:
             return None
@@ -214,10 +204,9 @@ class Tokenization:
 
     async def prepare(self, request: Any, model: str | None = None) -> bool:
         """For a model without local files: fetch the engine's ids into the cache that
-        ``token_ids`` reads, waiting at most ``prepare_wait`` (the fetch goes on for the next
-        request of the same text, bounded by the remote timeout), and ask one leading part for
-        the requests that follow. True when ids are there now. The model's engines answer in
-        turn."""
+        ``token_ids`` reads, waiting at most ``prepare_wait`` (a late answer serves the next
+        request of the same text), and one leading part for the requests that follow. True
+        when ids are there now. The model's engines answer in turn."""
         found = self._find(request, model)
         if found is None:
             return False
@@ -245,8 +234,7 @@ class Tokenization:
         return self._leading(runs) is not None  # a leading answer came first
 
     def _find(self, request: Any, model: str | None) -> tuple[str, _Model, bool] | None:
-        """The served name, its model and whether the request is a chat; None when the gateway
-        has no ids for it."""
+        """The served name, its model and whether the request is a chat."""
         chat = KINDS.get(request.path.partition("?")[0])
         name = model or request.model
         entry = self.models.get(name)
