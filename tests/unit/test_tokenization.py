@@ -26,6 +26,7 @@ from llmplane.gateway.tokenization import (
     TemplateRefused,
     Tokenization,
 )
+from llmplane.gateway.tokenization.lru import LRU
 from llmplane.gateway.tokenization.pieces import PieceEncoder, cut_tokens
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.testing.tiny_model import build_tokenizer, corpus
@@ -137,6 +138,8 @@ def test_content_parts_and_kwargs(base: Path, tmp_path: Path) -> None:
         tmp_path / "parts", [message], add_generation_prompt=True
     )
     assert "a\nb" in ModelTokenizer.load(base).render_chat({"messages": [message]})
+    tool = {"role": "tool", "tool_call_id": "1", "content": message["content"]}
+    assert "a\nb" in parts.render_chat({"messages": [message, tool]})  # tool results stay text
     with pytest.raises(NoTokenIds):
         parts.chat_ids({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
     for reserved in ("messages", "chat_template", "tokenize", "template_name"):
@@ -262,6 +265,22 @@ def test_pieces_are_checked_at_load_and_cutting_stops_when_they_do_not_add_up(
     assert encoder.check(text) is False
     assert encoder.cuts is None and len(encoder.cache) == 0 and encoder.cache.total == 0
     assert encoder.encode(text) == tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_lru_keeps_the_most_recently_used_within_its_bounds() -> None:
+    cache: LRU[str, str] = LRU(max_entries=3, max_weight=40, weight=lambda _, v: len(v))
+    for key in "abc":
+        cache.put(key, "x" * 5)
+    assert cache.get("a") == "xxxxx" and cache.get("z") is None
+    cache.put("d", "x" * 5)  # past 3 entries: the least recently used (b) goes
+    assert list(cache) == ["c", "a", "d"]
+    cache.put("e", "x" * 11)  # over a quarter of the weight: not kept
+    assert "e" not in cache
+    cache.put("f", "x" * 10)
+    cache.put("g", "x" * 10)
+    assert list(cache) == ["d", "f", "g"] and cache.total == 25
+    cache.clear()
+    assert cache.total == 0
 
 
 def test_piece_cache_is_bounded(base: Path) -> None:
