@@ -406,6 +406,10 @@ async def test_an_undecided_canary_is_checked_again_when_endpoints_change(
         )
         assert tokenization.models[MODEL].canary == "undecided"
         assert tokenization.models[MODEL].tokenizer is not None  # its own files are used
+        asks = tokenization.remote.asks
+        req = request("/v1/chat/completions", messages=CHATS[0])
+        assert await tokenization.prepare(req) is False  # nothing to fetch: ids are local
+        assert tokenization.remote.asks == asks and tokenization.token_ids(req) is not None
         await tokenization.learn(
             [Endpoint(address=sim.address, model_name=MODEL, model_path=files)]
         )

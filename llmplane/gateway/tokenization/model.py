@@ -208,24 +208,17 @@ class ModelTokenizer:
             else:
                 messages[-1]["content"] = final + _CONTINUE_TAG
         # Special tokens first: the request's variables replace them, as in transformers.
-        variables = {**self.special, **kwargs}
-        variables.update(
-            messages=messages,
-            tools=tools,
-            documents=documents,
+        text = chat.render(
+            **{**self.special, **kwargs},
+            messages=messages, tools=tools, documents=documents,
             add_generation_prompt=add_generation_prompt,
-        )
-        text = chat.render(**variables)
+        )  # fmt: skip
         if continue_final_message:
             tag = _CONTINUE_TAG.strip()
             if final.strip() not in text or tag not in text:
                 raise NoTokenIds("the chat template drops the final message")
             at = text.rindex(tag)
-            text = (
-                text[:at]
-                if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG
-                else text[:at].rstrip()
-            )
+            text = text[:at] if text.startswith(_CONTINUE_TAG, at) else text[:at].rstrip()
         return text
 
     def _template_name(self, tools: object) -> str:
