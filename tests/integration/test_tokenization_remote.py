@@ -77,9 +77,10 @@ async def test_remote_ids_equal_the_engines_and_are_cached(processes: Processes)
         assert tokenization.token_ids(req) == tokenize("the quick brown fox", VOCAB)
         # Token-id prompts pass through without a round trip.
         asks = tokenization.remote.asks
-        req = request("/v1/completions", prompt=[1, 2, 3])
-        await tokenization.prepare(req)
-        assert tokenization.token_ids(req) == [1, 2, 3]
+        for prompt in ([1, 2, 3], [[1, 2, 3]]):  # a list of ids, a batch of one
+            req = request("/v1/completions", prompt=prompt)
+            await tokenization.prepare(req)
+            assert tokenization.token_ids(req) == [1, 2, 3]
         # The same text again: from the cache, no round trip.
         req = request("/v1/chat/completions", messages=CHATS[1])
         await tokenization.prepare(req)
