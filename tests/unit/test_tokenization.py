@@ -164,6 +164,21 @@ def test_named_templates(base: Path, tmp_path: Path) -> None:
     assert tokenizer.render_chat({"messages": messages, "tools": TOOLS}) == "Tx"
 
 
+def test_special_tokens_given_as_added_token_objects(base: Path, tmp_path: Path) -> None:
+    directory = with_template(base, tmp_path / "objects", TOOLS_TEMPLATE)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["bos_token"] = {"__type": "AddedToken", "content": "<s>", "lstrip": False,
+                           "normalized": False, "rstrip": False, "single_word": False}  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = ModelTokenizer.load(directory)
+    assert tokenizer.special["bos_token"] == "<s>"
+    doc = {"messages": CONVERSATIONS[0]}
+    assert tokenizer.render_chat(doc).startswith("<s>")
+    assert tokenizer.chat_ids(doc) == hf_ids(
+        directory, CONVERSATIONS[0], add_generation_prompt=True
+    )
+
+
 def test_completion_prompts(base: Path) -> None:
     tokenizer = ModelTokenizer.load(base)
     hf = transformers.AutoTokenizer.from_pretrained(base)

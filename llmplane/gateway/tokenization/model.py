@@ -48,14 +48,6 @@ class TokenizerUnavailable(Exception):
     """The model's files have no usable tokenizer."""
 
 
-def _token_text(value: object) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -82,9 +74,12 @@ class ModelTokenizer:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self.pieces = PieceEncoder(tokenizer, tokenizer_json)
-        self.special = {
-            name: text for name in SPECIAL_TOKENS if (text := _token_text(config.get(name)))
-        }
+        self.special: dict[str, str] = {}  # a token as text, or as an added token's object
+        for name in SPECIAL_TOKENS:
+            value = config.get(name)
+            text = value.get("content") if isinstance(value, dict) else value
+            if isinstance(text, str) and text:
+                self.special[name] = text
         named = (
             template if isinstance(template, dict) else {"default": template} if template else {}
         )
