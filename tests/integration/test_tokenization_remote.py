@@ -189,7 +189,7 @@ async def test_a_completion_sharing_a_leading_text_is_scored_at_once(
             req = completion(f"{shared} and then {who} asks a question of her or his own, " * 2)
             assert await tokenization.prepare(req) is True
             assert not isinstance(tokenization.token_ids(req), LeadingIds)
-            await eventually(lambda: not tokenization.fetches, what="the answers")
+            await eventually(lambda: not tokenization.remote.pending, what="the answers")
         assert tokenization.remote.asks == 4  # two prompts, each with one leading text
         for who in ("carol", "dave"):
             text = f"{shared} but {who} wants something else"
@@ -202,13 +202,13 @@ async def test_a_completion_sharing_a_leading_text_is_scored_at_once(
             assert len(ids) == 176, len(ids)
             assert abs(ids.total - len(expected)) <= 2, (ids.total, len(expected))
             assert await tokenization.prepare(req) is True
-            await eventually(lambda: not tokenization.fetches, what="the answers")
+            await eventually(lambda: not tokenization.remote.pending, what="the answers")
             assert tokenization.token_ids(req) == expected
         # A prompt that extends an earlier one: the earlier one's longest cut (1,024
         # characters: 256 ids, 240 kept).
         story = " ".join(f"story{i:03d}" for i in range(120))  # 1,079 characters
         await tokenization.prepare(completion(story))
-        await eventually(lambda: not tokenization.fetches, what="the answers")
+        await eventually(lambda: not tokenization.remote.pending, what="the answers")
         longer = f"{story} and the story goes on"
         ids = tokenization.token_ids(completion(longer))
         assert isinstance(ids, LeadingIds) and len(ids) == 240, ids
@@ -237,7 +237,7 @@ async def test_an_engine_whose_ids_do_not_start_with_the_leading_ones_turns_them
     async def send(messages: list[dict[str, Any]]) -> InferenceRequest:
         req = request("/v1/chat/completions", messages=messages)
         assert await tokenization.prepare(req) is True
-        await eventually(lambda: not tokenization.fetches, what="the answers")
+        await eventually(lambda: not tokenization.remote.pending, what="the answers")
         return req
 
     try:
@@ -283,11 +283,11 @@ async def test_remote_cache_is_bounded_and_concurrent_asks_share_a_round_trip(
     remote = RemoteTokenizer(timeout=5, max_entries=3)
     try:
         bodies = [{"model": MODEL, "prompt": f"prompt number {i}"} for i in range(5)]
-        got = await asyncio.gather(*(remote.tokenize(sim.address, bodies[0]) for _ in range(8)))
+        got = await asyncio.gather(*(remote.fetch(sim.address, bodies[0]) for _ in range(8)))
         assert remote.asks == 1
         assert all(g == tokenize("prompt number 0", VOCAB) for g in got)
         for body in bodies[1:]:
-            await remote.tokenize(sim.address, body)
+            await remote.fetch(sim.address, body)
         assert len(remote.cache) == 3
         assert remote.cache.get(remote.key(bodies[0])) is None  # the oldest went
         assert remote.cache.get(remote.key(bodies[4])) == tokenize("prompt number 4", VOCAB)
@@ -321,6 +321,25 @@ async def test_hanging_refusing_and_missing_tokenize_give_no_ids(processes: Proc
             assert tokenization.remote.failures == 1
             assert await tokenization.check_canary(MODEL, address) is None
             await tokenization.close()
+    finally:
+        hanging.close()
+
+
+async def test_close_cancels_the_round_trips_on_their_way() -> None:
+    hanging = socket.socket()  # accepts connections, never answers
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(8)
+    tokenization = Tokenization(timeout=60, prepare_wait=0)
+    try:
+        address = f"127.0.0.1:{hanging.getsockname()[1]}"
+        await tokenization.learn([Endpoint(address=address, model_name=MODEL)])
+        assert (
+            await tokenization.prepare(request("/v1/chat/completions", messages=CHATS[1])) is False
+        )
+        tasks = list(tokenization.remote.pending.values())
+        assert len(tasks) == 2  # the whole body and its leading messages
+        await tokenization.close()
+        assert all(t.cancelled() for t in tasks) and not tokenization.remote.pending
     finally:
         hanging.close()
 

@@ -59,7 +59,6 @@ class Tokenization:
         self.remote = RemoteTokenizer(timeout=timeout)
         self.prepare_wait = prepare_wait
         self._asked = 0  # requests prepared: which of a model's engines answers next
-        self.fetches: set[asyncio.Future[list[int] | None]] = set()  # run on after a request
         # Keys of recent completion prompts' leading texts (``_part_to_ask``).
         self._seen: LRU[bytes, None] = LRU(max_entries=SEEN)
         self._learning: asyncio.Task[None] | None = None
@@ -222,12 +221,13 @@ class Tokenization:
         address = entry.addresses[self._asked % len(entry.addresses)]
         runs = _runs(entry, body, chat)
         leading = self._leading(runs)
-        fetch = self._start(self._fetch(name, address, body, chat, leading))
+        fetch = self.remote.fetch(address, body)
         part = None if runs is None else self._part_to_ask(runs, chat)
-        if part is not None:
-            self._start(self.remote.tokenize(address, runs.body(part), runs.keys[part]))
-        if leading is not None:
-            return True  # scored with the leading ids now, without waiting
+        if part is not None:  # for the requests that follow
+            self.remote.fetch(address, runs.body(part), runs.keys[part])
+        if leading is not None:  # scored with the leading ids now, without waiting
+            fetch.add_done_callback(lambda f: self._check(name, address, chat, leading, f))
+            return True
         done, _ = await asyncio.wait((fetch,), timeout=self.prepare_wait)
         if fetch in done and fetch.result() is not None:
             return True
@@ -257,32 +257,22 @@ class Tokenization:
         """Which of a request's leading parts to ask /tokenize for (None: none): a chat's
         messages but the last; a prompt's longest leading text another recent prompt had
         too (where prompts share a text up to where they part), else its longest one (for a
-        prompt that extends it). Not one cached or on its way."""
+        prompt that extends it). Not one cached (one on its way is not asked twice: ``fetch``)."""
         i = 0
         if not chat:
             i = next((j for j, key in enumerate(runs.keys) if key in self._seen), 0)
             for key in runs.keys:
                 self._seen.put(key, None)
-        key = runs.keys[i]
-        if self.remote.cache.get(key) is not None or self.remote.asking(key):
-            return None
-        return i
+        return None if self.remote.cache.get(runs.keys[i]) is not None else i
 
-    def _start(self, coro: Any) -> asyncio.Future[list[int] | None]:
-        """A fetch that runs on after the request stops waiting (cancelled by ``close``)."""
-        fetch = asyncio.ensure_future(coro)
-        self.fetches.add(fetch)
-        fetch.add_done_callback(self.fetches.discard)
-        return fetch
-
-    async def _fetch(
-        self, name: str, address: str, body: dict[str, Any], chat: bool, leading: LeadingIds | None
-    ) -> list[int] | None:
-        """The whole body's ids, checked against the leading ids the request could use: on a
-        mismatch a model's chats use only their system messages' run, then none."""
-        ids = await self.remote.tokenize(address, body)
-        if ids is None or leading is None or ids[: len(leading)] == leading:
-            return ids
+    def _check(
+        self, name: str, address: str, chat: bool, leading: LeadingIds, fetch: asyncio.Task[Any]
+    ) -> None:
+        """A request's whole answer against the leading ids it was scored with: on a mismatch
+        a model's chats use only their system messages' run, then none."""
+        ids = None if fetch.cancelled() or fetch.exception() else fetch.result()
+        if ids is None or ids[: len(leading)] == leading:
+            return
         entry = self.models.get(name)
         if entry is not None and entry.prefixes[chat] != "off":
             mode = "system" if chat and entry.prefixes[chat] == "all" else "off"
@@ -297,11 +287,8 @@ class Tokenization:
                 "using only the ids of its chats' system messages" if mode == "system"
                 else f"using whole {'chat' if chat else 'completion'} answers only",
             )  # fmt: skip
-        return ids
 
     async def close(self) -> None:
-        for fetch in list(self.fetches):
-            fetch.cancel()
         if self._learning is not None:
             self._learning.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

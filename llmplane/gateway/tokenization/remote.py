@@ -65,42 +65,31 @@ class RemoteTokenizer:
         self.cache: LRU[bytes, list[int]] = LRU(max_entries, max_ids, lambda _, ids: len(ids))
         self.asks = 0  # round trips made (tests, debugging)
         self.failures = 0
-        self._pending: dict[bytes, asyncio.Future[list[int] | None]] = {}
+        self.pending: dict[bytes, asyncio.Task[list[int] | None]] = {}  # by key, on their way
         self._session: aiohttp.ClientSession | None = None
 
     @staticmethod
     def key(body: dict[str, Any]) -> bytes:
         return xxh3_128_digest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
 
-    def asking(self, key: bytes) -> bool:
-        """Whether an answer under ``key`` is on its way."""
-        return key in self._pending
-
-    async def tokenize(
+    def fetch(
         self, address: str, body: dict[str, Any], key: bytes | None = None
-    ) -> list[int] | None:
-        """The ids the engine at ``address`` gives ``body``, cached under ``key`` (by default
-        the body's own); None on any failure."""
+    ) -> asyncio.Task[list[int] | None]:
+        """The round trip that caches the ids the engine at ``address`` gives ``body`` under
+        ``key`` (by default the body's own), started unless one is on its way. It runs on after
+        its askers stop waiting (``close`` cancels it); None on any failure."""
         key = self.key(body) if key is None else key
-        ids = self.cache.get(key)
+        task = self.pending.get(key)
+        if task is None:
+            task = self.pending[key] = asyncio.ensure_future(self._answer(key, address, body))
+            task.add_done_callback(lambda _: self.pending.pop(key, None))
+        return task
+
+    async def _answer(self, key: bytes, address: str, body: dict[str, Any]) -> list[int] | None:
+        ids = await self.ask(address, body)
         if ids is not None:
-            return ids
-        pending = self._pending.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        self._pending[key] = future
-        try:
-            ids = await self.ask(address, body)
-            if ids is not None:
-                self.cache.put(key, ids)
-            future.set_result(ids)
-            return ids
-        except BaseException:
-            future.set_result(None)
-            raise
-        finally:
-            del self._pending[key]
+            self.cache.put(key, ids)
+        return ids
 
     async def ask(self, address: str, body: dict[str, Any]) -> list[int] | None:
         """One /tokenize round trip, uncached."""
@@ -130,6 +119,10 @@ class RemoteTokenizer:
         return self._session
 
     async def close(self) -> None:
+        tasks = list(self.pending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await self._session.close()
