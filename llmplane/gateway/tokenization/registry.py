@@ -215,13 +215,14 @@ class Tokenization:
         body = tokenize_body(name, request.doc, chat)
         if body is None:
             return False
-        if self.remote.cache.get(RemoteTokenizer.key(body)) is not None:
+        key = RemoteTokenizer.key(body)
+        if self.remote.cache.get(key) is not None:
             return True
         self._asked += 1
         address = entry.addresses[self._asked % len(entry.addresses)]
         runs = _runs(entry, body, chat)
         leading = self._leading(runs)
-        fetch = self.remote.fetch(address, body)
+        fetch = self.remote.fetch(address, body, key)
         part = None if runs is None else self._part_to_ask(runs, chat)
         if part is not None:  # for the requests that follow
             self.remote.fetch(address, runs.body(part), runs.keys[part])
