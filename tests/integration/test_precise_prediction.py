@@ -277,7 +277,7 @@ async def test_a_new_user_under_a_cached_system_prompt_is_routed_without_a_round
     for group in groups:
         await send(client, url, chat(group, "first"))
         assert predictions(caplog)[-1]["endpoint"] == sims[group % 2].address, group
-    await eventually(lambda: not gateway.tokenization.fetches, what="the leading answers")
+    await eventually(lambda: not gateway.tokenization.remote.pending, what="the leading answers")
     await settled(gateway, client, sims)
     gateway.tokenization.prepare_wait = 0.0
     asks = gateway.tokenization.remote.asks
@@ -287,6 +287,6 @@ async def test_a_new_user_under_a_cached_system_prompt_is_routed_without_a_round
         assert 0 < line["cached_tokens_predicted"] <= served[group % 2], (group, line, served)
         # Less than the run it reports by the safety tail's blocks at most.
         assert line["cached_tokens_predicted"] >= served[group % 2] - 2 * BLOCK, (line, served)
-    await eventually(lambda: not gateway.tokenization.fetches, what="the whole answers")
+    await eventually(lambda: not gateway.tokenization.remote.pending, what="the whole answers")
     assert gateway.tokenization.remote.asks == asks + len(groups)  # its own body only
     assert gateway.tokenization.prefix_mismatch.labels("m").value == 0

@@ -77,9 +77,10 @@ async def test_remote_ids_equal_the_engines_and_are_cached(processes: Processes)
         assert tokenization.token_ids(req) == tokenize("the quick brown fox", VOCAB)
         # Token-id prompts pass through without a round trip.
         asks = tokenization.remote.asks
-        req = request("/v1/completions", prompt=[1, 2, 3])
-        await tokenization.prepare(req)
-        assert tokenization.token_ids(req) == [1, 2, 3]
+        for prompt in ([1, 2, 3], [[1, 2, 3]]):  # a list of ids, a batch of one
+            req = request("/v1/completions", prompt=prompt)
+            await tokenization.prepare(req)
+            assert tokenization.token_ids(req) == [1, 2, 3]
         # The same text again: from the cache, no round trip.
         req = request("/v1/chat/completions", messages=CHATS[1])
         await tokenization.prepare(req)
@@ -108,7 +109,7 @@ def leading_cached(tokenization: Tokenization, messages: list[dict[str, Any]]) -
     """The answer for ``messages`` but the last is cached (``prefix.chain``'s key)."""
     body = tokenize_body(MODEL, {"messages": messages}, True)
     assert body is not None
-    return tokenization.remote.get(chain(body)[0][-2]) is not None
+    return tokenization.remote.cache.get(chain(body)[0][-2]) is not None
 
 
 async def test_a_new_turn_is_scored_at_once_from_its_leading_messages(
@@ -188,7 +189,7 @@ async def test_a_completion_sharing_a_leading_text_is_scored_at_once(
             req = completion(f"{shared} and then {who} asks a question of her or his own, " * 2)
             assert await tokenization.prepare(req) is True
             assert not isinstance(tokenization.token_ids(req), LeadingIds)
-            await eventually(lambda: not tokenization.fetches, what="the answers")
+            await eventually(lambda: not tokenization.remote.pending, what="the answers")
         assert tokenization.remote.asks == 4  # two prompts, each with one leading text
         for who in ("carol", "dave"):
             text = f"{shared} but {who} wants something else"
@@ -201,13 +202,13 @@ async def test_a_completion_sharing_a_leading_text_is_scored_at_once(
             assert len(ids) == 176, len(ids)
             assert abs(ids.total - len(expected)) <= 2, (ids.total, len(expected))
             assert await tokenization.prepare(req) is True
-            await eventually(lambda: not tokenization.fetches, what="the answers")
+            await eventually(lambda: not tokenization.remote.pending, what="the answers")
             assert tokenization.token_ids(req) == expected
         # A prompt that extends an earlier one: the earlier one's longest cut (1,024
         # characters: 256 ids, 240 kept).
         story = " ".join(f"story{i:03d}" for i in range(120))  # 1,079 characters
         await tokenization.prepare(completion(story))
-        await eventually(lambda: not tokenization.fetches, what="the answers")
+        await eventually(lambda: not tokenization.remote.pending, what="the answers")
         longer = f"{story} and the story goes on"
         ids = tokenization.token_ids(completion(longer))
         assert isinstance(ids, LeadingIds) and len(ids) == 240, ids
@@ -236,7 +237,7 @@ async def test_an_engine_whose_ids_do_not_start_with_the_leading_ones_turns_them
     async def send(messages: list[dict[str, Any]]) -> InferenceRequest:
         req = request("/v1/chat/completions", messages=messages)
         assert await tokenization.prepare(req) is True
-        await eventually(lambda: not tokenization.fetches, what="the answers")
+        await eventually(lambda: not tokenization.remote.pending, what="the answers")
         return req
 
     try:
@@ -282,15 +283,15 @@ async def test_remote_cache_is_bounded_and_concurrent_asks_share_a_round_trip(
     remote = RemoteTokenizer(timeout=5, max_entries=3)
     try:
         bodies = [{"model": MODEL, "prompt": f"prompt number {i}"} for i in range(5)]
-        got = await asyncio.gather(*(remote.tokenize(sim.address, bodies[0]) for _ in range(8)))
+        got = await asyncio.gather(*(remote.fetch(sim.address, bodies[0]) for _ in range(8)))
         assert remote.asks == 1
         assert all(g == tokenize("prompt number 0", VOCAB) for g in got)
         for body in bodies[1:]:
-            await remote.tokenize(sim.address, body)
+            await remote.fetch(sim.address, body)
         assert len(remote.cache) == 3
-        assert remote.cached(bodies[0]) is None  # the oldest went
-        assert remote.cached(bodies[4]) == tokenize("prompt number 4", VOCAB)
-        assert remote.ids == sum(len(v) for v in remote.cache.values())
+        assert remote.cache.get(remote.key(bodies[0])) is None  # the oldest went
+        assert remote.cache.get(remote.key(bodies[4])) == tokenize("prompt number 4", VOCAB)
+        assert remote.cache.total == sum(len(v) for v in remote.cache.values())
     finally:
         await remote.close()
 
@@ -320,6 +321,25 @@ async def test_hanging_refusing_and_missing_tokenize_give_no_ids(processes: Proc
             assert tokenization.remote.failures == 1
             assert await tokenization.check_canary(MODEL, address) is None
             await tokenization.close()
+    finally:
+        hanging.close()
+
+
+async def test_close_cancels_the_round_trips_on_their_way() -> None:
+    hanging = socket.socket()  # accepts connections, never answers
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(8)
+    tokenization = Tokenization(timeout=60, prepare_wait=0)
+    try:
+        address = f"127.0.0.1:{hanging.getsockname()[1]}"
+        await tokenization.learn([Endpoint(address=address, model_name=MODEL)])
+        assert (
+            await tokenization.prepare(request("/v1/chat/completions", messages=CHATS[1])) is False
+        )
+        tasks = list(tokenization.remote.pending.values())
+        assert len(tasks) == 2  # the whole body and its leading messages
+        await tokenization.close()
+        assert all(t.cancelled() for t in tasks) and not tokenization.remote.pending
     finally:
         hanging.close()
 
@@ -406,6 +426,10 @@ async def test_an_undecided_canary_is_checked_again_when_endpoints_change(
         )
         assert tokenization.models[MODEL].canary == "undecided"
         assert tokenization.models[MODEL].tokenizer is not None  # its own files are used
+        asks = tokenization.remote.asks
+        req = request("/v1/chat/completions", messages=CHATS[0])
+        assert await tokenization.prepare(req) is False  # nothing to fetch: ids are local
+        assert tokenization.remote.asks == asks and tokenization.token_ids(req) is not None
         await tokenization.learn(
             [Endpoint(address=sim.address, model_name=MODEL, model_path=files)]
         )

@@ -223,7 +223,7 @@ async def test_leading_ids_are_a_prefix_of_vllms_for_the_requests_that_follow(
                 await remote.prepare(
                     InferenceRequest("/v1/chat/completions", {}, json.dumps(first).encode())
                 )
-                await eventually(lambda: not remote.fetches, what="the answers")
+                await eventually(lambda: not remote.remote.pending, what="the answers")
                 for follow in continuations(messages):
                     doc = {**first, "messages": follow}
                     request = InferenceRequest("/v1/chat/completions", {}, json.dumps(doc).encode())
@@ -290,7 +290,7 @@ async def test_leading_texts_are_a_prefix_of_vllms_for_prompts_that_share_them(
         for own in ("one question", "another question"):
             doc = {"model": NAME, "prompt": f"{shared} {own}"}
             await remote.prepare(InferenceRequest("/v1/completions", {}, json.dumps(doc).encode()))
-            await eventually(lambda: not remote.fetches, what="the answers")
+            await eventually(lambda: not remote.remote.pending, what="the answers")
         doc = {"model": NAME, "prompt": f"{shared} a third one"}
         ids = remote.token_ids(InferenceRequest("/v1/completions", {}, json.dumps(doc).encode()))
         assert isinstance(ids, LeadingIds)

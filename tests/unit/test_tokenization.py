@@ -26,6 +26,7 @@ from llmplane.gateway.tokenization import (
     TemplateRefused,
     Tokenization,
 )
+from llmplane.gateway.tokenization.lru import LRU
 from llmplane.gateway.tokenization.pieces import PieceEncoder, cut_tokens
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.testing.tiny_model import build_tokenizer, corpus
@@ -137,6 +138,8 @@ def test_content_parts_and_kwargs(base: Path, tmp_path: Path) -> None:
         tmp_path / "parts", [message], add_generation_prompt=True
     )
     assert "a\nb" in ModelTokenizer.load(base).render_chat({"messages": [message]})
+    tool = {"role": "tool", "tool_call_id": "1", "content": message["content"]}
+    assert "a\nb" in parts.render_chat({"messages": [message, tool]})  # tool results stay text
     with pytest.raises(NoTokenIds):
         parts.chat_ids({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
     for reserved in ("messages", "chat_template", "tokenize", "template_name"):
@@ -159,6 +162,21 @@ def test_named_templates(base: Path, tmp_path: Path) -> None:
     messages = [{"role": "user", "content": "x"}]
     assert tokenizer.render_chat({"messages": messages}) == "Dx"
     assert tokenizer.render_chat({"messages": messages, "tools": TOOLS}) == "Tx"
+
+
+def test_special_tokens_given_as_added_token_objects(base: Path, tmp_path: Path) -> None:
+    directory = with_template(base, tmp_path / "objects", TOOLS_TEMPLATE)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["bos_token"] = {"__type": "AddedToken", "content": "<s>", "lstrip": False,
+                           "normalized": False, "rstrip": False, "single_word": False}  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = ModelTokenizer.load(directory)
+    assert tokenizer.special["bos_token"] == "<s>"
+    doc = {"messages": CONVERSATIONS[0]}
+    assert tokenizer.render_chat(doc).startswith("<s>")
+    assert tokenizer.chat_ids(doc) == hf_ids(
+        directory, CONVERSATIONS[0], add_generation_prompt=True
+    )
 
 
 def test_completion_prompts(base: Path) -> None:
@@ -247,6 +265,39 @@ def test_position_dependent_tokenizers_encode_whole(base: Path) -> None:
     assert cut_tokens(config) is None
 
 
+def test_pieces_are_checked_at_load_and_cutting_stops_when_they_do_not_add_up(
+    base: Path,
+) -> None:
+    tokenizer = ModelTokenizer.load(base)
+    assert tokenizer.pieces.cuts is not None and tokenizer.pieces.misses > 0  # checked at load
+    # A cut the tokenizer does not make (a letter claimed as an added token): the pieces of a
+    # text cut after it differ from its encoding, so the check turns cutting off.
+    config = json.loads((base / "tokenizer.json").read_text())
+    config["added_tokens"].append({"id": 10_000, "content": "e", "normalized": False})
+    encoder = PieceEncoder(tokenizer.tokenizer, config)
+    text = "the model serves the gateway</s>"
+    assert encoder.cuts is not None and len(encoder.pieces(text)) > 2
+    assert encoder.check(text) is False
+    assert encoder.cuts is None and len(encoder.cache) == 0 and encoder.cache.total == 0
+    assert encoder.encode(text) == tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_lru_keeps_the_most_recently_used_within_its_bounds() -> None:
+    cache: LRU[str, str] = LRU(max_entries=3, max_weight=40, weight=lambda _, v: len(v))
+    for key in "abc":
+        cache.put(key, "x" * 5)
+    assert cache.get("a") == "xxxxx" and cache.get("z") is None
+    cache.put("d", "x" * 5)  # past 3 entries: the least recently used (b) goes
+    assert list(cache) == ["c", "a", "d"]
+    cache.put("e", "x" * 11)  # over a quarter of the weight: not kept
+    assert "e" not in cache
+    cache.put("f", "x" * 10)
+    cache.put("g", "x" * 10)
+    assert list(cache) == ["d", "f", "g"] and cache.total == 25
+    cache.clear()
+    assert cache.total == 0
+
+
 def test_piece_cache_is_bounded(base: Path) -> None:
     tokenizer = ModelTokenizer.load(base)
     encoder = PieceEncoder(
@@ -254,8 +305,8 @@ def test_piece_cache_is_bounded(base: Path) -> None:
     )
     for i in range(300):
         encoder.encode(f"message number {i} of the user</s>\n<|user|>")
-    assert encoder.chars <= 2000
-    assert sum(map(len, encoder.cache)) == encoder.chars
+    assert encoder.cache.total <= 2000
+    assert sum(map(len, encoder.cache)) == encoder.cache.total
 
 
 HOSTILE = [

@@ -1,35 +1,21 @@
-"""A model's own tokenizer and chat template, read from its files, applied to a request as vLLM
-applies them.
-
-Files (a Hugging Face model directory): ``tokenizer.json`` (the ``tokenizers`` pipeline),
-``tokenizer_config.json`` (the special tokens, the chat template, or several named ones), and
-``chat_template.jinja``, which takes precedence over the config's template as in transformers.
-
-A chat request becomes text as in vLLM's chat path: messages parsed the way vLLM parses them (text
-content joined with newlines, or kept as a list of ``{"type": "text"}`` parts for templates that
-loop over content; ``name``, ``tool_call_id``, ``tool_calls`` with their arguments decoded to
-objects, ``reasoning``; ``developer`` turned into ``system`` for templates that do not know it;
-an ``x-anthropic-billing-header`` first line dropped from system text),
-the template rendered with transformers' variables (special tokens, ``tools``, ``documents``,
-``add_generation_prompt``, the request's ``chat_template_kwargs`` the template reads), and
-``continue_final_message`` cutting the text after the final message as transformers does. The
-text is then encoded without special tokens (``add_special_tokens`` false, vLLM's chat default);
-a completion prompt with them (its default). What the gateway cannot reproduce (images, audio,
-a chat template sent with the request) gives no token ids.
+"""A model's own tokenizer and chat template, read from its files (``tokenizer.json``,
+``tokenizer_config.json``, ``special_tokens_map.json``, ``chat_template.jinja``), applied to a
+request as vLLM applies them: messages parsed as vLLM parses them, the template rendered with
+transformers' variables, the text encoded without special tokens (a completion prompt with
+them). What the gateway cannot reproduce (images, audio, a chat template sent with the request)
+raises ``NoTokenIds``. docs/gateway.md, "Tokenization", lists the rules.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2 import nodes
-
 from llmplane.gateway.tokenization.pieces import PieceEncoder
-from llmplane.gateway.tokenization.template import ChatTemplate, TemplateRefused
+from llmplane.gateway.tokenization.template import ChatTemplate, NoTokenIds, TemplateRefused
 
 SPECIAL_TOKENS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -44,22 +30,22 @@ _TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal"})
 # vLLM drops this first line of a system message (Claude Code's, which changes every request).
 _BILLING_HEADER = "x-anthropic-billing-header"
 MAX_FILE = 64 << 20  # bytes of tokenizer.json (large vocabularies are a few tens of MB)
+# What the gateway checks a model's tokenizer with: its pieces at load, its ids against the
+# engine's /tokenize (``Tokenization.check_canary``).
+CANARY_CHAT = {
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hello! What is 2+2? Answer briefly, please."},
+    ],
+    "add_generation_prompt": True,
+}
+CANARY_PROMPT = {"prompt": "The quick brown fox jumps over the lazy dog. 0123456789 ?!"}
 
-
-class NoTokenIds(Exception):
-    """The request cannot be tokenized here as the engine would (the reason is the message)."""
+log = logging.getLogger("llmplane.gateway.tokenization")
 
 
 class TokenizerUnavailable(Exception):
     """The model's files have no usable tokenizer."""
-
-
-def _token_text(value: object) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -72,37 +58,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise TokenizerUnavailable(f"{path}: {err}") from None
     return doc if isinstance(doc, dict) else {}
-
-
-def _loops_over_content(tree: nodes.Template) -> bool:
-    """vLLM's content-format detection, for the usual shapes: a template that loops over a
-    message's ``content`` gets the OpenAI form (a list of parts), others a string."""
-    message_vars = {
-        loop.target.name
-        for loop in tree.find_all(nodes.For)
-        if isinstance(loop.target, nodes.Name) and _names(loop.iter, "messages")
-    }
-    for loop in tree.find_all(nodes.For):
-        it = loop.iter
-        while isinstance(it, nodes.Filter) and it.node is not None:
-            it = it.node
-        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const):
-            key, base = it.arg.value, it.node
-        elif isinstance(it, nodes.Getattr):
-            key, base = it.attr, it.node
-        else:
-            if isinstance(it, nodes.Name) and it.name == "content":
-                return True
-            continue
-        if key == "content" and isinstance(base, nodes.Name) and base.name in message_vars:
-            return True
-    return False
-
-
-def _names(node: nodes.Node, name: str) -> bool:
-    return any(n.name == name for n in node.find_all(nodes.Name)) or (
-        isinstance(node, nodes.Name) and node.name == name
-    )
 
 
 class ModelTokenizer:
@@ -119,17 +74,16 @@ class ModelTokenizer:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self.pieces = PieceEncoder(tokenizer, tokenizer_json)
-        self.special = {
-            name: text for name in SPECIAL_TOKENS if (text := _token_text(config.get(name)))
-        }
+        self.special: dict[str, str] = {}  # a token as text, or as an added token's object
+        for name in SPECIAL_TOKENS:
+            value = config.get(name)
+            text = value.get("content") if isinstance(value, dict) else value
+            if isinstance(text, str) and text:
+                self.special[name] = text
         named = (
             template if isinstance(template, dict) else {"default": template} if template else {}
         )
-        self.templates: dict[str, ChatTemplate] = {}
-        self.openai_content: dict[str, bool] = {}
-        for name, source in named.items():
-            self.templates[name] = ChatTemplate(source)
-            self.openai_content[name] = _loops_over_content(self.templates[name].tree)
+        self.templates = {name: ChatTemplate(source) for name, source in named.items()}
 
     @classmethod
     def load(cls, directory: str | Path) -> ModelTokenizer:
@@ -144,9 +98,9 @@ class ModelTokenizer:
             tokenizer = Tokenizer.from_str(json.dumps(tokenizer_json))
         except Exception as err:  # the tokenizers library raises its own types
             raise TokenizerUnavailable(f"{path}: {err}") from None
-        config = _read_json(root / "tokenizer_config.json")
-        for name, value in _read_json(root / "special_tokens_map.json").items():
-            config.setdefault(name, value)
+        config = _read_json(root / "special_tokens_map.json") | _read_json(
+            root / "tokenizer_config.json"
+        )
         template: str | dict[str, str] | None = config.get("chat_template")
         if isinstance(template, list):  # transformers' form of several named templates
             template = {
@@ -161,9 +115,17 @@ class ModelTokenizer:
         if not isinstance(template, str | dict):
             template = None
         try:
-            return cls(tokenizer, config, tokenizer_json, template)
+            model = cls(tokenizer, config, tokenizer_json, template)
         except TemplateRefused as err:
             raise TokenizerUnavailable(str(err)) from None
+        try:
+            sample = model.render_chat(CANARY_CHAT) if model.templates else "x"
+        except NoTokenIds as err:
+            log.warning("%s: the chat template fails on the canary prompt: %s", root, err)
+            sample = CANARY_PROMPT["prompt"]
+        if not model.pieces.check(sample):
+            log.info("%s: the tokenizer encodes whole texts (no piece cache)", root)
+        return model
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -177,15 +139,13 @@ class ModelTokenizer:
     def completion_ids(self, doc: dict[str, Any]) -> list[int]:
         """The ids of a completion request's prompt: a string encoded with special tokens
         (unless ``add_special_tokens`` is false); a list of ids as it is; a batch of one."""
-        prompt = doc.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            special = doc.get("add_special_tokens", True) is not False
-            return self.tokenizer.encode(prompt, add_special_tokens=special).ids
-        if isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):
+        prompt = one_prompt(doc)
+        if prompt is None:
+            raise NoTokenIds("the prompt is not one string or one list of token ids")
+        if isinstance(prompt, list):
             return prompt
-        raise NoTokenIds("the prompt is not one string or one list of token ids")
+        special = doc.get("add_special_tokens", True) is not False
+        return self.tokenizer.encode(prompt, add_special_tokens=special).ids
 
     def render_chat(self, doc: dict[str, Any]) -> str:
         if doc.get("chat_template") is not None:
@@ -196,7 +156,7 @@ class ModelTokenizer:
         tools = doc.get("tools")
         name = self._template_name(tools)
         template = self.templates[name]
-        conversation = self._conversation(messages, self.openai_content[name], template.source)
+        conversation = _conversation(messages, template)
         kwargs = doc.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise NoTokenIds("chat_template_kwargs is not an object")
@@ -212,7 +172,7 @@ class ModelTokenizer:
             variables["documents"] = doc["documents"]
         if tools is not None:
             variables["tools"] = _tool_dicts(tools)
-        return self.render(conversation, **variables)
+        return self.render(conversation, template_name=name, **variables)
 
     def render(
         self,
@@ -243,27 +203,17 @@ class ModelTokenizer:
             else:
                 messages[-1]["content"] = final + _CONTINUE_TAG
         # Special tokens first: the request's variables replace them, as in transformers.
-        variables = {**self.special, **kwargs}
-        variables.update(
-            messages=messages,
-            tools=tools,
-            documents=documents,
+        text = chat.render(
+            **{**self.special, **kwargs},
+            messages=messages, tools=tools, documents=documents,
             add_generation_prompt=add_generation_prompt,
-        )
-        try:
-            text = chat.render(**variables)
-        except jinja2.TemplateError as err:  # raise_exception, or a template error
-            raise NoTokenIds(f"the chat template refused the request: {err}") from None
+        )  # fmt: skip
         if continue_final_message:
             tag = _CONTINUE_TAG.strip()
             if final.strip() not in text or tag not in text:
                 raise NoTokenIds("the chat template drops the final message")
             at = text.rindex(tag)
-            text = (
-                text[:at]
-                if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG
-                else text[:at].rstrip()
-            )
+            text = text[:at] if text.startswith(_CONTINUE_TAG, at) else text[:at].rstrip()
         return text
 
     def _template_name(self, tools: object) -> str:
@@ -277,51 +227,57 @@ class ModelTokenizer:
             return next(iter(self.templates))
         raise NoTokenIds("the model has several chat templates and no default")
 
-    @staticmethod
-    def _conversation(
-        messages: list[Any], openai_content: bool, source: str
-    ) -> list[dict[str, Any]]:
-        out = []
-        for message in messages:
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise NoTokenIds("a message is not an object with a role")
-            role = message["role"]
-            texts = _texts(message.get("content"))
-            if role == "system":
-                texts = [
-                    t.partition("\n")[2] if t.startswith(_BILLING_HEADER) else t
-                    for t in texts
-                    if not (t.startswith(_BILLING_HEADER) and not t.partition("\n")[2])
-                ]
-            parsed: dict[str, Any] = {
-                "role": role,
-                "content": [{"type": "text", "text": t} for t in texts]
-                if openai_content
-                else "\n".join(texts),
-            }
-            if role == "assistant":
-                calls = message.get("tool_calls")
-                if calls is not None and calls != []:  # vLLM drops an empty list
-                    parsed["tool_calls"] = _tool_calls(calls)
-                if message.get("reasoning") is not None:
-                    parsed["reasoning"] = parsed["reasoning_content"] = message["reasoning"]
-            elif role == "tool":
-                if "tool_call_id" in message:
-                    parsed["tool_call_id"] = message["tool_call_id"]
-                if isinstance(parsed["content"], list):
-                    parsed["content"] = "\n".join(texts)
-            if isinstance(message.get("name"), str):
-                parsed["name"] = message["name"]
-            if isinstance(message.get("task"), str):
-                parsed["task"] = message["task"]
-            if role == "developer":
-                parsed["tools"] = message.get("tools")
-            out.append(parsed)
-        if any(m["role"] == "developer" for m in out) and not (
-            '"developer"' in source or "'developer'" in source
-        ):
-            out = _developer_as_system(out)
-        return out
+
+def _conversation(messages: list[Any], template: ChatTemplate) -> list[dict[str, Any]]:
+    """The messages as vLLM parses them for ``template``."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise NoTokenIds("a message is not an object with a role")
+        role = message["role"]
+        texts = _texts(message.get("content"))
+        if role == "system":
+            texts = [
+                t.partition("\n")[2] if t.startswith(_BILLING_HEADER) else t
+                for t in texts
+                if not (t.startswith(_BILLING_HEADER) and not t.partition("\n")[2])
+            ]
+        parsed: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if template.openai_content and role != "tool":  # tool results stay text
+            parsed["content"] = [{"type": "text", "text": t} for t in texts]
+        if role == "assistant":
+            calls = message.get("tool_calls")
+            if calls is not None and calls != []:  # vLLM drops an empty list
+                parsed["tool_calls"] = _tool_calls(calls)
+            if message.get("reasoning") is not None:
+                parsed["reasoning"] = parsed["reasoning_content"] = message["reasoning"]
+        elif role == "tool" and "tool_call_id" in message:
+            parsed["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            parsed["name"] = message["name"]
+        if isinstance(message.get("task"), str):
+            parsed["task"] = message["task"]
+        if role == "developer":
+            parsed["tools"] = message.get("tools")
+        out.append(parsed)
+    if any(m["role"] == "developer" for m in out) and not (
+        '"developer"' in template.source or "'developer'" in template.source
+    ):
+        out = _developer_as_system(out)
+    return out
+
+
+def one_prompt(doc: dict[str, Any]) -> str | list[int] | None:
+    """A completion request's one prompt: a string or a list of token ids (a batch of one
+    unwrapped); None for anything else."""
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):
+        return prompt
+    return None
 
 
 def _texts(content: object) -> list[str]:

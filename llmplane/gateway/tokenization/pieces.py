@@ -14,12 +14,13 @@ The cut tokens are found with one regular expression that matches as the tokeniz
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
+
+from llmplane.gateway.tokenization.lru import LRU
 
 log = logging.getLogger("llmplane.gateway.tokenization")
 
@@ -63,23 +64,16 @@ class PieceEncoder:
         self.tokenizer = tokenizer
         # Without character offsets (about a quarter faster; the ids are the same).
         self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-        self.max_chars = max_chars
         self.cuts = cut_tokens(config)
         # Piece -> its ids, as a tuple of shared int objects (``_ints``): 8 bytes an id, like an
         # array of 64-bit integers, and copied into a request's ids without making an int each
         # (from an array, a 6,000-id prefix cost a quarter of a millisecond); a tuple of ints
         # leaves the garbage collector's lists at its first pass, so the cache adds nothing to
-        # later collections.
-        self.cache: OrderedDict[str, Sequence[int]] = OrderedDict()
+        # later collections. Bounded in characters of pieces.
+        self.cache: LRU[str, Sequence[int]] = LRU(max_weight=max_chars, weight=lambda p, _: len(p))
         self._ints = list(range(tokenizer.get_vocab_size(with_added_tokens=True)))
-        self.chars = 0
         self.hits = 0
         self.misses = 0
-
-    @classmethod
-    def from_file(cls, tokenizer: Any, path: str, max_chars: int = CACHE_CHARS) -> PieceEncoder:
-        with open(path, encoding="utf-8") as f:
-            return cls(tokenizer, json.load(f), max_chars)
 
     def pieces(self, text: str) -> list[str]:
         """``text`` cut right after each cut token."""
@@ -100,56 +94,28 @@ class PieceEncoder:
         if self.cuts is None:
             return self._encode_batch([text], add_special_tokens=False)[0].ids
         pieces = self.pieces(text)
-        cache = self.cache
-        found: list[Sequence[int] | None] = []
-        missing: list[str] = []
-        for piece in pieces:
-            ids = cache.get(piece)
-            if ids is None:
-                missing.append(piece)
-            else:
-                cache.move_to_end(piece)
-            found.append(ids)
-        if missing:
-            self.misses += len(missing)
-            encoded = dict(
-                zip(
-                    missing,
-                    self._encode_batch(missing, add_special_tokens=False),
-                    strict=True,
-                )
-            )
+        found = [self.cache.get(piece) for piece in pieces]
+        missing = [piece for piece, ids in zip(pieces, found, strict=True) if ids is None]
         self.hits += len(pieces) - len(missing)
+        self.misses += len(missing)
+        encoded = self._encode_batch(missing, add_special_tokens=False) if missing else []
+        new = dict(zip(missing, encoded, strict=True))
         out: list[int] = []
         for piece, ids in zip(pieces, found, strict=True):
             if ids is None:
-                ids = self._store(piece, encoded[piece].ids)
+                ids = new[piece].ids
+                with contextlib.suppress(IndexError):  # an id past the vocabulary's size
+                    ids = tuple(map(self._ints.__getitem__, ids))
+                self.cache.put(piece, ids)
             out.extend(ids)
         return out
-
-    def _store(self, piece: str, ids: list[int]) -> Sequence[int]:
-        try:
-            stored = tuple(map(self._ints.__getitem__, ids))
-        except IndexError:  # an id past the vocabulary's size (not from this tokenizer)
-            stored = ids
-        if len(piece) > self.max_chars // 4:
-            return stored  # one piece may not push out most of the cache
-        if piece not in self.cache:
-            self.cache[piece] = stored
-            self.chars += len(piece)
-            while self.chars > self.max_chars:
-                old, _ = self.cache.popitem(last=False)
-                self.chars -= len(old)
-        return stored
 
     def check(self, text: str) -> bool:
         """Whether the pieces of ``text`` add up to its whole encoding; if not, cutting is turned
         off (with a log line) and every text is encoded whole from then on."""
-        whole = self.tokenizer.encode(text, add_special_tokens=False).ids
         if self.cuts is None:
             return True
-        parts = self.encode(text)
-        if parts == whole:
+        if self.encode(text) == self.tokenizer.encode(text, add_special_tokens=False).ids:
             return True
         log.warning(
             "tokenizer: the pieces of a text cut after its special tokens do not add up to its "
@@ -157,5 +123,4 @@ class PieceEncoder:
         )
         self.cuts = None
         self.cache.clear()
-        self.chars = 0
         return False

@@ -1,42 +1,27 @@
-"""The engine's /tokenize answers cached by prefix.
+"""A request's leading parts, whose /tokenize answers serve the requests that share them.
 
 A new request (a new user message under a shared system prompt, the next turn of a
 conversation, another question after a shared completion prompt) is rarely a body the gateway
-has asked /tokenize before, but its leading part often is. Next to a request's whole body, the
-gateway asks the ids of one leading part of it and caches them under a key of that part
-(``leading_runs``): a later request with the same leading part (and the same other fields
-that change tokens: tools, chat_template_kwargs, add_special_tokens) finds the longest cached
-one in a few dict reads and is scored with those ids at once, while its own answer is fetched
-for the next time.
-
-- Chat: the leading parts are runs of whole messages. The part asked is the request's
-  messages but the last, rendered without a generation prompt; keys chain hashes over the
-  messages, so every run of a request is looked up with one hash per message.
-- Completions (a string prompt): the leading parts are the prompt's first ``CHUNK``-character
-  multiples on a grid of 1, 2, 3, 4, 6, 8, 12... chunks (each at most 1.5 times the one
-  before, so the longest cached cut covers at least two thirds of a shared text it fits in);
-  the part asked is the longest cut another recent prompt had too (``Tokenization``), else
-  the prompt's longest.
+has asked /tokenize before, but its leading part often is. Next to a request's whole body the
+gateway asks one leading part and caches its ids under a key of that part and of the other
+fields that change tokens; a later request finds its longest cached part in a few dict reads
+(``leading_runs``: chats by runs of whole messages, keys chained over the messages; completion
+prompts by their first ``CHUNK``-character multiples, on a grid each at most 1.5 times the one
+before, so the longest cached cut covers two thirds of a shared text it fits in).
 
 A leading part's ids are the request's leading ids except near the end: the last tokens of a
 conversation so far may merge with the next message's text (a plain-text template), a cut
-through a word tokenizes that word differently, a template may close a conversation without a
-generation prompt differently. So the last ``SAFETY`` tokens at least are dropped, down to a
-multiple of ``ALIGN`` (16, the smallest block size engines use). A chat template that renders
-an earlier message according to what follows it (Qwen3's opens the answers after the last user
-message with a reasoning block, so a conversation so far ending in an answer renders it
-otherwise than the next request does), or a tokenizer whose merges reach further back, breaks
-the rule: every whole answer that arrives is checked against the leading ids its request
-could use; a model whose check fails uses only the run of a chat's system messages, and
-none after a second failure (``Tokenization``).
-
-Leading ids that are a prefix of the request's ids make the precise prefix scorer count fewer
-of the request's cached blocks, never other ones: block keys are chained, so the keys of a
-prefix are the first keys of the whole.
+through a word tokenizes that word otherwise, a template may close a conversation without a
+generation prompt otherwise. So the last ``SAFETY`` tokens at least are dropped, down to a
+multiple of ``ALIGN`` (the smallest block size engines use). A template that renders earlier
+messages according to later ones (Qwen3's reasoning blocks) breaks the rule: ``Tokenization``
+checks every whole answer. Leading ids that are a prefix of the request's make the precise
+prefix scorer count fewer of its cached blocks, never other ones (block keys are chained).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +32,8 @@ SAFETY = 8  # tokens dropped at least from the end of a leading answer
 ALIGN = 16  # ... down to a multiple of this
 CHUNK = 64  # characters: a completion prompt's leading texts are cut at multiples of this
 # The fields of a /tokenize chat body that differ between a request and its leading messages.
-_OWN = frozenset({"messages", "add_generation_prompt", "continue_final_message"})
+_SO_FAR = {"add_generation_prompt": False, "continue_final_message": False}
+_OWN = frozenset({"messages", *_SO_FAR})
 # No leading part's key equals a whole body's, or one of the other kind.
 _SEED = b"llmplane leading messages\0"
 _TEXT_SEED = b"llmplane leading text\0"
@@ -77,10 +63,11 @@ class Runs:
     whole: dict[str, Any]  # the request's /tokenize body
 
     def body(self, i: int) -> dict[str, Any]:
-        """The /tokenize body of part ``i``."""
+        """The /tokenize body of part ``i`` (a chat's: a conversation so far)."""
+        n = self.parts[i]
         if "messages" in self.whole:
-            return leading_body(self.whole, self.parts[i])
-        return {**self.whole, "prompt": self.whole["prompt"][: self.parts[i]]}
+            return {**self.whole, "messages": self.whole["messages"][:n]} | _SO_FAR
+        return {**self.whole, "prompt": self.whole["prompt"][:n]}
 
     def system(self) -> Runs | None:
         """Only a chat's run of leading system (or developer) messages, if it has one and
@@ -114,12 +101,7 @@ def leading_runs(body: dict[str, Any], chat: bool) -> Runs | None:
         grid = cuts(len(prompt))
         if not grid:
             return None
-        hasher = xxh3_128(
-            _TEXT_SEED
-            + orjson.dumps(
-                {k: v for k, v in body.items() if k != "prompt"}, option=orjson.OPT_SORT_KEYS
-            )
-        )
+        hasher = xxh3_128(_TEXT_SEED + _other_fields(body, ("prompt",)))
         keys = []
         done = 0
         for cut in reversed(grid):  # the prompt hashed once, a key at each cut
@@ -148,9 +130,7 @@ def chain(body: dict[str, Any]) -> tuple[list[bytes], list[int]]:
     """For a /tokenize chat body: the key of each run of leading messages (``keys[j]`` for
     ``messages[: j + 1]``) and the JSON bytes of those messages and the other fields (an
     estimate of their size); raises ``TypeError`` for what JSON cannot hold."""
-    base = orjson.dumps(
-        {k: v for k, v in body.items() if k not in _OWN}, option=orjson.OPT_SORT_KEYS
-    )
+    base = _other_fields(body, _OWN)
     key = xxh3_128_digest(_SEED + base)
     keys: list[bytes] = []
     sizes: list[int] = []
@@ -164,14 +144,12 @@ def chain(body: dict[str, Any]) -> tuple[list[bytes], list[int]]:
     return keys, sizes
 
 
-def leading_body(body: dict[str, Any], n: int) -> dict[str, Any]:
-    """The /tokenize body of a chat body's first ``n`` messages, as a conversation so far."""
-    return {
-        **body,
-        "messages": body["messages"][:n],
-        "add_generation_prompt": False,
-        "continue_final_message": False,
-    }
+def _other_fields(body: dict[str, Any], own: Iterable[str]) -> bytes:
+    """The JSON of a body's fields but its ``own``, keys sorted: what the key of each of its
+    parts starts from."""
+    return orjson.dumps(
+        {k: v for k, v in body.items() if k not in own}, option=orjson.OPT_SORT_KEYS
+    )
 
 
 def kept(ids: list[int]) -> int:

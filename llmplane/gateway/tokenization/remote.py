@@ -1,13 +1,11 @@
 """Token ids from the engine itself (vLLM's ``POST /tokenize``), for models whose files the
 gateway does not have (a remote Endpoint, a pod on another node).
 
-The answer for one request text is cached (an LRU keyed by a hash of the /tokenize body, or
-by the caller's key for a request's leading part, ``prefix.py``; bounded in entries and in
-ids), so a conversation's repeated prefix, a retried request or a burst of the same prompt
-costs one round trip; concurrent asks for the same text share it. Every
-ask has a timeout and a bound on the answer's size; whatever goes wrong, the answer is ``None``
-("no token ids": the precise prefix scorer then contributes nothing), never an error to the
-client.
+The answer for one request text is cached (keyed by a hash of the /tokenize body, or by the
+caller's key for a request's leading part, ``prefix.py``), so a retried request or a burst of
+the same prompt costs one round trip; concurrent asks for the same text share it. Every ask has
+a timeout and a bound on the answer's size; whatever goes wrong, the answer is ``None`` ("no
+token ids": the precise prefix scorer then contributes nothing), never an error to the client.
 """
 
 from __future__ import annotations
@@ -15,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from typing import Any
 
 import aiohttp
 import orjson
 from xxhash import xxh3_128_digest
+
+from llmplane.gateway.tokenization.lru import LRU
+from llmplane.gateway.tokenization.model import one_prompt
 
 log = logging.getLogger("llmplane.gateway.tokenization")
 
@@ -41,11 +41,10 @@ def tokenize_body(model: str, doc: dict[str, Any], chat: bool) -> dict[str, Any]
             return None
         fields = CHAT_FIELDS
     else:
-        prompt = doc.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            doc = {**doc, "prompt": prompt[0]}
-        elif not isinstance(prompt, str):
+        prompt = one_prompt(doc)
+        if not isinstance(prompt, str):
             return None
+        doc = {**doc, "prompt": prompt}
         fields = COMPLETION_FIELDS
     # vLLM's defaults written out, so that equal requests make equal bodies (and cache keys).
     body: dict[str, Any] = {"model": model, "add_special_tokens": not chat}
@@ -62,59 +61,35 @@ class RemoteTokenizer:
         self, timeout: float = 0.5, max_entries: int = 4096, max_ids: int = 8 << 20
     ) -> None:
         self.timeout = timeout
-        self.max_entries = max_entries
-        self.max_ids = max_ids
-        self.cache: OrderedDict[bytes, list[int]] = OrderedDict()
-        self.ids = 0
+        # Answers by key (a body's ``key``, or one the caller chose), bounded in ids too.
+        self.cache: LRU[bytes, list[int]] = LRU(max_entries, max_ids, lambda _, ids: len(ids))
         self.asks = 0  # round trips made (tests, debugging)
         self.failures = 0
-        self._pending: dict[bytes, asyncio.Future[list[int] | None]] = {}
+        self.pending: dict[bytes, asyncio.Task[list[int] | None]] = {}  # by key, on their way
         self._session: aiohttp.ClientSession | None = None
 
     @staticmethod
     def key(body: dict[str, Any]) -> bytes:
         return xxh3_128_digest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
 
-    def cached(self, body: dict[str, Any]) -> list[int] | None:
-        return self.get(self.key(body))
-
-    def get(self, key: bytes) -> list[int] | None:
-        """The cached answer under ``key`` (a body's ``key``, or one the caller chose)."""
-        ids = self.cache.get(key)
-        if ids is not None:
-            self.cache.move_to_end(key)
-        return ids
-
-    def asking(self, key: bytes) -> bool:
-        """Whether an answer under ``key`` is on its way."""
-        return key in self._pending
-
-    async def tokenize(
+    def fetch(
         self, address: str, body: dict[str, Any], key: bytes | None = None
-    ) -> list[int] | None:
-        """The ids the engine at ``address`` gives ``body``, cached under ``key`` (by default
-        the body's own); None on any failure."""
+    ) -> asyncio.Task[list[int] | None]:
+        """The round trip that caches the ids the engine at ``address`` gives ``body`` under
+        ``key`` (by default the body's own), started unless one is on its way. It runs on after
+        its askers stop waiting (``close`` cancels it); None on any failure."""
         key = self.key(body) if key is None else key
-        ids = self.cache.get(key)
+        task = self.pending.get(key)
+        if task is None:
+            task = self.pending[key] = asyncio.ensure_future(self._answer(key, address, body))
+            task.add_done_callback(lambda _: self.pending.pop(key, None))
+        return task
+
+    async def _answer(self, key: bytes, address: str, body: dict[str, Any]) -> list[int] | None:
+        ids = await self.ask(address, body)
         if ids is not None:
-            self.cache.move_to_end(key)
-            return ids
-        pending = self._pending.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        self._pending[key] = future
-        try:
-            ids = await self.ask(address, body)
-            if ids is not None:
-                self._store(key, ids)
-            future.set_result(ids)
-            return ids
-        except BaseException:
-            future.set_result(None)
-            raise
-        finally:
-            del self._pending[key]
+            self.cache.put(key, ids)
+        return ids
 
     async def ask(self, address: str, body: dict[str, Any]) -> list[int] | None:
         """One /tokenize round trip, uncached."""
@@ -138,21 +113,16 @@ class RemoteTokenizer:
             log.debug("tokenize at %s failed: %s", address, err)
             return None
 
-    def _store(self, key: bytes, ids: list[int]) -> None:
-        if len(ids) > self.max_ids // 4:
-            return
-        self.cache[key] = ids
-        self.ids += len(ids)
-        while len(self.cache) > self.max_entries or self.ids > self.max_ids:
-            _, old = self.cache.popitem(last=False)
-            self.ids -= len(old)
-
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         return self._session
 
     async def close(self) -> None:
+        tasks = list(self.pending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await self._session.close()

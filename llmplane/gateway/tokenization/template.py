@@ -1,16 +1,10 @@
-"""A model's chat template, rendered as transformers' ``apply_chat_template`` renders it, with
-bounds.
-
-The template comes from the model's files, which the gateway does not trust: it runs in jinja2's
-``ImmutableSandboxedEnvironment`` (no ``__class__`` or other private attributes, no mutation of
-the request's lists and dicts), with transformers' settings (``trim_blocks``, ``lstrip_blocks``,
-loop controls, the ``{% generation %}`` tag, its ``tojson``, ``raise_exception`` and
-``strftime_now``), so the text is the engine's to the byte. On top of the sandbox, one render
-has a budget: loop iterations and calls (``MAX_STEPS``), characters produced by operators,
-filters and calls (``MAX_WORK``), the size of any one value (``MAX_VALUE``) and of the output
-(``MAX_OUTPUT``); ``*``, ``+``, ``%``, ``~`` and the filters whose result can explode check the
-size before they build it. Past a bound the render fails with ``TemplateRefused``: the gateway
-then has no token ids for the request, and the request goes on unharmed.
+"""A model's chat template, rendered as transformers' ``apply_chat_template`` renders it (its
+settings, ``{% generation %}``, ``tojson``, ``raise_exception``, ``strftime_now``), so the text
+is the engine's to the byte; with bounds, because the template comes from the model's files,
+which the gateway does not trust. It runs in jinja2's ``ImmutableSandboxedEnvironment``, and one
+render has a budget (the ``MAX_`` constants); ``*``, ``+``, ``%``, ``~`` and the filters whose
+result can explode check the size before they build it. Past a bound: ``TemplateRefused``, no
+token ids for the request, which goes on unharmed.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -37,16 +32,18 @@ MAX_TEMPLATE = 1 << 20  # characters of template source
 MAX_BITS = 1 << 16  # bits of an integer the template computes with * or **
 
 
-class TemplateRefused(Exception):
+class NoTokenIds(Exception):
+    """The request cannot be tokenized here as the engine would (the reason is the message)."""
+
+
+class TemplateRefused(NoTokenIds):
     """The template cannot be used (syntax, sandbox) or one render exceeded its budget."""
 
 
+@dataclass(slots=True)
 class _Budget:
-    __slots__ = ("steps", "work")
-
-    def __init__(self) -> None:
-        self.steps = MAX_STEPS
-        self.work = MAX_WORK
+    steps: int = MAX_STEPS
+    work: int = MAX_WORK
 
 
 _budget: contextvars.ContextVar[_Budget] = contextvars.ContextVar("chat_template_budget")
@@ -117,8 +114,7 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         _charge()
         if name in _SIZED_BY_ARGUMENT:
-            _check_args(args)
-            _check_args(kwargs.values())
+            _check_args((*args, *kwargs.values()))
         if name in ("join", "sum") and args and isinstance(args[0], list | tuple):
             _check_size(sum(map(_size, args[0])))
         elif name == "replace":
@@ -177,8 +173,7 @@ class _Environment(ImmutableSandboxedEnvironment):
     ) -> Any:
         _charge()
         if isinstance(getattr(__obj, "__self__", None), str | list | tuple):
-            _check_args(args)  # 'x'.ljust(n), 'x'.zfill(n), ...
-            _check_args(kwargs.values())
+            _check_args((*args, *kwargs.values()))  # 'x'.ljust(n), 'x'.zfill(n), ...
         return _checked(super().call(__context, __obj, *args, **kwargs))
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
@@ -241,6 +236,37 @@ def _environment() -> _Environment:
     return env
 
 
+def _loops_over_content(tree: nodes.Template) -> bool:
+    """vLLM's content-format detection, for the usual shapes: a template that loops over a
+    message's ``content`` gets the OpenAI form (a list of parts), others a string."""
+    message_vars = {
+        loop.target.name
+        for loop in tree.find_all(nodes.For)
+        if isinstance(loop.target, nodes.Name) and _names(loop.iter, "messages")
+    }
+    for loop in tree.find_all(nodes.For):
+        it = loop.iter
+        while isinstance(it, nodes.Filter) and it.node is not None:
+            it = it.node
+        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const):
+            key, base = it.arg.value, it.node
+        elif isinstance(it, nodes.Getattr):
+            key, base = it.attr, it.node
+        else:
+            if isinstance(it, nodes.Name) and it.name == "content":
+                return True
+            continue
+        if key == "content" and isinstance(base, nodes.Name) and base.name in message_vars:
+            return True
+    return False
+
+
+def _names(node: nodes.Node, name: str) -> bool:
+    return any(n.name == name for n in node.find_all(nodes.Name)) or (
+        isinstance(node, nodes.Name) and node.name == name
+    )
+
+
 class ChatTemplate:
     """One compiled chat template; ``render`` is transformers' render of it."""
 
@@ -251,18 +277,17 @@ class ChatTemplate:
             )
         self.source = source
         env = _environment()
-        try:
-            # The template as written (the variables it reads, its loops), and the tree the
-            # rewrite changes into the one that runs.
-            self.tree = env.parse(source)
-            self.variables = frozenset(meta.find_undeclared_variables(self.tree))
+        try:  # the template as written (its variables, its loops), and the one that runs
+            tree = env.parse(source)
+            self.variables = frozenset(meta.find_undeclared_variables(tree))
+            self.openai_content = _loops_over_content(tree)
             self.template = env.from_string(_TemplateRewrite().visit(env.parse(source)))
         except jinja2.TemplateError as err:
             raise TemplateRefused(f"the chat template does not compile: {err}") from None
 
     def render(self, **variables: Any) -> str:
-        """The rendered text; ``TemplateRefused`` past a bound, ``jinja2.TemplateError`` when the
-        template refuses the input (``raise_exception``)."""
+        """The rendered text; ``TemplateRefused`` past a bound, ``NoTokenIds`` when the template
+        refuses the input (``raise_exception``)."""
         token = _budget.set(_Budget())
         try:
             out: list[str] = []
@@ -277,9 +302,9 @@ class ChatTemplate:
             return "".join(out)
         except SecurityError as err:
             raise TemplateRefused(f"the chat template broke the sandbox's rules: {err}") from None
-        except jinja2.TemplateError:
-            raise  # raise_exception: the template refuses this input
-        except TemplateRefused:
+        except jinja2.TemplateError as err:  # raise_exception: the template refuses this input
+            raise NoTokenIds(f"the chat template refused the request: {err}") from None
+        except NoTokenIds:
             raise
         except Exception as err:  # a template that fails on this input, or recursion
             raise TemplateRefused(
