@@ -23,7 +23,7 @@ from llmplane.gateway.errors import ErrorCode, GatewayError, Overloaded
 from llmplane.gateway.flowcontrol.queue import SHEDDABLE_BAND, Level, band_of
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import RouteDecision
+from llmplane.gateway.routing import Backend
 
 
 class Admission:
@@ -62,9 +62,6 @@ class Admission:
             )
         )
 
-    def all_saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
-        return all(self.saturated(state, now) for state in candidates)
-
     def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
         """The candidates below the configured caps, so that the scheduler does not send past
         a cap while another endpoint has room (a prefix held there outweighs the load
@@ -72,12 +69,11 @@ class Admission:
         return [state for state in candidates if not self._capped(state)] or candidates
 
     def admit(
-        self, model: str, decision: RouteDecision, now: float, level: Level, shed: bool = True
+        self, model: str, backend: Backend, now: float, level: Level, shed: bool
     ) -> Sequence[EndpointState]:
         """The candidates to schedule over, or the GatewayError to answer with (a Sheddable
         request, or one of a negative priority, over saturated candidates only when
         ``shed``)."""
-        backend = decision.backend
         if not backend.candidates:
             raise GatewayError(
                 503,
@@ -85,7 +81,11 @@ class Admission:
                 ErrorCode.NO_READY_ENDPOINT,
             )
         candidates = self.outliers.available(backend.candidates, now)
-        if shed and band_of(level) >= SHEDDABLE_BAND and self.all_saturated(candidates, now):
+        if (
+            shed
+            and band_of(level) >= SHEDDABLE_BAND
+            and all(self.saturated(state, now) for state in candidates)
+        ):
             raise Overloaded(
                 429,
                 f"model {model!r} is overloaded: every endpoint is saturated and this "

@@ -155,7 +155,7 @@ class Gateway:
         self.admission = Admission(self.config, self.outliers)
         c = self.config
         self.flow = FlowControl(
-            self.admission.all_saturated,
+            self.admission,
             enabled=c.flow_control,
             ttl=c.flow_control_ttl,
             limits=Limits(
@@ -166,7 +166,7 @@ class Gateway:
             ),
             retry_after=c.shed_retry_after,
             reserve=c.flow_control_reserve,
-            saturated_by=self.admission.saturated,
+            peers=seat.waker if seat is not None else None,
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
@@ -502,35 +502,12 @@ class Gateway:
         every one saturated: wait in flow control, or 429 for Sheddable with it off), with a
         declared LoRA adapter loaded first where no replica holds it yet; and
         ``ctx.scheduling``, what the scheduler's plugins read."""
-        inference, decision = ctx.inference, ctx.decision
+        inference, decision, tenant = ctx.inference, ctx.decision, ctx.tenant
         assert inference is not None and decision is not None
-        flow, level, tenant = self.flow, ctx.level, ctx.tenant
         name, weight = (tenant.name, tenant.weight) if tenant is not None else (None, 1)
-        key = decision.backend.ref
-        now = time.monotonic()
-        candidates = self.admission.admit(
-            inference.model, decision, now, level, shed=not flow.enabled
+        candidates, ctx.seat, ctx.waited, now = await self.flow.admit(
+            inference.model, decision.backend, ctx.level, name, weight, len(inference.body)
         )
-        waits = flow.enabled and flow.needed(key, candidates, now)
-        if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
-            waits = not flow.reserved(key, candidates, level, name, weight, now)
-        if waits:
-            waker = self.seat.waker if self.seat is not None else None
-            if waker is not None:
-                waker.waiting(1)  # the other workers' completions wake it too
-            try:
-                ctx.waited = await flow.wait(
-                    key, candidates, level, name, weight, len(inference.body)
-                )
-            finally:
-                if waker is not None:
-                    waker.waiting(-1)
-            # Ejections may have changed while it waited.
-            now = time.monotonic()
-            candidates = self.admission.admit(inference.model, decision, now, level, shed=False)
-        if flow.counts(candidates):  # a reserve, or engines that order by priority
-            ctx.seat = flow.seat(key, name, weight)
-            candidates = flow.room(candidates, now)
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
@@ -610,12 +587,8 @@ class Gateway:
     def settle(self, ctx: RequestContext) -> None:
         """Give the flow-control seat back, and settle each hook's reservation on the usage
         the engine reported (``ctx.usage``)."""
-        if ctx.seat is not None:
-            self.flow.release(ctx.seat)
-            ctx.seat = None
-        self.flow.pump()  # a slot may have freed
-        if self.seat is not None:  # for the other workers' waiting requests too
-            self.seat.waker.wake_peers()
+        self.flow.done(ctx.seat)
+        ctx.seat = None
         for hook, reservation in ctx.reservations:
             try:
                 hook.settle(ctx, reservation, ctx.usage)

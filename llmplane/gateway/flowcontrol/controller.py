@@ -1,10 +1,11 @@
 """Flow control in the gateway: requests wait here while every candidate is saturated
 (docs/gateway.md, "Flow control").
 
-``needed`` is the fast path's question (nothing waits for this backend and one of its
-candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
-``FlowQueue`` until it is dispatched, or raises the 429 (TTL, band full, evicted); a client
-that goes away cancels its task and the waiter leaves the queue.
+``admit`` is the gateway's one call: when nothing waits for the backend and one of its
+candidates has room, the request goes on at once; otherwise ``wait`` queues it in its
+backend's ``FlowQueue`` until it is dispatched, or raises the 429 (TTL, band full, evicted);
+a client that goes away cancels its task and the waiter leaves the queue. ``done`` gives its
+seat back when it has ended.
 
 Dispatch (``pump``) runs when a request finishes, an endpoint was scraped and when the
 endpoint list changes. Capacity can also free without an event this process sees (another
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -43,6 +45,9 @@ from llmplane.gateway.flowcontrol.queue import (
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
 
+if TYPE_CHECKING:
+    from llmplane.gateway.routing import Backend
+
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 ANONYMOUS = ""  # the flow of requests without a tenant (authentication off)
 
@@ -52,9 +57,24 @@ def flow_of(tenant: str | None) -> str:
     return tenant if tenant is not None else ANONYMOUS
 
 
-Saturated = Callable[[Sequence[EndpointState], float], bool]
-# Whether one endpoint is saturated with ``extra`` more allowed past each limit.
-SaturatedBy = Callable[[EndpointState, float, int], bool]
+class Admission(Protocol):
+    """What flow control asks of the saturation rule (``gateway/admission.py``)."""
+
+    def admit(
+        self, model: str, backend: Backend, now: float, level: Level, shed: bool
+    ) -> Sequence[EndpointState]:
+        """The backend's candidates a request may use now (503 none; 429 shed when ``shed``)."""
+
+    def saturated(self, state: EndpointState, now: float, extra: int = 0) -> bool:
+        """Whether ``state`` is saturated with ``extra`` more allowed past each count limit."""
+
+
+class Peers(Protocol):
+    """The other worker processes' flow control (``workers/wake.py``'s ``Waker``)."""
+
+    def waiting(self, n: int) -> None: ...
+
+    def wake_peers(self) -> None: ...
 
 
 def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
@@ -124,22 +144,22 @@ class FlowControl:
 
     def __init__(
         self,
-        saturated: Saturated,
+        admission: Admission,
         *,
         enabled: bool = True,
         ttl: float = 30.0,
         limits: Limits | None = None,
         retry_after: float = 1.0,
         reserve: int = 0,
-        saturated_by: SaturatedBy | None = None,
         recheck: float = 0.05,
+        peers: Peers | None = None,
     ) -> None:
-        self.saturated = saturated  # every one of these endpoints is saturated now
+        self.admission = admission
         self.enabled = enabled
         # Per endpoint, requests of under-share flows allowed past the rule (0: no reserve;
-        # needs ``saturated_by``; nothing with flow control off).
-        self.reserve = reserve if enabled and saturated_by is not None else 0
-        self.saturated_by = saturated_by
+        # nothing with flow control off).
+        self.reserve = reserve if enabled else 0
+        self.peers = peers  # one of several workers: they wake each other
         # Dispatches and seats per backend and flow (counted with a reserve or priority
         # engines); the slot-hog guard's slack is the reserve (at least one).
         self.shares = Shares(slack=max(1, self.reserve))
@@ -152,12 +172,55 @@ class FlowControl:
         self.metrics = FlowMetrics(self.queues)
         self.collector = self.metrics  # the queue gauge
 
-    def needed(self, key: str, candidates: Sequence[EndpointState], now: float) -> bool:
-        """Whether a request for backend ``key`` must wait: others wait already, or every
-        candidate is saturated."""
-        return key in self.queues or self.saturated(candidates, now)
+    async def admit(
+        self, model: str, backend: Backend, level: Level, tenant: str | None, weight: int, size: int
+    ) -> tuple[Sequence[EndpointState], FlowSeat | None, float | None, float]:
+        """Admit a request for ``backend``, waiting while it must: (the candidates it may go
+        to, its seat for ``done`` or None when not counted, the seconds it waited or None,
+        when it was admitted). GatewayError when refused (503 none ready, 429)."""
+        key, admission = backend.ref, self.admission
+        now = time.monotonic()
+        candidates = admission.admit(model, backend, now, level, not self.enabled)
+        waited = None
+        if (
+            self.enabled
+            and (key in self.queues or self._saturated(candidates, now))
+            and not self._reserved(key, candidates, level, tenant, weight, now)
+        ):
+            if self.peers is not None:
+                self.peers.waiting(1)  # the other workers' completions wake it too
+            try:
+                waited = await self.wait(key, candidates, level, tenant, weight, size)
+            finally:
+                if self.peers is not None:
+                    self.peers.waiting(-1)
+            now = time.monotonic()  # ejections may have changed while it waited
+            candidates = admission.admit(model, backend, now, level, False)
+        # Counted for its flow's fair share with a reserve, or when an engine orders its queue
+        # by priority (``priority.py`` ranks a request by its share).
+        if self.reserve or (
+            self.enabled and any(state.endpoint.priority_scheduling for state in candidates)
+        ):
+            flow = flow_of(tenant)
+            under = self.shares.under(key, flow, weight, self.queues.get(key))
+            seat = self.shares.take(key, flow, weight, under)
+            return self._room(candidates, now), seat, waited, now
+        return candidates, None, waited, now
 
-    def reserved(
+    def done(self, seat: FlowSeat | None) -> None:
+        """A request ended: its seat back, and the slot it may have freed to the waiters here
+        and in the other workers."""
+        if seat is not None:
+            self.shares.release(seat)
+        self.pump()
+        if self.peers is not None:
+            self.peers.wake_peers()
+
+    def _saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        saturated = self.admission.saturated
+        return all(saturated(state, now) for state in candidates)
+
+    def _reserved(
         self,
         key: str,
         candidates: Sequence[EndpointState],
@@ -166,13 +229,13 @@ class FlowControl:
         weight: int,
         now: float,
     ) -> bool:
-        """With a reserve: whether this request may go now past the saturation rule (not
-        Sheddable, its flow under its fair share, an endpoint with room within the reserve);
-        ``room`` then narrows its candidates."""
+        """Whether this request may go now past the saturation rule (a reserve, not
+        Sheddable, its flow under its fair share, an endpoint with room within the reserve)."""
+        if not self.reserve:
+            return False
         band, flow = band_of(level), flow_of(tenant)
         if (
-            not self.reserve
-            or band >= SHEDDABLE_BAND
+            band >= SHEDDABLE_BAND
             or not self.shares.under(key, flow, weight, self.queues.get(key))
             or not self._with_room(candidates, now, self.reserve)
         ):
@@ -184,11 +247,10 @@ class FlowControl:
         self, candidates: Sequence[EndpointState], now: float, extra: int
     ) -> list[EndpointState]:
         """The candidates with room for ``extra`` more requests past the saturation rule."""
-        saturated_by = self.saturated_by
-        assert saturated_by is not None
-        return [state for state in candidates if not saturated_by(state, now, extra)]
+        saturated = self.admission.saturated
+        return [state for state in candidates if not saturated(state, now, extra)]
 
-    def room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
+    def _room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
         """With a reserve, the candidates an admitted request should go to: those below the
         saturation rule, else those within the reserve (it was let through by the reserve),
         else all."""
@@ -199,24 +261,6 @@ class FlowControl:
             return room
         room = self._with_room(candidates, now, self.reserve)
         return soonest(room) if room else candidates
-
-    def counts(self, candidates: Sequence[EndpointState]) -> bool:
-        """Whether requests to these candidates are counted for their flow's fair share: with
-        a reserve, or when one of them orders its queue by priority (``priority.py`` ranks
-        a request by its share); never with flow control off."""
-        return bool(self.reserve) or (
-            self.enabled and any(state.endpoint.priority_scheduling for state in candidates)
-        )
-
-    def seat(self, key: str, tenant: str | None, weight: int) -> FlowSeat:
-        """Count a request that passed admission for its flow until ``release``, noting
-        whether its flow was under its fair share before it."""
-        flow = flow_of(tenant)
-        under = self.shares.under(key, flow, weight, self.queues.get(key))
-        return self.shares.take(key, flow, weight, under)
-
-    def release(self, seat: FlowSeat) -> None:
-        self.shares.release(seat)
 
     async def wait(
         self,
@@ -284,7 +328,7 @@ class FlowControl:
         if queue.granted or not queue.count:
             return
         now = time.monotonic()
-        if not self.saturated(queue.candidates, now):
+        if not self._saturated(queue.candidates, now):
             waiter = queue.pop()
         elif self.reserve and self._with_room(queue.candidates, now, self.reserve):
             waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter
