@@ -174,7 +174,7 @@ class Gateway:
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config, wake=wake)
         self.metrics.add(self.activator.metrics.all())
-        self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
+        self.metrics.registry.register(self.activator.metrics)  # type: ignore[arg-type]
         self.proxy = Proxy(
             self.config,
             self.outliers,
