@@ -169,7 +169,7 @@ class Gateway:
             peers=seat.waker if seat is not None else None,
         )
         self.metrics.add(self.flow.metrics.all())
-        self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
+        self.metrics.registry.register(self.flow.metrics)  # type: ignore[arg-type]
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config, wake=wake)
@@ -190,9 +190,8 @@ class Gateway:
         )
         # Rate limits (ModelRoute and Tenant rateLimit) run as the first request hook, then
         # the tenants' usage counters (what a rate limit refused is not usage).
-        self.ratelimiter = RateLimiter(
-            self.config, self.metrics.registry, make_bucket=seat.bucket if seat else None
-        )
+        self.ratelimiter = RateLimiter(self.config, make_bucket=seat.bucket if seat else None)
+        self.metrics.add(self.ratelimiter.metrics())
         self.usage = TenantUsage(
             usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
         )

@@ -169,8 +169,7 @@ class FlowControl:
         self.recheck = recheck  # seconds between re-checks while anything waits (0: none)
         self._rechecking: asyncio.TimerHandle | None = None
         self.queues: dict[str, FlowQueue] = {}  # by backend; only while something waits
-        self.metrics = FlowMetrics(self.queues)
-        self.collector = self.metrics  # the queue gauge
+        self.metrics = FlowMetrics(self.queues)  # and the queue gauge
 
     async def admit(
         self, model: str, backend: Backend, level: Level, tenant: str | None, weight: int, size: int
