@@ -202,6 +202,8 @@ class Gateway:
         self.kv.add_tokens(ModelTokens(self.tokenization))  # before the sim's own
         self.metrics.add(self.tokenization.metrics())
         self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
+        # The autoscaler's signals (this process's and, as one of several workers, its peers').
+        self.signals = GatewaySignals(self.view, seat.metrics if seat is not None else None)
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -244,7 +246,7 @@ class Gateway:
         if self.seat is not None:
             self.seat.handlers.setdefault(b"handover", self._handover_asked)
             await self.seat.metrics.start(
-                self.metrics.render, GatewaySignals(self).parts, self.seat.handlers
+                self.metrics.render, self.signals.parts, self.seat.handlers
             )
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
@@ -684,7 +686,7 @@ class Gateway:
         if refusal is not None:
             return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response()
         peers = await self.seat.metrics.signals() if self.seat is not None else []
-        body = orjson.dumps(GatewaySignals(self).snapshot(peers))
+        body = orjson.dumps(self.signals.snapshot(peers))
         return Response(body=body, content_type="application/json")
 
     async def not_found(self, request: HttpRequest) -> Response:
