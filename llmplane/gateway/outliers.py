@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.observability import Counter
 from llmplane.gateway.registry import EndpointState
 from llmplane.shortage import ShortageLog
 
@@ -28,11 +29,9 @@ log = logging.getLogger("llmplane.gateway")
 
 
 class Outliers:
-    def __init__(
-        self, config: GatewayConfig, on_eject: Callable[[EndpointState], None] | None = None
-    ) -> None:
+    def __init__(self, config: GatewayConfig, ejections: Counter | None = None) -> None:
         self.config = config
-        self.on_eject = on_eject
+        self.ejections = ejections  # by endpoint address
         self.shortage = ShortageLog(
             log,
             "the gateway ran out of its own resources connecting to a replica (%s): such "
@@ -80,8 +79,8 @@ class Outliers:
                 cooldown,
                 state.ejections,
             )
-            if self.on_eject is not None:
-                self.on_eject(state)
+            if self.ejections is not None:
+                self.ejections.labels(state.address).inc()
 
     def available(self, candidates: Sequence[EndpointState], now: float) -> list[EndpointState]:
         """Candidates not ejected (readmitting those whose cool-down is over and that look

@@ -130,28 +130,7 @@ class Gateway:
         self.kv = PreciseRouting(
             self.scheduler, subscriber, tokens, self.metrics.registry, not self.config.scheduler
         )
-        self.scrape_follower = (
-            seat.share_scrapes(
-                self.config,
-                lambda: self.registry.states.values(),
-                self._capacity_changed,
-                self._rebuild,
-            )
-            if seat is not None
-            else None
-        )
-        self.scraper = Scraper(
-            self.config,
-            on_models_changed=self._rebuild,
-            on_scraped=self._capacity_changed,  # fresh load: flow control may dispatch
-            upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
-            sharing=self.scrape_follower,
-        )
-        self.adapters = Adapters(self.scraper.client)
-        self.outliers = Outliers(
-            self.config,
-            on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
-        )
+        self.outliers = Outliers(self.config, self.metrics.ejections)
         self.admission = Admission(self.config, self.outliers)
         c = self.config
         self.flow = FlowControl(
@@ -170,6 +149,24 @@ class Gateway:
         )
         self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.metrics)  # type: ignore[arg-type]
+        self.scrape_follower = (
+            seat.share_scrapes(
+                self.config,
+                lambda: self.registry.states.values(),
+                self.flow.pump,
+                self._rebuild,
+            )
+            if seat is not None
+            else None
+        )
+        self.scraper = Scraper(
+            self.config,
+            on_models_changed=self._rebuild,
+            on_scraped=self.flow.pump,  # fresh load: flow control may dispatch
+            upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
+            sharing=self.scrape_follower,
+        )
+        self.adapters = Adapters(self.scraper.client)
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config, wake=wake)
@@ -378,18 +375,13 @@ class Gateway:
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
         self.activator.release(self.table.activatable.__contains__)
-        self._capacity_changed()
+        self.flow.pump()  # new endpoints: requests waiting in flow control may go
 
     def prefilled(self) -> None:
         """A stream's first chunk arrived (its endpoint's prefill is over): with
         ``saturation_max_prefilling``, requests waiting in flow control may go."""
         if self.config.saturation_max_prefilling:
-            self._capacity_changed()
-
-    def _capacity_changed(self) -> None:
-        """A request finished, an endpoint was scraped or the endpoints changed: requests
-        waiting in flow control may go."""
-        self.flow.pump()
+            self.flow.pump()
 
     # --- request path -----------------------------------------------------------------------------
 
