@@ -1,19 +1,13 @@
-"""The activator: requests for a model with no ready replica wait here instead of failing.
+"""The activator: requests for a model with no ready replica wait here instead of failing
+(docs/gateway.md; the settings ``activator*``).
 
-A Playground's model that has no ready endpoint (scaled to zero, starting, replicas not
-ready) is *activatable* in the routing table. A request for it is held in a per-model FIFO
-queue (a flow-control ``Band`` of one flow) bounded by count and bytes (``activator_max_queue``,
-``activator_max_queue_bytes``), and ``wake(workload)`` is called at once so the autoscaler
-scales from zero without waiting for its next pass. When the routing table changes and the
-model is no longer activatable (a replica became ready, or the Playground is gone or failing)
-the held requests are released in arrival order and resolve again. Past
-``activator_hold_timeout`` seconds a held request gets a 503 with ``Retry-After``; a client
-that disconnects is cancelled and leaves the queue. A model whose engine the runtime reports
-failing (``CrashLoopBackOff``, a failed startup or liveness probe, engine not installed) is not
-held: its 503 says why at once.
-
-Only the error path of routing reaches this module: a request with a ready replica never
-touches it.
+A Playground's model without a ready endpoint (scaled to zero, starting) is *activatable* in
+the routing table. Its requests are held in a per-model FIFO (a flow-control ``Band`` of one
+flow) bounded by count and bytes, and ``wake(workload)`` is called at once so the autoscaler
+scales from zero without waiting for its next pass. A routing table in which the model is no
+longer activatable (a replica became ready, the Playground is gone or failing) releases them
+in arrival order to resolve again; past the hold timeout a held request gets a 503 with
+``Retry-After``. Only the error path of routing reaches this module.
 """
 
 from __future__ import annotations

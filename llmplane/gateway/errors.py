@@ -8,14 +8,7 @@ from enum import StrEnum
 
 from llmplane.gateway.http_server import Response, error_body
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    403: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
+_TYPES = dict.fromkeys((400, 401, 403, 404, 405, 413, 415), "invalid_request_error") | {
     429: "rate_limit_error",
     500: "server_error",
     502: "upstream_error",

@@ -1,12 +1,5 @@
-"""The gateway: an OpenAI-compatible HTTP server that routes each request to the best replica.
-
-A request (``Gateway.handle``, one ``RequestContext`` carried through) goes: read the body
-(413 over the limit) -> parse it once (400) -> resolve the route against the current routing
-table (404 / 503) -> request hooks reserve (rate limits) -> admission (Sheddable traffic gets
-429 when every candidate is saturated) -> scheduler (filters, weighted scorers, picker: an
-ordered fallback list) -> proxy (``proxy.py``; prefill/decode pairs in ``pd.py``) with timeout
-and retries on the next endpoint while nothing has reached the client, relaying the upstream
-bytes untouched while reading usage -> hooks settle, metrics, one access-log line.
+"""The gateway: an OpenAI-compatible HTTP server that routes each request to the best replica
+(docs/gateway.md). ``Gateway.handle`` reads one request's stages top to bottom.
 
 The routing table is immutable and rebuilt whenever a routing object in the store or the
 endpoint list changes; the reference is swapped atomically, so in-flight requests finish on
@@ -663,10 +656,14 @@ class Gateway:
     async def health(self, request: HttpRequest) -> Response:
         return Response(body=b'{"status":"ok"}', content_type="application/json")
 
-    async def prometheus(self, request: HttpRequest) -> Response:
+    def _not_admin(self, request: HttpRequest) -> Response | None:
+        """The 401 for a request to an admin path without the admin key, if configured."""
         refusal = self.auth.admin_refusal(request.headers)
-        if refusal is not None:
-            return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response()
+        return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response() if refusal else None
+
+    async def prometheus(self, request: HttpRequest) -> Response:
+        if refused := self._not_admin(request):
+            return refused
         body = self.metrics.render()
         if self.seat is not None:
             body = await self.seat.metrics.aggregate(body)
@@ -674,9 +671,8 @@ class Gateway:
 
     async def autoscaling_signals(self, request: HttpRequest) -> Response:
         """Per-workload load for the in-cluster autoscaler (``gateway/signals.py``)."""
-        refusal = self.auth.admin_refusal(request.headers)
-        if refusal is not None:
-            return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response()
+        if refused := self._not_admin(request):
+            return refused
         peers = await self.seat.metrics.signals() if self.seat is not None else []
         body = orjson.dumps(self.signals.snapshot(peers))
         return Response(body=body, content_type="application/json")
