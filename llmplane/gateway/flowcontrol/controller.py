@@ -1,24 +1,13 @@
 """Flow control in the gateway: requests wait here while every candidate is saturated
-(docs/gateway.md, "Flow control").
+(docs/gateway.md, "Flow control": bands, fairness, bounds, TTL, dispatch, the reserve).
 
-``admit`` is the gateway's one call: when nothing waits for the backend and one of its
-candidates has room, the request goes on at once; otherwise ``wait`` queues it in its
-backend's ``FlowQueue`` until it is dispatched, or raises the 429 (TTL, band full, evicted);
-a client that goes away cancels its task and the waiter leaves the queue. ``done`` gives its
-seat back when it has ended.
-
-Dispatch (``pump``) runs when a request finishes, an endpoint was scraped and when the
-endpoint list changes. Capacity can also free without an event this process sees (another
-worker's requests finishing, a dead worker's counts released), so while anything waits a
-re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL while an endpoint has
-room. One waiter per backend is dispatched at a time, the next only once the dispatched
-request has taken its endpoint (the saturation rule sees its in-flight count), so a burst of
-completions never releases more requests than there is room for.
-
-With a reserve (``fairshare.py``) a request of a flow under its fair share goes past the
-saturation rule, to where it starts soonest (``soonest``), not to the scheduler's usual pick:
-what it waits for there is the engine's step. State is per gateway process (each worker keeps
-its own queues over the load it sees on the shared engines).
+``admit`` is the gateway's one call (go on at once, or wait in the backend's ``FlowQueue``
+until dispatched, or the 429) and ``done`` gives a request's seat back. One waiter per
+backend is dispatched at a time, the next only once the dispatched request has taken its
+endpoint (the saturation rule sees its in-flight count): a burst of completions never
+releases more requests than there is room for. A reserved request goes where it starts
+soonest (``soonest``), not to the scheduler's usual pick: what it waits for there is the
+engine's step. State is per gateway process (each worker keeps its own queues).
 """
 
 from __future__ import annotations
@@ -314,7 +303,8 @@ class FlowControl:
             self._pump(key, queue)
 
     def _recheck(self) -> None:
-        """The periodic re-check while anything waits (see the module docstring)."""
+        """While anything waits: capacity can free without an event this process sees
+        (another worker's requests finishing, a dead worker's counts released)."""
         self._rechecking = None
         if not self.queues:
             return
