@@ -233,6 +233,16 @@ async def test_requests_wait_until_room_and_go_by_band_one_slot_at_a_time() -> N
     assert (await fc.admit("m", BACKEND, "Default", "t", 1, 10))[2] is None
 
 
+async def test_an_arrival_queues_behind_those_waiting_even_with_room() -> None:
+    room = Room()
+    fc = flow_control(room)
+    first = asyncio.create_task(fc.admit("m", BACKEND, "Default", "t", 1, 10))
+    await wait_until(lambda: fc.waiting() == 1)
+    room.slots = 1  # room, and nothing pumped yet: the newcomer still goes behind the first
+    second = await fc.admit("m", BACKEND, "Default", "t", 1, 10)
+    assert first.done() and second[2] is not None  # it went through the queue, after it
+
+
 async def wait_until(condition, turns: int = 100) -> None:
     for _ in range(turns):
         if condition():
