@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -38,7 +39,7 @@ class _Held(Band):
 
 class ActivatorMetrics:
     """The activator's metrics, and ``llmplane_gateway_activator_queue`` (requests held now
-    in ``queues``, per model)."""
+    in ``queues``, per model): one collector for the gateway's registry."""
 
     def __init__(self, queues: dict[str, _Held]) -> None:
         self.queues = queues
@@ -65,10 +66,7 @@ class ActivatorMetrics:
             buckets=COLD_START_BUCKETS,
         )
 
-    def all(self) -> list[Counter | Histogram]:
-        return [self.held, self.refused, self.cold_start, self.hold]
-
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[Any]:
         family = GaugeMetricFamily(
             "llmplane_gateway_activator_queue",
             "Requests held now for a model without a ready replica",
@@ -76,7 +74,9 @@ class ActivatorMetrics:
         )
         for model, queue in list(self.queues.items()):
             family.add_metric([model], queue.count)
-        return [family]
+        return [m.collect() for m in (self.held, self.refused, self.cold_start, self.hold)] + [
+            family
+        ]
 
 
 class Activator:

@@ -140,7 +140,6 @@ class Gateway:
             reserve=c.flow_control_reserve,
             peers=seat.waker if seat is not None else None,
         )
-        self.metrics.add(self.flow.metrics.all())
         self.metrics.registry.register(self.flow.metrics)  # type: ignore[arg-type]
         self.scrape_follower = (
             seat.share_scrapes(
@@ -163,7 +162,6 @@ class Gateway:
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config, wake=wake)
-        self.metrics.add(self.activator.metrics.all())
         self.metrics.registry.register(self.activator.metrics)  # type: ignore[arg-type]
         self.proxy = Proxy(
             self.config,

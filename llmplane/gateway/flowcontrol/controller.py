@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -83,7 +83,7 @@ def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
 
 class FlowMetrics:
     """Flow control's metrics, and ``llmplane_gateway_flow_queue{band,tenant}`` (requests
-    waiting now in ``queues``). Label values: band names and tenant names from the tenant table
+    waiting now in ``queues``): one collector for the gateway's registry. Label values: band names and tenant names from the tenant table
     (never client text)."""
 
     def __init__(self, queues: dict[str, FlowQueue]) -> None:
@@ -110,10 +110,7 @@ class FlowMetrics:
             ["band", "tenant"],
         )
 
-    def all(self) -> list[Counter | Histogram]:
-        return [self.wait, self.refused, self.left, self.reserved]
-
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[Any]:
         family = GaugeMetricFamily(
             "llmplane_gateway_flow_queue",
             "Requests waiting now in the gateway's flow-control queue",
@@ -125,7 +122,7 @@ class FlowMetrics:
                 totals[key] = totals.get(key, 0) + n
         for (band, tenant), n in sorted(totals.items()):
             family.add_metric([band, tenant], n)
-        return [family]
+        return [m.collect() for m in (self.wait, self.refused, self.left, self.reserved)] + [family]
 
 
 class FlowControl:
