@@ -1,17 +1,10 @@
-"""Admission: which candidates a request may use now, and whether it is shed.
+"""Admission: which candidates a request may use now, and whether it is shed (the rules:
+docs/gateway.md, "Admission and flow control").
 
-A backend without candidates is a 503. Ejected replicas are left out (failing open when all
-are). Every remaining candidate *saturated* means: its queue or KV use above the configured
-limits (as last scraped, moved by what this gateway sent or saw finish since), its metrics
-stale, or (engines without load metrics, or whose metrics cannot be read now) more than
-``saturation_inflight`` requests in flight from this gateway; or, when configured,
-``saturation_max_inflight`` requests in flight whatever the metrics say (a cap that keeps
-room in the engine: what it is sent starts at once instead of waiting in its queue); or, when
-configured, ``saturation_max_prefilling`` streams sent that have not yet answered their
-first chunk (prefills under way: one more in the same engine step would slow each of them
-down). Then, with flow control on, the request waits in the gateway (``gateway/flowcontrol/``);
-with it off, a ``Sheddable`` request (the route's criticality, else its tenant's) or one whose
-InferenceObjective has a negative priority gets a 429 with ``Retry-After``.
+A backend without candidates is a 503; ejected replicas are left out (failing open when all
+are). With every remaining candidate saturated the request waits in flow control
+(``gateway/flowcontrol/``) or, with it off, a Sheddable one (or of a negative priority) gets
+a 429 with ``Retry-After``.
 """
 
 from __future__ import annotations

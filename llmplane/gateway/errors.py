@@ -104,6 +104,16 @@ def missing_model() -> GatewayError:
     )
 
 
+def too_large(limit: int, length: int | None = None) -> GatewayError:
+    """413: a request body over the gateway's limit (``maxBodyBytes``)."""
+    size = f" ({length} bytes)" if length is not None else ""
+    return GatewayError(
+        413,
+        f"the request body{size} is over the limit of {limit} bytes",
+        ErrorCode.REQUEST_TOO_LARGE,
+    )
+
+
 class NotReady(GatewayError):
     """503: the model exists but has no ready replica (yet: the activator may hold it)."""
 

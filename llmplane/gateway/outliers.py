@@ -1,13 +1,10 @@
-"""Outlier ejection: replicas that fail repeatedly are skipped for a cool-down.
+"""Outlier ejection: replicas that fail repeatedly are skipped for a cool-down (the rules:
+docs/gateway.md, "Retries, timeouts, ejection").
 
-A replica with ``ejection_failures`` consecutive failures (connect errors, 5xx, timeouts) is
-ejected for ``ejection_base`` seconds, doubling with each ejection up to ``ejection_max``.
-After the cool-down it is readmitted on probation once its metrics endpoint answers again (at
-once for engines without metrics); one failure on probation ejects it again, a success ends
-the probation and two in a row forgive its past ejections. Failures while it is ejected (the
-requests it had) count for nothing, nor do the gateway's own shortages (a connect that failed
-with EMFILE, ENOMEM ...: ``attempt_failed``), which are logged once per burst instead: a
-gateway out of descriptors must not eject the healthy engines it could not reach.
+Failures while a replica is ejected (the requests it had) count for nothing, nor do the
+gateway's own shortages (a connect that failed with EMFILE, ENOMEM ...: ``attempt_failed``),
+which are logged once per burst instead: a gateway out of descriptors must not eject the
+healthy engines it could not reach.
 """
 
 from __future__ import annotations

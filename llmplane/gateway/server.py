@@ -27,7 +27,14 @@ from llmplane.gateway.clip import clip
 from llmplane.gateway.config import GatewayConfig, client_connection_limit
 from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
-from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady, Overloaded
+from llmplane.gateway.errors import (
+    ErrorCode,
+    GatewayError,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    too_large,
+)
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import RequestHook, Reservation
@@ -101,9 +108,11 @@ class Gateway:
         config: GatewayConfig | None = None,
         seat: Seat | None = None,
         wake: Callable[[str], None] | None = None,
+        extensions: Sequence[Callable[[Gateway], Extension]] = (),
     ) -> None:
         """``wake(workload)``: called when a request starts waiting at the activator for a
-        Playground scaled to zero (what scales it up)."""
+        Playground scaled to zero (what scales it up); ``extensions`` made from the gateway
+        (``llmplane.console.Console``)."""
         self.config = config or GatewayConfig()
         self.store = store
         self.discovery = discovery
@@ -200,12 +209,12 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
-        self.extensions: list[Extension] = []  # the web console
         # (model, route, endpoint, status) -> the request metrics' children for it: one
         # lookup per request instead of four label lookups.
         self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
         self._tenant_series: dict[tuple[str, int], Any] = {}  # (tenant, status) -> its child
         self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
+        self.extensions = [make(self) for make in extensions]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -411,14 +420,7 @@ class Gateway:
         the limit, 400 when it is not an API request)."""
         request = ctx.request
         if request.too_large:
-            limit = self.config.max_body_bytes
-            length = request.content_length
-            size = f" ({length} bytes)" if length is not None else ""
-            raise GatewayError(
-                413,
-                f"the request body{size} is over the limit of {limit} bytes",
-                ErrorCode.REQUEST_TOO_LARGE,
-            )
+            raise too_large(self.config.max_body_bytes, request.content_length)
         ctx.inference = InferenceRequest(request.path, request.headers, body)
 
     def authenticate(self, ctx: RequestContext) -> None:
@@ -706,11 +708,9 @@ async def start_gateway(
     seat: Seat | None = None,
     wake: Callable[[str], None] | None = None,
 ) -> Gateway:
-    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
-    ``extensions`` made from it (``llmplane.console.Console``); as worker ``seat`` of several
-    on the supervisor's socket."""
-    gateway = Gateway(store, discovery, config, seat, wake)
-    gateway.extensions = [make(gateway) for make in extensions]
+    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``); as worker
+    ``seat`` of several on the supervisor's socket."""
+    gateway = Gateway(store, discovery, config, seat, wake, extensions)
     try:
         await gateway.start(host, port)
     except BaseException:
