@@ -158,7 +158,7 @@ def _stages() -> list[tuple[Any, str, str]]:
         (tenant_usage.TenantUsage, "reserve", "hooks: rate limits, tenant usage"),
         (tenant_usage.TenantUsage, "settle", "hooks: rate limits, tenant usage"),
         (admission.Admission, "admit", "admission"),
-        (controller.FlowControl, "needed", "flow control check"),
+        (controller.FlowControl, "_saturated", "flow control check"),
         (server.Gateway, "schedule", "scheduler pick"),
         (framework.Profile, "on_pick", "prefix index update (prompt text, block hashes)"),
         (proxy, "forwarded_headers", "upstream request bytes"),

@@ -145,13 +145,12 @@ class Platform:
         )
         self.port = self.gateway.port
         from llmplane.controlplane.autoscaler import Autoscaler
-        from llmplane.gateway.signals import GatewaySignals
         from llmplane.runtime.usage import ProcessSignals
 
         self.autoscaler = Autoscaler(
             self.store,
             self.runtime,
-            GatewaySignals(self.gateway),
+            self.gateway.signals,
             self.autoscaler_config,
             extra=[ProcessSignals(self.runtime)],
         )

@@ -25,7 +25,7 @@ from typing import Any
 
 from llmplane.epp import protocol
 from llmplane.gateway.context import RequestContext
-from llmplane.gateway.errors import ErrorCode, GatewayError
+from llmplane.gateway.errors import ErrorCode, GatewayError, too_large
 from llmplane.gateway.hooks import Usage
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.response_usage import StreamScanner, extract_usage
@@ -178,10 +178,7 @@ class EndpointPickerService:
     def _too_large(self, ex: _Exchange) -> Any:
         """413 for a body over the gateway's limit (Envoy streams a FULL_DUPLEX_STREAMED body
         without a limit of its own); what was read is dropped."""
-        limit = self.gateway.config.max_body_bytes
-        err = GatewayError(
-            413, f"the request body is over the limit of {limit} bytes", ErrorCode.REQUEST_TOO_LARGE
-        )
+        err = too_large(self.gateway.config.max_body_bytes)
         ex.body = []
         ex.routed = True
         if ex.ctx is not None:

@@ -1,19 +1,13 @@
-"""The activator: requests for a model with no ready replica wait here instead of failing.
+"""The activator: requests for a model with no ready replica wait here instead of failing
+(docs/gateway.md; the settings ``activator*``).
 
-A Playground's model that has no ready endpoint (scaled to zero, starting, replicas not
-ready) is *activatable* in the routing table. A request for it is
-held in a per-model FIFO queue bounded by count and bytes (``activator_max_queue``,
-``activator_max_queue_bytes``), and ``wake(workload)`` is called at once so the autoscaler
-scales from zero without waiting for its next pass. When the routing table changes and the
-model is no longer activatable (a replica became ready, or the Playground is gone or failing)
-the held requests are released in arrival order and resolve again. Past
-``activator_hold_timeout`` seconds a held request gets a 503 with ``Retry-After``; a client
-that disconnects is cancelled and leaves the queue. A model whose engine the runtime reports
-failing (``CrashLoopBackOff``, a failed startup or liveness probe, engine not installed) is not
-held: its 503 says why at once.
-
-Only the error path of routing reaches this module: a request with a ready replica never
-touches it.
+A Playground's model without a ready endpoint (scaled to zero, starting) is *activatable* in
+the routing table. Its requests are held in a per-model FIFO (a flow-control ``Band`` of one
+flow) bounded by count and bytes, and ``wake(workload)`` is called at once so the autoscaler
+scales from zero without waiting for its next pass. A routing table in which the model is no
+longer activatable (a replica became ready, the Playground is gone or failing) releases them
+in arrival order to resolve again; past the hold timeout a held request gets a 503 with
+``Retry-After``. Only the error path of routing reaches this module.
 """
 
 from __future__ import annotations
@@ -21,35 +15,34 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.errors import ErrorCode, GatewayError
+from llmplane.gateway.flowcontrol.queue import Band, Waiter
 from llmplane.gateway.observability import Counter, Histogram
 
 COLD_START_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
-@dataclass(eq=False)
-class _Waiter:
-    size: int
-    future: asyncio.Future[None]
+@dataclass(slots=True, eq=False)
+class _Held(Band):
+    """One model's held requests, in arrival order (one flow)."""
 
-
-@dataclass
-class _Queue:
-    workload: str  # the autoscaling signals count held requests per workload
-    waiters: deque[_Waiter] = field(default_factory=deque)
-    bytes: int = 0
+    workload: str = ""  # the autoscaling signals count held requests per workload
     since: float = 0.0  # monotonic time the first request of this cold start was held
 
 
 class ActivatorMetrics:
-    def __init__(self) -> None:
+    """The activator's metrics, and ``llmplane_gateway_activator_queue`` (requests held now
+    in ``queues``, per model): one collector for the gateway's registry."""
+
+    def __init__(self, queues: dict[str, _Held]) -> None:
+        self.queues = queues
         self.held = Counter(
             "llmplane_gateway_activator_held",
             "Requests held for a model without a ready replica",
@@ -73,25 +66,17 @@ class ActivatorMetrics:
             buckets=COLD_START_BUCKETS,
         )
 
-    def all(self) -> list[Counter | Histogram]:
-        return [self.held, self.refused, self.cold_start, self.hold]
-
-
-class _HeldCollector:
-    """``llmplane_gateway_activator_queue``: requests held now, per model."""
-
-    def __init__(self, activator: Activator) -> None:
-        self.activator = activator
-
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[Any]:
         family = GaugeMetricFamily(
             "llmplane_gateway_activator_queue",
             "Requests held now for a model without a ready replica",
             labels=["model"],
         )
-        for model, queue in list(self.activator.queues.items()):
-            family.add_metric([model], len(queue.waiters))
-        return [family]
+        for model, queue in list(self.queues.items()):
+            family.add_metric([model], queue.count)
+        return [m.collect() for m in (self.held, self.refused, self.cold_start, self.hold)] + [
+            family
+        ]
 
 
 class Activator:
@@ -99,23 +84,22 @@ class Activator:
 
     def __init__(self, config: GatewayConfig, wake: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.metrics = ActivatorMetrics()
-        self.queues: dict[str, _Queue] = {}
+        self.queues: dict[str, _Held] = {}
+        self.metrics = ActivatorMetrics(self.queues)
         # Called with the workload (``namespace/name``) when a request starts waiting for it:
         # what scales it from zero (the embedded autoscaler, the Kubernetes API).
         self.wake = wake
-        self.collector = _HeldCollector(self)
 
     def held(self, model: str) -> int:
         queue = self.queues.get(model)
-        return len(queue.waiters) if queue else 0
+        return queue.count if queue else 0
 
     def held_by_workload(self) -> dict[str, int]:
         """Requests held now, by workload (``namespace/name``): what the autoscaling signals
         count."""
         held: dict[str, int] = {}
         for queue in list(self.queues.values()):
-            held[queue.workload] = held.get(queue.workload, 0) + len(queue.waiters)
+            held[queue.workload] = held.get(queue.workload, 0) + queue.count
         return held
 
     async def hold(self, model: str, workload: str, size: int) -> None:
@@ -123,22 +107,19 @@ class Activator:
         c = self.config
         if c.activator_hold_timeout <= 0:
             raise self._refuse(model, "disabled", "its Playground is starting or scaled to zero")
-        queue = self.queues.get(model)
-        if queue is None:
-            queue = self.queues[model] = _Queue(workload, since=time.monotonic())
+        start = time.monotonic()
+        queue = self.queues.get(model) or _Held(workload=workload, since=start)
         full = None
-        if len(queue.waiters) >= c.activator_max_queue:
-            full = f"{len(queue.waiters)} requests"
+        if queue.count >= c.activator_max_queue:
+            full = f"{queue.count} requests"
         elif queue.bytes + size > c.activator_max_queue_bytes:
             full = f"{queue.bytes} bytes of requests"
         if full is not None:
-            self._drop_if_empty(model, queue)
             raise self._refuse(model, "queue_full", f"{full} already wait for a replica")
-        waiter = _Waiter(size, asyncio.get_running_loop().create_future())
-        queue.waiters.append(waiter)
-        queue.bytes += size
+        self.queues[model] = queue
+        waiter = Waiter(0, model, size, start, asyncio.get_running_loop().create_future())
+        queue.push(waiter, 1)
         self.metrics.held.labels(model).inc()
-        start = time.monotonic()
         if self.wake is not None:
             self.wake(workload)
         try:
@@ -152,7 +133,8 @@ class Activator:
         finally:
             if not waiter.future.done():  # timed out or the client went away
                 waiter.future.cancel()
-                self._remove(model, waiter)
+                if queue.remove(waiter) and not queue.count and self.queues.get(model) is queue:
+                    del self.queues[model]
         self.metrics.hold.labels(model).observe(time.monotonic() - start)
 
     def _refuse(self, model: str, reason: str, detail: str) -> GatewayError:
@@ -164,21 +146,6 @@ class Activator:
             retry_after=self.config.activator_retry_after,
         )
 
-    def _remove(self, model: str, waiter: _Waiter) -> None:
-        queue = self.queues.get(model)
-        if queue is None:
-            return
-        try:
-            queue.waiters.remove(waiter)
-        except ValueError:
-            return
-        queue.bytes -= waiter.size
-        self._drop_if_empty(model, queue)
-
-    def _drop_if_empty(self, model: str, queue: _Queue) -> None:
-        if not queue.waiters and self.queues.get(model) is queue:
-            del self.queues[model]
-
     def release(self, still_waiting: Callable[[str], bool]) -> None:
         """After a routing-table change: release, oldest first, every queue whose model
         ``still_waiting(model)`` says no longer needs to wait."""
@@ -188,7 +155,8 @@ class Activator:
         for model in [m for m in self.queues if not still_waiting(m)]:
             queue = self.queues.pop(model)
             self.metrics.cold_start.labels(model).observe(now - queue.since)
-            for waiter in queue.waiters:  # futures resume their awaiters in this order
+            while queue.count:  # futures resume their awaiters in this order
+                waiter = queue.pop()
                 if not waiter.future.done():
                     waiter.future.set_result(None)
 

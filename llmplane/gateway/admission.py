@@ -1,17 +1,10 @@
-"""Admission: which candidates a request may use now, and whether it is shed.
+"""Admission: which candidates a request may use now, and whether it is shed (the rules:
+docs/gateway.md, "Admission and flow control").
 
-A backend without candidates is a 503. Ejected replicas are left out (failing open when all
-are). Every remaining candidate *saturated* means: its queue or KV use above the configured
-limits (as last scraped, moved by what this gateway sent or saw finish since), its metrics
-stale, or (engines without load metrics, or whose metrics cannot be read now) more than
-``saturation_inflight`` requests in flight from this gateway; or, when configured,
-``saturation_max_inflight`` requests in flight whatever the metrics say (a cap that keeps
-room in the engine: what it is sent starts at once instead of waiting in its queue); or, when
-configured, ``saturation_max_prefilling`` streams sent that have not yet answered their
-first chunk (prefills under way: one more in the same engine step would slow each of them
-down). Then, with flow control on, the request waits in the gateway (``gateway/flowcontrol/``);
-with it off, a ``Sheddable`` request (the route's criticality, else its tenant's) or one whose
-InferenceObjective has a negative priority gets a 429 with ``Retry-After``.
+A backend without candidates is a 503; ejected replicas are left out (failing open when all
+are). With every remaining candidate saturated the request waits in flow control
+(``gateway/flowcontrol/``) or, with it off, a Sheddable one (or of a negative priority) gets
+a 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ from llmplane.gateway.errors import ErrorCode, GatewayError, Overloaded
 from llmplane.gateway.flowcontrol.queue import SHEDDABLE_BAND, Level, band_of
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import RouteDecision
+from llmplane.gateway.routing import Backend
 
 
 class Admission:
@@ -62,9 +55,6 @@ class Admission:
             )
         )
 
-    def all_saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
-        return all(self.saturated(state, now) for state in candidates)
-
     def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
         """The candidates below the configured caps, so that the scheduler does not send past
         a cap while another endpoint has room (a prefix held there outweighs the load
@@ -72,12 +62,11 @@ class Admission:
         return [state for state in candidates if not self._capped(state)] or candidates
 
     def admit(
-        self, model: str, decision: RouteDecision, now: float, level: Level, shed: bool = True
+        self, model: str, backend: Backend, now: float, level: Level, shed: bool
     ) -> Sequence[EndpointState]:
         """The candidates to schedule over, or the GatewayError to answer with (a Sheddable
         request, or one of a negative priority, over saturated candidates only when
         ``shed``)."""
-        backend = decision.backend
         if not backend.candidates:
             raise GatewayError(
                 503,
@@ -85,7 +74,11 @@ class Admission:
                 ErrorCode.NO_READY_ENDPOINT,
             )
         candidates = self.outliers.available(backend.candidates, now)
-        if shed and band_of(level) >= SHEDDABLE_BAND and self.all_saturated(candidates, now):
+        if (
+            shed
+            and band_of(level) >= SHEDDABLE_BAND
+            and all(self.saturated(state, now) for state in candidates)
+        ):
             raise Overloaded(
                 429,
                 f"model {model!r} is overloaded: every endpoint is saturated and this "

@@ -8,14 +8,7 @@ from enum import StrEnum
 
 from llmplane.gateway.http_server import Response, error_body
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    403: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
+_TYPES = dict.fromkeys((400, 401, 403, 404, 405, 413, 415), "invalid_request_error") | {
     429: "rate_limit_error",
     500: "server_error",
     502: "upstream_error",
@@ -108,6 +101,16 @@ def missing_model() -> GatewayError:
     """400: the request names no model (or not as a string) and no catch-all routes it."""
     return GatewayError(
         400, 'the request has no model: set "model" to a model name', ErrorCode.MISSING_MODEL
+    )
+
+
+def too_large(limit: int, length: int | None = None) -> GatewayError:
+    """413: a request body over the gateway's limit (``maxBodyBytes``)."""
+    size = f" ({length} bytes)" if length is not None else ""
+    return GatewayError(
+        413,
+        f"the request body{size} is over the limit of {limit} bytes",
+        ErrorCode.REQUEST_TOO_LARGE,
     )
 
 

@@ -1,28 +1,16 @@
-"""Hooks around each proxied request: the place token rate limits plug in.
+"""Hooks around each proxied request: the place token rate limits plug in (the contract:
+docs/gateway.md, "Hook").
 
-``reserve(ctx)`` runs after routing and before admission and scheduling, with the request's
-``RequestContext`` (its parsed body ``ctx.inference``, its ``ctx.tenant``, the routing table's
-``ctx.decision``): it may read (and change) ``ctx.inference.doc`` — for instance to inject
-``stream_options.include_usage`` so the output tokens of a stream can be counted; call
-``inference.mark_dirty()`` after a change and the body is re-encoded once together with any
-model rewrite — and may refuse with ``GatewayError(429, ..., retry_after=seconds)``. Whatever
-it returns is handed back to ``settle(ctx, reservation, usage)`` when the response has ended
-(always called once per successful ``reserve``, also for failed requests; ``ctx.status`` is
-what the client got), with the usage the engine reported (None if it reported none).
-``settle`` is a plain function: the request has ended, nothing may hold its end up (a hook
-with I/O to do then starts a task, as the limiter does for Redis).
-
-A hook that shapes the response returns a ``Reservation`` (or a subclass): its
-``response_headers`` are added to the proxied response (e.g. ``x-ratelimit-*``) and the
-streamed body passes through its ``stream_filter`` (e.g. to drop a usage chunk the client did
-not ask for; usage is read from the bytes before the filter).
-Anything else it returns is only handed back to ``settle``.
+``settle`` is a plain function because the request has ended and nothing may hold its end up
+(a hook with I/O to do then starts a task, as the limiter does for Redis). A hook that shapes
+the response returns a ``Reservation``; anything else it returns is only handed back to
+``settle``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmplane.gateway.protocols import usage_counts
 
@@ -73,7 +61,6 @@ class Reservation:
         self.stream_filter = stream_filter
 
 
-@runtime_checkable
 class RequestHook(Protocol):
     async def reserve(self, ctx: RequestContext) -> object: ...
 

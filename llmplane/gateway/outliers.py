@@ -1,23 +1,21 @@
-"""Outlier ejection: replicas that fail repeatedly are skipped for a cool-down.
+"""Outlier ejection: replicas that fail repeatedly are skipped for a cool-down (the rules:
+docs/gateway.md, "Retries, timeouts, ejection").
 
-A replica with ``ejection_failures`` consecutive failures (connect errors, 5xx, timeouts) is
-ejected for ``ejection_base`` seconds, doubling with each ejection up to ``ejection_max``.
-After the cool-down it is readmitted on probation once its metrics endpoint answers again (at
-once for engines without metrics); one failure on probation ejects it again, a success ends
-the probation and two in a row forgive its past ejections. Failures while it is ejected (the
-requests it had) count for nothing, nor do the gateway's own shortages (a connect that failed
-with EMFILE, ENOMEM ...: ``attempt_failed``), which are logged once per burst instead: a
-gateway out of descriptors must not eject the healthy engines it could not reach.
+Failures while a replica is ejected (the requests it had) count for nothing, nor do the
+gateway's own shortages (a connect that failed with EMFILE, ENOMEM ...: ``attempt_failed``),
+which are logged once per burst instead: a gateway out of descriptors must not eject the
+healthy engines it could not reach.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.observability import Counter
 from llmplane.gateway.registry import EndpointState
 from llmplane.shortage import ShortageLog
 
@@ -28,11 +26,9 @@ log = logging.getLogger("llmplane.gateway")
 
 
 class Outliers:
-    def __init__(
-        self, config: GatewayConfig, on_eject: Callable[[EndpointState], None] | None = None
-    ) -> None:
+    def __init__(self, config: GatewayConfig, ejections: Counter | None = None) -> None:
         self.config = config
-        self.on_eject = on_eject
+        self.ejections = ejections  # by endpoint address
         self.shortage = ShortageLog(
             log,
             "the gateway ran out of its own resources connecting to a replica (%s): such "
@@ -80,8 +76,8 @@ class Outliers:
                 cooldown,
                 state.ejections,
             )
-            if self.on_eject is not None:
-                self.on_eject(state)
+            if self.ejections is not None:
+                self.ejections.labels(state.address).inc()
 
     def available(self, candidates: Sequence[EndpointState], now: float) -> list[EndpointState]:
         """Candidates not ejected (readmitting those whose cool-down is over and that look

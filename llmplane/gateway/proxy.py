@@ -117,7 +117,7 @@ def stall_event(seconds: float, path: str = "") -> bytes:
     message = f"the model server sent nothing for {seconds:g} s; the stream was ended"
     if path in MESSAGES_PATHS:
         return stream_error(message)
-    error = {"message": message, "type": "timeout_error", "code": "upstream_stalled"}
+    error = {"message": message, "type": "timeout_error", "code": ErrorCode.UPSTREAM_STALLED}
     return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n"
 
 

@@ -1,12 +1,5 @@
-"""The gateway: an OpenAI-compatible HTTP server that routes each request to the best replica.
-
-A request (``Gateway.handle``, one ``RequestContext`` carried through) goes: read the body
-(413 over the limit) -> parse it once (400) -> resolve the route against the current routing
-table (404 / 503) -> request hooks reserve (rate limits) -> admission (Sheddable traffic gets
-429 when every candidate is saturated) -> scheduler (filters, weighted scorers, picker: an
-ordered fallback list) -> proxy (``proxy.py``; prefill/decode pairs in ``pd.py``) with timeout
-and retries on the next endpoint while nothing has reached the client, relaying the upstream
-bytes untouched while reading usage -> hooks settle, metrics, one access-log line.
+"""The gateway: an OpenAI-compatible HTTP server that routes each request to the best replica
+(docs/gateway.md). ``Gateway.handle`` reads one request's stages top to bottom.
 
 The routing table is immutable and rebuilt whenever a routing object in the store or the
 endpoint list changes; the reference is swapped atomically, so in-flight requests finish on
@@ -34,7 +27,14 @@ from llmplane.gateway.clip import clip
 from llmplane.gateway.config import GatewayConfig, client_connection_limit
 from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.discovery import CombinedDiscovery, Discovery, Following
-from llmplane.gateway.errors import ErrorCode, GatewayError, ModelNotFound, NotReady, Overloaded
+from llmplane.gateway.errors import (
+    ErrorCode,
+    GatewayError,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    too_large,
+)
 from llmplane.gateway.exposure import is_loopback, make_guard
 from llmplane.gateway.flowcontrol import FlowControl, Limits
 from llmplane.gateway.hooks import RequestHook, Reservation
@@ -108,9 +108,11 @@ class Gateway:
         config: GatewayConfig | None = None,
         seat: Seat | None = None,
         wake: Callable[[str], None] | None = None,
+        extensions: Sequence[Callable[[Gateway], Extension]] = (),
     ) -> None:
         """``wake(workload)``: called when a request starts waiting at the activator for a
-        Playground scaled to zero (what scales it up)."""
+        Playground scaled to zero (what scales it up); ``extensions`` made from the gateway
+        (``llmplane.console.Console``)."""
         self.config = config or GatewayConfig()
         self.store = store
         self.discovery = discovery
@@ -130,32 +132,11 @@ class Gateway:
         self.kv = PreciseRouting(
             self.scheduler, subscriber, tokens, self.metrics.registry, not self.config.scheduler
         )
-        self.scrape_follower = (
-            seat.share_scrapes(
-                self.config,
-                lambda: self.registry.states.values(),
-                self._capacity_changed,
-                self._rebuild,
-            )
-            if seat is not None
-            else None
-        )
-        self.scraper = Scraper(
-            self.config,
-            on_models_changed=self._rebuild,
-            on_scraped=self._capacity_changed,  # fresh load: flow control may dispatch
-            upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
-            sharing=self.scrape_follower,
-        )
-        self.adapters = Adapters(self.scraper.client)
-        self.outliers = Outliers(
-            self.config,
-            on_eject=lambda s: self.metrics.ejections.labels(s.address).inc(),
-        )
+        self.outliers = Outliers(self.config, self.metrics.ejections)
         self.admission = Admission(self.config, self.outliers)
         c = self.config
         self.flow = FlowControl(
-            self.admission.all_saturated,
+            self.admission,
             enabled=c.flow_control,
             ttl=c.flow_control_ttl,
             limits=Limits(
@@ -166,15 +147,31 @@ class Gateway:
             ),
             retry_after=c.shed_retry_after,
             reserve=c.flow_control_reserve,
-            saturated_by=self.admission.saturated,
+            peers=seat.waker if seat is not None else None,
         )
-        self.metrics.add(self.flow.metrics.all())
-        self.metrics.registry.register(self.flow.collector)  # type: ignore[arg-type]
+        self.metrics.registry.register(self.flow.metrics)  # type: ignore[arg-type]
+        self.scrape_follower = (
+            seat.share_scrapes(
+                self.config,
+                lambda: self.registry.states.values(),
+                self.flow.pump,
+                self._rebuild,
+            )
+            if seat is not None
+            else None
+        )
+        self.scraper = Scraper(
+            self.config,
+            on_models_changed=self._rebuild,
+            on_scraped=self.flow.pump,  # fresh load: flow control may dispatch
+            upstream=lambda: self.proxy.pool,  # scrapes keep routed connections warm
+            sharing=self.scrape_follower,
+        )
+        self.adapters = Adapters(self.scraper.client)
         self.auth = Authenticator(self.config.admin_key_hash)
         self.metrics.add([self.auth.requests])
         self.activator = Activator(self.config, wake=wake)
-        self.metrics.add(self.activator.metrics.all())
-        self.metrics.registry.register(self.activator.collector)  # type: ignore[arg-type]
+        self.metrics.registry.register(self.activator.metrics)  # type: ignore[arg-type]
         self.proxy = Proxy(
             self.config,
             self.outliers,
@@ -190,9 +187,8 @@ class Gateway:
         )
         # Rate limits (ModelRoute and Tenant rateLimit) run as the first request hook, then
         # the tenants' usage counters (what a rate limit refused is not usage).
-        self.ratelimiter = RateLimiter(
-            self.config, self.metrics.registry, make_bucket=seat.bucket if seat else None
-        )
+        self.ratelimiter = RateLimiter(self.config, make_bucket=seat.bucket if seat else None)
+        self.metrics.add(self.ratelimiter.metrics())
         self.usage = TenantUsage(
             usage_log_for(store, self.config.usage_log), self.config.usage_flush_interval
         )
@@ -203,6 +199,8 @@ class Gateway:
         self.kv.add_tokens(ModelTokens(self.tokenization))  # before the sim's own
         self.metrics.add(self.tokenization.metrics())
         self.hooks: list[RequestHook] = [self.ratelimiter, self.usage, *self.config.hooks]
+        # The autoscaler's signals (this process's and, as one of several workers, its peers').
+        self.signals = GatewaySignals(self.view, seat.metrics if seat is not None else None)
         self.table = RoutingTable()
         self._objects: dict[Any, dict[str, Any]] = {}
         self._follower: StoreFollower | None = None
@@ -211,12 +209,12 @@ class Gateway:
         self.port = 0
         self.host = "127.0.0.1"
         self._leaving: dict[str, EndpointState] = {}
-        self.extensions: list[Extension] = []  # the web console
         # (model, route, endpoint, status) -> the request metrics' children for it: one
         # lookup per request instead of four label lookups.
         self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
         self._tenant_series: dict[tuple[str, int], Any] = {}  # (tenant, status) -> its child
         self._scheduling = self.metrics.scheduling.labels()  # unlabelled: its one child
+        self.extensions = [make(self) for make in extensions]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -245,7 +243,7 @@ class Gateway:
         if self.seat is not None:
             self.seat.handlers.setdefault(b"handover", self._handover_asked)
             await self.seat.metrics.start(
-                self.metrics.render, GatewaySignals(self).parts, self.seat.handlers
+                self.metrics.render, self.signals.parts, self.seat.handlers
             )
         self.port = await self.http.start(
             host, port, sock=self.seat.sock if self.seat is not None else None
@@ -377,18 +375,13 @@ class Gateway:
     def _rebuild(self) -> None:
         self.table = build_table(self._objects.values(), self.registry.states.values(), self.config)
         self.activator.release(self.table.activatable.__contains__)
-        self._capacity_changed()
+        self.flow.pump()  # new endpoints: requests waiting in flow control may go
 
     def prefilled(self) -> None:
         """A stream's first chunk arrived (its endpoint's prefill is over): with
         ``saturation_max_prefilling``, requests waiting in flow control may go."""
         if self.config.saturation_max_prefilling:
-            self._capacity_changed()
-
-    def _capacity_changed(self) -> None:
-        """A request finished, an endpoint was scraped or the endpoints changed: requests
-        waiting in flow control may go."""
-        self.flow.pump()
+            self.flow.pump()
 
     # --- request path -----------------------------------------------------------------------------
 
@@ -427,14 +420,7 @@ class Gateway:
         the limit, 400 when it is not an API request)."""
         request = ctx.request
         if request.too_large:
-            limit = self.config.max_body_bytes
-            length = request.content_length
-            size = f" ({length} bytes)" if length is not None else ""
-            raise GatewayError(
-                413,
-                f"the request body{size} is over the limit of {limit} bytes",
-                ErrorCode.REQUEST_TOO_LARGE,
-            )
+            raise too_large(self.config.max_body_bytes, request.content_length)
         ctx.inference = InferenceRequest(request.path, request.headers, body)
 
     def authenticate(self, ctx: RequestContext) -> None:
@@ -502,35 +488,12 @@ class Gateway:
         every one saturated: wait in flow control, or 429 for Sheddable with it off), with a
         declared LoRA adapter loaded first where no replica holds it yet; and
         ``ctx.scheduling``, what the scheduler's plugins read."""
-        inference, decision = ctx.inference, ctx.decision
+        inference, decision, tenant = ctx.inference, ctx.decision, ctx.tenant
         assert inference is not None and decision is not None
-        flow, level, tenant = self.flow, ctx.level, ctx.tenant
         name, weight = (tenant.name, tenant.weight) if tenant is not None else (None, 1)
-        key = decision.backend.ref
-        now = time.monotonic()
-        candidates = self.admission.admit(
-            inference.model, decision, now, level, shed=not flow.enabled
+        candidates, ctx.seat, ctx.waited, now = await self.flow.admit(
+            inference.model, decision.backend, ctx.level, name, weight, len(inference.body)
         )
-        waits = flow.enabled and flow.needed(key, candidates, now)
-        if waits and flow.reserve:  # under its fair share: past the rule, within the reserve
-            waits = not flow.reserved(key, candidates, level, name, weight, now)
-        if waits:
-            waker = self.seat.waker if self.seat is not None else None
-            if waker is not None:
-                waker.waiting(1)  # the other workers' completions wake it too
-            try:
-                ctx.waited = await flow.wait(
-                    key, candidates, level, name, weight, len(inference.body)
-                )
-            finally:
-                if waker is not None:
-                    waker.waiting(-1)
-            # Ejections may have changed while it waited.
-            now = time.monotonic()
-            candidates = self.admission.admit(inference.model, decision, now, level, shed=False)
-        if flow.counts(candidates):  # a reserve, or engines that order by priority
-            ctx.seat = flow.seat(key, name, weight)
-            candidates = flow.room(candidates, now)
         if decision.load is not None:
             candidates = await self.adapters.ensure(decision.load, candidates)
             self._rebuild()
@@ -610,12 +573,8 @@ class Gateway:
     def settle(self, ctx: RequestContext) -> None:
         """Give the flow-control seat back, and settle each hook's reservation on the usage
         the engine reported (``ctx.usage``)."""
-        if ctx.seat is not None:
-            self.flow.release(ctx.seat)
-            ctx.seat = None
-        self.flow.pump()  # a slot may have freed
-        if self.seat is not None:  # for the other workers' waiting requests too
-            self.seat.waker.wake_peers()
+        self.flow.done(ctx.seat)
+        ctx.seat = None
         for hook, reservation in ctx.reservations:
             try:
                 hook.settle(ctx, reservation, ctx.usage)
@@ -697,10 +656,14 @@ class Gateway:
     async def health(self, request: HttpRequest) -> Response:
         return Response(body=b'{"status":"ok"}', content_type="application/json")
 
-    async def prometheus(self, request: HttpRequest) -> Response:
+    def _not_admin(self, request: HttpRequest) -> Response | None:
+        """The 401 for a request to an admin path without the admin key, if configured."""
         refusal = self.auth.admin_refusal(request.headers)
-        if refusal is not None:
-            return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response()
+        return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response() if refusal else None
+
+    async def prometheus(self, request: HttpRequest) -> Response:
+        if refused := self._not_admin(request):
+            return refused
         body = self.metrics.render()
         if self.seat is not None:
             body = await self.seat.metrics.aggregate(body)
@@ -708,11 +671,10 @@ class Gateway:
 
     async def autoscaling_signals(self, request: HttpRequest) -> Response:
         """Per-workload load for the in-cluster autoscaler (``gateway/signals.py``)."""
-        refusal = self.auth.admin_refusal(request.headers)
-        if refusal is not None:
-            return GatewayError(401, refusal, ErrorCode.INVALID_API_KEY).response()
+        if refused := self._not_admin(request):
+            return refused
         peers = await self.seat.metrics.signals() if self.seat is not None else []
-        body = orjson.dumps(GatewaySignals(self).snapshot(peers))
+        body = orjson.dumps(self.signals.snapshot(peers))
         return Response(body=body, content_type="application/json")
 
     async def not_found(self, request: HttpRequest) -> Response:
@@ -746,11 +708,9 @@ async def start_gateway(
     seat: Seat | None = None,
     wake: Callable[[str], None] | None = None,
 ) -> Gateway:
-    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``), with
-    ``extensions`` made from it (``llmplane.console.Console``); as worker ``seat`` of several
-    on the supervisor's socket."""
-    gateway = Gateway(store, discovery, config, seat, wake)
-    gateway.extensions = [make(gateway) for make in extensions]
+    """Start a gateway on ``host:port`` (0 = any free port; see ``gateway.port``); as worker
+    ``seat`` of several on the supervisor's socket."""
+    gateway = Gateway(store, discovery, config, seat, wake, extensions)
     try:
         await gateway.start(host, port)
     except BaseException:

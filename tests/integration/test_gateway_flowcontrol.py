@@ -11,7 +11,6 @@ import time
 import pytest
 
 from llmplane.controlplane.autoscaling import INFLIGHT
-from llmplane.gateway.signals import GatewaySignals
 from llmplane.testing import eventually
 from tests.integration.flowcontrol_gateway import (
     MODEL,
@@ -91,7 +90,7 @@ async def test_a_client_that_disconnects_leaves_the_queue(gateways, store, sim, 
     gone = asyncio.create_task(complete(client, gw, keys["a"], 3))
     await eventually(lambda: queued(gw).get(("Default", "a")) == 1, what="one request queued")
     # The autoscaler sees the waiting request as in flight on the endpoint it waits for.
-    assert GatewaySignals(gw).replica_signals("")[sim.address][INFLIGHT] == 3
+    assert gw.signals.replica_signals("")[sim.address][INFLIGHT] == 3
     gone.cancel()  # the client closes its connection
     await eventually(
         lambda: queued(gw).get(("Default", "a"), 0) == 0, what="the request left the queue"

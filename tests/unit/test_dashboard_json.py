@@ -47,11 +47,10 @@ def test_every_metric_named_is_exported() -> None:
     state = EndpointState(Endpoint("127.0.0.1:1", model_name="m"))
     state.prefix_queries = 10.0
     metrics = GatewayMetrics(lambda: [state])
-    RateLimiter(GatewayConfig(), metrics.registry)
+    metrics.add(RateLimiter(GatewayConfig()).metrics())
     # As the Gateway wires them: flow control's and the tenants' usage metrics.
-    flow = FlowControl(lambda candidates, now: False)
-    metrics.add(flow.metrics.all())
-    metrics.registry.register(flow.collector)  # type: ignore[arg-type]
+    flow = FlowControl(None)  # type: ignore[arg-type]  # (its metrics only)
+    metrics.registry.register(flow.metrics)  # type: ignore[arg-type]
     metrics.add(TenantUsage(None).metrics())
     exported = {family.name for family in metrics.registry.collect()}
     suffixes = ("_bucket", "_total")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -181,8 +182,15 @@ class Room:
     def __init__(self, slots: int = 0) -> None:
         self.slots = slots
 
-    def __call__(self, candidates: object, now: float) -> bool:
+    def admit(self, model, backend, now, level, shed):
+        return backend.candidates
+
+    def saturated(self, state: object, now: float, extra: int = 0) -> bool:
         return self.slots <= 0
+
+
+ONE = (SimpleNamespace(endpoint=SimpleNamespace(priority_scheduling=False)),)  # one endpoint
+BACKEND = SimpleNamespace(ref="b", candidates=ONE)
 
 
 def flow_control(room: Room, **kw: object) -> FlowControl:
@@ -192,11 +200,11 @@ def flow_control(room: Room, **kw: object) -> FlowControl:
 async def test_requests_wait_until_room_and_go_by_band_one_slot_at_a_time() -> None:
     room = Room()
     fc = flow_control(room)
-    assert fc.needed("b", (), 0.0)
     went: list[str] = []
 
     async def request(criticality: str) -> None:
-        await fc.wait("b", (), criticality, "t", 1, 10)
+        candidates, seat, waited, _ = await fc.admit("m", BACKEND, criticality, "t", 1, 10)
+        assert candidates == ONE and seat is None and waited is not None
         room.slots -= 1  # it takes its endpoint (the gateway: in-flight count up)
         went.append(criticality)
 
@@ -221,7 +229,18 @@ async def test_requests_wait_until_room_and_go_by_band_one_slot_at_a_time() -> N
     await asyncio.gather(*tasks)
     await wait_until(lambda: not fc.queues)
     room.slots = 1
-    assert fc.needed("b", (), 0.0) is False  # nothing waits and there is room: go on
+    # Nothing waits and there is room: it goes on at once.
+    assert (await fc.admit("m", BACKEND, "Default", "t", 1, 10))[2] is None
+
+
+async def test_an_arrival_queues_behind_those_waiting_even_with_room() -> None:
+    room = Room()
+    fc = flow_control(room)
+    first = asyncio.create_task(fc.admit("m", BACKEND, "Default", "t", 1, 10))
+    await wait_until(lambda: fc.waiting() == 1)
+    room.slots = 1  # room, and nothing pumped yet: the newcomer still goes behind the first
+    second = await fc.admit("m", BACKEND, "Default", "t", 1, 10)
+    assert first.done() and second[2] is not None  # it went through the queue, after it
 
 
 async def wait_until(condition, turns: int = 100) -> None:
@@ -236,7 +255,7 @@ async def test_ttl_ends_in_429_with_retry_after() -> None:
     fc = flow_control(Room(), ttl=0.05, retry_after=3)
     with pytest.raises(GatewayError) as err:
         async with asyncio.timeout(5):  # a TTL that never fires fails here, not at the suite's
-            await fc.wait("b", (), "Default", "t", 1, 10)
+            await fc.wait("b", ONE, "Default", "t", 1, 10)
     assert err.value.status == 429 and err.value.retry_after == 3
     assert "waited 0.05 s" in err.value.message
     assert err.value.response().headers["Retry-After"] == "3"
@@ -246,7 +265,7 @@ async def test_ttl_ends_in_429_with_retry_after() -> None:
 
 async def test_a_cancelled_waiter_leaves_the_queue() -> None:
     fc = flow_control(Room())
-    task = asyncio.create_task(fc.wait("b", (), "Default", "t", 1, 10))
+    task = asyncio.create_task(fc.wait("b", ONE, "Default", "t", 1, 10))
     await asyncio.sleep(0)
     assert fc.waiting() == 1
     task.cancel()
@@ -258,14 +277,14 @@ async def test_a_cancelled_waiter_leaves_the_queue() -> None:
 
 async def test_eviction_and_a_full_band_answer_429() -> None:
     fc = flow_control(Room(), limits=Limits(band_requests=1, total_requests=1))
-    low = asyncio.create_task(fc.wait("b", (), "Sheddable", "t", 1, 10))
+    low = asyncio.create_task(fc.wait("b", ONE, "Sheddable", "t", 1, 10))
     await asyncio.sleep(0)
-    high = asyncio.create_task(fc.wait("b", (), "Critical", "t", 1, 10))
+    high = asyncio.create_task(fc.wait("b", ONE, "Critical", "t", 1, 10))
     with pytest.raises(GatewayError, match="evicted") as err:
         await low
     assert err.value.status == 429
     with pytest.raises(GatewayError, match="Critical band is full"):
-        await fc.wait("b", (), "Critical", "u", 1, 10)
+        await fc.wait("b", ONE, "Critical", "u", 1, 10)
     assert fc.waiting() == 1
     high.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -371,7 +390,7 @@ async def test_a_waiter_goes_when_room_frees_without_an_event_here() -> None:
     and stops once nothing waits."""
     room = Room()
     fc = flow_control(room, ttl=30.0, recheck=0.01)
-    task = asyncio.create_task(fc.wait("b", (), "Default", "t", 1, 10))
+    task = asyncio.create_task(fc.wait("b", ONE, "Default", "t", 1, 10))
     await wait_until(lambda: fc.waiting() == 1)
     room.slots = 1  # no pump
     async with asyncio.timeout(5):

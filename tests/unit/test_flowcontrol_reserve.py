@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from types import SimpleNamespace
+from unittest.mock import ANY
 
 import pytest
 
@@ -28,16 +29,22 @@ class Endpoint:
         self.endpoint = SimpleNamespace(priority_scheduling=priority_scheduling)
 
 
-def saturated_by(state: Endpoint, now: float, extra: int) -> bool:
-    return state.inflight >= state.limit + extra
+class Rule:
+    """Admission over these endpoints: none ejected, saturated at ``limit`` in flight."""
+
+    def admit(self, model, backend, now, level, shed):
+        return backend.candidates
+
+    def saturated(self, state: Endpoint, now: float, extra: int = 0) -> bool:
+        return state.inflight >= state.limit + extra
 
 
-def all_saturated(candidates, now: float) -> bool:
-    return all(saturated_by(state, now, 0) for state in candidates)
+def flow_control(reserve: int = 1, enabled: bool = True) -> FlowControl:
+    return FlowControl(Rule(), reserve=reserve, enabled=enabled)  # type: ignore[arg-type]
 
 
-def flow_control(reserve: int = 1) -> FlowControl:
-    return FlowControl(all_saturated, reserve=reserve, saturated_by=saturated_by)  # type: ignore[arg-type]
+def pool(*candidates: Endpoint) -> SimpleNamespace:
+    return SimpleNamespace(ref="pool", candidates=candidates)
 
 
 # --- Shares ----------------------------------------------------------------------------------
@@ -208,45 +215,46 @@ def test_the_reserve_is_for_under_share_flows_and_never_for_sheddable() -> None:
     fc = flow_control(reserve=1)
     a, b = Endpoint(2), Endpoint(2)
     a.inflight = b.inflight = 2  # both at the rule
-    seats = [fc.seat("pool", "big", 1) for _ in range(4)]
-    assert fc.reserved("pool", (a, b), "Default", "small", 1, 0.0)
-    assert fc.reserved("pool", (a, b), "Critical", "small", 1, 0.0)
-    assert not fc.reserved("pool", (a, b), "Sheddable", "small", 1, 0.0)
-    assert not fc.reserved("pool", (a, b), "Default", "big", 1, 0.0)  # over its share
+    seats = [fc.shares.take("pool", "big", 1) for _ in range(4)]
+    assert fc._reserved("pool", (a, b), "Default", "small", 1, 0.0)
+    assert fc._reserved("pool", (a, b), "Critical", "small", 1, 0.0)
+    assert not fc._reserved("pool", (a, b), "Sheddable", "small", 1, 0.0)
+    assert not fc._reserved("pool", (a, b), "Default", "big", 1, 0.0)  # over its share
     assert fc.metrics.reserved.labels("Default", "small").value == 1
     assert fc.metrics.reserved.labels("Critical", "small").value == 1
     # Where it goes: below the rule if any, else within the reserve.
     b.inflight = 1
-    assert fc.room((a, b), 0.0) == [b]
+    assert fc._room((a, b), 0.0) == [b]
     b.inflight = 2
-    assert fc.room((a, b), 0.0) == [a, b]
+    assert fc._room((a, b), 0.0) == [a, b]
     a.inflight = 3  # a's reserve used up
-    assert fc.room((a, b), 0.0) == [b]
+    assert fc._room((a, b), 0.0) == [b]
     b.inflight = 3
-    assert not fc.reserved("pool", (a, b), "Default", "small", 1, 0.0)  # no reserve left
-    assert fc.room((a, b), 0.0) == (a, b)
+    assert not fc._reserved("pool", (a, b), "Default", "small", 1, 0.0)  # no reserve left
+    assert fc._room((a, b), 0.0) == (a, b)
     for seat in seats:
         assert seat is not None
-        fc.release(seat)
+        fc.shares.release(seat)
     assert fc.shares.held() == 0
 
 
-def test_without_a_reserve_nothing_is_counted_and_nobody_goes_past_the_rule() -> None:
+async def test_without_a_reserve_nothing_is_counted_and_nobody_goes_past_the_rule() -> None:
     fc = flow_control(reserve=0)
-    a = Endpoint(1)
+    a = Endpoint(2)
     a.inflight = 1
-    assert not fc.counts((a,))  # nothing counted: no seat taken
+    assert await fc.admit("m", pool(a), "Critical", "small", 1, 10) == ((a,), None, None, ANY)
     assert fc.shares.slack == 1  # the guard's slack for priority engines: one seat
     assert flow_control(reserve=2).shares.slack == 2  # the reserve's
-    assert not fc.reserved("pool", (a,), "Critical", "small", 1, 0.0)
-    assert fc.room((a,), 0.0) == (a,)
+    a.inflight = 2
+    assert not fc._reserved("pool", (a,), "Critical", "small", 1, 0.0)
+    assert fc._room((a,), 0.0) == (a,)
 
 
 async def test_a_queued_under_share_waiter_goes_when_the_reserve_has_room() -> None:
     fc = flow_control(reserve=1)
     a = Endpoint(1)
     a.inflight = 2  # at the rule and its reserve: everyone waits
-    big_seats = [fc.seat("pool", "big", 1), fc.seat("pool", "big", 1)]
+    big_seats = [fc.shares.take("pool", "big", 1), fc.shares.take("pool", "big", 1)]
     went: list[str] = []
 
     async def request(criticality: str, tenant: str) -> None:
@@ -264,7 +272,7 @@ async def test_a_queued_under_share_waiter_goes_when_the_reserve_has_room() -> N
     a.inflight = 1  # one finished: room within the reserve only
     seat = big_seats.pop()
     assert seat is not None
-    fc.release(seat)
+    fc.shares.release(seat)
     fc.pump()
     for _ in range(10):
         await asyncio.sleep(0)
@@ -290,18 +298,21 @@ def test_flow_control_reserve_setting() -> None:
             config_from_dict({"gateway": {"flowControlReserve": bad}})
 
 
-def test_a_priority_engine_counts_shares_without_a_reserve_and_seats_note_the_share() -> None:
+async def test_a_priority_engine_counts_shares_without_a_reserve_and_seats_note_the_share() -> None:
     fc = flow_control(reserve=0)
-    fcfs, prio = Endpoint(1), Endpoint(1, priority_scheduling=True)
-    assert not fc.counts((fcfs,)) and fc.counts((fcfs, prio))
-    big = [fc.seat("pool", "big", 1) for _ in range(3)]
+    fcfs, prio = Endpoint(9), Endpoint(9, priority_scheduling=True)
+
+    async def seat(tenant: str, *candidates: Endpoint, fc: FlowControl = fc) -> object:
+        return (await fc.admit("m", pool(*candidates), "Default", tenant, 1, 10))[1]
+
+    assert await seat("big", fcfs) is None
+    big = [await seat("big", fcfs, prio) for _ in range(3)]
     assert big[0].under and not big[1].under and not big[2].under  # alone it holds everything
-    small = fc.seat("pool", "small", 1)
+    small = await seat("small", fcfs, prio)
     assert small.under  # nothing in flight: under its share
-    off = FlowControl(all_saturated, enabled=False)  # type: ignore[arg-type]
-    assert not off.counts((prio,))
-    for seat in [*big, small]:
-        fc.release(seat)
+    assert await seat("big", prio, fc=flow_control(reserve=0, enabled=False)) is None
+    for s in [*big, small]:
+        fc.done(s)
     assert fc.shares.held() == 0
 
 
@@ -318,7 +329,7 @@ def test_the_reserve_sends_to_the_endpoint_where_the_request_starts_soonest() ->
 
     config = GatewayConfig(saturation_max_inflight=2, saturation_inflight=2)
     admission = Admission(config, Outliers(config))
-    fc = FlowControl(admission.all_saturated, reserve=2, saturated_by=admission.saturated)
+    fc = FlowControl(admission, reserve=2)
     a, b, c = (EndpointState(Replica(f"127.0.0.1:{p}", {}, "m", max_num_seqs=3)) for p in (1, 2, 3))
 
     def load(state: EndpointState, inflight: int, prefilling: int) -> None:
@@ -327,18 +338,18 @@ def test_the_reserve_sends_to_the_endpoint_where_the_request_starts_soonest() ->
     load(a, 2, 1)
     load(b, 2, 0)
     load(c, 3, 0)  # its 3 slots taken: a request sent there waits for one to free
-    assert fc.room((a, b, c), 0.0) == [b]  # a slot free and no prefill under way
+    assert fc._room((a, b, c), 0.0) == [b]  # a slot free and no prefill under way
     load(b, 3, 0)
-    assert fc.room((a, b, c), 0.0) == [a]  # the only free slot, though a prefill is under way
+    assert fc._room((a, b, c), 0.0) == [a]  # the only free slot, though a prefill is under way
     load(a, 3, 1)
-    assert fc.room((a, b, c), 0.0) == [b, c]  # no slot anywhere: no prefill under way
+    assert fc._room((a, b, c), 0.0) == [b, c]  # no slot anywhere: no prefill under way
     load(c, 4, 0)
-    assert fc.room((a, b, c), 0.0) == [b]  # c's reserve is used up
+    assert fc._room((a, b, c), 0.0) == [b]  # c's reserve is used up
     for state in (a, b, c):
         state.capacity = 0.0  # slots not known: by prefills, then in flight
     load(a, 2, 0)
     load(b, 3, 0)
     load(c, 2, 0)
-    assert fc.room((a, b, c), 0.0) == [a, c]  # ties stay for the scheduler to choose from
+    assert fc._room((a, b, c), 0.0) == [a, c]  # ties stay for the scheduler to choose from
     load(b, 1, 2)
-    assert fc.room((a, b, c), 0.0) == [b]  # below the rule: the scheduler's choice, as before
+    assert fc._room((a, b, c), 0.0) == [b]  # below the rule: the scheduler's choice, as before

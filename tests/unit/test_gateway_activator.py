@@ -30,7 +30,8 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
     await eventually(lambda: act.held("m") == 5, every=0.005, what="five held")
     assert woken == ["default/pg"] * 5  # the autoscaler is asked at once, for each
     act.release(lambda model: True)  # still activatable: nothing moves
-    assert act.held("m") == 5 and not any(w.future.done() for w in act.queues["m"].waiters)
+    waiters = act.queues["m"].flows["m"].waiters
+    assert act.held("m") == 5 and not any(w.future.done() for w in waiters)
     assert order == []
     act.release(lambda model: False)  # a replica is ready
     await asyncio.gather(*tasks)

@@ -3,10 +3,14 @@ count as full, the question flow control and shedding ask. Pure state, explicit 
 
 from __future__ import annotations
 
+import pytest
+
 from llmplane.gateway.admission import Admission
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.errors import Overloaded
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
+from llmplane.gateway.routing import Backend
 from llmplane.runtime.endpoint import Endpoint
 
 NOW = 100.0
@@ -47,8 +51,13 @@ def test_the_in_flight_cap_saturates_whatever_the_metrics_say() -> None:
     assert not admission().saturated(s, NOW)
     assert admission(saturation_max_inflight=2).saturated(s, NOW)
     assert not admission(saturation_max_inflight=3).saturated(s, NOW)
-    assert admission(saturation_max_inflight=2).all_saturated([s, s], NOW)
-    assert not admission(saturation_max_inflight=3).all_saturated([s, scraped(waiting=9)], NOW)
+    # A Sheddable request is shed only when every candidate is saturated.
+    with pytest.raises(Overloaded):
+        admission(saturation_max_inflight=2).admit(
+            "m", Backend("b", (s, s)), NOW, "Sheddable", True
+        )
+    mixed = Backend("b", (s, scraped(waiting=9)))
+    assert admission(saturation_max_inflight=3).admit("m", mixed, NOW, "Sheddable", True)
 
 
 def test_the_prefill_cap_saturates_while_that_many_first_chunks_are_due() -> None:

@@ -4,6 +4,7 @@ long, how it comes back on probation, and what forgives it. Pure state, explicit
 from __future__ import annotations
 
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
 from llmplane.runtime.endpoint import Endpoint
@@ -18,15 +19,19 @@ def state(address: str = "10.0.0.1:8000", engine: str = "vllm") -> EndpointState
 
 
 def test_ejected_after_n_consecutive_failures_and_only_then() -> None:
-    ejected: list[str] = []
-    outliers = Outliers(CONFIG, on_eject=lambda s: ejected.append(s.address))
+    ejections = Counter("ejections", "", ["endpoint"])
+    outliers = Outliers(CONFIG, ejections)
+
+    def ejected() -> list[str]:
+        return [a for (a,), child in ejections.children.items() for _ in range(int(child.value))]
+
     s = state()
     outliers.failure(s, now=100.0)
     outliers.failure(s, now=100.0)
-    assert s.ejected_until == 0.0 and s.consecutive_failures == 2 and ejected == []
+    assert s.ejected_until == 0.0 and s.consecutive_failures == 2 and ejected() == []
     outliers.failure(s, now=100.0)
     assert s.ejected_until == 110.0 and s.ejections == 1 and s.consecutive_failures == 0
-    assert ejected == [s.address]
+    assert ejected() == [s.address]
 
 
 def test_a_success_resets_the_count_of_consecutive_failures() -> None:
@@ -120,13 +125,17 @@ def test_probation_success_then_a_second_success_forgives_past_ejections() -> No
 
 
 def test_failures_of_requests_in_flight_at_the_ejection_do_not_eject_it_again() -> None:
-    ejected: list[str] = []
-    outliers = Outliers(CONFIG, on_eject=lambda s: ejected.append(s.address))
+    ejections = Counter("ejections", "", ["endpoint"])
+    outliers = Outliers(CONFIG, ejections)
+
+    def ejected() -> list[str]:
+        return [a for (a,), child in ejections.children.items() for _ in range(int(child.value))]
+
     s = state()
     for _ in range(3):
         outliers.failure(s, now=100.0)
     assert s.ejected_until == 110.0 and s.ejections == 1
     for _ in range(20):  # the other streams the killed replica had, failing one after another
         outliers.failure(s, now=100.5)
-    assert s.ejected_until == 110.0 and s.ejections == 1 and ejected == [s.address]
+    assert s.ejected_until == 110.0 and s.ejections == 1 and ejected() == [s.address]
     assert outliers.available([s], 110.0) == [s] and s.probation  # back after one cool-down

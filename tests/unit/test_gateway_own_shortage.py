@@ -15,6 +15,7 @@ import socket
 import pytest
 
 from llmplane.gateway.config import GatewayConfig
+from llmplane.gateway.observability import Counter
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.pd import PrefillFailed
 from llmplane.gateway.proxy import AttemptFailed, attempt_failure
@@ -90,14 +91,18 @@ def test_the_replicas_own_failures_still_blame_it(err: BaseException) -> None:
 def test_local_failures_never_eject_and_are_logged_once_per_burst(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    ejected: list[str] = []
-    outliers = Outliers(CONFIG, on_eject=lambda s: ejected.append(s.address))
+    ejections = Counter("ejections", "", ["endpoint"])
+    outliers = Outliers(CONFIG, ejections)
+
+    def ejected() -> list[str]:
+        return [a for (a,), child in ejections.children.items() for _ in range(int(child.value))]
+
     s = EndpointState(Endpoint("10.0.0.1:8000", engine="vllm"))
     local = attempt_failure(real_emfile(), 5.0)
     with caplog.at_level(logging.INFO, logger="llmplane.gateway"):
         for _ in range(50):
             outliers.attempt_failed(s, local)
-        assert s.consecutive_failures == 0 and s.ejected_until == 0.0 and ejected == []
+        assert s.consecutive_failures == 0 and s.ejected_until == 0.0 and ejected() == []
         shortage = [r for r in caplog.records if "ran out of its own resources" in r.message]
         assert len(shortage) == 1 and "Too many open files" in shortage[0].message
         outliers.success(s)
@@ -105,4 +110,4 @@ def test_local_failures_never_eject_and_are_logged_once_per_burst(
         assert sum("has its resources back" in r.message for r in caplog.records) == 1
         for _ in range(3):  # the replica's own failures still count
             outliers.attempt_failed(s, AttemptFailed("connect", "refused"))
-        assert ejected == [s.address]
+        assert ejected() == [s.address]

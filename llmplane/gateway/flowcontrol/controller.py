@@ -1,30 +1,21 @@
 """Flow control in the gateway: requests wait here while every candidate is saturated
-(docs/gateway.md, "Flow control").
+(docs/gateway.md, "Flow control": bands, fairness, bounds, TTL, dispatch, the reserve).
 
-``needed`` is the fast path's question (nothing waits for this backend and one of its
-candidates has room: go on). Otherwise ``wait`` queues the request in its backend's
-``FlowQueue`` until it is dispatched, or raises the 429 (TTL, band full, evicted); a client
-that goes away cancels its task and the waiter leaves the queue.
-
-Dispatch (``pump``) runs when a request finishes, an endpoint was scraped and when the
-endpoint list changes. Capacity can also free without an event this process sees (another
-worker's requests finishing, a dead worker's counts released), so while anything waits a
-re-check pumps every ``recheck`` seconds: no waiter sleeps to its TTL while an endpoint has
-room. One waiter per backend is dispatched at a time, the next only once the dispatched
-request has taken its endpoint (the saturation rule sees its in-flight count), so a burst of
-completions never releases more requests than there is room for.
-
-With a reserve (``fairshare.py``) a request of a flow under its fair share goes past the
-saturation rule, to where it starts soonest (``soonest``), not to the scheduler's usual pick:
-what it waits for there is the engine's step. State is per gateway process (each worker keeps
-its own queues over the load it sees on the shared engines).
+``admit`` is the gateway's one call (go on at once, or wait in the backend's ``FlowQueue``
+until dispatched, or the 429) and ``done`` gives a request's seat back. One waiter per
+backend is dispatched at a time, the next only once the dispatched request has taken its
+endpoint (the saturation rule sees its in-flight count): a burst of completions never
+releases more requests than there is room for. A reserved request goes where it starts
+soonest (``soonest``), not to the scheduler's usual pick: what it waits for there is the
+engine's step. State is per gateway process (each worker keeps its own queues).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -43,6 +34,9 @@ from llmplane.gateway.flowcontrol.queue import (
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.registry import EndpointState
 
+if TYPE_CHECKING:
+    from llmplane.gateway.routing import Backend
+
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 ANONYMOUS = ""  # the flow of requests without a tenant (authentication off)
 
@@ -52,9 +46,24 @@ def flow_of(tenant: str | None) -> str:
     return tenant if tenant is not None else ANONYMOUS
 
 
-Saturated = Callable[[Sequence[EndpointState], float], bool]
-# Whether one endpoint is saturated with ``extra`` more allowed past each limit.
-SaturatedBy = Callable[[EndpointState, float, int], bool]
+class Admission(Protocol):
+    """What flow control asks of the saturation rule (``gateway/admission.py``)."""
+
+    def admit(
+        self, model: str, backend: Backend, now: float, level: Level, shed: bool
+    ) -> Sequence[EndpointState]:
+        """The backend's candidates a request may use now (503 none; 429 shed when ``shed``)."""
+
+    def saturated(self, state: EndpointState, now: float, extra: int = 0) -> bool:
+        """Whether ``state`` is saturated with ``extra`` more allowed past each count limit."""
+
+
+class Peers(Protocol):
+    """The other worker processes' flow control (``workers/wake.py``'s ``Waker``)."""
+
+    def waiting(self, n: int) -> None: ...
+
+    def wake_peers(self) -> None: ...
 
 
 def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
@@ -74,7 +83,7 @@ def soonest(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
 
 class FlowMetrics:
     """Flow control's metrics, and ``llmplane_gateway_flow_queue{band,tenant}`` (requests
-    waiting now in ``queues``). Label values: band names and tenant names from the tenant table
+    waiting now in ``queues``): one collector for the gateway's registry. Label values: band names and tenant names from the tenant table
     (never client text)."""
 
     def __init__(self, queues: dict[str, FlowQueue]) -> None:
@@ -101,10 +110,7 @@ class FlowMetrics:
             ["band", "tenant"],
         )
 
-    def all(self) -> list[Counter | Histogram]:
-        return [self.wait, self.refused, self.left, self.reserved]
-
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[Any]:
         family = GaugeMetricFamily(
             "llmplane_gateway_flow_queue",
             "Requests waiting now in the gateway's flow-control queue",
@@ -116,7 +122,7 @@ class FlowMetrics:
                 totals[key] = totals.get(key, 0) + n
         for (band, tenant), n in sorted(totals.items()):
             family.add_metric([band, tenant], n)
-        return [family]
+        return [m.collect() for m in (self.wait, self.refused, self.left, self.reserved)] + [family]
 
 
 class FlowControl:
@@ -124,22 +130,22 @@ class FlowControl:
 
     def __init__(
         self,
-        saturated: Saturated,
+        admission: Admission,
         *,
         enabled: bool = True,
         ttl: float = 30.0,
         limits: Limits | None = None,
         retry_after: float = 1.0,
         reserve: int = 0,
-        saturated_by: SaturatedBy | None = None,
         recheck: float = 0.05,
+        peers: Peers | None = None,
     ) -> None:
-        self.saturated = saturated  # every one of these endpoints is saturated now
+        self.admission = admission
         self.enabled = enabled
         # Per endpoint, requests of under-share flows allowed past the rule (0: no reserve;
-        # needs ``saturated_by``; nothing with flow control off).
-        self.reserve = reserve if enabled and saturated_by is not None else 0
-        self.saturated_by = saturated_by
+        # nothing with flow control off).
+        self.reserve = reserve if enabled else 0
+        self.peers = peers  # one of several workers: they wake each other
         # Dispatches and seats per backend and flow (counted with a reserve or priority
         # engines); the slot-hog guard's slack is the reserve (at least one).
         self.shares = Shares(slack=max(1, self.reserve))
@@ -149,15 +155,57 @@ class FlowControl:
         self.recheck = recheck  # seconds between re-checks while anything waits (0: none)
         self._rechecking: asyncio.TimerHandle | None = None
         self.queues: dict[str, FlowQueue] = {}  # by backend; only while something waits
-        self.metrics = FlowMetrics(self.queues)
-        self.collector = self.metrics  # the queue gauge
+        self.metrics = FlowMetrics(self.queues)  # and the queue gauge
 
-    def needed(self, key: str, candidates: Sequence[EndpointState], now: float) -> bool:
-        """Whether a request for backend ``key`` must wait: others wait already, or every
-        candidate is saturated."""
-        return key in self.queues or self.saturated(candidates, now)
+    async def admit(
+        self, model: str, backend: Backend, level: Level, tenant: str | None, weight: int, size: int
+    ) -> tuple[Sequence[EndpointState], FlowSeat | None, float | None, float]:
+        """Admit a request for ``backend``, waiting while it must: (the candidates it may go
+        to, its seat for ``done`` or None when not counted, the seconds it waited or None,
+        when it was admitted). GatewayError when refused (503 none ready, 429)."""
+        key, admission = backend.ref, self.admission
+        now = time.monotonic()
+        candidates = admission.admit(model, backend, now, level, not self.enabled)
+        waited = None
+        if (
+            self.enabled
+            and (key in self.queues or self._saturated(candidates, now))
+            and not self._reserved(key, candidates, level, tenant, weight, now)
+        ):
+            if self.peers is not None:
+                self.peers.waiting(1)  # the other workers' completions wake it too
+            try:
+                waited = await self.wait(key, candidates, level, tenant, weight, size)
+            finally:
+                if self.peers is not None:
+                    self.peers.waiting(-1)
+            now = time.monotonic()  # ejections may have changed while it waited
+            candidates = admission.admit(model, backend, now, level, False)
+        # Counted for its flow's fair share with a reserve, or when an engine orders its queue
+        # by priority (``priority.py`` ranks a request by its share).
+        if self.reserve or (
+            self.enabled and any(state.endpoint.priority_scheduling for state in candidates)
+        ):
+            flow = flow_of(tenant)
+            under = self.shares.under(key, flow, weight, self.queues.get(key))
+            seat = self.shares.take(key, flow, weight, under)
+            return self._room(candidates, now), seat, waited, now
+        return candidates, None, waited, now
 
-    def reserved(
+    def done(self, seat: FlowSeat | None) -> None:
+        """A request ended: its seat back, and the slot it may have freed to the waiters here
+        and in the other workers."""
+        if seat is not None:
+            self.shares.release(seat)
+        self.pump()
+        if self.peers is not None:
+            self.peers.wake_peers()
+
+    def _saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        saturated = self.admission.saturated
+        return all(saturated(state, now) for state in candidates)
+
+    def _reserved(
         self,
         key: str,
         candidates: Sequence[EndpointState],
@@ -166,13 +214,13 @@ class FlowControl:
         weight: int,
         now: float,
     ) -> bool:
-        """With a reserve: whether this request may go now past the saturation rule (not
-        Sheddable, its flow under its fair share, an endpoint with room within the reserve);
-        ``room`` then narrows its candidates."""
+        """Whether this request may go now past the saturation rule (a reserve, not
+        Sheddable, its flow under its fair share, an endpoint with room within the reserve)."""
+        if not self.reserve:
+            return False
         band, flow = band_of(level), flow_of(tenant)
         if (
-            not self.reserve
-            or band >= SHEDDABLE_BAND
+            band >= SHEDDABLE_BAND
             or not self.shares.under(key, flow, weight, self.queues.get(key))
             or not self._with_room(candidates, now, self.reserve)
         ):
@@ -184,11 +232,10 @@ class FlowControl:
         self, candidates: Sequence[EndpointState], now: float, extra: int
     ) -> list[EndpointState]:
         """The candidates with room for ``extra`` more requests past the saturation rule."""
-        saturated_by = self.saturated_by
-        assert saturated_by is not None
-        return [state for state in candidates if not saturated_by(state, now, extra)]
+        saturated = self.admission.saturated
+        return [state for state in candidates if not saturated(state, now, extra)]
 
-    def room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
+    def _room(self, candidates: Sequence[EndpointState], now: float) -> Sequence[EndpointState]:
         """With a reserve, the candidates an admitted request should go to: those below the
         saturation rule, else those within the reserve (it was let through by the reserve),
         else all."""
@@ -199,24 +246,6 @@ class FlowControl:
             return room
         room = self._with_room(candidates, now, self.reserve)
         return soonest(room) if room else candidates
-
-    def counts(self, candidates: Sequence[EndpointState]) -> bool:
-        """Whether requests to these candidates are counted for their flow's fair share: with
-        a reserve, or when one of them orders its queue by priority (``priority.py`` ranks
-        a request by its share); never with flow control off."""
-        return bool(self.reserve) or (
-            self.enabled and any(state.endpoint.priority_scheduling for state in candidates)
-        )
-
-    def seat(self, key: str, tenant: str | None, weight: int) -> FlowSeat:
-        """Count a request that passed admission for its flow until ``release``, noting
-        whether its flow was under its fair share before it."""
-        flow = flow_of(tenant)
-        under = self.shares.under(key, flow, weight, self.queues.get(key))
-        return self.shares.take(key, flow, weight, under)
-
-    def release(self, seat: FlowSeat) -> None:
-        self.shares.release(seat)
 
     async def wait(
         self,
@@ -271,7 +300,8 @@ class FlowControl:
             self._pump(key, queue)
 
     def _recheck(self) -> None:
-        """The periodic re-check while anything waits (see the module docstring)."""
+        """While anything waits: capacity can free without an event this process sees
+        (another worker's requests finishing, a dead worker's counts released)."""
         self._rechecking = None
         if not self.queues:
             return
@@ -284,7 +314,7 @@ class FlowControl:
         if queue.granted or not queue.count:
             return
         now = time.monotonic()
-        if not self.saturated(queue.candidates, now):
+        if not self._saturated(queue.candidates, now):
             waiter = queue.pop()
         elif self.reserve and self._with_room(queue.candidates, now, self.reserve):
             waiter = self._under_share(key, queue)  # the reserve: the first under-share waiter

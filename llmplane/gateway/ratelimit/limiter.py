@@ -12,11 +12,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter
-
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.hooks import Reservation, Usage
 from llmplane.gateway.http_server import Response
+from llmplane.gateway.observability import Counter
 from llmplane.gateway.protocols import generates
 from llmplane.gateway.ratelimit.buckets import (
     BucketState,
@@ -115,7 +114,6 @@ class RateLimiter:
     def __init__(
         self,
         config: GatewayConfig,
-        registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         make_bucket: Callable[[str, float, float, float], TokenBucket] | None = None,
     ) -> None:
@@ -136,26 +134,25 @@ class RateLimiter:
                 f"rateLimitRedisFailure: {self.policy!r} is not one of {FAILURE_POLICIES}"
             )
         self._tasks: set[asyncio.Task[None]] = set()
-
-        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
-            return Counter(name, doc, labels, registry=registry)
-
-        self.rejections = counter(
+        self.rejections = Counter(
             "llmplane_ratelimit_rejections",
             "Requests refused by a rate limit (route: the ModelRoute or Tenant; reason: "
             "exhausted = retry later, too_large = can never fit)",
             ("route", "direction", "reason"),
         )
-        self.redis_errors = counter(
+        self.redis_errors = Counter(
             "llmplane_ratelimit_redis_errors",
             "Failed or timed-out Redis calls of global rate limits",
             ("op",),
         )
-        self.degraded = counter(
+        self.degraded = Counter(
             "llmplane_ratelimit_degraded",
             "Requests decided by the Redis failure policy (open, local, closed)",
             ("route", "policy"),
         )
+
+    def metrics(self) -> list[Counter]:
+        return [self.rejections, self.redis_errors, self.degraded]
 
     def update(self, objects: Iterable[dict[str, Any]]) -> None:
         """New store objects: re-read every ModelRoute's and Tenant's rateLimit. A changed
