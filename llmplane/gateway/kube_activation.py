@@ -79,9 +79,3 @@ class KubeScaleFromZero:
     async def close(self) -> None:
         for task in list(self._pending.values()):
             await cancel(task)
-
-
-def scaler_for(store: Any) -> KubeScaleFromZero:
-    """What scales a Playground from zero through the API ``store`` reads from (a started
-    ``KubeStore``): pass its ``wake`` to the gateway; close it before the store."""
-    return KubeScaleFromZero(store.api, store)
