@@ -24,18 +24,13 @@ from collections.abc import Callable, Sequence
 import aiohttp
 
 from llmplane.gateway.errors import ErrorCode, GatewayError
-from llmplane.gateway.playgrounds import DeclaredAdapter
+from llmplane.gateway.playgrounds import DeclaredAdapter, adapters_on
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scraper import MODELS_CHANGED_AT
 
 log = logging.getLogger("llmplane.gateway")
 
 LOAD_TIMEOUT = 120.0  # loading reads the adapter's weights
-
-
-def adapters_on(state: EndpointState) -> set[str]:
-    """The LoRA adapters an endpoint reports (its /v1/models less its own model names)."""
-    return set(state.served_models or ()) - state.endpoint.served_names()
 
 
 class Adapters:
