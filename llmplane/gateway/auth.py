@@ -3,7 +3,7 @@
 The tenant table (``TenantTable``) is built from the store's Tenant objects whenever they
 change, like the routing table, and swapped in whole: a request looks its key up by the
 key's public id (one dict lookup) and checks one HMAC-SHA256 in constant time
-(``apikeys.matches_raw``, from an HMAC keyed once per key). Keys come as
+(``apikeys.matches``, from an HMAC keyed once per key). Keys come as
 ``Authorization: Bearer <key>`` (what the ``openai`` client sends) or ``x-api-key: <key>``.
 
 Answers, OpenAI-style: 401 ``invalid_api_key`` for a missing, unknown, malformed or revoked
@@ -74,12 +74,11 @@ class TenantTable:
     salt and hash from that Secret among ``objects`` (the Kubernetes store follows Secrets
     labelled ``llmplane.io/api-key``); without it the key is refused."""
 
-    __slots__ = ("keys", "names", "tenants")
+    __slots__ = ("keys", "tenants")
 
     def __init__(self, objects: Iterable[Mapping[str, Any]] = ()) -> None:
         keys: dict[str, KeyRecord] = {}
         tenants = 0
-        names: list[str] = []
         objects = list(objects)
         secrets = {
             (obj["metadata"].get("namespace") or "default", obj["metadata"]["name"]): obj
@@ -93,7 +92,6 @@ class TenantTable:
             meta = obj["metadata"]
             ns = meta.get("namespace") or "default"
             name = meta["name"] if ns == "default" else f"{ns}/{meta['name']}"
-            names.append(name)
             spec = obj.get("spec") or {}
             models = spec.get("models", ("*",)) or ()  # an empty list allows nothing
             tenant = TenantAccess(
@@ -112,7 +110,6 @@ class TenantTable:
                 keys[key_id] = record
         self.keys = keys
         self.tenants = tenants
-        self.names = frozenset(names)
 
 
 def _weight(spec: Mapping[str, Any]) -> int:
@@ -182,7 +179,7 @@ def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
         return None
     key_id = apikeys.key_id(key)
     record = keys.get(key_id) if key_id is not None else None
-    if record is None or not record.hash or not apikeys.matches_raw(key, record.mac, record.hash):
+    if record is None or not record.hash or not apikeys.matches(key, record.mac, record.hash):
         return None
     return record
 
@@ -199,9 +196,10 @@ class Authenticator:
             ("tenant", "status"),
         )
         self.loopback = True  # set from the listening host at start
-        self.admin: tuple[str, str, str] | None = None
+        self.admin: tuple[str, hmac.HMAC, bytes] | None = None
         if admin_key_hash:
-            self.admin = apikeys.parse_admin_setting(admin_key_hash)
+            key_id, salt, digest = apikeys.parse_admin_setting(admin_key_hash)
+            self.admin = (key_id, apikeys.keyed(bytes.fromhex(salt)), bytes.fromhex(digest))
 
     def update(self, objects: Iterable[Mapping[str, Any]]) -> None:
         self.table = TenantTable(objects)
@@ -240,7 +238,7 @@ class Authenticator:
         if self.admin is None:
             return None
         key = presented_key(headers)
-        key_id, salt, digest = self.admin
-        if key is None or apikeys.key_id(key) != key_id or not apikeys.matches(key, salt, digest):
+        key_id, mac, digest = self.admin
+        if key is None or apikeys.key_id(key) != key_id or not apikeys.matches(key, mac, digest):
             return "this path needs the admin key (Authorization: Bearer <key>)"
         return None

@@ -37,8 +37,9 @@ def test_keys_are_random_salted_and_checked() -> None:
     a, b = apikeys.new_key(), apikeys.new_key()
     assert a.key != b.key and a.salt != b.salt
     assert apikeys.key_id(a.key) == a.id and len(a.id) == apikeys.ID_LENGTH
-    assert apikeys.matches(a.key, a.salt, a.hash)
-    assert not apikeys.matches(b.key, a.salt, a.hash)
+    mac, digest = apikeys.keyed(bytes.fromhex(a.salt)), bytes.fromhex(a.hash)
+    assert apikeys.matches(a.key, mac, digest)
+    assert not apikeys.matches(b.key, mac, digest)
     # The same key under another salt has another hash.
     assert apikeys.digest(a.key, b.salt) != a.hash
     assert a.key not in a.hash and a.key.split("-", 2)[2] not in repr(stored(a))
