@@ -157,6 +157,8 @@ def test_admin_key(tmp_path: Path) -> None:
     assert auth.admin_refusal({"x-api-key": made.key}) is None
     assert auth.admin_refusal({}) is not None
     assert auth.admin_refusal({"x-api-key": apikeys.new_key().key}) is not None
+    forged = made.key[: -len("secret")] + "secret"  # the admin key's id, another secret
+    assert forged != made.key and auth.admin_refusal({"x-api-key": forged}) is not None
     assert Authenticator().admin_refusal({}) is None  # no admin key: open
     config = tmp_path / "gateway.yaml"
     config.write_text("gateway:\n  adminKeyHash: not-a-hash\n")
