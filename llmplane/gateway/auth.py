@@ -1,19 +1,10 @@
-"""Who is calling: API keys of Tenants, checked on every inference request and admin path.
+"""Who is calling: API keys of Tenants, checked on every inference request and admin path
+(the answers and when authentication is on: docs/security.md, "Authentication").
 
-The tenant table (``TenantTable``) is built from the store's Tenant objects whenever they
-change, like the routing table, and swapped in whole: a request looks its key up by the
-key's public id (one dict lookup) and checks one HMAC-SHA256 in constant time
-(``apikeys.matches``, from an HMAC keyed once per key). Keys come as
-``Authorization: Bearer <key>`` (what the ``openai`` client sends) or ``x-api-key: <key>``.
-
-Answers, OpenAI-style: 401 ``invalid_api_key`` for a missing, unknown, malformed or revoked
-key (one message for all, so a caller learns nothing about which); 403 ``model_not_allowed``
-for a model outside the tenant's list, the same answer whether the model exists or not.
-
-Authentication is on when at least one Tenant exists, or when the gateway listens beyond
-loopback (then, without Tenants, every inference request is refused: an open gateway on a
-network is never the silent default). The admin key (``gateway.adminKeyHash``) guards
-``/metrics`` and the console's JSON API.
+The tenant table is rebuilt from the store's Tenant objects whenever they change and swapped in
+whole, so a request costs one dict lookup by the key's public id and one HMAC-SHA256 from a
+state keyed once per key (``apikeys.matches``). One 401 message for every bad key, and one 403
+whether a model exists or not, so a caller learns nothing about keys or models beyond its own.
 """
 
 from __future__ import annotations
