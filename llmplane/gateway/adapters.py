@@ -1,7 +1,7 @@
 """LoRA adapters as a lifecycle: loaded on demand onto a replica chosen by affinity, unloaded
-least recently used (the rules: docs/gateway.md, "Routing", LoRA adapters). Off the hot path: only a
-request for a declared adapter that no replica holds comes here (``RouteDecision.load``); loads
-of one adapter are serialised, so concurrent first requests wait for one load.
+least recently used (the rules: docs/gateway.md, "Routing", LoRA adapters). Off the hot path:
+only a request for a declared adapter that no replica holds comes here (``RouteDecision.load``);
+loads of one adapter are serialised, so concurrent first requests wait for one load.
 """
 
 from __future__ import annotations
