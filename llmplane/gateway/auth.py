@@ -56,8 +56,8 @@ class TenantAccess:
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     tenant: TenantAccess
-    hash: bytes  # empty: the key is refused
-    mac: hmac.HMAC | None = None  # keyed by the key's salt (apikeys.keyed), copied per check
+    hash: bytes
+    mac: hmac.HMAC  # keyed by the key's salt (apikeys.keyed), copied per check
 
 
 class TenantTable:
@@ -68,7 +68,7 @@ class TenantTable:
     __slots__ = ("keys", "tenants")
 
     def __init__(self, objects: Iterable[Mapping[str, Any]] = ()) -> None:
-        keys: dict[str, KeyRecord] = {}
+        keys: dict[str, KeyRecord | None] = {}  # None: refused
         tenants = 0
         objects = list(objects)
         secrets = {
@@ -97,7 +97,7 @@ class TenantTable:
                 key_id = key["id"]
                 if key_id in keys:  # two tenants claim one id: neither key is trusted
                     log.warning("API key id %s appears in two Tenants; both refused", key_id)
-                    record = KeyRecord(tenant, b"")
+                    record = None
                 keys[key_id] = record
         self.keys = keys
         self.tenants = tenants
@@ -165,12 +165,12 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return key.strip() if key else None
 
 
-def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
+def lookup(keys: Mapping[str, KeyRecord | None], key: str | None) -> KeyRecord | None:
     if key is None:
         return None
     key_id = apikeys.key_id(key)
     record = keys.get(key_id) if key_id is not None else None
-    if record is None or not record.hash or not apikeys.matches(key, record.mac, record.hash):
+    if record is None or not apikeys.matches(key, record.mac, record.hash):
         return None
     return record
 

@@ -55,6 +55,18 @@ def test_presented_key_from_bearer_or_x_api_key() -> None:
     assert presented_key({}) is None
 
 
+def test_a_key_id_two_tenants_claim_is_refused_for_both() -> None:
+    made, other = apikeys.new_key(), apikeys.new_key()
+    clash = {**stored(other), "id": made.id}  # another tenant's key under made's id
+    alone = TenantTable([tenant("a", [stored(made)])])
+    assert lookup(alone.keys, made.key) is not None
+    table = TenantTable([tenant("a", [stored(made)]), tenant("b", [clash])])
+    assert lookup(table.keys, made.key) is None
+    assert lookup(table.keys, f"llmp-{made.id}-{other.key.split('-', 2)[2]}") is None
+    three = TenantTable([tenant(n, [stored(made)]) for n in ("a", "b", "c")])
+    assert lookup(three.keys, made.key) is None
+
+
 def test_authenticator_checks_keys_models_and_revocation() -> None:
     good, revoked, other = apikeys.new_key(), apikeys.new_key(), apikeys.new_key()
     auth = Authenticator()
