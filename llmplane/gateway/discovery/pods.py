@@ -42,14 +42,23 @@ SELECTOR_KINDS = ("ModelServer", "InferencePool", "OpenModel")
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """What discovery needs of a Pod (the cache holds every pod in the namespaces)."""
+    """What discovery needs of a Pod (the cache holds every pod in the namespaces): the
+    containers' command lines give the engine's concurrency, scheduling policy and KV events."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
+    containers = (pod.get("spec") or {}).get("containers")
     return {
         "metadata": {
             k: meta[k]
             for k in ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp")
             if k in meta
+        },
+        "spec": {
+            "containers": [
+                {k: c[k] for k in ("command", "args") if k in c}
+                for c in (containers if isinstance(containers, list) else ())
+                if isinstance(c, dict)
+            ]
         },
         "status": {k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
     }
