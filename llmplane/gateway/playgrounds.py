@@ -17,6 +17,14 @@ from llmplane.controlplane.plan import (
     SERVICE_LABEL,
 )
 from llmplane.gateway.registry import EndpointState
+from llmplane.runtime.status import (
+    CRASH_LOOP,
+    ENGINE_NOT_INSTALLED,
+    LISTENS_BEYOND_LOOPBACK,
+    LIVENESS_PROBE_FAILED,
+    NO_LOCAL_COMMAND,
+    STARTUP_PROBE_FAILED,
+)
 
 
 def playground_models(spec: Mapping[str, Any]) -> list[str]:
@@ -33,16 +41,10 @@ def playground_models(spec: Mapping[str, Any]) -> list[str]:
     return []
 
 
-# Playground conditions that mean the engine cannot serve until someone acts (see runtime/status.py).
+# Reasons an engine cannot serve until someone acts (a Restarting one is waited for).
 _FAILING_REASONS = frozenset(
-    {
-        "CrashLoopBackOff",
-        "StartupProbeFailed",
-        "LivenessProbeFailed",
-        "EngineNotInstalled",
-        "NoLocalCommand",
-        "ListensBeyondLoopback",
-    }
+    {CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED, ENGINE_NOT_INSTALLED}
+    | {NO_LOCAL_COMMAND, LISTENS_BEYOND_LOOPBACK}
 )
 
 
