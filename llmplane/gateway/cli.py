@@ -33,7 +33,6 @@ from llmplane.store.paths import open_store
 if TYPE_CHECKING:
     from llmplane.gateway.workers.share import Seat
 
-DEFAULT_WORKERS = "auto"  # one per usable core, at most 8: llmplane/gateway/workers/cores.py
 MAX_WORKERS = 64
 
 
@@ -47,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers",
         type=_workers,
-        default=DEFAULT_WORKERS,
+        default="auto",  # one per usable core, at most 8: llmplane/gateway/workers/cores.py
         help="worker processes serving the port, sharing one routing state: a number, or "
         "auto (default) for one per core this process may use (its CPU affinity and cgroup "
         "quota), at most 8; see docs/gateway.md, Workers",
@@ -183,9 +182,6 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
         install_access_sink(sys.stdout.fileno())
         access.setLevel(logging.INFO)
     return config
-
-
-# --- the gateway ------------------------------------------------------------------------------
 
 
 def _workers(text: str) -> int:
