@@ -18,13 +18,12 @@ from collections.abc import Sequence
 from llmplane.gateway.cli import (
     StartupError,
     add_routing_arguments,
-    close_store,
     configure,
-    open_sources,
+    listen_error,
+    routing_sources,
     until_signalled,
 )
 from llmplane.gateway.config import ConfigFileError, GatewayConfig
-from llmplane.gateway.observability import flush_access_log
 
 DEFAULT_PORT = 9002  # InferencePool.spec.extensionRef's default port
 
@@ -65,83 +64,61 @@ def _parser() -> argparse.ArgumentParser:
 async def serve(args: argparse.Namespace, config: GatewayConfig) -> None:
     from llmplane.epp.server import start_picker
 
-    store, discovery = await open_sources(args)
-    scaler = None
-    if args.kubernetes:  # the activator asks the API for a Playground's first replica
-        from llmplane.gateway import kube_activation
-
-        scaler = kube_activation.scaler_for(store)
-    try:
-        picker = await start_picker(
-            store,
-            discovery,
-            args.host,
-            args.port,
-            config,
-            fallbacks=args.fallbacks,
-            metrics_port=args.metrics_port,
-            message_timeout=args.message_timeout,
-            wake=scaler.wake if scaler is not None else None,
-        )
-    except (OSError, RuntimeError) as e:  # grpc reports a busy port as RuntimeError
-        await close_store(store)
-        raise StartupError(
-            f"cannot listen on {args.host}:{args.port} (or --metrics-port): "
-            f"{getattr(e, 'strerror', None) or e} (pass --port N, or --port 0 for any free port)"
-        ) from None
-    line = f"LISTENING {picker.host}:{picker.port}"
-    if picker.metrics_port is not None:
-        line += f" metrics {picker.host}:{picker.metrics_port}"
-    print(line, flush=True)
-    try:
-        await until_signalled()
-    finally:
-        if scaler is not None:
-            await scaler.close()
-        await picker.close()
-        await close_store(store)
-        flush_access_log()
+    async with routing_sources(args) as (store, discovery, wake):
+        try:
+            picker = await start_picker(
+                store,
+                discovery,
+                args.host,
+                args.port,
+                config,
+                fallbacks=args.fallbacks,
+                metrics_port=args.metrics_port,
+                message_timeout=args.message_timeout,
+                wake=wake,
+            )
+        except (OSError, RuntimeError) as e:  # grpc reports a busy port as RuntimeError
+            raise listen_error(args, e, " (or --metrics-port)") from None
+        line = f"LISTENING {picker.host}:{picker.port}"
+        if picker.metrics_port is not None:
+            line += f" metrics {picker.host}:{picker.metrics_port}"
+        print(line, flush=True)
+        try:
+            await until_signalled()
+        finally:
+            await picker.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.fallbacks < 0:
-        print("llmplane epp: --fallbacks must be 0 or more", file=sys.stderr)
-        return 2
-    if not args.message_timeout > 0:
-        print("llmplane epp: --message-timeout must be above 0 seconds", file=sys.stderr)
-        return 2
     try:
-        import grpc  # noqa: F401
-        import grpc_health  # noqa: F401
-        from envoy.service.ext_proc.v3 import external_processor_pb2  # noqa: F401
-    except ImportError as e:
-        print(
-            f"llmplane epp: needs the 'epp' extra ({e.name} is missing): "
-            "pip install 'llmplane[epp]'",
-            file=sys.stderr,
-        )
-        return 2
-    try:
+        if args.fallbacks < 0:
+            raise StartupError("--fallbacks must be 0 or more")
+        if not args.message_timeout > 0:
+            raise StartupError("--message-timeout must be above 0 seconds")
+        try:
+            import grpc  # noqa: F401
+            import grpc_health  # noqa: F401
+            from envoy.service.ext_proc.v3 import external_processor_pb2  # noqa: F401
+        except ImportError as e:
+            raise StartupError(
+                f"needs the 'epp' extra ({e.name} is missing): pip install 'llmplane[epp]'"
+            ) from None
         config = configure(args)
-    except ConfigFileError as e:
-        print(f"llmplane epp: {e}", file=sys.stderr)
-        return 2
-    from llmplane.epp.server import within_message_timeout
+        from llmplane.epp.server import within_message_timeout
 
-    capped = within_message_timeout(config, args.message_timeout)
-    if capped is not config and config.flow_control_ttl != GatewayConfig.flow_control_ttl:
-        # start_picker caps it; a TTL the user set is worth a line, the default is not
-        print(
-            f"llmplane epp: flowControlTtl {config.flow_control_ttl:g} s is longer than Envoy's "
-            f"ext_proc message timeout (--message-timeout {args.message_timeout:g}); a queued "
-            f"request waits at most {capped.flow_control_ttl:g} s",
-            file=sys.stderr,
-        )
-    try:
+        capped = within_message_timeout(config, args.message_timeout)
+        if capped is not config and config.flow_control_ttl != GatewayConfig.flow_control_ttl:
+            # start_picker caps it; a TTL the user set is worth a line, the default is not
+            print(
+                f"llmplane epp: flowControlTtl {config.flow_control_ttl:g} s is longer than "
+                f"Envoy's ext_proc message timeout (--message-timeout {args.message_timeout:g}); "
+                f"a queued request waits at most {capped.flow_control_ttl:g} s",
+                file=sys.stderr,
+            )
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(args, config))
-    except StartupError as e:
+    except (ConfigFileError, StartupError) as e:
         print(f"llmplane epp: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,17 +1,7 @@
-"""LoRA adapters as a lifecycle: loaded on demand, placed by affinity, unloaded least recently used.
-
-Routing (``routing.py``) sends a request that names an adapter to the replicas that report it in
-``/v1/models``. A request naming an adapter declared on a Playground (``spec.loraAdapters``) that
-no replica holds carries ``RouteDecision.load``; ``Adapters.ensure`` then loads it onto one replica
-through the engine's runtime adapter API (vLLM's ``POST /v1/load_lora_adapter``, which the sim
-implements too) and the request goes there. The replica is chosen by LoRA affinity: one with a
-free adapter slot (fewer adapters than its ``max_lora`` from ``vllm:lora_requests_info``) first,
-the least busy among equals. When every replica is full, the adapter this gateway loaded and
-used least recently on the least busy replica is unloaded first (``/v1/unload_lora_adapter``);
-adapters an engine was started with (``--lora-modules``) are never unloaded.
-
-Loads of one adapter are serialised (concurrent first requests wait for one load). Off the hot
-path: only requests for an adapter that is not loaded anywhere come here.
+"""LoRA adapters as a lifecycle: loaded on demand onto a replica chosen by affinity, unloaded
+least recently used (the rules: docs/gateway.md, "Routing", LoRA adapters). Off the hot path:
+only a request for a declared adapter that no replica holds comes here (``RouteDecision.load``);
+loads of one adapter are serialised, so concurrent first requests wait for one load.
 """
 
 from __future__ import annotations
@@ -24,18 +14,13 @@ from collections.abc import Callable, Sequence
 import aiohttp
 
 from llmplane.gateway.errors import ErrorCode, GatewayError
-from llmplane.gateway.playgrounds import DeclaredAdapter
+from llmplane.gateway.playgrounds import DeclaredAdapter, adapters_on
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scraper import MODELS_CHANGED_AT
 
 log = logging.getLogger("llmplane.gateway")
 
 LOAD_TIMEOUT = 120.0  # loading reads the adapter's weights
-
-
-def adapters_on(state: EndpointState) -> set[str]:
-    """The LoRA adapters an endpoint reports (its /v1/models less its own model names)."""
-    return set(state.served_models or ()) - state.endpoint.served_names()
 
 
 class Adapters:

@@ -60,21 +60,15 @@ def key_id(key: str) -> str | None:
     return key[len(PREFIX) : end]
 
 
-def matches(key: str, salt_hex: str, hash_hex: str) -> bool:
-    """Constant-time check of a presented key against a stored salt and hash."""
-    return hmac.compare_digest(digest(key, salt_hex), hash_hex)
-
-
 def keyed(salt: bytes) -> hmac.HMAC:
-    """An HMAC-SHA256 keyed by ``salt`` and not yet fed: ``matches_raw`` copies it instead
-    of keying a new one for every request."""
+    """An HMAC-SHA256 keyed by ``salt`` and not yet fed: ``matches`` copies it instead of
+    keying a new one for every request."""
     return hmac.new(salt, digestmod=hashlib.sha256)
 
 
-def matches_raw(key: str, mac: hmac.HMAC, hash_: bytes) -> bool:
-    """``matches`` with the salt already keyed (``keyed``) and the hash decoded (the
-    gateway's hot path: one HMAC in C from a copied key state, one constant-time
-    comparison)."""
+def matches(key: str, mac: hmac.HMAC, hash_: bytes) -> bool:
+    """Whether ``key`` is the one stored as ``hash_`` under the salt ``mac`` is keyed with
+    (``keyed``): one HMAC in C from a copied key state, one constant-time comparison."""
     mac = mac.copy()
     mac.update(key.encode())
     return hmac.compare_digest(mac.digest(), hash_)

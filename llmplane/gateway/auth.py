@@ -1,19 +1,10 @@
-"""Who is calling: API keys of Tenants, checked on every inference request and admin path.
+"""Who is calling: API keys of Tenants, checked on every inference request and admin path
+(the answers and when authentication is on: docs/security.md, "Authentication").
 
-The tenant table (``TenantTable``) is built from the store's Tenant objects whenever they
-change, like the routing table, and swapped in whole: a request looks its key up by the
-key's public id (one dict lookup) and checks one HMAC-SHA256 in constant time
-(``apikeys.matches_raw``, from an HMAC keyed once per key). Keys come as
-``Authorization: Bearer <key>`` (what the ``openai`` client sends) or ``x-api-key: <key>``.
-
-Answers, OpenAI-style: 401 ``invalid_api_key`` for a missing, unknown, malformed or revoked
-key (one message for all, so a caller learns nothing about which); 403 ``model_not_allowed``
-for a model outside the tenant's list, the same answer whether the model exists or not.
-
-Authentication is on when at least one Tenant exists, or when the gateway listens beyond
-loopback (then, without Tenants, every inference request is refused: an open gateway on a
-network is never the silent default). The admin key (``gateway.adminKeyHash``) guards
-``/metrics`` and the console's JSON API.
+The tenant table is rebuilt from the store's Tenant objects whenever they change and swapped in
+whole, so a request costs one dict lookup by the key's public id and one HMAC-SHA256 from a
+state keyed once per key (``apikeys.matches``). One 401 message for every bad key, and one 403
+whether a model exists or not, so a caller learns nothing about keys or models beyond its own.
 """
 
 from __future__ import annotations
@@ -65,8 +56,8 @@ class TenantAccess:
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     tenant: TenantAccess
-    hash: bytes  # empty: the key is refused
-    mac: hmac.HMAC | None = None  # keyed by the key's salt (apikeys.keyed), copied per check
+    hash: bytes
+    mac: hmac.HMAC  # keyed by the key's salt (apikeys.keyed), copied per check
 
 
 class TenantTable:
@@ -74,12 +65,11 @@ class TenantTable:
     salt and hash from that Secret among ``objects`` (the Kubernetes store follows Secrets
     labelled ``llmplane.io/api-key``); without it the key is refused."""
 
-    __slots__ = ("keys", "names", "tenants")
+    __slots__ = ("keys", "tenants")
 
     def __init__(self, objects: Iterable[Mapping[str, Any]] = ()) -> None:
-        keys: dict[str, KeyRecord] = {}
+        keys: dict[str, KeyRecord | None] = {}  # None: refused
         tenants = 0
-        names: list[str] = []
         objects = list(objects)
         secrets = {
             (obj["metadata"].get("namespace") or "default", obj["metadata"]["name"]): obj
@@ -93,7 +83,6 @@ class TenantTable:
             meta = obj["metadata"]
             ns = meta.get("namespace") or "default"
             name = meta["name"] if ns == "default" else f"{ns}/{meta['name']}"
-            names.append(name)
             spec = obj.get("spec") or {}
             models = spec.get("models", ("*",)) or ()  # an empty list allows nothing
             tenant = TenantAccess(
@@ -108,11 +97,10 @@ class TenantTable:
                 key_id = key["id"]
                 if key_id in keys:  # two tenants claim one id: neither key is trusted
                     log.warning("API key id %s appears in two Tenants; both refused", key_id)
-                    record = KeyRecord(tenant, b"")
+                    record = None
                 keys[key_id] = record
         self.keys = keys
         self.tenants = tenants
-        self.names = frozenset(names)
 
 
 def _weight(spec: Mapping[str, Any]) -> int:
@@ -177,12 +165,12 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return key.strip() if key else None
 
 
-def lookup(keys: Mapping[str, KeyRecord], key: str | None) -> KeyRecord | None:
+def lookup(keys: Mapping[str, KeyRecord | None], key: str | None) -> KeyRecord | None:
     if key is None:
         return None
     key_id = apikeys.key_id(key)
     record = keys.get(key_id) if key_id is not None else None
-    if record is None or not record.hash or not apikeys.matches_raw(key, record.mac, record.hash):
+    if record is None or not apikeys.matches(key, record.mac, record.hash):
         return None
     return record
 
@@ -199,9 +187,10 @@ class Authenticator:
             ("tenant", "status"),
         )
         self.loopback = True  # set from the listening host at start
-        self.admin: tuple[str, str, str] | None = None
+        self.admin: tuple[str, hmac.HMAC, bytes] | None = None
         if admin_key_hash:
-            self.admin = apikeys.parse_admin_setting(admin_key_hash)
+            key_id, salt, digest = apikeys.parse_admin_setting(admin_key_hash)
+            self.admin = (key_id, apikeys.keyed(bytes.fromhex(salt)), bytes.fromhex(digest))
 
     def update(self, objects: Iterable[Mapping[str, Any]]) -> None:
         self.table = TenantTable(objects)
@@ -240,7 +229,7 @@ class Authenticator:
         if self.admin is None:
             return None
         key = presented_key(headers)
-        key_id, salt, digest = self.admin
-        if key is None or apikeys.key_id(key) != key_id or not apikeys.matches(key, salt, digest):
+        key_id, mac, digest = self.admin
+        if key is None or apikeys.key_id(key) != key_id or not apikeys.matches(key, mac, digest):
             return "this path needs the admin key (Authorization: Bearer <key>)"
         return None

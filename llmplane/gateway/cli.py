@@ -15,8 +15,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from llmplane.aio import run, wait_event
 from llmplane.console.api import Console
@@ -33,7 +33,6 @@ from llmplane.store.paths import open_store
 if TYPE_CHECKING:
     from llmplane.gateway.workers.share import Seat
 
-DEFAULT_WORKERS = "auto"  # one per usable core, at most 8: llmplane/gateway/workers/cores.py
 MAX_WORKERS = 64
 
 
@@ -47,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers",
         type=_workers,
-        default=DEFAULT_WORKERS,
+        default="auto",  # one per usable core, at most 8: llmplane/gateway/workers/cores.py
         help="worker processes serving the port, sharing one routing state: a number, or "
         "auto (default) for one per core this process may use (its CPU affinity and cgroup "
         "quota), at most 8; see docs/gateway.md, Workers",
@@ -107,30 +106,49 @@ class StartupError(Exception):
     """The gateway cannot start for a reason the user can fix (said in one line)."""
 
 
-async def open_sources(args: argparse.Namespace) -> tuple[Any, Discovery]:
-    """The store and the endpoint discovery ``add_routing_arguments`` chose."""
+@contextlib.asynccontextmanager
+async def routing_sources(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[Store, Discovery, Callable[[str], None] | None]]:
+    """The store and endpoint discovery ``add_routing_arguments`` chose, and in a cluster the
+    activator's ``wake`` (it asks the API for a Playground's first replica); on exit all are
+    closed and the access log flushed."""
+    scaler = None
     if args.kubernetes:
         # Imported here: kubernetes_asyncio is an optional extra.
         from llmplane.gateway.discovery.pods import kubernetes_sources, parse_namespaces
+        from llmplane.gateway.kube_activation import KubeScaleFromZero
 
         try:
-            return await kubernetes_sources(
-                parse_namespaces(args.namespace),
-                args.kube_server,
-                key_secrets=args.key_secrets,
+            store, discovery = await kubernetes_sources(
+                parse_namespaces(args.namespace), args.kube_server, key_secrets=args.key_secrets
             )
         except Exception as e:  # kubernetes_asyncio's config and connection errors
             raise StartupError(
                 "--kubernetes: no usable Kubernetes API (in-cluster config, else kubeconfig): "
                 f"{type(e).__name__}: {e}"
             ) from None
-    store = open_store(args.state_dir)
-    return store, StoreEndpoints(store)
+        scaler = KubeScaleFromZero(store.api, store)
+    else:
+        store = open_store(args.state_dir)
+        discovery = StoreEndpoints(store)
+    try:
+        yield store, discovery, scaler.wake if scaler is not None else None
+    finally:
+        if scaler is not None:
+            await scaler.close()
+            await store.aclose()  # the Kubernetes store closes its API client
+        else:
+            store.close()
+        flush_access_log()
 
 
-async def close_store(store: Store) -> None:
-    aclose = getattr(store, "aclose", None)  # the Kubernetes store closes its API client
-    await aclose() if aclose is not None else store.close()
+def listen_error(args: argparse.Namespace, e: Exception, also: str = "") -> StartupError:
+    reason = getattr(e, "strerror", None) or str(e)
+    return StartupError(
+        f"cannot listen on {args.host}:{args.port}{also}: {reason} "
+        "(pass --port N, or --port 0 for any free port)"
+    )
 
 
 async def until_signalled(orphan_of: int | None = None) -> None:
@@ -166,9 +184,6 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     return config
 
 
-# --- the gateway ------------------------------------------------------------------------------
-
-
 def _workers(text: str) -> int:
     if text.strip().lower() == "auto":
         from llmplane.gateway.workers.cores import auto_workers
@@ -183,14 +198,6 @@ def _workers(text: str) -> int:
     return n
 
 
-def _listen_error(args: argparse.Namespace, e: OSError) -> StartupError:
-    reason = os.strerror(e.errno) if e.errno else str(e)
-    return StartupError(
-        f"cannot listen on {args.host}:{args.port}: {reason} "
-        "(pass --port N, or --port 0 for any free port)"
-    )
-
-
 async def serve(
     args: argparse.Namespace,
     config: GatewayConfig,
@@ -199,40 +206,30 @@ async def serve(
 ) -> None:
     """One gateway: alone (prints LISTENING), or worker ``seat`` of a supervisor (calls
     ``ready`` once it serves, stops with its supervisor)."""
-    store, discovery = await open_sources(args)
-    scaler = None
-    if args.kubernetes:  # the activator asks the API for a Playground's first replica
-        from llmplane.gateway import kube_activation
-
-        scaler = kube_activation.scaler_for(store)
-    try:
-        gateway = await start_gateway(
-            store,
-            discovery,
-            args.host,
-            args.port,
-            config,
-            extensions=[Console],
-            seat=seat,
-            wake=scaler.wake if scaler is not None else None,
-        )
-    except OSError as e:
-        await close_store(store)
-        raise _listen_error(args, e) from None
-    if ready is None:
-        print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
-    else:
-        ready()
-    collector = asyncio.create_task(freeze_survivors(), name="gc")  # see llmplane/gcpolicy.py
-    try:
-        await until_signalled(os.getppid() if seat is not None else None)
-    finally:
-        collector.cancel()
-        if scaler is not None:
-            await scaler.close()
-        await gateway.close()
-        await close_store(store)
-        flush_access_log()
+    async with routing_sources(args) as (store, discovery, wake):
+        try:
+            gateway = await start_gateway(
+                store,
+                discovery,
+                args.host,
+                args.port,
+                config,
+                extensions=[Console],
+                seat=seat,
+                wake=wake,
+            )
+        except OSError as e:
+            raise listen_error(args, e) from None
+        if ready is None:
+            print(f"LISTENING {gateway.host}:{gateway.port}", flush=True)
+        else:
+            ready()
+        collector = asyncio.create_task(freeze_survivors(), name="gc")  # llmplane/gcpolicy.py
+        try:
+            await until_signalled(os.getppid() if seat is not None else None)
+        finally:
+            collector.cancel()
+            await gateway.close()
 
 
 def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
@@ -243,7 +240,7 @@ def supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     try:
         socks = listen(args.host, args.port, args.workers)
     except OSError as e:
-        raise _listen_error(args, e) from None
+        raise listen_error(args, e) from None
     host, port = socks[0].getsockname()[:2]
 
     def worker(seat: Seat, ready: Callable[[], None]) -> int:
@@ -268,15 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = configure(args)
-    except ConfigFileError as e:
-        print(f"llmplane gateway: {e}", file=sys.stderr)
-        return 2
-    raise_open_files()  # before any fork: the workers inherit it (llmplane/fdlimit.py)
-    try:
+        raise_open_files()  # before any fork: the workers inherit it (llmplane/fdlimit.py)
         if args.workers > 1:
             return supervise(args, config)
         run(serve(args, config))
-    except StartupError as e:
+    except (ConfigFileError, StartupError) as e:
         print(f"llmplane gateway: {e}", file=sys.stderr)
         return 2
     return 0

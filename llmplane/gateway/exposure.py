@@ -90,10 +90,6 @@ def make_guard(
     listen_host: str, allowed_hosts: Iterable[str], allowed_origins: Iterable[str] = ()
 ) -> Guard:
     """The check ``HttpServer`` runs before routing each request (None: let it through)."""
-    if isinstance(allowed_hosts, str):  # one name written without a list
-        allowed_hosts = [allowed_hosts]
-    if isinstance(allowed_origins, str):
-        allowed_origins = [allowed_origins]
     origins = frozenset(origin_name(o) for o in allowed_origins)
     any_origin = "*" in origins
     allowed = {host_name(h) for h in allowed_hosts}

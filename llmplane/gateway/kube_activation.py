@@ -1,16 +1,11 @@
-"""Scale from zero in a cluster: the in-cluster gateway's activator asks for the first replica.
+"""Scale from zero in a cluster: the in-cluster gateway's activator asks for the first replica
+(docs/autoscaling.md, "On Kubernetes", Scale from zero).
 
-``llmplane up`` wakes its embedded autoscaler when a request is held; in a cluster the
-autoscaler is the operator's, a network hop and a polling interval away. So the gateway itself
-writes the Playground's scale subresource (``spec.replicas``) from 0 to
-``max(1, minReplicas)`` the moment the first request is held, as a Knative activator pokes its
-autoscaler. That is the only write the gateway makes (RBAC: ``playgrounds/scale`` get and
-patch); every other decision (more replicas, scale back to zero) stays the operator's.
-
-Guards: only a Playground with ``elasticConfig`` whose ``spec.replicas`` is 0 (a fixed
-``replicas: 0`` stays as the user wrote it); the write carries the resourceVersion it read, so
-it never overwrites a concurrent change (on a conflict it reads again and re-checks); one write
-per workload at a time however many requests are held.
+The cluster's autoscaler is the operator's, a network hop and a polling interval away, so the
+gateway itself writes the Playground's scale subresource from 0 to ``max(1, minReplicas)`` the
+moment a request is held, as a Knative activator pokes its autoscaler. It is the only write the
+gateway makes; it carries the resourceVersion it read (a concurrent change wins), and there is
+one write per workload at a time however many requests are held.
 """
 
 from __future__ import annotations
@@ -79,9 +74,3 @@ class KubeScaleFromZero:
     async def close(self) -> None:
         for task in list(self._pending.values()):
             await cancel(task)
-
-
-def scaler_for(store: Any) -> KubeScaleFromZero:
-    """What scales a Playground from zero through the API ``store`` reads from (a started
-    ``KubeStore``): pass its ``wake`` to the gateway; close it before the store."""
-    return KubeScaleFromZero(store.api, store)

@@ -6,9 +6,9 @@ declared in ``spec.loraAdapters``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from llmplane.controlplane.plan import (
     BACKEND_LABEL,
@@ -17,9 +17,14 @@ from llmplane.controlplane.plan import (
     SERVICE_LABEL,
 )
 from llmplane.gateway.registry import EndpointState
-
-if TYPE_CHECKING:  # routing.py imports this module
-    from llmplane.gateway.routing import Backend, RoutingTable
+from llmplane.runtime.status import (
+    CRASH_LOOP,
+    ENGINE_NOT_INSTALLED,
+    LISTENS_BEYOND_LOOPBACK,
+    LIVENESS_PROBE_FAILED,
+    NO_LOCAL_COMMAND,
+    STARTUP_PROBE_FAILED,
+)
 
 
 def playground_models(spec: Mapping[str, Any]) -> list[str]:
@@ -36,16 +41,10 @@ def playground_models(spec: Mapping[str, Any]) -> list[str]:
     return []
 
 
-# Playground conditions that mean the engine cannot serve until someone acts (see runtime/status.py).
+# Reasons an engine cannot serve until someone acts (a Restarting one is waited for).
 _FAILING_REASONS = frozenset(
-    {
-        "CrashLoopBackOff",
-        "StartupProbeFailed",
-        "LivenessProbeFailed",
-        "EngineNotInstalled",
-        "NoLocalCommand",
-        "ListensBeyondLoopback",
-    }
+    {CRASH_LOOP, STARTUP_PROBE_FAILED, LIVENESS_PROBE_FAILED, ENGINE_NOT_INSTALLED}
+    | {NO_LOCAL_COMMAND, LISTENS_BEYOND_LOOPBACK}
 )
 
 
@@ -109,46 +108,43 @@ def backing_workload(
     return None
 
 
+class Target(Protocol):
+    """What ``activatable_routes`` reads of a route's backend."""
+
+    @property
+    def ref(self) -> str: ...
+
+    @property
+    def candidates(self) -> Sequence[object]: ...
+
+
 def activatable_routes(
-    table: RoutingTable,
+    targets: Iterable[tuple[str, Sequence[Target | None]]],
+    activatable: Mapping[str, str],
     selectors: Mapping[str, tuple[str, dict[str, str]]],
     playgrounds: list[dict[str, Any]],
-) -> None:
-    """ModelRoute, InferenceModel and InferenceModelRewrite names whose every target selects no replica yet, while a
-    Playground whose replicas a target would select is activatable (scaled to zero, starting,
-    restarting): the activator holds their requests too, for that Playground."""
-    own = dict(table.activatable)  # the Playgrounds' own models
+) -> dict[str, str]:
+    """Route names (``targets``: name -> its backends) whose every target selects no replica
+    yet, while a Playground whose replicas a target would select is ``activatable`` (scaled to
+    zero, starting, restarting), with that Playground's workload: the activator holds their
+    requests too."""
     found: dict[str, str | None] = {}
-
-    def workload_of(backend: Backend) -> str | None:
-        if backend.ref not in found:
-            namespace, selector = selectors.get(backend.ref, ("", {}))
-            found[backend.ref] = (
-                backing_workload(namespace, selector, playgrounds, own) if namespace else None
-            )
-        return found[backend.ref]
-
-    def hold(name: str, backends: list[Backend | None]) -> None:
-        if not backends or any(b is None or b.candidates for b in backends):
-            return
-        workloads = [w for b in backends if b is not None and (w := workload_of(b))]
-        if workloads:
-            table.activatable.setdefault(name, workloads[0])
-
-    for name, routes in table.routes_by_model.items():
-        hold(
-            name,
-            [
-                table.servers.get((r.namespace, t.server))
-                for r in routes
-                for rule in r.rules
-                for t in rule.targets
-            ],
-        )
-    for name, entries in table.inference_models.items():
-        hold(name, [entry.backend for entry in entries])
-    for name, rewrites in table.rewrites.items():
-        hold(name, [rewrites[0].backend])
+    held: dict[str, str] = {}
+    for name, backends in targets:
+        if name in held or not backends or any(b is None or b.candidates for b in backends):
+            continue
+        for ref in (b.ref for b in backends if b is not None):
+            if ref not in found:
+                namespace, selector = selectors.get(ref, ("", {}))
+                found[ref] = (
+                    backing_workload(namespace, selector, playgrounds, activatable)
+                    if namespace
+                    else None
+                )
+            if workload := found[ref]:
+                held[name] = workload
+                break
+    return held
 
 
 @dataclass(frozen=True)
@@ -160,14 +156,17 @@ class DeclaredAdapter:
     base: str  # the Playground's model
 
 
+def adapters_on(state: EndpointState) -> set[str]:
+    """The LoRA adapters an endpoint reports (its /v1/models less its own model names)."""
+    return set(state.served_models or ()) - state.endpoint.served_names()
+
+
 def reported_adapters(states: Iterable[EndpointState]) -> dict[str, list[EndpointState]]:
-    """Adapter name -> endpoints whose ``/v1/models`` lists it (their own model names aside)."""
+    """Adapter name -> endpoints that report it."""
     holders: dict[str, list[EndpointState]] = {}
     for state in states:
-        own = state.endpoint.served_names()
-        for name in state.served_models or ():
-            if name not in own:
-                holders.setdefault(name, []).append(state)
+        for name in adapters_on(state):
+            holders.setdefault(name, []).append(state)
     return holders
 
 

@@ -269,6 +269,19 @@ class RoutingTable:
     # (pool ref, InferenceObjective name) -> its priority.
     objectives: dict[tuple[str, str], int] = field(default_factory=dict)
 
+    def targets(self) -> Iterator[tuple[str, list[Backend | None]]]:
+        """Each name a route, InferenceModel or rewrite serves, with the backends its targets
+        resolve to (None: a ModelServer that does not exist)."""
+        for name, routes in self.routes_by_model.items():
+            servers = [
+                (r.namespace, t.server) for r in routes for rule in r.rules for t in rule.targets
+            ]
+            yield name, [self.servers.get(server) for server in servers]
+        for name, entries in self.inference_models.items():
+            yield name, [entry.backend for entry in entries]
+        for name, rewrites in self.rewrites.items():
+            yield name, [rewrites[0].backend]
+
     def model_names(self) -> list[str]:
         names = set(self.routes_by_model) | set(self.routes_by_lora) | set(self.inference_models)
         return sorted(names | set(self.rewrites) | set(self.decisions) | set(self.placeholders))
@@ -589,7 +602,10 @@ class _Builder:
             for name, workload in table.activatable.items()
             if name in table.placeholders and not table.placeholders[name]
         }
-        activatable_routes(table, self.selectors, self.playgrounds)
+        held = activatable_routes(
+            table.targets(), table.activatable, self.selectors, self.playgrounds
+        )
+        table.activatable = held | table.activatable
         for ref, problem in table.problems.items():
             log.warning("routing ignores %s: %s", ref, problem)
         return table

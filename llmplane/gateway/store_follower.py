@@ -46,16 +46,9 @@ class StoreFollower:
 
     def load(self) -> None:
         """List every followed kind now (synchronously) and notify."""
-        since = None
-        rv = getattr(self.store, "resource_version", None)
-        if callable(rv):
-            since = rv()
-        objects: dict[Key, dict[str, Any]] = {}
-        for kind in sorted(self.kinds):
-            for obj in self.store.list(kind):
-                objects[_key(obj)] = obj
-        self.objects = objects
-        self._since = since
+        version = getattr(self.store, "resource_version", None)  # read first: watch from it
+        self._since = version() if callable(version) else None
+        self.objects = {_key(o): o for kind in sorted(self.kinds) for o in self.store.list(kind)}
         self.on_change(dict(self.objects))
 
     async def start(self) -> None:

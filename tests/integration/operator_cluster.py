@@ -98,7 +98,7 @@ async def cluster(
             doc.pop("status", None)
             await kube.create(doc)
         store, discovery = await kubernetes_sources(None, kube.url)
-        scaler = kube_activation.scaler_for(store)
+        scaler = kube_activation.KubeScaleFromZero(store.api, store)
         gateway = await start_gateway(
             store, discovery, config=GatewayConfig(**config), wake=scaler.wake
         )

@@ -9,6 +9,7 @@ runs in this process on the gateway's routing state, so the tests can look at th
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import aiohttp
 import orjson
@@ -434,6 +435,21 @@ async def test_llmplane_epp_command_behind_envoy(tmp_path, sims):
     )
     assert bad.returncode == 2
     assert bad.stderr.startswith("llmplane epp: ") and "Traceback" not in bad.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for args, said in (
+            (["--port", str(taken.getsockname()[1])], "cannot listen on 127.0.0.1:"),
+            (["--fallbacks", "-1"], "--fallbacks must be 0 or more"),
+        ):
+            bad = subprocess.run(
+                [sys.executable, "-m", "llmplane.cli", "epp", "--state-dir", str(tmp_path), *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert bad.returncode == 2 and f"llmplane epp: {said}" in bad.stderr, bad
+            assert "Traceback" not in bad.stderr
 
 
 @pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full-duplex"])

@@ -37,8 +37,9 @@ def test_keys_are_random_salted_and_checked() -> None:
     a, b = apikeys.new_key(), apikeys.new_key()
     assert a.key != b.key and a.salt != b.salt
     assert apikeys.key_id(a.key) == a.id and len(a.id) == apikeys.ID_LENGTH
-    assert apikeys.matches(a.key, a.salt, a.hash)
-    assert not apikeys.matches(b.key, a.salt, a.hash)
+    mac, digest = apikeys.keyed(bytes.fromhex(a.salt)), bytes.fromhex(a.hash)
+    assert apikeys.matches(a.key, mac, digest)
+    assert not apikeys.matches(b.key, mac, digest)
     # The same key under another salt has another hash.
     assert apikeys.digest(a.key, b.salt) != a.hash
     assert a.key not in a.hash and a.key.split("-", 2)[2] not in repr(stored(a))
@@ -52,6 +53,18 @@ def test_presented_key_from_bearer_or_x_api_key() -> None:
     assert presented_key({"x-api-key": "abc"}) == "abc"
     assert presented_key({"authorization": "Basic abc"}) is None
     assert presented_key({}) is None
+
+
+def test_a_key_id_two_tenants_claim_is_refused_for_both() -> None:
+    made, other = apikeys.new_key(), apikeys.new_key()
+    clash = {**stored(other), "id": made.id}  # another tenant's key under made's id
+    alone = TenantTable([tenant("a", [stored(made)])])
+    assert lookup(alone.keys, made.key) is not None
+    table = TenantTable([tenant("a", [stored(made)]), tenant("b", [clash])])
+    assert lookup(table.keys, made.key) is None
+    assert lookup(table.keys, f"llmp-{made.id}-{other.key.split('-', 2)[2]}") is None
+    three = TenantTable([tenant(n, [stored(made)]) for n in ("a", "b", "c")])
+    assert lookup(three.keys, made.key) is None
 
 
 def test_authenticator_checks_keys_models_and_revocation() -> None:
@@ -156,6 +169,8 @@ def test_admin_key(tmp_path: Path) -> None:
     assert auth.admin_refusal({"x-api-key": made.key}) is None
     assert auth.admin_refusal({}) is not None
     assert auth.admin_refusal({"x-api-key": apikeys.new_key().key}) is not None
+    forged = made.key[: -len("secret")] + "secret"  # the admin key's id, another secret
+    assert forged != made.key and auth.admin_refusal({"x-api-key": forged}) is not None
     assert Authenticator().admin_refusal({}) is None  # no admin key: open
     config = tmp_path / "gateway.yaml"
     config.write_text("gateway:\n  adminKeyHash: not-a-hash\n")

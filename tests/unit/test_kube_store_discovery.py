@@ -5,6 +5,7 @@ by setting podIP and the Ready condition), plus its pure helpers."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -179,3 +180,22 @@ async def test_namespaced_discovery_watches_only_its_namespaces() -> None:
             paths = {p for _, p in kube.requests}
             assert "/api/v1/namespaces/team/pods" in paths
             assert "/api/v1/pods" not in paths
+
+
+async def test_a_pods_command_line_reaches_its_endpoint() -> None:
+    """Concurrency, scheduling policy and KV events come from the engine container's args, so
+    the pod cache keeps the containers' command lines (and nothing else of the spec)."""
+    config = json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}
+    )
+    args = ["--max-num-seqs", "7", "--scheduling-policy", "priority", "--kv-events-config", config]
+    engine = pod("opt-0", {MODEL: "opt-125m"}, "10.0.0.1")
+    engine["spec"]["containers"][0].update(command=["vllm", "serve"], args=args)
+    async with KubeEmulator() as kube:
+        await kube.create(engine)
+        async with discovering(kube) as discovery:
+            [found] = discovery.endpoints()
+            assert (found.max_num_seqs, found.priority_scheduling) == (7, True)
+            assert found.kv_events == "tcp://10.0.0.1:5557"
+            cached = next(iter(discovery.informers[0].objects.values()))
+            assert set(cached["spec"]["containers"][0]) == {"command", "args"}

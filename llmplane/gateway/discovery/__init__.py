@@ -1,9 +1,5 @@
-"""Discovery: the gateway's view of ready model-server endpoints and their labels.
-
-``sources`` (the ``Discovery`` protocol; static, embedded-runtime and combined sources),
-``pods`` (Kubernetes Pods, in-cluster) and ``store_endpoints`` (``Endpoint`` objects registered
-in the store: servers running elsewhere). The endpoint type itself is the runtime's
-(``llmplane.runtime.endpoint.Endpoint``).
+"""Discovery: the gateway's view of ready model-server endpoints (``sources``: the protocol and
+the simple sources; ``pods``: Kubernetes Pods; ``store_endpoints``: ``Endpoint`` store objects).
 """
 
 from llmplane.gateway.discovery.sources import (

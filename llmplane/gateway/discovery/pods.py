@@ -1,14 +1,10 @@
-"""Endpoints from Kubernetes Pods, for the in-cluster gateway (``llmplane gateway --kubernetes``).
+"""Endpoints from Kubernetes Pods, for the in-cluster gateway (``llmplane gateway --kubernetes``;
+which pods, and their address, labels, model name and engine: docs/kubernetes.md, "Endpoints").
 
-``PodDiscovery`` watches every Pod in the gateway's namespaces (one list + watch per namespace,
-or one cluster-wide; not narrowed server-side, since the selectors change with the routing
-objects) and turns each serving pod that something may route to into an ``Endpoint``: which
-pods, and their address, labels, model name and engine, are described in docs/kubernetes.md
-("Endpoints"). Besides: ``workload`` is ``<namespace>/<inference Service name>`` (the
-LeaderWorkerSet's name label, else ``inference.llmaz.io/service-name``), so the autoscaling
-signals are per Playground; ``kv_events``: a container started with ``--kv-events-config``
-binding ``tcp://*:PORT`` publishes its KV events at ``tcp://{podIP}:PORT`` (its replay
-endpoint likewise).
+Every Pod of the gateway's namespaces is watched, not a server-side selection, since the
+selectors change with the routing objects. ``workload`` is ``<namespace>/<inference Service>``
+(the LeaderWorkerSet's name label, else the service-name label): autoscaling signals are per
+Playground.
 """
 
 from __future__ import annotations
@@ -46,14 +42,23 @@ SELECTOR_KINDS = ("ModelServer", "InferencePool", "OpenModel")
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """What discovery needs of a Pod (the cache holds every pod in the namespaces)."""
+    """What discovery needs of a Pod (the cache holds every pod in the namespaces): the
+    containers' command lines give the engine's concurrency, scheduling policy and KV events."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
+    containers = (pod.get("spec") or {}).get("containers")
     return {
         "metadata": {
             k: meta[k]
             for k in ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp")
             if k in meta
+        },
+        "spec": {
+            "containers": [
+                {k: c[k] for k in ("command", "args") if k in c}
+                for c in (containers if isinstance(containers, list) else ())
+                if isinstance(c, dict)
+            ]
         },
         "status": {k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
     }
@@ -92,9 +97,8 @@ def _served_names(objects: Mapping[Any, dict[str, Any]]) -> dict[str, str]:
 
 
 class PodDiscovery(Subscribers):
-    """``Discovery`` over Pods (see the module docstring). ``store`` (a ``KubeStore``, or any
-    store) provides the ModelServers, InferencePools and OpenModels; ``await start()`` lists
-    and then follows pods; ``await close()`` stops."""
+    """``Discovery`` over Pods; ``store`` provides the ModelServers, InferencePools and
+    OpenModels that say which pods are wanted and what their engines serve."""
 
     def __init__(
         self,

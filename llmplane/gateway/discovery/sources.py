@@ -1,13 +1,5 @@
-"""The ``Discovery`` protocol and the sources that need no watch of their own.
-
-A ``Discovery`` lists ready endpoints and calls subscribers when the list changes:
-
-- ``StaticDiscovery``: a fixed (or hand-updated) list, for tests and external servers;
-- ``RuntimeDiscovery``: the embedded runtime's ready replicas;
-- ``CombinedDiscovery``: several sources as one.
-
-The watching sources are ``pods.PodDiscovery`` (Kubernetes) and
-``store_endpoints.StoreEndpoints`` (``Endpoint`` objects registered in the store).
+"""The ``Discovery`` protocol and the sources that need no watch of their own (static, the
+embedded runtime's, several as one); the watching ones are in ``pods`` and ``store_endpoints``.
 """
 
 from __future__ import annotations
@@ -65,19 +57,12 @@ class StaticDiscovery(Subscribers):
         self._endpoints = list(endpoints)
         self._changed()
 
-    def add(self, endpoint: Endpoint) -> None:
-        self.set([*self._endpoints, endpoint])
-
     def remove(self, address: str) -> None:
         self.set([e for e in self._endpoints if e.address != address])
 
 
 class RuntimeDiscovery(Subscribers):
-    """The embedded runtime's ready replicas (``runtime.endpoints()``, already ``Endpoint``s).
-
-    The runtime takes its ``on_change`` callback at construction, so pass
-    ``discovery.notify`` there (or call it yourself after a change).
-    """
+    """The embedded runtime's ready replicas; the runtime calls ``notify`` when they change."""
 
     def __init__(self, runtime: Runtime | None = None) -> None:
         super().__init__()

@@ -85,19 +85,17 @@ def endpoint_object(
     kv_events_replay: str = "",
 ) -> dict[str, Any]:
     """The store object that registers an external endpoint."""
+    optional = {
+        "kvEvents": kv_events,
+        "kvEventsReplay": kv_events_replay,
+        "maxNumSeqs": max_num_seqs,
+        "schedulingPolicy": scheduling_policy,
+        "labels": labels,
+    }
     spec: dict[str, Any] = {"address": address, "modelName": model_name, "engine": engine}
-    if kv_events:
-        spec["kvEvents"] = kv_events
-    if kv_events_replay:
-        spec["kvEventsReplay"] = kv_events_replay
-    if max_num_seqs:
-        spec["maxNumSeqs"] = max_num_seqs
-    if scheduling_policy:
-        spec["schedulingPolicy"] = scheduling_policy
+    spec |= {k: v for k, v in optional.items() if v}
     if not fixed_port:
         spec["fixedPort"] = False
-    if labels:
-        spec["labels"] = labels
     return {
         "apiVersion": ENDPOINT_API_VERSION,
         "kind": ENDPOINT_KIND,
