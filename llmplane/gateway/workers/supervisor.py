@@ -33,12 +33,30 @@ PR_SET_PDEATHSIG = 1
 WorkerMain = Callable[[Seat, Callable[[], None]], int]
 
 
-def _die_with_parent() -> None:
-    """SIGTERM this worker (it drains) when the supervisor dies, even by SIGKILL (Linux's
-    PR_SET_PDEATHSIG; elsewhere the worker's own check of its parent pid, once a second)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def fork(child: Callable[[], int]) -> int:
+    """Fork a process that runs ``child`` and exits with its code; its pid. The child gets
+    SIGTERM (it drains) when this process dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG;
+    elsewhere its own check of its parent pid, once a second), and exits at once if this
+    process died before it could ask for that."""
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        code = child() if os.getppid() == parent else 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 class Supervisor:
@@ -63,37 +81,19 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
 
-    # --- workers --------------------------------------------------------------------------
-
     def _spawn(self, index: int) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 1
-            try:
-                _die_with_parent()
-                signal.set_wakeup_fd(-1)
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                for fd in (self._wake_r, self._wake_w, self._ready_r):
-                    os.close(fd)
-                self.share.keep_only(index)
-                ready_w = self._ready_w
+        def worker() -> int:
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            for fd in (self._wake_r, self._wake_w, self._ready_r):
+                os.close(fd)
+            self.share.keep_only(index)
+            return self.worker_main(
+                self.share.seat(index), lambda: os.write(self._ready_w, bytes([index]))
+            )
 
-                def ready() -> None:
-                    os.write(ready_w, bytes([index]))
-
-                code = self.worker_main(self.share.seat(index), ready)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        self.pids[pid] = index
+        self.pids[fork(worker)] = index
         self.started[index] = time.monotonic()
 
     def _reap(self, serving: bool) -> int | None:
@@ -128,8 +128,6 @@ class Supervisor:
                 f" in {delay:.1f} s" if delay else "",
             )
             self.pending[index] = now + delay
-
-    # --- the loop -----------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
