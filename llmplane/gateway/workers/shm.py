@@ -1,11 +1,7 @@
-"""Shared-memory building blocks for the gateway's worker processes.
-
-Every region is an anonymous ``MAP_SHARED`` mapping the supervisor creates before it forks, so
-each worker (and each replacement) sees the same pages. Locks are POSIX record locks
-(``fcntl.lockf``) on byte ranges of one unlinked temporary file: they exclude other processes
-and the kernel drops them when their holder dies, so a killed worker never leaves one held.
-Nothing here takes a lock on a request's hot path except a token-bucket reservation.
-"""
+"""Shared-memory building blocks for the gateway's workers: anonymous ``MAP_SHARED`` mappings
+made before the fork (every worker and replacement sees the same pages, nothing to name or
+clean up), and record locks (``fcntl.lockf``) on one unlinked file, which the kernel drops
+when their holder dies, so a killed worker never leaves one held."""
 
 from __future__ import annotations
 
@@ -57,6 +53,12 @@ class RecordLock:
 def region(size: int) -> mmap.mmap:
     """``size`` zeroed bytes shared with every process forked after this call."""
     return mmap.mmap(-1, max(size, mmap.PAGESIZE))
+
+
+def cells(count: int, kind: str = "q") -> memoryview:
+    """``count`` zeroed shared cells of 8 bytes (``kind``: "q" int64, "Q" uint64, "d" float64),
+    each one written only whole, so a reader never sees half of a store."""
+    return memoryview(region(count * 8)).cast(kind)[:count]
 
 
 _DOC_HEAD = 16  # sequence, length
@@ -113,8 +115,7 @@ class Directory:
 
     def __init__(self, capacity: int, locks: Locks, lock_byte: int) -> None:
         self.capacity = capacity
-        self.mem = region(capacity * 8)
-        self.hashes = memoryview(self.mem).cast("Q")
+        self.hashes = cells(capacity, "Q")
         self.locks = locks
         self.lock_byte = lock_byte
 

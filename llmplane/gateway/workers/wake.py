@@ -1,14 +1,10 @@
-"""Flow-control wake-ups across workers: a request that waits in one worker's flow control is
-let go when an endpoint has room, and with several workers the room is often freed by another
-worker's completion (the in-flight counts are shared, ``inflight.py``; the events that pump a
-worker's queues are its own). So a worker with requests waiting says so in shared memory, and
-a worker that finishes a request wakes each peer that has some: an ``eventfd`` per worker,
-written at most once until that worker has read it, which then pumps its flow control.
-
-Per worker two int64 words, each written by one side: ``waiting`` (its own count of requests
-in flow control; the supervisor zeroes a dead worker's) and ``poked`` (set by a waker, cleared
-by the worker before it pumps). A wake-up missed by the race between the two (a store seen
-late) is caught by flow control's periodic re-check; nothing is lost but a few milliseconds."""
+"""Flow-control wake-ups across workers: the room a waiting request needs is often freed by
+another worker's completion, so a worker that finishes a request wakes each peer with requests
+waiting (docs/gateway.md, "Workers": flow control). Per worker two int64 words, each with one
+writer: ``waiting`` (its own count; the supervisor zeroes a dead worker's) and ``poked`` (set
+by a waker, cleared by the worker before it pumps), and an ``eventfd`` written at most once
+until read. A wake-up lost to the race between the words is caught by flow control's periodic
+re-check."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from llmplane.gateway.workers.shm import region
+from llmplane.gateway.workers.shm import cells
 
 
 class WakeTable:
@@ -25,8 +21,7 @@ class WakeTable:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.mem = region(workers * 16)
-        self.words = memoryview(self.mem).cast("q")
+        self.words = cells(2 * workers)
         self.fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(workers)]
 
     def clear(self, worker: int) -> None:
