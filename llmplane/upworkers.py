@@ -17,7 +17,7 @@ holds wakes the autoscaler in worker 0 (a ``wake`` on worker 0's private socket)
 autoscaler reads every worker's requests and held counts (``GatewaySignals.refresh``).
 In-flight counts, scraped metrics, token buckets, prefix picks, /metrics and the access log
 are shared as for ``llmplane gateway --workers N``; each worker reports its request totals
-once a second in shared memory for the console's charts (``gateway/workers/reports.py``).
+once a second in shared memory for the console's charts (``Seat.report``).
 
 Stopping: SIGTERM / SIGINT to ``up`` drains its own gateway and passes SIGTERM to the
 supervisor, which drains the workers; the engines stop once every worker has. The supervisor

@@ -1,14 +1,10 @@
-"""Request timeouts on one lazily armed timer, in place of ``asyncio.timeout`` on the hot path.
-
-``asyncio.timeout`` costs, per use, three ``get_running_loop()`` calls (on Python 3.11 each one
-is a ``getpid()`` system call), a Timeout object, and a timer armed on the loop and cancelled
-again: about 7 % of a proxied request's CPU, for a timeout that almost never fires. Here the
-deadlines live in a dict, and one timer stands at the earliest of them; it is re-armed only
-when a shorter deadline arrives or when it fires, so a request that finishes in time costs a
-dict insert and delete. A deadline that passes cancels its task, and the ``with`` block turns
-that cancellation into ``TimeoutError``, as ``asyncio.timeout`` does (a cancellation from
-elsewhere stays a cancellation).
-"""
+"""Request timeouts on one lazily armed timer, in place of ``asyncio.timeout`` on the hot path,
+which costs per use three ``get_running_loop()`` calls (each a ``getpid()`` on Python 3.11), an
+object and a timer armed and cancelled: about 7 % of a proxied request's CPU, for a timeout
+that almost never fires. Here a deadline is a dict entry, and one timer stands at the earliest,
+re-armed only when a shorter one arrives or when it fires. A deadline that passes cancels its
+task; the ``with`` block turns that into ``TimeoutError``, as ``asyncio.timeout`` does (a
+cancellation from elsewhere stays a cancellation)."""
 
 from __future__ import annotations
 

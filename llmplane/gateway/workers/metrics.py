@@ -1,11 +1,7 @@
-"""``/metrics`` (and ``/autoscaling/signals``) as one view over every worker: each worker serves
-its own registry's text (and its part of the signals) on a private Unix socket, and the worker
-that answers a scrape reads its peers' and adds them up.
-
-Counters, histograms and summaries are summed; gauges too, except those every worker computes
-from the shared routing state (per-endpoint gauges, endpoints per model), which are the
-answering worker's own. A worker that does not answer within ``timeout`` is left out (its
-counters drop out until it does: Prometheus reads the dip as a counter reset)."""
+"""The workers' private Unix sockets: each answers its peers' commands (its /metrics text, its
+part of ``/autoscaling/signals``, ``Seat.handlers``), and the worker that answers a scrape adds
+its peers' texts to its own (docs/gateway.md, "Workers": /metrics). A peer that does not
+answer within ``timeout`` is left out (Prometheus reads the dip as a counter reset)."""
 
 from __future__ import annotations
 
@@ -107,25 +103,19 @@ class MetricsPeer:
 
 
 def merge(texts: Sequence[bytes]) -> bytes:
-    """Prometheus text expositions added up as described above (the first text's gauges win
-    for the shared ones)."""
+    """Prometheus texts added up: counters, histograms, summaries and gauges summed, except
+    the gauges every worker computes from the shared routing state (per-endpoint gauges,
+    endpoints per model), taken from the first text alone."""
     families: dict[str, tuple[Any, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
     for index, text in enumerate(texts):
         for family in text_string_to_metric_families(text.decode()):
-            entry = families.get(family.name)
-            if entry is None:
-                entry = families[family.name] = (family, {})
-            first = entry[0]
-            samples = entry[1]
-            own_only = first.type == "gauge" and first.name.startswith(_SHARED_GAUGE_PREFIXES)
+            first, samples = families.setdefault(family.name, (family, {}))
+            if index and first.type == "gauge" and first.name.startswith(_SHARED_GAUGE_PREFIXES):
+                continue
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 if key not in samples:
-                    if own_only and index:
-                        continue
                     samples[key] = sample.value
-                elif own_only:
-                    continue
                 elif sample.name.endswith("_created"):
                     samples[key] = min(samples[key], sample.value)
                 else:

@@ -43,8 +43,7 @@ class Waker:
 
     def __init__(self, table: WakeTable, index: int) -> None:
         self.words = table.words
-        self.fds = table.fds
-        self.index = index
+        self.fd = table.fds[index]
         self.mine = 2 * index
         # (waiting word, poked word, eventfd) of every peer.
         self.peers = tuple(
@@ -52,7 +51,7 @@ class Waker:
         )
         self.woken = 0  # wake-ups read (tests, and to see it work)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pump: Callable[[], None] | None = None
+        self._pump: Callable[[], None] = lambda: None
 
     def start(self, pump: Callable[[], None]) -> None:
         """Call ``pump`` whenever a peer wakes this worker (from now on, in the running loop)."""
@@ -60,11 +59,11 @@ class Waker:
         self.words[self.mine] = 0  # a replacement starts with nothing waiting
         self.words[self.mine + 1] = 0
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.fds[self.index], self._woken)
+        self._loop.add_reader(self.fd, self._woken)
 
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self.fds[self.index])
+            self._loop.remove_reader(self.fd)
         self._loop = None
 
     def waiting(self, n: int) -> None:
@@ -84,10 +83,9 @@ class Waker:
 
     def _woken(self) -> None:
         try:
-            os.eventfd_read(self.fds[self.index])
+            os.eventfd_read(self.fd)
         except BlockingIOError:
             return
         self.words[self.mine + 1] = 0  # before pumping: a later completion wakes it again
         self.woken += 1
-        if self._pump is not None:
-            self._pump()
+        self._pump()
