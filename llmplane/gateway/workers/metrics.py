@@ -23,11 +23,13 @@ _SHARED_GAUGE_PREFIXES = ("llmplane_gateway_endpoint_", "llmplane_gateway_model_
 
 
 class MetricsPeer:
-    """This worker's side: serve our text on ``path``, read the peers' on theirs."""
+    """Worker ``index``'s side of the workers' sockets (``paths``, one per worker): answer on
+    its own, ask on the others'."""
 
-    def __init__(self, path: str, peers: Sequence[str], timeout: float = 2.0) -> None:
-        self.path = path
-        self.peers = list(peers)
+    def __init__(self, paths: Sequence[str], index: int, timeout: float = 2.0) -> None:
+        self.paths = list(paths)
+        self.path = paths[index]
+        self.peers = [i for i in range(len(paths)) if i != index]
         self.timeout = timeout
         self._server: asyncio.AbstractServer | None = None
 
@@ -68,10 +70,11 @@ class MetricsPeer:
             self._server = None
 
     async def ask(
-        self, path: str, what: bytes, payload: bytes = b"", quiet: bool = False
+        self, index: int, what: bytes, payload: bytes = b"", quiet: bool = False
     ) -> bytes | None:
-        """Send ``what`` and ``payload`` to the worker serving ``path``; its answer (None if
-        it did not answer within ``timeout``)."""
+        """Send ``what`` and ``payload`` to worker ``index``; its answer (None, logged unless
+        ``quiet``, if it did not answer within ``timeout``)."""
+        path = self.paths[index]
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_unix_connection(path)
@@ -88,17 +91,14 @@ class MetricsPeer:
             return None
 
     async def aggregate(self, own: bytes) -> bytes:
-        texts = [own]
-        for text in await asyncio.gather(
-            *(self.ask(p, b"metrics", quiet=True) for p in self.peers)
-        ):
-            if text:
-                texts.append(text)
+        """Our /metrics text with the peers' added (``merge``)."""
+        answers = await asyncio.gather(*(self.ask(i, b"metrics", quiet=True) for i in self.peers))
+        texts = [own, *(text for text in answers if text)]
         return merge(texts) if len(texts) > 1 else own
 
     async def signals(self) -> list[dict[str, Any]]:
         """The peers' parts of the autoscaling signals (``GatewaySignals.parts``)."""
-        answers = await asyncio.gather(*(self.ask(p, b"signals", quiet=True) for p in self.peers))
+        answers = await asyncio.gather(*(self.ask(i, b"signals", quiet=True) for i in self.peers))
         return [orjson.loads(a) for a in answers if a]
 
 

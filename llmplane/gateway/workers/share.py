@@ -82,9 +82,7 @@ class Share:
         self.reports = [Document(REPORT_BYTES) for _ in range(workers)]
         self.wake = WakeTable(workers)
         self.dir = tempfile.mkdtemp(prefix="llmplane-workers-")  # 0700: ours alone
-
-    def socket_path(self, index: int) -> str:
-        return os.path.join(self.dir, f"metrics-{index}.sock")
+        self.socket_paths = [os.path.join(self.dir, f"metrics-{i}.sock") for i in range(workers)]
 
     def seat(self, index: int) -> Seat:
         return Seat(self, index)
@@ -116,10 +114,7 @@ class Seat:
         self.index = index
         self.workers = share.workers
         self.sock = share.socks[index]
-        self.metrics = MetricsPeer(
-            share.socket_path(index),
-            [share.socket_path(i) for i in range(share.workers) if i != index],
-        )
+        self.metrics = MetricsPeer(share.socket_paths, index)
         self.picks: PickFeed = share.picks.feed(index)
         # Requests waiting in this worker's flow control, woken by the others' completions.
         self.waker: Waker = share.wake.waker(index)
@@ -133,9 +128,8 @@ class Seat:
     async def ask(
         self, index: int, what: bytes, payload: bytes = b"", quiet: bool = False
     ) -> bytes | None:
-        """Send a command to worker ``index`` (one of ``handlers`` there); its answer (None,
-        logged unless ``quiet``, if it did not answer)."""
-        return await self.metrics.ask(self.share.socket_path(index), what, payload, quiet)
+        """Send a command to worker ``index`` (one of ``handlers`` there): ``MetricsPeer.ask``."""
+        return await self.metrics.ask(index, what, payload, quiet)
 
     def report(self, data: bytes) -> bool:
         """Publish this worker's report (False if too large)."""
