@@ -96,7 +96,7 @@ def test_ring_wraps_and_a_reader_that_fell_behind_skips():
 
 
 def test_directory_rows_are_stable_and_bounded():
-    directory = Directory(4, Locks(), 0)
+    directory = Directory(4, Locks().held(0))
     rows = [directory.row(f"k{i}") for i in range(4)]
     assert sorted(r[0] for r in rows if r) == [0, 1, 2, 3]
     assert all(r is not None and r[1] for r in rows)

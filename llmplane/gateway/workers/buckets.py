@@ -14,7 +14,7 @@ class SharedBuckets:
 
     def __init__(self, capacity: int, locks: Locks) -> None:
         self.locks = locks
-        self.directory = Directory(capacity, locks, LOCK_BUCKET_KEYS)
+        self.directory = Directory(capacity, locks.held(LOCK_BUCKET_KEYS))
         self.values = cells(2 * capacity, "d")
 
     def bucket(self, key: str, rate: float, burst: float, now: float) -> TokenBucket:

@@ -16,7 +16,7 @@ class InflightTable:
     def __init__(self, workers: int, capacity: int, locks: Locks) -> None:
         self.workers = workers
         self.capacity = capacity
-        self.directory = Directory(capacity, locks, LOCK_ENDPOINTS)
+        self.directory = Directory(capacity, locks.held(LOCK_ENDPOINTS))
         self.tables = tuple(cells(workers * capacity) for _ in range(3))
 
     def clear(self, worker: int) -> None:

@@ -17,11 +17,6 @@ LOCK_BUCKET_KEYS = 1
 LOCK_BUCKETS = 2
 
 
-def key_hash(key: str) -> int:
-    """A stable 64-bit hash of ``key`` (the same in every process), never 0 (0 = free)."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") | 1
-
-
 class Locks:
     """Record locks on one unlinked file; ``held(byte)`` excludes every other process."""
 
@@ -90,9 +85,6 @@ class Document:
         words[0] = begin + 1
         return True
 
-    def sequence(self) -> int:
-        return self.words[0]
-
     def read(self, seen: int) -> tuple[int, bytes] | None:
         """(sequence, bytes) if written since ``seen``; None otherwise or while it is being
         written."""
@@ -109,22 +101,22 @@ class Document:
 
 class Directory:
     """Key -> row number, the same in every process: an open-addressing table of key hashes
-    in shared memory. Inserting takes ``lock`` (it happens when an endpoint or a bucket
+    in shared memory. A look-up takes ``lock`` (it happens when an endpoint or a bucket
     appears, never per request); rows are never freed (``capacity`` bounds the keys a
     gateway run can see; past it ``row`` returns None and the caller keeps a local one)."""
 
-    def __init__(self, capacity: int, locks: Locks, lock_byte: int) -> None:
+    def __init__(self, capacity: int, lock: RecordLock) -> None:
         self.capacity = capacity
         self.hashes = cells(capacity, "Q")
-        self.locks = locks
-        self.lock_byte = lock_byte
+        self.lock = lock
 
     def row(self, key: str) -> tuple[int, bool] | None:
         """(row, True if this call added the key), or None when the table is full."""
-        h = key_hash(key)
+        # A 64-bit hash, the same in every process, never 0 (a free row).
+        h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") | 1
         hashes = self.hashes
         cap = self.capacity
-        with self.locks.held(self.lock_byte):
+        with self.lock:
             i = h % cap
             for _ in range(cap):
                 v = hashes[i]
