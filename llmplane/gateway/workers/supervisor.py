@@ -30,9 +30,9 @@ WorkerMain = Callable[[Seat, Callable[[], None]], int]
 
 
 def fork(child: Callable[[], int]) -> int:
-    """Fork a process that runs ``child`` and exits with its code; its pid. The child gets
-    SIGTERM (it drains) when this process dies, even by SIGKILL (``pdeathsig_preexec``;
-    elsewhere its own check of its parent pid, once a second)."""
+    """Fork a process that runs ``child`` and exits with its code; its pid. On Linux the child
+    gets SIGTERM (it drains) when this process dies, even by SIGKILL (``pdeathsig_preexec``);
+    a gateway worker also checks its parent pid once a second."""
     die_with_parent = pdeathsig_preexec()
     sys.stdout.flush()
     sys.stderr.flush()
