@@ -35,8 +35,8 @@ class MetricsPeer:
 
     async def start(
         self,
-        render: Any,
-        signals: Any = None,
+        render: Callable[[], bytes],
+        signals: Callable[[], object] | None = None,
         handlers: dict[bytes, Callable[[bytes], Awaitable[bytes]]] | None = None,
     ) -> None:
         """Answer peers: ``metrics`` -> ``render()`` (Prometheus text), ``signals`` ->
