@@ -108,7 +108,7 @@ class Platform:
         moved = self.gateway.handover(address)
         if self.workers is not None:
             seat = self.workers.seat
-            for index in range(1, seat.share.workers):
+            for index in range(1, seat.workers):
                 task = asyncio.get_running_loop().create_task(
                     seat.ask(index, b"handover", address.encode(), quiet=True)
                 )

@@ -17,7 +17,7 @@ holds wakes the autoscaler in worker 0 (a ``wake`` on worker 0's private socket)
 autoscaler reads every worker's requests and held counts (``GatewaySignals.refresh``).
 In-flight counts, scraped metrics, token buckets, prefix picks, /metrics and the access log
 are shared as for ``llmplane gateway --workers N``; each worker reports its request totals
-once a second in shared memory for the console's charts (``gateway/workers/reports.py``).
+once a second in shared memory for the console's charts (``Seat.report``).
 
 Stopping: SIGTERM / SIGINT to ``up`` drains its own gateway and passes SIGTERM to the
 supervisor, which drains the workers; the engines stop once every worker has. The supervisor
@@ -31,9 +31,7 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,7 @@ from llmplane.aio import Periodic, run
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.workers.board import BoardDiscovery, EndpointBoard
 from llmplane.gateway.workers.share import Seat, Share, listen
-from llmplane.gateway.workers.supervisor import Supervisor, _die_with_parent
+from llmplane.gateway.workers.supervisor import Supervisor, fork
 
 log = logging.getLogger("llmplane.up")
 
@@ -62,39 +60,23 @@ class UpWorkers:
         self.seat: Seat = self.share.seat(PLATFORM)
         self.grace = config.shutdown_grace
         self._ready_r, ready_w = os.pipe()
-        parent = os.getpid()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the supervisor of workers 1 .. N-1
-            code = 1
-            try:
-                _die_with_parent()
-                if os.getppid() != parent:
-                    os._exit(0)
-                os.close(self._ready_r)
-                socks[PLATFORM].close()  # the platform's own: it serves it, not us
 
-                def worker(seat: Seat, ready: Any) -> int:
-                    run(_serve(seat, ready, host, state_dir, config, self.board))
-                    return 0
+        def supervise() -> int:  # workers 1 .. N-1
+            os.close(self._ready_r)
+            socks[PLATFORM].close()  # the platform's own: it serves it, not us
 
-                def serving() -> None:
-                    os.write(ready_w, b"1")
+            def worker(seat: Seat, ready: Any) -> int:
+                run(_serve(seat, ready, host, state_dir, config, self.board))
+                return 0
 
-                code = Supervisor(self.share, worker, self.grace, range(1, workers)).run(serving)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+            supervisor = Supervisor(self.share, worker, self.grace, range(1, workers))
+            return supervisor.run(lambda: os.write(ready_w, b"1"))
+
+        self.pid = fork(supervise)
         os.close(ready_w)
         # The supervisor holds workers 1 .. N-1's sockets; were the platform to hold them too,
         # a dead supervisor's would stay in the group and take connections nobody accepts.
-        for i, sock in enumerate(socks):
-            if i != PLATFORM:
-                sock.close()
+        self.share.keep_only(PLATFORM)
         self._exited = False
 
     async def serving(self) -> None:

@@ -7,7 +7,7 @@ added to the request path: the histograms the request path already fills are the
 percentiles come from their bucket differences (linear interpolation inside a bucket, as
 Prometheus's ``histogram_quantile`` does). With several gateway workers (``llmplane up
 --workers N``, ``llmplane gateway --workers N``) every worker publishes its ``totals`` once a
-second as its report in shared memory (``gateway/workers/reports.py``), the console reads the
+second as its report in shared memory (``Seat.report``), the console reads the
 other workers' latest reports each second (``peers``) and adds their differences, each
 worker's against its own previous totals (the totals read as the sampler starts are its
 baseline; a worker first seen later, one started since or a replacement, counts from zero),
@@ -128,7 +128,7 @@ def totals(metrics: Any) -> dict[str, Any]:
 
 
 def report_totals(seat: Any) -> Callable[[dict[str, Any]], None]:
-    """Publish totals as worker ``seat``'s report (``gateway/workers/reports.py``), with its
+    """Publish totals as worker ``seat``'s report (``Seat.report``), with its
     pid: what the other workers' ``peer_totals`` read."""
 
     def publish(own: dict[str, Any]) -> None:

@@ -1,14 +1,10 @@
-"""Request timeouts on one lazily armed timer, in place of ``asyncio.timeout`` on the hot path.
-
-``asyncio.timeout`` costs, per use, three ``get_running_loop()`` calls (on Python 3.11 each one
-is a ``getpid()`` system call), a Timeout object, and a timer armed on the loop and cancelled
-again: about 7 % of a proxied request's CPU, for a timeout that almost never fires. Here the
-deadlines live in a dict, and one timer stands at the earliest of them; it is re-armed only
-when a shorter deadline arrives or when it fires, so a request that finishes in time costs a
-dict insert and delete. A deadline that passes cancels its task, and the ``with`` block turns
-that cancellation into ``TimeoutError``, as ``asyncio.timeout`` does (a cancellation from
-elsewhere stays a cancellation).
-"""
+"""Request timeouts on one lazily armed timer, in place of ``asyncio.timeout`` on the hot path,
+which costs per use three ``get_running_loop()`` calls (each a ``getpid()`` on Python 3.11), an
+object and a timer armed and cancelled: about 7 % of a proxied request's CPU, for a timeout
+that almost never fires. Here a deadline is a dict entry, and one timer stands at the earliest,
+re-armed only when a shorter one arrives or when it fires. A deadline that passes cancels its
+task; the ``with`` block turns that into ``TimeoutError``, as ``asyncio.timeout`` does (a
+cancellation from elsewhere stays a cancellation)."""
 
 from __future__ import annotations
 
@@ -36,10 +32,19 @@ class Deadlines:
 
     def after(self, seconds: float | None) -> AbstractContextManager[object]:
         """A ``with`` block that raises ``TimeoutError`` once ``seconds`` have passed (None:
-        no limit). The block must run in a task of this loop."""
+        no limit), counted from this call. The block must run in a task of this loop."""
         if seconds is None:
             return _NO_DEADLINE
-        return Deadline(self, seconds)
+        # With the loop given, current_task does not ask for the running loop (no getpid).
+        task = asyncio.current_task(self.loop)
+        if task is None:
+            raise RuntimeError("a deadline must be used inside a task")
+        deadline = Deadline(self.pending, task)
+        at = self.loop.time() + seconds
+        self.pending[deadline] = at
+        if at < self._timer_at:
+            self._arm(at)
+        return deadline
 
     def _arm(self, at: float) -> None:
         if self._timer is not None:
@@ -72,30 +77,18 @@ class Deadlines:
 
 
 class Deadline:
-    """One ``with`` block's deadline (``Deadlines.after``)."""
+    """One ``with`` block's deadline (``Deadlines.after``): when it passes it cancels the task,
+    and the block turns that cancellation into ``TimeoutError``."""
 
-    __slots__ = ("_cancelling", "_owner", "_task", "expired", "seconds")
+    __slots__ = ("_cancelling", "_pending", "_task", "expired")
 
-    def __init__(self, owner: Deadlines, seconds: float) -> None:
-        self._owner = owner
-        self.seconds = seconds
-        self.expired = False
-        self._task: asyncio.Task[object] | None = None
-        self._cancelling = 0
-
-    def __enter__(self) -> Deadline:
-        owner = self._owner
-        loop = owner.loop
-        # With the loop given, current_task does not ask for the running loop (no getpid).
-        task = asyncio.current_task(loop)
-        if task is None:
-            raise RuntimeError("a deadline must be used inside a task")
+    def __init__(self, pending: dict[Deadline, float], task: asyncio.Task[object]) -> None:
+        self._pending = pending
         self._task = task
         self._cancelling = task.cancelling()
-        at = loop.time() + self.seconds
-        owner.pending[self] = at
-        if at < owner._timer_at:
-            owner._arm(at)
+        self.expired = False
+
+    def __enter__(self) -> Deadline:
         return self
 
     def __exit__(
@@ -105,13 +98,10 @@ class Deadline:
         tb: TracebackType | None,
     ) -> None:
         if not self.expired:
-            self._owner.pending.pop(self, None)
-            return
-        assert self._task is not None
-        if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            self._pending.pop(self, None)
+        elif self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 
     def expire(self) -> None:
         self.expired = True
-        if self._task is not None:
-            self._task.cancel()
+        self._task.cancel()

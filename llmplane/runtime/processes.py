@@ -149,8 +149,9 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child receive SIGTERM when its parent (thread) dies."""
+def pdeathsig_preexec() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child receive SIGTERM when its parent (thread) dies, and exit
+    at once if it already has (None where Linux's PR_SET_PDEATHSIG is missing)."""
     prctl = _prctl()
     if prctl is None:
         return None
@@ -179,7 +180,7 @@ async def spawn(
         stderr=asyncio.subprocess.STDOUT,
         env=dict(env),
         start_new_session=True,
-        preexec_fn=_pdeathsig_preexec(),
+        preexec_fn=pdeathsig_preexec(),
     )
 
 

@@ -92,7 +92,7 @@ def test_workers_read_each_others_totals_from_shared_memory() -> None:
         stats[0].sample(stats[0].peers())
         assert stats[1].sample(stats[1].peers()).requests == 2
         # A writer caught mid-write (odd sequence): the reader keeps the last whole copy.
-        doc = share.reports.docs[2]
+        doc = share.reports[2]
         doc.words[0] += 1
         assert dict(stats[0].peers())[(2, os.getpid())] == totals(metrics[2])
     finally:

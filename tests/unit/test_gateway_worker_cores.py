@@ -43,6 +43,8 @@ def test_v2_smallest_quota_on_the_way_up(tmp_path):
     )
     own = membership(tmp_path, "0::/system.slice/llmplane.service\n")
     assert cores.cgroup_quota(root, own) == 1.0
+    (root / "cpu.max").write_text("300000 100000\n")  # a larger one above: still the smallest
+    assert cores.cgroup_quota(root, own) == 1.0
 
 
 def test_v2_no_quota(tmp_path):

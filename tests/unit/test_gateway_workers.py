@@ -96,7 +96,7 @@ def test_ring_wraps_and_a_reader_that_fell_behind_skips():
 
 
 def test_directory_rows_are_stable_and_bounded():
-    directory = Directory(4, Locks(), 0)
+    directory = Directory(4, Locks().held(0))
     rows = [directory.row(f"k{i}") for i in range(4)]
     assert sorted(r[0] for r in rows if r) == [0, 1, 2, 3]
     assert all(r is not None and r[1] for r in rows)
@@ -386,13 +386,13 @@ async def test_a_peer_completion_wakes_a_worker_with_requests_waiting():
         a.start(lambda: None)
         b.start(pumped.set)
         a.wake_peers()  # nothing waits in b: not woken
-        assert table.words[3] == 0  # b's ``poked``
+        assert table.poked[1] == 0
         b.waiting(1)
         a.wake_peers()
         a.wake_peers()  # already woken: no second write
-        assert table.words[3] == 1
+        assert table.poked[1] == 1
         await asyncio.wait_for(pumped.wait(), 5)
-        assert b.woken == 1 and table.words[3] == 0  # read, cleared: the next one wakes it
+        assert b.woken == 1 and table.poked[1] == 0  # read, cleared: the next one wakes it
         pumped.clear()
         a.wake_peers()
         await asyncio.wait_for(pumped.wait(), 5)
@@ -401,7 +401,7 @@ async def test_a_peer_completion_wakes_a_worker_with_requests_waiting():
         b.waiting(2)
         table.clear(1)  # b died: its waiting requests with it
         a.wake_peers()
-        assert table.words[2] == 0 and table.words[3] == 0
+        assert table.waiting[1] == 0 and table.poked[1] == 0
         a.close()
         b.close()
     finally:

@@ -1,10 +1,5 @@
-"""The endpoint list of one process published to its peer workers (``llmplane up --workers
-N``: the platform process runs the local runtime, the other workers route to its replicas).
-
-One document (the list as JSON) in shared memory behind a seqlock (``shm.Document``).
-``BoardDiscovery`` polls the sequence (one 8-byte read when nothing changed) and is a
-``Discovery`` like any other.
-"""
+"""``llmplane up --workers N``: the platform's endpoint list published to workers 1 .. N-1 as one
+JSON ``shm.Document`` (docs/gateway.md, "``llmplane up --workers N``": endpoints)."""
 
 from __future__ import annotations
 
@@ -38,25 +33,14 @@ class EndpointBoard:
                     "%d bytes of endpoints do not fit the workers' board: not published", len(data)
                 )
 
-    def sequence(self) -> int:
-        return self.document.sequence()
-
-    def read(self, seen: int) -> tuple[int, list[Endpoint]] | None:
-        """(sequence, endpoints) if the list changed since ``seen``; None otherwise or while
-        it is being written."""
-        got = self.document.read(seen)
-        if got is None:
-            return None
-        return got[0], [Endpoint(**doc) for doc in orjson.loads(got[1])]
-
 
 class BoardDiscovery(Subscribers):
-    """The endpoints a peer publishes on ``board``, looked at every ``interval`` seconds."""
+    """The endpoints published on ``board``, looked at every ``interval`` seconds (one 8-byte
+    read when nothing changed): a ``Discovery`` like any other."""
 
     def __init__(self, board: EndpointBoard, interval: float = 0.05) -> None:
         super().__init__()
         self.board = board
-        self.interval = interval
         self._endpoints: list[Endpoint] = []
         self._seen = 0
         self._ticker = Periodic(self._step, interval, "reading the endpoint board")
@@ -66,10 +50,12 @@ class BoardDiscovery(Subscribers):
         return list(self._endpoints)
 
     def poll(self) -> bool:
-        got = self.board.read(self._seen)
+        """Take the list if it changed since the last look (and is not being written)."""
+        got = self.board.document.read(self._seen)
         if got is None:
             return False
-        self._seen, self._endpoints = got
+        self._seen = got[0]
+        self._endpoints = [Endpoint(**doc) for doc in orjson.loads(got[1])]
         return True
 
     def _step(self) -> None:

@@ -6,7 +6,7 @@ route pay for it; a bucket is found by its key in a shared directory when it is 
 from __future__ import annotations
 
 from llmplane.gateway.ratelimit.buckets import TokenBucket
-from llmplane.gateway.workers.shm import LOCK_BUCKET_KEYS, LOCK_BUCKETS, Directory, Locks, region
+from llmplane.gateway.workers.shm import LOCK_BUCKET_KEYS, LOCK_BUCKETS, Directory, Locks, cells
 
 
 class SharedBuckets:
@@ -14,9 +14,8 @@ class SharedBuckets:
 
     def __init__(self, capacity: int, locks: Locks) -> None:
         self.locks = locks
-        self.directory = Directory(capacity, locks, LOCK_BUCKET_KEYS)
-        self.mem = region(capacity * 16)
-        self.values = memoryview(self.mem).cast("d")
+        self.directory = Directory(capacity, locks.held(LOCK_BUCKET_KEYS))
+        self.values = cells(2 * capacity, "d")
 
     def bucket(self, key: str, rate: float, burst: float, now: float) -> TokenBucket:
         """The bucket named ``key`` (full if no worker had it yet); a local one if the table

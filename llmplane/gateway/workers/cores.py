@@ -1,12 +1,6 @@
-"""How many cores this process may use: ``llmplane gateway --workers auto``.
-
-A gateway worker is one Python process, one core. ``auto`` starts one per core the process may
-actually run on: the CPUs in its affinity mask (``taskset``, a cpuset), further bounded by a
-cgroup CPU quota (a container's ``resources.limits.cpu`` on Kubernetes), as Go's automaxprocs
-does; ``os.cpu_count()`` alone counts the whole node. At most ``AUTO_CAP`` workers: each one
-holds its own store watch and memory, and past a few cores a second gateway replica is the
-cheaper way to scale (docs/gateway.md, "Workers").
-"""
+"""``llmplane gateway --workers auto``: one worker per core this process may actually run on,
+its affinity mask bounded by its cgroup CPU quota (as Go's automaxprocs; ``os.cpu_count()``
+counts the whole node), at most ``AUTO_CAP`` (docs/gateway.md, "Workers": the defaults)."""
 
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ from pathlib import Path
 AUTO_CAP = 8
 
 
-def _quota_v2(directory: Path) -> float | None:
+def _cpu_max(directory: Path) -> float | None:  # cgroup v2
     try:
         quota, _, period = (directory / "cpu.max").read_text().partition(" ")
         return None if quota.strip() == "max" else int(quota) / int(period)
@@ -25,18 +19,14 @@ def _quota_v2(directory: Path) -> float | None:
         return None
 
 
-def _quota_v1(directory: Path) -> float | None:
+def _cfs_quota(directory: Path) -> float | None:  # cgroup v1
     try:
-        quota_us = int((directory / "cpu.cfs_quota_us").read_text())
-        period_us = int((directory / "cpu.cfs_period_us").read_text())
+        quota, period = (
+            int((directory / f"cpu.cfs_{n}_us").read_text()) for n in ("quota", "period")
+        )
     except (OSError, ValueError):
         return None
-    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
-
-
-def _smallest(quotas: list[float | None]) -> float | None:
-    known = [q for q in quotas if q is not None]
-    return min(known) if known else None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def cgroup_quota(
@@ -44,29 +34,26 @@ def cgroup_quota(
 ) -> float | None:
     """The CPU quota in cores that bounds this process: the smallest ``cpu.max`` (cgroup v2)
     on the way from its own cgroup (``membership``, ``/proc/self/cgroup``) up to ``root``,
-    else the v1 ``cpu`` controller's ``cfs_quota_us / cfs_period_us``; None without one."""
+    else the same of the v1 ``cpu`` controller's ``cfs_quota_us / cfs_period_us``; None
+    without one."""
     try:
         lines = membership.read_text().splitlines()
     except OSError:
         lines = []
-    v2 = "/"
-    v1 = "/"
+    v2 = v1 = "/"
     for line in lines:
         _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
         if controllers == "":
             v2 = path or "/"
         elif "cpu" in controllers.split(","):
             v1 = path or "/"
-    quota = _smallest([_quota_v2(d) for d in _upwards(root, v2)])
-    if quota is not None:
-        return quota
-    return _smallest([_quota_v1(d) for d in _upwards(root / "cpu", v1)])
-
-
-def _upwards(root: Path, path: str) -> list[Path]:
-    """``root/path`` and each of its parents down to ``root`` (nothing outside ``root``)."""
-    parts = [p for p in path.split("/") if p and p not in (".", "..")]
-    return [root.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+    for read, base, path in ((_cpu_max, root, v2), (_cfs_quota, root / "cpu", v1)):
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]  # never above root
+        quotas = [read(base.joinpath(*parts[:n])) for n in range(len(parts) + 1)]
+        known = [q for q in quotas if q is not None]
+        if known:
+            return min(known)
+    return None
 
 
 def usable_cores(

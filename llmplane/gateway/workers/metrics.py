@@ -1,11 +1,7 @@
-"""``/metrics`` (and ``/autoscaling/signals``) as one view over every worker: each worker serves
-its own registry's text (and its part of the signals) on a private Unix socket, and the worker
-that answers a scrape reads its peers' and adds them up.
-
-Counters, histograms and summaries are summed; gauges too, except those every worker computes
-from the shared routing state (per-endpoint gauges, endpoints per model), which are the
-answering worker's own. A worker that does not answer within ``timeout`` is left out (its
-counters drop out until it does: Prometheus reads the dip as a counter reset)."""
+"""The workers' private Unix sockets: each answers its peers' commands (its /metrics text, its
+part of ``/autoscaling/signals``, ``Seat.handlers``), and the worker that answers a scrape adds
+its peers' texts to its own (docs/gateway.md, "Workers": /metrics). A peer that does not
+answer within ``timeout`` is left out (Prometheus reads the dip as a counter reset)."""
 
 from __future__ import annotations
 
@@ -27,18 +23,20 @@ _SHARED_GAUGE_PREFIXES = ("llmplane_gateway_endpoint_", "llmplane_gateway_model_
 
 
 class MetricsPeer:
-    """This worker's side: serve our text on ``path``, read the peers' on theirs."""
+    """Worker ``index``'s side of the workers' sockets (``paths``, one per worker): answer on
+    its own, ask on the others'."""
 
-    def __init__(self, path: str, peers: Sequence[str], timeout: float = 2.0) -> None:
-        self.path = path
-        self.peers = list(peers)
+    def __init__(self, paths: Sequence[str], index: int, timeout: float = 2.0) -> None:
+        self.paths = list(paths)
+        self.path = paths[index]
+        self.peers = [i for i in range(len(paths)) if i != index]
         self.timeout = timeout
         self._server: asyncio.AbstractServer | None = None
 
     async def start(
         self,
-        render: Any,
-        signals: Any = None,
+        render: Callable[[], bytes],
+        signals: Callable[[], object] | None = None,
         handlers: dict[bytes, Callable[[bytes], Awaitable[bytes]]] | None = None,
     ) -> None:
         """Answer peers: ``metrics`` -> ``render()`` (Prometheus text), ``signals`` ->
@@ -72,10 +70,11 @@ class MetricsPeer:
             self._server = None
 
     async def ask(
-        self, path: str, what: bytes, payload: bytes = b"", quiet: bool = False
+        self, index: int, what: bytes, payload: bytes = b"", quiet: bool = False
     ) -> bytes | None:
-        """Send ``what`` and ``payload`` to the worker serving ``path``; its answer (None if
-        it did not answer within ``timeout``)."""
+        """Send ``what`` and ``payload`` to worker ``index``; its answer (None, logged unless
+        ``quiet``, if it did not answer within ``timeout``)."""
+        path = self.paths[index]
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_unix_connection(path)
@@ -92,40 +91,31 @@ class MetricsPeer:
             return None
 
     async def aggregate(self, own: bytes) -> bytes:
-        texts = [own]
-        for text in await asyncio.gather(
-            *(self.ask(p, b"metrics", quiet=True) for p in self.peers)
-        ):
-            if text:
-                texts.append(text)
+        """Our /metrics text with the peers' added (``merge``)."""
+        answers = await asyncio.gather(*(self.ask(i, b"metrics", quiet=True) for i in self.peers))
+        texts = [own, *(text for text in answers if text)]
         return merge(texts) if len(texts) > 1 else own
 
     async def signals(self) -> list[dict[str, Any]]:
         """The peers' parts of the autoscaling signals (``GatewaySignals.parts``)."""
-        answers = await asyncio.gather(*(self.ask(p, b"signals", quiet=True) for p in self.peers))
+        answers = await asyncio.gather(*(self.ask(i, b"signals", quiet=True) for i in self.peers))
         return [orjson.loads(a) for a in answers if a]
 
 
 def merge(texts: Sequence[bytes]) -> bytes:
-    """Prometheus text expositions added up as described above (the first text's gauges win
-    for the shared ones)."""
+    """Prometheus texts added up: counters, histograms, summaries and gauges summed, except
+    the gauges every worker computes from the shared routing state (per-endpoint gauges,
+    endpoints per model), taken from the first text alone."""
     families: dict[str, tuple[Any, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
     for index, text in enumerate(texts):
         for family in text_string_to_metric_families(text.decode()):
-            entry = families.get(family.name)
-            if entry is None:
-                entry = families[family.name] = (family, {})
-            first = entry[0]
-            samples = entry[1]
-            own_only = first.type == "gauge" and first.name.startswith(_SHARED_GAUGE_PREFIXES)
+            first, samples = families.setdefault(family.name, (family, {}))
+            if index and first.type == "gauge" and first.name.startswith(_SHARED_GAUGE_PREFIXES):
+                continue
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 if key not in samples:
-                    if own_only and index:
-                        continue
                     samples[key] = sample.value
-                elif own_only:
-                    continue
                 elif sample.name.endswith("_created"):
                     samples[key] = min(samples[key], sample.value)
                 else:

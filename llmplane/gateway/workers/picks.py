@@ -1,21 +1,19 @@
-"""Prefix-aware routing with several workers: every worker publishes the prompt-prefix picks it
-makes (endpoint, block hashes) to a ring in shared memory that only it writes, and before
-scoring a request each worker applies the picks its peers published since it last looked. So
-each worker's prefix index learns every request, as one process's would.
+"""Prefix picks shared by the workers (docs/gateway.md, "Workers": prefix-aware routing): each
+worker appends its picks to a ring only it writes, and applies its peers' new picks before it
+scores, so every worker's prefix index learns every request.
 
-A ring record: u32 length (whole record, 8-byte aligned), u16 scorer, u16 key length, u32
-hash count, the key (endpoint address) bytes, padding, u64 hashes. A ring's write position
-only grows; a reader that fell more than a ring behind (or whose read the writer overtook)
-skips to the present and loses those picks (counted in ``lost``)."""
+A record: u32 length (whole record, 8-byte aligned), u16 scorer, u16 key length, u32 hash
+count, the key (endpoint address), padding, u64 hashes. A ring's write position only grows; a
+reader more than a ring behind (or overtaken while it copied) skips to the present and loses
+those picks (counted in ``lost``)."""
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 from llmplane.gateway.scheduler.prefix import PrefixIndex
-from llmplane.gateway.workers.shm import region
+from llmplane.gateway.workers.shm import cells, region
 
 RING_BYTES = 4 << 20  # per worker: at 64 blocks a pick, about 8,000 picks of slack
 _HEAD = struct.Struct("<IHHI")
@@ -28,8 +26,7 @@ class PickRings:
         self.workers = workers
         self.ring_bytes = ring_bytes
         self.rings = [region(ring_bytes) for _ in range(workers)]
-        self.positions_mem = region(workers * 8)
-        self.positions = memoryview(self.positions_mem).cast("Q")
+        self.positions = cells(workers, "Q")
 
     def feed(self, index: int) -> PickFeed:
         return PickFeed(self, index)
@@ -42,10 +39,8 @@ class PickFeed:
         self.rings = rings
         self.index = index
         self.size = rings.ring_bytes
-        self.mine = rings.rings[index]
         self.peers = [i for i in range(rings.workers) if i != index]
-        positions = rings.positions
-        self.read = {i: positions[i] for i in self.peers}  # start at the present
+        self.read = {i: rings.positions[i] for i in self.peers}  # start at the present
         self.indexes: list[PrefixIndex] = []
         self.lost = 0
 
@@ -66,54 +61,34 @@ class PickFeed:
         record = _HEAD.pack(length, scorer, len(raw), n) + padded + struct.pack(f"<{n}Q", *hashes)
         positions = self.rings.positions
         at = positions[self.index]
-        self._write(at % self.size, record)
+        offset = at % self.size
+        first = min(length, self.size - offset)  # the rest wraps to the ring's start
+        ring = self.rings.rings[self.index]
+        ring[offset : offset + first] = record[:first]
+        ring[: length - first] = record[first:]
         positions[self.index] = at + length  # published once written
-
-    def _write(self, offset: int, data: bytes) -> None:
-        end = offset + len(data)
-        if end <= self.size:
-            self.mine[offset:end] = data
-            return
-        first = self.size - offset
-        self.mine[offset:] = data[:first]
-        self.mine[0 : len(data) - first] = data[first:]
 
     def apply(self) -> None:
         """Add the picks peers published since the last call to our prefix indexes."""
         positions = self.rings.positions
         for peer in self.peers:
-            end = positions[peer]
-            start = self.read[peer]
+            start, end = self.read[peer], positions[peer]
             if end == start:
                 continue
-            if end - start > self.size:
-                self.lost += 1
-                self.read[peer] = end
-                continue
-            data = self._copy(self.rings.rings[peer], start, end)
-            if positions[peer] - start > self.size:  # overwritten while we copied
+            offset = start % self.size
+            first = min(end - start, self.size - offset)  # the rest from the ring's start
+            ring = self.rings.rings[peer]
+            data = ring[offset : offset + first] + ring[: end - start - first]
+            if positions[peer] - start > self.size:  # lapped, before or while we copied
                 self.lost += 1
                 self.read[peer] = positions[peer]
                 continue
             self.read[peer] = end
-            self._apply(data)
-
-    def _copy(self, ring: Any, start: int, end: int) -> bytes:
-        a, b = start % self.size, end % self.size
-        if a < b or end == start:
-            return ring[a:b]
-        return ring[a:] + ring[:b]
-
-    def _apply(self, data: bytes) -> None:
-        indexes = self.indexes
-        offset = 0
-        total = len(data)
-        while offset < total:
-            length, scorer, key_len, n = _HEAD.unpack_from(data, offset)
-            key_at = offset + _HEAD.size
-            key = data[key_at : key_at + key_len].decode()
-            hashes_at = offset + length - 8 * n
-            hashes = struct.unpack_from(f"<{n}Q", data, hashes_at)
-            if scorer < len(indexes):
-                indexes[scorer].add(key, hashes)
-            offset += length
+            offset = 0
+            while offset < len(data):
+                length, scorer, key_len, n = _HEAD.unpack_from(data, offset)
+                key = data[offset + _HEAD.size : offset + _HEAD.size + key_len].decode()
+                hashes = struct.unpack_from(f"<{n}Q", data, offset + length - 8 * n)
+                if scorer < len(self.indexes):
+                    self.indexes[scorer].add(key, hashes)
+                offset += length

@@ -21,7 +21,7 @@ import orjson
 from llmplane.aio import Periodic
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scraper import MODELS_CHANGED_AT, adapter_names, served_names
-from llmplane.gateway.workers.shm import Document, region
+from llmplane.gateway.workers.shm import Document, cells, region
 
 log = logging.getLogger("llmplane.gateway")
 
@@ -81,10 +81,9 @@ class ScrapeTable:
     model lists' document."""
 
     def __init__(self, capacity: int) -> None:
-        self.mem = region(capacity * ROW_BYTES + 16)
-        end = capacity * ROW_BYTES
-        self._generation = memoryview(self.mem)[end : end + 8].cast("q")
-        self._heartbeat = memoryview(self.mem)[end + 8 : end + 16].cast("d")
+        self.mem = region(capacity * ROW_BYTES)
+        self._generation = cells(1)
+        self._heartbeat = cells(1, "d")
         self._rows: dict[int, Document] = {}
         self.models = Document(MODELS_BYTES)  # {column: [read at, workload, model, names]}
 

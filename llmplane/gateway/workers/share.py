@@ -1,7 +1,6 @@
 """What the supervisor sets up before it forks (``Share``) and one worker's place in it
-(``Seat``): the listening sockets (one per worker), the in-flight table, the scraped engine
-metrics, the shared token buckets, the prefix picks, the workers' reports and the private
-directory of the workers' metrics sockets."""
+(``Seat``): the listening sockets, the shared tables, each worker's report and the private
+directory of the workers' sockets (docs/gateway.md, "Workers")."""
 
 from __future__ import annotations
 
@@ -18,19 +17,19 @@ from llmplane.gateway.workers.buckets import SharedBuckets
 from llmplane.gateway.workers.inflight import InflightTable
 from llmplane.gateway.workers.metrics import MetricsPeer
 from llmplane.gateway.workers.picks import PickFeed, PickRings
-from llmplane.gateway.workers.reports import ReportReader, WorkerReports
 from llmplane.gateway.workers.scrapes import (
     ScrapeFollower,
     ScrapePublisher,
     ScrapeTable,
 )
-from llmplane.gateway.workers.shm import Locks
+from llmplane.gateway.workers.shm import Document, Locks
 from llmplane.gateway.workers.wake import Waker, WakeTable
 from llmplane.runtime.endpoint import Endpoint
 
 SCRAPER = 0  # the worker that scrapes the engines for all (its replacement takes over)
 ENDPOINT_CAPACITY = 16_384  # endpoint addresses one gateway run can see
 BUCKET_CAPACITY = 4_096  # rate-limit buckets (route x direction)
+REPORT_BYTES = 64 * 1024  # a worker's report at the most (pages are touched only as written)
 
 
 def listen(host: str, port: int, count: int, backlog: int = 2048) -> list[socket.socket]:
@@ -79,12 +78,11 @@ class Share:
         self.scrapes = ScrapeTable(endpoint_capacity)
         self.buckets = SharedBuckets(bucket_capacity, self.locks)
         self.picks = PickRings(workers)
-        self.reports = WorkerReports(workers)
+        # Each worker's report, read by the others without asking it (console/stats.py).
+        self.reports = [Document(REPORT_BYTES) for _ in range(workers)]
         self.wake = WakeTable(workers)
         self.dir = tempfile.mkdtemp(prefix="llmplane-workers-")  # 0700: ours alone
-
-    def socket_path(self, index: int) -> str:
-        return os.path.join(self.dir, f"metrics-{index}.sock")
+        self.socket_paths = [os.path.join(self.dir, f"metrics-{i}.sock") for i in range(workers)]
 
     def seat(self, index: int) -> Seat:
         return Seat(self, index)
@@ -116,10 +114,7 @@ class Seat:
         self.index = index
         self.workers = share.workers
         self.sock = share.socks[index]
-        self.metrics = MetricsPeer(
-            share.socket_path(index),
-            [share.socket_path(i) for i in range(share.workers) if i != index],
-        )
+        self.metrics = MetricsPeer(share.socket_paths, index)
         self.picks: PickFeed = share.picks.feed(index)
         # Requests waiting in this worker's flow control, woken by the others' completions.
         self.waker: Waker = share.wake.waker(index)
@@ -133,17 +128,16 @@ class Seat:
     async def ask(
         self, index: int, what: bytes, payload: bytes = b"", quiet: bool = False
     ) -> bytes | None:
-        """Send a command to worker ``index`` (one of ``handlers`` there); its answer (None,
-        logged unless ``quiet``, if it did not answer)."""
-        return await self.metrics.ask(self.share.socket_path(index), what, payload, quiet)
+        """Send a command to worker ``index`` (one of ``handlers`` there): ``MetricsPeer.ask``."""
+        return await self.metrics.ask(index, what, payload, quiet)
 
     def report(self, data: bytes) -> bool:
-        """Publish this worker's report (``workers/reports.py``; False if too large)."""
-        return self.share.reports.write(self.index, data)
+        """Publish this worker's report (False if too large)."""
+        return self.share.reports[self.index].write(data)
 
     def report_reader(self) -> ReportReader:
         """A reader of the other workers' reports."""
-        return ReportReader(self.share.reports, self.index)
+        return ReportReader({i: d for i, d in enumerate(self.share.reports) if i != self.index})
 
     def endpoint_state(self, endpoint: Endpoint) -> EndpointState:
         return self.share.inflight.state(endpoint, self.index)
@@ -173,3 +167,21 @@ class Seat:
 
     def bucket(self, key: str, rate: float, burst: float, now: float) -> TokenBucket:
         return self.share.buckets.bucket(key, rate, burst, now)
+
+
+class ReportReader:
+    """One process's latest whole copy of each report in ``docs`` (worker index -> document;
+    a report being written right now reads as its previous copy)."""
+
+    def __init__(self, docs: dict[int, Document]) -> None:
+        self.docs = docs
+        self._seen: dict[int, tuple[int, bytes]] = {}
+
+    def read(self) -> list[tuple[int, bytes]]:
+        """(worker index, latest report) of every worker that has reported."""
+        seen = self._seen
+        for index, doc in self.docs.items():
+            got = doc.read(seen[index][0] if index in seen else 0)
+            if got is not None:
+                seen[index] = got
+        return [(index, seen[index][1]) for index in self.docs if index in seen]

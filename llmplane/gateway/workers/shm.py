@@ -1,11 +1,7 @@
-"""Shared-memory building blocks for the gateway's worker processes.
-
-Every region is an anonymous ``MAP_SHARED`` mapping the supervisor creates before it forks, so
-each worker (and each replacement) sees the same pages. Locks are POSIX record locks
-(``fcntl.lockf``) on byte ranges of one unlinked temporary file: they exclude other processes
-and the kernel drops them when their holder dies, so a killed worker never leaves one held.
-Nothing here takes a lock on a request's hot path except a token-bucket reservation.
-"""
+"""Shared-memory building blocks for the gateway's workers: anonymous ``MAP_SHARED`` mappings
+made before the fork (every worker and replacement sees the same pages, nothing to name or
+clean up), and record locks (``fcntl.lockf``) on one unlinked file, which the kernel drops
+when their holder dies, so a killed worker never leaves one held."""
 
 from __future__ import annotations
 
@@ -19,11 +15,6 @@ import tempfile
 LOCK_ENDPOINTS = 0
 LOCK_BUCKET_KEYS = 1
 LOCK_BUCKETS = 2
-
-
-def key_hash(key: str) -> int:
-    """A stable 64-bit hash of ``key`` (the same in every process), never 0 (0 = free)."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") | 1
 
 
 class Locks:
@@ -59,6 +50,12 @@ def region(size: int) -> mmap.mmap:
     return mmap.mmap(-1, max(size, mmap.PAGESIZE))
 
 
+def cells(count: int, kind: str = "q") -> memoryview:
+    """``count`` zeroed shared cells of 8 bytes (``kind``: "q" int64, "Q" uint64, "d" float64),
+    each one written only whole, so a reader never sees half of a store."""
+    return memoryview(region(count * 8)).cast(kind)[:count]
+
+
 _DOC_HEAD = 16  # sequence, length
 
 
@@ -88,9 +85,6 @@ class Document:
         words[0] = begin + 1
         return True
 
-    def sequence(self) -> int:
-        return self.words[0]
-
     def read(self, seen: int) -> tuple[int, bytes] | None:
         """(sequence, bytes) if written since ``seen``; None otherwise or while it is being
         written."""
@@ -107,23 +101,22 @@ class Document:
 
 class Directory:
     """Key -> row number, the same in every process: an open-addressing table of key hashes
-    in shared memory. Inserting takes ``lock`` (it happens when an endpoint or a bucket
+    in shared memory. A look-up takes ``lock`` (it happens when an endpoint or a bucket
     appears, never per request); rows are never freed (``capacity`` bounds the keys a
     gateway run can see; past it ``row`` returns None and the caller keeps a local one)."""
 
-    def __init__(self, capacity: int, locks: Locks, lock_byte: int) -> None:
+    def __init__(self, capacity: int, lock: RecordLock) -> None:
         self.capacity = capacity
-        self.mem = region(capacity * 8)
-        self.hashes = memoryview(self.mem).cast("Q")
-        self.locks = locks
-        self.lock_byte = lock_byte
+        self.hashes = cells(capacity, "Q")
+        self.lock = lock
 
     def row(self, key: str) -> tuple[int, bool] | None:
         """(row, True if this call added the key), or None when the table is full."""
-        h = key_hash(key)
+        # A 64-bit hash, the same in every process, never 0 (a free row).
+        h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") | 1
         hashes = self.hashes
         cap = self.capacity
-        with self.locks.held(self.lock_byte):
+        with self.lock:
             i = h % cap
             for _ in range(cap):
                 v = hashes[i]

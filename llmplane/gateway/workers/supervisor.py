@@ -1,16 +1,12 @@
-"""The supervisor of ``llmplane gateway --workers N``: it holds the listening sockets (one
-per worker, one ``SO_REUSEPORT`` group) and the shared memory, forks N workers, worker i
-accepting on socket i alone, replaces a worker that dies (its socket stays open here, so new
-connections hashed to it wait in its backlog for the replacement, which inherits the socket),
-and on SIGTERM / SIGINT passes the signal on and waits while the workers drain.
-
-The supervisor runs no event loop and imports nothing after the fork: a plain ``select`` on
-a signal wake-up pipe and a pipe the workers write their index to once they serve."""
+"""The supervisor of ``llmplane gateway --workers N`` (and of ``llmplane up``'s workers 1 ..
+N-1): it holds the listening sockets and the shared memory, forks the workers, replaces one
+that dies and on SIGTERM / SIGINT waits while they drain (docs/gateway.md, "Workers"). It runs
+no event loop and imports nothing after the fork: a plain ``select`` on a signal wake-up pipe
+and a pipe the workers write their index to once they serve."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import select
@@ -22,23 +18,40 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 
 from llmplane.gateway.workers.share import Seat, Share
+from llmplane.runtime.processes import pdeathsig_preexec
 
 log = logging.getLogger("llmplane.gateway")
 
 QUICK_DEATH = 1.0  # a worker that dies sooner after its start is restarted after a back-off
 MAX_BACKOFF = 5.0
-PR_SET_PDEATHSIG = 1
 
 # (the worker's seat, call once serving) -> exit code; runs in the forked child.
 WorkerMain = Callable[[Seat, Callable[[], None]], int]
 
 
-def _die_with_parent() -> None:
-    """SIGTERM this worker (it drains) when the supervisor dies, even by SIGKILL (Linux's
-    PR_SET_PDEATHSIG; elsewhere the worker's own check of its parent pid, once a second)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def fork(child: Callable[[], int]) -> int:
+    """Fork a process that runs ``child`` and exits with its code; its pid. On Linux the child
+    gets SIGTERM (it drains) when this process dies, even by SIGKILL (``pdeathsig_preexec``);
+    a gateway worker also checks its parent pid once a second."""
+    die_with_parent = pdeathsig_preexec()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        if die_with_parent is not None:
+            die_with_parent()
+        code = child()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 class Supervisor:
@@ -63,37 +76,19 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
 
-    # --- workers --------------------------------------------------------------------------
-
     def _spawn(self, index: int) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 1
-            try:
-                _die_with_parent()
-                signal.set_wakeup_fd(-1)
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                for fd in (self._wake_r, self._wake_w, self._ready_r):
-                    os.close(fd)
-                self.share.keep_only(index)
-                ready_w = self._ready_w
+        def worker() -> int:
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            for fd in (self._wake_r, self._wake_w, self._ready_r):
+                os.close(fd)
+            self.share.keep_only(index)
+            return self.worker_main(
+                self.share.seat(index), lambda: os.write(self._ready_w, bytes([index]))
+            )
 
-                def ready() -> None:
-                    os.write(ready_w, bytes([index]))
-
-                code = self.worker_main(self.share.seat(index), ready)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        self.pids[pid] = index
+        self.pids[fork(worker)] = index
         self.started[index] = time.monotonic()
 
     def _reap(self, serving: bool) -> int | None:
@@ -116,10 +111,9 @@ class Supervisor:
             if not serving:
                 return code if code > 0 else 1
             now = time.monotonic()
-            if now - self.started.get(index, 0.0) < QUICK_DEATH:
-                delay = self.backoff[index] = min(MAX_BACKOFF, self.backoff.get(index, 0.05) * 2)
-            else:
-                delay = self.backoff[index] = 0.0
+            quick = now - self.started[index] < QUICK_DEATH
+            delay = min(MAX_BACKOFF, self.backoff.get(index, 0.05) * 2) if quick else 0.0
+            self.backoff[index] = delay
             log.warning(
                 "gateway worker %d (pid %d) exited (%s); starting a new one%s",
                 index,
@@ -128,8 +122,6 @@ class Supervisor:
                 f" in {delay:.1f} s" if delay else "",
             )
             self.pending[index] = now + delay
-
-    # --- the loop -----------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,14 +1,8 @@
-"""Flow-control wake-ups across workers: a request that waits in one worker's flow control is
-let go when an endpoint has room, and with several workers the room is often freed by another
-worker's completion (the in-flight counts are shared, ``inflight.py``; the events that pump a
-worker's queues are its own). So a worker with requests waiting says so in shared memory, and
-a worker that finishes a request wakes each peer that has some: an ``eventfd`` per worker,
-written at most once until that worker has read it, which then pumps its flow control.
-
-Per worker two int64 words, each written by one side: ``waiting`` (its own count of requests
-in flow control; the supervisor zeroes a dead worker's) and ``poked`` (set by a waker, cleared
-by the worker before it pumps). A wake-up missed by the race between the two (a store seen
-late) is caught by flow control's periodic re-check; nothing is lost but a few milliseconds."""
+"""Flow-control wake-ups across workers: the room a waiting request needs is often freed by
+another worker's completion, so a worker that finishes a request wakes each peer with requests
+waiting (docs/gateway.md, "Workers": flow control), through the peer's ``eventfd``, written at
+most once until read. A wake-up lost to the race between the two shared counts is caught by
+flow control's periodic re-check."""
 
 from __future__ import annotations
 
@@ -17,21 +11,22 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from llmplane.gateway.workers.shm import region
+from llmplane.gateway.workers.shm import cells
 
 
 class WakeTable:
-    """Created by the supervisor before it forks: the words and one eventfd per worker."""
+    """Created by the supervisor before it forks: per worker two shared counts, each with one
+    writer, and an eventfd."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.mem = region(workers * 16)
-        self.words = memoryview(self.mem).cast("q")
+        self.waiting = cells(workers)  # its requests in flow control (zeroed when it dies)
+        self.poked = cells(workers)  # set by a waker, cleared by the worker before it pumps
         self.fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(workers)]
 
     def clear(self, worker: int) -> None:
         """``worker`` died: its waiting requests with it."""
-        self.words[2 * worker] = 0
+        self.waiting[worker] = 0
 
     def close(self) -> None:
         for fd in self.fds:
@@ -47,52 +42,47 @@ class Waker:
     after a completion, ``start`` pumps its own flow control when a peer wakes it."""
 
     def __init__(self, table: WakeTable, index: int) -> None:
-        self.words = table.words
-        self.fds = table.fds
         self.index = index
-        self.mine = 2 * index
-        # (waiting word, poked word, eventfd) of every peer.
-        self.peers = tuple(
-            (2 * i, 2 * i + 1, table.fds[i]) for i in range(table.workers) if i != index
-        )
+        self.waiting_counts, self.poked = table.waiting, table.poked
+        self.fd = table.fds[index]
+        self.peers = tuple((i, table.fds[i]) for i in range(table.workers) if i != index)
         self.woken = 0  # wake-ups read (tests, and to see it work)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pump: Callable[[], None] | None = None
+        self._pump: Callable[[], None] = lambda: None
 
     def start(self, pump: Callable[[], None]) -> None:
         """Call ``pump`` whenever a peer wakes this worker (from now on, in the running loop)."""
         self._pump = pump
-        self.words[self.mine] = 0  # a replacement starts with nothing waiting
-        self.words[self.mine + 1] = 0
+        self.waiting_counts[self.index] = 0  # a replacement starts with nothing waiting
+        self.poked[self.index] = 0
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.fds[self.index], self._woken)
+        self._loop.add_reader(self.fd, self._woken)
 
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self.fds[self.index])
+            self._loop.remove_reader(self.fd)
         self._loop = None
 
     def waiting(self, n: int) -> None:
         """``n`` more (or fewer) requests of this worker wait in flow control."""
-        self.words[self.mine] += n
+        self.waiting_counts[self.index] += n
 
     def wake_peers(self) -> None:
         """After a request of this worker finished (its in-flight count released): wake every
         peer with requests waiting that is not already woken."""
-        words = self.words
-        for waiting, poked, fd in self.peers:
-            if words[waiting] > 0 and not words[poked]:
-                words[poked] = 1
+        waiting, poked = self.waiting_counts, self.poked
+        for peer, fd in self.peers:
+            if waiting[peer] > 0 and not poked[peer]:
+                poked[peer] = 1
                 # (OSError: its counter full, never in practice: it is woken already.)
                 with contextlib.suppress(OSError):
                     os.eventfd_write(fd, 1)
 
     def _woken(self) -> None:
         try:
-            os.eventfd_read(self.fds[self.index])
+            os.eventfd_read(self.fd)
         except BlockingIOError:
             return
-        self.words[self.mine + 1] = 0  # before pumping: a later completion wakes it again
+        self.poked[self.index] = 0  # before pumping: a later completion wakes it again
         self.woken += 1
-        if self._pump is not None:
-            self._pump()
+        self._pump()
