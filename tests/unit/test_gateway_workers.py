@@ -406,3 +406,16 @@ async def test_a_peer_completion_wakes_a_worker_with_requests_waiting():
         b.close()
     finally:
         table.close()
+
+
+def test_a_worker_that_crashes_again_after_a_long_life_waits_again() -> None:
+    """Quick deaths double the wait before a restart; a long life restarts at once and
+    forgets it, so a crash loop after it starts from 0.1 s again (not from no wait)."""
+    from llmplane.gateway.workers.supervisor import MAX_BACKOFF, restart_delay
+
+    backoff: dict[int, float] = {}
+    assert [restart_delay(backoff, 0, 0.1) for _ in range(3)] == [0.1, 0.2, 0.4]
+    assert restart_delay(backoff, 0, 30.0) == 0.0
+    assert [restart_delay(backoff, 0, 0.1) for _ in range(2)] == [0.1, 0.2]
+    assert max(restart_delay(backoff, 1, 0.0) for _ in range(20)) == MAX_BACKOFF
+    assert restart_delay(backoff, 0, 0.1) == 0.4  # each worker its own

@@ -54,6 +54,17 @@ def fork(child: Callable[[], int]) -> int:
         os._exit(code)
 
 
+def restart_delay(backoff: dict[int, float], index: int, lived: float) -> float:
+    """How long to wait before starting worker ``index`` again after it lived ``lived``
+    seconds: at once after a long life (which also forgets its back-off), else twice the last
+    wait (0.1 s first, ``MAX_BACKOFF`` at most), so a crash loop does not spin."""
+    if lived >= QUICK_DEATH:
+        backoff.pop(index, None)
+        return 0.0
+    delay = backoff[index] = min(MAX_BACKOFF, backoff.get(index, 0.05) * 2)
+    return delay
+
+
 class Supervisor:
     def __init__(
         self,
@@ -111,9 +122,7 @@ class Supervisor:
             if not serving:
                 return code if code > 0 else 1
             now = time.monotonic()
-            quick = now - self.started[index] < QUICK_DEATH
-            delay = min(MAX_BACKOFF, self.backoff.get(index, 0.05) * 2) if quick else 0.0
-            self.backoff[index] = delay
+            delay = restart_delay(self.backoff, index, now - self.started[index])
             log.warning(
                 "gateway worker %d (pid %d) exited (%s); starting a new one%s",
                 index,
