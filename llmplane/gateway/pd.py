@@ -1,32 +1,9 @@
-"""Prefill/decode disaggregation for Kthena ModelServers with ``workloadSelector.pdGroup``.
-
-A request on such a backend is served by two replicas of the same group (the value of the
-pod label ``groupKey``): a **prefill** replica computes the prompt's KV cache and a
-**decode** replica generates the answer from it. The gateway:
-
-1. schedules the decode replica first (the route's scheduling profile over the decode
-   replicas that have at least one prefill replica in their group), then the best prefill
-   replica of that decode replica's group (same profile, so prefix-cache affinity lands on
-   the replica that actually computes the prompt);
-2. sends the prefill request: the client's body without ``stream`` / ``stream_options`` /
-   ``min_tokens``, with ``max_tokens: 1`` (and ``max_completion_tokens: 1`` when given);
-3. sends the decode request, per KV connector:
-
-   - ``http``, ``lmcache``: after the prefill, the client's body as it is;
-   - ``nixl``, ``mooncake``: the prefill body also carries ``kv_transfer_params:
-     {do_remote_decode: true, do_remote_prefill: false}``; the prefill response's
-     ``kv_transfer_params`` go verbatim into the decode body;
-   - SGLang (``inferenceEngine: SGLang``): both bodies carry the same random
-     ``bootstrap_room`` and ``bootstrap_host`` = the prefill replica's host, and both are
-     sent at once (the decode side pulls the KV from the prefill side while it runs).
-
-The client's response is the decode replica's (status, headers, body or stream), plus
-``x-llmplane-prefill-endpoint``. Nothing reaches the client before the decode response
-starts, so a failed prefill (connect error, timeout, 5xx) is retried on the group's next
-prefill replica (once a group's prefill replicas are used up, on the next decode replica and
-its group); a failed decode is retried on the next decode replica, with a new prefill in its
-group. Every attempt counts against the route's retry budget. A prefill 4xx is the client's
-answer (the decode would refuse the request too).
+"""Prefill/decode disaggregation (docs/gateway.md, "Prefill/decode disaggregation"): a request
+is served by a prefill replica, which computes the prompt's KV cache, and a decode replica of
+the same group, which generates the answer from it. The decode replica is scheduled first, then
+the best prefill replica of its group with the same profile, so prefix affinity lands where the
+prompt is computed. Nothing reaches the client before the decode response starts, so a failed
+prefill or decode is retried on another pair within the route's retry budget.
 """
 
 from __future__ import annotations
@@ -49,7 +26,7 @@ from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.proxy import AttemptFailed, Proxy, forwarded_headers, relayed_headers
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import SGLANG, PDBackend
+from llmplane.gateway.routing import SGLANG
 from llmplane.gateway.scheduler.framework import Profile, Scheduler, SchedulingContext
 from llmplane.gateway.tokens import sent_prompt_tokens
 from llmplane.gateway.upstream_client import encode_request
@@ -59,14 +36,10 @@ log = logging.getLogger("llmplane.gateway")
 PREFILL_HEADER = "x-llmplane-prefill-endpoint"
 # KV connectors whose decode request carries the prefill response's kv_transfer_params.
 KV_PARAMS_CONNECTORS = frozenset({"nixl", "mooncake"})
-MODES = frozenset({"http", "lmcache", "nixl", "mooncake", SGLANG})
 # Fields a prefill request must not carry: it answers one token, never streamed.
 _PREFILL_DROP = ("stream", "stream_options", "min_tokens")
 
 _background: set[asyncio.Task[Any]] = set()
-
-
-# --- bodies (pure) ----------------------------------------------------------------------------
 
 
 def prefill_doc(doc: Mapping[str, Any], mode: str) -> dict[str, Any]:
@@ -81,9 +54,8 @@ def prefill_doc(doc: Mapping[str, Any], mode: str) -> dict[str, Any]:
 
 
 def decode_doc(doc: Mapping[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
-    """nixl / mooncake: the client's body with the prefill's ``kv_transfer_params``
-    (verbatim); without them (a prefill that did not return any) the decode computes the
-    prompt itself, so the key is left out rather than sent as null."""
+    """nixl / mooncake: the client's body with the prefill's ``kv_transfer_params``; None
+    (the prefill sent none: the decode computes the prompt) leaves the key out, not null."""
     out = dict(doc)
     if kv_transfer_params is None:
         out.pop("kv_transfer_params", None)
@@ -116,9 +88,6 @@ def kv_params_of(data: bytes) -> Any:
     return doc.get("kv_transfer_params") if isinstance(doc, dict) else None
 
 
-# --- serving --------------------------------------------------------------------------------
-
-
 class PrefillFailed(AttemptFailed):
     """The prefill of an attempt failed (retried on the group's next prefill replica)."""
 
@@ -140,26 +109,21 @@ class PrefillDecode:
     outliers: Outliers
     metrics: GatewayMetrics
 
-    def _groups(self, pd: PDBackend, now: float) -> dict[str, list[EndpointState]]:
-        by_group: dict[str, list[EndpointState]] = {}
-        for state in pd.prefill:
-            group = pd.group_of(state)
-            if group is not None:
-                by_group.setdefault(group, []).append(state)
-        # Ejection per group, failing open within a group.
-        return {g: self.outliers.available(members, now) for g, members in by_group.items()}
-
     async def serve(self, ctx: RequestContext) -> StreamResponse:
-        """Serve the request on a prefill + decode pair, scheduled among the admitted
-        candidates (the decoders) and their group's prefill endpoints."""
-        sched, candidates = ctx.scheduling, ctx.candidates
-        assert ctx.decision is not None and ctx.inference is not None and sched is not None
-        backend = ctx.decision.backend
+        """Serve the request on a prefill + decode pair: the admitted candidates are the
+        decode replicas, each paired within its group."""
+        sched, decision, inference = ctx.scheduling, ctx.decision, ctx.inference
+        assert decision is not None and inference is not None and sched is not None
+        backend, model = decision.backend, inference.model
         pd = backend.pd
         assert pd is not None
-        model = ctx.inference.model
-        groups = self._groups(pd, sched.now)
-        decodes = [s for s in candidates if pd.group_of(s) in groups]
+        by_group: dict[str, list[EndpointState]] = {}
+        for state in pd.prefill:
+            if (group := pd.group_of(state)) is not None:
+                by_group.setdefault(group, []).append(state)
+        # Ejection per group, failing open within a group.
+        groups = {g: self.outliers.available(ms, sched.now) for g, ms in by_group.items()}
+        decodes = [s for s in ctx.candidates if pd.group_of(s) in groups]
         if not decodes:
             raise GatewayError(
                 503,
@@ -197,10 +161,8 @@ class PrefillDecode:
             prefills = prefill_order(pd.group_of(decode) or "")
             prefill = prefills[pi % len(prefills)]
             try:
-                if pd.mode == SGLANG:
-                    response = await pair.concurrent(prefill, decode, attempts.may_retry)
-                else:
-                    response = await pair.sequential(prefill, decode, attempts.may_retry)
+                run = pair.concurrent if pd.mode == SGLANG else pair.sequential
+                response = await run(prefill, decode, attempts.may_retry)
             except _Relayed as relayed:
                 return relayed.response
             except PrefillFailed as failure:
@@ -330,19 +292,16 @@ class _Pair:
             response = d.result()
             ok = True
         finally:
-            for task in (p, d):
-                if not ok and not task.done():
+            for task in (p, d):  # a prefill still running after the decode ends on its own
+                if not ok:
                     task.cancel()
-                if task.done():
-                    _consume(task)
-                else:  # the decode finished first (or was cancelled): let it end on its own
-                    _background.add(task)
-                    task.add_done_callback(_background.discard)
-                    task.add_done_callback(_consume)
+                _background.add(task)
+                task.add_done_callback(_background.discard)
+                task.add_done_callback(_consume)
         return response
 
 
 def _consume(task: asyncio.Task[Any]) -> None:
-    """Retrieve a finished prefill task's exception so asyncio does not log it."""
+    """Retrieve a finished task's exception so asyncio does not log it."""
     if not task.cancelled() and (err := task.exception()) is not None:
         log.info("a prefill/decode request ended after the response was decided: %s", err)
