@@ -1,8 +1,7 @@
-"""The APIs the gateway serves beside OpenAI's chat, completions and embeddings: OpenAI's
-Responses API (``responses.py``), Anthropic's Messages API (``messages.py``) and vLLM's
-``/tokenize`` / ``/detokenize``. Each API module knows its body's fields, prompt text and error
-shape; here is what they share: which path is which API, which paths generate output, which
-engines serve which path, and usage counts in either API's fields."""
+"""The APIs the gateway serves beside OpenAI's chat, completions and embeddings: the Responses
+API (``responses.py``), the Messages API (``messages.py``) and vLLM's ``/tokenize`` /
+``/detokenize``. Here is what they share: which path is which API, which paths generate, which
+engines lack which path, and usage in either API's fields."""
 
 from __future__ import annotations
 
