@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from llmplane.gateway.context import RequestContext
+from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
@@ -150,7 +150,7 @@ class Migrator:
             self.resume.labels(route).observe(resumed)
             self.recent.append((route, resumed))
             note = {"reason": reason, "from": failed.endpoint.address, "to": address,
-                    "resume_ms": round(resumed * 1000, 3)}  # fmt: skip
+                    "resume_ms": milliseconds(resumed)}  # fmt: skip
             ctx.migrations = [*ctx.migrations, note] if ctx.migrations else [note]
             ctx.endpoint = address
             return state, resp, first

@@ -9,6 +9,7 @@ prefill or decode is retried on another pair within the route's retry budget.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.context import RequestContext
+from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics
@@ -135,21 +136,18 @@ class PrefillDecode:
         scheduler = self.scheduler
         ts = time.perf_counter()
         pick = ctx.pick = scheduler.pick(sched, decodes, min(len(decodes), width), backend.profile)
-        prefill_orders: dict[str, list[EndpointState]] = {}
 
+        @functools.cache  # each group's prefill replicas ordered once, when first needed
         def prefill_order(group: str) -> list[EndpointState]:
-            order = prefill_orders.get(group)
-            if order is None:
-                members = groups[group]
-                order = prefill_orders[group] = scheduler.pick(
-                    sched, members, min(len(members), width), backend.profile
-                ).endpoints
-            return order
+            members = groups[group]
+            return scheduler.pick(
+                sched, members, min(len(members), width), backend.profile
+            ).endpoints
 
         prefill_order(pd.group_of(pick.endpoints[0]) or "")
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
-        ctx.sched_ms = round(elapsed * 1000, 3)
+        ctx.sched_ms = milliseconds(elapsed)
         ctx.pd = pd.mode
         self.metrics.pd_requests.labels(model, pd.mode).inc()
         pair = _Pair(self, ctx, sched, scheduler.profile(backend.profile))
@@ -188,12 +186,8 @@ class _Pair:
         self, pd: PrefillDecode, ctx: RequestContext, sched: SchedulingContext, profile: Profile
     ) -> None:
         assert ctx.decision is not None and ctx.inference is not None
-        self.pd = pd
-        self.ctx = ctx
-        self.inference = ctx.inference
-        self.backend = ctx.decision.backend
-        self.sched = sched
-        self.profile = profile
+        self.pd, self.ctx, self.sched, self.profile = pd, ctx, sched, profile
+        self.inference, self.backend = ctx.inference, ctx.decision.backend
         self.headers = forwarded_headers(ctx.request, ctx.tenant is not None)
 
     async def prefill(self, state: EndpointState, body: dict[str, Any], last: bool) -> bytes:
@@ -221,7 +215,7 @@ class _Pair:
         elapsed = time.perf_counter() - t
         pd.metrics.pd_prefill.labels(self.inference.model).observe(elapsed)
         ctx.prefill_endpoint = address
-        ctx.prefill_ms = round(elapsed * 1000, 3)
+        ctx.prefill_ms = milliseconds(elapsed)
         if status >= 500:
             pd.outliers.failure(state)
             if not last:
@@ -229,15 +223,9 @@ class _Pair:
         else:
             pd.outliers.success(state)
         if status >= 400:
-            ctx.upstream_status = status
-            ctx.endpoint = address
-            raise _Relayed(
-                Response(
-                    status=status,
-                    body=data,
-                    **relayed_headers(upstream_headers, address, {PREFILL_HEADER: address}),
-                )
-            )
+            ctx.upstream_status, ctx.endpoint = status, address
+            headers = relayed_headers(upstream_headers, address, {PREFILL_HEADER: address})
+            raise _Relayed(Response(status=status, body=data, **headers))
         return data
 
     async def decode(
