@@ -22,7 +22,7 @@ _NOT_GENERATING = ("/v1/embeddings", "/v1/messages/count_tokens", *TOKENIZE_PATH
 # Engines known to lack a path (``Endpoint.engine``): llama.cpp's server (and the
 # llama-cpp-python one ``llmplane up`` runs without it) has neither API, and tokenizes at other
 # paths with other bodies (docs/engines.md).
-_UNSERVED = {"llamacpp": frozenset((*responses.PATHS, *messages.PATHS, *TOKENIZE_PATHS))}
+_UNSERVED = {"llamacpp": frozenset(PATHS)}
 
 
 def check(path: str, doc: dict[str, Any]) -> None:
