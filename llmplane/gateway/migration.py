@@ -1,11 +1,6 @@
-"""Streams that survive their replica: a generation whose replica is lost mid-stream goes on
-on another replica, spliced into the client's stream as if nothing happened (``splice.py``:
-what was sent and the continuation request; pure).
-
-``Migrator`` does the I/O of a migration for the proxy: it asks the scheduler for another
-replica (never one that failed this request), opens the continuation there within the route's
-timeout, and counts it (metrics by reason, time to resume, the console's summary).
-"""
+"""Streams that survive their replica (docs/gateway.md): ``Migrator`` does a migration's I/O
+for the proxy (``splice.py`` the bookkeeping): another replica from the scheduler, never one
+that failed this request, the continuation opened there within the route's timeout, counted."""
 
 from __future__ import annotations
 
@@ -15,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from llmplane.gateway.context import RequestContext
+from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.registry import EndpointState
@@ -25,13 +20,8 @@ from llmplane.gateway.upstream_client import UpstreamPool, UpstreamResponse, enc
 
 # Engines that can continue a generation (a prompt as token ids, continue_final_message).
 CONTINUABLE = frozenset({"vllm", "sim"})
-REASONS = ("broken", "stalled", "engine_error", "drained")
 NO_REPLICA = "no other replica is available"
 RECENT = 1000  # migrations whose time to resume the console's percentiles read
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Migrator:
@@ -77,46 +67,24 @@ class Migrator:
             of(route)["failed"] = int(child.value)
         for route, entry in routes.items():
             resumed = sorted(t for r, t in self.recent if r == route)
-            entry["resumeMs"] = (
-                [round(_quantile(resumed, q) * 1000, 1) for q in (0.5, 0.99)] if resumed else None
-            )
+            at = (min(len(resumed) - 1, int(q * len(resumed))) for q in (0.5, 0.99))
+            entry["resumeMs"] = [round(resumed[i] * 1000, 1) for i in at] if resumed else None
         return sorted(routes.values(), key=lambda e: e["route"])
-
-    def repick(self, ctx: RequestContext, exclude: set[str]) -> EndpointState | None:
-        """The scheduler's pick for a continuation among the route's replicas outlier
-        ejection allows, but ``exclude`` (addresses the stream ran or was tried on)."""
-        decision, sched = ctx.decision, ctx.scheduling
-        if decision is None or sched is None:
-            return None
-        backend = decision.backend
-        available = self.outliers.available(backend.candidates, time.monotonic())
-        rest = [s for s in available if s.endpoint.address not in exclude]
-        if not rest:
-            return None
-        pick = self.scheduler.pick(sched, rest, 1, backend.profile)
-        if not pick.endpoints:
-            return None
-        state = pick.endpoints[0]
-        self.scheduler.profile(backend.profile).on_pick(sched, state)  # the prefix index learns
-        return state
 
     @staticmethod
     def splice(
         ctx: RequestContext, state: EndpointState, body: bytes
     ) -> tuple[Splice, bytes] | None:
         """A streamed request's splice (and its body) when its route and engine allow a
-        migration; else None."""
-        decision, inference = ctx.decision, ctx.inference
+        migration (Responses, Messages: their own events, never spliced); else None."""
+        assert ctx.decision is not None and ctx.inference is not None
+        backend, path = ctx.decision.backend, ctx.inference.path
         if (
-            decision is None
-            or inference is None
-            or decision.backend.migration_limit < 1
+            backend.migration_limit < 1
+            or backend.pd is not None
             or state.endpoint.engine not in CONTINUABLE
-            or decision.backend.pd is not None
+            or not path.endswith("/completions")
         ):
-            return None
-        path = inference.path
-        if not path.endswith("/completions"):  # (Responses, Messages: their own events)
             return None
         return Splice.of(body, path.endswith("/chat/completions"))
 
@@ -130,8 +98,8 @@ class Migrator:
         headers: dict[str, str],
     ) -> tuple[EndpointState, UpstreamResponse, bytes] | str:
         """(replica, response, its first chunk) of the continuation, or why there is none."""
-        decision = ctx.decision
-        assert decision is not None
+        decision, sched = ctx.decision, ctx.scheduling
+        assert decision is not None and sched is not None
         backend = decision.backend
         route = decision.route
         t0 = time.perf_counter()
@@ -144,10 +112,14 @@ class Migrator:
             if splice.migrations >= backend.migration_limit:
                 why = f"the route's migration limit ({backend.migration_limit}) was reached"
                 break
-            state = self.repick(ctx, exclude)
-            if state is None:
+            available = self.outliers.available(backend.candidates, time.monotonic())
+            rest = [s for s in available if s.endpoint.address not in exclude]
+            pick = self.scheduler.pick(sched, rest, 1, backend.profile) if rest else None
+            if pick is None or not pick.endpoints:
                 why = NO_REPLICA
                 break
+            state = pick.endpoints[0]
+            self.scheduler.profile(backend.profile).on_pick(sched, state)  # the prefix index
             address = backend.address(state)
             exclude.add(state.endpoint.address)
             path, body = splice.continuation(ctx.request.path_qs)
@@ -178,7 +150,7 @@ class Migrator:
             self.resume.labels(route).observe(resumed)
             self.recent.append((route, resumed))
             note = {"reason": reason, "from": failed.endpoint.address, "to": address,
-                    "resume_ms": round(resumed * 1000, 3)}  # fmt: skip
+                    "resume_ms": milliseconds(resumed)}  # fmt: skip
             ctx.migrations = [*ctx.migrations, note] if ctx.migrations else [note]
             ctx.endpoint = address
             return state, resp, first

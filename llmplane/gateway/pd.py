@@ -1,37 +1,15 @@
-"""Prefill/decode disaggregation for Kthena ModelServers with ``workloadSelector.pdGroup``.
-
-A request on such a backend is served by two replicas of the same group (the value of the
-pod label ``groupKey``): a **prefill** replica computes the prompt's KV cache and a
-**decode** replica generates the answer from it. The gateway:
-
-1. schedules the decode replica first (the route's scheduling profile over the decode
-   replicas that have at least one prefill replica in their group), then the best prefill
-   replica of that decode replica's group (same profile, so prefix-cache affinity lands on
-   the replica that actually computes the prompt);
-2. sends the prefill request: the client's body without ``stream`` / ``stream_options`` /
-   ``min_tokens``, with ``max_tokens: 1`` (and ``max_completion_tokens: 1`` when given);
-3. sends the decode request, per KV connector:
-
-   - ``http``, ``lmcache``: after the prefill, the client's body as it is;
-   - ``nixl``, ``mooncake``: the prefill body also carries ``kv_transfer_params:
-     {do_remote_decode: true, do_remote_prefill: false}``; the prefill response's
-     ``kv_transfer_params`` go verbatim into the decode body;
-   - SGLang (``inferenceEngine: SGLang``): both bodies carry the same random
-     ``bootstrap_room`` and ``bootstrap_host`` = the prefill replica's host, and both are
-     sent at once (the decode side pulls the KV from the prefill side while it runs).
-
-The client's response is the decode replica's (status, headers, body or stream), plus
-``x-llmplane-prefill-endpoint``. Nothing reaches the client before the decode response
-starts, so a failed prefill (connect error, timeout, 5xx) is retried on the group's next
-prefill replica (once a group's prefill replicas are used up, on the next decode replica and
-its group); a failed decode is retried on the next decode replica, with a new prefill in its
-group. Every attempt counts against the route's retry budget. A prefill 4xx is the client's
-answer (the decode would refuse the request too).
+"""Prefill/decode disaggregation (docs/gateway.md, "Prefill/decode disaggregation"): a request
+is served by a prefill replica, which computes the prompt's KV cache, and a decode replica of
+the same group, which generates the answer from it. The decode replica is scheduled first, then
+the best prefill replica of its group with the same profile, so prefix affinity lands where the
+prompt is computed. Nothing reaches the client before the decode response starts, so a failed
+prefill or decode is retried on another pair within the route's retry budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -42,14 +20,14 @@ from typing import Any
 import orjson
 
 from llmplane.gateway.config import GatewayConfig
-from llmplane.gateway.context import RequestContext
+from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.errors import ErrorCode, GatewayError
 from llmplane.gateway.http_server import Response, StreamResponse
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.outliers import Outliers
 from llmplane.gateway.proxy import AttemptFailed, Proxy, forwarded_headers, relayed_headers
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.routing import SGLANG, PDBackend
+from llmplane.gateway.routing import SGLANG
 from llmplane.gateway.scheduler.framework import Profile, Scheduler, SchedulingContext
 from llmplane.gateway.tokens import sent_prompt_tokens
 from llmplane.gateway.upstream_client import encode_request
@@ -59,14 +37,10 @@ log = logging.getLogger("llmplane.gateway")
 PREFILL_HEADER = "x-llmplane-prefill-endpoint"
 # KV connectors whose decode request carries the prefill response's kv_transfer_params.
 KV_PARAMS_CONNECTORS = frozenset({"nixl", "mooncake"})
-MODES = frozenset({"http", "lmcache", "nixl", "mooncake", SGLANG})
 # Fields a prefill request must not carry: it answers one token, never streamed.
 _PREFILL_DROP = ("stream", "stream_options", "min_tokens")
 
 _background: set[asyncio.Task[Any]] = set()
-
-
-# --- bodies (pure) ----------------------------------------------------------------------------
 
 
 def prefill_doc(doc: Mapping[str, Any], mode: str) -> dict[str, Any]:
@@ -81,9 +55,8 @@ def prefill_doc(doc: Mapping[str, Any], mode: str) -> dict[str, Any]:
 
 
 def decode_doc(doc: Mapping[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
-    """nixl / mooncake: the client's body with the prefill's ``kv_transfer_params``
-    (verbatim); without them (a prefill that did not return any) the decode computes the
-    prompt itself, so the key is left out rather than sent as null."""
+    """nixl / mooncake: the client's body with the prefill's ``kv_transfer_params``; None
+    (the prefill sent none: the decode computes the prompt) leaves the key out, not null."""
     out = dict(doc)
     if kv_transfer_params is None:
         out.pop("kv_transfer_params", None)
@@ -116,9 +89,6 @@ def kv_params_of(data: bytes) -> Any:
     return doc.get("kv_transfer_params") if isinstance(doc, dict) else None
 
 
-# --- serving --------------------------------------------------------------------------------
-
-
 class PrefillFailed(AttemptFailed):
     """The prefill of an attempt failed (retried on the group's next prefill replica)."""
 
@@ -140,26 +110,21 @@ class PrefillDecode:
     outliers: Outliers
     metrics: GatewayMetrics
 
-    def _groups(self, pd: PDBackend, now: float) -> dict[str, list[EndpointState]]:
-        by_group: dict[str, list[EndpointState]] = {}
-        for state in pd.prefill:
-            group = pd.group_of(state)
-            if group is not None:
-                by_group.setdefault(group, []).append(state)
-        # Ejection per group, failing open within a group.
-        return {g: self.outliers.available(members, now) for g, members in by_group.items()}
-
     async def serve(self, ctx: RequestContext) -> StreamResponse:
-        """Serve the request on a prefill + decode pair, scheduled among the admitted
-        candidates (the decoders) and their group's prefill endpoints."""
-        sched, candidates = ctx.scheduling, ctx.candidates
-        assert ctx.decision is not None and ctx.inference is not None and sched is not None
-        backend = ctx.decision.backend
+        """Serve the request on a prefill + decode pair: the admitted candidates are the
+        decode replicas, each paired within its group."""
+        sched, decision, inference = ctx.scheduling, ctx.decision, ctx.inference
+        assert decision is not None and inference is not None and sched is not None
+        backend, model = decision.backend, inference.model
         pd = backend.pd
         assert pd is not None
-        model = ctx.inference.model
-        groups = self._groups(pd, sched.now)
-        decodes = [s for s in candidates if pd.group_of(s) in groups]
+        by_group: dict[str, list[EndpointState]] = {}
+        for state in pd.prefill:
+            if (group := pd.group_of(state)) is not None:
+                by_group.setdefault(group, []).append(state)
+        # Ejection per group, failing open within a group.
+        groups = {g: self.outliers.available(ms, sched.now) for g, ms in by_group.items()}
+        decodes = [s for s in ctx.candidates if pd.group_of(s) in groups]
         if not decodes:
             raise GatewayError(
                 503,
@@ -171,21 +136,18 @@ class PrefillDecode:
         scheduler = self.scheduler
         ts = time.perf_counter()
         pick = ctx.pick = scheduler.pick(sched, decodes, min(len(decodes), width), backend.profile)
-        prefill_orders: dict[str, list[EndpointState]] = {}
 
+        @functools.cache  # each group's prefill replicas ordered once, when first needed
         def prefill_order(group: str) -> list[EndpointState]:
-            order = prefill_orders.get(group)
-            if order is None:
-                members = groups[group]
-                order = prefill_orders[group] = scheduler.pick(
-                    sched, members, min(len(members), width), backend.profile
-                ).endpoints
-            return order
+            members = groups[group]
+            return scheduler.pick(
+                sched, members, min(len(members), width), backend.profile
+            ).endpoints
 
         prefill_order(pd.group_of(pick.endpoints[0]) or "")
         elapsed = time.perf_counter() - ts
         self.metrics.scheduling.observe(elapsed)
-        ctx.sched_ms = round(elapsed * 1000, 3)
+        ctx.sched_ms = milliseconds(elapsed)
         ctx.pd = pd.mode
         self.metrics.pd_requests.labels(model, pd.mode).inc()
         pair = _Pair(self, ctx, sched, scheduler.profile(backend.profile))
@@ -197,10 +159,8 @@ class PrefillDecode:
             prefills = prefill_order(pd.group_of(decode) or "")
             prefill = prefills[pi % len(prefills)]
             try:
-                if pd.mode == SGLANG:
-                    response = await pair.concurrent(prefill, decode, attempts.may_retry)
-                else:
-                    response = await pair.sequential(prefill, decode, attempts.may_retry)
+                run = pair.concurrent if pd.mode == SGLANG else pair.sequential
+                response = await run(prefill, decode, attempts.may_retry)
             except _Relayed as relayed:
                 return relayed.response
             except PrefillFailed as failure:
@@ -226,12 +186,8 @@ class _Pair:
         self, pd: PrefillDecode, ctx: RequestContext, sched: SchedulingContext, profile: Profile
     ) -> None:
         assert ctx.decision is not None and ctx.inference is not None
-        self.pd = pd
-        self.ctx = ctx
-        self.inference = ctx.inference
-        self.backend = ctx.decision.backend
-        self.sched = sched
-        self.profile = profile
+        self.pd, self.ctx, self.sched, self.profile = pd, ctx, sched, profile
+        self.inference, self.backend = ctx.inference, ctx.decision.backend
         self.headers = forwarded_headers(ctx.request, ctx.tenant is not None)
 
     async def prefill(self, state: EndpointState, body: dict[str, Any], last: bool) -> bytes:
@@ -259,7 +215,7 @@ class _Pair:
         elapsed = time.perf_counter() - t
         pd.metrics.pd_prefill.labels(self.inference.model).observe(elapsed)
         ctx.prefill_endpoint = address
-        ctx.prefill_ms = round(elapsed * 1000, 3)
+        ctx.prefill_ms = milliseconds(elapsed)
         if status >= 500:
             pd.outliers.failure(state)
             if not last:
@@ -267,15 +223,9 @@ class _Pair:
         else:
             pd.outliers.success(state)
         if status >= 400:
-            ctx.upstream_status = status
-            ctx.endpoint = address
-            raise _Relayed(
-                Response(
-                    status=status,
-                    body=data,
-                    **relayed_headers(upstream_headers, address, {PREFILL_HEADER: address}),
-                )
-            )
+            ctx.upstream_status, ctx.endpoint = status, address
+            headers = relayed_headers(upstream_headers, address, {PREFILL_HEADER: address})
+            raise _Relayed(Response(status=status, body=data, **headers))
         return data
 
     async def decode(
@@ -330,19 +280,16 @@ class _Pair:
             response = d.result()
             ok = True
         finally:
-            for task in (p, d):
-                if not ok and not task.done():
+            for task in (p, d):  # a prefill still running after the decode ends on its own
+                if not ok:
                     task.cancel()
-                if task.done():
-                    _consume(task)
-                else:  # the decode finished first (or was cancelled): let it end on its own
-                    _background.add(task)
-                    task.add_done_callback(_background.discard)
-                    task.add_done_callback(_consume)
+                _background.add(task)
+                task.add_done_callback(_background.discard)
+                task.add_done_callback(_consume)
         return response
 
 
 def _consume(task: asyncio.Task[Any]) -> None:
-    """Retrieve a finished prefill task's exception so asyncio does not log it."""
+    """Retrieve a finished task's exception so asyncio does not log it."""
     if not task.cancelled() and (err := task.exception()) is not None:
         log.info("a prefill/decode request ended after the response was decided: %s", err)

@@ -1,25 +1,12 @@
-"""One streamed generation across the replicas that serve it: what the client was sent,
-the continuation request that generates the rest, and each event rewritten into the client's
-stream (pure, no I/O; ``migration.py`` does the I/O of a migration).
+"""One streamed generation across the replicas that serve it (docs/gateway.md, "Streams that
+survive their replica"): what the client was sent, the request that generates the rest, and
+each continuation event rewritten into the client's stream. Pure; ``migration.py`` does the I/O.
 
-``Splice`` follows one streamed generation: what the client was sent (text, token ids, how
-many tokens), whether the stream ended properly, and the continuation request that
-generates the rest. Until a stream is lost its events go out as they came and are only kept,
-to be read when needed (a stream that never migrates is never parsed past its first event).
-It rewrites each continuation event so the client sees one stream: the first attempt's
-``id``, ``created`` and ``model``, no second role chunk, usage counting the prompt once and
-the completion tokens in total. The gateway asks the engine for token ids
-(``return_token_ids``, vLLM's and the sim's) and sets them back to null, as the engine sends
-them unasked, unless the client asked for them too; a chat chunk the engine sends only for
-its ids (``"delta": {}``) is dropped.
-
-The continuation is token level on ``/v1/completions`` (the prompt's ids + the ids generated
-so far: the engine sees exactly the tokens the client received), and for chat too when the
-engine sent the templated prompt's ids (a completion of those ids + the generated ones, its
-chunks put back in the chat's shape); else text level for chat (the text so far as the final
-assistant message, ``continue_final_message: true``, ``add_generation_prompt: false``).
-``max_tokens`` (and ``min_tokens``) shrink by what was sent; the sampling parameters and seed
-stay, so at temperature 0 the rest is what the lost replica would have generated.
+Until a stream is lost its events go out as they came and are only kept, to be read when
+needed: a stream that never migrates is never parsed past its first event. The continuation is
+token level where the engine sent the ids (the engine then sees exactly the tokens the client
+received); the sampling parameters and seed stay, so at temperature 0 the rest is what the lost
+replica would have generated.
 """
 
 from __future__ import annotations
@@ -31,6 +18,7 @@ from typing import Any
 import orjson
 
 from llmplane.gateway.errors import ErrorCode
+from llmplane.gateway.protocols.text import content_text
 
 MAX_EVENT = 1 << 20  # bytes of one SSE event held while it arrives
 KEEP_BYTES = 1 << 20  # events kept unread at most, per stream (then read: ``catch_up``)
@@ -45,6 +33,14 @@ _NOT_SPLICED = ("tools", "functions", "response_format", "guided_json", "guided_
                 "guided_choice", "guided_grammar", "structured_outputs", "echo", "best_of",
                 "suffix", "logprobs", "top_logprobs", "prompt_logprobs")  # fmt: skip
 
+# What a chat continued as a completion keeps of its request: the sampling parameters.
+_SAMPLING = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
+             "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "presence_penalty",
+             "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias",
+             "bad_words", "allowed_token_ids", "skip_special_tokens",
+             "spaces_between_special_tokens", "include_stop_str_in_output", "user",
+             "priority", "cache_salt")  # fmt: skip
+
 
 class LostStream(Exception):
     """An event says the stream is lost (an engine's error event, not an event at all)."""
@@ -55,43 +51,19 @@ def spliceable(body: dict[str, Any], chat: bool) -> bool:
     if body.get("n") not in (None, 1) or any(body.get(k) for k in _NOT_SPLICED):
         return False
     if chat:
-        messages = body.get("messages")
-        return isinstance(messages, list) and bool(messages)
+        return isinstance(body.get("messages"), list) and bool(body["messages"])
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return bool(prompt)
-    return (
-        isinstance(prompt, list)
-        and bool(prompt)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    )
+    if isinstance(prompt, str | list) and prompt:
+        return isinstance(prompt, str) or all(type(t) is int for t in prompt)  # one prompt
+    return False
 
 
 class Splice:
     """One streamed generation across the replicas that serve it (see the module's doc)."""
 
-    __slots__ = (
-        "base",
-        "chat",
-        "client_ids",
-        "done",
-        "error_event",
-        "failed",
-        "finished",
-        "head",
-        "ids",
-        "kept",
-        "kept_bytes",
-        "lean",
-        "lost",
-        "migrations",
-        "parts",
-        "prompt_ids",
-        "request",
-        "tail",
-        "tokens",
-        "usage_wanted",
-    )  # fmt: skip
+    __slots__ = ("base", "chat", "client_ids", "done", "error_event", "failed", "finished",
+                 "head", "ids", "kept", "kept_bytes", "lean", "lost", "migrations", "parts",
+                 "prompt_ids", "request", "tail", "tokens", "usage_wanted")  # fmt: skip
 
     def __init__(self, request: dict[str, Any], chat: bool) -> None:
         self.request = request  # the body as sent the first time (parsed)
@@ -137,13 +109,8 @@ class Splice:
         return len(self.prompt_ids or ()) + self.tokens
 
     def feed(self, chunk: bytes) -> bytes:
-        """The bytes to send the client for ``chunk`` from the upstream: whole events only.
-        At an engine's error event (or an event that cannot be one) ``lost`` says why, and
-        nothing of it or after it is sent; what came before it is.
-
-        Until a migration the events go out as they came, only the token ids the client did
-        not ask for set back to null, and are kept to be read if the stream is lost
-        (``catch_up``); a continuation's events are parsed and rewritten one by one."""
+        """The whole events to send the client for ``chunk``. At an engine's error event (or
+        an event that cannot be one) ``lost`` says why and nothing from it on is sent."""
         if self.lost is not None:
             return b""
         buf = self.tail + chunk if self.tail else chunk
@@ -317,33 +284,37 @@ class Splice:
             return None
         return limit - self.tokens
 
-    @property
-    def by_ids(self) -> bool:
-        """Whether the continuation is token level (on /v1/completions, chat included)."""
-        return self.prompt_ids is not None and len(self.ids) == self.tokens
-
     def continuation(self, path: str) -> tuple[str, bytes]:
-        """The request (path and body) that generates the rest of this generation; ``path``
-        is the client's (with its query)."""
+        """The request (path and body) that generates the rest; ``path`` is the client's (with
+        its query). A chat continued by ids is a completion of the templated prompt's ids + the
+        generated ones: re-tokenizing the text (``continue_final_message``) may merge them
+        differently from what the client received."""
         self.catch_up()
-        if self.chat and self.by_ids:
-            return _completions_path(path), self._chat_by_ids()
-        body = dict(self.request)
-        sent = self.tokens
-        for key in ("max_tokens", "max_completion_tokens"):
-            if isinstance(body.get(key), int):
-                body[key] -= sent
-        if not self.chat and body.get("max_tokens") is None:
-            body["max_tokens"] = VLLM_DEFAULT_MAX_TOKENS - sent
+        sent, request = self.tokens, self.request
+        by_ids = self.prompt_ids is not None and len(self.ids) == sent
+        if self.chat and by_ids:
+            head, sep, query = path.partition("?")
+            path = head.removesuffix("/chat/completions") + "/completions" + sep + query
+            body = {k: request[k] for k in _SAMPLING if k in request}
+            body["max_tokens"] = self.remaining()  # None: up to the context's end, as chat's
+        else:
+            body = dict(request)
+            for key in ("max_tokens", "max_completion_tokens"):
+                if isinstance(body.get(key), int):
+                    body[key] -= sent
+            if not self.chat and body.get("max_tokens") is None:
+                body["max_tokens"] = VLLM_DEFAULT_MAX_TOKENS - sent
         if isinstance(body.get("min_tokens"), int):
             body["min_tokens"] = max(0, body["min_tokens"] - sent)
         body["return_token_ids"] = True
-        if self.chat:
+        if self.chat and not by_ids:
             text = "".join(self.parts)
             messages = list(body["messages"])
             last = messages[-1]
             if body.get("continue_final_message") and isinstance(last, dict):
-                messages[-1] = {**last, "content": _text(last.get("content")) + text}
+                before: list[str] = []
+                content_text(last.get("content"), before)
+                messages[-1] = {**last, "content": "".join(before) + text}
             else:
                 messages.append({"role": "assistant", "content": text})
             body["messages"] = messages
@@ -353,21 +324,6 @@ class Splice:
             assert self.prompt_ids is not None
             body["prompt"] = self.prompt_ids + self.ids
         return path, orjson.dumps(body)
-
-    def _chat_by_ids(self) -> bytes:
-        """A chat's continuation as a completion of the templated prompt's ids + the ids
-        generated so far: exactly the tokens the client received, where re-tokenizing the
-        text (``continue_final_message``) may merge them differently."""
-        request = self.request
-        body = {k: request[k] for k in _SAMPLING if k in request}
-        assert self.prompt_ids is not None
-        body["prompt"] = self.prompt_ids + self.ids
-        left = self.remaining()
-        body["max_tokens"] = left  # None: up to the context's end, as the chat's default
-        if isinstance(body.get("min_tokens"), int):
-            body["min_tokens"] = max(0, body["min_tokens"] - self.tokens)
-        body["return_token_ids"] = True
-        return orjson.dumps(body)
 
     def can_continue(self) -> str | None:
         """Why this generation cannot be continued now (None: it can)."""
@@ -398,44 +354,14 @@ class Splice:
         if self.usage_wanted and self.head is not None:
             rid, created, model = self.head
             prompt = len(self.prompt_ids or ())
-            obj = {
-                "id": rid,
-                "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "total_tokens": prompt + self.tokens,
-                    "completion_tokens": self.tokens,
-                },
-            }
+            kind = "chat.completion.chunk" if self.chat else "text_completion"
+            usage = {"prompt_tokens": prompt, "total_tokens": prompt + self.tokens,
+                     "completion_tokens": self.tokens}  # fmt: skip
+            obj = {"id": rid, "object": kind, "created": created, "model": model,
+                   "choices": [], "usage": usage}  # fmt: skip
             out = b"data: " + orjson.dumps(obj) + b"\n\n"
         self.done = True
         return out + b"data: [DONE]\n\n"
-
-
-# What a chat continued as a completion keeps of its request: the sampling parameters.
-_SAMPLING = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
-             "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "presence_penalty",
-             "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias",
-             "bad_words", "allowed_token_ids", "skip_special_tokens",
-             "spaces_between_special_tokens", "include_stop_str_in_output", "user",
-             "priority", "cache_salt")  # fmt: skip
-
-
-def _completions_path(path: str) -> str:
-    """``/v1/chat/completions?q`` -> ``/v1/completions?q``."""
-    head, sep, query = path.partition("?")
-    return head.removesuffix("/chat/completions") + "/completions" + sep + query
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 def failed_event(detail: str, retry_after: float | None = None) -> bytes:

@@ -135,6 +135,19 @@ def test_a_chat_stream_without_prompt_ids_continues_its_final_message():
     assert len(again["messages"]) == 2
 
 
+def test_a_chat_continuing_its_own_final_message_continues_it_further():
+    last = {"role": "assistant", "content": [{"type": "text", "text": "Once"}]}
+    body = {"model": "m", "messages": [{"role": "user", "content": "tell"}, last],
+            "stream": True, "continue_final_message": True, "add_generation_prompt": False}  # fmt: skip
+    splice, _ = Splice.of(orjson.dumps(body), chat=True)
+    splice.feed(chunk("a", {"role": "assistant", "content": ""}, None))
+    splice.feed(chunk("a", {"content": " upon"}, [5]))
+    path, cont = splice.continuation("/v1/chat/completions")
+    messages = orjson.loads(cont)["messages"]
+    assert path == "/v1/chat/completions" and len(messages) == 2
+    assert messages[-1] == {"role": "assistant", "content": "Once upon"}
+
+
 def test_engine_error_events_and_endless_events_lose_the_stream():
     splice, _ = Splice.of(b'{"prompt": "x", "stream": true}', chat=False)
     # the events before the error event in the same chunk still go out; nothing after it

@@ -1,8 +1,7 @@
-"""The APIs the gateway serves beside OpenAI's chat, completions and embeddings: OpenAI's
-Responses API (``responses.py``), Anthropic's Messages API (``messages.py``) and vLLM's
-``/tokenize`` / ``/detokenize``. Each API module knows its body's fields, prompt text and error
-shape; here is what they share: which path is which API, which paths generate output, which
-engines serve which path, and usage counts in either API's fields."""
+"""The APIs the gateway serves beside OpenAI's chat, completions and embeddings: the Responses
+API (``responses.py``), the Messages API (``messages.py``) and vLLM's ``/tokenize`` /
+``/detokenize``. Here is what they share: which path is which API, which paths generate, which
+engines lack which path, and usage in either API's fields."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ _NOT_GENERATING = ("/v1/embeddings", "/v1/messages/count_tokens", *TOKENIZE_PATH
 # Engines known to lack a path (``Endpoint.engine``): llama.cpp's server (and the
 # llama-cpp-python one ``llmplane up`` runs without it) has neither API, and tokenizes at other
 # paths with other bodies (docs/engines.md).
-_UNSERVED = {"llamacpp": frozenset((*responses.PATHS, *messages.PATHS, *TOKENIZE_PATHS))}
+_UNSERVED = {"llamacpp": frozenset(PATHS)}
 
 
 def check(path: str, doc: dict[str, Any]) -> None:

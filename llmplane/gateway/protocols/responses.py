@@ -1,23 +1,11 @@
-"""OpenAI's Responses API (``POST /v1/responses``), as vLLM 0.32 serves it.
+"""OpenAI's Responses API (``POST /v1/responses``), as vLLM serves it (docs/gateway.md's table
+of APIs, and ``previous_response_id``).
 
-The gateway reads from its body: ``model``, ``stream``, ``max_output_tokens`` (the output
-tokens a token limit reserves) and the text a prefix cache sees: ``instructions`` then the
-``input`` (a string, or items: messages with a ``role`` and ``content`` as a string or parts
-with ``text``). Usage is the response's ``usage`` (``input_tokens``, ``output_tokens``); a
-stream carries it in its ``response.completed`` event's ``response.usage``. Errors are OpenAI's
-shape, the gateway's own (``GatewayError``).
-
-A stored response lives in one engine process (vLLM keeps them in memory, with
-``VLLM_ENABLE_RESPONSES_API_STORE=1``), so a request naming it in ``previous_response_id`` must
-reach that replica: any other answers 404. The gateway names each response after its replica
-instead of remembering where responses went: it sets the request's ``request_id`` (a vLLM
-field; vLLM makes it the response's ``id``) to ``resp_<24 random hex digits>-<tag>``, the tag
-8 hex digits of a hash of the replica's address, and schedules a follow-up only onto the
-candidate with that tag. Every gateway worker and replica, and the endpoint picker, read the
-same tag from the id with no shared or growing state. A client's own ``request_id`` is kept
-(its follow-ups are scheduled as any request); a request retried on another replica, or a
-replica that went away, leaves an id whose tag matches no candidate: the follow-up is
-scheduled as any request and the engine answers its 404.
+A stored response lives in the memory of one engine process, so a follow-up naming it must
+reach that replica. Rather than remember where responses went, the gateway names each response
+after its replica (``request_id``, which vLLM makes the response's id, ends in a tag of the
+replica's address): every worker, replica and the endpoint picker read the same tag from the id
+with no shared or growing state.
 """
 
 from __future__ import annotations
@@ -27,8 +15,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmplane.gateway.clip import shown
-from llmplane.gateway.errors import ErrorCode, GatewayError
+from llmplane.gateway.protocols.fields import positive, typed
 from llmplane.gateway.protocols.text import message_text
 
 if TYPE_CHECKING:
@@ -38,32 +25,12 @@ PATHS = ("/v1/responses",)
 _T = TypeVar("_T")
 
 
-def _invalid(param: str, message: str) -> GatewayError:
-    return GatewayError(400, message, ErrorCode.INVALID_TYPE, param=param)
-
-
 def check(doc: dict[str, Any]) -> None:
     """400 for a field the gateway acts on with the wrong type (``stream`` and the common
     fields are checked with chat's, ``request.check_fields``)."""
-    tokens = doc.get("max_output_tokens")
-    if tokens is not None:
-        if type(tokens) is not int:
-            raise _invalid(
-                "max_output_tokens",
-                f"{shown(tokens)} is not of type 'integer' - 'max_output_tokens'",
-            )
-        if tokens < 1:
-            raise _invalid(
-                "max_output_tokens", f"{tokens} is less than the minimum of 1 - 'max_output_tokens'"
-            )
-    instructions = doc.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise _invalid(
-            "instructions", f"{shown(instructions)} is not of type 'string' - 'instructions'"
-        )
-    value = doc.get("input")
-    if value is not None and not isinstance(value, str | list):
-        raise _invalid("input", f"{shown(value)} is not of type 'string' or 'array' - 'input'")
+    positive(doc, "max_output_tokens")
+    typed(doc, "instructions", str)
+    typed(doc, "input", str, list)
 
 
 def prompt_text(doc: dict[str, Any]) -> str:
