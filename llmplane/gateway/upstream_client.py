@@ -414,7 +414,12 @@ class UpstreamPool:
             )
             if self.on_resend is not None:
                 self.on_resend(address)
-            conn = await self._acquire(address, fresh=True)  # (a new one is never stale)
+            try:
+                conn = await self._acquire(address, fresh=True)  # (a new one is never stale)
+            except ConnectionRefusedError as refused:
+                # It held the request a moment ago and listens no more: the replica was lost
+                # (its process died with the request on it), not a replica that never answered.
+                raise ConnectionLost(f"connection lost, then refused: {refused}") from refused
 
     def _fresh(self, conn: _Connection, now: float) -> bool:
         return conn.usable and now - conn.idle_since < self.keepalive_timeout

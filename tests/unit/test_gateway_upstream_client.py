@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from llmplane.gateway.upstream_client import (
+    ConnectionLost,
     ServerDisconnected,
     UpstreamError,
     UpstreamPool,
@@ -312,6 +313,33 @@ async def test_a_reused_connection_closed_unanswered_sends_the_request_again_onc
         assert resent == [upstream.address] * 2
     finally:
         await pool.close()
+
+
+async def test_a_server_gone_after_closing_the_reused_connection_is_a_lost_one() -> None:
+    """A replica that dies with a request on a reused connection closes it unanswered and then
+    refuses the resend: the request was lost on it (``ConnectionLost``: the retry loop's
+    "replica lost", a 503 with Retry-After), not refused by a replica that never answered."""
+    behaviour = Upstream()
+    server = await asyncio.start_server(behaviour.serve, "127.0.0.1", 0)
+    address = behaviour.address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    def die(n: int) -> Reply:
+        if n == 1:
+            return OK, False
+        server.close()  # stops listening: the resend is refused
+        return b"", True
+
+    behaviour.reply = die
+    pool = UpstreamPool()
+    try:
+        assert (await pool.request(address, post(address)))[0] == 200
+        with pytest.raises(ConnectionLost, match="refused"):
+            await pool.request(address, post(address), timeout=5)
+        assert pool.resends == 1
+    finally:
+        await pool.close()
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.mark.parametrize("stream", [False, True])
