@@ -14,15 +14,22 @@ import os
 import select
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate
+from typing import Any, Generic, TypeVar
 
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from llmplane.gateway.registry import EndpointState
 
+C = TypeVar("C")
 access_log = logging.getLogger("llmplane.gateway.access")
 
 LATENCY_BUCKETS = (
@@ -59,79 +66,65 @@ class _HistogramChild:
         self.sum += value
 
 
-class Counter:
-    """A labelled counter for the request path: a plain float per label set, no lock.
+class _Labelled(Generic[C]):
+    """A labelled metric for the request path: a plain child per label set, no lock.
 
     prometheus_client's metrics take a lock per update and a Python loop over the buckets per
     observation (about 5 % of the gateway's CPU per request); these are only ever touched
-    from the event loop's thread. They render as prometheus_client's do (``_total``)."""
-
-    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] | list[str] = ()) -> None:
-        self.name = name
-        self.doc = doc
-        self.labelnames = tuple(labelnames)
-        self.children: dict[tuple[str, ...], _CounterChild] = {}
-
-    def labels(self, *values: str) -> _CounterChild:
-        child = self.children.get(values)
-        if child is None:
-            child = self.children[values] = _CounterChild()
-        return child
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.labels().inc(amount)
-
-    def collect(self) -> CounterMetricFamily:
-        family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
-        for values, child in list(self.children.items()):
-            family.add_metric(list(values), child.value)
-        return family
-
-
-class Histogram:
-    """A labelled histogram for the request path (see Counter): bucket found by bisection."""
+    from the event loop's thread. Each is its own collector and renders as prometheus_client's
+    do."""
 
     def __init__(
-        self,
-        name: str,
-        doc: str,
-        labelnames: tuple[str, ...] | list[str] = (),
-        buckets: tuple[float, ...] = LATENCY_BUCKETS,
+        self, name: str, doc: str, labelnames: Sequence[str], child: Callable[[], C]
     ) -> None:
         self.name = name
         self.doc = doc
         self.labelnames = tuple(labelnames)
-        self.bounds = tuple(float(b) for b in buckets)
-        self.children: dict[tuple[str, ...], _HistogramChild] = {}
+        self.children: dict[tuple[str, ...], C] = {}
+        self._child = child
 
-    def labels(self, *values: str) -> _HistogramChild:
+    def labels(self, *values: str) -> C:
         child = self.children.get(values)
         if child is None:
-            child = self.children[values] = _HistogramChild(self.bounds)
+            child = self.children[values] = self._child()
         return child
+
+
+class Counter(_Labelled[_CounterChild]):
+    def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, doc, labelnames, _CounterChild)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.labels().inc(amount)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for values, child in list(self.children.items()):
+            family.add_metric(list(values), child.value)
+        yield family
+
+
+class Histogram(_Labelled[_HistogramChild]):
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        labelnames: Sequence[str] = (),
+        buckets: tuple[float, ...] = LATENCY_BUCKETS,
+    ) -> None:
+        self.bounds = bounds = tuple(float(b) for b in buckets)
+        super().__init__(name, doc, labelnames, lambda: _HistogramChild(bounds))
+        self.edges = [repr(b) for b in bounds] + ["+Inf"]
 
     def observe(self, value: float) -> None:
         self.labels().observe(value)
 
-    def collect(self) -> HistogramMetricFamily:
+    def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
         for values, child in list(self.children.items()):
-            running = 0
-            buckets = []
-            for bound, n in zip((*self.bounds, float("inf")), child.counts, strict=True):
-                running += n
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            buckets = list(zip(self.edges, accumulate(child.counts), strict=True))
             family.add_metric(list(values), buckets, child.sum)
-        return family
-
-
-class _FastCollector:
-    def __init__(self, metrics: list[Counter | Histogram]) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Any:
-        for metric in self.metrics:
-            yield metric.collect()
+        yield family
 
 
 # Per endpoint, from its state at ``now``: (family, metric name, help, value; None leaves the
@@ -222,7 +215,6 @@ class GatewayMetrics:
 
     def __init__(self, endpoints: Callable[[], Iterable[EndpointState]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        fast: list[Counter | Histogram] = []
         for attribute, (name, doc, labels, buckets) in _REQUEST_METRICS.items():
             metric = (
                 Counter(name, doc, labels)
@@ -230,14 +222,14 @@ class GatewayMetrics:
                 else Histogram(name, doc, labels, buckets)
             )
             setattr(self, attribute, metric)
-            fast.append(metric)
-        self.registry.register(_FastCollector(fast))  # type: ignore[arg-type]
+            self.registry.register(metric)  # type: ignore[arg-type]
         if endpoints is not None:
             self.registry.register(_EndpointCollector(endpoints))  # type: ignore[arg-type]
 
-    def add(self, metrics: list[Counter | Histogram]) -> None:
+    def add(self, metrics: Iterable[Counter | Histogram]) -> None:
         """Export request-path metrics kept by another module (the activator's)."""
-        self.registry.register(_FastCollector(metrics))  # type: ignore[arg-type]
+        for metric in metrics:
+            self.registry.register(metric)  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -284,22 +276,12 @@ class AccessSink:
         self.flush()
 
     def flush(self) -> None:
-        lines, self.lines = self.lines, []
-        self.size = 0
-        chunk: list[bytes] = []
-        size = 0
-        for line in lines:
-            if chunk and size + len(line) + 1 > select.PIPE_BUF:
-                self._write(chunk)
-                chunk, size = [], 0
-            chunk.append(line)
-            size += len(line) + 1
-        if chunk:
-            self._write(chunk)
-
-    def _write(self, lines: list[bytes]) -> None:
-        lines.append(b"")
-        view = memoryview(b"\n".join(lines))
+        """Out in one write: ``add`` keeps the lines within ``PIPE_BUF`` (or one longer line)."""
+        if not self.lines:
+            return
+        self.lines.append(b"")
+        view = memoryview(b"\n".join(self.lines))
+        self.lines, self.size = [], 0
         try:
             while view:
                 view = view[os.write(self.fd, view) :]
