@@ -171,58 +171,29 @@ class _EndpointCollector:
         yield endpoints
 
 
-# The request path's metrics: attribute -> (metric name, help, label names, histogram buckets;
-# None for a counter).
-# fmt: off
-_REQUEST_METRICS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...] | None]] = {
-    "requests": ("llmplane_gateway_requests", "Requests by model, route, endpoint and status", ("model", "route", "endpoint", "status"), None),
-    "e2e": ("llmplane_gateway_request_duration_seconds", "End-to-end request latency at the gateway", ("model",), LATENCY_BUCKETS),
-    "ttft": ("llmplane_gateway_time_to_first_token_seconds", "Time to the first streamed chunk", ("model",), LATENCY_BUCKETS),
-    "tpot": ("llmplane_gateway_time_per_output_token_seconds", "Time per output token after the first (streaming)", ("model",), TPOT_BUCKETS),
-    "prompt_tokens": ("llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ("model",), None),
-    "output_tokens": ("llmplane_gateway_output_tokens", "Output tokens (from usage)", ("model",), None),
-    "scheduling": ("llmplane_gateway_scheduling_duration_seconds", "Time to pick an endpoint (filters, scorers, picker)", (), SCHED_BUCKETS),
-    "shed": ("llmplane_gateway_shed", "Sheddable requests refused (429)", ("model",), None),
-    "retries": ("llmplane_gateway_retries", "Requests sent again to another endpoint", ("model",), None),
-    "resends": ("llmplane_gateway_upstream_resends", "Requests sent again on a new connection because the endpoint closed the reused keep-alive one before answering", ("endpoint",), None),
-    "stalls": ("llmplane_gateway_stream_stalls", "Streams ended because the upstream sent nothing for the stall timeout", ("route",), None),
-    "ejections": ("llmplane_gateway_ejections", "Endpoints ejected after repeated failures", ("endpoint",), None),
-    "pd_requests": ("llmplane_gateway_pd_requests", "Requests served by a prefill/decode pair, by model and KV connector", ("model", "connector"), None),
-    "pd_prefill": ("llmplane_gateway_pd_prefill_duration_seconds", "Prefill request latency (sent to response read) in prefill/decode serving", ("model",), LATENCY_BUCKETS),
-}
-# fmt: on
-
-
 class GatewayMetrics:
-    """The request path's metrics (one attribute per ``_REQUEST_METRICS`` entry) and the
-    per-endpoint gauges of the states ``endpoints()`` gives, on one registry of the gateway's
-    own."""
-
-    requests: Counter
-    e2e: Histogram
-    ttft: Histogram
-    tpot: Histogram
-    prompt_tokens: Counter
-    output_tokens: Counter
-    scheduling: Histogram
-    shed: Counter
-    retries: Counter
-    resends: Counter
-    stalls: Counter
-    ejections: Counter
-    pd_requests: Counter
-    pd_prefill: Histogram
+    """The request path's metrics and the per-endpoint gauges of the states ``endpoints()``
+    gives, on one registry of the gateway's own."""
 
     def __init__(self, endpoints: Callable[[], Iterable[EndpointState]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        for attribute, (name, doc, labels, buckets) in _REQUEST_METRICS.items():
-            metric = (
-                Counter(name, doc, labels)
-                if buckets is None
-                else Histogram(name, doc, labels, buckets)
-            )
-            setattr(self, attribute, metric)
-            self.registry.register(metric)  # type: ignore[arg-type]
+        # fmt: off
+        self.requests = Counter("llmplane_gateway_requests", "Requests by model, route, endpoint and status", ("model", "route", "endpoint", "status"))
+        self.e2e = Histogram("llmplane_gateway_request_duration_seconds", "End-to-end request latency at the gateway", ("model",))
+        self.ttft = Histogram("llmplane_gateway_time_to_first_token_seconds", "Time to the first streamed chunk", ("model",))
+        self.tpot = Histogram("llmplane_gateway_time_per_output_token_seconds", "Time per output token after the first (streaming)", ("model",), TPOT_BUCKETS)
+        self.prompt_tokens = Counter("llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ("model",))
+        self.output_tokens = Counter("llmplane_gateway_output_tokens", "Output tokens (from usage)", ("model",))
+        self.scheduling = Histogram("llmplane_gateway_scheduling_duration_seconds", "Time to pick an endpoint (filters, scorers, picker)", (), SCHED_BUCKETS)
+        self.shed = Counter("llmplane_gateway_shed", "Sheddable requests refused (429)", ("model",))
+        self.retries = Counter("llmplane_gateway_retries", "Requests sent again to another endpoint", ("model",))
+        self.resends = Counter("llmplane_gateway_upstream_resends", "Requests sent again on a new connection because the endpoint closed the reused keep-alive one before answering", ("endpoint",))
+        self.stalls = Counter("llmplane_gateway_stream_stalls", "Streams ended because the upstream sent nothing for the stall timeout", ("route",))
+        self.ejections = Counter("llmplane_gateway_ejections", "Endpoints ejected after repeated failures", ("endpoint",))
+        self.pd_requests = Counter("llmplane_gateway_pd_requests", "Requests served by a prefill/decode pair, by model and KV connector", ("model", "connector"))
+        self.pd_prefill = Histogram("llmplane_gateway_pd_prefill_duration_seconds", "Prefill request latency (sent to response read) in prefill/decode serving", ("model",))
+        # fmt: on
+        self.add(m for m in vars(self).values() if isinstance(m, Counter | Histogram))
         if endpoints is not None:
             self.registry.register(_EndpointCollector(endpoints))  # type: ignore[arg-type]
 
