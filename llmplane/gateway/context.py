@@ -1,12 +1,6 @@
-"""``RequestContext``: one request's whole state, carried through the gateway's stages.
-
-``Gateway.handle`` makes one per request and each stage fills in its part, in order: the
-parsed body (``inference``), the caller (``tenant``), the routing table's ``decision`` (never
-changed afterwards) and the ``level`` the request runs at, the hooks' ``reservations``, the
-flow-control ``seat`` and the admitted ``candidates``, the ``scheduling`` view plugins read and
-the scheduler's ``pick``, then what the proxy saw upstream (endpoint, status, usage, time to
-first byte). Hooks receive it. Nothing here does I/O; the access-log record is only built when
-that log is on.
+"""``RequestContext``: one request's whole state, which ``Gateway.handle`` makes and each stage
+fills in, in the order of its fields; hooks receive it. Nothing here does I/O; the access-log
+record is only built when that log is on.
 """
 
 from __future__ import annotations
