@@ -1,18 +1,13 @@
-"""``RequestContext``: one request's whole state, carried through the gateway's stages.
-
-``Gateway.handle`` makes one per request and each stage fills in its part, in order: the
-parsed body (``inference``), the caller (``tenant``), the routing table's ``decision`` (never
-changed afterwards) and the ``level`` the request runs at, the hooks' ``reservations``, the
-flow-control ``seat`` and the admitted ``candidates``, the ``scheduling`` view plugins read and
-the scheduler's ``pick``, then what the proxy saw upstream (endpoint, status, usage, time to
-first byte). Hooks receive it. Nothing here does I/O; the access-log record is only built when
-that log is on.
+"""``RequestContext``: one request's whole state, which ``Gateway.handle`` makes and each stage
+fills in, in the order of its fields; hooks receive it. Nothing here does I/O; the access-log
+record is only built when that log is on.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmplane.gateway.clip import MAX_SHOWN, clip
@@ -35,88 +30,51 @@ def milliseconds(seconds: float) -> float:
     return round(seconds * 1e6) / 1000
 
 
+@dataclass(slots=True, eq=False)
 class RequestContext:
-    __slots__ = (
-        "attempts",
-        "bootstrap_room",
-        "cached_predicted",
-        "candidates",
-        "deadline",
-        "decision",
-        "end",
-        "endpoint",
-        "error",
-        "events",
-        "failures",
-        "inference",
-        "level",
-        "migrations",
-        "pd",
-        "pick",
-        "prefill_endpoint",
-        "prefill_ms",
-        "request",
-        "reservations",
-        "response_headers",
-        "sched_ms",
-        "scheduling",
-        "seat",
-        "sent_model",
-        "status",
-        "stream_filter",
-        "t0",
-        "tenant",
-        "ttft",
-        "upstream_broken",
-        "upstream_status",
-        "usage",
-        "waited",
-    )
-
-    def __init__(self, request: HttpRequest) -> None:
-        self.t0 = time.perf_counter()
-        self.request = request  # the HTTP request as the client sent it
-        self.status = 500  # what the client got (499: it went away first)
-        # Filled in by the stages, in this order.
-        self.inference: InferenceRequest | None = None  # parse: its body, parsed once
-        self.tenant: TenantAccess | None = None  # authenticate: the caller (None: auth is off)
-        self.decision: RouteDecision | None = None  # route: the routing table's answer
-        # route: the flow-control level, the objective's priority else the criticality (the
-        # route's, else the tenant's, else Default).
-        self.level: Level = "Default"
-        # reserve: each request hook with what it reserved, handed back when it settles.
-        self.reservations: list[tuple[RequestHook, object]] = []
-        self.seat: FlowSeat | None = None  # admit: counted for its flow's fair share
-        self.waited: float | None = None  # admit: seconds in the flow-control queue
-        self.candidates: Sequence[EndpointState] = ()  # admit: the endpoints it may use
-        self.scheduling: SchedulingContext | None = None  # admit: what plugins read
-        self.pick: Pick | None = None  # schedule: the endpoints in order, their scores
-        # Added to the response by hooks.
-        self.response_headers: dict[str, str] | None = None
-        self.stream_filter: StreamFilter | None = None
-        # What the proxy saw.
-        self.deadline: float | None = None  # monotonic: the route's timeout, for every attempt
-        self.endpoint: str | None = None  # the replica of the last attempt
-        self.upstream_status: int | None = None
-        self.upstream_broken = False  # the replica broke off a stream
-        self.usage: dict[str, Any] | None = None  # the engine's "usage" object
-        self.ttft: float | None = None  # seconds from t0 to the first streamed chunk
-        self.end = 0.0  # perf_counter when a stream ended
-        self.events = 0  # SSE events streamed
-        self.error: str | None = None
-        # For the access log.
-        self.attempts = 0
-        self.failures: list[str] | None = None
-        # One per stream migration: reason, from, to, resume_ms (gateway/migration.py).
-        self.migrations: list[dict[str, Any]] | None = None
-        self.sent_model: str | None = None
-        self.sched_ms: float | None = None
-        # Prompt tokens the KV index said the chosen replica holds (precise prefix routing).
-        self.cached_predicted: int | None = None
-        self.pd: str | None = None
-        self.prefill_endpoint: str | None = None
-        self.prefill_ms: float | None = None
-        self.bootstrap_room: int | None = None
+    request: HttpRequest  # as the client sent it
+    t0: float = field(default_factory=time.perf_counter)
+    status: int = 500  # what the client got (499: it went away first)
+    # Filled in by the stages, in this order.
+    inference: InferenceRequest | None = None  # parse: its body, parsed once
+    tenant: TenantAccess | None = None  # authenticate: the caller (None: auth is off)
+    decision: RouteDecision | None = None  # route: the routing table's answer
+    # route: the flow-control level, the objective's priority else the criticality (the
+    # route's, else the tenant's, else Default).
+    level: Level = "Default"
+    # reserve: each request hook with what it reserved, handed back when it settles.
+    reservations: list[tuple[RequestHook, object]] = field(default_factory=list)
+    seat: FlowSeat | None = None  # admit: counted for its flow's fair share
+    waited: float | None = None  # admit: seconds in the flow-control queue
+    candidates: Sequence[EndpointState] = ()  # admit: the endpoints it may use
+    scheduling: SchedulingContext | None = None  # admit: what plugins read
+    pick: Pick | None = None  # schedule: the endpoints in order, their scores
+    # Added to the response by hooks.
+    response_headers: dict[str, str] | None = None
+    stream_filter: StreamFilter | None = None
+    # What the proxy saw.
+    deadline: float | None = None  # monotonic: the route's timeout, for every attempt
+    endpoint: str | None = None  # the replica of the last attempt
+    upstream_status: int | None = None
+    upstream_broken: bool = False  # the replica broke off a stream
+    usage: dict[str, Any] | None = None  # the engine's "usage" object
+    ttft: float | None = None  # seconds from t0 to the first streamed chunk
+    end: float = 0.0  # perf_counter when a stream ended
+    events: int = 0  # SSE events streamed
+    error: str | None = None
+    # For the access log.
+    attempts: int = 0
+    failures: list[str] | None = None
+    # One per stream migration: reason, from, to, resume_ms (gateway/migration.py).
+    migrations: list[dict[str, Any]] | None = None
+    sent_model: str | None = None
+    sched_ms: float | None = None
+    # Prompt tokens the KV index said the chosen replica holds (precise prefix routing).
+    cached_predicted: int | None = None
+    pd: str | None = None
+    prefill_endpoint: str | None = None
+    prefill_ms: float | None = None
+    bootstrap_room: int | None = None
 
     @property
     def tenant_name(self) -> str | None:

@@ -14,15 +14,22 @@ import os
 import select
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate
+from typing import Any, Generic, TypeVar
 
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from llmplane.gateway.registry import EndpointState
 
+C = TypeVar("C")
 access_log = logging.getLogger("llmplane.gateway.access")
 
 LATENCY_BUCKETS = (
@@ -59,79 +66,65 @@ class _HistogramChild:
         self.sum += value
 
 
-class Counter:
-    """A labelled counter for the request path: a plain float per label set, no lock.
+class _Labelled(Generic[C]):
+    """A labelled metric for the request path: a plain child per label set, no lock.
 
     prometheus_client's metrics take a lock per update and a Python loop over the buckets per
     observation (about 5 % of the gateway's CPU per request); these are only ever touched
-    from the event loop's thread. They render as prometheus_client's do (``_total``)."""
+    from the event loop's thread. ``collect`` gives the family, rendered as prometheus_client
+    renders its own."""
 
-    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(
+        self, name: str, doc: str, labelnames: Sequence[str], child: Callable[[], C]
+    ) -> None:
         self.name = name
         self.doc = doc
         self.labelnames = tuple(labelnames)
-        self.children: dict[tuple[str, ...], _CounterChild] = {}
+        self.children: dict[tuple[str, ...], C] = {}
+        self._child = child
 
-    def labels(self, *values: str) -> _CounterChild:
+    def labels(self, *values: str) -> C:
         child = self.children.get(values)
         if child is None:
-            child = self.children[values] = _CounterChild()
+            child = self.children[values] = self._child()
         return child
+
+
+class Counter(_Labelled[_CounterChild]):
+    def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, doc, labelnames, _CounterChild)
 
     def inc(self, amount: float = 1.0) -> None:
         self.labels().inc(amount)
 
-    def collect(self) -> CounterMetricFamily:
+    def collect(self) -> Metric:
         family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
         for values, child in list(self.children.items()):
             family.add_metric(list(values), child.value)
         return family
 
 
-class Histogram:
-    """A labelled histogram for the request path (see Counter): bucket found by bisection."""
-
+class Histogram(_Labelled[_HistogramChild]):
     def __init__(
         self,
         name: str,
         doc: str,
-        labelnames: tuple[str, ...] | list[str] = (),
+        labelnames: Sequence[str] = (),
         buckets: tuple[float, ...] = LATENCY_BUCKETS,
     ) -> None:
-        self.name = name
-        self.doc = doc
-        self.labelnames = tuple(labelnames)
-        self.bounds = tuple(float(b) for b in buckets)
-        self.children: dict[tuple[str, ...], _HistogramChild] = {}
-
-    def labels(self, *values: str) -> _HistogramChild:
-        child = self.children.get(values)
-        if child is None:
-            child = self.children[values] = _HistogramChild(self.bounds)
-        return child
+        self.bounds = bounds = tuple(float(b) for b in buckets)
+        super().__init__(name, doc, labelnames, lambda: _HistogramChild(bounds))
+        self.edges = [repr(b) for b in bounds] + ["+Inf"]
 
     def observe(self, value: float) -> None:
         self.labels().observe(value)
 
-    def collect(self) -> HistogramMetricFamily:
+    def collect(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
         for values, child in list(self.children.items()):
-            running = 0
-            buckets = []
-            for bound, n in zip((*self.bounds, float("inf")), child.counts, strict=True):
-                running += n
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            buckets = list(zip(self.edges, accumulate(child.counts), strict=True))
             family.add_metric(list(values), buckets, child.sum)
         return family
-
-
-class _FastCollector:
-    def __init__(self, metrics: list[Counter | Histogram]) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Any:
-        for metric in self.metrics:
-            yield metric.collect()
 
 
 # Per endpoint, from its state at ``now``: (family, metric name, help, value; None leaves the
@@ -178,66 +171,43 @@ class _EndpointCollector:
         yield endpoints
 
 
-# The request path's metrics: attribute -> (metric name, help, label names, histogram buckets;
-# None for a counter).
-# fmt: off
-_REQUEST_METRICS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...] | None]] = {
-    "requests": ("llmplane_gateway_requests", "Requests by model, route, endpoint and status", ("model", "route", "endpoint", "status"), None),
-    "e2e": ("llmplane_gateway_request_duration_seconds", "End-to-end request latency at the gateway", ("model",), LATENCY_BUCKETS),
-    "ttft": ("llmplane_gateway_time_to_first_token_seconds", "Time to the first streamed chunk", ("model",), LATENCY_BUCKETS),
-    "tpot": ("llmplane_gateway_time_per_output_token_seconds", "Time per output token after the first (streaming)", ("model",), TPOT_BUCKETS),
-    "prompt_tokens": ("llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ("model",), None),
-    "output_tokens": ("llmplane_gateway_output_tokens", "Output tokens (from usage)", ("model",), None),
-    "scheduling": ("llmplane_gateway_scheduling_duration_seconds", "Time to pick an endpoint (filters, scorers, picker)", (), SCHED_BUCKETS),
-    "shed": ("llmplane_gateway_shed", "Sheddable requests refused (429)", ("model",), None),
-    "retries": ("llmplane_gateway_retries", "Requests sent again to another endpoint", ("model",), None),
-    "resends": ("llmplane_gateway_upstream_resends", "Requests sent again on a new connection because the endpoint closed the reused keep-alive one before answering", ("endpoint",), None),
-    "stalls": ("llmplane_gateway_stream_stalls", "Streams ended because the upstream sent nothing for the stall timeout", ("route",), None),
-    "ejections": ("llmplane_gateway_ejections", "Endpoints ejected after repeated failures", ("endpoint",), None),
-    "pd_requests": ("llmplane_gateway_pd_requests", "Requests served by a prefill/decode pair, by model and KV connector", ("model", "connector"), None),
-    "pd_prefill": ("llmplane_gateway_pd_prefill_duration_seconds", "Prefill request latency (sent to response read) in prefill/decode serving", ("model",), LATENCY_BUCKETS),
-}
-# fmt: on
+class _Families:
+    def __init__(self, metrics: list[Counter | Histogram]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return (metric.collect() for metric in self.metrics)
 
 
 class GatewayMetrics:
-    """The request path's metrics (one attribute per ``_REQUEST_METRICS`` entry) and the
-    per-endpoint gauges of the states ``endpoints()`` gives, on one registry of the gateway's
-    own."""
-
-    requests: Counter
-    e2e: Histogram
-    ttft: Histogram
-    tpot: Histogram
-    prompt_tokens: Counter
-    output_tokens: Counter
-    scheduling: Histogram
-    shed: Counter
-    retries: Counter
-    resends: Counter
-    stalls: Counter
-    ejections: Counter
-    pd_requests: Counter
-    pd_prefill: Histogram
+    """The request path's metrics and the per-endpoint gauges of the states ``endpoints()``
+    gives, on one registry of the gateway's own."""
 
     def __init__(self, endpoints: Callable[[], Iterable[EndpointState]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        fast: list[Counter | Histogram] = []
-        for attribute, (name, doc, labels, buckets) in _REQUEST_METRICS.items():
-            metric = (
-                Counter(name, doc, labels)
-                if buckets is None
-                else Histogram(name, doc, labels, buckets)
-            )
-            setattr(self, attribute, metric)
-            fast.append(metric)
-        self.registry.register(_FastCollector(fast))  # type: ignore[arg-type]
+        # fmt: off
+        self.requests = Counter("llmplane_gateway_requests", "Requests by model, route, endpoint and status", ("model", "route", "endpoint", "status"))
+        self.e2e = Histogram("llmplane_gateway_request_duration_seconds", "End-to-end request latency at the gateway", ("model",))
+        self.ttft = Histogram("llmplane_gateway_time_to_first_token_seconds", "Time to the first streamed chunk", ("model",))
+        self.tpot = Histogram("llmplane_gateway_time_per_output_token_seconds", "Time per output token after the first (streaming)", ("model",), TPOT_BUCKETS)
+        self.prompt_tokens = Counter("llmplane_gateway_prompt_tokens", "Prompt tokens (from usage)", ("model",))
+        self.output_tokens = Counter("llmplane_gateway_output_tokens", "Output tokens (from usage)", ("model",))
+        self.scheduling = Histogram("llmplane_gateway_scheduling_duration_seconds", "Time to pick an endpoint (filters, scorers, picker)", (), SCHED_BUCKETS)
+        self.shed = Counter("llmplane_gateway_shed", "Sheddable requests refused (429)", ("model",))
+        self.retries = Counter("llmplane_gateway_retries", "Requests sent again to another endpoint", ("model",))
+        self.resends = Counter("llmplane_gateway_upstream_resends", "Requests sent again on a new connection because the endpoint closed the reused keep-alive one before answering", ("endpoint",))
+        self.stalls = Counter("llmplane_gateway_stream_stalls", "Streams ended because the upstream sent nothing for the stall timeout", ("route",))
+        self.ejections = Counter("llmplane_gateway_ejections", "Endpoints ejected after repeated failures", ("endpoint",))
+        self.pd_requests = Counter("llmplane_gateway_pd_requests", "Requests served by a prefill/decode pair, by model and KV connector", ("model", "connector"))
+        self.pd_prefill = Histogram("llmplane_gateway_pd_prefill_duration_seconds", "Prefill request latency (sent to response read) in prefill/decode serving", ("model",))
+        # fmt: on
+        self.add(m for m in vars(self).values() if isinstance(m, Counter | Histogram))
         if endpoints is not None:
             self.registry.register(_EndpointCollector(endpoints))  # type: ignore[arg-type]
 
-    def add(self, metrics: list[Counter | Histogram]) -> None:
+    def add(self, metrics: Iterable[Counter | Histogram]) -> None:
         """Export request-path metrics kept by another module (the activator's)."""
-        self.registry.register(_FastCollector(metrics))  # type: ignore[arg-type]
+        self.registry.register(_Families(list(metrics)))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -284,22 +254,12 @@ class AccessSink:
         self.flush()
 
     def flush(self) -> None:
-        lines, self.lines = self.lines, []
-        self.size = 0
-        chunk: list[bytes] = []
-        size = 0
-        for line in lines:
-            if chunk and size + len(line) + 1 > select.PIPE_BUF:
-                self._write(chunk)
-                chunk, size = [], 0
-            chunk.append(line)
-            size += len(line) + 1
-        if chunk:
-            self._write(chunk)
-
-    def _write(self, lines: list[bytes]) -> None:
-        lines.append(b"")
-        view = memoryview(b"\n".join(lines))
+        """Out in one write: ``add`` keeps the lines within ``PIPE_BUF`` (or one longer line)."""
+        if not self.lines:
+            return
+        self.lines.append(b"")
+        view = memoryview(b"\n".join(self.lines))
+        self.lines, self.size = [], 0
         try:
             while view:
                 view = view[os.write(self.fd, view) :]

@@ -53,6 +53,10 @@ def _invalid(param: str, message: str) -> GatewayError:
     return GatewayError(400, message, ErrorCode.INVALID_TYPE, param=param)
 
 
+def _wrong_type(param: str, value: Any, kind: str = "'boolean'") -> GatewayError:
+    return _invalid(param, f"{shown(value)} is not of type {kind} - '{param}'")
+
+
 # Each checked field's kind: the body's own keys are looked up here (a request has a handful)
 # instead of every checked field looked up in the body.
 _KINDS: dict[str, str] = {
@@ -74,10 +78,10 @@ def check_fields(doc: dict[str, Any]) -> None:
             continue
         if kind == "boolean":
             if value is not True and value is not False:
-                raise _invalid(key, f"{shown(value)} is not of type 'boolean' - '{key}'")
+                raise _wrong_type(key, value)
         elif kind == "integer":
             if type(value) is not int:
-                raise _invalid(key, f"{shown(value)} is not of type 'integer' - '{key}'")
+                raise _wrong_type(key, value, "'integer'")
             low = _MINIMUM.get(key)
             if low is not None and value < low:
                 raise _invalid(key, f"{value} is less than the minimum of {low} - '{key}'")
@@ -86,29 +90,18 @@ def check_fields(doc: dict[str, Any]) -> None:
                 raise _invalid(key, f"{value} is greater than the maximum of {high} - '{key}'")
         elif kind == "number":
             if type(value) is not int and type(value) is not float:
-                raise _invalid(key, f"{shown(value)} is not of type 'number' - '{key}'")
+                raise _wrong_type(key, value, "'number'")
         elif kind == "object":
-            _check_stream_options(value)
+            if not isinstance(value, dict):
+                raise _wrong_type(key, value, "'object'")
+            usage = value.get("include_usage")
+            if usage is not None and usage is not True and usage is not False:
+                raise _wrong_type("stream_options.include_usage", usage)
         elif kind == "array":
             if not isinstance(value, list):
-                raise _invalid("messages", f"{shown(value)} is not of type 'array' - 'messages'")
+                raise _wrong_type(key, value, "'array'")
         elif not isinstance(value, str | list):
-            raise _invalid(
-                "prompt", f"{shown(value)} is not of type 'string' or 'array' - 'prompt'"
-            )
-
-
-def _check_stream_options(options: Any) -> None:
-    if not isinstance(options, dict):
-        raise _invalid(
-            "stream_options", f"{shown(options)} is not of type 'object' - 'stream_options'"
-        )
-    usage = options.get("include_usage")
-    if usage is not None and usage is not True and usage is not False:
-        raise _invalid(
-            "stream_options.include_usage",
-            f"{shown(usage)} is not of type 'boolean' - 'stream_options.include_usage'",
-        )
+            raise _wrong_type(key, value, "'string' or 'array'")
 
 
 class InferenceRequest:

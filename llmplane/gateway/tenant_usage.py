@@ -1,18 +1,7 @@
-"""Usage per tenant and model: Prometheus counters and batched usage records (a request hook).
-
-For every request of a tenant that reached the hooks (authenticated, routed, admitted by the
-rate limits): ``llmplane_gateway_tenant_usage_requests_total{tenant,model}`` counts the
-answered ones (status < 400), ``llmplane_gateway_tenant_usage_tokens_total{tenant,model,
-direction}`` the engine's usage (input, output). Label values are our own names only: the
-tenant from the Tenant table, the model as the routing table resolved it.
-
-A stream of a tenant gets ``stream_options.include_usage`` when the client did not ask for it
-(and the usage-only chunk is removed from what the client receives, as for rate limits), so a
-stream's tokens are counted too.
-
-The same counts go to the usage log (``store/usage.py``) when there is one: added up in memory
-per (minute, tenant, model) on the request path (a dict update), written every
-``usage_flush_interval`` seconds in one transaction by a worker thread, and at close.
+"""Usage per tenant and model (docs/tenants.md, "Usage"): Prometheus counters and the usage
+log's records, as a request hook. Label values are our own names only (the tenant from the
+Tenant table, the model as the routing table resolved it). The request path only adds to a
+dict per (minute, tenant, model); a task writes it to the log in one transaction now and then.
 """
 
 from __future__ import annotations
@@ -75,8 +64,6 @@ class TenantUsage:
         self.pending: dict[tuple[int, str, str], list[int]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    # --- the hook ----------------------------------------------------------------------------
-
     async def reserve(self, ctx: RequestContext) -> object:
         """A tenant's stream asks the engine for its usage (dropped again for a client that
         did not ask): the output tokens are counted either way."""
@@ -110,8 +97,6 @@ class TenantUsage:
         counts[1] += prompt
         counts[2] += completion
 
-    # --- the flusher -------------------------------------------------------------------------
-
     def metrics(self) -> list[Counter]:
         return [self.requests, self.tokens]
 
@@ -134,9 +119,8 @@ class TenantUsage:
         except Exception as err:  # a full disk, a locked file: keep the counts, say so
             log.warning("usage log %s: write failed (%s); will retry", self.log.path, err)
             for key, counts in batch.items():
-                mine = self.pending.setdefault(key, [0, 0, 0])
-                for i in range(3):
-                    mine[i] += counts[i]
+                mine = self.pending.get(key, [0, 0, 0])
+                self.pending[key] = [a + b for a, b in zip(mine, counts, strict=True)]
 
     async def close(self) -> None:
         if self._task is not None:

@@ -1,20 +1,8 @@
-"""Counting a request's input tokens before it is sent, for token rate limits.
-
-With the model's own tokenizer when one is configured and the ``tokenizers`` package is
-installed (``GatewayConfig.rate_limit_tokenizers``: model name -> a ``tokenizer.json`` or a
-directory holding one); otherwise an estimate, ``ceil(characters / 4)``:
-
-- chat: every message's ``role``, ``name``, text content (a string or the ``text`` of each
-  part; images and audio count nothing) and ``tool_calls`` (as JSON), plus the request's
-  ``tools`` / ``functions`` (as JSON): the whole messages array, roles included;
-- completions / embeddings: the ``prompt`` / ``input`` strings; a prompt given as token ids
-  counts one token per id (those are exact);
-- the Messages API as chat plus its ``system``; the Responses API: its ``instructions`` and
-  its ``input`` (a string, or the text content of each item).
-
-The count only decides admission: after the response the engine's ``usage.prompt_tokens``
-replaces it (see ``llmplane.gateway.ratelimit``), so an estimate that is off is corrected
-in the bucket, never billed twice.
+"""Counting a request's input tokens before it is sent, for token rate limits: the model's
+tokenizer where ``GatewayConfig.rate_limit_tokenizers`` names one, else ``ceil(characters /
+4)`` over the texts docs/gateway.md ("Reserve") lists. The count only decides admission: the
+engine's ``usage.prompt_tokens`` replaces it after the response (``llmplane.gateway.ratelimit``),
+so an estimate that is off is corrected in the bucket, never billed twice.
 """
 
 from __future__ import annotations
@@ -100,8 +88,8 @@ def sent_prompt_tokens(request: InferenceRequest, scheduling: SchedulingContext 
 
 class TokenCounter:
     """Input tokens of a request: the model's tokenizer when configured and loadable, else
-    ``estimate_tokens``. Tokenizers are loaded on first use and cached (a failure is logged
-    once and the model falls back to the estimate)."""
+    ``estimate_tokens``. A tokenizer is loaded on first use and kept (a failure is logged once
+    and the model falls back to the estimate)."""
 
     def __init__(self, tokenizers: dict[str, str] | None = None) -> None:
         self.paths = dict(tokenizers or {})
@@ -109,7 +97,8 @@ class TokenCounter:
 
     def tokenizer(self, model: str) -> Any:
         if model not in self._loaded and model in self.paths:
-            self._loaded[model] = _load(Path(self.paths[model]).expanduser())
+            path = Path(self.paths[model]).expanduser()
+            self._loaded[model] = _load(path / "tokenizer.json" if path.is_dir() else path)
         return self._loaded.get(model)
 
     def count(self, doc: dict[str, Any], *models: str) -> int:
@@ -123,15 +112,12 @@ class TokenCounter:
 
 
 def _load(path: Path) -> Any:
-    if path.is_dir():
-        path = path / "tokenizer.json"
     try:
         from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path))
     except ImportError:
         log.warning("rate limits: %s is configured but tokenizers is not installed", path)
-        return None
-    try:
-        return Tokenizer.from_file(str(path))
     except Exception as err:  # a missing or unreadable file: estimate instead
         log.warning("rate limits: cannot load tokenizer %s (%s); estimating", path, err)
-        return None
+    return None

@@ -1,11 +1,16 @@
 """The gateway's lock-free request-path metrics render as Prometheus text like
-prometheus_client's own (parsed back with prometheus_client's parser)."""
+prometheus_client's own (parsed back with prometheus_client's parser); the access sink writes
+whole lines."""
 
 from __future__ import annotations
 
+import os
+import select
+
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmplane.gateway.observability import GatewayMetrics
+from llmplane.gateway.observability import AccessSink, GatewayMetrics
+from llmplane.testing import eventually
 
 
 def samples(m: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -54,3 +59,34 @@ def test_access_record_times_in_milliseconds_to_the_microsecond():
     record = ctx.access_record(0.0123456789, None, None)
     assert record["total_ms"] == 12.346 and record["queued_ms"] == 0.5
     assert record["ttft_ms"] == 2500.0 and "prompt_tokens" not in record
+
+
+async def test_the_access_sink_writes_whole_lines_in_order_in_writes_of_at_most_pipe_buf():
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)  # (a pipe too full for a write fails the test, not hangs)
+    sink = AccessSink(write)
+    lines = [bytes([97 + i % 26]) * size for i in range(4) for size in (10, 700, 3000, 9000)]
+    received = []
+
+    def drain() -> None:  # each write as it arrived: at most PIPE_BUF, or one longer line
+        while True:
+            try:
+                chunk = os.read(read, 1 << 16)
+            except BlockingIOError:
+                return
+            assert len(chunk) <= select.PIPE_BUF or chunk.count(b"\n") == 1, len(chunk)
+            assert chunk.endswith(b"\n")
+            received.append(chunk)
+
+    try:
+        for line in lines:
+            sink.add(line)
+            drain()
+        assert sink.timer is not None  # what fits in one write waits for the timer
+        await eventually(lambda: sink.timer is None, 5, what="the timer's write")
+        drain()
+    finally:
+        os.close(read)
+        os.close(write)
+    assert b"".join(received).split(b"\n") == [*lines, b""]

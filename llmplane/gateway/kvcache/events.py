@@ -1,18 +1,10 @@
 """KV-cache events as engines publish them (vLLM's ``KVEventBatch``), decoded with limits.
 
-A message's payload is msgpack: a batch ``[ts, [events...], dp_rank]`` (or the same as a map
-``{"ts", "events", "data_parallel_rank"}``), each event either a map tagged by ``"type"``
-(vLLM 0.32: ``{"type": "BlockStored", "block_hashes": [...], ...}``) or a positional array
-led by its tag (earlier releases: ``["BlockStored", block_hashes, parent_block_hash,
-token_ids, block_size, lora_id, medium, lora_name, extra_keys, group_idx]``). Unknown fields
-and event types are ignored, so a newer engine's additions do not break decoding.
-
-A publisher is not trusted: the decoder refuses a payload over ``EventLimits.message_bytes``, a
-batch of more than ``EventLimits.events`` events, an event of more than ``EventLimits.hashes`` block
-hashes (or token ids that do not fill its blocks); msgpack's own limits stop oversized
-strings, arrays and maps while it reads. A refused payload raises ``BadPayload`` with a short
-reason (one of ``REASONS``, fit for a metric label); a refused event is skipped and counted
-in ``Batch.skipped``.
+Both encodings decode: events as maps tagged by ``"type"`` (vLLM 0.32) and as positional arrays
+led by the tag (earlier releases); unknown fields and event types are ignored, so a newer
+engine's additions do not break decoding. A publisher is not trusted (``EventLimits``): a
+refused payload raises ``BadPayload`` with a reason fit for a metric label, a refused event is
+skipped and counted in ``Batch.skipped``.
 """
 
 from __future__ import annotations
@@ -27,13 +19,13 @@ STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
 # offloaded elsewhere by a connector are not a prefix hit for the scheduler.
 INDEXED_MEDIA = (None, "GPU")
 MAX_HASH_BYTES = 64  # vLLM's block hashes: Python ints (8 bytes) or sha256 digests (32)
-# Why a payload was refused (a metric label: never a value from the payload).
-REASONS = ("oversized", "malformed", "too_many_events", "frames")
 
 EngineHash = int | bytes
 
 
 class BadPayload(ValueError):
+    """``reason``: a metric label, never a value from the payload."""
+
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
@@ -204,16 +196,15 @@ def encode_batch(ts: float, events: list[Event], positional: bool = False) -> by
     out: list[Any] = []
     for e in events:
         if isinstance(e, Stored):
+            tag, names = STORED, _STORED_FIELDS
             values = [e.hashes, e.parent, e.token_ids, e.block_size, None, "GPU", e.lora, e.extra]
-            out.append(_encode(STORED, _STORED_FIELDS, values, positional))
         elif isinstance(e, Removed):
-            out.append(_encode(REMOVED, _REMOVED_FIELDS, [e.hashes, "GPU"], positional))
+            tag, names, values = REMOVED, _REMOVED_FIELDS, [e.hashes, "GPU"]
         else:
-            out.append(_encode(CLEARED, (), [], positional))
+            tag, names, values = CLEARED, (), []
+        out.append(
+            [tag, *values]
+            if positional
+            else {"type": tag, **dict(zip(names, values, strict=False))}
+        )
     return msgpack.packb([ts, out, 0])
-
-
-def _encode(tag: str, names: tuple[str, ...], values: list[Any], positional: bool) -> Any:
-    if positional:
-        return [tag, *values]
-    return {"type": tag, **dict(zip(names, values, strict=False))}

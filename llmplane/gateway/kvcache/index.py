@@ -1,36 +1,19 @@
-"""Which replica holds which KV blocks, from the engines' own events, keyed by token ids.
+"""Which replica holds which KV blocks, from the engines' own events, keyed by token ids
+(docs/gateway.md, "The index").
 
-Keys are the gateway's own: block ``i`` of a token sequence is ``xxhash64(its token ids as
-little-endian 8-byte integers, seed = key of block i-1)``, block 0 seeded by
-``root_key(lora)``; whatever else the engine hashed into a block (multimodal ids, a cache salt:
-``Stored.extra``) is folded in after, so such blocks never match a plain request. A key
-therefore names a whole prefix, and nothing depends on the engine's hash function or seed: a
-``BlockStored`` event carries its blocks' token ids, the gateway computes their keys from the
-parent's key, and remembers the engine's hash -> key per replica only to apply
-``BlockRemoved`` (which names engine hashes).
-
-One index serves every model; within a model, one partition per block size (replicas of a
-model normally share one). A partition maps key -> bit mask of the replicas holding it, so a
-lookup is one dict read per block however many replicas there are (the walk of
-``scheduler/prefix.leading_runs``).
-
-Besides what the engines report, the index keeps what the gateway sent and they have not
-reported yet (``expect``): a request's blocks count as on their way to the replica it went to
-(``expected_runs``) until that replica's events store them, it is cleared or removed, or
-``EXPECT_SECONDS`` pass; at most ``MAX_EXPECTED`` such blocks (the oldest go first).
-
-Memory is bounded per model at ``max_blocks`` indexed blocks (``BLOCKS_PER_GB`` of them fit in
-a GB: about 190 bytes a block — the engine hash -> key entry, the key -> holders entry and
-their integers; measured by tests/unit/test_kv_index.py). Over the bound, the replica of that
-model holding the most blocks loses its oldest entries. Engines bound their caches themselves,
-so the bound is only reached with more replicas than it was sized for, or a publisher that
-never removes.
+Keys are the gateway's own, chained over token ids, so nothing depends on an engine's hash
+function or seed; the engine's hash -> key map per replica only serves ``BlockRemoved``. A
+partition (model, block size) maps key -> bit mask of the replicas holding it: a lookup is one
+dict read per block however many replicas there are. Blocks sent to a replica and not yet
+reported count as on their way there (``expect``) for ``EXPECT_SECONDS`` at most. Memory is
+bounded per model (``max_blocks``, about 190 bytes a block: tests/unit/test_kv_index.py);
+over the bound the replica holding the most blocks loses its oldest.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from struct import pack
 
@@ -43,7 +26,6 @@ from llmplane.gateway.scheduler.prefix import leading_runs, name_bit, run_groups
 _xxh64 = xxhash.xxh64_intdigest
 ROOT = _xxh64(b"llmplane kv block")
 BYTES_PER_BLOCK = 190
-BLOCKS_PER_GB = (1 << 30) // BYTES_PER_BLOCK  # about 5.6 million
 DEFAULT_MAX_BLOCKS = 4_000_000  # per model: about 0.75 GB at most
 MAX_LOOKUP_BLOCKS = 4_096  # of a request: 512K tokens at block size 128
 # Blocks sent to a replica count as on their way there for this long at most (a request that
@@ -138,18 +120,9 @@ class BlockIndex:
                 if to == replica:
                     self._unexpect(keys, replica)
         state = self.replicas.get(replica)
-        if state is None or not state.blocks:
-            return
-        holders = self.partitions[state.model][state.block_size]
-        keep = ~(1 << state.bit)
-        for key in state.blocks.values():
-            left = holders.get(key, 0) & keep
-            if left:
-                holders[key] = left
-            else:
-                holders.pop(key, None)
-        self.sizes[state.model] -= len(state.blocks)
-        state.blocks = {}
+        if state is not None and state.blocks:
+            self._forget(state, list(state.blocks))
+            state.blocks = {}  # (a dict keeps its size after its entries are gone)
 
     def held(self, replica: str) -> int:
         state = self.replicas.get(replica)
@@ -165,7 +138,8 @@ class BlockIndex:
             if isinstance(event, Stored):
                 self._stored(replica, state, event)
             elif isinstance(event, Removed):
-                self._removed(state, event.hashes)
+                if state.blocks:
+                    self._forget(state, event.hashes)
             elif isinstance(event, Cleared):
                 self.clear(replica)
         if self.sizes.get(state.model, 0) > self.max_blocks:
@@ -204,9 +178,8 @@ class BlockIndex:
         if self.expected:  # reported: from now on its events say whether it is there
             self._unexpect(keys, replica)
 
-    def _removed(self, state: _Replica, hashes: list[EngineHash]) -> None:
-        if not state.blocks:
-            return
+    def _forget(self, state: _Replica, hashes: Iterable[EngineHash]) -> int:
+        """Drop ``hashes`` from ``state``'s blocks; how many it held."""
         holders = self.partitions[state.model][state.block_size]
         flag = 1 << state.bit
         blocks = state.blocks
@@ -215,7 +188,9 @@ class BlockIndex:
             key = blocks.pop(engine_hash, None)
             if key is not None:
                 self._unhold(holders, key, flag)
-        self.sizes[state.model] -= before - len(blocks)
+        forgotten = before - len(blocks)
+        self.sizes[state.model] -= forgotten
+        return forgotten
 
     @staticmethod
     def _unhold(holders: dict[int, int], key: int, flag: int) -> None:
@@ -234,14 +209,10 @@ class BlockIndex:
                 (s for s in self.replicas.values() if s.model == model),
                 key=lambda s: len(s.blocks),
             )
-            holders = self.partitions[model][largest.block_size]
-            flag = 1 << largest.bit
-            take = min(excess, len(largest.blocks))
-            for engine_hash in list(islice(largest.blocks, take)):
-                self._unhold(holders, largest.blocks.pop(engine_hash), flag)
-            self.sizes[model] -= take
-            self.evicted += take
-            excess -= take
+            oldest = list(islice(largest.blocks, excess))
+            forgotten = self._forget(largest, oldest)
+            self.evicted += forgotten
+            excess -= forgotten
 
     # --- blocks sent, not reported yet -----------------------------------------------------
 

@@ -1,25 +1,11 @@
-"""The gateway's subscriptions to its replicas' KV events, feeding one ``BlockIndex``.
+"""The gateway's subscriptions to its replicas' KV events, feeding one ``BlockIndex``
+(docs/gateway.md, "Events in").
 
-One asyncio task per replica whose ``Endpoint`` names an events address (``kv_events``), with
-a ZMQ SUB socket connected to it (the engine binds: vLLM's rule for ``ipc://`` and ``*``
-endpoints). Each message is three frames: topic (any; all are taken), an 8-byte big-endian
-sequence number, the msgpack batch (``events.decode_batch``). The feed follows the numbers:
-
-- a number past the next one expected is a gap: the missing batches are asked from the
-  replica's replay endpoint (``kv_events_replay``, a ROUTER: ``[b"", start]`` -> ``[b"", topic,
-  seq, payload]``... then ``[b"", b"", -1, b""]`` from vLLM 0.32, the same without the topic
-  frame from earlier releases) and applied in order before the message; without a
-  replay endpoint, or when the engine no longer buffers them, the replica's blocks are
-  forgotten (under-predicting is safe, predicting blocks that are gone is not);
-- on connecting (first time or again), batches the engine still buffers are replayed from 0,
-  so a gateway started after the engine learns what it holds;
-- the connection dropping (the engine exited: a restart is a new process), a number going
-  back (a new publisher) and ``AllBlocksCleared`` forget the replica's blocks; the replica
-  leaving discovery removes it from the index.
-
-Nothing from a payload becomes a metric label; oversized and malformed messages are dropped
-and counted (``events.EventLimits``; ZMQ itself cuts a peer sending a frame over twice the size
-limit, as the bytes arrive).
+One task per replica whose ``Endpoint`` names an events address, following the batches'
+sequence numbers: a gap is asked from the replica's replay endpoint, and where that cannot
+fill it, or the connection drops, or the numbers start again, the replica's blocks are
+forgotten: under-predicting is safe, predicting blocks that are gone is not. Nothing from a
+payload becomes a metric label; refused messages are dropped and counted.
 """
 
 from __future__ import annotations
@@ -299,54 +285,51 @@ class KVEventSubscriber:
             self._ctx = None
 
     def collect(self) -> Iterator[Metric]:
-        """Per replica (labelled by its address): blocks indexed, event lag, gaps."""
-        families = []
-        for kind, name, doc, value in _METRICS:
-            family = kind(name, doc, labels=["endpoint"])
-            for replica, feed in self.feeds.items():
-                family.add_metric([replica], value(self.index, replica, feed))
-            families.append(family)
+        """Per replica (labelled by its address): blocks indexed, event lag, gaps, drops."""
+        feeds = self.feeds.values()
+
+        def family(kind: Any, name: str, doc: str, value: Callable[[Feed], float]) -> Metric:
+            metric = kind(name, doc, labels=["endpoint"])
+            for feed in feeds:
+                metric.add_metric([feed.replica], value(feed))
+            return metric
+
+        yield family(
+            GaugeMetricFamily,
+            "llmplane_gateway_endpoint_kv_blocks",
+            "KV blocks the gateway's index holds for the endpoint (from its KV events)",
+            lambda feed: self.index.held(feed.replica),
+        )
+        yield family(
+            GaugeMetricFamily,
+            "llmplane_gateway_endpoint_kv_event_lag_seconds",
+            "Age of the endpoint's last KV event batch when it arrived",
+            lambda feed: feed.lag,
+        )
+        yield family(
+            CounterMetricFamily,
+            "llmplane_gateway_kv_gaps_replayed",
+            "Gaps in an endpoint's KV events filled from its replay endpoint",
+            lambda feed: feed.gaps_replayed,
+        )
+        yield family(
+            CounterMetricFamily,
+            "llmplane_gateway_kv_gaps_lost",
+            "Gaps in an endpoint's KV events that could not be replayed (its blocks forgotten)",
+            lambda feed: feed.gaps_lost,
+        )
+        yield family(
+            CounterMetricFamily,
+            "llmplane_gateway_kv_resets",
+            "Times an endpoint's blocks were forgotten: restart, dropped connection",
+            lambda feed: feed.resets,
+        )
         dropped = CounterMetricFamily(
             "llmplane_gateway_kv_events_dropped",
             "KV event messages (or single events: reason 'event') refused",
             labels=["endpoint", "reason"],
         )
-        for replica, feed in self.feeds.items():
+        for feed in feeds:
             for reason, count in feed.dropped.items():
-                dropped.add_metric([replica, reason], count)
-        yield from (*families, dropped)
-
-
-# (family, name, help, value of one replica) of the per-replica metrics.
-_METRICS: tuple[tuple[Any, str, str, Callable[[BlockIndex, str, Feed], float]], ...] = (
-    (
-        GaugeMetricFamily,
-        "llmplane_gateway_endpoint_kv_blocks",
-        "KV blocks the gateway's index holds for the endpoint (from its KV events)",
-        lambda index, replica, _: index.held(replica),
-    ),
-    (
-        GaugeMetricFamily,
-        "llmplane_gateway_endpoint_kv_event_lag_seconds",
-        "Age of the endpoint's last KV event batch when it arrived",
-        lambda _, __, feed: feed.lag,
-    ),
-    (
-        CounterMetricFamily,
-        "llmplane_gateway_kv_gaps_replayed",
-        "Gaps in an endpoint's KV events filled from its replay endpoint",
-        lambda _, __, feed: feed.gaps_replayed,
-    ),
-    (
-        CounterMetricFamily,
-        "llmplane_gateway_kv_gaps_lost",
-        "Gaps in an endpoint's KV events that could not be replayed (its blocks forgotten)",
-        lambda _, __, feed: feed.gaps_lost,
-    ),
-    (
-        CounterMetricFamily,
-        "llmplane_gateway_kv_resets",
-        "Times an endpoint's blocks were forgotten: restart, dropped connection",
-        lambda _, __, feed: feed.resets,
-    ),
-)
+                dropped.add_metric([feed.replica, reason], count)
+        yield dropped
