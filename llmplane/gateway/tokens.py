@@ -88,17 +88,18 @@ def sent_prompt_tokens(request: InferenceRequest, scheduling: SchedulingContext 
 
 class TokenCounter:
     """Input tokens of a request: the model's tokenizer when configured and loadable, else
-    ``estimate_tokens``. A tokenizer is loaded on first use and kept (a failure is logged once
-    and the model falls back to the estimate)."""
+    ``estimate_tokens``. The tokenizers are read when the counter is made (the gateway's
+    start), not on a request: reading a large tokenizer.json takes a noticeable time, and on a
+    request it would hold every request of the worker behind it. One that cannot be read is
+    logged and its model falls back to the estimate."""
 
     def __init__(self, tokenizers: dict[str, str] | None = None) -> None:
-        self.paths = dict(tokenizers or {})
         self._loaded: dict[str, Any] = {}
+        for model, where in (tokenizers or {}).items():
+            path = Path(where).expanduser()
+            self._loaded[model] = _load(path / "tokenizer.json" if path.is_dir() else path)
 
     def tokenizer(self, model: str) -> Any:
-        if model not in self._loaded and model in self.paths:
-            path = Path(self.paths[model]).expanduser()
-            self._loaded[model] = _load(path / "tokenizer.json" if path.is_dir() else path)
         return self._loaded.get(model)
 
     def count(self, doc: dict[str, Any], *models: str) -> int:

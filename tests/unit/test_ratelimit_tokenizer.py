@@ -38,6 +38,14 @@ def test_counts_with_the_tokenizer_of_the_model(tokenizer_dir):
     assert missing.count(long, "m") == 101
 
 
+def test_tokenizers_are_read_at_start_not_on_a_request(tokenizer_dir):
+    """A request never reads a tokenizer file (that would stall the worker's event loop): the
+    counter made at the gateway's start has it already."""
+    counter = TokenCounter({"m": str(tokenizer_dir)})
+    (tokenizer_dir / "tokenizer.json").unlink()
+    assert counter.count({"prompt": "hello world"}, "m") == 2  # the tokenizer's count, not 3
+
+
 def test_completion_prompt_and_token_ids(tokenizer_dir):
     counter = TokenCounter({"m": str(tokenizer_dir / "tokenizer.json")})
     assert counter.count({"prompt": "hello world"}, "m") == 2
