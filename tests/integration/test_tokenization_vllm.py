@@ -138,9 +138,19 @@ async def test_canary_matches_and_fallback_gives_the_same_ids(vllm: str, model: 
             request = InferenceRequest(
                 "/v1/chat/completions", {}, json.dumps({"model": NAME, **body}).encode()
             )
-            await remote.prepare(request)
+            assert await remote.prepare(request)
             ids = local.token_ids(request)
             assert ids is not None
+            # A request under a leading part asked before gets that part's ids at once
+            # (``LeadingIds``: a prefix of the whole, by design not waiting); the engine's
+            # whole answer follows.
+            first = remote.token_ids(request)
+            assert first is not None and list(first) == ids[: len(first)], (first, ids)
+            await eventually(
+                lambda request=request: not isinstance(remote.token_ids(request), LeadingIds),
+                30,
+                what="the engine's whole ids",
+            )
             assert remote.token_ids(request) == ids
     finally:
         await local.close()
