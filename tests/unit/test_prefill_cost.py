@@ -8,7 +8,8 @@ import time
 from llmplane.gateway.kvcache.events import Batch, Stored
 from llmplane.gateway.kvcache.index import EXPECT_SECONDS, BlockIndex
 from llmplane.gateway.registry import EndpointState
-from llmplane.gateway.scheduler.framework import SchedulingContext
+from llmplane.gateway.scheduler.framework import Profile, SchedulingContext
+from llmplane.gateway.scheduler.plugins import MaxScorePicker
 from llmplane.gateway.scheduler.precise_prefix import (
     PrecisePrefixCacheScorer,
     predicted_cached_tokens,
@@ -126,3 +127,16 @@ def test_a_request_just_sent_is_pending_on_its_replica_until_its_events_or_the_t
     assert cost.costs(expired, [a, b]) == [3_600, 3_600 + 3_600]
     cost.prefix.index.prune(now + EXPECT_SECONDS + 1)
     assert not cost.prefix.index.expected and not cost.prefix.index._expiries
+
+
+def test_in_a_fleet_of_1000_the_replica_holding_the_prefix_is_found() -> None:
+    # Past SAMPLE_ABOVE candidates only a sample is scored: the scorer's favourites (the
+    # prefix's holders) must be in it, or a random 64 of 1,000 would miss "a" most times.
+    cost, (a, _) = fleet()
+    others = [f"r{i:03d}" for i in range(999)]
+    for r in others:
+        cost.prefix.index.add_replica(r, "m")
+    states = [a, *(EndpointState(Endpoint(r, model_name="m", engine="sim")) for r in others)]
+    profile = Profile("p", [], [(cost, 1.0)], MaxScorePicker())
+    for _ in range(20):
+        assert profile.run(ctx(time.monotonic()), states, 1).endpoints[0] is a

@@ -160,8 +160,7 @@ class SessionAffinityScorer:
         self.sessions: OrderedDict[str, str] = OrderedDict()
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        session = ctx.headers.get(self.header)
-        target = self.sessions.get(session) if session else None
+        target = self._target(ctx)
         if target is None:
             return [0.0] * len(endpoints)
         return [1.0 if e.key == target else 0.0 for e in endpoints]
@@ -169,9 +168,13 @@ class SessionAffinityScorer:
     def favoured(
         self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int
     ) -> list[EndpointState]:
-        session = ctx.headers.get(self.header)
-        target = self.sessions.get(session) if session else None
+        target = self._target(ctx)
         return [] if target is None else [e for e in endpoints if e.key == target]
+
+    def _target(self, ctx: SchedulingContext) -> str | None:
+        """The endpoint that served the request's session before, if any."""
+        session = ctx.headers.get(self.header)
+        return self.sessions.get(session) if session else None
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         session = ctx.headers.get(self.header)
