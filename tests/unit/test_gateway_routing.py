@@ -541,3 +541,22 @@ def test_timeouts_from_annotations_else_the_config():
         assert timeouts(off) == (None, None), off
     for bad in ("-1", "0.0", "abc", "inf", "nan", "", "1e999"):  # logged, the default kept
         assert timeouts(bad) == (7.0, 8.0), bad
+
+
+def test_a_playgrounds_annotations_set_each_of_its_models_and_a_bad_one_is_logged_once(caplog):
+    claims = {"models": [{"name": "m1"}, {"name": "m2"}]}
+    pg = _playground("p", None, modelClaims=claims)
+    del pg["spec"]["modelClaim"]
+    pg["metadata"]["annotations"] = {
+        "llmplane.io/upstream-timeout": "30",
+        "llmplane.io/stream-stall-timeout": "bad",
+    }
+    states = [ep(1, {MODEL_NAME_LABEL: "m1"}, "m1"), ep(2, {MODEL_NAME_LABEL: "m2"}, "m2")]
+    config = GatewayConfig(stream_stall_timeout=8.0)
+    with caplog.at_level("WARNING", logger="llmplane.gateway"):
+        table = build_table([pg], states, config)
+    for name in ("m1", "m2"):
+        backend = table.resolve(name, "/v1/completions", {}).backend
+        assert (backend.timeout, backend.stall_timeout) == (30.0, 8.0), name
+    bad = [r for r in caplog.records if "stream-stall-timeout" in r.getMessage()]
+    assert len(bad) == 1, [r.getMessage() for r in caplog.records]
