@@ -342,24 +342,27 @@ def _inference_model(name, pool, target):
 
 
 def test_routes_to_a_playground_without_replicas_are_activatable():
-    """A ModelRoute / InferenceModel whose every target selects no replica yet, while the
-    Playground whose replicas it would select is activatable, is held for that Playground."""
+    """A ModelRoute / InferenceModel / InferenceModelRewrite whose every target selects no
+    replica yet, while the Playground whose replicas it would select is activatable, is held
+    for that Playground."""
     objects = [
         _playground("p", "m"),
         server("s", "m", {"matchLabels": {MODEL_NAME_LABEL: "m"}}),
         route("chat", {"modelName": "chat", "rules": [{"targetModels": targets("s")}]}),
         _pool("pool", {"inference.llmaz.io/playground-name": "p"}),
         _inference_model("batch", "pool", "m"),
+        rewrite("r", "pool", [exact("fast", "m")]),
         # Targets nothing a Playground would fill: not held.
         server("other", "x", {"matchLabels": {"app": "nobody"}}),
         route("lost", {"modelName": "lost", "rules": [{"targetModels": targets("other")}]}),
     ]
     table = build_table(objects, [])
-    assert table.activatable == {"m": "default/p", "chat": "default/p", "batch": "default/p"}
+    held = {"m": "default/p", "chat": "default/p", "batch": "default/p", "fast": "default/p"}
+    assert table.activatable == held
 
     # A target with a ready replica: routed as before, nothing held.
     table = build_table(objects, [ep(1, {MODEL_NAME_LABEL: "m"})])
-    assert "chat" not in table.activatable and "m" not in table.activatable
+    assert not {"chat", "m", "fast"} & table.activatable.keys()
 
     # A failing Playground is not waited for: its routes answer at once.
     failing = _playground("p", "m")
