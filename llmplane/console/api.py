@@ -41,6 +41,7 @@ from llmplane.console.redact import redact, redact_text
 from llmplane.console.stats import RequestStats, peer_totals, report_totals
 from llmplane.gateway.errors import GatewayError
 from llmplane.gateway.http_server import Response
+from llmplane.gateway.routing import RoutingTable
 from llmplane.printing import to_yaml
 
 PREFIX = "/console"
@@ -102,17 +103,17 @@ def static_files() -> dict[str, tuple[bytes, str]]:
     return files
 
 
-def route_sources(table: Any) -> list[dict[str, str]]:
+def route_sources(table: RoutingTable) -> list[dict[str, str]]:
     """Every model name the routing table answers, with what makes it routable."""
     out = []
     for name in table.model_names():
-        if name in getattr(table, "routes_by_model", {}):
+        if name in table.routes_by_model:
             via = "ModelRoute"
-        elif name in getattr(table, "routes_by_lora", {}):
+        elif name in table.routes_by_lora:
             via = "LoRA adapter"
-        elif name in getattr(table, "inference_models", {}):
+        elif name in table.inference_models:
             via = "InferenceModel"
-        elif name in getattr(table, "rewrites", {}):
+        elif name in table.rewrites:
             via = "InferenceModelRewrite"
         elif name in table.decisions and table.decisions[name].load is None:
             via = "served model"  # (a declared adapter no replica holds yet: no ready endpoint)

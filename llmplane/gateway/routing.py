@@ -418,13 +418,14 @@ class _Builder:
 
         for obj in sorted(self.by_kind[kind], key=age):
             meta = obj["metadata"]
-            ref = f"{kind}/{_namespace(meta)}/{meta['name']}"
+            namespace = _namespace(meta)
+            ref = f"{kind}/{namespace}/{meta['name']}"
             try:
                 spec = parse(obj).spec
             except Exception as err:
                 self.table.problems[ref] = f"invalid: {err}"
                 continue
-            yield meta, ref, _namespace(meta), spec
+            yield meta, ref, namespace, spec
 
     def selected(self, namespace: str, selector: Mapping[str, str]) -> tuple[EndpointState, ...]:
         labels = selector.items()
@@ -542,14 +543,14 @@ class _Builder:
         name with no endpoint yet is a placeholder (503, maybe held for the activator)."""
         table = self.table
         for obj in self.playgrounds:
-            failing = failing_reason(obj)
+            meta, failing = obj["metadata"], failing_reason(obj)
+            settings, workload = self.settings(meta), f"{_namespace(meta)}/{meta['name']}"
             for name in playground_models(obj.get("spec") or {}):
-                meta = obj["metadata"]
-                self.named_settings.setdefault(name, self.settings(meta))
+                self.named_settings.setdefault(name, settings)
                 if not table.placeholders.get(name):  # the first failing Playground says why
                     table.placeholders[name] = failing
                 if not failing:
-                    table.activatable.setdefault(name, f"{_namespace(meta)}/{meta['name']}")
+                    table.activatable.setdefault(name, workload)
         defaults = {}
         for name, members in self.by_name.items():
             served = {s.endpoint.model_name for s in members if s.endpoint.model_name}

@@ -342,24 +342,27 @@ def _inference_model(name, pool, target):
 
 
 def test_routes_to_a_playground_without_replicas_are_activatable():
-    """A ModelRoute / InferenceModel whose every target selects no replica yet, while the
-    Playground whose replicas it would select is activatable, is held for that Playground."""
+    """A ModelRoute / InferenceModel / InferenceModelRewrite whose every target selects no
+    replica yet, while the Playground whose replicas it would select is activatable, is held
+    for that Playground."""
     objects = [
         _playground("p", "m"),
         server("s", "m", {"matchLabels": {MODEL_NAME_LABEL: "m"}}),
         route("chat", {"modelName": "chat", "rules": [{"targetModels": targets("s")}]}),
         _pool("pool", {"inference.llmaz.io/playground-name": "p"}),
         _inference_model("batch", "pool", "m"),
+        rewrite("r", "pool", [exact("fast", "m")]),
         # Targets nothing a Playground would fill: not held.
         server("other", "x", {"matchLabels": {"app": "nobody"}}),
         route("lost", {"modelName": "lost", "rules": [{"targetModels": targets("other")}]}),
     ]
     table = build_table(objects, [])
-    assert table.activatable == {"m": "default/p", "chat": "default/p", "batch": "default/p"}
+    held = {"m": "default/p", "chat": "default/p", "batch": "default/p", "fast": "default/p"}
+    assert table.activatable == held
 
     # A target with a ready replica: routed as before, nothing held.
     table = build_table(objects, [ep(1, {MODEL_NAME_LABEL: "m"})])
-    assert "chat" not in table.activatable and "m" not in table.activatable
+    assert not {"chat", "m", "fast"} & table.activatable.keys()
 
     # A failing Playground is not waited for: its routes answer at once.
     failing = _playground("p", "m")
@@ -541,3 +544,22 @@ def test_timeouts_from_annotations_else_the_config():
         assert timeouts(off) == (None, None), off
     for bad in ("-1", "0.0", "abc", "inf", "nan", "", "1e999"):  # logged, the default kept
         assert timeouts(bad) == (7.0, 8.0), bad
+
+
+def test_a_playgrounds_annotations_set_each_of_its_models_and_a_bad_one_is_logged_once(caplog):
+    claims = {"models": [{"name": "m1"}, {"name": "m2"}]}
+    pg = _playground("p", None, modelClaims=claims)
+    del pg["spec"]["modelClaim"]
+    pg["metadata"]["annotations"] = {
+        "llmplane.io/upstream-timeout": "30",
+        "llmplane.io/stream-stall-timeout": "bad",
+    }
+    states = [ep(1, {MODEL_NAME_LABEL: "m1"}, "m1"), ep(2, {MODEL_NAME_LABEL: "m2"}, "m2")]
+    config = GatewayConfig(stream_stall_timeout=8.0)
+    with caplog.at_level("WARNING", logger="llmplane.gateway"):
+        table = build_table([pg], states, config)
+    for name in ("m1", "m2"):
+        backend = table.resolve(name, "/v1/completions", {}).backend
+        assert (backend.timeout, backend.stall_timeout) == (30.0, 8.0), name
+    bad = [r for r in caplog.records if "stream-stall-timeout" in r.getMessage()]
+    assert len(bad) == 1, [r.getMessage() for r in caplog.records]
