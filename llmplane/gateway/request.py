@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 
 from llmplane.gateway import protocols
-from llmplane.gateway.clip import shown
 from llmplane.gateway.errors import ErrorCode, GatewayError, missing_model
+from llmplane.gateway.protocols.fields import invalid, wrong_type
 from llmplane.gateway.protocols.text import messages_text
 
 
@@ -49,14 +49,6 @@ MAX_CHOICES = 128
 _MAXIMUM = {"n": MAX_CHOICES, "best_of": MAX_CHOICES}
 
 
-def _invalid(param: str, message: str) -> GatewayError:
-    return GatewayError(400, message, ErrorCode.INVALID_TYPE, param=param)
-
-
-def _wrong_type(param: str, value: Any, kind: str = "'boolean'") -> GatewayError:
-    return _invalid(param, f"{shown(value)} is not of type {kind} - '{param}'")
-
-
 # Each checked field's kind: the body's own keys are looked up here (a request has a handful)
 # instead of every checked field looked up in the body.
 _KINDS: dict[str, str] = {
@@ -78,30 +70,30 @@ def check_fields(doc: dict[str, Any]) -> None:
             continue
         if kind == "boolean":
             if value is not True and value is not False:
-                raise _wrong_type(key, value)
+                raise wrong_type(key, value)
         elif kind == "integer":
             if type(value) is not int:
-                raise _wrong_type(key, value, "'integer'")
+                raise wrong_type(key, value, "'integer'")
             low = _MINIMUM.get(key)
             if low is not None and value < low:
-                raise _invalid(key, f"{value} is less than the minimum of {low} - '{key}'")
+                raise invalid(key, f"{value} is less than the minimum of {low} - '{key}'")
             high = _MAXIMUM.get(key)
             if high is not None and value > high:
-                raise _invalid(key, f"{value} is greater than the maximum of {high} - '{key}'")
+                raise invalid(key, f"{value} is greater than the maximum of {high} - '{key}'")
         elif kind == "number":
             if type(value) is not int and type(value) is not float:
-                raise _wrong_type(key, value, "'number'")
+                raise wrong_type(key, value, "'number'")
         elif kind == "object":
             if not isinstance(value, dict):
-                raise _wrong_type(key, value, "'object'")
+                raise wrong_type(key, value, "'object'")
             usage = value.get("include_usage")
             if usage is not None and usage is not True and usage is not False:
-                raise _wrong_type("stream_options.include_usage", usage)
+                raise wrong_type("stream_options.include_usage", usage)
         elif kind == "array":
             if not isinstance(value, list):
-                raise _wrong_type(key, value, "'array'")
+                raise wrong_type(key, value, "'array'")
         elif not isinstance(value, str | list):
-            raise _wrong_type(key, value, "'string' or 'array'")
+            raise wrong_type(key, value, "'string' or 'array'")
 
 
 class InferenceRequest:

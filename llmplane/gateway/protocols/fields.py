@@ -14,13 +14,16 @@ def invalid(param: str, message: str) -> GatewayError:
     return GatewayError(400, message, ErrorCode.INVALID_TYPE, param=param)
 
 
+def wrong_type(param: str, value: Any, kind: str = "'boolean'") -> GatewayError:
+    return invalid(param, f"{shown(value)} is not of type {kind} - '{param}'")
+
+
 def typed(doc: dict[str, Any], key: str, *types: type, required: bool = False) -> Any:
     """``doc[key]``, or the 400 when it is not of one of ``types`` (absent: only if required)."""
     value = doc.get(key)
     if (value is None and not required) or type(value) in types:
         return value
-    expected = " or ".join(_NAMES[t] for t in types)
-    raise invalid(key, f"{shown(value)} is not of type {expected} - '{key}'")
+    raise wrong_type(key, value, " or ".join(_NAMES[t] for t in types))
 
 
 def positive(doc: dict[str, Any], key: str, required: bool = False) -> None:
