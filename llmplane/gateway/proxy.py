@@ -144,7 +144,7 @@ class AttemptFailed(Exception):
 
 # A replica that had the request and broke off (killed, restarted) rather than one that never
 # answered: with no other one left to send it to, the client may retry soon (503).
-_LOST = (ServerDisconnected, ConnectionLost, ConnectionResetError, asyncio.IncompleteReadError)
+_LOST = (ServerDisconnected, ConnectionLost, ConnectionResetError)
 
 
 def attempt_failure(
