@@ -58,7 +58,11 @@ class Admission:
     def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
         """The candidates below the configured caps, so that the scheduler does not send past
         a cap while another endpoint has room (a prefix held there outweighs the load
-        scorers); all of them when none has room."""
+        scorers); all of them when none has room (or no cap is configured: then nothing is
+        looked at)."""
+        c = self.config
+        if not (c.saturation_max_inflight or c.saturation_max_prefilling):
+            return candidates
         return [state for state in candidates if not self._capped(state)] or candidates
 
     def admit(
