@@ -301,10 +301,11 @@ class PrecisePrefixCacheScorer:
         """The candidates holding most of the request's blocks (``Profile.sample``), and those
         the fallback favours where some candidate does not publish."""
         publishing = self.publishing()
-        every = all(map(publishing.__contains__, map(_address, endpoints)))
         scores = self.scores(ctx, endpoints) if endpoints and publishing else None
         chosen = best(endpoints, scores, k) if scores is not None else []
-        if self.fallback is not None and (scores is None or not every):
+        if self.fallback is not None and (
+            scores is None or not all(map(publishing.__contains__, map(_address, endpoints)))
+        ):
             chosen += self.fallback.favoured(ctx, endpoints, k)
         return chosen
 
