@@ -19,6 +19,7 @@ import pytest
 from llmplane.testing import Up, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
+from tests.integration.metrics_pages import gateway_metric
 from tests.integration.upcli import condition, status
 from tests.integration.vllm_cpu import require_vllm
 
@@ -164,11 +165,13 @@ async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, p
     url = up.url
     _, expected, _ = await stream(url, path, body)
     killed: list[str] = []
+    pids: list[int] = []
 
     def kill(endpoint: str) -> None:
         pid = engine_pid(up, endpoint)
         os.killpg(os.getpgid(pid), signal.SIGKILL)
         killed.append(endpoint)
+        pids.append(pid)
 
     t = time.monotonic()
     endpoint, text, events = await stream(url, path, body, kill)
@@ -177,10 +180,17 @@ async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, p
     assert events[-1]["usage"]["completion_tokens"] == TOKENS
     assert len({e["id"] for e in events}) == 1
     print(f"{path}: migrated in a stream of {time.monotonic() - t:.1f} s")
-    # the killed replica comes back (the runtime restarts it) before the next case
-    wait_for(
-        lambda: status(up.state_dir, "Playground", NAME).get("readyReplicas") == 2,
-        600,
-        every=1,
-        what="the killed replica back",
-    )
+    # the killed replica comes back (the runtime restarts it) and the gateway routes to it
+    # again before the next case: the status alone can still read 2 from before the kill
+    wait_for(lambda: both_serving(up, pids[0]), 600, every=1, what="the killed replica back")
+
+
+def both_serving(up: Up, killed: int) -> bool:
+    """Two engines run, neither is ``killed``, both are ready and the gateway ejects neither."""
+    pids = up.engine_pids()
+    if killed in pids or len(pids) != 2:
+        return False
+    if status(up.state_dir, "Playground", NAME).get("readyReplicas") != 2:
+        return False
+    ejected = gateway_metric(up.url, "llmplane_gateway_endpoint_ejected")
+    return len(ejected) == 2 and not any(ejected.values())
