@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger("llmplane")
 
@@ -63,6 +66,29 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     except TimeoutError:
         pass
     return event.is_set()
+
+
+class BodyTooLarge(ValueError):
+    """A response body longer than its reader allows (a hostile or broken server)."""
+
+
+# Bytes of a page an engine serves the gateway or the runtime (/metrics, /v1/models): vLLM's
+# /metrics is about 100 KB; a server sending more is broken or hostile and is not read on.
+PAGE_MAX_BYTES = 8 << 20
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """``resp``'s body, or ``BodyTooLarge`` as soon as more than ``limit`` bytes arrive."""
+    if (resp.content_length or 0) > limit:
+        raise BodyTooLarge(f"a body of {resp.content_length} bytes (at most {limit})")
+    chunks = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"a body of more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Periodic:

@@ -29,6 +29,7 @@ class GatewayConfig:
 
     max_body_bytes: int = 16 * 1024 * 1024  # larger: 413
     max_body_bytes_total: int = 256 * 1024 * 1024  # bodies held at once per process (0: no cap)
+    max_response_bytes: int = 256 * 1024 * 1024  # a whole (unary) upstream answer; larger: 502
     # Admission: when an endpoint is saturated (docs/gateway.md, "Admission").
     saturation_queue: float = 5
     saturation_kv: float = 0.8

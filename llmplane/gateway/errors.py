@@ -41,6 +41,7 @@ class ErrorCode(StrEnum):
     RATE_LIMIT_UNAVAILABLE = "rate_limit_unavailable"
     REPLICA_LOST = "replica_lost"  # the replica broke off the request and none other took it
     REQUEST_TOO_LARGE = "request_too_large"
+    RESPONSE_TOO_LARGE = "response_too_large"  # an upstream answer over maxResponseBytes
     STREAM_LOST = "stream_lost"  # a stream lost mid-way that no replica could continue
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNSUPPORTED_PATH = "unsupported_path"

@@ -129,8 +129,7 @@ class Migrator:
             try:
                 with pool.deadlines.after(backend.timeout):
                     resp = await pool.open(address, wire)
-                    if resp.status != 200:
-                        await resp.read()
+                    if resp.status != 200:  # (its body unread: release closes it)
                         raise aiohttp.ClientError(f"HTTP {resp.status}")
                     first = await resp.readany()
                 if not first:

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from llmplane.aio import BodyTooLarge
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.context import RequestContext
 from llmplane.gateway.errors import ErrorCode, GatewayError
@@ -433,9 +434,17 @@ class Proxy:
         """A whole upstream response; a connect error or timeout raises ``failure``."""
         assert self.pool is not None
         try:
-            return await self.pool.request(address, wire, timeout)
+            return await self.pool.request(address, wire, timeout, self.config.max_response_bytes)
         except (TimeoutError, OSError) as err:
             raise attempt_failure(err, timeout, failure) from None
+        except BodyTooLarge:  # not retried: another replica's answer would be as large
+            raise GatewayError(
+                502,
+                f"the model server's answer is larger than maxResponseBytes "
+                f"({self.config.max_response_bytes} bytes)",
+                ErrorCode.RESPONSE_TOO_LARGE,
+                endpoint=address,
+            ) from None
 
     async def _stream(
         self,
@@ -458,8 +467,7 @@ class Proxy:
         try:
             with self.pool.deadlines.after(timeout):
                 resp = await self.pool.open(address, wire)
-                if resp.status >= 500 and may_retry:
-                    await resp.read()
+                if resp.status >= 500 and may_retry:  # (its body unread: release closes it)
                     raise AttemptFailed("status", f"HTTP {resp.status}")
                 chunk = await resp.readany()
         except BaseException as err:

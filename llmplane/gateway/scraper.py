@@ -23,7 +23,7 @@ from typing import Protocol
 import aiohttp
 import orjson
 
-from llmplane.aio import wait_event
+from llmplane.aio import PAGE_MAX_BYTES, BodyTooLarge, read_bounded, wait_event
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.registry import UNSEEN_LOAD, EndpointState, scraped_room, unseen_load
 from llmplane.gateway.upstream_client import UpstreamPool
@@ -382,15 +382,21 @@ class Scraper:
         self.on_models_changed()
 
     async def _get(self, address: str, path: str) -> tuple[int, bytes]:
-        """(status, body) of a GET of ``path``; status 0 if the endpoint did not answer."""
+        """(status, body) of a GET of ``path``; status 0 if the endpoint did not answer, or
+        answered with more than ``PAGE_MAX_BYTES``."""
         pool = self.upstream()
         try:
             if pool is not None:
                 wire = f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode()
-                status, _, body = await pool.request(address, wire, self.config.scrape_timeout)
+                status, _, body = await pool.request(
+                    address, wire, self.config.scrape_timeout, PAGE_MAX_BYTES
+                )
                 return status, body
             async with self.client().get(f"http://{address}{path}") as resp:
-                return resp.status, await resp.read()
+                return resp.status, await read_bounded(resp, PAGE_MAX_BYTES)
+        except BodyTooLarge as err:
+            log.warning("%s%s is not read: %s", address, path, err)
+            return 0, b""
         except (aiohttp.ClientError, TimeoutError, OSError):
             return 0, b""
 

@@ -34,6 +34,7 @@ from typing import Any
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from llmplane.aio import BodyTooLarge
 from llmplane.gateway.deadlines import Deadlines
 
 _MAX_HEAD = 64 * 1024  # bytes of a response head (with any 1xx heads before it)
@@ -124,9 +125,15 @@ class UpstreamResponse:
         byte, waiting if needed); b"" at its end."""
         return await self._conn.next_piece()
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
+        """The rest of the body; ``BodyTooLarge`` as soon as more than ``limit`` bytes arrive
+        (the connection reads at most ``STREAM_HIGH_WATER`` ahead of this)."""
         parts = []
+        size = 0
         while piece := await self._conn.next_piece():
+            size += len(piece)
+            if limit is not None and size > limit:
+                raise BodyTooLarge(f"a response body of more than {limit} bytes")
             parts.append(piece)
         return b"".join(parts)
 
@@ -381,14 +388,14 @@ class UpstreamPool:
         return self._deadlines
 
     async def request(
-        self, address: str, data: bytes, timeout: float | None = None
+        self, address: str, data: bytes, timeout: float | None = None, limit: int | None = None
     ) -> tuple[int, RawHeaders, bytes]:
         """Send ``data`` (a complete request) and read the whole response, within ``timeout``
-        seconds in total (connecting included)."""
+        seconds in total (connecting included) and ``limit`` bytes of body."""
         with self.deadlines.after(timeout):
             resp = await self.open(address, data)
             try:
-                body = await resp.read()
+                body = await resp.read(limit)
             finally:
                 resp.release()
             return resp.status, resp.headers, body

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from llmplane.aio import PAGE_MAX_BYTES, read_bounded
 from llmplane.controlplane.plan import HttpProbe
 from llmplane.shortage import own_shortage
 
@@ -101,8 +102,8 @@ async def running_requests(
         ) as resp:
             if resp.status != 200:
                 return None
-            text = await resp.text()
-    except (TimeoutError, aiohttp.ClientError, OSError, UnicodeDecodeError):
+            text = (await read_bounded(resp, PAGE_MAX_BYTES)).decode()
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
         return None
     return parse_running_requests(text)
 

@@ -142,6 +142,27 @@ async def test_errors_have_the_openai_shape(gateway, client):
     assert_openai_error(status, body, 404)
 
 
+async def test_an_answer_over_max_response_bytes_is_a_502_not_held(
+    store, upstreams, client, gateways
+):
+    """A unary answer larger than ``maxResponseBytes`` is refused as it arrives (502,
+    ``response_too_large``), once: another replica's would be as large."""
+    store.apply(playground("llama", MODEL))
+    gw = await gateways(store, discovery(upstreams), config=GatewayConfig(max_response_bytes=64))
+    body = {"model": MODEL, "prompt": "x"}
+    before = [await served(client, s.address) for s in upstreams]
+    status, _, answer = await post(client, gw, "/v1/completions", body)
+    assert_openai_error(status, answer, 502, "response_too_large")
+    assert "maxResponseBytes (64 bytes)" in orjson.loads(answer)["error"]["message"]
+    after = [await served(client, s.address) for s in upstreams]
+    assert sum(after) - sum(before) == 1  # not retried on the other replica
+
+
+async def served(client, address: str) -> int:
+    async with client.get(f"http://{address}/admin") as r:
+        return (await r.json())["served"]
+
+
 async def test_upstream_4xx_is_relayed_after_exactly_one_attempt(gateway, client, caplog):
     # The upstream does not serve this LoRA name: its own 404 comes back as it is, from the
     # first replica tried - a client error is not retried on the other one.

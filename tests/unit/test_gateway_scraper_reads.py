@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
+from llmplane.aio import PAGE_MAX_BYTES
 from llmplane.gateway.config import GatewayConfig
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scraper import Scraper
+from llmplane.gateway.upstream_client import UpstreamPool
 from llmplane.runtime.endpoint import Endpoint
 from llmplane.testing import eventually
 
@@ -219,3 +221,22 @@ async def test_the_sharing_given_to_the_scraper_hears_each_scrape_and_model_list
         assert sharing.models == [(address, frozenset({"m", "sql"}))]
     finally:
         await scraper.close()
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["session", "upstream-pool"])
+async def test_a_page_over_the_limit_is_not_read(engine, pooled, caplog) -> None:
+    """A /metrics page larger than PAGE_MAX_BYTES (a broken or hostile server) is a failed
+    scrape, over either client the scraper uses, and says why in the log."""
+    behaviour, address = engine
+    pool = UpstreamPool()
+    scraper = Scraper(GatewayConfig(scrape_timeout=5), upstream=lambda: pool if pooled else None)
+    state = state_of(address)
+    try:
+        assert await scraper.scrape_once(state) and state.waiting == 3
+        behaviour.metrics = VLLM_PAGE + b"# " + b"x" * PAGE_MAX_BYTES + b"\n"
+        assert not await scraper.scrape_once(state)
+        assert not state.scrape_ok
+        assert f"{address}/metrics is not read: a " in caplog.text
+    finally:
+        await scraper.close()
+        await pool.close()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from llmplane.aio import BodyTooLarge
 from llmplane.gateway.upstream_client import (
     ConnectionLost,
     ServerDisconnected,
@@ -382,3 +383,16 @@ async def test_no_resend_after_a_response_byte_or_on_a_new_connection(upstream, 
         assert resent == [upstream.address]
     finally:
         await pool.close()
+
+
+async def test_a_body_over_the_limit_fails_as_it_arrives_not_at_its_end(upstream, pool) -> None:
+    """The body never ends (three 100 KiB chunks, then the server waits): a read with a limit
+    fails once the bytes pass it, and the connection is not reused."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunk = b"19000\r\n" + b"x" * 0x19000 + b"\r\n"
+    upstream.reply = lambda n: ([head, chunk, chunk, chunk], False) if n == 1 else (OK, False)
+    async with asyncio.timeout(10):  # (without the limit: waits for the end forever)
+        with pytest.raises(BodyTooLarge, match="more than 204800 bytes"):
+            await pool.request(upstream.address, post(upstream.address), limit=200 * 1024)
+        assert (await pool.request(upstream.address, post(upstream.address)))[2] == b'{"ok":true}'
+    assert upstream.connections == 2

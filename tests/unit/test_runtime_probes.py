@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import aiohttp
 from aiohttp import web
 
+from llmplane.aio import PAGE_MAX_BYTES
 from llmplane.controlplane.plan import HttpProbe
-from llmplane.runtime.probes import USER_AGENT, http_ok, schedule, spread
+from llmplane.runtime.probes import USER_AGENT, http_ok, running_requests, schedule, spread
 
 
 async def _app_server() -> tuple[web.AppRunner, str, list[tuple[web.Request, object]]]:
@@ -102,3 +104,28 @@ async def test_schedule_shifts_the_ticks_after_the_first_by_the_phase() -> None:
     assert ticks[1] - ticks[0] >= 1.5 - 0.01, "the phase was not added to the second tick"
     phases = {spread(probe) for _ in range(50)}
     assert len(phases) > 40 and all(0 <= p < 1 for p in phases)
+
+
+async def test_running_requests_reads_a_metrics_page_up_to_its_limit() -> None:
+    """The engine's /metrics gives the running requests; a page over PAGE_MAX_BYTES (a broken
+    or hostile server) tells nothing rather than being read whole."""
+    page = b'vllm:num_requests_running{model_name="m"} 3.0\n'
+    pages = [page, page + b"# " + b"x" * PAGE_MAX_BYTES + b"\n"]
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=pages[0])
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    address = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await running_requests(session, address, 5) == 3
+            pages.pop(0)
+            assert await running_requests(session, address, 5) is None
+    finally:
+        await runner.cleanup()

@@ -19,6 +19,7 @@ import aiohttp
 import orjson
 from xxhash import xxh3_128_digest
 
+from llmplane.aio import read_bounded
 from llmplane.gateway.tokenization.lru import LRU
 from llmplane.gateway.tokenization.model import one_prompt
 
@@ -101,7 +102,7 @@ class RemoteTokenizer:
                     data=orjson.dumps(body),
                     headers={"Content-Type": "application/json"},
                 ) as resp:
-                    data = await _read_bounded(resp)
+                    data = await read_bounded(resp, MAX_ANSWER)
                     if resp.status != 200:
                         raise ValueError(f"HTTP {resp.status}: {data[:200]!r}")
             tokens = orjson.loads(data).get("tokens")
@@ -127,16 +128,3 @@ class RemoteTokenizer:
             with contextlib.suppress(Exception):
                 await self._session.close()
             self._session = None
-
-
-async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
-    if (resp.content_length or 0) > MAX_ANSWER:
-        raise ValueError(f"answer of {resp.content_length} bytes")
-    chunks = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > MAX_ANSWER:
-            raise ValueError(f"answer of more than {MAX_ANSWER} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
