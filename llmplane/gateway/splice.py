@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from array import array
 from typing import Any
 
 import orjson
@@ -21,7 +22,7 @@ from llmplane.gateway.errors import ErrorCode
 from llmplane.gateway.protocols.text import content_text
 
 MAX_EVENT = 1 << 20  # bytes of one SSE event held while it arrives
-KEEP_BYTES = 1 << 20  # events kept unread at most, per stream (then read: ``catch_up``)
+KEEP_BYTES = 256 << 10  # events kept unread at most, per stream (then read: ``catch_up``)
 # The token ids in an event of vLLM or the sim (compact JSON; never inside a string, where
 # quotes are escaped).
 _IDS = re.compile(rb'"(prompt_)?token_ids":\[[^\]]*\]')
@@ -73,8 +74,11 @@ class Splice:
         self.usage_wanted = isinstance(opts, dict) and bool(opts.get("include_usage"))
         self.head: tuple[Any, Any, Any] | None = None  # id, created, model the client saw
         self.prompt_ids: list[int] | None = None
-        self.ids: list[int] = []  # token ids generated and sent so far
-        self.parts: list[str] = []  # their text
+        # Token ids generated and sent so far, and their text: 8 bytes a token and a string
+        # (joined at each ``catch_up``), not a Python object each (a stream of 100,000 tokens
+        # would keep about 10 MB).
+        self.ids = array("q")
+        self.parts: list[str] = []
         self.tokens = 0  # completion tokens sent so far
         self.base = 0  # of them, those before the current attempt
         self.migrations = 0
@@ -152,6 +156,8 @@ class Splice:
                 if event:
                     with contextlib.suppress(LostStream):
                         self._event(event)
+        if len(self.parts) > 1:
+            self.parts = ["".join(self.parts)]
 
     def _events(self, whole: bytes) -> bytes:
         """Whole events, parsed and rewritten one by one."""
@@ -239,8 +245,11 @@ class Splice:
             changed = True
         ids = choice.get("token_ids")
         if isinstance(ids, list):
-            self.ids.extend(ids)
             self.tokens += len(ids)
+            # (ids that are not 64-bit integers stop short: ``len(self.ids)`` then stays
+            # below ``tokens`` and the stream is not continued by ids)
+            with contextlib.suppress(TypeError, OverflowError):
+                self.ids.extend(ids)
             if not self.client_ids:
                 choice["token_ids"] = None
                 changed = True
@@ -322,7 +331,7 @@ class Splice:
             body["add_generation_prompt"] = False
         else:
             assert self.prompt_ids is not None
-            body["prompt"] = self.prompt_ids + self.ids
+            body["prompt"] = self.prompt_ids + self.ids.tolist()
         return path, orjson.dumps(body)
 
     def can_continue(self) -> str | None:
