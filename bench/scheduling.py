@@ -23,8 +23,10 @@ precise-prefix-cache scorer (docs/gateway.md "Precise prefix routing"): the inde
 engines' blocks holds, for each endpoint, the blocks (16 tokens, the sim's tokenizer) of 2 of
 the system prompts as their ``BlockStored`` events would report them; a pick hashes the
 request's token ids into block keys and walks the index, and ``on_pick`` records its blocks on
-their way. Token ids are computed before the clock starts (tokenizing is bench/tokenization.py's
-figure). Writes the ``scheduling-precise`` section instead. One process, nothing else
+their way. After each pick (off the clock) the chosen endpoint reports the request's blocks
+stored, as a live engine's ``BlockStored`` does within milliseconds, so the index grows with
+the traffic as a live fleet's does. Token ids are computed before the clock starts (tokenizing
+is bench/tokenization.py's figure). Writes the ``scheduling-precise`` section instead. One process, nothing else
 timed; the garbage collector runs as it would in the gateway. The cells run ``--repeats``
 times in turn and each percentile reported is the median over the repeats (this shared
 machine's speed drifts by up to 2x within minutes). Writes the ``scheduling`` section of
@@ -73,10 +75,20 @@ BLOCK = 16  # the sim's block size: the most keys a prompt has
 
 
 class _KnownIds:
-    """Token ids computed before the clock starts, by request (``ctx.request``: the doc)."""
+    """Token ids computed before the clock starts, by request (``ctx.request``: the doc), and
+    the index of the endpoints' blocks, which ``stored`` tells what an endpoint computed."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: BlockIndex) -> None:
         self.ids: dict[int, list[int]] = {}
+        self.index = index
+        self.serial = 0  # the engines' block hashes, unique
+
+    def stored(self, replica: str, ids: list[int]) -> None:
+        """``replica`` reports the full blocks of ``ids`` (its BlockStored event)."""
+        hashes = list(range(self.serial, self.serial + len(ids) // BLOCK))
+        self.serial += len(hashes)
+        ids = ids[: len(hashes) * BLOCK]
+        self.index.apply(replica, Batch(0.0, [Stored(hashes, None, ids, BLOCK)]))
 
     def of(self, doc: dict[str, Any]) -> list[int]:
         ids = self.ids.get(id(doc))
@@ -94,19 +106,16 @@ def _precise(
     """The precise scorer in the default profile, over an index where each endpoint holds the
     blocks of 2 of the system prompts (``systems``: a request of each)."""
     index = BlockIndex()
-    known = _KnownIds()
+    known = _KnownIds(index)
     shared = []
     for doc in systems:  # the blocks of the system prompt: those before the question's text
         text = render_chat(doc["messages"], True)
         head = text.index(doc["messages"][1]["content"][:20])
         shared.append(known.of(doc)[: head // 4 // BLOCK * BLOCK])
-    serial = 0
     for state in states:
         index.add_replica(state.key, "m")
         for ids in rng.sample(shared, 2):
-            hashes = list(range(serial, serial + len(ids) // BLOCK))
-            serial += len(hashes)
-            index.apply(state.key, Batch(0.0, [Stored(hashes, None, ids, BLOCK)]))
+            known.stored(state.key, ids)
     scorer = PrecisePrefixCacheScorer()
     scorer.index, scorer.tokens = index, known
     use_in_default(scheduler, scorer, True)
@@ -140,7 +149,10 @@ def cell(
         if known is not None:
             known.of(d)
         ctx = SchedulingContext("m", prompt_text(d).encode(), {}, False, 0.2, now, request=d)
-        prof.on_pick(ctx, scheduler.pick(ctx, states, 4, profile).endpoints[0])
+        chosen = scheduler.pick(ctx, states, 4, profile).endpoints[0]
+        prof.on_pick(ctx, chosen)
+        if known is not None:
+            known.stored(chosen.key, known.of(d))
     docs = [doc(k) for k in range(64)]
     if known is not None:
         for d in docs:
@@ -164,6 +176,8 @@ def cell(
         pick_t.append((picked - start) * 1000)
         total_t.append((done - start) * 1000)
         cpu_t.append((cpu_picked - cpu_start) * 1000)
+        if known is not None:
+            known.stored(chosen.key, known.of(d))
     out: dict[str, Any] = {"endpoints": endpoints, "prompt_chars": prompt_chars}
     for name, xs in (("pick", pick_t), ("total", total_t), ("cpu", cpu_t)):
         for q in (50, 99, 99.9):

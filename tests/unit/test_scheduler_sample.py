@@ -20,6 +20,7 @@ from llmplane.gateway.scheduler.plugins import (
     LoraAffinityScorer,
     MaxScorePicker,
     ModelServedFilter,
+    QueueMarginFilter,
     RoundRobinScorer,
     SessionAffinityScorer,
 )
@@ -143,3 +144,38 @@ def test_load_is_spread_to_idle_replicas_though_only_a_sample_is_scored() -> Non
     for i in range(50):
         pick = scheduler.pick(ctx(prompt=b"question %d" % i), states, 4)
         assert pick.endpoints[0].inflight == 0, pick.scores
+
+
+class CountingMargin(QueueMarginFilter):
+    """The queue-margin filter, recording how many candidates it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(margin=8)
+        self.sizes: list[int] = []
+
+    def filter(self, ctx: SchedulingContext, endpoints: list[EndpointState]) -> list[EndpointState]:
+        self.sizes.append(len(endpoints))
+        return super().filter(ctx, endpoints)
+
+
+def test_a_relative_filter_runs_on_the_sample_and_still_drops_a_long_queue() -> None:
+    """The queue margin compares candidates with the best among them: in a large fleet it sees
+    the sample (whose best is about the best of all), after the filters that keep endpoints by
+    what they serve; the prefix holder, favoured into the sample, is still passed over when its
+    queue is past the margin."""
+    states = fleet()
+    for s in states:
+        s.served_models = frozenset({"m"})
+    holder = states[737]
+    prefix = PrefixCacheScorer()
+    prompt = b"a system prompt that one replica holds " * 20
+    prefix.on_pick(ctx(prompt=prompt), holder)
+    margin = CountingMargin()
+    p = profile(prefix, filters=[margin, ModelServedFilter()])
+    assert p.run(ctx(prompt=prompt + b"q"), states, 4).endpoints[0] is holder
+    holder.waiting = 20.0  # past the margin (8) over the idle replicas
+    assert p.run(ctx(prompt=prompt + b"r"), states, 4).endpoints[0] is not holder
+    assert all(SAMPLE <= n < 2 * SAMPLE for n in margin.sizes), margin.sizes
+    margin.sizes.clear()
+    p.run(ctx(prompt=prompt + b"s"), states[:SAMPLE_ABOVE], 4)
+    assert margin.sizes == [SAMPLE_ABOVE]  # a small fleet: every candidate, in its order

@@ -12,7 +12,10 @@ each scorer favours (``Favouring``: those holding the request's prefix, its sess
 adapter) and about ``SAMPLE`` others at random. So a pick costs about the same at 1,000 endpoints as
 at 150 (bench/scheduling.py), and load is spread as well as by looking at all of them: the
 least loaded of 64 random replicas is about as lightly loaded as the least loaded of all (the
-"power of d choices"; Envoy's least-request balancer looks at 2).
+"power of d choices"; Envoy's least-request balancer looks at 2). Filters that keep endpoints
+by what they are (the model or adapter served) see every endpoint; one that keeps those close
+to the best among the candidates (``relative``: the queue margin) runs on the sample, whose
+best is, by the same argument, about the best of all.
 """
 
 from __future__ import annotations
@@ -176,12 +179,20 @@ class Profile:
         kept = list(endpoints)
         if len(kept) < 2:
             return kept, [0.0] * len(kept)
+        later = []  # relative filters, past SAMPLE_ABOVE: on the sample (module docstring)
         for f in self.filters:
+            if len(kept) > SAMPLE_ABOVE and getattr(f, "relative", False):
+                later.append(f)
+                continue
             narrowed = f.filter(ctx, kept)
             if narrowed:
                 kept = narrowed
         if len(kept) > SAMPLE_ABOVE:
             kept = self.sample(ctx, kept)
+        for f in later:
+            narrowed = f.filter(ctx, kept)
+            if narrowed:
+                kept = narrowed
         totals = (
             weighted_sum([(scorer.score(ctx, kept), w) for scorer, w in self.scorers], len(kept))
             if len(kept) > 1

@@ -58,7 +58,10 @@ class QueueMarginFilter:
     replica holding its prefix because every replica queues a little under load (each miss
     recomputes the prefix elsewhere, slows that replica's steps and evicts: a death spiral);
     it gives way when the holder's queue costs more than a recompute (docs/gateway.md
-    "Scheduling")."""
+    "Scheduling"). Relative to the best candidate: in a large fleet it runs on the sample
+    (``framework.Profile.score``)."""
+
+    relative = True
 
     def __init__(self, name: str = "queue-margin", margin: float = 64) -> None:
         self.name = name
