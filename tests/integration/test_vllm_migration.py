@@ -1,25 +1,33 @@
 """Stream migration with real vLLM (the CPU build): two replicas of a tiny random Llama under
-``llmplane up``; a stream (temperature 0, a seed) whose replica is SIGKILLed after its fifth
+``llmplane up``; a stream (temperature 0, a seed) whose replica is SIGKILLed after its third
 token chunk continues on the other, and the client's full text equals the uninterrupted run's, on
-/v1/completions (token level: prompt ids + generated ids) and on chat
-(``continue_final_message``). Without a failure the client's stream is vLLM's own."""
+/v1/completions (token level: prompt ids + generated ids) and on chat (the same, as a completion
+of the templated prompt's ids). Without a failure the client's stream is vLLM's own.
+
+The random model's generations are limited to tokens of whole ASCII text
+(``allowed_token_ids``, which a continuation carries on): left free it generates invalid
+UTF-8, and vLLM's detokenizer (tokenizers' ``DecodeStream`` primed with the prompt) then
+re-emits part of a continuation's prompt as text when that prompt's text holds replacement
+characters, though the continuation's token ids are right."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
+from tokenizers import Tokenizer
 
 from llmplane.testing import Up, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
-from tests.integration.metrics_pages import gateway_metric
+from tests.integration.metrics_pages import gateway_metric, metric
 from tests.integration.upcli import condition, status
 from tests.integration.vllm_cpu import require_vllm
 
@@ -27,16 +35,34 @@ require_vllm()
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-llama"
-TOKENS = 60
+TOKENS = 120
 # Token chunks before the kill: few, because a loaded vLLM sends several tokens in one chunk
 # when its client reads late (60 tokens arrived in fewer than 20 chunks, and nothing was killed).
-KILL_AFTER = 5
+KILL_AFTER = 3
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model")
+
+
+@pytest.fixture(scope="module")
+def allowed(model: Path) -> list[int]:
+    """The model's tokens that are whole printable ASCII text (not a byte of a character)."""
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    return [
+        i
+        for i in range(tokenizer.get_vocab_size())
+        if (text := tokenizer.decode([i])).isascii()
+        and text.isprintable()
+        and text
+        and not tokenizer.id_to_token(i).startswith("<")
+    ]
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Up]:
     root = tmp_path_factory.mktemp("vllm-migration")
-    model = build_tiny_llama(root / "model")
     # float32 (the last --dtype wins): no near-ties of bfloat16 logits between a prefill
     # and the decode steps it replaces
     args = ["--dtype", "float32", "--max-num-seqs", "4"]
@@ -104,10 +130,10 @@ async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, 
     return endpoint, text, events
 
 
-def sea(path: str) -> dict:
+def sea(path: str, allowed: list[int]) -> dict:
     """The request of both tests (temperature 0, a seed), as a completion or a chat."""
     body = {"model": NAME, "max_tokens": TOKENS, "temperature": 0, "seed": 5,
-            "ignore_eos": True, "stream": True,
+            "ignore_eos": True, "stream": True, "allowed_token_ids": allowed,
             "stream_options": {"include_usage": True}}  # fmt: skip
     if "chat" in path:
         body["messages"] = [{"role": "user", "content": "Tell me about the sea."}]
@@ -117,13 +143,13 @@ def sea(path: str) -> dict:
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
+async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str, allowed: list[int]):
     """Through the gateway (which asks vLLM for token ids) and straight from the same replica
     (which is not asked): the same text and usage, events of the same shapes with the same
     null fields; no token ids, no ``"delta": {}`` chunk vLLM sends only with ids. (Not the
     same bytes: vLLM puts several tokens in one chunk when its stream falls behind, as it
     happens.)"""
-    body = sea(path)
+    body = sea(path, allowed)
     runs = []
     async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as session:
         for url in (up.url, None):
@@ -160,10 +186,13 @@ async def test_a_stream_never_lost_is_vllms_own_stream(up: Up, path: str):
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, path: str):
-    body = sea(path)
+async def test_a_stream_whose_replica_is_killed_continues_on_the_other(
+    up: Up, path: str, allowed: list[int]
+):
+    body = sea(path, allowed)
     url = up.url
     _, expected, _ = await stream(url, path, body)
+    assert expected.isascii() and expected.isprintable(), expected  # whole ASCII text
     killed: list[str] = []
     pids: list[int] = []
 
@@ -173,9 +202,11 @@ async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, p
         killed.append(endpoint)
         pids.append(pid)
 
+    migrations = migrated(up)
     t = time.monotonic()
     endpoint, text, events = await stream(url, path, body, kill)
     assert killed == [endpoint]
+    assert migrated(up) == migrations + 1  # continued elsewhere, not ended before the kill
     assert text == expected, f"continued:\n{text!r}\nuninterrupted:\n{expected!r}"
     assert events[-1]["usage"]["completion_tokens"] == TOKENS
     assert len({e["id"] for e in events}) == 1
@@ -183,6 +214,12 @@ async def test_a_stream_whose_replica_is_killed_continues_on_the_other(up: Up, p
     # the killed replica comes back (the runtime restarts it) and the gateway routes to it
     # again before the next case: the status alone can still read 2 from before the kill
     wait_for(lambda: both_serving(up, pids[0]), 600, every=1, what="the killed replica back")
+
+
+def migrated(up: Up) -> float:
+    """Streams the gateway has continued on another replica (its /metrics)."""
+    with urllib.request.urlopen(f"{up.url}/metrics", timeout=10) as resp:
+        return metric(resp.read().decode(), "llmplane_gateway_stream_migrations_total")
 
 
 def both_serving(up: Up, killed: int) -> bool:
