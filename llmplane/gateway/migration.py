@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
+import orjson
 
+from llmplane.aio import BodyTooLarge
 from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.outliers import Outliers
@@ -22,6 +25,7 @@ from llmplane.gateway.upstream_client import UpstreamPool, UpstreamResponse, enc
 CONTINUABLE = frozenset({"vllm", "sim"})
 NO_REPLICA = "no other replica is available"
 RECENT = 1000  # migrations whose time to resume the console's percentiles read
+DETOKENIZE_TIMEOUT = 2.0  # seconds for an engine's /detokenize at a migration
 
 
 class Migrator:
@@ -122,6 +126,9 @@ class Migrator:
             self.scheduler.profile(backend.profile).on_pick(sched, state)  # the prefix index
             address = backend.address(state)
             exclude.add(state.endpoint.address)
+            if state.endpoint.engine == "vllm" and splice.ids:
+                model = splice.request.get("model")
+                splice.forget(await unfinished(pool, address, headers, model, splice.ids))
             path, body = splice.continuation(ctx.request.path_qs)
             wire = encode_request("POST", path, address, headers, body)
             state.add_inflight(1)
@@ -155,3 +162,27 @@ class Migrator:
             return state, resp, first
         self.failures.labels(route).inc()
         return why
+
+
+async def unfinished(
+    pool: UpstreamPool, address: str, headers: Mapping[str, str], model: Any, ids: Sequence[int]
+) -> int:
+    """How many of the last ``ids`` end in the middle of a character, by the engine's own
+    /detokenize (0 when it cannot say). vLLM holds such tokens' text back; and a continuation
+    whose prompt ends there comes back with the prompt's whole text before its own (vLLM's
+    detokenizer, tokenizers' ``DecodeStream`` primed with the prompt, emits it all once the
+    character completes), so they are generated again instead."""
+    tail = list(ids[-8:])
+    for n in range(4):  # a UTF-8 character has at most 4 bytes
+        body = orjson.dumps({"model": model, "tokens": tail[: len(tail) - n]})
+        wire = encode_request("POST", "/detokenize", address, headers, body)
+        try:
+            status, _, data = await pool.request(address, wire, DETOKENIZE_TIMEOUT, 1 << 20)
+            text = orjson.loads(data).get("prompt") if status == 200 else None
+        except (OSError, TimeoutError, ValueError, AttributeError, BodyTooLarge):
+            return 0
+        if not isinstance(text, str):
+            return 0
+        if not text.endswith("\ufffd"):
+            return n
+    return 0

@@ -348,6 +348,13 @@ class Splice:
             return "no tokens left to generate"
         return None
 
+    def forget(self, n: int) -> None:
+        """The last ``n`` tokens end in the middle of a character, so the engine never sent
+        their text: the continuation generates them again."""
+        if n > 0:
+            del self.ids[-n:]
+            self.tokens -= n
+
     def started(self) -> None:
         """A continuation was opened: what follows comes after what was sent."""
         self.migrations += 1

@@ -1,8 +1,8 @@
 """Stream migration with real vLLM (the CPU build): two replicas of a tiny random Llama under
-``llmplane up``; a stream (temperature 0, a seed) whose replica is SIGKILLed after its third
-token chunk continues on the other, and the client's full text equals the uninterrupted run's, on
-/v1/completions (token level: prompt ids + generated ids) and on chat (the same, as a completion
-of the templated prompt's ids). Without a failure the client's stream is vLLM's own.
+``llmplane up``; a stream (temperature 0, a seed) whose replica is SIGKILLed as its first
+token chunk arrives continues on the other, and the client's full text equals the uninterrupted
+run's, on /v1/completions (token level: prompt ids + generated ids) and on chat (the same, as a
+completion of the templated prompt's ids). Without a failure the client's stream is vLLM's own.
 
 The random model's generations are limited to tokens of whole ASCII text
 (``allowed_token_ids``, which a continuation carries on): left free it generates invalid
@@ -24,6 +24,9 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
+from llmplane.gateway.migration import unfinished
+from llmplane.gateway.splice import Splice
+from llmplane.gateway.upstream_client import UpstreamPool
 from llmplane.testing import Up, wait_for
 from llmplane.testing.fleets import vllm_fleet
 from llmplane.testing.tiny_model import build_tiny_llama
@@ -35,10 +38,7 @@ require_vllm()
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-llama"
-TOKENS = 120
-# Token chunks before the kill: few, because a loaded vLLM sends several tokens in one chunk
-# when its client reads late (60 tokens arrived in fewer than 20 chunks, and nothing was killed).
-KILL_AFTER = 3
+TOKENS = 400
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,10 @@ def engine_pid(up: Up, address: str) -> int:
 
 
 async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, list[dict]]:
-    """(endpoint, text, events); ``kill(endpoint)`` runs after KILL_AFTER token chunks."""
+    """(endpoint, text, events); ``kill(endpoint)`` runs as the response begins (the gateway
+    answers once the first chunk is in): the tiny model generates a stream in tens of
+    milliseconds, so a kill that waited for a client's read of some chunks found the stream
+    over (the gateway's migrations counter says whether it was)."""
     chat = "chat" in path
     async with (
         aiohttp.ClientSession() as session,
@@ -109,19 +112,15 @@ async def stream(url: str, path: str, body: dict, kill=None) -> tuple[str, str, 
     ):
         assert resp.status == 200, await resp.text()
         endpoint = resp.headers["x-llmplane-endpoint"]
+        if kill is not None:
+            kill(endpoint)
         events: list[dict] = []
-        pieces = 0
         async for line in resp.content:
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                 continue
             event = orjson.loads(line[6:])
             assert "error" not in event, event
             events.append(event)
-            for c in event.get("choices") or ():
-                if not (chat and "role" in c["delta"]):  # a token's chunk (its text may be "")
-                    pieces += 1
-                    if pieces == KILL_AFTER and kill is not None:
-                        kill(endpoint)
     text = "".join(
         ((c["delta"].get("content") if chat else c["text"]) or "")
         for e in events
@@ -231,3 +230,47 @@ def both_serving(up: Up, killed: int) -> bool:
         return False
     ejected = gateway_metric(up.url, "llmplane_gateway_endpoint_ejected")
     return len(ejected) == 2 and not any(ejected.values())
+
+
+async def test_a_stream_lost_in_the_middle_of_a_character_continues_without_garble(up: Up):
+    """Left free, the random model generates characters of several byte tokens, whose text
+    vLLM holds back until they complete. At every point a stream could be lost, the
+    continuation the gateway builds (its ``unfinished`` ids generated again) gives the
+    uninterrupted text; without that, a continuation whose prompt ends inside a character
+    comes back with the whole prompt's text in front of its own."""
+    body = {"model": NAME, "max_tokens": TOKENS, "temperature": 0, "seed": 5, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]}  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        async with session.post(up.url + "/v1/chat/completions", json=body) as resp:
+            address = resp.headers["x-llmplane-endpoint"]
+            whole = (await resp.json())["choices"][0]["message"]["content"]
+        streamed = orjson.dumps({**body, "stream": True})
+        splice, sent = Splice.of(streamed, chat=True)
+        async with session.post(f"http://{address}/v1/chat/completions", data=sent,
+                                headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
+            raw = await resp.read()
+        events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+        pool = UpstreamPool()
+        cut_inside = 0
+        try:
+            for cut in range(2, len(events) - 2):
+                splice, _ = Splice.of(streamed, chat=True)
+                out = b"".join(splice.feed(e) for e in events[:cut])
+                assert splice.can_continue() is None
+                n = await unfinished(pool, address, {"Content-Type": "application/json"},
+                                     NAME, splice.ids)  # fmt: skip
+                cut_inside += n > 0
+                splice.forget(n)
+                path, cont = splice.continuation("/v1/chat/completions")
+                rest = {**orjson.loads(cont), "stream": False}
+                async with session.post(f"http://{address}{path}", json=rest) as resp:
+                    more = (await resp.json())["choices"][0]["text"]
+                text = "".join(
+                    e["choices"][0]["delta"].get("content") or ""
+                    for e in map(orjson.loads, (x[6:] for x in out.split(b"\n\n") if x))
+                    if e.get("choices")
+                )
+                assert text + more == whole, f"lost after event {cut}: {text!r} + {more!r}"
+        finally:
+            await pool.close()
+    assert cut_inside, "no cut fell inside a character: the case is not exercised"

@@ -282,3 +282,16 @@ def test_token_ids_that_are_not_integers_stop_a_continuation_by_ids():
     big = completion("a", " z", [4]).replace(b"[4]", str([2**70]).encode())
     splice.feed(big)
     assert splice.can_continue() == "the engine sent no token ids" and splice.tokens == 3
+
+
+def test_forgotten_tokens_are_generated_again():
+    """Tokens whose text the engine held back (they end inside a character) leave the
+    continuation's prompt and count as not generated."""
+    body = b'{"prompt": "x", "stream": true, "max_tokens": 10}'
+    splice, _ = Splice.of(body, chat=False)
+    splice.feed(completion("a", " x", [1], prompt_ids=[3]))
+    splice.feed(completion("a", "", [2]))  # its text held back
+    assert splice.can_continue() is None
+    splice.forget(1)
+    cont = orjson.loads(splice.continuation("/v1/completions")[1])
+    assert cont["prompt"] == [3, 1] and cont["max_tokens"] == 9 and splice.tokens == 1
