@@ -27,12 +27,17 @@ async def _app_server() -> tuple[web.AppRunner, str, list[tuple[web.Request, obj
 
     app = web.Application()
     app.router.add_get("/status/{code}", handle)
+    runner, address = await _serve(app)
+    return runner, f"http://{address}", seen
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    """``app`` on a free port of 127.0.0.1: its runner and ``host:port``."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}", seen
+    return runner, f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
 
 async def test_status_codes_decide_and_each_attempt_is_a_new_connection() -> None:
@@ -117,11 +122,7 @@ async def test_running_requests_reads_a_metrics_page_up_to_its_limit() -> None:
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    address = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, address = await _serve(app)
     try:
         async with aiohttp.ClientSession() as session:
             assert await running_requests(session, address, 5) == 3
