@@ -183,16 +183,12 @@ class Profile:
         for f in self.filters:
             if len(kept) > SAMPLE_ABOVE and getattr(f, "relative", False):
                 later.append(f)
-                continue
-            narrowed = f.filter(ctx, kept)
-            if narrowed:
-                kept = narrowed
+            else:
+                kept = f.filter(ctx, kept) or kept
         if len(kept) > SAMPLE_ABOVE:
             kept = self.sample(ctx, kept)
         for f in later:
-            narrowed = f.filter(ctx, kept)
-            if narrowed:
-                kept = narrowed
+            kept = f.filter(ctx, kept) or kept
         totals = (
             weighted_sum([(scorer.score(ctx, kept), w) for scorer, w in self.scorers], len(kept))
             if len(kept) > 1
