@@ -201,18 +201,24 @@ async def test_a_stream_whose_replica_is_killed_continues_on_the_other(
         killed.append(endpoint)
         pids.append(pid)
 
-    migrations = migrated(up)
-    t = time.monotonic()
-    endpoint, text, events = await stream(url, path, body, kill)
-    assert killed == [endpoint]
-    assert migrated(up) == migrations + 1  # continued elsewhere, not ended before the kill
-    assert text == expected, f"continued:\n{text!r}\nuninterrupted:\n{expected!r}"
-    assert events[-1]["usage"]["completion_tokens"] == TOKENS
-    assert len({e["id"] for e in events}) == 1
-    print(f"{path}: migrated in a stream of {time.monotonic() - t:.1f} s")
-    # the killed replica comes back (the runtime restarts it) and the gateway routes to it
-    # again before the next case: the status alone can still read 2 from before the kill
-    wait_for(lambda: both_serving(up, pids[0]), 600, every=1, what="the killed replica back")
+    # A loaded machine may kill the replica only once its stream is over (nothing migrates):
+    # then the case runs again, at most 3 times, until the gateway's counter says it did.
+    for _ in range(3):
+        killed.clear()
+        migrations = migrated(up)
+        t = time.monotonic()
+        endpoint, text, events = await stream(url, path, body, kill)
+        assert killed == [endpoint]
+        assert text == expected, f"continued:\n{text!r}\nuninterrupted:\n{expected!r}"
+        assert events[-1]["usage"]["completion_tokens"] == TOKENS
+        assert len({e["id"] for e in events}) == 1
+        print(f"{path}: a stream of {time.monotonic() - t:.1f} s")
+        # the killed replica comes back (the runtime restarts it) and the gateway routes to it
+        # again before the next case: the status alone can still read 2 from before the kill
+        wait_for(lambda: both_serving(up, pids[-1]), 600, every=1, what="the killed replica back")
+        if migrated(up) > migrations:  # continued elsewhere, not over before the kill
+            return
+    raise AssertionError("in 3 tries each stream was over before its replica was killed")
 
 
 def migrated(up: Up) -> float:
