@@ -132,7 +132,8 @@ class UpStatus:
 
     def fleet(self) -> dict[str, Any]:
         p = self.platform
-        return snapshot(p.store, p.runtime, p.gateway, events=False)
+        view = p.gateway.view() if p.gateway is not None else None
+        return snapshot(p.store, p.runtime, view, events=False)
 
     async def run(self) -> None:
         if self.interactive:

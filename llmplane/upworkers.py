@@ -153,7 +153,7 @@ async def _serve(
         host,
         0,
         config,
-        extensions=[ConsoleRelay],
+        extensions=[lambda _gateway: ConsoleRelay(seat)],
         seat=seat,
         wake=wake,
     )

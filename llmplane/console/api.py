@@ -31,7 +31,8 @@ import asyncio
 import re
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
@@ -40,9 +41,16 @@ from llmplane.console.fleet import snapshot
 from llmplane.console.redact import redact, redact_text
 from llmplane.console.stats import RequestStats, peer_totals, report_totals
 from llmplane.gateway.errors import GatewayError
-from llmplane.gateway.http_server import Response
+from llmplane.gateway.http_server import Handler, Headers, HttpRequest, Response
 from llmplane.gateway.routing import RoutingTable
 from llmplane.printing import to_yaml
+
+if TYPE_CHECKING:
+    from llmplane.gateway.auth import Authenticator
+    from llmplane.gateway.observability import GatewayMetrics
+    from llmplane.gateway.server import GatewayView
+    from llmplane.gateway.workers.share import Seat
+    from llmplane.store.base import Store
 
 PREFIX = "/console"
 API = f"{PREFIX}/api"
@@ -70,10 +78,24 @@ _SECURITY = {
     "Cache-Control": "no-cache",
 }
 
-Authorize = Callable[[Any], str | None]
+Authorize = Callable[[HttpRequest], str | None]
 
 
-def _json(data: Any, status: int = 200) -> Any:
+class ConsoleGateway(Protocol):
+    """What the console reads of the gateway it extends (``llmplane.gateway.server.Gateway``)."""
+
+    auth: Authenticator  # who may read the console, who may chat
+    seat: Seat | None  # --workers N: every worker's request counts
+    metrics: GatewayMetrics  # the request counters the charts sample
+    store: Store | None  # the resources page
+    table: RoutingTable  # the models page
+
+    def view(self) -> GatewayView: ...  # the endpoints' load, for the fleet page
+
+    def migrations(self) -> list[dict[str, Any]]: ...  # streams moved to another replica
+
+
+def _json(data: Any, status: int = 200) -> Response:
     return Response(
         status=status,
         body=orjson.dumps(data),
@@ -81,11 +103,11 @@ def _json(data: Any, status: int = 200) -> Any:
     )
 
 
-def _error(status: int, message: str) -> Any:
+def _error(status: int, message: str) -> Response:
     return _json({"error": {"message": message}}, status)
 
 
-def _query(request: Any) -> dict[str, str]:
+def _query(request: HttpRequest) -> dict[str, str]:
     return {k: v[-1] for k, v in parse_qs(urlsplit(request.path_qs).query).items()}
 
 
@@ -123,7 +145,7 @@ def route_sources(table: RoutingTable) -> list[dict[str, str]]:
     return out
 
 
-def key_refusal(auth: Any, headers: Any) -> str | None:
+def key_refusal(auth: Authenticator, headers: Headers) -> str | None:
     """Why the console's API refuses a request (None: it may read): the admin key once one is
     configured, and once inference needs a key (a Tenant exists, or the gateway listens beyond
     loopback) whether or not one is. A tenant's key never reads it: tenants call models, the
@@ -142,15 +164,15 @@ class Console:
     """The console as a gateway extension."""
 
     def __init__(
-        self, gateway: Any, runtime: Any = None, authorize: Authorize | None = None
+        self, gateway: ConsoleGateway, runtime: Any = None, authorize: Authorize | None = None
     ) -> None:
         self.gateway = gateway
         self.runtime = runtime
-        auth = getattr(gateway, "auth", None)
-        if authorize is None and auth is not None:
+        auth = gateway.auth
+        if authorize is None:
             authorize = lambda request: key_refusal(auth, request.headers)  # noqa: E731
         self.authorize = authorize
-        seat = getattr(gateway, "seat", None)  # --workers N: count every worker's requests
+        seat = gateway.seat  # --workers N: count every worker's requests
         several = seat is not None and seat.workers > 1
         self.stats = RequestStats(
             gateway.metrics,
@@ -162,8 +184,8 @@ class Console:
 
     # --- the extension interface --------------------------------------------------------------
 
-    def routes(self) -> dict[tuple[str, str], Any]:
-        table: dict[tuple[str, str], Any] = {("GET", p): self._static for p in self.files}
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        table: dict[tuple[str, str], Handler] = {("GET", p): self._static for p in self.files}
         handlers = {
             "models": self.models,
             "fleet": self.fleet,
@@ -184,45 +206,45 @@ class Console:
 
     # --- handlers ---------------------------------------------------------------------------------
 
-    async def _static(self, request: Any) -> Any:
+    async def _static(self, request: HttpRequest) -> Response:
         body, content_type = self.files[request.path]
         return Response(body=body, headers={**_SECURITY, "Content-Type": content_type})
 
-    def _refused(self, request: Any) -> Any:
+    def _refused(self, request: HttpRequest) -> Response | None:
         if self.authorize is None:
             return None
         reason = self.authorize(request)
         return None if reason is None else _error(401, reason)
 
-    async def whoami(self, request: Any) -> Any:
+    async def whoami(self, request: HttpRequest) -> Response:
         """What the presented key (or none) may do here; never 401 (the page asks first)."""
         admin = self.authorize is None or self.authorize(request) is None
-        auth = getattr(self.gateway, "auth", None)
+        auth = self.gateway.auth
         chat, tenant = True, None
-        if auth is not None:
-            try:
-                caller = auth.authenticate(request.headers)
-            except GatewayError:
-                chat = False
-            else:
-                tenant = caller.name if caller is not None else None
-        admin_key = getattr(auth, "admin", None) is not None
+        try:
+            caller = auth.authenticate(request.headers)
+        except GatewayError:
+            chat = False
+        else:
+            tenant = caller.name if caller is not None else None
+        admin_key = auth.admin is not None
         return _json({"admin": admin, "chat": chat, "tenant": tenant, "adminKey": admin_key})
 
-    async def models(self, request: Any) -> Any:
+    async def models(self, request: HttpRequest) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
         return _json({"models": route_sources(self.gateway.table)})
 
-    async def fleet(self, request: Any) -> Any:
+    async def fleet(self, request: HttpRequest) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        data = snapshot(self.gateway.store, self.runtime, self.gateway, self.stats.prefix_hit_rate)
+        view = self.gateway.view()
+        data = snapshot(self.gateway.store, self.runtime, view, self.stats.prefix_hit_rate)
         data["embedded"] = self.runtime is not None
         data["migrations"] = self.gateway.migrations()  # this gateway process's
         return _json(redact(data))
 
-    async def series(self, request: Any) -> Any:
+    async def series(self, request: HttpRequest) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
         since = _query(request).get("since")
@@ -232,7 +254,7 @@ class Console:
             return _error(400, f"since: not a number: {since!r}")
         return _json({"points": self.stats.series(after)})
 
-    async def resources(self, request: Any) -> Any:
+    async def resources(self, request: HttpRequest) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
         from llmplane.api.registry import KINDS
@@ -251,7 +273,7 @@ class Console:
             kinds.append({"kind": kind, "items": items})
         return _json({"kinds": kinds})
 
-    async def logs(self, request: Any) -> Any:
+    async def logs(self, request: HttpRequest) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
         if self.runtime is None:
@@ -277,7 +299,7 @@ class Console:
         return _json({"workload": key, "replica": int(replica), "text": text, "note": note})
 
 
-def _tail(path: Any, limit: int) -> str:
+def _tail(path: Path, limit: int) -> str:
     with open(path, "rb") as f:
         f.seek(0, 2)
         size = f.tell()

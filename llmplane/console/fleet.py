@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmplane.controlplane.disaggregation import ROLES, role_service_name
 from llmplane.controlplane.events import events_for
 from llmplane.controlplane.plan import REPLICA_LABEL, SERVICE_LABEL
 from llmplane.store.base import Store
+
+if TYPE_CHECKING:
+    from llmplane.gateway.server import GatewayView
 
 MAX_EVENTS = 8
 
@@ -142,13 +145,13 @@ def _kv_moved(replicas: list[dict[str, Any]]) -> float | None:
 def snapshot(
     store: Store,
     runtime: Any = None,
-    gateway: Any = None,
+    view: GatewayView | None = None,
     prefix_rate: Callable[[str], float | None] = lambda _a: None,
     events: bool = True,
 ) -> dict[str, Any]:
-    """The fleet as plain JSON-ready data (``events=False``: without the recent events)."""
+    """The fleet as plain JSON-ready data (``events=False``: without the recent events), with
+    the endpoints' load from the gateway's ``view``, if there is a gateway."""
     now = time.monotonic()
-    view = gateway.view() if gateway is not None else None
     states: dict[str, Any] = {s.address: s for s in view.endpoints} if view is not None else {}
     staleness = view.metrics_staleness if view is not None else 1.0
     index = view.kv_index if view is not None else None

@@ -7,13 +7,16 @@ back. GET only, no request body, small answers: nothing here is on the inference
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from llmplane.console.api import API, API_NAMES, static_files
 from llmplane.gateway.errors import ErrorCode, GatewayError
-from llmplane.gateway.http_server import Headers, HttpRequest, HttpServer, Response
+from llmplane.gateway.http_server import Handler, Headers, HttpRequest, HttpServer, Response
+
+if TYPE_CHECKING:
+    from llmplane.gateway.workers.share import Seat
 
 PLATFORM = 0  # the worker that runs the console itself
 
@@ -25,10 +28,10 @@ def console_paths() -> list[str]:
 class ConsoleRelay:
     """The console's routes, answered by worker ``PLATFORM`` (an ``Extension``)."""
 
-    def __init__(self, gateway: Any) -> None:
-        self.seat = gateway.seat
+    def __init__(self, seat: Seat) -> None:
+        self.seat = seat  # this worker's: asks worker ``PLATFORM``
 
-    def routes(self) -> dict[tuple[str, str], Any]:
+    def routes(self) -> dict[tuple[str, str], Handler]:
         return {("GET", path): self.relay for path in console_paths()}
 
     async def start(self) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from llmplane.console.api import Console
 from llmplane.controlplane.plan import MODEL_NAME_LABEL, SERVICE_LABEL
+from llmplane.gateway.auth import Authenticator
 from llmplane.gateway.discovery import Endpoint, StaticDiscovery
 from llmplane.gateway.observability import GatewayMetrics
 from llmplane.gateway.server import routes, start_gateway
@@ -113,9 +114,10 @@ async def test_log_names_are_checked_before_any_path() -> None:
             self.asked.append(key)
             return None
 
-    gateway = type("G", (), {})()
+    gateway = type("G", (), {})()  # what the console reads of a gateway (ConsoleGateway)
     gateway.metrics = GatewayMetrics()
-    gateway.registry = type("R", (), {"states": {}})()
+    gateway.auth = Authenticator(None)
+    gateway.seat = None
     runtime = Runtime()
     console = Console(gateway, runtime)
     for bad in (
@@ -125,7 +127,7 @@ async def test_log_names_are_checked_before_any_path() -> None:
         "x/Chat",
         "default/chat&replica=-1",
     ):
-        request = type("Q", (), {"path_qs": f"/console/api/logs?workload={bad}"})()
+        request = type("Q", (), {"path_qs": f"/console/api/logs?workload={bad}", "headers": {}})()
         response = await console.logs(request)
         assert response.status == 400, bad
     assert runtime.asked == []
