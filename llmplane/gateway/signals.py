@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 Part = Mapping[str, Any]  # one process's ``parts()``
 
 
-class Peers(Protocol):
+class PeerSignals(Protocol):
     """The other worker processes of this gateway (``workers/metrics.py``)."""
 
     async def signals(self) -> list[dict[str, Any]]: ...
@@ -41,7 +41,7 @@ class Peers(Protocol):
 class GatewaySignals:
     """``SignalSource`` over the gateway's ``view`` (and its worker ``peers``' parts)."""
 
-    def __init__(self, view: Callable[[], GatewayView], peers: Peers | None = None) -> None:
+    def __init__(self, view: Callable[[], GatewayView], peers: PeerSignals | None = None) -> None:
         self.view = view
         self.peers = peers
         self._peers: Sequence[Part] = []  # the other workers' parts, as of refresh()

@@ -46,7 +46,7 @@ def flow_of(tenant: str | None) -> str:
     return tenant if tenant is not None else ANONYMOUS
 
 
-class Admission(Protocol):
+class SaturationRule(Protocol):
     """What flow control asks of the saturation rule (``gateway/admission.py``)."""
 
     def admit(
@@ -58,7 +58,7 @@ class Admission(Protocol):
         """Whether ``state`` is saturated with ``extra`` more allowed past each count limit."""
 
 
-class Peers(Protocol):
+class PeerWorkers(Protocol):
     """The other worker processes' flow control (``workers/wake.py``'s ``Waker``)."""
 
     def waiting(self, n: int) -> None: ...
@@ -130,7 +130,7 @@ class FlowControl:
 
     def __init__(
         self,
-        admission: Admission,
+        admission: SaturationRule,
         *,
         enabled: bool = True,
         ttl: float = 30.0,
@@ -138,7 +138,7 @@ class FlowControl:
         retry_after: float = 1.0,
         reserve: int = 0,
         recheck: float = 0.05,
-        peers: Peers | None = None,
+        peers: PeerWorkers | None = None,
     ) -> None:
         self.admission = admission
         self.enabled = enabled
