@@ -1,7 +1,7 @@
 """Precise prefix routing in llm-d's benchmark shape, scaled to this machine.
 
     python -m bench.precise_routing [--sims 8] [--time-scale 4] [--rates 10 20 30 40 50]
-                                    [--cell-seconds 40] [--no-write] [--logs DIR]
+                                    [--cell-seconds 40] [--rounds 1] [--no-write] [--logs DIR]
                                     [--precise-config FILE] [--approximate-config FILE]
 
 ``--logs`` keeps each router's output (the gateways' access logs: ``queued_ms``, the chosen
@@ -29,6 +29,10 @@ Systems, used in turns on the same sims:
   x2, kv-cache x1);
 - ``cache_aware``: vllm-router's ``cache_aware`` policy (skipped when not installed).
 
+``--rounds N`` runs every rate N times (the systems' order turning each time, fresh text each
+cell) and reports each figure's median over the rounds, with the TTFT p90's range: from one run
+to the next the three systems' p90 move by 10-20 % at the same rate, more than they differ.
+
 Per cell: TTFT p50/p90/p99, goodput (requests a simulated second whose TTFT met
 ``--slo-ttft``), output tokens a second, the sims' prefix-cache hit rate. Over the whole run, for
 each llmplane system: the prompt tokens its gateway predicted cached on the replicas it chose
@@ -47,6 +51,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -248,17 +253,18 @@ async def run_all(a: argparse.Namespace) -> dict[str, Any]:
         fleet.start()
         systems = [s for s in a.systems if s in fleet.urls]
         print(f"systems: {', '.join(systems)}; sims {fleet.addrs}; {info}", flush=True)
-        for turn, rate in enumerate(a.rates):
+        turns = [(r, rate) for r in range(a.rounds) for rate in a.rates]
+        for turn, (rnd, rate) in enumerate(turns):
             for system in systems[turn % len(systems) :] + systems[: turn % len(systems)]:
                 n = int(rate * a.cell_seconds / a.time_scale) + 1
                 salt = f"{rate}-{system}-{time.monotonic_ns()}"
                 bodies = chat_requests(random.Random(hash(rate) & 0xFFFF), n, a, salt)
                 arrivals = wl.poisson_arrivals(random.Random(1234), n, rate)
                 cell = await run_cell(fleet, system, bodies, arrivals)
-                cell["rate"] = rate
+                cell["rate"], cell["round"] = rate, rnd
                 cells.append(cell)
                 print(
-                    f"rate {rate:5.1f} {system:12s} ok {cell['ok']:4d}/{cell['sent']:<4d}"
+                    f"round {rnd + 1} rate {rate:5.1f} {system:12s} ok {cell['ok']:4d}/{cell['sent']:<4d}"
                     f" TTFT p50 {cell['ttft_p50'] * 1000:7.1f} p90 {cell['ttft_p90'] * 1000:7.1f}"
                     f" p99 {cell['ttft_p99'] * 1000:7.1f} ms goodput {cell['goodput']:5.1f}/s"
                     f" hit {cell['hit_rate']:.2f}"
@@ -282,13 +288,35 @@ def accuracy(cells: list[dict[str, Any]], system: str) -> float | None:
     return sum(c["predicted"] for c in mine) / cached if mine and cached else None
 
 
+def merged(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per (rate, system), in the order of their first round: each figure the median
+    over the rounds, requests summed, and the TTFT p90's (min, max) as ``p90_range``."""
+    groups: dict[tuple[float, str], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["rate"], c["system"]), []).append(c)
+    out = []
+    for (rate, system), cs in groups.items():
+        cell: dict[str, Any] = {"rate": rate, "system": system}
+        for key in ("ttft_p50", "ttft_p90", "ttft_p99", "goodput", "tok_s", "hit_rate"):
+            cell[key] = statistics.median(c[key] for c in cs)
+        for key in ("ok", "sent", "cached"):
+            cell[key] = sum(c[key] for c in cs)
+        predicted = [c["predicted"] for c in cs if c["predicted"] is not None]
+        cell["predicted"] = sum(predicted) if predicted else None
+        cell["p90_range"] = (min(c["ttft_p90"] for c in cs), max(c["ttft_p90"] for c in cs))
+        out.append(cell)
+    return out
+
+
 def report(res: dict[str, Any]) -> str:
     a = res["args"]
     cells = res["cells"]
     out = [
         f"Command: `python -m bench.precise_routing --sims {a['sims']} --time-scale "
         f"{a['time_scale']:g} --cell-seconds {a['cell_seconds']:g} --rates "
-        f"{' '.join(f'{r:g}' for r in a['rates'])}` ({machine_line(res['machine'], res['load_after'])}). "
+        f"{' '.join(f'{r:g}' for r in a['rates'])}"
+        + (f" --rounds {a['rounds']}" if a.get("rounds", 1) > 1 else "")
+        + f"` ({machine_line(res['machine'], res['load_after'])}). "
         f"{a['groups']} groups x {a['prefix_tokens']:,}-token prefix, {a['users']} users a group "
         f"with {a['user_tokens']} tokens of their own, {a['output_tokens']} output tokens streamed; "
         f"{a['num_blocks']} KV blocks (x16 tokens) a sim. Simulated seconds (real / "
@@ -297,8 +325,12 @@ def report(res: dict[str, Any]) -> str:
     ]
     headers = ["rate req/s", "system", "ok / sent", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
                "goodput req/s", "out tok/s", "hit", "predicted / served"]  # fmt: skip
-    rows = [
-        [
+    rounds = a.get("rounds", 1)
+    if rounds > 1:
+        headers.insert(5, "p90 range ms")
+    rows = []
+    for c in merged(cells):
+        row = [
             f"{c['rate']:g}",
             c["system"],
             f"{c['ok']}/{c['sent']}",
@@ -312,9 +344,10 @@ def report(res: dict[str, Any]) -> str:
             if c["predicted"] is not None and c["cached"]
             else "-",
         ]
-        for c in cells
-    ]
-    out += [table(headers, rows, "ll" + "r" * 8), ""]
+        if rounds > 1:
+            row.insert(5, "-".join(f"{x * 1000:.0f}" for x in c["p90_range"]))
+        rows.append(row)
+    out += [table(headers, rows, "ll" + "r" * (len(headers) - 2)), ""]
     for system, index in (("precise", "precise index"), ("approximate", "approximate index")):
         ratio = accuracy(cells, system)
         if ratio is not None:
@@ -338,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-blocks", type=int, default=0, help="0: a third of all prefixes")
     p.add_argument("--rates", type=float, nargs="+", default=[10.0, 20.0, 30.0, 40.0, 50.0])
     p.add_argument("--cell-seconds", type=float, default=40.0, help="real seconds a cell")
+    p.add_argument("--rounds", type=int, default=1, help="cells a (rate, system): medians")
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput's TTFT bound, sim s")
     p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
