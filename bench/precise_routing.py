@@ -29,6 +29,11 @@ Systems, used in turns on the same sims:
   x2, kv-cache x1);
 - ``cache_aware``: vllm-router's ``cache_aware`` policy (skipped when not installed).
 
+``--same-groups``: each system sends the same groups and users in all its cells (llm-d's
+shape: rising rates over one dataset), so its earlier cells warm the caches and the other
+systems' traffic, three datasets in a fleet that holds about one and a third, evicts them: an
+index that misses evictions sends requests where their prefix no longer is.
+
 ``--rounds N`` runs every rate N times (the systems' order turning each time, fresh text each
 cell) and reports each figure's median over the rounds, with the TTFT p90's range: from one run
 to the next the three systems' p90 move by 10-20 % at the same rate, more than they differ.
@@ -83,10 +88,13 @@ BLOCK = 16  # the sim's default block size
 SYSTEMS = ["precise", "approximate", "cache_aware"]
 
 
-def chat_requests(rng: random.Random, n: int, a: argparse.Namespace, salt: str) -> list[dict]:
-    """``n`` requests: a random user of a random group each, streamed."""
-    prefixes = [f"[{salt}:{g}] " + wl.text(rng, a.prefix_tokens) for g in range(a.groups)]
-    own = [[wl.text(rng, a.user_tokens) for _ in range(a.users)] for _ in range(a.groups)]
+def chat_requests(
+    rng: random.Random, n: int, a: argparse.Namespace, salt: str, texts: random.Random
+) -> list[dict]:
+    """``n`` requests: a random user of a random group each, streamed; the groups' prefixes
+    and the users' own texts drawn from ``texts``."""
+    prefixes = [f"[{salt}:{g}] " + wl.text(texts, a.prefix_tokens) for g in range(a.groups)]
+    own = [[wl.text(texts, a.user_tokens) for _ in range(a.users)] for _ in range(a.groups)]
     out = []
     for _ in range(n):
         g, u = rng.randrange(a.groups), rng.randrange(a.users)
@@ -257,8 +265,12 @@ async def run_all(a: argparse.Namespace) -> dict[str, Any]:
         for turn, (rnd, rate) in enumerate(turns):
             for system in systems[turn % len(systems) :] + systems[: turn % len(systems)]:
                 n = int(rate * a.cell_seconds / a.time_scale) + 1
-                salt = f"{rate}-{system}-{time.monotonic_ns()}"
-                bodies = chat_requests(random.Random(hash(rate) & 0xFFFF), n, a, salt)
+                rng = random.Random(hash(rate) & 0xFFFF)
+                if a.same_groups:  # one dataset a system, at every rate
+                    bodies = chat_requests(rng, n, a, system, random.Random(0))
+                else:
+                    salt = f"{rate}-{system}-{time.monotonic_ns()}"
+                    bodies = chat_requests(rng, n, a, salt, rng)
                 arrivals = wl.poisson_arrivals(random.Random(1234), n, rate)
                 cell = await run_cell(fleet, system, bodies, arrivals)
                 cell["rate"], cell["round"] = rate, rnd
@@ -316,6 +328,7 @@ def report(res: dict[str, Any]) -> str:
         f"{a['time_scale']:g} --cell-seconds {a['cell_seconds']:g} --rates "
         f"{' '.join(f'{r:g}' for r in a['rates'])}"
         + (f" --rounds {a['rounds']}" if a.get("rounds", 1) > 1 else "")
+        + (" --same-groups" if a.get("same_groups") else "")
         + f"` ({machine_line(res['machine'], res['load_after'])}). "
         f"{a['groups']} groups x {a['prefix_tokens']:,}-token prefix, {a['users']} users a group "
         f"with {a['user_tokens']} tokens of their own, {a['output_tokens']} output tokens streamed; "
@@ -372,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rates", type=float, nargs="+", default=[10.0, 20.0, 30.0, 40.0, 50.0])
     p.add_argument("--cell-seconds", type=float, default=40.0, help="real seconds a cell")
     p.add_argument("--rounds", type=int, default=1, help="cells a (rate, system): medians")
+    p.add_argument("--same-groups", action="store_true", help="one dataset a system, all cells")
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput's TTFT bound, sim s")
     p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
