@@ -169,9 +169,9 @@ class Console:
         self.gateway = gateway
         self.runtime = runtime
         auth = gateway.auth
-        if authorize is None:
-            authorize = lambda request: key_refusal(auth, request.headers)  # noqa: E731
-        self.authorize = authorize
+        self.authorize: Authorize = authorize or (
+            lambda request: key_refusal(auth, request.headers)
+        )
         seat = gateway.seat  # --workers N: count every worker's requests
         several = seat is not None and seat.workers > 1
         self.stats = RequestStats(
@@ -211,14 +211,12 @@ class Console:
         return Response(body=body, headers={**_SECURITY, "Content-Type": content_type})
 
     def _refused(self, request: HttpRequest) -> Response | None:
-        if self.authorize is None:
-            return None
         reason = self.authorize(request)
         return None if reason is None else _error(401, reason)
 
     async def whoami(self, request: HttpRequest) -> Response:
         """What the presented key (or none) may do here; never 401 (the page asks first)."""
-        admin = self.authorize is None or self.authorize(request) is None
+        admin = self.authorize(request) is None
         auth = self.gateway.auth
         chat, tenant = True, None
         try:

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from llmplane.aio import PAGE_MAX_BYTES
 from llmplane.gateway.context import RequestContext, milliseconds
 from llmplane.gateway.observability import Counter, Histogram
 from llmplane.gateway.outliers import Outliers
@@ -176,7 +177,7 @@ async def unfinished(
         body = orjson.dumps({"model": model, "tokens": tail[: len(tail) - n]})
         wire = encode_request("POST", "/detokenize", address, headers, body)
         try:
-            status, _, data = await pool.request(address, wire, DETOKENIZE_TIMEOUT, 1 << 20)
+            status, _, data = await pool.request(address, wire, DETOKENIZE_TIMEOUT, PAGE_MAX_BYTES)
             text = orjson.loads(data).get("prompt") if status == 200 else None
         except (OSError, TimeoutError, ValueError, AttributeError):  # (BodyTooLarge: a ValueError)
             return 0
