@@ -36,7 +36,7 @@ index that misses evictions sends requests where their prefix no longer is.
 
 ``--rounds N`` runs every rate N times (the systems' order turning each time, fresh text each
 cell) and reports each figure's median over the rounds, with the TTFT p90's range: from one run
-to the next the three systems' p90 move by 10-20 % at the same rate, more than they differ.
+to the next the three systems' p90 move by 10-40 % at the same rate, more than they differ.
 
 Per cell: TTFT p50/p90/p99, the TTFT p90 of the requests sent in the cell's second half (its
 first half is mostly the drain of the cold start: every group's and user's first prefill
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput's TTFT bound, sim s")
     p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
-    p.add_argument("--section", default="precise-routing")
+    p.add_argument("--section", default="", help="default: precise-routing[-same-groups]")
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--precise-config", default="", help="an EndpointPickerConfig for precise")
     p.add_argument("--approximate-config", default="", help="... and for approximate")
@@ -410,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if not a.num_blocks:
         a.num_blocks = a.groups * a.prefix_tokens // 3 // BLOCK
+    a.section = a.section or ("precise-routing-same-groups" if a.same_groups else "precise-routing")
     res = asyncio.run(run_all(a))
     text = report(res)
     print(text)
