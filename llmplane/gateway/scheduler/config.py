@@ -38,6 +38,7 @@ from llmplane.gateway.scheduler.framework import Profile, Scheduler
 from llmplane.gateway.scheduler.precise_prefix import PrecisePrefixCacheScorer, TokenSource
 from llmplane.gateway.scheduler.prefill_cost import PrefillCostScorer
 from llmplane.gateway.scheduler.prefix import PrefixCacheScorer, SharedPicks
+from llmplane.gateway.scheduler.prefix_spread import PrefixSpreadScorer
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "plugins": [
@@ -102,6 +103,7 @@ PLUGIN_TYPES: dict[str, Callable[[str, dict[str, Any], PluginHandle], Any]] = {
     # opt-in (alone it trades a recompute for a short wait too readily under load).
     "prefill-cost-scorer": lambda n, _, h: PrefillCostScorer(n, _precise(h)),
     "least-request-scorer": lambda n, *_: p.LeastRequestScorer(n),
+    "prefix-spread-scorer": lambda n, a, _: PrefixSpreadScorer(n, float(a.get("window", 60))),
     "lora-affinity-scorer": lambda n, *_: p.LoraAffinityScorer(n),
     "session-affinity-scorer": lambda n, a, _: p.SessionAffinityScorer(
         n, header=str(a.get("header", "x-session-id")).lower()
@@ -124,6 +126,7 @@ ALIASES = {
     "precise-prefix-cache": "precise-prefix-cache-scorer",
     "prefill-cost": "prefill-cost-scorer",
     "least-request": "least-request-scorer",
+    "prefix-spread": "prefix-spread-scorer",
     "lora-affinity": "lora-affinity-scorer",
     "session-affinity": "session-affinity-scorer",
     "round-robin": "round-robin-scorer",

@@ -14,7 +14,7 @@ _random = random.random
 _sample = random.sample
 
 
-def _min_max_inverse(values: list[float]) -> list[float]:
+def min_max_inverse(values: Sequence[float]) -> list[float]:
     """1 for the smallest value, 0 for the largest, linear between; all 1 when equal."""
     lo = min(values, default=0.0)
     hi = max(values, default=0.0)
@@ -89,7 +89,7 @@ class QueueScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        return _min_max_inverse(queue_estimates(endpoints, ctx.staleness, ctx.now))
+        return min_max_inverse(queue_estimates(endpoints, ctx.staleness, ctx.now))
 
 
 class KVCacheScorer:
@@ -116,7 +116,7 @@ class LeastRequestScorer:
         self.name = name
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        return _min_max_inverse([float(e.inflight) for e in endpoints])
+        return min_max_inverse([float(e.inflight) for e in endpoints])
 
 
 class LoraAffinityScorer:
