@@ -21,7 +21,8 @@ Routers, all started once and used in turns:
   prefix-cache x3, least-request x2, kv-cache x1), ``ie-blend`` (the Inference Extension's v1.5 blend: queue x2, kv-cache x2,
   prefix-cache x3, plus least-request x1; the default before), ``ie-blend+lora`` (plus
   lora-affinity x2), and the candidates ``prefix-lr`` (prefix-guard without the filter) and
-  ``prefix-lrq`` (prefix-lr plus queue x1), not in the default set;
+  ``prefix-lrq`` (prefix-lr plus queue x1) and ``prefix-spread`` (prefix-margin plus
+  prefix-spread x3), not in the default set;
 - vllm-router (Rust, PyPI), one process per policy: ``cache_aware``, ``power_of_two``,
   ``consistent_hash``.
 
@@ -82,6 +83,7 @@ LLMPLANE_POLICIES = [
     "prefix-guard",
     "prefix-margin",
     "prefix-lrq",
+    "prefix-spread",
 ]
 VLLM_ROUTER_POLICIES = ["cache_aware", "power_of_two", "consistent_hash"]
 ADAPTERS = 16
@@ -126,6 +128,12 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "prefix-cache-scorer", "weight": 3},
         {"pluginRef": "least-request-scorer", "weight": 2},
         {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+        {"pluginRef": "max-score-picker"},
+    ],
+    # The shipped default plus prefix-spread x3 (new prompt heads placed evenly), a candidate.
+    "prefix-spread": [
+        *DEFAULT_CONFIG["schedulingProfiles"][0]["plugins"][:-1],
+        {"pluginRef": "prefix-spread-scorer", "weight": 3},
         {"pluginRef": "max-score-picker"},
     ],
     "prefix-lrq": [
@@ -661,7 +669,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--policies",
         nargs="+",
-        default=[p for p in LLMPLANE_POLICIES if p not in ("prefix-lr", "prefix-lrq")]
+        default=[
+            p for p in LLMPLANE_POLICIES if p not in ("prefix-lr", "prefix-lrq", "prefix-spread")
+        ]
         + VLLM_ROUTER_POLICIES,
         choices=LLMPLANE_POLICIES + VLLM_ROUTER_POLICIES,
     )
