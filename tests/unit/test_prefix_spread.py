@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler import prefix_spread
-from llmplane.gateway.scheduler.config import build_scheduler
+from llmplane.gateway.scheduler.config import ConfigError, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.prefix_spread import PrefixSpreadScorer
 
@@ -121,3 +123,10 @@ def test_default_profile_with_spread_places_groups_evenly_whatever_the_load() ->
         if p["pluginRef"] != "prefix-spread-scorer"
     ]
     assert most(place(without)) > 8  # what the scorer mends
+
+
+@pytest.mark.parametrize("window", [0, -5, "nan", "inf", "soon"])
+def test_a_window_that_is_not_a_positive_number_is_refused(window) -> None:
+    config = {"plugins": [{"type": "prefix-spread", "parameters": {"window": window}}]}
+    with pytest.raises((ValueError, ConfigError), match=r"window|could not convert"):
+        build_scheduler(config)

@@ -19,6 +19,7 @@ counts its own picks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from itertools import repeat
 from operator import attrgetter
@@ -38,6 +39,8 @@ class PrefixSpreadScorer:
     """See the module docstring; ``window``: the seconds a head counts after its last pick."""
 
     def __init__(self, name: str = "prefix-spread", window: float = 60.0) -> None:
+        if not 0 < window < math.inf:
+            raise ValueError(f"{name}: window must be a positive number of seconds, got {window}")
         self.name = name
         self.window = window
         # (replica, head) -> last pick, oldest first; replica -> its heads among them.
