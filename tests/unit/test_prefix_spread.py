@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from llmplane.gateway.discovery import Endpoint
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler import prefix_spread
-from llmplane.gateway.scheduler.config import ConfigError, build_scheduler
+from llmplane.gateway.scheduler.config import DEFAULT_CONFIG, ConfigError, build_scheduler
 from llmplane.gateway.scheduler.framework import SchedulingContext
 from llmplane.gateway.scheduler.prefix_spread import PrefixSpreadScorer
 
@@ -72,30 +73,20 @@ def test_heads_expire_after_the_window_and_memory_is_bounded(monkeypatch) -> Non
     assert s.counts == {a.key: 0}
 
 
+def with_spread(config: dict) -> dict:
+    """``config`` with prefix-spread x3 before its picker (the profile docs/gateway.md gives)."""
+    out = copy.deepcopy(config)
+    out["plugins"].insert(-1, {"type": "prefix-spread-scorer"})
+    refs = out["schedulingProfiles"][0]["plugins"]
+    refs.insert(-1, {"pluginRef": "prefix-spread-scorer", "weight": 3})
+    return out
+
+
 def test_default_profile_with_spread_places_groups_evenly_whatever_the_load() -> None:
     """64 groups arrive one by one at 8 replicas whose requests in flight differ at random (the
     first requests of groups placed earlier, other traffic): the least-request scorer alone
-    places the groups by that noise; with prefix-spread each replica gets 8, and a group's
-    later requests follow it."""
-    config = {
-        "plugins": [
-            {"type": "prefix-cache-scorer"},
-            {"type": "least-request-scorer"},
-            {"type": "prefix-spread-scorer"},
-            {"type": "max-score-picker"},
-        ],
-        "schedulingProfiles": [
-            {
-                "name": "default",
-                "plugins": [
-                    {"pluginRef": "prefix-cache-scorer", "weight": 6},
-                    {"pluginRef": "least-request-scorer", "weight": 2},
-                    {"pluginRef": "prefix-spread-scorer", "weight": 3},
-                    {"pluginRef": "max-score-picker"},
-                ],
-            }
-        ],
-    }
+    places the groups by that noise; with prefix-spread (the default profile plus it) each
+    replica gets 8, and a group's later requests follow it."""
 
     def place(config: dict) -> dict[int, str]:
         rng = random.Random(7)
@@ -115,14 +106,8 @@ def test_default_profile_with_spread_places_groups_evenly_whatever_the_load() ->
     def most(placed: dict[int, str]) -> int:
         return max(list(placed.values()).count(k) for k in set(placed.values()))
 
-    assert most(place(config)) == 8
-    without = {**config, "schedulingProfiles": [dict(config["schedulingProfiles"][0])]}
-    without["schedulingProfiles"][0]["plugins"] = [
-        p
-        for p in config["schedulingProfiles"][0]["plugins"]
-        if p["pluginRef"] != "prefix-spread-scorer"
-    ]
-    assert most(place(without)) > 8  # what the scorer mends
+    assert most(place(with_spread(DEFAULT_CONFIG))) == 8
+    assert most(place(DEFAULT_CONFIG)) > 8  # what the scorer mends
 
 
 @pytest.mark.parametrize("window", [0, -5, "nan", "inf", "soon"])
