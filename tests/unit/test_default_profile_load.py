@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmplane.gateway.kvcache.events import Batch, Stored
+from llmplane.gateway.kvcache.events import Batch, Removed, Stored
 from llmplane.gateway.kvcache.index import BlockIndex
 from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.config import build_scheduler
@@ -99,3 +99,36 @@ def test_under_even_load_the_margin_is_relative_to_the_shortest_queue(make):
             s.waiting, s.running, s.kv_usage, s.inflight, s.inflight_at_scrape = 20, 30, 0.9, 50, 50
         pick = scheduler.pick(request("another user "), states, 4)
         assert (pick.endpoints[0].address == HOLDER) is kept, (holder_waiting, pick.scores)
+
+
+def test_a_group_evicted_everywhere_goes_back_where_it_was_sent() -> None:
+    """With replicas publishing, a group whose blocks every replica has evicted goes back to
+    the replica it was sent to (the approximate index's memory, the precise scorer's fallback),
+    a few requests longer queue there notwithstanding: sent by load instead, each eviction
+    would place the group again by the noise of the moment, and the fleet's groups drift
+    together onto some replicas (bench/precise_routing.py --same-groups)."""
+    scheduler = build_scheduler()
+    index = BlockIndex()
+    for address in REPLICAS:
+        index.add_replica(address, "m")
+    prompt = list(range(PREFIX + OWN))
+    scorer = PrecisePrefixCacheScorer()
+    scorer.index, scorer.tokens = index, Tokens(prompt)
+    use_in_default(scheduler, scorer, True)
+    first = request("first user ")
+    chosen = scheduler.pick(first, fleet(0), 4).endpoints[0]
+    scheduler.profile(None).on_pick(first, chosen)  # the gateway's part once it has sent it
+    sent = chosen.address
+    blocks = PREFIX // BS
+    index.apply(sent, Batch(0.0, [Stored(list(range(blocks)), None, prompt[:PREFIX], BS)]))
+    index.apply(sent, Batch(0.0, [Removed([0])]))  # the leading block: nothing held now
+    for i in range(20):
+        states = fleet(0)
+        for s in states:
+            if s.endpoint.address == sent:
+                s.waiting, s.running, s.kv_usage, s.inflight = 4, 30, 0.9, 34
+                s.inflight_at_scrape = s.prefilling = 34
+        later = request(f"user {i} ")
+        later.now = NOW + 1
+        pick = scheduler.pick(later, states, 4)
+        assert pick.endpoints[0].address == sent, (i, sent, pick.scores)

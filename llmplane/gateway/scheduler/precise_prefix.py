@@ -18,7 +18,11 @@ A request's blocks that the replica it was sent to has not reported yet are on t
 log's prediction) counts them for the requests that follow.
 
 In the built-in default profile it takes the approximate scorer's place while some replica
-publishes events (``use_in_default``); the opt-in ``prefill-cost`` scorer (``prefill_cost.py``)
+publishes events (``use_in_default``). There a request whose blocks no replica holds (every
+replica evicted its group's prefix) gets the approximate scorer's score too: it goes back to
+the replica the gateway sent its group to, so an eviction does not place the group again by
+the load of the moment (each such draw moved groups together onto some replicas:
+``bench/precise_routing.py --same-groups``). The opt-in ``prefill-cost`` scorer (``prefill_cost.py``)
 reads it to weigh what each replica holds against its queue.
 """
 
@@ -278,7 +282,7 @@ class PrecisePrefixCacheScorer:
         if publishes is not None and not any(publishes):
             return self._fallback(ctx, endpoints)
         scores = self.scores(ctx, endpoints)
-        if scores is None:  # not tokenized: the approximate scores for every replica
+        if not scores:  # not tokenized, or held nowhere: where the fallback sent it (docstring)
             return self._fallback(ctx, endpoints)
         soon = ctx.cache.get(PENDING)
         if soon:  # which replicas run the request at once, to count the blocks on their way
@@ -302,9 +306,9 @@ class PrecisePrefixCacheScorer:
         the fallback favours where some candidate does not publish."""
         publishing = self.publishing()
         scores = self.scores(ctx, endpoints) if endpoints and publishing else None
-        chosen = best(endpoints, scores, k) if scores is not None else []
+        chosen = best(endpoints, scores, k) if scores else []
         if self.fallback is not None and (
-            scores is None or not all(map(publishing.__contains__, map(_address, endpoints)))
+            not scores or not all(map(publishing.__contains__, map(_address, endpoints)))
         ):
             chosen += self.fallback.favoured(ctx, endpoints, k)
         return chosen
