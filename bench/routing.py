@@ -15,14 +15,14 @@ client's own real-time overhead is divided by the scale too, so it is understate
 Routers, all started once and used in turns:
 - llmplane (one gateway process; one Kthena ModelServer + ModelRoute per policy, each
   ModelServer annotated with its scheduling profile): ``rr`` (round-robin scorer: the
-  Kubernetes Service baseline), ``random``, ``least-request``, ``prefix-margin`` (the shipped
+  Kubernetes Service baseline), ``random``, ``least-request``, ``prefix-spread`` (the shipped
   default, DEFAULT_CONFIG: a queue-margin filter at 64, then prefix-cache x6, least-request x2,
-  kv-cache x1), ``prefix-guard`` (the default before: a low-queue filter at 5, then
+  kv-cache x1, prefix-spread x3), ``prefix-margin`` (the default before: the same without
+  prefix-spread), ``prefix-guard`` (the default before that: a low-queue filter at 5, then
   prefix-cache x3, least-request x2, kv-cache x1), ``ie-blend`` (the Inference Extension's v1.5 blend: queue x2, kv-cache x2,
   prefix-cache x3, plus least-request x1; the default before), ``ie-blend+lora`` (plus
   lora-affinity x2), and the candidates ``prefix-lr`` (prefix-guard without the filter) and
-  ``prefix-lrq`` (prefix-lr plus queue x1) and ``prefix-spread`` (prefix-margin plus
-  prefix-spread x3), not in the default set;
+  ``prefix-lrq`` (prefix-lr plus queue x1), not in the default set;
 - vllm-router (Rust, PyPI), one process per policy: ``cache_aware``, ``power_of_two``,
   ``consistent_hash``.
 
@@ -120,7 +120,17 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "max-score-picker"},
     ],
     # The shipped default (DEFAULT_CONFIG in llmplane/gateway/scheduler/config.py).
-    "prefix-margin": DEFAULT_CONFIG["schedulingProfiles"][0]["plugins"],
+    "prefix-spread": DEFAULT_CONFIG["schedulingProfiles"][0]["plugins"],
+    # The default until bench/precise_routing.py showed its placement of new groups by load
+    # (9 to 13 groups of 64 on the busiest of 8 sims) setting the TTFT p90.
+    "prefix-margin": [
+        {"pluginRef": "model-served-filter"},
+        {"pluginRef": "queue-margin-filter"},
+        {"pluginRef": "prefix-cache-scorer", "weight": 6},
+        {"pluginRef": "least-request-scorer", "weight": 2},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+        {"pluginRef": "max-score-picker"},
+    ],
     # The default until bench/precise_routing.py showed its filter breaking affinity under load.
     "prefix-guard": [
         {"pluginRef": "model-served-filter"},
@@ -128,12 +138,6 @@ PROFILES: dict[str, list[dict[str, Any]]] = {
         {"pluginRef": "prefix-cache-scorer", "weight": 3},
         {"pluginRef": "least-request-scorer", "weight": 2},
         {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
-        {"pluginRef": "max-score-picker"},
-    ],
-    # The shipped default plus prefix-spread x3 (new prompt heads placed evenly), a candidate.
-    "prefix-spread": [
-        *DEFAULT_CONFIG["schedulingProfiles"][0]["plugins"][:-1],
-        {"pluginRef": "prefix-spread-scorer", "weight": 3},
         {"pluginRef": "max-score-picker"},
     ],
     "prefix-lrq": [
@@ -669,9 +673,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--policies",
         nargs="+",
-        default=[
-            p for p in LLMPLANE_POLICIES if p not in ("prefix-lr", "prefix-lrq", "prefix-spread")
-        ]
+        default=[p for p in LLMPLANE_POLICIES if p not in ("prefix-lr", "prefix-lrq")]
         + VLLM_ROUTER_POLICIES,
         choices=LLMPLANE_POLICIES + VLLM_ROUTER_POLICIES,
     )

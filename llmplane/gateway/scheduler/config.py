@@ -47,6 +47,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"type": "prefix-cache-scorer"},
         {"type": "least-request-scorer"},
         {"type": "kv-cache-utilization-scorer"},
+        {"type": "prefix-spread-scorer"},
         {"type": "max-score-picker"},
     ],
     "schedulingProfiles": [
@@ -58,6 +59,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
                 {"pluginRef": "prefix-cache-scorer", "weight": 6},
                 {"pluginRef": "least-request-scorer", "weight": 2},
                 {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+                {"pluginRef": "prefix-spread-scorer", "weight": 3},
                 {"pluginRef": "max-score-picker"},
             ],
         }

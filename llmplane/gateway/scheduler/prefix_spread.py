@@ -14,7 +14,7 @@ A head is the prompt's first ``HEAD_BYTES`` (its first block in the approximate 
 A request whose head was sent to any replica within ``window`` seconds scores 1 everywhere:
 affinity and load decide, as without this scorer. A new head scores each candidate by the
 distinct heads sent to it within the window, min-max inverted (fewest: 1). Each gateway worker
-counts its own picks.
+counts its own picks. In the built-in default profile at weight 3 (``DEFAULT_CONFIG``).
 """
 
 from __future__ import annotations
