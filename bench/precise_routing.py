@@ -3,10 +3,15 @@
     python -m bench.precise_routing [--sims 8] [--time-scale 4] [--rates 10 20 30 40 50]
                                     [--cell-seconds 40] [--rounds 1] [--no-write] [--logs DIR]
                                     [--precise-config FILE] [--approximate-config FILE]
+                                    [--gateways 1]
 
 ``--logs`` keeps each router's output (the gateways' access logs: ``queued_ms``, the chosen
 endpoint, ``cached_tokens_predicted``); ``--precise-config`` / ``--approximate-config`` give a
 system a gateway config of its own (another profile, or ``gateway:`` settings) to compare.
+``--gateways N`` runs each router N times (N gateway processes a system, N vllm-routers), each
+request sent to the next in turn, as a Service spreads clients over a gateway Deployment's
+replicas (the chart runs 2): each router knows only its own picks, where the engines' events
+tell every gateway what all of them sent.
 
 Fleet: ``--sims`` sims publishing their KV-cache events (``--kv-events-config``, ipc sockets,
 as ``llmplane up`` starts them), each with a KV cache of about a third of all the groups'
@@ -26,7 +31,7 @@ Systems, used in turns on the same sims:
   routing");
 - ``approximate``: a second ``llmplane gateway`` configured with the approximate-index default
   (the built-in profile without events: queue-margin filter, prefix-cache x6, least-request
-  x2, kv-cache x1);
+  x2, kv-cache x1, prefix-spread x3);
 - ``cache_aware``: vllm-router's ``cache_aware`` policy (skipped when not installed).
 
 ``--same-groups``: each system sends the same groups and users in all its cells (llm-d's
@@ -115,9 +120,9 @@ class Fleet:
         self.a = a
         self.sims: list[Process] = []
         self.addrs: list[str] = []
-        self.routers: dict[str, Process] = {}
-        self.urls: dict[str, str] = {}
-        self.dirs = [tempfile.mkdtemp(prefix="bench-precise-") for _ in range(2)]
+        self.routers: dict[str, list[Process]] = {}  # a system's routers (``--gateways``)
+        self.urls: dict[str, list[str]] = {}
+        self.dirs: list[str] = []
         self.sockets = tempfile.mkdtemp(prefix="kv", dir="/tmp")  # short: a socket path's limit
 
     def start(self) -> None:
@@ -139,60 +144,72 @@ class Fleet:
             )
             for i, (addr, (pub, replay)) in enumerate(zip(self.addrs, events, strict=True))
         ]
-        if "precise" in a.systems:
-            store_objects(self.dirs[0], *endpoints)
-            extra = ("--config", a.precise_config) if a.precise_config else ()
-            self.routers["precise"] = gateway_proc(
-                self.dirs[0], *extra, name="precise", access_log=True
-            )
-        if "approximate" in a.systems:
-            store_objects(self.dirs[1], *endpoints)
-            cfg = os.path.join(self.dirs[1], "scheduler.yaml")
-            if a.approximate_config:
-                cfg = a.approximate_config
+        for system in ("precise", "approximate"):
+            if system not in a.systems:
+                continue
+            if system == "precise":
+                extra: tuple[str, ...] = ("--config", a.precise_config) if a.precise_config else ()
             else:
-                with open(cfg, "w") as f:
-                    yaml.safe_dump(DEFAULT_CONFIG, f)
-            self.routers["approximate"] = gateway_proc(
-                self.dirs[1], "--config", cfg, name="approximate", access_log=True
-            )
+                cfg = a.approximate_config or os.path.join(self.sockets, "approximate.yaml")
+                if not a.approximate_config:
+                    with open(cfg, "w") as f:
+                        yaml.safe_dump(DEFAULT_CONFIG, f)
+                extra = ("--config", cfg)
+            for k in range(a.gateways):
+                state = tempfile.mkdtemp(prefix="bench-precise-")
+                self.dirs.append(state)
+                store_objects(state, *endpoints)
+                self.routers.setdefault(system, []).append(
+                    gateway_proc(state, *extra, name=f"{system}{k}", access_log=True)
+                )
         if "cache_aware" in a.systems:
             if shutil.which("vllm-router"):
-                port = free_port()
-                argv = ["vllm-router", "--host", "127.0.0.1", "--port", str(port),
-                        "--policy", "cache_aware", "--prometheus-port", str(free_port()),
-                        "--log-level", "warning",
-                        "--worker-urls", *[f"http://{s}" for s in self.addrs]]  # fmt: skip
-                self.routers["cache_aware"] = launch("vllm-router", argv)
-                self.urls["cache_aware"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+                for k in range(a.gateways):
+                    port = free_port()
+                    argv = ["vllm-router", "--host", "127.0.0.1", "--port", str(port),
+                            "--policy", "cache_aware", "--prometheus-port", str(free_port()),
+                            "--log-level", "warning",
+                            "--worker-urls", *[f"http://{s}" for s in self.addrs]]  # fmt: skip
+                    self.routers.setdefault("cache_aware", []).append(
+                        launch(f"vllm-router{k}", argv)
+                    )
+                    self.urls.setdefault("cache_aware", []).append(
+                        f"http://127.0.0.1:{port}/v1/chat/completions"
+                    )
             else:
                 print("skipping vllm-router cache_aware: not installed (pip install vllm-router)")
         for name in ("precise", "approximate"):
-            if name in self.routers:
-                self.urls[name] = f"http://{self.routers[name].ready()}/v1/chat/completions"
+            for proc in self.routers.get(name, []):
+                url = f"http://{proc.ready()}/v1/chat/completions"
+                self.urls.setdefault(name, []).append(url)
         probe = orjson.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         )
-        for name, url in self.urls.items():
-            self.routers[name].wait_http(url, probe)
+        for name, urls in self.urls.items():
+            for proc, url in zip(self.routers[name], urls, strict=True):
+                proc.wait_http(url, probe)
 
-    def predicted(self, system: str) -> list[int]:
-        """``cached_tokens_predicted`` of each access-log line of a gateway so far."""
-        out = []
-        for line in self.routers[system].output().splitlines():
-            if line.startswith("{") and '"cached_tokens_predicted"' in line:
-                with_prediction = orjson.loads(line)
-                if with_prediction.get("path") == "/v1/chat/completions":
-                    out.append(int(with_prediction["cached_tokens_predicted"]))
-        return out
+    def predicted(self, system: str) -> tuple[int, int]:
+        """(access-log lines with a ``cached_tokens_predicted``, their sum) over a system's
+        gateways so far."""
+        lines = tokens = 0
+        for proc in self.routers[system]:
+            for line in proc.output().splitlines():
+                if line.startswith("{") and '"cached_tokens_predicted"' in line:
+                    with_prediction = orjson.loads(line)
+                    if with_prediction.get("path") == "/v1/chat/completions":
+                        lines += 1
+                        tokens += int(with_prediction["cached_tokens_predicted"])
+        return lines, tokens
 
     def stop(self) -> None:
         if self.a.logs:  # each router's output (the gateways' access logs) for a closer look
             os.makedirs(self.a.logs, exist_ok=True)
-            for name, proc in self.routers.items():
-                with open(os.path.join(self.a.logs, f"{name}.log"), "w") as f:
-                    f.write(proc.output())
-        for p in [*self.routers.values(), *self.sims]:
+            for name, procs in self.routers.items():
+                for k, proc in enumerate(procs):
+                    with open(os.path.join(self.a.logs, f"{name}{k}.log"), "w") as f:
+                        f.write(proc.output())
+        for p in [*(p for procs in self.routers.values() for p in procs), *self.sims]:
             p.stop()
         for d in [*self.dirs, self.sockets]:
             shutil.rmtree(d, ignore_errors=True)
@@ -201,14 +218,14 @@ class Fleet:
 async def run_cell(fleet: Fleet, system: str, bodies: list[dict], arrivals: list[float]) -> dict:
     a = fleet.a
     scale = a.time_scale
-    url = fleet.urls[system]
-    seen = len(fleet.predicted(system)) if system in ("precise", "approximate") else 0
+    urls = fleet.urls[system]
+    seen, seen_tokens = fleet.predicted(system) if system in ("precise", "approximate") else (0, 0)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         before = await sim_counters(session, fleet.addrs)
         start = time.perf_counter() + 0.05
         deadline = start + a.cell_seconds
         tasks, sent_at = [], []
-        for t_sim, body in zip(arrivals, bodies, strict=True):
+        for i, (t_sim, body) in enumerate(zip(arrivals, bodies, strict=True)):
             t_real = start + t_sim * scale
             if t_real > deadline:
                 break
@@ -218,14 +235,14 @@ async def run_cell(fleet: Fleet, system: str, bodies: list[dict], arrivals: list
             sent_at.append(t_sim)
             tasks.append(
                 asyncio.ensure_future(
-                    one_request(session, url, orjson.dumps(body), a.request_timeout)
+                    one_request(session, urls[i % len(urls)], orjson.dumps(body), a.request_timeout)
                 )
             )
         results = list(await asyncio.gather(*tasks))
         span = (time.perf_counter() - start) / scale
         if system in ("precise", "approximate"):  # every request's access-log line is out
             settled = time.monotonic() + 5.0
-            while len(fleet.predicted(system)) < seen + len(results):
+            while fleet.predicted(system)[0] < seen + len(results):
                 if time.monotonic() > settled:
                     break
                 await asyncio.sleep(0.05)
@@ -246,7 +263,7 @@ async def run_cell(fleet: Fleet, system: str, bodies: list[dict], arrivals: list
     hits, queries = delta("vllm:prefix_cache_hits"), delta("vllm:prefix_cache_queries")
     predicted = None
     if system in ("precise", "approximate"):
-        predicted = sum(fleet.predicted(system)[seen:])
+        predicted = fleet.predicted(system)[1] - seen_tokens
     return {
         "system": system,
         "sent": len(results),
@@ -341,6 +358,8 @@ def report(res: dict[str, Any]) -> str:
         f"{' '.join(f'{r:g}' for r in a['rates'])}"
         + (f" --rounds {a['rounds']}" if a.get("rounds", 1) > 1 else "")
         + (" --same-groups" if a.get("same_groups") else "")
+        + (f" --gateways {a['gateways']}" if a.get("gateways", 1) > 1 else "")
+        + (f" --systems {' '.join(a['systems'])}" if a["systems"] != SYSTEMS else "")
         + f"` ({machine_line(res['machine'], res['load_after'])}). "
         f"{a['groups']} groups x {a['prefix_tokens']:,}-token prefix, {a['users']} users a group "
         f"with {a['user_tokens']} tokens of their own, {a['output_tokens']} output tokens streamed; "
@@ -399,10 +418,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cell-seconds", type=float, default=40.0, help="real seconds a cell")
     p.add_argument("--rounds", type=int, default=1, help="cells a (rate, system): medians")
     p.add_argument("--same-groups", action="store_true", help="one dataset a system, all cells")
+    p.add_argument("--gateways", type=int, default=1, help="routers a system, used in turn")
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput's TTFT bound, sim s")
     p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
-    p.add_argument("--section", default="", help="default: precise-routing[-same-groups]")
+    p.add_argument(
+        "--section", default="", help="default: precise-routing[-same-groups][-N-gateways]"
+    )
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--precise-config", default="", help="an EndpointPickerConfig for precise")
     p.add_argument("--approximate-config", default="", help="... and for approximate")
@@ -410,7 +432,11 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if not a.num_blocks:
         a.num_blocks = a.groups * a.prefix_tokens // 3 // BLOCK
-    a.section = a.section or ("precise-routing-same-groups" if a.same_groups else "precise-routing")
+    a.section = a.section or (
+        "precise-routing"
+        + ("-same-groups" if a.same_groups else "")
+        + (f"-{a.gateways}-gateways" if a.gateways > 1 else "")
+    )
     res = asyncio.run(run_all(a))
     text = report(res)
     print(text)
