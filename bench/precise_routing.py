@@ -144,17 +144,14 @@ class Fleet:
             )
             for i, (addr, (pub, replay)) in enumerate(zip(self.addrs, events, strict=True))
         ]
-        for system in ("precise", "approximate"):
+        approximate = a.approximate_config or os.path.join(self.sockets, "approximate.yaml")
+        if not a.approximate_config:  # the default as a file: a configured one stays approximate
+            with open(approximate, "w") as f:
+                yaml.safe_dump(DEFAULT_CONFIG, f)
+        for system, config in (("precise", a.precise_config), ("approximate", approximate)):
             if system not in a.systems:
                 continue
-            if system == "precise":
-                extra: tuple[str, ...] = ("--config", a.precise_config) if a.precise_config else ()
-            else:
-                cfg = a.approximate_config or os.path.join(self.sockets, "approximate.yaml")
-                if not a.approximate_config:
-                    with open(cfg, "w") as f:
-                        yaml.safe_dump(DEFAULT_CONFIG, f)
-                extra = ("--config", cfg)
+            extra = ("--config", config) if config else ()
             for k in range(a.gateways):
                 state = tempfile.mkdtemp(prefix="bench-precise-")
                 self.dirs.append(state)

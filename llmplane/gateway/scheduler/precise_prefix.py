@@ -22,8 +22,8 @@ publishes events (``use_in_default``). There a request whose blocks no replica h
 replica evicted its group's prefix) gets the approximate scorer's score too: it goes back to
 the replica the gateway sent its group to, so an eviction does not place the group again by
 the load of the moment (each such draw moved groups together onto some replicas:
-``bench/precise_routing.py --same-groups``). The opt-in ``prefill-cost`` scorer (``prefill_cost.py``)
-reads it to weigh what each replica holds against its queue.
+``bench/precise_routing.py --same-groups``). The opt-in ``prefill-cost`` scorer
+(``prefill_cost.py``) reads it to weigh what each replica holds against its queue.
 """
 
 from __future__ import annotations
