@@ -271,8 +271,15 @@ def test_own_shortage_is_not_blamed_on_the_engines(tmp_path: Path, processes: Pr
             every=0.2,
             what="engines keep their pids and stay Ready while up is out of descriptors",
         )
-    wait_for(lambda: http(f"{up.url}/health")[0] == 200, 10, what="/health once the flood ends")
-    assert chat(up) == 200
+    # Until up has read the closed connections' EOFs it is still out of descriptors, and
+    # uvloop closes the connections it cannot take unanswered (docs/security.md): not yet.
+    wait_for(
+        lambda: http(f"{up.url}/health")[0] == 200,
+        10,
+        what="/health once the flood ends",
+        ignore=(ConnectionError,),
+    )
+    wait_for(lambda: chat(up) == 200, 10, what="a chat answer", ignore=(ConnectionError,))
     assert engines_unharmed(up, pids)
     output = up.output()
     assert output.count("short of its own resources") == 1, output[-3000:]
