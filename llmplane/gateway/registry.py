@@ -64,17 +64,14 @@ class EndpointState:
     ejections: int = 0
     probation: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+    # ``endpoint.address`` (the registry's key for this state, so it never changes): plain
+    # fields, read for every candidate in every pick (``key`` by the scorers that favour).
+    address: str = field(init=False, default="")
+    key: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.capacity = float(self.endpoint.max_num_seqs)  # configured, else learned
-
-    @property
-    def address(self) -> str:
-        return self.endpoint.address
-
-    @property
-    def key(self) -> str:
-        return self.endpoint.address
+        self.key = self.address = self.endpoint.address
 
     def metrics_fresh(self, staleness: float, now: float | None = None) -> bool:
         if not self.has_load_metrics or not self.scraped_at:

@@ -44,7 +44,7 @@ from llmplane.sim.tokenizer import render_chat, tokenize
 
 SIM_VOCAB = 128_256  # the sim's default --vocab-size
 _UNKNOWN = object()
-_address = attrgetter("endpoint.address")  # EndpointState.key, without a call per endpoint
+_key = attrgetter("key")
 _block_size = attrgetter("block_size")
 # ctx.cache key: replica -> prompt tokens the index says it holds, for the access log.
 PREDICTED = "cached_tokens_predicted"
@@ -276,7 +276,7 @@ class PrecisePrefixCacheScorer:
             return []
         # (Only C-level maps over the endpoints, as few as can be: at 1,000 endpoints each
         # costs 0.02 ms, a generator or a comprehension 0.05 ms or more.)
-        keys = list(map(_address, endpoints))
+        keys = list(map(_key, endpoints))
         publishing = self.publishing().__contains__
         publishes = None if all(map(publishing, keys)) else list(map(publishing, keys))
         if publishes is not None and not any(publishes):
@@ -308,7 +308,7 @@ class PrecisePrefixCacheScorer:
         scores = self.scores(ctx, endpoints) if endpoints and publishing else None
         chosen = best(endpoints, scores, k) if scores else []
         if self.fallback is not None and (
-            not scores or not all(map(publishing.__contains__, map(_address, endpoints)))
+            not scores or not all(map(publishing.__contains__, map(_key, endpoints)))
         ):
             chosen += self.fallback.favoured(ctx, endpoints, k)
         return chosen

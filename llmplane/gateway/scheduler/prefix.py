@@ -26,7 +26,7 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import SchedulingContext, best
 
 _xxh64 = xxhash.xxh64_intdigest
-_address = attrgetter("endpoint.address")
+_key = attrgetter("key")
 
 
 def block_hashes(
@@ -266,7 +266,7 @@ class PrefixCacheScorer:
         if not scores:
             return [0.0] * len(endpoints)
         # One lookup per endpoint, all in C (EndpointState.key is endpoint.address).
-        return list(map(scores.get, map(_address, endpoints), repeat(0.0)))
+        return list(map(scores.get, map(_key, endpoints), repeat(0.0)))
 
     def favoured(
         self, ctx: SchedulingContext, endpoints: Sequence[EndpointState], k: int

@@ -32,7 +32,7 @@ from llmplane.gateway.scheduler.prefix import block_hashes
 
 HEAD_BYTES = 64
 MAX_ENTRIES = 200_000  # (replica, head) pairs kept, the oldest dropped first: bounded memory
-_address = attrgetter("endpoint.address")
+_key = attrgetter("key")
 
 
 class PrefixSpreadScorer:
@@ -73,7 +73,7 @@ class PrefixSpreadScorer:
         self.expire(ctx.now)
         if head is None or head in self.seen or not endpoints:
             return [1.0] * len(endpoints)
-        return min_max_inverse(list(map(self.counts.get, map(_address, endpoints), repeat(0))))
+        return min_max_inverse(list(map(self.counts.get, map(_key, endpoints), repeat(0))))
 
     def on_pick(self, ctx: SchedulingContext, endpoint: EndpointState) -> None:
         head = self.head(ctx)
