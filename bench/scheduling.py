@@ -26,11 +26,13 @@ request's token ids into block keys and walks the index, and ``on_pick`` records
 their way. After each pick (off the clock) the chosen endpoint reports the request's blocks
 stored, as a live engine's ``BlockStored`` does within milliseconds, so the index grows with
 the traffic as a live fleet's does. Token ids are computed before the clock starts (tokenizing
-is bench/tokenization.py's figure). Writes the ``scheduling-precise`` section instead. One process, nothing else
-timed; the garbage collector runs as it would in the gateway. The cells run ``--repeats``
-times in turn and each percentile reported is the median over the repeats (this shared
-machine's speed drifts by up to 2x within minutes). Writes the ``scheduling`` section of
-docs/benchmarks.md and bench/results/scheduling.json.
+is bench/tokenization.py's figure).
+
+One process, nothing else timed; the garbage collector runs as it would in the gateway. The
+cells run ``--repeats`` times in turn and each percentile reported is the median over the
+repeats (this shared machine's speed drifts by up to 2x within minutes). Writes the
+``scheduling`` section of docs/benchmarks.md and bench/results/scheduling.json
+(``scheduling-precise`` and scheduling-precise.json with ``--precise``).
 """
 
 from __future__ import annotations
@@ -282,9 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.no_write:
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "scheduling.json").write_text(json.dumps(res, indent=1))
     section = "scheduling-precise" if args.precise else "scheduling"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{section}.json").write_text(json.dumps(res, indent=1))
     print(f"wrote {write_section(section, report(res))}")
 
 
