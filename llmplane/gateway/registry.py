@@ -64,14 +64,18 @@ class EndpointState:
     ejections: int = 0
     probation: bool = False
     extra: dict[str, object] = field(default_factory=dict)
-    # ``endpoint.address`` (the registry's key for this state, so it never changes): plain
-    # fields, read for every candidate in every pick (``key`` by the scorers that favour).
+    # ``endpoint.address``, the registry's key for this state (so it never changes): a plain
+    # field, read for every candidate in every pick.
     address: str = field(init=False, default="")
-    key: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.capacity = float(self.endpoint.max_num_seqs)  # configured, else learned
-        self.key = self.address = self.endpoint.address
+        self.address = self.endpoint.address
+
+    @property
+    def key(self) -> str:
+        """The name scorers keep per endpoint: its address."""
+        return self.address
 
     def metrics_fresh(self, staleness: float, now: float | None = None) -> bool:
         if not self.has_load_metrics or not self.scraped_at:

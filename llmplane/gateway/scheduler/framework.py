@@ -34,7 +34,7 @@ SAMPLE_ABOVE = 256  # candidates past which a pick scores a sample of them
 SAMPLE = 64  # the random part of that sample, and the most each scorer favours
 _sample = random.sample
 _randrange = random.randrange
-_key = attrgetter("key")
+_key = attrgetter("address")  # EndpointState.key, without the property call
 
 
 class SchedulingContext:

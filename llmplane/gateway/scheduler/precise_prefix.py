@@ -44,7 +44,7 @@ from llmplane.sim.tokenizer import render_chat, tokenize
 
 SIM_VOCAB = 128_256  # the sim's default --vocab-size
 _UNKNOWN = object()
-_key = attrgetter("key")
+_key = attrgetter("address")  # EndpointState.key, without the property call
 _block_size = attrgetter("block_size")
 # ctx.cache key: replica -> prompt tokens the index says it holds, for the access log.
 PREDICTED = "cached_tokens_predicted"

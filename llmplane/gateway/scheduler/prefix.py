@@ -26,7 +26,7 @@ from llmplane.gateway.registry import EndpointState
 from llmplane.gateway.scheduler.framework import SchedulingContext, best
 
 _xxh64 = xxhash.xxh64_intdigest
-_key = attrgetter("key")
+_key = attrgetter("address")  # EndpointState.key, without the property call
 
 
 def block_hashes(

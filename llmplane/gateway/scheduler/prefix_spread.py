@@ -32,7 +32,7 @@ from llmplane.gateway.scheduler.prefix import block_hashes
 
 HEAD_BYTES = 64
 MAX_ENTRIES = 200_000  # (replica, head) pairs kept, the oldest dropped first: bounded memory
-_key = attrgetter("key")
+_key = attrgetter("address")  # EndpointState.key, without the property call
 
 
 class PrefixSpreadScorer:
